@@ -1,0 +1,19 @@
+"""lmembed: turn language models into text-embedding models."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["EmbeddingConfig", "Embedder", "__version__"]
+
+
+def __getattr__(name: str):  # lazy: importing lmembed must not import torch
+    if name == "Embedder":
+        from lmembed.embedder import Embedder
+
+        return Embedder
+    if name == "EmbeddingConfig":
+        from lmembed.config import EmbeddingConfig
+
+        return EmbeddingConfig
+    raise AttributeError(name)

@@ -1,0 +1,1 @@
+"""Evaluation: MTEB-style tasks, metrics, results files and reports."""
