@@ -1,0 +1,180 @@
+"""The extraction strategy: one config object that says how a text becomes a vector.
+
+Everything that changes an embedding (apart from the weights) lives here, so that a strategy can be
+saved next to a model, compared in a grid, and used as part of the embedding-cache key. It
+round-trips through JSON (``to_dict`` / ``from_dict``).
+
+The fields fall into three groups, which the encoding engine treats differently:
+
+* forward fields (``attention``, ``echo``, ``max_length`` ...) change the transformer's input or
+  mask, so strategies that differ in them need separate forward passes;
+* pooling fields (``pooling``, ``layer``, ``final_norm`` ...) only read hidden states, so one
+  forward pass serves any number of them;
+* output fields (``normalize``, ``dim``) are applied after pooling and after the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+POOLINGS = ("cls", "mean", "last", "weighted_mean", "latent_attention")
+ATTENTIONS = ("causal", "bidirectional")
+
+POOLING_HELP = {
+    "cls": "the first token's state (BERT's [CLS]); meaningful for encoders trained with it.",
+    "mean": "the average of the token states (instruction and echo-prefix tokens left out).",
+    "last": "the last real token's state (an EOS token is appended where the tokenizer adds none); "
+    "the usual choice for causal decoders, correct under left and right padding.",
+    "weighted_mean": "a position-weighted average, later tokens weigh more (SGPT); suits causal decoders.",
+    "latent_attention": "NV-Embed's trainable head: token states attend to a learned latent array, "
+    "then an MLP and a mean; untrained until you train it.",
+}
+ATTENTION_HELP = {
+    "causal": "each token sees only the tokens before it (a decoder's native mode).",
+    "bidirectional": "the causal mask is removed so every token sees the whole text (LLM2Vec, NV-Embed); "
+    "encoders always attend this way.",
+}
+
+DEFAULT_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
+DEFAULT_ECHO_TEMPLATE = "Rewrite the sentence: {text}\nRewritten sentence: "
+
+LayerSpec = int | tuple[int, ...]
+
+
+class ConfigError(ValueError):
+    """A strategy option has a value lmembed does not understand."""
+
+
+@dataclass(frozen=True)
+class LatentAttentionConfig:
+    """Shape of NV-Embed's latent-attention pooling head."""
+
+    num_latents: int = 512
+    num_heads: int = 8
+    hidden_mult: int = 1  # MLP width as a multiple of the model width
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """How to turn a text into a vector with a given backbone.
+
+    ``layer`` indexes the backbone's hidden states as transformers returns them: 0 is the
+    embedding layer, ``-1`` the final output (after the final norm in decoders). A tuple of layers
+    is averaged ("fused"). ``final_norm=True`` applies the decoder's final norm to whichever layer
+    is read, ``False`` reads raw residual-stream states even for the last layer, ``None`` keeps
+    transformers' convention.
+    """
+
+    pooling: str = "mean"
+    layer: LayerSpec = -1
+    final_norm: bool | None = None
+    attention: str = "causal"
+    echo: bool = False
+    echo_template: str = DEFAULT_ECHO_TEMPLATE
+    instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE
+    query_instruction: str | None = None
+    add_eos: bool | None = None
+    max_length: int = 512
+    normalize: bool = True
+    dim: int | None = None
+    latent: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer, list):
+            object.__setattr__(self, "layer", tuple(self.layer))
+        if isinstance(self.latent, dict):
+            object.__setattr__(self, "latent", LatentAttentionConfig(**self.latent))
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"pooling={self.pooling!r} is unknown; choose one of {', '.join(POOLINGS)}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"attention={self.attention!r} is unknown; choose one of {', '.join(ATTENTIONS)}")
+        layers = self.layers
+        if not layers or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+            raise ConfigError(f"layer={self.layer!r} must be an int or a non-empty list of ints")
+        if self.max_length < 8:
+            raise ConfigError(f"max_length={self.max_length} is too small (need at least 8 tokens)")
+        if self.dim is not None and self.dim < 1:
+            raise ConfigError(f"dim={self.dim} must be a positive int or None")
+        if "{text}" not in self.echo_template:
+            raise ConfigError("echo_template must contain '{text}' (the first copy of the input)")
+        if "{instruction}" not in self.instruction_template:
+            raise ConfigError("instruction_template must contain '{instruction}'")
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.layer if isinstance(self.layer, tuple) else (self.layer,)
+
+    # ------------------------------------------------------------------ groups
+    def forward_key(self) -> dict[str, Any]:
+        """Fields that change the transformer's input or mask."""
+        return {
+            "attention": self.attention,
+            "echo": self.echo,
+            "echo_template": self.echo_template if self.echo else None,
+            "instruction_template": self.instruction_template,
+            "add_eos": self.add_eos,
+            "max_length": self.max_length,
+            "last": self.pooling == "last",  # decides whether an EOS token is appended
+        }
+
+    def pooling_key(self) -> dict[str, Any]:
+        """Fields that only read hidden states."""
+        key: dict[str, Any] = {"pooling": self.pooling, "layer": list(self.layers), "final_norm": self.final_norm}
+        if self.pooling == "latent_attention":
+            key["latent"] = asdict(self.latent)
+        return key
+
+    def fingerprint(self) -> str:
+        """Stable hash of everything that decides the raw (pre-normalisation) vector."""
+        blob = json.dumps({"forward": self.forward_key(), "pool": self.pooling_key()}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["layer"] = list(self.layers) if isinstance(self.layer, tuple) else self.layer
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmbeddingConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown strategy option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> EmbeddingConfig:
+        return cls.from_dict(json.loads(text))
+
+    def with_options(self, **changes: Any) -> EmbeddingConfig:
+        """A copy with some options changed (validated)."""
+        return replace(self, **changes)
+
+    def label(self) -> str:
+        """Short human-readable name, e.g. ``mean@-1`` or ``last@[15,16]+bidir+echo``."""
+        layers = self.layers
+        layer = str(layers[0]) if len(layers) == 1 else "[" + ",".join(map(str, layers)) + "]"
+        parts = [f"{self.pooling}@{layer}"]
+        if self.final_norm is not None:
+            parts.append("norm" if self.final_norm else "raw")
+        if self.attention == "bidirectional":
+            parts.append("bidir")
+        if self.echo:
+            parts.append("echo")
+        if self.dim:
+            parts.append(f"d{self.dim}")
+        return "+".join(parts)
+
+
+AttentionMode = Literal["causal", "bidirectional"]

@@ -1,0 +1,286 @@
+"""The public entry point: ``Embedder`` = backbone + extraction strategy (+ optional pooling head).
+
+    >>> from lmembed import Embedder
+    >>> emb = Embedder.from_pretrained("minilm")
+    >>> vectors = emb.encode(["a sentence", "another one"])
+
+``save(dir)`` writes the backbone, the tokenizer, the strategy (``lmembed.json``), a trained pooling
+head, and — where the strategy is one sentence-transformers can express — the files that let
+``SentenceTransformer(dir)`` load the same model and give the same vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from lmembed.atomic import atomic_write_text
+from lmembed.config import EmbeddingConfig
+from lmembed.encoding.engine import EncodingEngine, resolve_max_length
+from lmembed.encoding.inputs import wants_eos
+from lmembed.models.loading import Backbone, backbone_from_model, load_backbone
+from lmembed.pooling.latent_attention import LatentAttentionPooling
+
+log = logging.getLogger(__name__)
+
+STRATEGY_FILE = "lmembed.json"
+HEAD_FILE = "pooling_head.safetensors"
+FORMAT_VERSION = 1
+ST_POOLING_MODES = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "last": "pooling_mode_lasttoken",
+    "weighted_mean": "pooling_mode_weightedmean_tokens",
+}
+
+
+def postprocess(raw: np.ndarray, config: EmbeddingConfig) -> np.ndarray:
+    """Matryoshka truncation to ``config.dim``, then L2 normalisation if asked."""
+    out = raw[:, : config.dim] if config.dim else raw
+    out = np.ascontiguousarray(out, dtype=np.float32)
+    if config.normalize:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out = out / np.maximum(norms, 1e-12)
+    return out.astype(np.float32, copy=False)
+
+
+def default_max_length(path: str, requested: int | None) -> int:
+    """The model's own sequence limit where it declares one (sentence-transformers config), else 512."""
+    if requested is not None:
+        return requested
+    st_config = Path(path) / "sentence_bert_config.json" if path else None
+    if st_config is not None and st_config.exists():
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+        if isinstance(value, int):
+            return value
+    return 512
+
+
+class Embedder:
+    """A text-embedding model: a transformer backbone read out with one extraction strategy."""
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        config: EmbeddingConfig | None = None,
+        *,
+        pooling_head: nn.Module | None = None,
+        use_cache: bool = True,
+        cache_dir: str | Path | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        self.backbone = backbone
+        self.config = config or EmbeddingConfig()
+        if not backbone.is_decoder and self.config.attention != "bidirectional":
+            # Encoders always attend bidirectionally; record what really happens.
+            self.config = self.config.with_options(attention="bidirectional")
+        if self.config.pooling == "latent_attention" and pooling_head is None:
+            pooling_head = LatentAttentionPooling(backbone.hidden_size, self.config.latent)
+            pooling_head.to(device=backbone.device, dtype=backbone.dtype)
+        self.pooling_head = pooling_head
+        self.engine = EncodingEngine(
+            backbone,
+            pooling_head=pooling_head,
+            cache_dir=cache_dir,
+            use_cache=use_cache,
+            show_progress=show_progress,
+        )
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        pooling: str | None = None,
+        layer: int | Sequence[int] | None = None,
+        attention: str | None = None,
+        echo: bool | None = None,
+        normalize: bool | None = None,
+        dim: int | None = None,
+        max_length: int | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        cache: bool = True,
+        cache_dir: str | Path | None = None,
+        show_progress: bool = True,
+        attn_implementation: str | None = "sdpa",
+        config: EmbeddingConfig | None = None,
+        **strategy: Any,
+    ) -> Embedder:
+        """Load a bundled name (``minilm``, ``smollm2-135m``, ``gemma3-270m``), a directory (a saved
+        Embedder or any transformers checkpoint) or a Hub id.
+
+        Strategy options left as ``None`` come from a saved Embedder's ``lmembed.json`` when there
+        is one, else from :class:`EmbeddingConfig`'s defaults (mean pooling, last layer, causal,
+        normalised, the model's own max length).
+        """
+        saved = _read_saved(name_or_path)
+        backbone = load_backbone(name_or_path, dtype=dtype, device=device, attn_implementation=attn_implementation)
+        options = dict(saved["strategy"]) if saved else {}
+        given = {
+            "pooling": pooling,
+            "layer": tuple(layer) if isinstance(layer, list | tuple) else layer,
+            "attention": attention,
+            "echo": echo,
+            "normalize": normalize,
+            "dim": dim,
+            "max_length": max_length,
+            **strategy,
+        }
+        options.update({k: v for k, v in given.items() if v is not None})
+        base = config.to_dict() if config else {}
+        base.update(options)
+        base["max_length"] = default_max_length(backbone.path, base.get("max_length"))
+        head = _load_head(name_or_path, backbone, base) if saved else None
+        return cls(
+            backbone,
+            EmbeddingConfig.from_dict(base),
+            pooling_head=head,
+            use_cache=cache,
+            cache_dir=cache_dir,
+            show_progress=show_progress,
+        )
+
+    @classmethod
+    def from_model(
+        cls, model: nn.Module, tokenizer: Any, config: EmbeddingConfig | None = None, **kwargs: Any
+    ) -> Embedder:
+        """Wrap an in-memory transformers model (e.g. a tiny random model in a test)."""
+        return cls(backbone_from_model(model, tokenizer), config, **kwargs)
+
+    # ------------------------------------------------------------------ encoding
+    @property
+    def dim(self) -> int:
+        return self.config.dim or self.backbone.hidden_size
+
+    @property
+    def name(self) -> str:
+        return self.backbone.name
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32, *, instruction: str | None = None) -> np.ndarray:
+        """Embed texts as they are (with ``instruction`` kept out of pooling if given)."""
+        raw = self.engine.encode_raw(texts, [self.config], instruction=instruction, batch_size=batch_size)[0]
+        return postprocess(raw, self.config)
+
+    def encode_queries(
+        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32
+    ) -> np.ndarray:
+        """Embed queries; ``instruction`` (or the strategy's ``query_instruction``) is prepended."""
+        return self.encode(texts, batch_size, instruction=instruction or self.config.query_instruction)
+
+    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+        """Embed documents (never with an instruction)."""
+        return self.encode(texts, batch_size)
+
+    def encode_strategies(
+        self,
+        texts: Sequence[str],
+        configs: Sequence[EmbeddingConfig],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+    ) -> list[np.ndarray]:
+        """Embed with several strategies at once, sharing forward passes where they can."""
+        raws = self.engine.encode_raw(texts, configs, instruction=instruction, batch_size=batch_size)
+        return [postprocess(raw, cfg) for raw, cfg in zip(raws, configs, strict=True)]
+
+    def with_config(self, config: EmbeddingConfig) -> Embedder:
+        """The same backbone (no reload) read out with another strategy."""
+        clone = object.__new__(Embedder)
+        clone.__dict__.update(self.__dict__)
+        clone.config = config
+        return clone
+
+    # ------------------------------------------------------------------ saving
+    def save(self, directory: str | Path) -> Path:
+        """Write everything needed to reload this Embedder exactly (see the module doc)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        model = self.backbone.model
+        model.save_pretrained(directory)
+        self.backbone.tokenizer.save_pretrained(directory)
+        if self.pooling_head is not None:
+            from safetensors.torch import save_file
+
+            state = {k: v.detach().cpu().contiguous() for k, v in self.pooling_head.state_dict().items()}
+            save_file(state, str(directory / HEAD_FILE))
+        meta = {
+            "format": FORMAT_VERSION,
+            "base_model": self.backbone.name,
+            "is_decoder": self.backbone.is_decoder,
+            "strategy": self.config.to_dict(),
+        }
+        atomic_write_text(directory / STRATEGY_FILE, json.dumps(meta, indent=2))
+        if self.sentence_transformers_compatible():
+            self._write_sentence_transformers_files(directory)
+        return directory
+
+    def sentence_transformers_compatible(self) -> bool:
+        """True when sentence-transformers can reproduce this strategy exactly."""
+        cfg = self.config
+        uses_eos = wants_eos(cfg, self.backbone.is_decoder)
+        return (
+            cfg.pooling in ST_POOLING_MODES
+            and cfg.layers == (-1,)
+            and cfg.final_norm is None
+            and not cfg.echo
+            and not (self.backbone.is_decoder and cfg.attention == "bidirectional")
+            and not uses_eos
+            and cfg.dim is None
+        )
+
+    def _write_sentence_transformers_files(self, directory: Path) -> None:
+        cfg = self.config
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
+        if cfg.normalize:
+            modules.append(
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+            )
+            (directory / "2_Normalize").mkdir(exist_ok=True)
+        pooling = {"word_embedding_dimension": self.backbone.hidden_size, "include_prompt": False}
+        pooling.update({mode: name == cfg.pooling for name, mode in ST_POOLING_MODES.items()})
+        pooling.update({"pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
+        (directory / "1_Pooling").mkdir(exist_ok=True)
+        max_length = resolve_max_length(self.backbone, cfg.max_length)
+        files = {
+            "modules.json": modules,
+            "1_Pooling/config.json": pooling,
+            "sentence_bert_config.json": {"max_seq_length": max_length, "do_lower_case": False},
+        }
+        if cfg.query_instruction:
+            prompt = cfg.instruction_template.format(instruction=cfg.query_instruction)
+            files["config_sentence_transformers.json"] = {"prompts": {"query": prompt, "document": ""}}
+        for name, content in files.items():
+            atomic_write_text(directory / name, json.dumps(content, indent=2))
+
+
+def _read_saved(name_or_path: str) -> dict[str, Any] | None:
+    path = Path(name_or_path) / STRATEGY_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+
+
+def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+    path = Path(directory) / HEAD_FILE
+    if not path.exists():
+        return None
+    from safetensors.torch import load_file
+
+    cfg = EmbeddingConfig.from_dict(strategy)
+    head = LatentAttentionPooling(backbone.hidden_size, cfg.latent)
+    head.load_state_dict(load_file(str(path)))
+    return head.to(device=backbone.device, dtype=backbone.dtype).eval()

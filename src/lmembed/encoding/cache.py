@@ -1,0 +1,100 @@
+"""Embedding cache: compute once, evaluate many.
+
+Layout: ``<root>/<model fingerprint>/<strategy fingerprint>/<shard>.npz``. A shard holds ``keys``
+(rows of 16-byte BLAKE2 digests of the instruction and the text) and ``vectors`` (raw pooled float32
+vectors, before normalisation and Matryoshka truncation, so those options share entries).
+
+Writes are atomic: a shard is written to a temporary file in the same folder, flushed to disk and
+renamed into place, so a process killed mid-write leaves either the whole shard or none of it;
+stray temporary files are ignored on read and removed by ``clear``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from lmembed.atomic import atomic_write
+from lmembed.models.bundled import lmembed_home
+
+KEY_BYTES = 16
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LMEMBED_CACHE", lmembed_home() / "embeddings"))
+
+
+def text_key(text: str, instruction: str | None = None) -> bytes:
+    digest = hashlib.blake2b(digest_size=KEY_BYTES)
+    digest.update((instruction or "").encode())
+    digest.update(b"\x00")
+    digest.update(text.encode())
+    return digest.digest()
+
+
+def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Write an .npz so that ``path`` is either absent or complete, never partial."""
+    atomic_write(path, lambda handle: np.savez(handle, **arrays))
+
+
+class EmbeddingCache:
+    """Raw pooled vectors of one (model, strategy) pair, looked up by text."""
+
+    def __init__(self, root: Path, model_fingerprint: str, strategy_fingerprint: str) -> None:
+        self.dir = Path(root) / model_fingerprint / strategy_fingerprint
+        self._index: dict[bytes, np.ndarray] | None = None
+
+    def _load(self) -> dict[bytes, np.ndarray]:
+        if self._index is None:
+            self._index = {}
+            if self.dir.exists():
+                for shard in sorted(self.dir.glob("*.npz")):
+                    if shard.name.startswith(".tmp-"):
+                        continue
+                    with np.load(shard) as data:
+                        keys, vectors = data["keys"], data["vectors"]
+                    for key, vector in zip(keys, vectors, strict=True):
+                        self._index[key.tobytes()] = vector
+        return self._index
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+    def lookup(self, keys: Sequence[bytes]) -> tuple[list[np.ndarray | None], list[int]]:
+        """Cached vectors in order (None where missing) and the positions that are missing."""
+        index = self._load()
+        found = [index.get(k) for k in keys]
+        return found, [i for i, v in enumerate(found) if v is None]
+
+    def store(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
+        if len(keys) == 0:
+            return
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES)
+        atomic_save_npz(self.dir / f"{uuid.uuid4().hex}.npz", keys=key_array, vectors=vectors)
+        index = self._load()
+        for key, vector in zip(keys, vectors, strict=True):
+            index[key] = vector
+
+
+def clear_cache(root: Path | None = None) -> int:
+    """Delete every cached embedding under ``root``; returns the number of shard files removed."""
+    root = Path(root or default_cache_dir())
+    if not root.exists():
+        return 0
+    count = sum(1 for _ in root.rglob("*.npz"))
+    shutil.rmtree(root)
+    return count
+
+
+def cache_size(root: Path | None = None) -> tuple[int, int]:
+    """(number of shard files, total bytes) under ``root``."""
+    root = Path(root or default_cache_dir())
+    files = [p for p in root.rglob("*.npz")] if root.exists() else []
+    return len(files), sum(p.stat().st_size for p in files)

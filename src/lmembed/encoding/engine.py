@@ -1,0 +1,274 @@
+"""The encoding engine: batching, forward passes, pooling and the cache.
+
+One call can serve several strategies at once. Strategies that share their forward fields
+(attention, echo, instruction, truncation) share forward passes: one pass yields every hidden state,
+and each strategy pools the layers it wants. Texts are sorted by length and padded per batch, so
+little compute goes to padding; results come back in input order as float32 numpy arrays.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from lmembed.config import EmbeddingConfig
+from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, text_key
+from lmembed.encoding.inputs import Features, InputBuilder, validate_texts
+from lmembed.models.attention import configure_attention, mask_for
+from lmembed.models.loading import Backbone, weights_fingerprint
+from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
+from lmembed.pooling.poolers import STATELESS_POOLERS
+
+log = logging.getLogger(__name__)
+
+PROGRESS_MIN_TEXTS = 256
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    pool_mask: torch.Tensor
+    rows: list[int]
+
+
+def collate(features: Sequence[Features], pad_id: int, side: str, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Pad token ids and masks to the longest sequence of the batch, on the given side."""
+    width = max(len(f) for f in features)
+    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(features), width), dtype=torch.long)
+    pool = torch.zeros((len(features), width), dtype=torch.long)
+    for row, feat in enumerate(features):
+        n = len(feat)
+        cols = slice(width - n, width) if side == "left" else slice(0, n)
+        ids[row, cols] = torch.tensor(feat.input_ids)
+        attn[row, cols] = 1
+        pool[row, cols] = torch.tensor(feat.pool_mask)
+    return ids.to(device), attn.to(device), pool.to(device)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count real tokens only, so left padding does not shift them."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def resolve_max_length(backbone: Backbone, requested: int) -> int:
+    limits = [requested]
+    model_max = getattr(backbone.model.config, "max_position_embeddings", None)
+    if isinstance(model_max, int) and model_max > 0:
+        limits.append(model_max)
+    return min(limits)
+
+
+class EncodingEngine:
+    """Runs a backbone over texts for one or more extraction strategies."""
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        *,
+        pooling_head: nn.Module | None = None,
+        cache_dir: Path | str | None = None,
+        use_cache: bool = True,
+        padding_side: str | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        self.backbone = backbone
+        self.pooling_head = pooling_head
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.use_cache = use_cache
+        self.padding_side = padding_side or ("left" if backbone.is_decoder else "right")
+        self.show_progress = show_progress
+        self._verified_modes: set[str] = set()
+        forward_params = inspect.signature(backbone.model.forward).parameters
+        self._accepts_positions = "position_ids" in forward_params
+        self._accepts_cache_flag = "use_cache" in forward_params
+        tok = backbone.tokenizer
+        self.pad_id = next((t for t in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) if t is not None), 0)
+
+    # ------------------------------------------------------------------ public
+    def encode_raw(
+        self,
+        texts: Sequence[str],
+        configs: Sequence[EmbeddingConfig],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+    ) -> list[np.ndarray]:
+        """Raw pooled float32 vectors (before normalisation/truncation), one array per config."""
+        texts = validate_texts(texts)
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        dim = self.backbone.hidden_size
+        outputs = [np.empty((len(texts), dim), dtype=np.float32) for _ in configs]
+        if not texts:
+            return outputs
+        keys = [text_key(t, instruction) for t in texts]
+        missing_by_config = [self._fill_from_cache(out, cfg, keys) for out, cfg in zip(outputs, configs, strict=True)]
+        for group in self._forward_groups(configs):
+            todo = sorted(set().union(*(missing_by_config[i] for i in group)))
+            if todo:
+                self._compute(
+                    texts, todo, [configs[i] for i in group], [outputs[i] for i in group], instruction, batch_size
+                )
+                for i in group:
+                    self._store(configs[i], keys, missing_by_config[i], outputs[i])
+        return outputs
+
+    # ------------------------------------------------------------------ cache
+    def _cache_for(self, config: EmbeddingConfig) -> EmbeddingCache | None:
+        if not self.use_cache:
+            return None
+        model_fp = self.backbone.fingerprint()
+        if config.pooling == "latent_attention" and self.pooling_head is not None:
+            model_fp += "-" + weights_fingerprint(self.pooling_head)
+        return EmbeddingCache(self.cache_dir, model_fp, config.fingerprint())
+
+    def _fill_from_cache(self, out: np.ndarray, config: EmbeddingConfig, keys: list[bytes]) -> list[int]:
+        cache = self._cache_for(config)
+        if cache is None:
+            return list(range(len(keys)))
+        found, missing = cache.lookup(keys)
+        for i, vector in enumerate(found):
+            if vector is not None:
+                out[i] = vector
+        return missing
+
+    def _store(self, config: EmbeddingConfig, keys: list[bytes], rows: list[int], out: np.ndarray) -> None:
+        cache = self._cache_for(config)
+        if cache is not None and rows:
+            cache.store([keys[i] for i in rows], out[rows])
+
+    # ------------------------------------------------------------------ grouping and batching
+    @staticmethod
+    def _forward_groups(configs: Sequence[EmbeddingConfig]) -> list[list[int]]:
+        groups: dict[str, list[int]] = {}
+        for i, cfg in enumerate(configs):
+            groups.setdefault(json.dumps(cfg.forward_key(), sort_keys=True), []).append(i)
+        return list(groups.values())
+
+    def _batches(self, features: list[Features], rows: list[int], batch_size: int) -> Iterator[Batch]:
+        order = sorted(range(len(rows)), key=lambda j: -len(features[j]))  # longest first: OOM shows early
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            ids, attn, pool = collate(
+                [features[j] for j in chunk], self.pad_id, self.padding_side, self.backbone.device
+            )
+            yield Batch(ids, attn, pool, [rows[j] for j in chunk])
+
+    # ------------------------------------------------------------------ compute
+    def _compute(
+        self,
+        texts: Sequence[str],
+        rows: list[int],
+        configs: list[EmbeddingConfig],
+        outputs: list[np.ndarray],
+        instruction: str | None,
+        batch_size: int,
+    ) -> None:
+        lead = configs[0]
+        builder = InputBuilder(
+            self.backbone.tokenizer,
+            lead,
+            is_decoder=self.backbone.is_decoder,
+            max_length=resolve_max_length(self.backbone, lead.max_length),
+        )
+        features = [builder.build(texts[i], instruction) for i in rows]
+        self._prepare_attention(lead.attention)
+        with self._progress(len(rows), configs) as advance, torch.inference_mode():
+            for batch in self._batches(features, rows, batch_size):
+                pooled = self.forward_pool(batch.input_ids, batch.attention_mask, batch.pool_mask, configs)
+                for out, vectors in zip(outputs, pooled, strict=True):
+                    out[batch.rows] = vectors.float().cpu().numpy()
+                advance(len(batch.rows))
+
+    def _prepare_attention(self, mode: str) -> None:
+        if not self.backbone.is_decoder or mode in self._verified_modes:
+            return
+        configure_attention(self.backbone.model, mode, verify=True)
+        self._verified_modes = {mode}
+
+    def forward_pool(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pool_mask: torch.Tensor,
+        configs: Sequence[EmbeddingConfig],
+    ) -> list[torch.Tensor]:
+        """One forward pass, pooled once per config (differentiable: used by training too)."""
+        mode = configs[0].attention if self.backbone.is_decoder else "bidirectional"
+        need_raw_last = self.backbone.is_decoder and any(
+            c.final_norm is False
+            and self.backbone.num_layers in {normalize_layer(x, self.backbone.num_layers) for x in c.layers}
+            for c in configs
+        )
+        hidden_states, raw_last = self._run_model(input_ids, attention_mask, mode, need_raw_last)
+        norm = find_final_norm(self.backbone.model) if self.backbone.is_decoder else None
+        results = []
+        for cfg in configs:
+            states = select_states(hidden_states, cfg.layers, final_norm=cfg.final_norm, norm=norm, raw_last=raw_last)
+            results.append(self._pool(states, pool_mask, cfg))
+        return results
+
+    def _pool(self, states: torch.Tensor, pool_mask: torch.Tensor, cfg: EmbeddingConfig) -> torch.Tensor:
+        if cfg.pooling == "latent_attention":
+            if self.pooling_head is None:
+                raise ValueError("pooling='latent_attention' needs a pooling head (Embedder creates one)")
+            return self.pooling_head(states, pool_mask)
+        return STATELESS_POOLERS[cfg.pooling](states, pool_mask)
+
+    def _run_model(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode: str, need_raw_last: bool
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        model = self.backbone.model
+        kwargs: dict = {"input_ids": input_ids, "output_hidden_states": True}
+        if self.backbone.is_decoder:
+            kwargs["attention_mask"] = mask_for(mode, attention_mask, self.backbone.dtype)
+        else:
+            kwargs["attention_mask"] = attention_mask
+        if self._accepts_positions:
+            kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+        if self._accepts_cache_flag and self.backbone.is_decoder:
+            kwargs["use_cache"] = False
+        captured: dict[str, torch.Tensor] = {}
+        handle = None
+        if need_raw_last:
+            handle = _last_layer(model).register_forward_hook(
+                lambda _m, _i, out: captured.__setitem__("raw", out[0] if isinstance(out, tuple) else out)
+            )
+        try:
+            out = model(**kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        return tuple(out.hidden_states), captured.get("raw")
+
+    @contextmanager
+    def _progress(self, total: int, configs: Sequence[EmbeddingConfig]):
+        if not self.show_progress or total < PROGRESS_MIN_TEXTS:
+            yield lambda n: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        label = ", ".join(c.label() for c in configs[:3]) + (" ..." if len(configs) > 3 else "")
+        with Progress(
+            TextColumn(f"encoding [{label}]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True
+        ) as progress:
+            task = progress.add_task("encode", total=total)
+            yield lambda n: progress.advance(task, n)
+
+
+def _last_layer(model: nn.Module) -> nn.Module:
+    layers = getattr(model, "layers", None)
+    if layers is None or len(layers) == 0:
+        raise ValueError("final_norm=False on the last layer needs a decoder with a `layers` module list")
+    return layers[-1]

@@ -1,0 +1,143 @@
+"""From a text to token ids plus a pooling mask.
+
+A text may be wrapped before tokenisation: a task instruction in front of a query
+(``Instruct: {task}\\nQuery: {text}``) or, for echo embeddings, a first copy of the text in a fixed
+template. The wrapper tokens are fed to the model (they still attend and are attended to) but are
+left out of pooling. Which tokens belong to the text proper is decided from the tokenizer's
+character offsets on the whole string, so the token ids are exactly those of a plain tokenisation.
+
+Truncation shortens the text itself, never the instruction or template; with echo both copies are
+shortened alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmembed.config import EmbeddingConfig
+
+
+class InputError(ValueError):
+    """Texts given to encode are not usable."""
+
+
+@dataclass
+class Features:
+    input_ids: list[int]
+    pool_mask: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def validate_texts(texts: Any, argument: str = "texts") -> list[str]:
+    """Accept a list/tuple of strings; reject the rest with a message naming the bad item.
+
+    Empty or whitespace-only strings are allowed and documented: they embed the model's special
+    tokens (for a decoder with none, its end-of-text token). ``None`` and non-strings are rejected.
+    """
+    if isinstance(texts, str):
+        raise InputError(f"{argument} must be a list of strings, not a single string (wrap it: [{texts[:30]!r}])")
+    if texts is None:
+        raise InputError(f"{argument} is None; expected a list of strings")
+    try:
+        items = list(texts)
+    except TypeError as exc:
+        raise InputError(f"{argument} must be a list of strings, got {type(texts).__name__}") from exc
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise InputError(f"{argument}[{i}] is {type(item).__name__} ({item!r:.40}); every item must be a str")
+    return items
+
+
+def wants_eos(config: EmbeddingConfig, is_decoder: bool) -> bool:
+    if config.add_eos is not None:
+        return config.add_eos
+    return is_decoder and config.pooling == "last"
+
+
+class InputBuilder:
+    """Tokenises texts for one forward configuration."""
+
+    def __init__(self, tokenizer: Any, config: EmbeddingConfig, *, is_decoder: bool, max_length: int) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise InputError("lmembed needs a fast (Rust) tokenizer for offset mapping; load it with use_fast=True")
+        self.tokenizer = tokenizer
+        self.config = config
+        self.max_length = max_length
+        self.eos_id = tokenizer.eos_token_id if wants_eos(config, is_decoder) else None
+        if wants_eos(config, is_decoder) and self.eos_id is None:
+            raise InputError("pooling='last' with add_eos needs a tokenizer with an EOS token")
+        self.num_special = len(tokenizer("", add_special_tokens=True)["input_ids"])
+        candidates = (tokenizer.eos_token_id, tokenizer.sep_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id)
+        self.placeholder_id = next((t for t in candidates if t is not None), 0)
+
+    # -------------------------------------------------------------- wrapping
+    def _prefix(self, text: str, instruction: str | None) -> tuple[str, int]:
+        """Return (prefix, copies): the non-pooled text before the final copy of ``text``."""
+        prefix = ""
+        if instruction:
+            prefix += self.config.instruction_template.format(instruction=instruction)
+        if self.config.echo:
+            prefix += self.config.echo_template.format(text=text)
+        return prefix, 2 if self.config.echo else 1
+
+    def _count(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _truncate_text(self, text: str, budget: int) -> str:
+        """Cut ``text`` to at most ``budget`` tokens, at a token boundary."""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if len(enc["input_ids"]) <= budget:
+            return text
+        if budget <= 0:
+            return ""
+        return text[: enc["offset_mapping"][budget - 1][1]]
+
+    # -------------------------------------------------------------- building
+    def build(self, text: str, instruction: str | None = None) -> Features:
+        room = self.max_length - self.num_special - (1 if self.eos_id is not None else 0)
+        wrapper, copies = self._prefix("", instruction)
+        budget = (room - self._count(wrapper)) // copies
+        if budget < 1:
+            raise InputError(f"max_length={self.max_length} leaves no room for the text after the instruction/template")
+        text = self._truncate_text(text, budget)
+        prefix, _ = self._prefix(text, instruction)
+        full = prefix + text
+        enc = self.tokenizer(
+            full,
+            add_special_tokens=True,
+            truncation=True,
+            max_length=room + self.num_special,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        pool_mask = self._pool_mask(enc["offset_mapping"], enc["special_tokens_mask"], len(prefix))
+        ids = list(enc["input_ids"])
+        if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
+            ids.append(self.eos_id)
+            pool_mask.append(1)
+        if not any(pool_mask):  # an empty text with nothing to pool: embed the end-of-text token
+            ids.append(self.placeholder_id)
+            pool_mask.append(1)
+        return Features(ids, pool_mask)
+
+    @staticmethod
+    def _pool_mask(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int) -> list[int]:
+        """1 on tokens of the text proper; special tokens count when no prefix is excluded or
+        when they come after the text has started (e.g. a closing [SEP]/EOS)."""
+        mask = []
+        seen_text = False
+        for (_, end), is_special in zip(offsets, special, strict=True):
+            if is_special:
+                mask.append(1 if (start == 0 or seen_text) else 0)
+                continue
+            inside = end > start
+            seen_text = seen_text or inside
+            mask.append(1 if inside else 0)
+        return mask
+
+    def build_all(self, texts: Sequence[str], instruction: str | None = None) -> list[Features]:
+        return [self.build(t, instruction) for t in texts]

@@ -1,0 +1,113 @@
+"""Causal or bidirectional attention for decoder LMs, without silent fallbacks.
+
+How it works: transformers (4.56+/5.x) builds each decoder's mask through ``masking_utils``, which
+returns a caller-supplied 4-D mask unchanged. For bidirectional attention we therefore hand the
+model a 4-D additive mask that only hides padding, and we also clear every attention module's
+``is_causal`` flag so that kernels which ignore masks (SDPA's ``is_causal`` fast path, flash
+attention) cannot re-impose causality.
+
+Why it cannot silently revert: only families listed in :data:`BIDIRECTIONAL_FAMILIES` (each covered by
+a test) are accepted, and :func:`verify_attention` probes the loaded model once — it changes the
+last token of a two-sequence batch and checks whether the first token's state moves. Other tools
+broke when transformers changed mask handling (a ``None`` mask at batch size 1, SDPA's
+``is_causal`` left on, a removed ``_update_causal_mask`` override); each of those would make the
+probe fail loudly here instead of producing quietly causal embeddings.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# model_type values whose bidirectional path is tested (tests/test_attention.py).
+BIDIRECTIONAL_FAMILIES: dict[str, str] = {
+    "llama": "Llama / SmolLM",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "gemma3_text": "Gemma 3",
+}
+SUPPORTED_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+class AttentionError(RuntimeError):
+    """The requested attention mode cannot be guaranteed for this model."""
+
+
+def check_bidirectional_supported(model: nn.Module) -> None:
+    """Raise unless ``model`` belongs to a family with a tested bidirectional path."""
+    config = model.config
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in BIDIRECTIONAL_FAMILIES:
+        names = ", ".join(f"{v} ({k})" for k, v in BIDIRECTIONAL_FAMILIES.items())
+        raise AttentionError(
+            f"bidirectional attention is not supported for model_type={model_type!r}; "
+            f"lmembed has a tested bidirectional path only for: {names}"
+        )
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    if impl not in SUPPORTED_IMPLEMENTATIONS:
+        raise AttentionError(
+            f"bidirectional attention needs attn_implementation in {SUPPORTED_IMPLEMENTATIONS}, got {impl!r}"
+        )
+
+
+def set_causal_flags(model: nn.Module, causal: bool) -> int:
+    """Set ``is_causal`` on every attention module; returns how many modules were changed."""
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "is_causal") and isinstance(module.is_causal, bool):
+            module.is_causal = causal
+            count += 1
+    return count
+
+
+def padding_only_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """4-D additive mask (batch, 1, query, key) that hides padded keys and nothing else."""
+    keep = attention_mask[:, None, None, :].to(torch.bool)
+    mask = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
+    mask = mask.masked_fill(~keep, torch.finfo(dtype).min)
+    return mask.expand(-1, 1, attention_mask.shape[1], -1)
+
+
+def mask_for(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The ``attention_mask`` argument to pass to the model for ``mode``."""
+    if mode == "bidirectional":
+        return padding_only_mask(attention_mask, dtype)
+    return attention_mask  # 2-D: the model builds its own causal mask
+
+
+@torch.inference_mode()
+def first_token_sensitivity(model: nn.Module, mode: str, vocab_size: int | None = None) -> float:
+    """How much the first token's final state moves when only the last token changes.
+
+    Zero (up to float noise) means causal attention; clearly positive means bidirectional.
+    """
+    vocab = vocab_size or model.config.vocab_size
+    device = next(model.parameters()).device
+    ids = torch.tensor([[11, 12, 13, 14, 15], [11, 12, 13, 14, 16]], device=device) % vocab
+    mask = torch.ones_like(ids)
+    dtype = next(model.parameters()).dtype
+    out = model(input_ids=ids, attention_mask=mask_for(mode, mask, dtype), use_cache=False)
+    first = out.last_hidden_state[:, 0].float()
+    return float((first[0] - first[1]).abs().max())
+
+
+def verify_attention(model: nn.Module, mode: str) -> None:
+    """Probe the model once and raise if it does not attend the way ``mode`` says."""
+    delta = first_token_sensitivity(model, mode)
+    if mode == "bidirectional" and delta < 1e-6:
+        raise AttentionError(
+            "bidirectional attention was requested but the first token ignores later tokens "
+            f"(max change {delta:.2e}); this transformers version changed its mask handling"
+        )
+    if mode == "causal" and delta > 1e-4:
+        raise AttentionError(f"causal attention was requested but the first token sees later ones ({delta:.2e})")
+
+
+def configure_attention(model: nn.Module, mode: str, *, verify: bool = True) -> None:
+    """Put a decoder into ``mode`` (``causal`` or ``bidirectional``) and check that it took."""
+    if mode == "bidirectional":
+        check_bidirectional_supported(model)
+    set_causal_flags(model, causal=(mode == "causal"))
+    if verify:
+        verify_attention(model, mode)

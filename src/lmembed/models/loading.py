@@ -1,0 +1,163 @@
+"""Loading a backbone (model + tokenizer) from a bundled name, a local directory or a Hub id."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmembed.models.bundled import BUNDLED, resolve_bundled
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DECODER_TYPES_HINT = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2")
+
+
+class ModelLoadError(ValueError):
+    """The model name, path or option cannot be loaded."""
+
+
+@dataclass
+class Backbone:
+    """A loaded transformer with its tokenizer and the facts the engine needs."""
+
+    model: nn.Module
+    tokenizer: Any
+    name: str
+    path: str
+    is_decoder: bool
+    dtype: torch.dtype
+    device: torch.device
+    _fingerprint: str | None = field(default=None, repr=False)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def model_type(self) -> str:
+        return str(self.model.config.model_type)
+
+    def fingerprint(self) -> str:
+        """Hash of every weight (names, shapes, values): the model part of embedding-cache keys."""
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.model)
+        return self._fingerprint
+
+    def invalidate_fingerprint(self) -> None:
+        self._fingerprint = None
+
+
+def weights_fingerprint(*modules: nn.Module) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for module in modules:
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"device={device!r} is not a valid device (use cpu, cuda, cuda:N or auto)") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device='cuda' was requested but no CUDA GPU is available; use device='cpu' or 'auto'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype={dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Bundled short name → local checkpoint; an existing directory stays; anything else is a Hub id."""
+    if name_or_path in BUNDLED:
+        return str(resolve_bundled(name_or_path))
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} exists but has no config.json; it is not a transformers checkpoint")
+        return str(path)
+    if name_or_path.count("/") == 1 and not name_or_path.startswith((".", "/")):
+        return name_or_path  # a Hub id: transformers downloads it (needs internet)
+    raise ModelLoadError(
+        f"model {name_or_path!r} is neither a bundled name ({', '.join(BUNDLED)}), "
+        "an existing directory, nor a Hub id of the form 'org/name'"
+    )
+
+
+def is_decoder_config(config: Any) -> bool:
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    archs = " ".join(getattr(config, "architectures", None) or []).lower()
+    if "causallm" in archs or config.model_type in DECODER_TYPES_HINT:
+        return True
+    return bool(getattr(config, "is_decoder", False))
+
+
+def load_backbone(
+    name_or_path: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    attn_implementation: str | None = "sdpa",
+    trust_remote_code: bool = False,
+) -> Backbone:
+    """Load model and tokenizer; the model is the base transformer (no LM head), in eval mode."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    torch_dtype = resolve_dtype(dtype)
+    torch_device = resolve_device(device)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModel.from_pretrained(path, config=config, **kwargs)
+    model.to(torch_device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return Backbone(
+        model=model,
+        tokenizer=tokenizer,
+        name=name_or_path,
+        path=path,
+        is_decoder=is_decoder_config(config),
+        dtype=torch_dtype,
+        device=torch_device,
+    )
+
+
+def backbone_from_model(model: nn.Module, tokenizer: Any, name: str = "in-memory") -> Backbone:
+    """Wrap an already-built model (e.g. a tiny random one in a test) as a backbone."""
+    param = next(model.parameters())
+    return Backbone(
+        model=model.eval(),
+        tokenizer=tokenizer,
+        name=name,
+        path="",
+        is_decoder=is_decoder_config(model.config),
+        dtype=param.dtype,
+        device=param.device,
+    )

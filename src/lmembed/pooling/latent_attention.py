@@ -1,0 +1,34 @@
+"""NV-Embed's latent-attention pooling head.
+
+The token states of the last layer act as queries in a multi-head cross-attention whose keys and
+values come from a trainable latent array (``num_latents`` × d). The attended output goes through a
+two-layer GELU MLP (with a residual connection) and is then mean-pooled over the poolable tokens.
+The head is a small ``nn.Module`` saved and loaded with the embedder (``pooling_head.safetensors``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmembed.config import LatentAttentionConfig
+from lmembed.pooling.poolers import mean_pool
+
+
+class LatentAttentionPooling(nn.Module):
+    def __init__(self, hidden_size: int, config: LatentAttentionConfig | None = None) -> None:
+        super().__init__()
+        cfg = config or LatentAttentionConfig()
+        if hidden_size % cfg.num_heads:
+            raise ValueError(f"hidden size {hidden_size} is not divisible by num_heads={cfg.num_heads}")
+        self.config = cfg
+        self.latents = nn.Parameter(torch.randn(cfg.num_latents, hidden_size) * hidden_size**-0.5)
+        self.attention = nn.MultiheadAttention(hidden_size, cfg.num_heads, batch_first=True)
+        width = hidden_size * cfg.hidden_mult
+        self.mlp = nn.Sequential(nn.Linear(hidden_size, width), nn.GELU(), nn.Linear(width, hidden_size))
+
+    def forward(self, hidden: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
+        latents = self.latents.to(hidden.dtype).unsqueeze(0).expand(hidden.shape[0], -1, -1)
+        attended, _ = self.attention(hidden, latents, latents, need_weights=False)
+        states = attended + self.mlp(attended)
+        return mean_pool(states, pool_mask)
