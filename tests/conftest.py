@@ -1,0 +1,118 @@
+"""Shared fixtures: tiny randomly initialised models and a tiny tokenizer, built offline in seconds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "datasets"
+
+WORDS = (
+    "the a an of to in on is was cat dog sat mat rug man woman food horse riding eating movie great bad "
+    "query document instruct rewrite sentence hello there friend longer text forces padding first one "
+    "science protein cell gene study result model language embedding vector search retrieval"
+).split()
+
+
+def build_tokenizer(bos: bool = False):
+    """A word-level fast tokenizer over a fixed vocabulary (unknown words map to [UNK])."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(set(WORDS)) + list(":,.!?\n"))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+
+
+def tiny_decoder_config(family: str, vocab_size: int):
+    """Config of a 2-layer, 32-wide decoder of the given family."""
+    import transformers as tf
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
+    if family == "llama":
+        return tf.LlamaConfig(**common)
+    if family == "mistral":
+        return tf.MistralConfig(**common, sliding_window=None)
+    if family == "qwen2":
+        return tf.Qwen2Config(**common)
+    if family == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=8)
+    if family == "gemma3_text":
+        return tf.Gemma3TextConfig(**common, head_dim=8, sliding_window=4, query_pre_attn_scalar=8)
+    raise ValueError(family)
+
+
+def tiny_model(family: str, vocab_size: int, attn: str = "sdpa", seed: int = 0):
+    from transformers import AutoModel, BertConfig
+
+    torch.manual_seed(seed)
+    if family == "bert":
+        config = BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    else:
+        config = tiny_decoder_config(family, vocab_size)
+    return AutoModel.from_config(config, attn_implementation=attn).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture
+def make_embedder(tokenizer):
+    """Factory: ``make_embedder(family, attn="sdpa", **strategy)`` → uncached Embedder on a tiny model."""
+    from lmembed import Embedder, EmbeddingConfig
+
+    def factory(family: str = "llama", attn: str = "sdpa", tok=None, **strategy):
+        tok = tok or tokenizer
+        model = tiny_model(family, len(tok), attn)
+        return Embedder.from_model(model, tok, EmbeddingConfig(**strategy), use_cache=False, show_progress=False)
+
+    return factory
+
+
+def shared_or_skip(relative: str) -> Path:
+    path = SHARED / relative
+    if not path.exists():
+        pytest.skip(f"real data not found at {path} (../shared/datasets beside the checkout)")
+    return path
+
+
+def bundled_or_skip(name: str) -> str:
+    from lmembed.models.bundled import BUNDLED, BundledModelMissing, _package_dir
+
+    spec = BUNDLED[name]
+    try:
+        _package_dir(spec.package, spec.install)
+    except BundledModelMissing as exc:
+        pytest.skip(str(exc))
+    return name

@@ -1,0 +1,67 @@
+"""Bidirectional attention really is bidirectional, causal really is causal, and nothing else passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmembed.models import attention
+from lmembed.models.attention import AttentionError
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
+A = "the cat sat on the mat"
+B = "the cat sat on the rug"
+LONG = "a much longer text that forces padding of the first one and more words here"
+
+
+def first_token_vectors(emb, texts, batch_size):
+    return emb.encode(texts, batch_size=batch_size)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("mode", ["causal", "bidirectional"])
+def test_first_token_sees_later_tokens_only_when_bidirectional(make_embedder, family, attn, mode):
+    emb = make_embedder(family, attn, pooling="cls", attention=mode, normalize=False)
+    # batch size 1 (no padding at all) ...
+    single = np.stack([emb.encode([A], batch_size=1)[0], emb.encode([B], batch_size=1)[0]])
+    # ... and a padded batch, under both padding sides
+    for side in ("left", "right"):
+        emb.engine.padding_side = side
+        padded = emb.encode([A, LONG, B], batch_size=3)[[0, 2]]
+        np.testing.assert_allclose(padded, single, atol=1e-5)
+    delta = np.abs(single[0] - single[1]).max()
+    if mode == "bidirectional":
+        assert delta > 1e-3
+    else:
+        assert delta < 1e-6
+
+
+def test_unsupported_family_fails_loudly(tokenizer):
+    from transformers import GPT2Config, GPT2Model
+
+    from lmembed import Embedder, EmbeddingConfig
+
+    model = GPT2Model(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tokenizer), n_positions=64))
+    emb = Embedder.from_model(model, tokenizer, EmbeddingConfig(attention="bidirectional"), use_cache=False)
+    with pytest.raises(AttentionError, match="Llama"):
+        emb.encode([A])
+
+
+def test_a_mask_that_stops_working_is_caught(make_embedder, monkeypatch):
+    """Simulate a transformers upgrade that ignores our 4-D mask: the probe must refuse to run."""
+    emb = make_embedder("llama", "sdpa", attention="bidirectional")
+    monkeypatch.setattr(attention, "mask_for", lambda mode, mask, dtype: mask)
+    monkeypatch.setattr(attention, "set_causal_flags", lambda model, causal: 0)
+    for module in emb.backbone.model.modules():
+        if hasattr(module, "is_causal"):
+            module.is_causal = True
+    with pytest.raises(AttentionError, match="first token ignores later tokens"):
+        emb.encode([A])
+
+
+def test_flash_attention_is_refused_for_bidirectional(make_embedder):
+    emb = make_embedder("llama", "sdpa", attention="bidirectional")
+    emb.backbone.model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(AttentionError, match="attn_implementation"):
+        attention.check_bidirectional_supported(emb.backbone.model)

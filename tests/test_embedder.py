@@ -1,0 +1,144 @@
+"""Embedder API: config round-trip, bad input, save/load, cache behaviour."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.config import ConfigError
+from lmembed.encoding.cache import EmbeddingCache, clear_cache
+from lmembed.encoding.inputs import InputError
+from lmembed.models.loading import ModelLoadError
+
+TEXTS = ["the cat sat on the mat", "a dog", "hello there friend"]
+
+
+def test_config_json_round_trip():
+    cfg = EmbeddingConfig(pooling="latent_attention", layer=(3, 4), attention="bidirectional", echo=True, dim=64)
+    again = EmbeddingConfig.from_json(cfg.to_json())
+    assert again == cfg and again.fingerprint() == cfg.fingerprint()
+    assert cfg.label() == "latent_attention@[3,4]+bidir+echo+d64"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pooling": "max"}, "pooling='max' is unknown"),
+        ({"attention": "sideways"}, "attention='sideways'"),
+        ({"layer": "mid"}, "must be an int"),
+        ({"dim": 0}, "dim=0"),
+        ({"colour": 1}, "unknown strategy option"),
+    ],
+)
+def test_bad_options_name_the_argument(options, message):
+    with pytest.raises((ConfigError, TypeError), match=message):
+        EmbeddingConfig.from_dict(options)
+
+
+def test_bad_inputs_get_clear_errors(make_embedder):
+    emb = make_embedder("bert")
+    with pytest.raises(InputError, match="not a single string"):
+        emb.encode("just one string")
+    with pytest.raises(InputError, match="is None"):
+        emb.encode(None)
+    with pytest.raises(InputError, match=r"texts\[1\] is int"):
+        emb.encode(["ok", 3])
+    with pytest.raises(InputError, match=r"texts\[0\] is NoneType"):
+        emb.encode([None])
+    empty = emb.encode([])
+    assert empty.shape == (0, 32) and empty.dtype == np.float32
+    blank = emb.encode(["", "   "])  # documented: embeds the special tokens only
+    assert np.isfinite(blank).all()
+    long = emb.encode(["cat " * 5000])  # over-long: truncated to max_length, not an error
+    assert long.shape == (1, 32)
+
+
+def test_empty_text_on_a_decoder_without_special_tokens(make_embedder):
+    emb = make_embedder("llama", pooling="mean")
+    vec = emb.encode([""])
+    assert np.isfinite(vec).all() and vec.shape == (1, 32)
+
+
+def test_unknown_model_lists_bundled_names():
+    with pytest.raises(ModelLoadError, match="minilm, smollm2-135m, gemma3-270m"):
+        Embedder.from_pretrained("no-such-model")
+
+
+@pytest.mark.parametrize("pooling", ["mean", "latent_attention"])
+def test_save_and_load_round_trip(make_embedder, tmp_path, pooling):
+    emb = make_embedder("llama", pooling=pooling, attention="bidirectional", layer=(1, 2), dim=16)
+    before = emb.encode(TEXTS)
+    emb.save(tmp_path / "saved")
+    again = Embedder.from_pretrained(str(tmp_path / "saved"), cache=False)
+    assert again.config == emb.config
+    np.testing.assert_allclose(again.encode(TEXTS), before, atol=1e-6)
+    meta = json.loads((tmp_path / "saved" / "lmembed.json").read_text())
+    assert meta["strategy"]["pooling"] == pooling
+    assert (tmp_path / "saved" / "pooling_head.safetensors").exists() == (pooling == "latent_attention")
+    # explicit options override the saved strategy
+    assert Embedder.from_pretrained(str(tmp_path / "saved"), dim=8, cache=False).encode(TEXTS).shape == (3, 8)
+
+
+def test_repeated_encode_is_served_from_cache(make_embedder, tmp_path, monkeypatch):
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path
+    first = emb.encode(TEXTS)
+    calls = []
+    original = emb.backbone.model.forward
+    monkeypatch.setattr(emb.backbone.model, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    second = emb.encode(TEXTS)
+    np.testing.assert_array_equal(first, second)
+    assert calls == []
+    emb.encode([*TEXTS, "one new text"])
+    assert len(calls) == 1  # only the new text is computed
+    # a different strategy or output dim: dim/normalize share the raw cache, pooling does not
+    emb.with_config(emb.config.with_options(dim=8)).encode(TEXTS)
+    assert len(calls) == 1
+    emb.with_config(emb.config.with_options(pooling="cls")).encode(TEXTS)
+    assert len(calls) == 2
+    assert clear_cache(tmp_path) >= 3
+    emb.encode(TEXTS)
+    assert len(calls) == 3
+
+
+def test_cache_instruction_is_part_of_the_key(make_embedder, tmp_path):
+    emb = make_embedder("llama")
+    emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path
+    plain = emb.encode(TEXTS)
+    inst = emb.encode_queries(TEXTS, instruction="find the cat")
+    assert not np.allclose(plain, inst)
+    np.testing.assert_array_equal(emb.encode_queries(TEXTS, instruction="find the cat"), inst)
+
+
+WRITER = """
+import sys, numpy as np
+from pathlib import Path
+from lmembed.encoding.cache import EmbeddingCache, text_key
+cache = EmbeddingCache(Path(sys.argv[1]), "model", "strategy")
+i = 0
+while True:
+    keys = [text_key(f"text {i} {j}") for j in range(20000)]
+    cache.store(keys, np.full((20000, 256), float(i), dtype=np.float32))
+    i += 1
+    print(i, flush=True)
+"""
+
+
+def test_killed_writer_leaves_no_corrupt_entry(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # at least one shard is complete
+    time.sleep(0.15)  # now it is most likely in the middle of the next write
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cache = EmbeddingCache(tmp_path, "model", "strategy")
+    assert len(cache) % 20000 == 0 and len(cache) >= 20000  # whole shards only
+    for vector in list(cache._load().values())[::5000]:
+        assert np.all(vector == vector[0])
