@@ -111,6 +111,7 @@ class Embedder:
         cache_dir: str | Path | None = None,
         show_progress: bool = True,
         attn_implementation: str | None = "sdpa",
+        quantize: str | None = None,
         config: EmbeddingConfig | None = None,
         **strategy: Any,
     ) -> Embedder:
@@ -122,7 +123,9 @@ class Embedder:
         normalised, the model's own max length).
         """
         saved = _read_saved(name_or_path)
-        backbone = load_backbone(name_or_path, dtype=dtype, device=device, attn_implementation=attn_implementation)
+        backbone = load_backbone(
+            name_or_path, dtype=dtype, device=device, attn_implementation=attn_implementation, quantize=quantize
+        )
         options = dict(saved["strategy"]) if saved else {}
         given = {
             "pooling": pooling,

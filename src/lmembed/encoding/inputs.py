@@ -85,11 +85,11 @@ class InputBuilder:
         return prefix, 2 if self.config.echo else 1
 
     def _count(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
     def _truncate_text(self, text: str, budget: int) -> str:
         """Cut ``text`` to at most ``budget`` tokens, at a token boundary."""
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         if len(enc["input_ids"]) <= budget:
             return text
         if budget <= 0:

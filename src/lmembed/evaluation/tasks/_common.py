@@ -1,0 +1,155 @@
+"""Helpers shared by the non-retrieval task classes: reading data, encoding, timing, dataset specs.
+
+Encoding convention (E5-mistral / NV-Embed): in symmetric tasks (STS, classification, clustering,
+pair classification, summarization) every text plays the "query" role, so a task instruction, when
+given, goes on *all* texts through ``encode_queries(..., instruction=...)``. Without an instruction
+the texts are embedded as they are: through ``encode`` when the encoder has it (a plain
+:class:`~lmembed.protocols.TextEncoder`), otherwise through ``encode_corpus``, which never adds a
+prompt. ``encode_queries(texts, instruction=None)`` is avoided there on purpose: an encoder may add
+its default retrieval prompt to queries (BGE does), and MTEB gives non-retrieval texts no prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmembed.protocols import RetrievalEncoder
+
+DEFAULT_SEED = 42
+
+
+class TaskDataError(ValueError):
+    """A task's data file is missing or does not have the expected fields."""
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All JSON objects of a ``.jsonl`` file, in order; blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskDataError(f"data file not found: {path}")
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise TaskDataError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+    if not rows:
+        raise TaskDataError(f"{path} holds no rows")
+    return rows
+
+
+def require_fields(row: Mapping[str, Any], fields: Sequence[str], path: str | Path) -> None:
+    """Raise :class:`TaskDataError` naming the first of ``fields`` missing from ``row``."""
+    missing = [name for name in fields if name not in row]
+    if missing:
+        raise TaskDataError(f"{path}: rows need the fields {list(fields)}; missing {missing}")
+
+
+def split_file(path: str | Path, split: str) -> Path:
+    """The jsonl file for ``split``: ``path`` itself when it is a file, else ``path/<split>.jsonl``."""
+    path = Path(path)
+    return path if path.is_file() else path / f"{split}.jsonl"
+
+
+def as_matrix(array: Any) -> np.ndarray:
+    """An encoder's output as a 2-D float32 numpy array."""
+    matrix = np.asarray(array, dtype=np.float32)
+    if matrix.ndim != 2:
+        raise ValueError(f"an encoder returned an array of shape {matrix.shape}, expected 2-D")
+    return matrix
+
+
+def encode_symmetric(
+    encoder: RetrievalEncoder,
+    texts: Sequence[str],
+    *,
+    instruction: str | None = None,
+    batch_size: int = 32,
+) -> np.ndarray:
+    """Embed texts that all play the same role (see the module docstring for the convention)."""
+    texts = list(texts)
+    if instruction:
+        return as_matrix(encoder.encode_queries(texts, instruction=instruction, batch_size=batch_size))
+    plain = getattr(encoder, "encode", None)
+    if callable(plain):
+        return as_matrix(plain(texts, batch_size=batch_size))
+    return as_matrix(encoder.encode_corpus(texts, batch_size=batch_size))
+
+
+def encode_unique(
+    encode: Any,
+    texts: Sequence[str],
+) -> np.ndarray:
+    """Call ``encode(unique_texts)`` once per distinct text and expand back to ``texts``' order."""
+    index: dict[str, int] = {}
+    unique: list[str] = []
+    positions = []
+    for text in texts:
+        if text not in index:
+            index[text] = len(unique)
+            unique.append(text)
+        positions.append(index[text])
+    if not unique:
+        return np.zeros((0, 0), dtype=np.float32)
+    embeddings = as_matrix(encode(unique))
+    return embeddings[np.asarray(positions, dtype=np.int64)]
+
+
+def model_name_of(encoder: object) -> str:
+    """A best-effort display name for an encoder (empty when it has none)."""
+    for attribute in ("model_name", "name", "name_or_path"):
+        value = getattr(encoder, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+@contextmanager
+def stopwatch() -> Iterator[dict[str, float]]:
+    """Time a block; the yielded dict gets ``seconds`` when the block ends."""
+    record = {"seconds": 0.0}
+    start = time.perf_counter()
+    try:
+        yield record
+    finally:
+        record["seconds"] = time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a known MTEB dataset lives under the data root, and the task settings it needs.
+
+    ``path`` is relative to the data root (a directory holding ``<split>.jsonl`` files, or one jsonl
+    file); ``settings`` are keyword arguments for the task class (``samples_per_label`` ...);
+    ``extra_splits`` names further splits the task reads (classification's ``train``).
+    """
+
+    path: str
+    split: str = "test"
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    extra_splits: tuple[str, ...] = ()
+    note: str = ""
+
+    def files(self, root: str | Path) -> list[Path]:
+        """The files that must exist for this dataset to be usable."""
+        base = Path(root) / self.path
+        if base.suffix == ".jsonl":
+            return [base]
+        names = [self.split, *self.extra_splits]
+        return [base / f"{name}.jsonl" for name in names]
+
+    def is_available(self, root: str | Path) -> bool:
+        """True when every file this dataset needs is present under ``root``."""
+        return all(path.is_file() for path in self.files(root))

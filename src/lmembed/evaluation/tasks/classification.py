@@ -1,0 +1,266 @@
+"""Classification with a logistic-regression probe, following MTEB's ``AbsTaskClassification``.
+
+Protocol (the one that produced the published mteb 1.12.75 numbers, and that mteb 2.x keeps):
+
+1. ``n_experiments`` (10) experiments. Before experiment *k*, the index order of the train split is
+   shuffled by a ``numpy.random.RandomState(seed)`` freshly seeded with 42; the order shuffled is the
+   one left by experiment *k-1* (``arange(n)`` before the first). Walking that order, the first
+   ``samples_per_label`` examples of each label are kept (8 by default; EmotionClassification 16).
+2. A ``LogisticRegression(max_iter=100)`` (lbfgs, default C) is fitted on the kept examples'
+   embeddings and predicts the whole evaluation split.
+3. Accuracy (main score), macro F1 and the other metrics are averaged over the experiments.
+
+Why this is the 1.12.75 protocol: mteb 1.12.75 shuffled with the *global* ``np.random.shuffle``, but
+every evaluator it built (one per experiment) re-seeded the global generator with 42 in
+``Evaluator.__init__``, and the task constructor did the same before the first experiment. So each
+shuffle started from a fresh seed-42 state and permuted the previous order: exactly what mteb 2.x's
+``_undersample_data`` does explicitly with ``RandomState(seed)`` ("for backward compatibility with
+v1"). The classifier is deterministic (lbfgs ignores ``random_state``), so the result depends only on
+the embeddings. Only the train examples some experiment uses are embedded.
+
+Data: ``train.jsonl`` and ``<split>.jsonl`` with rows ``{"text", "label"}`` (``label_text`` optional).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning, UndefinedMetricWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import (
+    accuracy_score,
+    average_precision_score,
+    f1_score,
+    precision_score,
+    recall_score,
+)
+
+from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.tasks._common import (
+    DEFAULT_SEED,
+    DatasetSpec,
+    TaskDataError,
+    encode_symmetric,
+    encode_unique,
+    model_name_of,
+    read_jsonl,
+    require_fields,
+    split_file,
+    stopwatch,
+)
+from lmembed.protocols import RetrievalEncoder
+
+_TRAIN = ("train",)
+
+# MTEB name -> data location and protocol settings (samples_per_label as the MTEB task sets it).
+KNOWN_CLASSIFICATION: dict[str, DatasetSpec] = {
+    "Banking77Classification": DatasetSpec("classification/banking77", extra_splits=_TRAIN),
+    "EmotionClassification": DatasetSpec(
+        "classification/emotion", settings={"samples_per_label": 16}, extra_splits=_TRAIN
+    ),
+    "MassiveIntentClassification": DatasetSpec(
+        "classification/massive_intent", settings={"subset": "en"}, extra_splits=_TRAIN, note="the en subset"
+    ),
+    "MassiveScenarioClassification": DatasetSpec(
+        "classification/massive_scenario", settings={"subset": "en"}, extra_splits=_TRAIN, note="the en subset"
+    ),
+    "AmazonCounterfactualClassification": DatasetSpec(
+        "classification/amazon_counterfactual",
+        settings={"samples_per_label": 32, "subset": "en"},
+        extra_splits=_TRAIN,
+        note="the en subset",
+    ),
+    "ToxicConversationsClassification": DatasetSpec(
+        "classification/toxic_conversations", settings={"samples_per_label": 16}, extra_splits=_TRAIN
+    ),
+    "TweetSentimentExtractionClassification": DatasetSpec(
+        "classification/tweet_sentiment_extraction",
+        settings={"samples_per_label": 32},
+        extra_splits=_TRAIN,
+    ),
+    "ImdbClassification": DatasetSpec("classification/imdb", extra_splits=_TRAIN),
+}
+
+
+def undersample(
+    labels: Sequence[Hashable],
+    *,
+    samples_per_label: int = 8,
+    n_experiments: int = 10,
+    seed: int = DEFAULT_SEED,
+) -> list[list[int]]:
+    """The train indices each experiment uses, in MTEB's order (see the module docstring)."""
+    order = np.arange(len(labels))
+    selections: list[list[int]] = []
+    for _ in range(n_experiments):
+        np.random.RandomState(seed).shuffle(order)
+        taken: dict[Hashable, int] = defaultdict(int)
+        chosen: list[int] = []
+        for index in order:
+            label = labels[int(index)]
+            if taken[label] < samples_per_label:
+                chosen.append(int(index))
+                taken[label] += 1
+        selections.append(chosen)
+    return selections
+
+
+def classification_metrics(y_true: Sequence[Any], y_pred: Sequence[Any]) -> dict[str, float]:
+    """MTEB's per-experiment metrics; ``ap``/``ap_weighted`` only for two-class test sets."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        scores = {
+            "accuracy": accuracy_score(y_true, y_pred),
+            "f1": f1_score(y_true, y_pred, average="macro"),
+            "f1_weighted": f1_score(y_true, y_pred, average="weighted"),
+            "precision": precision_score(y_true, y_pred, average="macro"),
+            "precision_weighted": precision_score(y_true, y_pred, average="weighted"),
+            "recall": recall_score(y_true, y_pred, average="macro"),
+            "recall_weighted": recall_score(y_true, y_pred, average="weighted"),
+        }
+        if len(np.unique(np.asarray(y_true))) == 2:
+            # MTEB scores AP on the hard predictions, not on probabilities; kept for parity.
+            scores["ap"] = average_precision_score(y_true, y_pred, average="macro")
+            scores["ap_weighted"] = average_precision_score(y_true, y_pred, average="weighted")
+    return {key: float(value) for key, value in scores.items()}
+
+
+def fit_and_predict(
+    train_x: np.ndarray, train_y: Sequence[Any], test_x: np.ndarray, *, max_iter: int = 100, seed: int = 42
+) -> np.ndarray:
+    """Fit MTEB's probe (``LogisticRegression(max_iter=100)``) and predict the test rows."""
+    probe = LogisticRegression(max_iter=max_iter, random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        probe.fit(train_x, np.asarray(train_y))
+    return probe.predict(test_x)
+
+
+def _mean_scores(per_experiment: list[dict[str, float]]) -> dict[str, float]:
+    """Average every metric over the experiments."""
+    return {key: float(np.mean([s[key] for s in per_experiment])) for key in per_experiment[0]}
+
+
+def load_labelled_texts(path: str | Path) -> tuple[list[str], list[Any]]:
+    """Read ``{"text", "label"}`` rows into texts and labels."""
+    rows = read_jsonl(path)
+    require_fields(rows[0], ("text", "label"), path)
+    try:
+        return [str(row["text"]) for row in rows], [row["label"] for row in rows]
+    except KeyError as exc:
+        raise TaskDataError(f"{path}: a row lacks {exc}") from exc
+
+
+@dataclass
+class ClassificationTask:
+    """One classification dataset: a train split for the probe and an evaluation split.
+
+    ``instruction`` (optional) goes on every text, train and test alike (E5-mistral / NV-Embed
+    embed both with the task instruction).
+    """
+
+    name: str
+    train_texts: list[str]
+    train_labels: list[Any]
+    test_texts: list[str]
+    test_labels: list[Any]
+    split: str = "test"
+    samples_per_label: int = 8
+    n_experiments: int = 10
+    seed: int = DEFAULT_SEED
+    max_iter: int = 100
+    instruction: str | None = None
+    subset: str = "default"
+    task_type: ClassVar[str] = "Classification"
+    main_metric: ClassVar[str] = "accuracy"
+
+    def __post_init__(self) -> None:
+        if len(self.train_texts) != len(self.train_labels) or len(self.test_texts) != len(self.test_labels):
+            raise TaskDataError(f"{self.name}: texts and labels differ in length")
+
+    @classmethod
+    def from_path(
+        cls,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        split: str = "test",
+        train_split: str = "train",
+        **settings: Any,
+    ) -> ClassificationTask:
+        """Load ``<path>/train.jsonl`` and ``<path>/<split>.jsonl``.
+
+        ``path`` may also be the evaluation file itself; its stem is then the split name.
+        """
+        directory = Path(path)
+        if directory.is_file():
+            directory, split = directory.parent, directory.stem
+        train_texts, train_labels = load_labelled_texts(split_file(directory, train_split))
+        test_texts, test_labels = load_labelled_texts(split_file(directory, split))
+        return cls(
+            name or directory.name,
+            train_texts,
+            train_labels,
+            test_texts,
+            test_labels,
+            split=split,
+            **settings,
+        )
+
+    def experiments(self) -> list[list[int]]:
+        """The train indices of every experiment."""
+        return undersample(
+            self.train_labels,
+            samples_per_label=self.samples_per_label,
+            n_experiments=self.n_experiments,
+            seed=self.seed,
+        )
+
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+        """Run the experiments and average their scores."""
+        with stopwatch() as clock:
+            selections = self.experiments()
+            used = sorted(set().union(*selections))
+            position = {index: row for row, index in enumerate(used)}
+
+            def embed(texts: list[str]) -> np.ndarray:
+                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
+
+            embeddings = encode_unique(embed, [self.train_texts[i] for i in used] + self.test_texts)
+            train_x, test_x = embeddings[: len(used)], embeddings[len(used) :]
+            per_experiment = []
+            for chosen in selections:
+                rows = [position[i] for i in chosen]
+                predicted = fit_and_predict(
+                    train_x[rows],
+                    [self.train_labels[i] for i in chosen],
+                    test_x,
+                    max_iter=self.max_iter,
+                    seed=self.seed,
+                )
+                per_experiment.append(classification_metrics(self.test_labels, predicted))
+            scores = _mean_scores(per_experiment)
+            scores["main_score"] = scores[self.main_metric]
+        return TaskResult(
+            task_name=self.name,
+            task_type=self.task_type,
+            split=self.split,
+            scores=scores,
+            main_metric=self.main_metric,
+            subset=self.subset,
+            evaluation_time=clock["seconds"],
+            model_name=model_name_of(encoder),
+            extra={
+                "scores_per_experiment": per_experiment,
+                "samples_per_label": self.samples_per_label,
+                "n_experiments": self.n_experiments,
+                "train_examples_embedded": len(used),
+                "instruction": self.instruction,
+            },
+        )

@@ -1,0 +1,213 @@
+"""Pair classification (duplicate / paraphrase detection), following MTEB's ``AbsTaskPairClassification``.
+
+Each pair gets a score from its two embeddings under five scoring functions: the model's own
+similarity (cosine for lmembed encoders), cosine, dot product, and the Manhattan and Euclidean
+distances (where *lower* means "more alike"). For each function MTEB reports
+
+* ``ap``: average precision of the scores against the 0/1 labels (distances negated);
+* ``accuracy``: the best accuracy over thresholds placed between consecutive sorted scores;
+* ``f1`` (with its ``precision`` and ``recall``): the best F1 over the same thresholds;
+
+and, for each metric, the maximum over the functions (``max_ap``, ``max_f1`` ...). The main score
+is ``max_ap``. Key names follow mteb 2.x: ``cosine_ap``, ``dot_f1``, ``manhattan_accuracy``,
+``similarity_ap`` ... A threshold is never placed between two equal scores (mteb 2.x's tie rule;
+mteb 1.x would split ties by row order, which only matters when scores tie exactly).
+
+Data, either layout (jsonl):
+
+* MTEB's: one row holding lists ``{"sentence1": [...], "sentence2": [...], "labels": [...]}``
+  (several such rows are concatenated);
+* one pair per row: ``{"sentence1": str, "sentence2": str, "label": 0|1}`` (``labels`` also accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.metrics import average_precision_score
+from sklearn.metrics.pairwise import (
+    paired_cosine_distances,
+    paired_euclidean_distances,
+    paired_manhattan_distances,
+)
+
+from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.tasks._common import (
+    DatasetSpec,
+    TaskDataError,
+    encode_symmetric,
+    encode_unique,
+    model_name_of,
+    read_jsonl,
+    require_fields,
+    split_file,
+    stopwatch,
+)
+from lmembed.protocols import RetrievalEncoder
+
+KNOWN_PAIR_CLASSIFICATION: dict[str, DatasetSpec] = {
+    "SprintDuplicateQuestions": DatasetSpec("pair_classification/sprint_duplicate_questions"),
+    "TwitterSemEval2015": DatasetSpec("pair_classification/twitter_semeval2015"),
+    "TwitterURLCorpus": DatasetSpec("pair_classification/twitter_url_corpus"),
+}
+
+_MAX_KEYS = ("accuracy", "f1", "precision", "recall", "ap")
+
+
+def best_accuracy(scores: Sequence[float], labels: Sequence[int], higher_is_closer: bool) -> tuple[float, float]:
+    """Best accuracy over thresholds between distinct consecutive sorted scores, and that threshold."""
+    rows = sorted(zip(scores, labels, strict=True), key=lambda row: row[0], reverse=higher_is_closer)
+    positives_above, negatives_below = 0, sum(1 for label in labels if label == 0)
+    best, threshold = 0.0, -1.0
+    for i in range(len(rows) - 1):
+        score, label = rows[i]
+        if label == 1:
+            positives_above += 1
+        else:
+            negatives_below -= 1
+        if score == rows[i + 1][0]:
+            continue
+        accuracy = (positives_above + negatives_below) / len(labels)
+        if accuracy > best:
+            best, threshold = accuracy, (score + rows[i + 1][0]) / 2
+    return best, threshold
+
+
+def best_f1(
+    scores: Sequence[float], labels: Sequence[int], higher_is_closer: bool
+) -> tuple[float, float, float, float]:
+    """Best F1 over the same thresholds: (f1, precision, recall, threshold)."""
+    rows = sorted(zip(scores, labels, strict=True), key=lambda row: row[0], reverse=higher_is_closer)
+    total_positives = sum(labels)
+    best = (0.0, 0.0, 0.0, 0.0)
+    hits = 0
+    for i in range(len(rows) - 1):
+        score, label = rows[i]
+        hits += label == 1
+        if score == rows[i + 1][0] or hits == 0:
+            continue
+        precision, recall = hits / (i + 1), hits / total_positives
+        f1 = 2 * precision * recall / (precision + recall)
+        if f1 > best[0]:
+            best = (f1, precision, recall, (score + rows[i + 1][0]) / 2)
+    return best
+
+
+def threshold_metrics(scores: Sequence[float], labels: Sequence[int], higher_is_closer: bool) -> dict[str, float]:
+    """accuracy, f1, precision, recall and ap for one scoring function."""
+    accuracy, _ = best_accuracy(scores, labels, higher_is_closer)
+    f1, precision, recall, _ = best_f1(scores, labels, higher_is_closer)
+    sign = 1.0 if higher_is_closer else -1.0
+    ap = average_precision_score(labels, sign * np.asarray(scores, dtype=np.float64))
+    return {
+        "accuracy": float(accuracy),
+        "f1": float(f1),
+        "precision": float(precision),
+        "recall": float(recall),
+        "ap": float(ap),
+    }
+
+
+def pair_scores(embeddings1: np.ndarray, embeddings2: np.ndarray) -> dict[str, tuple[np.ndarray, bool]]:
+    """Per-pair scores of every scoring function, with whether higher means "more alike"."""
+    cosine = 1.0 - paired_cosine_distances(embeddings1, embeddings2)
+    return {
+        "similarity": (cosine, True),
+        "cosine": (cosine, True),
+        "manhattan": (paired_manhattan_distances(embeddings1, embeddings2), False),
+        "euclidean": (paired_euclidean_distances(embeddings1, embeddings2), False),
+        "dot": (np.einsum("ij,ij->i", embeddings1, embeddings2), True),
+    }
+
+
+def pair_classification_scores(
+    embeddings1: np.ndarray, embeddings2: np.ndarray, labels: Sequence[int]
+) -> dict[str, float]:
+    """All of MTEB's pair-classification metrics, plus ``main_score`` (= ``max_ap``)."""
+    labels = [int(label) for label in labels]
+    per_function = {
+        function: threshold_metrics(values.tolist(), labels, higher_is_closer)
+        for function, (values, higher_is_closer) in pair_scores(embeddings1, embeddings2).items()
+    }
+    output = {
+        f"{function}_{metric}": value for function, metrics in per_function.items() for metric, value in metrics.items()
+    }
+    for metric in _MAX_KEYS:
+        output[f"max_{metric}"] = max(metrics[metric] for metrics in per_function.values())
+    output["main_score"] = output["max_ap"]
+    return output
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def load_pairs(path: str | Path) -> tuple[list[str], list[str], list[int]]:
+    """Read pairs in either layout (see the module docstring)."""
+    rows = read_jsonl(path)
+    label_key = "labels" if "labels" in rows[0] else "label"
+    require_fields(rows[0], ("sentence1", "sentence2", label_key), path)
+    first, second, labels = [], [], []
+    for number, row in enumerate(rows, start=1):
+        s1, s2, lab = (_as_list(row.get(k)) for k in ("sentence1", "sentence2", label_key))
+        if not len(s1) == len(s2) == len(lab):
+            raise TaskDataError(f"{path}: row {number} has lists of different lengths")
+        first += [str(s) for s in s1]
+        second += [str(s) for s in s2]
+        labels += [int(x) for x in lab]
+    if set(labels) - {0, 1}:
+        raise TaskDataError(f"{path}: labels must be 0 or 1, found {sorted(set(labels))}")
+    return first, second, labels
+
+
+@dataclass
+class PairClassificationTask:
+    """One pair-classification dataset; ``instruction`` (optional) goes on both sentences."""
+
+    name: str
+    sentence1: list[str]
+    sentence2: list[str]
+    labels: list[int]
+    split: str = "test"
+    instruction: str | None = None
+    subset: str = "default"
+    task_type: ClassVar[str] = "PairClassification"
+    main_metric: ClassVar[str] = "max_ap"
+
+    def __post_init__(self) -> None:
+        if not len(self.sentence1) == len(self.sentence2) == len(self.labels):
+            raise TaskDataError(f"{self.name}: sentence1, sentence2 and labels differ in length")
+
+    @classmethod
+    def from_path(
+        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any
+    ) -> PairClassificationTask:
+        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
+        first, second, labels = load_pairs(split_file(path, split))
+        return cls(name or Path(path).name.removesuffix(".jsonl"), first, second, labels, split=split, **settings)
+
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+        """Embed both sides (each distinct sentence once) and compute the threshold metrics."""
+        with stopwatch() as clock:
+
+            def embed(texts: list[str]) -> np.ndarray:
+                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
+
+            embeddings = encode_unique(embed, [*self.sentence1, *self.sentence2])
+            half = len(self.sentence1)
+            scores = pair_classification_scores(embeddings[:half], embeddings[half:], self.labels)
+        return TaskResult(
+            task_name=self.name,
+            task_type=self.task_type,
+            split=self.split,
+            scores=scores,
+            main_metric=self.main_metric,
+            subset=self.subset,
+            evaluation_time=clock["seconds"],
+            model_name=model_name_of(encoder),
+            extra={"num_pairs": half, "instruction": self.instruction},
+        )

@@ -1,0 +1,193 @@
+"""Reranking: order each query's candidates by cosine similarity; MAP and MRR@10.
+
+Follows mteb 1.x's ``RerankingEvaluator`` (the protocol of the published StackOverflowDupQuestions,
+SciDocsRR, AskUbuntuDupQuestions numbers):
+
+* data rows ``{"query": str, "positive": [...], "negative": [...]}``; rows without a positive or
+  without a negative are dropped;
+* queries are embedded with ``encode_queries`` (the instruction, if any, goes there), candidates
+  with ``encode_corpus``; a row whose ``query`` is a *list* of strings is scored by the best match of
+  any of them, and those sub-queries are embedded like documents, as mteb 1.x did;
+* per row: ``AP`` = scikit-learn's ``average_precision_score`` of the cosine scores against the
+  relevance flags, ``MRR@10`` = 1/rank of the first positive within the top 10 (0 otherwise);
+  candidates with equal scores keep their input order, positives first;
+* ``map`` (main score) and ``mrr`` are the means over rows.
+
+mteb 2.x runs these tasks through its retrieval machinery and names the same quantities
+``map_at_1000`` and ``mrr_at_10``; both names are reported (candidate lists are far below 1000).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.metrics import average_precision_score
+
+from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.tasks._common import (
+    DatasetSpec,
+    TaskDataError,
+    as_matrix,
+    encode_unique,
+    model_name_of,
+    read_jsonl,
+    require_fields,
+    split_file,
+    stopwatch,
+)
+from lmembed.protocols import RetrievalEncoder
+
+MRR_AT = 10
+
+KNOWN_RERANKING: dict[str, DatasetSpec] = {
+    "StackOverflowDupQuestions": DatasetSpec("reranking/stackoverflow_dup_questions"),
+    "SciDocsRR": DatasetSpec("reranking/scidocs_rr"),
+    "AskUbuntuDupQuestions": DatasetSpec("reranking/askubuntu_dup_questions"),
+    "MindSmallReranking": DatasetSpec("reranking/mind_small"),
+}
+
+
+@dataclass
+class RerankSample:
+    """One query with its relevant and irrelevant candidates."""
+
+    query: str | list[str]
+    positive: list[str]
+    negative: list[str]
+
+
+def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.clip(norms, 1e-12, None)
+
+
+def candidate_scores(query_embeddings: np.ndarray, doc_embeddings: np.ndarray) -> np.ndarray:
+    """Cosine of each candidate to the query (the best over sub-queries when there are several)."""
+    similarities = _normalise_rows(query_embeddings) @ _normalise_rows(doc_embeddings).T
+    return similarities.max(axis=0)
+
+
+def mrr_at_k(relevant: Sequence[bool], scores: np.ndarray, k: int = MRR_AT) -> float:
+    """1/rank of the first relevant candidate among the top ``k`` (stable order on ties)."""
+    ranking = np.argsort(-np.asarray(scores), kind="stable")
+    for rank, index in enumerate(ranking[:k], start=1):
+        if relevant[index]:
+            return 1.0 / rank
+    return 0.0
+
+
+def rerank_metrics(relevant: Sequence[bool], scores: np.ndarray, *, k: int = MRR_AT) -> dict[str, float]:
+    """Average precision and MRR@k of one ranked candidate list."""
+    return {
+        "ap": float(average_precision_score(list(relevant), np.asarray(scores, dtype=np.float64))),
+        "mrr": mrr_at_k(relevant, scores, k),
+    }
+
+
+def load_rerank_samples(path: str | Path) -> list[RerankSample]:
+    """Read ``{"query", "positive", "negative"}`` rows."""
+    rows = read_jsonl(path)
+    require_fields(rows[0], ("query", "positive", "negative"), path)
+    samples = []
+    for number, row in enumerate(rows, start=1):
+        query, positive, negative = row.get("query"), row.get("positive"), row.get("negative")
+        if not isinstance(positive, list) or not isinstance(negative, list):
+            raise TaskDataError(f"{path}: row {number} needs list-valued 'positive' and 'negative'")
+        if not isinstance(query, str | list):
+            raise TaskDataError(f"{path}: row {number}: 'query' must be a string or a list of strings")
+        samples.append(RerankSample(query, [str(d) for d in positive], [str(d) for d in negative]))
+    return samples
+
+
+@dataclass
+class RerankingTask:
+    """One reranking dataset; ``instruction`` (optional) goes on the queries only."""
+
+    name: str
+    samples: list[RerankSample]
+    split: str = "test"
+    mrr_at: int = MRR_AT
+    instruction: str | None = None
+    subset: str = "default"
+    task_type: ClassVar[str] = "Reranking"
+    main_metric: ClassVar[str] = "map"
+
+    @classmethod
+    def from_path(
+        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any
+    ) -> RerankingTask:
+        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
+        samples = load_rerank_samples(split_file(path, split))
+        return cls(name or Path(path).name.removesuffix(".jsonl"), samples, split=split, **settings)
+
+    def usable_samples(self) -> list[RerankSample]:
+        """Rows with at least one positive and one negative (the others are skipped, as in MTEB)."""
+        return [s for s in self.samples if s.positive and s.negative]
+
+    def _embed_queries(
+        self, encoder: RetrievalEncoder, samples: list[RerankSample], batch_size: int
+    ) -> list[np.ndarray]:
+        """One (n_subqueries, dim) matrix per sample."""
+        plain = [s.query for s in samples if isinstance(s.query, str)]
+        listed = [q for s in samples if isinstance(s.query, list) for q in s.query]
+        plain_emb = encode_unique(
+            lambda texts: encoder.encode_queries(texts, instruction=self.instruction, batch_size=batch_size),
+            plain,
+        )
+        listed_emb = encode_unique(lambda texts: encoder.encode_corpus(texts, batch_size=batch_size), listed)
+        out, i, j = [], 0, 0
+        for sample in samples:
+            if isinstance(sample.query, str):
+                out.append(plain_emb[i : i + 1])
+                i += 1
+            else:
+                out.append(listed_emb[j : j + len(sample.query)])
+                j += len(sample.query)
+        return out
+
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+        """Score every usable row and average AP and MRR@k."""
+        with stopwatch() as clock:
+            samples = self.usable_samples()
+            if not samples:
+                raise TaskDataError(f"{self.name}: no row has both a positive and a negative")
+            queries = self._embed_queries(encoder, samples, batch_size)
+            documents = [d for s in samples for d in (*s.positive, *s.negative)]
+            doc_emb = encode_unique(
+                lambda texts: as_matrix(encoder.encode_corpus(texts, batch_size=batch_size)), documents
+            )
+            per_row, start = [], 0
+            for sample, query_emb in zip(samples, queries, strict=True):
+                count = len(sample.positive) + len(sample.negative)
+                relevant = [True] * len(sample.positive) + [False] * len(sample.negative)
+                scores = candidate_scores(query_emb, doc_emb[start : start + count])
+                per_row.append(rerank_metrics(relevant, scores, k=self.mrr_at))
+                start += count
+            mean_ap = float(np.mean([row["ap"] for row in per_row]))
+            mean_mrr = float(np.mean([row["mrr"] for row in per_row]))
+            scores_out = {
+                "map": mean_ap,
+                "mrr": mean_mrr,
+                "map_at_1000": mean_ap,
+                f"mrr_at_{self.mrr_at}": mean_mrr,
+                "main_score": mean_ap,
+            }
+        return TaskResult(
+            task_name=self.name,
+            task_type=self.task_type,
+            split=self.split,
+            scores=scores_out,
+            main_metric=self.main_metric,
+            subset=self.subset,
+            evaluation_time=clock["seconds"],
+            model_name=model_name_of(encoder),
+            extra={
+                "num_queries": len(samples),
+                "skipped": len(self.samples) - len(samples),
+                "instruction": self.instruction,
+            },
+        )

@@ -1,0 +1,174 @@
+"""Semantic textual similarity, scored as MTEB's ``AbsTaskSTS`` scores it.
+
+Both sentences of each pair are embedded; the pair's predicted similarity is the cosine of the two
+embeddings (also the negative Manhattan and Euclidean distances, and the dot product). Each
+prediction list is correlated with the gold scores; ``cosine_spearman`` is the main score.
+
+Gold scores: MTEB rescales them to [0, 1] with ``(score - min_score) / (max_score - min_score)``
+(0–5 for every English STS set, SICK-R included although SICK's scale is 1–5). Pearson and Spearman
+correlations do not change under such a linear map, so the rescaling affects nothing; we apply it
+anyway so that any stored per-pair data matches MTEB's.
+
+Keys (MTEB 2.x): ``cosine_pearson``, ``cosine_spearman``, ``manhattan_*``, ``euclidean_*``, and
+``pearson``/``spearman`` for "the model's own similarity", which for lmembed encoders is the
+cosine. MTEB reports no dot-product variant for STS; we add ``dot_pearson``/``dot_spearman`` as
+extra keys (they equal the cosine ones for L2-normalised embeddings).
+
+Data: jsonl rows ``{"sentence1", "sentence2", "score"}`` (extra fields are ignored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics.pairwise import (
+    paired_cosine_distances,
+    paired_euclidean_distances,
+    paired_manhattan_distances,
+)
+
+from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.tasks._common import (
+    DatasetSpec,
+    TaskDataError,
+    encode_symmetric,
+    encode_unique,
+    model_name_of,
+    read_jsonl,
+    require_fields,
+    split_file,
+    stopwatch,
+)
+from lmembed.protocols import RetrievalEncoder
+
+# MTEB name -> where the data lives under the data root. STS12–16 are the lowercased, tokenized
+# text that MTEB's copies hold; SICK-R is all 9,927 SICK pairs (train + trial + test), as in MTEB.
+KNOWN_STS: dict[str, DatasetSpec] = {
+    "STSBenchmark": DatasetSpec("sts/stsbenchmark"),
+    "SICK-R": DatasetSpec("sts/sickr"),
+    "STS12": DatasetSpec("sts/sts12"),
+    "STS13": DatasetSpec("sts/sts13"),
+    "STS14": DatasetSpec("sts/sts14"),
+    "STS15": DatasetSpec("sts/sts15"),
+    "STS16": DatasetSpec("sts/sts16"),
+    "STS17": DatasetSpec("sts/sts17", settings={"subset": "en-en"}, note="MTEB(eng) uses the en-en subset"),
+    "STS22": DatasetSpec("sts/sts22", settings={"subset": "en"}, note="the en subset"),
+    "BIOSSES": DatasetSpec("sts/biosses", settings={"min_score": 0.0, "max_score": 4.0}),
+}
+
+
+def _correlations(gold: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:
+    """(Pearson, Spearman) between gold and predicted scores."""
+    return float(pearsonr(gold, predicted)[0]), float(spearmanr(gold, predicted)[0])
+
+
+def sts_scores(
+    embeddings1: np.ndarray,
+    embeddings2: np.ndarray,
+    gold_scores: Sequence[float],
+    *,
+    min_score: float = 0.0,
+    max_score: float = 5.0,
+) -> dict[str, float]:
+    """MTEB's STS metrics for paired embeddings (row i of each matrix is pair i)."""
+    if len(embeddings1) != len(embeddings2) or len(embeddings1) != len(gold_scores):
+        raise ValueError("embeddings1, embeddings2 and gold_scores must have the same length")
+    gold = (np.asarray(gold_scores, dtype=np.float64) - min_score) / (max_score - min_score)
+    predictions = {
+        "cosine": 1.0 - paired_cosine_distances(embeddings1, embeddings2),
+        "manhattan": -paired_manhattan_distances(embeddings1, embeddings2),
+        "euclidean": -paired_euclidean_distances(embeddings1, embeddings2),
+        "dot": np.einsum("ij,ij->i", embeddings1, embeddings2),
+    }
+    scores: dict[str, float] = {}
+    for name, predicted in predictions.items():
+        pearson, spearman = _correlations(gold, np.asarray(predicted, dtype=np.float64))
+        scores[f"{name}_pearson"] = pearson
+        scores[f"{name}_spearman"] = spearman
+    scores["pearson"] = scores["cosine_pearson"]
+    scores["spearman"] = scores["cosine_spearman"]
+    scores["main_score"] = scores["cosine_spearman"]
+    return scores
+
+
+def load_sts_pairs(path: str | Path) -> tuple[list[str], list[str], list[float]]:
+    """Read ``{"sentence1", "sentence2", "score"}`` rows into three parallel lists."""
+    rows = read_jsonl(path)
+    for row in rows[:1]:
+        require_fields(row, ("sentence1", "sentence2", "score"), path)
+    try:
+        return (
+            [str(row["sentence1"]) for row in rows],
+            [str(row["sentence2"]) for row in rows],
+            [float(row["score"]) for row in rows],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TaskDataError(f"{path}: a row lacks a sentence or a numeric score ({exc})") from exc
+
+
+@dataclass
+class STSTask:
+    """One STS dataset: sentence pairs with gold similarity scores.
+
+    ``instruction`` (optional) is a task description; following E5-mistral and NV-Embed it is
+    applied to *both* sentences, since STS is symmetric.
+    """
+
+    name: str
+    sentence1: list[str]
+    sentence2: list[str]
+    scores: list[float]
+    split: str = "test"
+    min_score: float = 0.0
+    max_score: float = 5.0
+    instruction: str | None = None
+    subset: str = "default"
+    task_type: ClassVar[str] = "STS"
+    main_metric: ClassVar[str] = "cosine_spearman"
+
+    def __post_init__(self) -> None:
+        if not len(self.sentence1) == len(self.sentence2) == len(self.scores):
+            raise TaskDataError(f"{self.name}: sentence1, sentence2 and scores differ in length")
+
+    @classmethod
+    def from_path(
+        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: object
+    ) -> STSTask:
+        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
+        file = split_file(path, split)
+        sentence1, sentence2, scores = load_sts_pairs(file)
+        task_name = name or Path(path).name.removesuffix(".jsonl")
+        return cls(task_name, sentence1, sentence2, scores, split=split, **settings)  # type: ignore[arg-type]
+
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+        """Embed both sides (each distinct sentence once) and score the pairs."""
+        with stopwatch() as clock:
+
+            def embed(texts: list[str]) -> np.ndarray:
+                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
+
+            embeddings = encode_unique(embed, [*self.sentence1, *self.sentence2])
+            half = len(self.sentence1)
+            scores = sts_scores(
+                embeddings[:half],
+                embeddings[half:],
+                self.scores,
+                min_score=self.min_score,
+                max_score=self.max_score,
+            )
+        return TaskResult(
+            task_name=self.name,
+            task_type=self.task_type,
+            split=self.split,
+            scores=scores,
+            main_metric=self.main_metric,
+            subset=self.subset,
+            evaluation_time=clock["seconds"],
+            model_name=model_name_of(encoder),
+            extra={"num_pairs": half, "instruction": self.instruction},
+        )
