@@ -187,3 +187,17 @@ def quantize_int8(model: nn.Module, scheme: str, device: torch.device) -> tuple[
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao deprecation notice
         return quantize_dynamic(model, targets, dtype=torch.qint8), fingerprint
+
+
+def backbone_from_model(model: nn.Module, tokenizer: Any, name: str = "in-memory") -> Backbone:
+    """Wrap an already-built model (e.g. a tiny random one in a test) as a backbone."""
+    param = next(model.parameters())
+    return Backbone(
+        model=model.eval(),
+        tokenizer=tokenizer,
+        name=name,
+        path="",
+        is_decoder=is_decoder_config(model.config),
+        dtype=param.dtype,
+        device=param.device,
+    )

@@ -1,0 +1,36 @@
+"""Helpers shared by the benchmark scripts: locating ../shared/datasets and printing results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "datasets"
+
+
+def shared_or_exit(relative: str = "") -> Path:
+    """The shared data folder (or a path inside it); exit with a clear message when it is absent."""
+    path = SHARED / relative
+    if not path.exists():
+        sys.exit(f"skipped: real data not found at {path} (expected ../shared/datasets beside the checkout)")
+    return path
+
+
+def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                rows.append(json.loads(line))
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows
+
+
+def save_json(data: dict, name: str) -> Path:
+    out = REPO / "bench" / "results" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    return out

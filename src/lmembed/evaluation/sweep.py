@@ -1,0 +1,115 @@
+"""Layer-wise probe of a decoder (or encoder): nDCG@10, MAP@10 and MRR@10 for every layer's pooled
+embedding and a few fused layer sets, all from one forward pass per batch.
+
+Writes ``sweep.json``, ``sweep.md`` and ``sweep.png`` (metric by layer, fused sets as markers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from lmembed.atomic import atomic_write_text
+from lmembed.config import EmbeddingConfig
+from lmembed.evaluation.runner import StrategyResult, evaluate_strategies, load_task, sweep_configs, write_all
+
+METRICS = ("ndcg_at_10", "map_at_10", "mrr_at_10")
+console = Console(stderr=True)
+
+
+def sweep_rows(results: Sequence[StrategyResult]) -> list[dict]:
+    rows = []
+    for item in results:
+        layers = item.config.layers
+        rows.append(
+            {
+                "task": item.result.task_name,
+                "layer": layers[0] if len(layers) == 1 else list(layers),
+                "label": item.config.label(),
+                **{m: item.result.scores.get(m) for m in METRICS},
+            }
+        )
+    return rows
+
+
+def sweep_markdown(rows: Sequence[dict], model: str) -> str:
+    lines = [f"# Layer sweep: {model}", "", "| task | layer(s) | nDCG@10 | MAP@10 | MRR@10 |", "|---|---|---|---|---|"]
+    for r in rows:
+        layer = r["layer"] if isinstance(r["layer"], int) else "+".join(map(str, r["layer"]))
+        lines.append(
+            f"| {r['task']} | {layer} | {100 * r['ndcg_at_10']:.2f} | {100 * r['map_at_10']:.2f} "
+            f"| {100 * r['mrr_at_10']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_sweep(rows: Sequence[dict], model: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        single = [r for r in rows if r["task"] == task and isinstance(r["layer"], int)]
+        fused = [r for r in rows if r["task"] == task and not isinstance(r["layer"], int)]
+        for metric, style in zip(METRICS, ("-o", "--s", ":^"), strict=True):
+            ax.plot([r["layer"] for r in single], [100 * r[metric] for r in single], style, label=metric, markersize=4)
+        for r in fused:
+            x = sum(r["layer"]) / len(r["layer"])
+            ax.scatter([x], [100 * r["ndcg_at_10"]], marker="*", s=120, zorder=3)
+            ax.annotate(
+                "+".join(map(str, r["layer"])) if len(r["layer"]) < 5 else "all",
+                (x, 100 * r["ndcg_at_10"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+            )
+        ax.set_title(f"{model} on {task}")
+        ax.set_xlabel("layer (0 = embeddings)")
+        ax.set_ylabel("score (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run_sweep(
+    model: str,
+    data: Sequence[str],
+    *,
+    pooling: str = "mean",
+    attention: str = "causal",
+    max_length: int | None = None,
+    corpus_sample: int | None = None,
+    output: Path = Path("results/sweep"),
+    batch_size: int = 32,
+) -> list[dict]:
+    from lmembed import Embedder
+    from lmembed.cli_eval import subsample_corpus
+
+    embedder = Embedder.from_pretrained(model, pooling=pooling, attention=attention, max_length=max_length)
+    tasks = [load_task(d) for d in data]
+    if corpus_sample:
+        tasks = [subsample_corpus(t, corpus_sample) for t in tasks]
+    base: EmbeddingConfig = embedder.config
+    configs = sweep_configs(base, embedder.backbone.num_layers)
+    console.print(f"sweep: {model}, {len(configs)} read-outs × {len(tasks)} task(s), one forward pass per batch")
+    results = evaluate_strategies(embedder, tasks, configs, batch_size=batch_size)
+    write_all(results, output / "results")
+    rows = sweep_rows(results)
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output / "sweep.json", json.dumps({"model": model, "rows": rows}, indent=2))
+    markdown = sweep_markdown(rows, model)
+    atomic_write_text(output / "sweep.md", markdown)
+    plot_sweep(rows, model, output / "sweep.png")
+    Console().print(markdown)
+    console.print(f"wrote {output}/sweep.json, sweep.md, sweep.png")
+    return rows
