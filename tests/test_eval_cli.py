@@ -1,0 +1,117 @@
+"""Evaluation runner and CLI: grids share forward passes, sweeps plot, reports render."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmembed.cli import app
+from lmembed.config import ConfigError, EmbeddingConfig
+from lmembed.evaluation.retrieval import RetrievalTask
+from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, sweep_configs
+
+DOCS = [
+    ("d1", "the cat sat on the mat"),
+    ("d2", "a dog was riding a horse"),
+    ("d3", "the man was eating food"),
+    ("d4", "protein cell gene study"),
+    ("d5", "language model embedding vector search"),
+]
+QUERIES = [("q1", "cat mat"), ("q2", "horse riding"), ("q3", "embedding search"), ("q4", "gene cell")]
+QRELS = [("q1", "d1"), ("q2", "d2"), ("q3", "d5"), ("q4", "d4")]
+
+
+@pytest.fixture
+def beir(tmp_path):
+    folder = tmp_path / "toy"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in DOCS)
+    )
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in QUERIES))
+    rows = "\r\n".join(["query-id\tcorpus-id\tscore", *(f"{q}\t{d}\t1" for q, d in QRELS)])
+    (folder / "qrels" / "test.tsv").write_text(rows + "\r\n")
+    return folder
+
+
+@pytest.fixture
+def saved_model(make_embedder, tmp_path):
+    emb = make_embedder("llama", pooling="mean")
+    return str(emb.save(tmp_path / "tiny"))
+
+
+def test_grid_parsing_and_expansion():
+    grid = parse_grid(["pooling=mean,last", "layer=-1,mid,15+16", "attention=causal"], num_layers=30)
+    assert grid == {"pooling": ["mean", "last"], "layer": [-1, 15, (15, 16)], "attention": ["causal"]}
+    configs = expand_grid(EmbeddingConfig(), grid)
+    assert len(configs) == 6 and len(set(configs)) == 6
+    with pytest.raises(ConfigError, match="KEY=V1,V2"):
+        parse_grid(["colour=red"], 30)
+    layers = [c.layer for c in sweep_configs(EmbeddingConfig(), 4)]
+    assert layers[:5] == [0, 1, 2, 3, 4] and (3, 4) in layers
+
+
+def test_grid_shares_forward_passes(make_embedder, beir, monkeypatch):
+    emb = make_embedder("llama", pooling="mean")
+    task = RetrievalTask.from_folder(beir, name="toy")
+    calls = []
+    original = emb.backbone.model.forward
+    monkeypatch.setattr(emb.backbone.model, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    configs = expand_grid(emb.config, {"pooling": ["mean", "weighted_mean", "cls"], "layer": [-1, 1, (1, 2)]})
+    results = evaluate_strategies(emb, [task], configs, batch_size=64)
+    assert len(results) == 9
+    # the one-off attention probe, then one batch of queries + one of documents for all nine strategies
+    assert len(calls) == 3
+    assert all(0 <= r.result.main_score <= 1 for r in results)
+
+
+def test_eval_command_writes_results_and_report(saved_model, beir, tmp_path):
+    out = tmp_path / "results"
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            saved_model,
+            "--data",
+            str(beir),
+            "--grid",
+            "pooling=mean,last",
+            "-o",
+            str(out),
+            "--no-cache",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    files = sorted(out.rglob("*.json"))
+    assert len(files) == 2
+    data = json.loads(files[0].read_text())
+    assert data["task_name"] == "toy" and "ndcg_at_10" in data["scores"]["test"][0]
+    report = runner.invoke(app, ["report", str(out)])
+    assert report.exit_code == 0, report.output
+    assert (out / "report.png").exists() and (out / "report.md").exists()
+
+
+def test_sweep_command_plots_every_layer(saved_model, beir, tmp_path):
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["sweep", str(beir), "--model", saved_model, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [r["layer"] for r in rows if isinstance(r["layer"], int)] == [0, 1, 2]
+    assert (out / "sweep.png").stat().st_size > 1000
+
+
+def test_encode_command_and_bad_input(saved_model, tmp_path):
+    src = tmp_path / "texts.jsonl"
+    src.write_text('{"text": "the cat"}\n{"text": "a dog"}\n')
+    result = CliRunner().invoke(app, ["encode", str(src), "-o", str(tmp_path / "v.npy"), "--model", saved_model])
+    assert result.exit_code == 0, result.output
+    import numpy as np
+
+    assert np.load(tmp_path / "v.npy").shape == (2, 32)
+    src.write_text('{"text": "ok"}\n{"txt": "bad"}\n')
+    bad = CliRunner().invoke(app, ["encode", str(src), "-o", str(tmp_path / "w.npy"), "--model", saved_model])
+    assert bad.exit_code != 0 and "texts.jsonl:2" in bad.output
