@@ -57,34 +57,24 @@ __all__ = [
     "task_class",
 ]
 
-TASK_TYPES: dict[str, Any] = {
-    "STS": STSTask,
-    "Classification": ClassificationTask,
-    "Clustering": ClusteringTask,
-    "PairClassification": PairClassificationTask,
-    "Reranking": RerankingTask,
-    "Summarization": SummarizationTask,
-}
+# Each built-in task class with its table of known MTEB datasets; the class names its task type.
+_BUILT_IN: tuple[tuple[Any, dict[str, DatasetSpec]], ...] = (
+    (STSTask, KNOWN_STS),
+    (ClassificationTask, KNOWN_CLASSIFICATION),
+    (ClusteringTask, KNOWN_CLUSTERING),
+    (PairClassificationTask, KNOWN_PAIR_CLASSIFICATION),
+    (RerankingTask, KNOWN_RERANKING),
+    (SummarizationTask, KNOWN_SUMMARIZATION),
+)
+
+TASK_TYPES: dict[str, Any] = {cls.task_type: cls for cls, _ in _BUILT_IN}
 
 #: (task type, dataset spec) for every known non-retrieval MTEB dataset, by MTEB name.
 KNOWN_DATASETS: dict[str, tuple[str, DatasetSpec]] = {
-    **{name: ("STS", spec) for name, spec in KNOWN_STS.items()},
-    **{name: ("Classification", spec) for name, spec in KNOWN_CLASSIFICATION.items()},
-    **{name: ("Clustering", spec) for name, spec in KNOWN_CLUSTERING.items()},
-    **{name: ("PairClassification", spec) for name, spec in KNOWN_PAIR_CLASSIFICATION.items()},
-    **{name: ("Reranking", spec) for name, spec in KNOWN_RERANKING.items()},
-    **{name: ("Summarization", spec) for name, spec in KNOWN_SUMMARIZATION.items()},
+    name: (cls.task_type, spec) for cls, table in _BUILT_IN for name, spec in table.items()
 }
 
-_ALIASES = {
-    "sts": "STS",
-    "classification": "Classification",
-    "clustering": "Clustering",
-    "pairclassification": "PairClassification",
-    "reranking": "Reranking",
-    "summarization": "Summarization",
-    "retrieval": "Retrieval",
-}
+_ALIASES = {task_type.lower(): task_type for task_type in (*TASK_TYPES, "Retrieval")}
 
 
 def canonical_task_type(name: str) -> str:
@@ -169,6 +159,11 @@ def detect_task_type(path: str | Path, *, split: str = "test") -> str:
     return detected
 
 
+def _forwarded(attribute: str) -> property:
+    """A read-only property returning the wrapped task's ``attribute``."""
+    return property(lambda self: getattr(self.task, attribute), doc=f"The wrapped task's ``{attribute}``.")
+
+
 @dataclass
 class InstructedTask:
     """A task whose ``evaluate`` takes the instruction as an argument (retrieval), bound to one.
@@ -180,21 +175,10 @@ class InstructedTask:
     task: Any
     instruction: str | None
 
-    @property
-    def name(self) -> str:
-        return self.task.name
-
-    @property
-    def task_type(self) -> str:
-        return self.task.task_type
-
-    @property
-    def main_metric(self) -> str:
-        return self.task.main_metric
-
-    @property
-    def split(self) -> str:
-        return self.task.split
+    name = _forwarded("name")
+    task_type = _forwarded("task_type")
+    main_metric = _forwarded("main_metric")
+    split = _forwarded("split")
 
     def evaluate(self, encoder: Any, *, batch_size: int = 32) -> TaskResult:
         return self.task.evaluate(encoder, batch_size=batch_size, instruction=self.instruction)

@@ -1,4 +1,5 @@
-"""Helpers shared by the non-retrieval task classes: reading data, encoding, timing, dataset specs.
+"""Helpers shared by the non-retrieval task classes: reading data, encoding, timing, dataset specs,
+and :class:`TaskBase`, the loading / timing / result-building part every task class has in common.
 
 Encoding convention (E5-mistral / NV-Embed): in symmetric tasks (STS, classification, clustering,
 pair classification, summarization) every text plays the "query" role, so a task instruction, when
@@ -17,10 +18,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from lmembed.evaluation.base import TaskResult
 from lmembed.protocols import RetrievalEncoder
 
 DEFAULT_SEED = 42
@@ -57,6 +59,20 @@ def require_fields(row: Mapping[str, Any], fields: Sequence[str], path: str | Pa
         raise TaskDataError(f"{path}: rows need the fields {list(fields)}; missing {missing}")
 
 
+def read_rows(path: str | Path, fields: Sequence[str]) -> list[dict[str, Any]]:
+    """:func:`read_jsonl`, checking that the first row has ``fields``."""
+    rows = read_jsonl(path)
+    require_fields(rows[0], fields, path)
+    return rows
+
+
+def require_same_length(task_name: str, **columns: Sequence[Any]) -> None:
+    """Raise :class:`TaskDataError` unless all ``columns`` have one length (message names them)."""
+    if len({len(values) for values in columns.values()}) > 1:
+        *first, last = columns
+        raise TaskDataError(f"{task_name}: {', '.join(first)} and {last} differ in length")
+
+
 def split_file(path: str | Path, split: str) -> Path:
     """The jsonl file for ``split``: ``path`` itself when it is a file, else ``path/<split>.jsonl``."""
     path = Path(path)
@@ -69,6 +85,12 @@ def as_matrix(array: Any) -> np.ndarray:
     if matrix.ndim != 2:
         raise ValueError(f"an encoder returned an array of shape {matrix.shape}, expected 2-D")
     return matrix
+
+
+def normalise_rows(matrix: np.ndarray) -> np.ndarray:
+    """Each row scaled to unit L2 norm (norms clipped at 1e-12)."""
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.clip(norms, 1e-12, None)
 
 
 def encode_symmetric(
@@ -153,3 +175,66 @@ class DatasetSpec:
     def is_available(self, root: str | Path) -> bool:
         """True when every file this dataset needs is present under ``root``."""
         return all(path.is_file() for path in self.files(root))
+
+
+class TaskBase:
+    """What every non-retrieval task class shares; the subclasses are dataclasses.
+
+    A subclass declares the fields ``name`` (first), its data fields, ``split``, its settings,
+    ``instruction`` and ``subset``, plus the class variables ``task_type`` and ``main_metric``; it
+    implements :meth:`_read` (the data fields from one jsonl file) and :meth:`_scores`.
+    :meth:`evaluate` times :meth:`_scores` and wraps its output in a :class:`TaskResult`.
+    """
+
+    name: str
+    split: str
+    instruction: str | None
+    subset: str
+    task_type: ClassVar[str]
+    main_metric: ClassVar[str]
+
+    @classmethod
+    def _read(cls, file: Path) -> tuple[Any, ...]:
+        """The data fields following ``name``, in order, read from one jsonl file."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_path(cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any) -> Self:
+        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
+        data = cls._read(split_file(path, split))
+        return cls(name or Path(path).name.removesuffix(".jsonl"), *data, split=split, **settings)  # type: ignore[call-arg]
+
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
+        """(scores with ``main_score``, extra details for the result); ``instruction`` is added to the latter."""
+        raise NotImplementedError
+
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+        """Score ``encoder`` on this task (what is computed: the subclass's ``_scores``)."""
+        with stopwatch() as clock:
+            scores, extra = self._scores(encoder, batch_size)
+        return TaskResult(
+            task_name=self.name,
+            task_type=self.task_type,
+            split=self.split,
+            scores=scores,
+            main_metric=self.main_metric,
+            subset=self.subset,
+            evaluation_time=clock["seconds"],
+            model_name=model_name_of(encoder),
+            extra={**extra, "instruction": self.instruction},
+        )
+
+    def _embed(self, encoder: RetrievalEncoder, texts: Sequence[str], batch_size: int) -> np.ndarray:
+        """Embed symmetric texts with the task's instruction, each distinct text once."""
+
+        def embed(unique: list[str]) -> np.ndarray:
+            return encode_symmetric(encoder, unique, instruction=self.instruction, batch_size=batch_size)
+
+        return encode_unique(embed, texts)
+
+    def _embed_pairs(
+        self, encoder: RetrievalEncoder, first: Sequence[str], second: Sequence[str], batch_size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Embeddings of both sides of sentence pairs (row i of each is pair i)."""
+        embeddings = self._embed(encoder, [*first, *second], batch_size)
+        return embeddings[: len(first)], embeddings[len(first) :]

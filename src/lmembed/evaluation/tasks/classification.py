@@ -41,19 +41,7 @@ from sklearn.metrics import (
     recall_score,
 )
 
-from lmembed.evaluation.base import TaskResult
-from lmembed.evaluation.tasks._common import (
-    DEFAULT_SEED,
-    DatasetSpec,
-    TaskDataError,
-    encode_symmetric,
-    encode_unique,
-    model_name_of,
-    read_jsonl,
-    require_fields,
-    split_file,
-    stopwatch,
-)
+from lmembed.evaluation.tasks._common import DEFAULT_SEED, DatasetSpec, TaskBase, TaskDataError, read_rows, split_file
 from lmembed.protocols import RetrievalEncoder
 
 _TRAIN = ("train",)
@@ -149,8 +137,7 @@ def _mean_scores(per_experiment: list[dict[str, float]]) -> dict[str, float]:
 
 def load_labelled_texts(path: str | Path) -> tuple[list[str], list[Any]]:
     """Read ``{"text", "label"}`` rows into texts and labels."""
-    rows = read_jsonl(path)
-    require_fields(rows[0], ("text", "label"), path)
+    rows = read_rows(path, ("text", "label"))
     try:
         return [str(row["text"]) for row in rows], [row["label"] for row in rows]
     except KeyError as exc:
@@ -158,7 +145,7 @@ def load_labelled_texts(path: str | Path) -> tuple[list[str], list[Any]]:
 
 
 @dataclass
-class ClassificationTask:
+class ClassificationTask(TaskBase):
     """One classification dataset: a train split for the probe and an evaluation split.
 
     ``instruction`` (optional) goes on every text, train and test alike (E5-mistral / NV-Embed
@@ -222,45 +209,30 @@ class ClassificationTask:
             seed=self.seed,
         )
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
         """Run the experiments and average their scores."""
-        with stopwatch() as clock:
-            selections = self.experiments()
-            used = sorted(set().union(*selections))
-            position = {index: row for row, index in enumerate(used)}
-
-            def embed(texts: list[str]) -> np.ndarray:
-                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
-
-            embeddings = encode_unique(embed, [self.train_texts[i] for i in used] + self.test_texts)
-            train_x, test_x = embeddings[: len(used)], embeddings[len(used) :]
-            per_experiment = []
-            for chosen in selections:
-                rows = [position[i] for i in chosen]
-                predicted = fit_and_predict(
-                    train_x[rows],
-                    [self.train_labels[i] for i in chosen],
-                    test_x,
-                    max_iter=self.max_iter,
-                    seed=self.seed,
-                )
-                per_experiment.append(classification_metrics(self.test_labels, predicted))
-            scores = _mean_scores(per_experiment)
-            scores["main_score"] = scores[self.main_metric]
-        return TaskResult(
-            task_name=self.name,
-            task_type=self.task_type,
-            split=self.split,
-            scores=scores,
-            main_metric=self.main_metric,
-            subset=self.subset,
-            evaluation_time=clock["seconds"],
-            model_name=model_name_of(encoder),
-            extra={
-                "scores_per_experiment": per_experiment,
-                "samples_per_label": self.samples_per_label,
-                "n_experiments": self.n_experiments,
-                "train_examples_embedded": len(used),
-                "instruction": self.instruction,
-            },
-        )
+        selections = self.experiments()
+        used = sorted(set().union(*selections))
+        position = {index: row for row, index in enumerate(used)}
+        embeddings = self._embed(encoder, [self.train_texts[i] for i in used] + self.test_texts, batch_size)
+        train_x, test_x = embeddings[: len(used)], embeddings[len(used) :]
+        per_experiment = []
+        for chosen in selections:
+            rows = [position[i] for i in chosen]
+            predicted = fit_and_predict(
+                train_x[rows],
+                [self.train_labels[i] for i in chosen],
+                test_x,
+                max_iter=self.max_iter,
+                seed=self.seed,
+            )
+            per_experiment.append(classification_metrics(self.test_labels, predicted))
+        scores = _mean_scores(per_experiment)
+        scores["main_score"] = scores[self.main_metric]
+        extra = {
+            "scores_per_experiment": per_experiment,
+            "samples_per_label": self.samples_per_label,
+            "n_experiments": self.n_experiments,
+            "train_examples_embedded": len(used),
+        }
+        return scores, extra

@@ -26,19 +26,7 @@ import numpy as np
 from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics.cluster import v_measure_score
 
-from lmembed.evaluation.base import TaskResult
-from lmembed.evaluation.tasks._common import (
-    DEFAULT_SEED,
-    DatasetSpec,
-    TaskDataError,
-    encode_symmetric,
-    encode_unique,
-    model_name_of,
-    read_jsonl,
-    require_fields,
-    split_file,
-    stopwatch,
-)
+from lmembed.evaluation.tasks._common import DEFAULT_SEED, DatasetSpec, TaskBase, TaskDataError, read_rows
 from lmembed.protocols import RetrievalEncoder
 
 KMEANS_BATCH_SIZE = 500
@@ -82,8 +70,7 @@ def cluster_v_measure(
 
 def load_cluster_sets(path: str | Path) -> list[ClusterSet]:
     """Read MTEB-format clustering rows ``{"sentences": [...], "labels": [...]}``."""
-    rows = read_jsonl(path)
-    require_fields(rows[0], ("sentences", "labels"), path)
+    rows = read_rows(path, ("sentences", "labels"))
     sets = []
     for number, row in enumerate(rows, start=1):
         sentences, labels = row.get("sentences"), row.get("labels")
@@ -96,7 +83,7 @@ def load_cluster_sets(path: str | Path) -> list[ClusterSet]:
 
 
 @dataclass
-class ClusteringTask:
+class ClusteringTask(TaskBase):
     """One clustering dataset made of sub-sets, each clustered separately.
 
     ``instruction`` (optional) goes on every sentence (E5-mistral / NV-Embed).
@@ -113,52 +100,31 @@ class ClusteringTask:
     main_metric: ClassVar[str] = "v_measure"
 
     @classmethod
-    def from_path(
-        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any
-    ) -> ClusteringTask:
-        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
-        sets = load_cluster_sets(split_file(path, split))
-        return cls(name or Path(path).name.removesuffix(".jsonl"), sets, split=split, **settings)
+    def _read(cls, file: Path) -> tuple[list[ClusterSet]]:
+        return (load_cluster_sets(file),)
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
         """Embed every distinct sentence once, cluster each sub-set, average the V-measures."""
-        with stopwatch() as clock:
-
-            def embed(texts: list[str]) -> np.ndarray:
-                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
-
-            to_embed = [
-                s for cluster_set in self.sets if len(set(cluster_set.labels)) > 1 for s in cluster_set.sentences
-            ]
-            embeddings = encode_unique(embed, to_embed)
-            v_measures, start = [], 0
-            for cluster_set in self.sets:
-                if len(set(cluster_set.labels)) <= 1:
-                    v_measures.append(1.0)
-                    continue
-                stop = start + len(cluster_set.sentences)
-                v_measures.append(
-                    cluster_v_measure(
-                        embeddings[start:stop],
-                        cluster_set.labels,
-                        batch_size=self.kmeans_batch_size,
-                        seed=self.seed,
-                    )
+        to_embed = [s for cluster_set in self.sets if len(set(cluster_set.labels)) > 1 for s in cluster_set.sentences]
+        embeddings = self._embed(encoder, to_embed, batch_size)
+        v_measures, start = [], 0
+        for cluster_set in self.sets:
+            if len(set(cluster_set.labels)) <= 1:
+                v_measures.append(1.0)
+                continue
+            stop = start + len(cluster_set.sentences)
+            v_measures.append(
+                cluster_v_measure(
+                    embeddings[start:stop],
+                    cluster_set.labels,
+                    batch_size=self.kmeans_batch_size,
+                    seed=self.seed,
                 )
-                start = stop
-            scores = {
-                "v_measure": float(np.mean(v_measures)),
-                "v_measure_std": float(np.std(v_measures)),
-            }
-            scores["main_score"] = scores["v_measure"]
-        return TaskResult(
-            task_name=self.name,
-            task_type=self.task_type,
-            split=self.split,
-            scores=scores,
-            main_metric=self.main_metric,
-            subset=self.subset,
-            evaluation_time=clock["seconds"],
-            model_name=model_name_of(encoder),
-            extra={"v_measures": v_measures, "instruction": self.instruction},
-        )
+            )
+            start = stop
+        scores = {
+            "v_measure": float(np.mean(v_measures)),
+            "v_measure_std": float(np.std(v_measures)),
+        }
+        scores["main_score"] = scores["v_measure"]
+        return scores, {"v_measures": v_measures}

@@ -35,17 +35,13 @@ from sklearn.metrics.pairwise import (
     paired_manhattan_distances,
 )
 
-from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.tasks._common import (
     DatasetSpec,
+    TaskBase,
     TaskDataError,
-    encode_symmetric,
-    encode_unique,
-    model_name_of,
     read_jsonl,
     require_fields,
-    split_file,
-    stopwatch,
+    require_same_length,
 )
 from lmembed.protocols import RetrievalEncoder
 
@@ -165,7 +161,7 @@ def load_pairs(path: str | Path) -> tuple[list[str], list[str], list[int]]:
 
 
 @dataclass
-class PairClassificationTask:
+class PairClassificationTask(TaskBase):
     """One pair-classification dataset; ``instruction`` (optional) goes on both sentences."""
 
     name: str
@@ -179,35 +175,14 @@ class PairClassificationTask:
     main_metric: ClassVar[str] = "max_ap"
 
     def __post_init__(self) -> None:
-        if not len(self.sentence1) == len(self.sentence2) == len(self.labels):
-            raise TaskDataError(f"{self.name}: sentence1, sentence2 and labels differ in length")
+        require_same_length(self.name, sentence1=self.sentence1, sentence2=self.sentence2, labels=self.labels)
 
     @classmethod
-    def from_path(
-        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any
-    ) -> PairClassificationTask:
-        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
-        first, second, labels = load_pairs(split_file(path, split))
-        return cls(name or Path(path).name.removesuffix(".jsonl"), first, second, labels, split=split, **settings)
+    def _read(cls, file: Path) -> tuple[list[str], list[str], list[int]]:
+        return load_pairs(file)
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
         """Embed both sides (each distinct sentence once) and compute the threshold metrics."""
-        with stopwatch() as clock:
-
-            def embed(texts: list[str]) -> np.ndarray:
-                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
-
-            embeddings = encode_unique(embed, [*self.sentence1, *self.sentence2])
-            half = len(self.sentence1)
-            scores = pair_classification_scores(embeddings[:half], embeddings[half:], self.labels)
-        return TaskResult(
-            task_name=self.name,
-            task_type=self.task_type,
-            split=self.split,
-            scores=scores,
-            main_metric=self.main_metric,
-            subset=self.subset,
-            evaluation_time=clock["seconds"],
-            model_name=model_name_of(encoder),
-            extra={"num_pairs": half, "instruction": self.instruction},
-        )
+        embeddings1, embeddings2 = self._embed_pairs(encoder, self.sentence1, self.sentence2, batch_size)
+        scores = pair_classification_scores(embeddings1, embeddings2, self.labels)
+        return scores, {"num_pairs": len(self.sentence1)}

@@ -27,17 +27,14 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.tasks._common import (
     DatasetSpec,
+    TaskBase,
     TaskDataError,
     as_matrix,
     encode_unique,
-    model_name_of,
-    read_jsonl,
-    require_fields,
-    split_file,
-    stopwatch,
+    normalise_rows,
+    read_rows,
 )
 from lmembed.protocols import RetrievalEncoder
 
@@ -60,14 +57,9 @@ class RerankSample:
     negative: list[str]
 
 
-def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.clip(norms, 1e-12, None)
-
-
 def candidate_scores(query_embeddings: np.ndarray, doc_embeddings: np.ndarray) -> np.ndarray:
     """Cosine of each candidate to the query (the best over sub-queries when there are several)."""
-    similarities = _normalise_rows(query_embeddings) @ _normalise_rows(doc_embeddings).T
+    similarities = normalise_rows(query_embeddings) @ normalise_rows(doc_embeddings).T
     return similarities.max(axis=0)
 
 
@@ -90,8 +82,7 @@ def rerank_metrics(relevant: Sequence[bool], scores: np.ndarray, *, k: int = MRR
 
 def load_rerank_samples(path: str | Path) -> list[RerankSample]:
     """Read ``{"query", "positive", "negative"}`` rows."""
-    rows = read_jsonl(path)
-    require_fields(rows[0], ("query", "positive", "negative"), path)
+    rows = read_rows(path, ("query", "positive", "negative"))
     samples = []
     for number, row in enumerate(rows, start=1):
         query, positive, negative = row.get("query"), row.get("positive"), row.get("negative")
@@ -104,7 +95,7 @@ def load_rerank_samples(path: str | Path) -> list[RerankSample]:
 
 
 @dataclass
-class RerankingTask:
+class RerankingTask(TaskBase):
     """One reranking dataset; ``instruction`` (optional) goes on the queries only."""
 
     name: str
@@ -117,12 +108,8 @@ class RerankingTask:
     main_metric: ClassVar[str] = "map"
 
     @classmethod
-    def from_path(
-        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any
-    ) -> RerankingTask:
-        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
-        samples = load_rerank_samples(split_file(path, split))
-        return cls(name or Path(path).name.removesuffix(".jsonl"), samples, split=split, **settings)
+    def _read(cls, file: Path) -> tuple[list[RerankSample]]:
+        return (load_rerank_samples(file),)
 
     def usable_samples(self) -> list[RerankSample]:
         """Rows with at least one positive and one negative (the others are skipped, as in MTEB)."""
@@ -149,45 +136,28 @@ class RerankingTask:
                 j += len(sample.query)
         return out
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
         """Score every usable row and average AP and MRR@k."""
-        with stopwatch() as clock:
-            samples = self.usable_samples()
-            if not samples:
-                raise TaskDataError(f"{self.name}: no row has both a positive and a negative")
-            queries = self._embed_queries(encoder, samples, batch_size)
-            documents = [d for s in samples for d in (*s.positive, *s.negative)]
-            doc_emb = encode_unique(
-                lambda texts: as_matrix(encoder.encode_corpus(texts, batch_size=batch_size)), documents
-            )
-            per_row, start = [], 0
-            for sample, query_emb in zip(samples, queries, strict=True):
-                count = len(sample.positive) + len(sample.negative)
-                relevant = [True] * len(sample.positive) + [False] * len(sample.negative)
-                scores = candidate_scores(query_emb, doc_emb[start : start + count])
-                per_row.append(rerank_metrics(relevant, scores, k=self.mrr_at))
-                start += count
-            mean_ap = float(np.mean([row["ap"] for row in per_row]))
-            mean_mrr = float(np.mean([row["mrr"] for row in per_row]))
-            scores_out = {
-                "map": mean_ap,
-                "mrr": mean_mrr,
-                "map_at_1000": mean_ap,
-                f"mrr_at_{self.mrr_at}": mean_mrr,
-                "main_score": mean_ap,
-            }
-        return TaskResult(
-            task_name=self.name,
-            task_type=self.task_type,
-            split=self.split,
-            scores=scores_out,
-            main_metric=self.main_metric,
-            subset=self.subset,
-            evaluation_time=clock["seconds"],
-            model_name=model_name_of(encoder),
-            extra={
-                "num_queries": len(samples),
-                "skipped": len(self.samples) - len(samples),
-                "instruction": self.instruction,
-            },
-        )
+        samples = self.usable_samples()
+        if not samples:
+            raise TaskDataError(f"{self.name}: no row has both a positive and a negative")
+        queries = self._embed_queries(encoder, samples, batch_size)
+        documents = [d for s in samples for d in (*s.positive, *s.negative)]
+        doc_emb = encode_unique(lambda texts: as_matrix(encoder.encode_corpus(texts, batch_size=batch_size)), documents)
+        per_row, start = [], 0
+        for sample, query_emb in zip(samples, queries, strict=True):
+            count = len(sample.positive) + len(sample.negative)
+            relevant = [True] * len(sample.positive) + [False] * len(sample.negative)
+            scores = candidate_scores(query_emb, doc_emb[start : start + count])
+            per_row.append(rerank_metrics(relevant, scores, k=self.mrr_at))
+            start += count
+        mean_ap = float(np.mean([row["ap"] for row in per_row]))
+        mean_mrr = float(np.mean([row["mrr"] for row in per_row]))
+        scores_out = {
+            "map": mean_ap,
+            "mrr": mean_mrr,
+            "map_at_1000": mean_ap,
+            f"mrr_at_{self.mrr_at}": mean_mrr,
+            "main_score": mean_ap,
+        }
+        return scores_out, {"num_queries": len(samples), "skipped": len(self.samples) - len(samples)}

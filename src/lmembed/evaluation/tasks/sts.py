@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
@@ -32,17 +32,12 @@ from sklearn.metrics.pairwise import (
     paired_manhattan_distances,
 )
 
-from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.tasks._common import (
     DatasetSpec,
+    TaskBase,
     TaskDataError,
-    encode_symmetric,
-    encode_unique,
-    model_name_of,
-    read_jsonl,
-    require_fields,
-    split_file,
-    stopwatch,
+    read_rows,
+    require_same_length,
 )
 from lmembed.protocols import RetrievalEncoder
 
@@ -98,9 +93,7 @@ def sts_scores(
 
 def load_sts_pairs(path: str | Path) -> tuple[list[str], list[str], list[float]]:
     """Read ``{"sentence1", "sentence2", "score"}`` rows into three parallel lists."""
-    rows = read_jsonl(path)
-    for row in rows[:1]:
-        require_fields(row, ("sentence1", "sentence2", "score"), path)
+    rows = read_rows(path, ("sentence1", "sentence2", "score"))
     try:
         return (
             [str(row["sentence1"]) for row in rows],
@@ -112,7 +105,7 @@ def load_sts_pairs(path: str | Path) -> tuple[list[str], list[str], list[float]]
 
 
 @dataclass
-class STSTask:
+class STSTask(TaskBase):
     """One STS dataset: sentence pairs with gold similarity scores.
 
     ``instruction`` (optional) is a task description; following E5-mistral and NV-Embed it is
@@ -132,43 +125,14 @@ class STSTask:
     main_metric: ClassVar[str] = "cosine_spearman"
 
     def __post_init__(self) -> None:
-        if not len(self.sentence1) == len(self.sentence2) == len(self.scores):
-            raise TaskDataError(f"{self.name}: sentence1, sentence2 and scores differ in length")
+        require_same_length(self.name, sentence1=self.sentence1, sentence2=self.sentence2, scores=self.scores)
 
     @classmethod
-    def from_path(
-        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: object
-    ) -> STSTask:
-        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
-        file = split_file(path, split)
-        sentence1, sentence2, scores = load_sts_pairs(file)
-        task_name = name or Path(path).name.removesuffix(".jsonl")
-        return cls(task_name, sentence1, sentence2, scores, split=split, **settings)  # type: ignore[arg-type]
+    def _read(cls, file: Path) -> tuple[list[str], list[str], list[float]]:
+        return load_sts_pairs(file)
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
         """Embed both sides (each distinct sentence once) and score the pairs."""
-        with stopwatch() as clock:
-
-            def embed(texts: list[str]) -> np.ndarray:
-                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
-
-            embeddings = encode_unique(embed, [*self.sentence1, *self.sentence2])
-            half = len(self.sentence1)
-            scores = sts_scores(
-                embeddings[:half],
-                embeddings[half:],
-                self.scores,
-                min_score=self.min_score,
-                max_score=self.max_score,
-            )
-        return TaskResult(
-            task_name=self.name,
-            task_type=self.task_type,
-            split=self.split,
-            scores=scores,
-            main_metric=self.main_metric,
-            subset=self.subset,
-            evaluation_time=clock["seconds"],
-            model_name=model_name_of(encoder),
-            extra={"num_pairs": half, "instruction": self.instruction},
-        )
+        embeddings1, embeddings2 = self._embed_pairs(encoder, self.sentence1, self.sentence2, batch_size)
+        scores = sts_scores(embeddings1, embeddings2, self.scores, min_score=self.min_score, max_score=self.max_score)
+        return scores, {"num_pairs": len(self.sentence1)}

@@ -25,18 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from lmembed.evaluation.base import TaskResult
-from lmembed.evaluation.tasks._common import (
-    DatasetSpec,
-    TaskDataError,
-    encode_symmetric,
-    encode_unique,
-    model_name_of,
-    read_jsonl,
-    require_fields,
-    split_file,
-    stopwatch,
-)
+from lmembed.evaluation.tasks._common import DatasetSpec, TaskBase, TaskDataError, normalise_rows, read_rows
 from lmembed.protocols import RetrievalEncoder
 
 KNOWN_SUMMARIZATION: dict[str, DatasetSpec] = {
@@ -55,13 +44,9 @@ class SummarizationSample:
     relevance: list[float]
 
 
-def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
-    return matrix / np.clip(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12, None)
-
-
 def predicted_scores(human: np.ndarray, machine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per machine summary: best cosine and best dot product against the human summaries."""
-    cosine = (_normalise_rows(machine) @ _normalise_rows(human).T).max(axis=1)
+    cosine = (normalise_rows(machine) @ normalise_rows(human).T).max(axis=1)
     dot = (machine @ human.T).max(axis=1)
     return cosine.astype(np.float64), dot.astype(np.float64)
 
@@ -97,9 +82,7 @@ def summarization_scores(
 
 def load_summarization(path: str | Path) -> list[SummarizationSample]:
     """Read SummEval-format rows."""
-    rows = read_jsonl(path)
-    fields = ("text", "human_summaries", "machine_summaries", "relevance")
-    require_fields(rows[0], fields, path)
+    rows = read_rows(path, ("text", "human_summaries", "machine_summaries", "relevance"))
     samples = []
     for number, row in enumerate(rows, start=1):
         human, machine, relevance = row.get("human_summaries"), row.get("machine_summaries"), row.get("relevance")
@@ -119,7 +102,7 @@ def load_summarization(path: str | Path) -> list[SummarizationSample]:
 
 
 @dataclass
-class SummarizationTask:
+class SummarizationTask(TaskBase):
     """One summarization dataset; ``instruction`` (optional) goes on all summaries."""
 
     name: str
@@ -134,44 +117,21 @@ class SummarizationTask:
     main_metric: ClassVar[str] = "cosine_spearman"
 
     @classmethod
-    def from_path(
-        cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any
-    ) -> SummarizationTask:
-        """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
-        samples = load_summarization(split_file(path, split))
-        return cls(name or Path(path).name.removesuffix(".jsonl"), samples, split=split, **settings)
+    def _read(cls, file: Path) -> tuple[list[SummarizationSample]]:
+        return (load_summarization(file),)
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
         """Embed all summaries (each distinct one once) and average the per-text correlations."""
-        with stopwatch() as clock:
-
-            def embed(texts: list[str]) -> np.ndarray:
-                return encode_symmetric(encoder, texts, instruction=self.instruction, batch_size=batch_size)
-
-            texts = [t for s in self.samples for t in (*s.human_summaries, *s.machine_summaries)]
-            embeddings = encode_unique(embed, texts)
-            span = self.max_score - self.min_score
-            per_text, start = [], 0
-            for sample in self.samples:
-                n_human, n_machine = len(sample.human_summaries), len(sample.machine_summaries)
-                human = embeddings[start : start + n_human]
-                machine = embeddings[start + n_human : start + n_human + n_machine]
-                start += n_human + n_machine
-                gold = [(x - self.min_score) / span for x in sample.relevance]
-                per_text.append((gold, *predicted_scores(human, machine)))
-            scores = summarization_scores(per_text, legacy_pvalue_bug=self.legacy_pvalue_bug)
-        return TaskResult(
-            task_name=self.name,
-            task_type=self.task_type,
-            split=self.split,
-            scores=scores,
-            main_metric=self.main_metric,
-            subset=self.subset,
-            evaluation_time=clock["seconds"],
-            model_name=model_name_of(encoder),
-            extra={
-                "num_texts": len(self.samples),
-                "legacy_pvalue_bug": self.legacy_pvalue_bug,
-                "instruction": self.instruction,
-            },
-        )
+        texts = [t for s in self.samples for t in (*s.human_summaries, *s.machine_summaries)]
+        embeddings = self._embed(encoder, texts, batch_size)
+        span = self.max_score - self.min_score
+        per_text, start = [], 0
+        for sample in self.samples:
+            n_human, n_machine = len(sample.human_summaries), len(sample.machine_summaries)
+            human = embeddings[start : start + n_human]
+            machine = embeddings[start + n_human : start + n_human + n_machine]
+            start += n_human + n_machine
+            gold = [(x - self.min_score) / span for x in sample.relevance]
+            per_text.append((gold, *predicted_scores(human, machine)))
+        scores = summarization_scores(per_text, legacy_pvalue_bug=self.legacy_pvalue_bug)
+        return scores, {"num_texts": len(self.samples), "legacy_pvalue_bug": self.legacy_pvalue_bug}
