@@ -19,7 +19,8 @@ from lmembed.config import EmbeddingConfig
 console = Console(stderr=True)
 out_console = Console()
 
-MAIN_JOB_SUBSET = 1000
+MAIN_JOB_SUBSET = 500
+MAIN_JOB_DECODER_MAX_LENGTH = 256
 DataOpt = Annotated[
     list[str] | None,
     typer.Option("--data", "-d", help="Dataset name (scifact, nfcorpus, stsbenchmark ...) or directory; repeatable."),
@@ -60,8 +61,8 @@ def main_job_plan() -> list[tuple[str, list[EmbeddingConfig], str]]:
 
     minilm runs on the full SciFact (comparable with MTEB's published 64.51). The 135M-parameter
     decoder is ~30x slower per token on a laptop CPU, so it runs on a SciFact corpus reduced to every
-    judged document plus random distractors (1,000 docs), with minilm repeated there for a fair
-    comparison; four read-outs share one forward pass.
+    judged document plus random distractors (500 docs) and truncated at 256 tokens like minilm, with
+    minilm repeated there for a fair comparison; four read-outs share one forward pass.
     """
     decoder = [
         EmbeddingConfig(pooling="mean", layer=-1),
@@ -88,8 +89,8 @@ def run_main_job(output: Path, batch_size: int) -> None:
     for model, configs, corpus in main_job_plan():
         task = full if corpus == "full" else subset
         console.print(f"• {model} on {task.name}: {', '.join(c.label() for c in configs)}")
-        base = dataclasses.replace(configs[0], max_length=512) if model != "minilm" else configs[0]
-        embedder = Embedder.from_pretrained(model, config=base)
+        max_length = MAIN_JOB_DECODER_MAX_LENGTH if model != "minilm" else None
+        embedder = Embedder.from_pretrained(model, config=configs[0], max_length=max_length)
         configs = [dataclasses.replace(c, max_length=embedder.config.max_length) for c in configs]
         results += evaluate_strategies(embedder, [task], configs, batch_size=batch_size)
     write_all(results, output)

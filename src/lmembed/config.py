@@ -77,7 +77,7 @@ class EmbeddingConfig:
     instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE
     query_instruction: str | None = None
     add_eos: bool | None = None
-    max_length: int = 512
+    max_length: int | None = None  # None: the model's own limit (at most 512), resolved on load
     normalize: bool = True
     dim: int | None = None
     latent: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)
@@ -98,7 +98,7 @@ class EmbeddingConfig:
         layers = self.layers
         if not layers or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
             raise ConfigError(f"layer={self.layer!r} must be an int or a non-empty list of ints")
-        if self.max_length < 8:
+        if self.max_length is not None and self.max_length < 8:
             raise ConfigError(f"max_length={self.max_length} is too small (need at least 8 tokens)")
         if self.dim is not None and self.dim < 1:
             raise ConfigError(f"dim={self.dim} must be a positive int or None")

@@ -77,6 +77,9 @@ class Embedder:
     ) -> None:
         self.backbone = backbone
         self.config = config or EmbeddingConfig()
+        if self.config.max_length is None:
+            limit = resolve_max_length(backbone, default_max_length(backbone.path, None))
+            self.config = self.config.with_options(max_length=limit)
         if not backbone.is_decoder and self.config.attention != "bidirectional":
             # Encoders always attend bidirectionally; record what really happens.
             self.config = self.config.with_options(attention="bidirectional")
@@ -140,7 +143,6 @@ class Embedder:
         options.update({k: v for k, v in given.items() if v is not None})
         base = config.to_dict() if config else {}
         base.update(options)
-        base["max_length"] = default_max_length(backbone.path, base.get("max_length"))
         head = _load_head(name_or_path, backbone, base) if saved else None
         return cls(
             backbone,

@@ -61,8 +61,8 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def resolve_max_length(backbone: Backbone, requested: int) -> int:
-    limits = [requested]
+def resolve_max_length(backbone: Backbone, requested: int | None) -> int:
+    limits = [requested or 512]
     model_max = getattr(backbone.model.config, "max_position_embeddings", None)
     if isinstance(model_max, int) and model_max > 0:
         limits.append(model_max)
