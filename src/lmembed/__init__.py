@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["EmbeddingConfig", "Embedder", "__version__"]
+__all__ = ["Embedder", "EmbeddingConfig", "__version__"]
 
 
 def __getattr__(name: str):  # lazy: importing lmembed must not import torch
