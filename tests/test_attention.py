@@ -65,3 +65,16 @@ def test_flash_attention_is_refused_for_bidirectional(make_embedder):
     emb.backbone.model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(AttentionError, match="attn_implementation"):
         attention.check_bidirectional_supported(emb.backbone.model)
+
+
+def test_probe_survives_tokens_that_share_an_embedding(make_embedder):
+    """Quantised checkpoints can give several token ids one embedding row; the probe must pick
+    a last token whose embedding really differs (a real smollm2 failure, caught in review)."""
+    import torch
+
+    emb = make_embedder("llama", "sdpa", attention="bidirectional")
+    table = emb.backbone.model.get_input_embeddings().weight
+    with torch.no_grad():
+        table[: int(table.shape[0] * 0.9)] = table[0].clone()
+    assert attention.first_token_sensitivity(emb.backbone.model, "bidirectional") > 1e-3
+    attention.verify_attention(emb.backbone.model, "bidirectional")

@@ -1,0 +1,155 @@
+"""``lmembed train``: contrastive training from the command line.
+
+Every option maps to a :class:`~lmembed.training.train_config.TrainConfig` field. ``--config FILE``
+reads a YAML file of such fields first; options given on the command line override it. Examples::
+
+    lmembed train --model smollm2-135m --data train.jsonl --pooling mean --attention bidirectional \\
+        --lora --loss infonce --batch-size 32 --steps 500 --output runs/smollm2
+    lmembed train --config run.yaml --resume
+    accelerate launch --num_processes 2 -m lmembed.cli_train --config run.yaml   # data parallel
+
+``register(app)`` adds the command to the main ``lmembed`` app; ``python -m lmembed.cli_train`` runs it
+on its own (handy under ``accelerate launch``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from lmembed.config import ATTENTION_HELP, POOLING_HELP
+
+POOLING_DOC = "Pooling strategy: " + ", ".join(POOLING_HELP) + " (default: the model's own)."
+ATTENTION_DOC = "Attention for decoders: " + ", ".join(ATTENTION_HELP) + " (NV-Embed trains bidirectional)."
+
+
+def _opt(help_text: str, *names: str) -> Any:
+    return typer.Option(*names, help=help_text)
+
+
+def train_command(
+    model: Annotated[str | None, _opt("Bundled name, local directory or Hub id.", "--model", "-m")] = None,
+    data: Annotated[
+        list[str] | None, _opt("Training JSONL file or BEIR folder; repeat to mix datasets.", "--data")
+    ] = None,
+    weight: Annotated[
+        list[float] | None, _opt("Sampling weight per --data, in the same order (default: uniform).", "--weight")
+    ] = None,
+    instruction: Annotated[str | None, _opt("Instruction for query rows that carry none.", "--instruction")] = None,
+    pooling: Annotated[str | None, _opt(POOLING_DOC, "--pooling")] = None,
+    attention: Annotated[str | None, _opt(ATTENTION_DOC, "--attention")] = None,
+    max_length: Annotated[int | None, _opt("Truncate texts to this many tokens.", "--max-length")] = None,
+    lora: Annotated[
+        bool | None, _opt("LoRA adapters or full fine-tuning (default: LoRA for decoders).", "--lora/--no-lora")
+    ] = None,
+    lora_r: Annotated[int | None, _opt("LoRA rank (16).", "--lora-r")] = None,
+    lora_alpha: Annotated[int | None, _opt("LoRA alpha (32).", "--lora-alpha")] = None,
+    lora_dropout: Annotated[float | None, _opt("LoRA dropout (0.1).", "--lora-dropout")] = None,
+    lora_targets: Annotated[
+        str | None, _opt("Comma list of module names for LoRA, or 'all-linear' (default).", "--lora-targets")
+    ] = None,
+    merge_lora: Annotated[
+        bool | None, _opt("Save with LoRA merged (default) or keep the adapter.", "--merge-lora/--keep-adapter")
+    ] = None,
+    gradient_checkpointing: Annotated[
+        bool | None, _opt("Recompute activations in backward to save memory.", "--gradient-checkpointing")
+    ] = None,
+    dtype: Annotated[str | None, _opt("Weights dtype: float32 or bfloat16 (autocast).", "--dtype")] = None,
+    device: Annotated[str | None, _opt("cpu, cuda or auto.", "--device")] = None,
+    loss: Annotated[str | None, _opt("infonce (default), triplet, gte or matryoshka.", "--loss")] = None,
+    temperature: Annotated[
+        float | None, _opt("Temperature (default: the loss's, InfoNCE 0.02).", "--temperature")
+    ] = None,
+    similarity: Annotated[str | None, _opt("cos or dot.", "--similarity")] = None,
+    num_negatives: Annotated[int | None, _opt("Hard negatives per query (1).", "--num-negatives")] = None,
+    batch_size: Annotated[int | None, _opt("Global batch size (32).", "--batch-size")] = None,
+    grad_cache_chunk: Annotated[
+        int | None, _opt("Use GradCache with chunks of this many rows.", "--grad-cache-chunk")
+    ] = None,
+    steps: Annotated[int | None, _opt("Optimisation steps (1000).", "--steps")] = None,
+    lr: Annotated[float | None, _opt("Peak learning rate (2e-5).", "--lr")] = None,
+    weight_decay: Annotated[float | None, _opt("AdamW weight decay (0.01).", "--weight-decay")] = None,
+    warmup_steps: Annotated[int | None, _opt("Linear warm-up steps (50).", "--warmup-steps")] = None,
+    max_grad_norm: Annotated[float | None, _opt("Gradient clipping norm (1.0).", "--max-grad-norm")] = None,
+    seed: Annotated[int | None, _opt("Random seed (42).", "--seed")] = None,
+    skip_invalid: Annotated[
+        bool | None, _opt("Skip (and count) invalid rows instead of stopping.", "--skip-invalid")
+    ] = None,
+    save_every: Annotated[int | None, _opt("Checkpoint every N steps (0: off).", "--save-every")] = None,
+    eval_data: Annotated[
+        list[str] | None, _opt("BEIR folder or dataset name for dev nDCG@10; repeatable.", "--eval-data")
+    ] = None,
+    eval_every: Annotated[int | None, _opt("Evaluate every N steps (0: off).", "--eval-every")] = None,
+    eval_split: Annotated[str | None, _opt("Split of the dev sets (test).", "--eval-split")] = None,
+    eval_max_queries: Annotated[int | None, _opt("Evaluate on at most N queries.", "--eval-max-queries")] = None,
+    eval_max_docs: Annotated[int | None, _opt("Shrink dev corpora to N documents.", "--eval-max-docs")] = None,
+    output: Annotated[str | None, _opt("Output folder (runs/train).", "--output", "-o")] = None,
+    resume: Annotated[bool | None, _opt("Continue from the newest checkpoint in --output.", "--resume")] = None,
+    progress: Annotated[bool | None, _opt("Show a progress bar.", "--progress/--no-progress")] = None,
+    config: Annotated[Path | None, _opt("YAML file with training options.", "--config")] = None,
+) -> None:
+    """Train an embedding model contrastively (InfoNCE with in-batch negatives by default)."""
+    options = dict(locals())
+    config_file = options.pop("config")
+    from rich.console import Console
+
+    from lmembed.training.train_config import TrainConfigError
+
+    console = Console(stderr=True)
+    try:
+        cfg = build_config(config_file, options)
+    except (TrainConfigError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    from lmembed.training.data import TrainingDataError
+    from lmembed.training.trainer import Trainer
+
+    try:
+        result = Trainer(cfg).train()
+    except (TrainConfigError, TrainingDataError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if result.model_dir is not None:
+        console.print(f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})")
+
+
+def build_config(config_file: Path | None, options: dict[str, Any]):
+    """Merge a YAML file (if any) with command-line options that were given."""
+    from lmembed.training.data import DataSource
+    from lmembed.training.train_config import TrainConfig, TrainConfigError
+
+    base = TrainConfig.from_yaml(config_file) if config_file else TrainConfig()
+    options = dict(options)
+    data, weights, instruction = options.pop("data"), options.pop("weight"), options.pop("instruction")
+    targets = options.pop("lora_targets")
+    if targets:
+        options["lora_target_modules"] = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
+    if data:
+        if weights and len(weights) != len(data):
+            raise TrainConfigError(f"{len(weights)} --weight values for {len(data)} --data sources")
+        options["data"] = [
+            DataSource(path=p, weight=weights[i] if weights else None, instruction=instruction)
+            for i, p in enumerate(data)
+        ]
+    elif weights or instruction:
+        raise TrainConfigError("--weight/--instruction apply to --data sources given on the command line")
+    cfg = base.updated(**options)
+    cfg.check_ready()
+    return cfg
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``train`` command to ``app``."""
+    app.command("train")(train_command)
+
+
+def main() -> None:
+    """Run ``train`` as a stand-alone program (``python -m lmembed.cli_train ...``)."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+    register(app)
+    app()
+
+
+if __name__ == "__main__":
+    main()

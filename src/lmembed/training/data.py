@@ -1,0 +1,559 @@
+"""Training data for contrastive embedding training: reading, validating, mixing, batching.
+
+A training example is a query with one or more relevant texts and optional hard negatives. Two
+sources are understood:
+
+* JSON-lines files, one object per line::
+
+      {"query": "...", "positive": "..." | ["...", ...], "negatives": ["...", ...],
+       "instruction": "...", "task": "..."}
+
+  Other tools' spellings are accepted too: ``anchor``/``question`` for the query, ``pos``/``positives``
+  for the positive, ``negative``/``neg``/``hard_negatives`` for the negatives.
+* BEIR folders (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``): each judged query becomes
+  one example whose positives are its relevant documents (``(title + " " + text).strip()``, as MTEB
+  builds them) and whose negatives are documents judged not relevant (score 0), if any.
+
+Bad rows (missing fields, empty texts, unknown ids) raise :class:`TrainingDataError` naming the file
+and line, unless ``skip_invalid`` is set, in which case they are dropped and counted.
+
+Mixing and order: :class:`MixtureSampler` draws every global batch as a pure function of the seed
+and the step number, so a run can restart at any step and see exactly the batches it would have
+seen. Datasets are mixed row by row (blended batches) with probabilities given by their weights;
+uniform across datasets unless told otherwise. Inside a dataset, examples are visited in a fresh
+random permutation each epoch.
+
+This module only needs numpy (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+QUERY_KEYS = ("query", "anchor", "question")
+POSITIVE_KEYS = ("positive", "positives", "pos")
+NEGATIVE_KEYS = ("negatives", "negative", "neg", "hard_negatives")
+MIXING_MODES = ("uniform", "proportional")
+_STREAM_MIX, _STREAM_PERM, _STREAM_ROW = 0, 1, 2
+_REPLAY_CHUNK_STEPS = 2048
+
+
+class TrainingDataError(ValueError):
+    """A training file is malformed; the message names the file and, where it applies, the line."""
+
+
+@dataclass(frozen=True)
+class TrainExample:
+    """One query with its relevant texts and optional hard negatives."""
+
+    query: str
+    positives: tuple[str, ...]
+    negatives: tuple[str, ...] = ()
+    instruction: str | None = None
+    task: str | None = None
+
+
+@dataclass
+class DataSource:
+    """Where one training dataset comes from and how it takes part in the mixture.
+
+    ``path`` is a JSON-lines file or a BEIR folder (``kind="auto"`` tells them apart). ``weight`` is the
+    dataset's share of the mixture before normalisation (``None``: decided by the mixing mode).
+    ``instruction`` is used for rows that carry none. ``split`` and ``min_score`` apply to BEIR folders:
+    a judgment counts as relevant when its score is at least ``min_score``.
+    """
+
+    path: str
+    weight: float | None = None
+    instruction: str | None = None
+    name: str | None = None
+    split: str = "train"
+    kind: str = "auto"
+    min_score: int = 1
+
+    @classmethod
+    def parse(cls, spec: str | dict[str, Any] | DataSource) -> DataSource:
+        """Build from a path string, a mapping (YAML) or an existing source."""
+        if isinstance(spec, DataSource):
+            return spec
+        if isinstance(spec, str):
+            return cls(path=spec)
+        if isinstance(spec, dict):
+            unknown = sorted(set(spec) - {f for f in cls.__dataclass_fields__})
+            if unknown:
+                raise TrainingDataError(f"unknown data source option(s): {', '.join(unknown)}")
+            if "path" not in spec:
+                raise TrainingDataError(f"data source {spec!r} has no 'path'")
+            return cls(**spec)
+        raise TrainingDataError(f"a data source must be a path or a mapping, got {type(spec).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @property
+    def label(self) -> str:
+        return self.name or Path(self.path).stem or str(self.path)
+
+
+@dataclass
+class TrainDataset:
+    """The loaded examples of one source plus a pool of its texts (to draw extra negatives from)."""
+
+    name: str
+    examples: list[TrainExample]
+    documents: list[str]
+    weight: float | None = None
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+@dataclass
+class TrainBatch:
+    """A batch of examples, ready to embed.
+
+    ``negatives`` holds ``num_negatives`` texts per row; ``flat_negatives`` lists them query-major
+    (row ``i``'s negatives first), the layout the losses and GradCache expect.
+    """
+
+    queries: list[str]
+    instructions: list[str | None]
+    positives: list[str]
+    negatives: list[list[str]]
+    sources: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    @property
+    def num_negatives(self) -> int:
+        return len(self.negatives[0]) if self.negatives else 0
+
+    @property
+    def flat_negatives(self) -> list[str]:
+        return [text for row in self.negatives for text in row]
+
+    def shard(self, rank: int, world_size: int) -> TrainBatch:
+        """The contiguous slice of rows that process ``rank`` of ``world_size`` works on."""
+        if len(self) % world_size:
+            raise ValueError(f"batch of {len(self)} rows does not split evenly over {world_size} processes")
+        size = len(self) // world_size
+        part = slice(rank * size, (rank + 1) * size)
+        return TrainBatch(
+            self.queries[part],
+            self.instructions[part],
+            self.positives[part],
+            self.negatives[part],
+            self.sources[part],
+        )
+
+
+# ---------------------------------------------------------------------------------------------- reading
+class _Rejects:
+    """Raise on a bad row, or count it when skipping is allowed."""
+
+    def __init__(self, skip: bool) -> None:
+        self.skip = skip
+        self.count = 0
+        self.examples: list[str] = []
+
+    def reject(self, where: str, message: str) -> None:
+        if not self.skip:
+            raise TrainingDataError(f"{where}: {message} (pass skip_invalid=True / --skip-invalid to drop such rows)")
+        self.count += 1
+        if len(self.examples) < 3:
+            self.examples.append(f"{where}: {message}")
+
+
+def _first_key(row: dict[str, Any], keys: Sequence[str]) -> str | None:
+    return next((k for k in keys if k in row and row[k] is not None), None)
+
+
+def _texts(value: Any, key: str) -> tuple[str, ...]:
+    """A string or a list of strings, each non-empty; raises ValueError with the reason."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise ValueError(f"field {key!r} must be a string or a list of strings, got {type(value).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ValueError(f"field {key!r} item {i} is {type(item).__name__}, not a string")
+        if not item.strip():
+            raise ValueError(f"field {key!r} has an empty text" + (f" (item {i})" if len(items) > 1 else ""))
+    return tuple(items)
+
+
+def _optional_string(row: dict[str, Any], key: str) -> str | None:
+    value = row.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def parse_row(row: dict[str, Any], default_instruction: str | None = None) -> TrainExample:
+    """Turn one JSON object into an example; raises ValueError saying what is wrong."""
+    query_key = _first_key(row, QUERY_KEYS)
+    if query_key is None:
+        raise ValueError(f"missing the query (one of {', '.join(QUERY_KEYS)})")
+    positive_key = _first_key(row, POSITIVE_KEYS)
+    if positive_key is None:
+        raise ValueError(f"missing the positive (one of {', '.join(POSITIVE_KEYS)})")
+    query = row[query_key]
+    if not isinstance(query, str):
+        raise ValueError(f"field {query_key!r} must be a string, got {type(query).__name__}")
+    if not query.strip():
+        raise ValueError(f"field {query_key!r} is empty")
+    positives = _texts(row[positive_key], positive_key)
+    if not positives:
+        raise ValueError(f"field {positive_key!r} is an empty list")
+    negative_key = _first_key(row, NEGATIVE_KEYS)
+    negatives = _texts(row[negative_key], negative_key) if negative_key else ()
+    instruction = _optional_string(row, "instruction") or default_instruction
+    return TrainExample(query, positives, negatives, instruction, _optional_string(row, "task"))
+
+
+def read_jsonl(
+    path: str | Path, *, skip_invalid: bool = False, instruction: str | None = None
+) -> tuple[list[TrainExample], int]:
+    """Read a JSON-lines training file; returns the examples and the number of rows skipped."""
+    path = Path(path)
+    rejects = _Rejects(skip_invalid)
+    examples: list[TrainExample] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                rejects.reject(where, f"invalid JSON ({exc.msg})")
+                continue
+            if not isinstance(row, dict):
+                rejects.reject(where, "expected a JSON object")
+                continue
+            try:
+                examples.append(parse_row(row, instruction))
+            except ValueError as exc:
+                rejects.reject(where, str(exc))
+    _log_skips(path, rejects)
+    return examples, rejects.count
+
+
+def _log_skips(path: Path, rejects: _Rejects) -> None:
+    if rejects.count:
+        log.warning("%s: skipped %d invalid row(s), e.g. %s", path, rejects.count, "; ".join(rejects.examples))
+
+
+def _beir_file(folder: Path, stem: str) -> Path:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.exists():
+            return candidate
+    raise TrainingDataError(f"{folder}: no {stem} (a BEIR folder needs corpus.jsonl, queries.jsonl, qrels/)")
+
+
+def _iter_qrels(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """Yield ``(line number, columns)`` of a qrels TSV, header and blank lines left out."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            line = raw.rstrip("\r\n")
+            if not line.strip():
+                continue
+            columns = line.split("\t")
+            if line_no == 1 and columns[0].strip().lower() in {"query-id", "query_id", "qid"}:
+                continue
+            yield line_no, columns
+
+
+def _qrels_row(columns: list[str]) -> tuple[str, str, int]:
+    if len(columns) == 3:
+        query_id, doc_id, score = columns
+    elif len(columns) == 4:  # TREC: qid, iteration, docid, relevance
+        query_id, _, doc_id, score = columns
+    else:
+        raise ValueError(f"expected 3 tab-separated columns, got {len(columns)}")
+    try:
+        return query_id.strip(), doc_id.strip(), int(float(score))
+    except ValueError as exc:
+        raise ValueError(f"relevance score {score!r} is not a number") from exc
+
+
+def read_beir(
+    folder: str | Path,
+    split: str = "train",
+    *,
+    min_score: int = 1,
+    skip_invalid: bool = False,
+    instruction: str | None = None,
+) -> tuple[list[TrainExample], list[str], int]:
+    """Turn a BEIR folder's judgments into examples.
+
+    Returns the examples (one per query with at least one relevant document, in qrels order), the
+    corpus texts (a pool for extra negatives) and the number of judgments skipped.
+    """
+    from lmembed.evaluation.data import DataFormatError, read_corpus, read_queries
+
+    folder = Path(folder)
+    try:
+        doc_ids, doc_texts = read_corpus(_beir_file(folder, "corpus.jsonl"))
+        queries = read_queries(_beir_file(folder, "queries.jsonl"))
+    except DataFormatError as exc:
+        raise TrainingDataError(str(exc)) from exc
+    docs = dict(zip(doc_ids, doc_texts, strict=True))
+    qrels_path = folder / "qrels" / f"{split}.tsv"
+    if not qrels_path.exists():
+        raise TrainingDataError(f"{folder}: no qrels/{split}.tsv (splits here: {_splits(folder)})")
+    rejects = _Rejects(skip_invalid)
+    judged: dict[str, tuple[list[str], list[str]]] = {}
+    for line_no, columns in _iter_qrels(qrels_path):
+        where = f"{qrels_path}:{line_no}"
+        try:
+            query_id, doc_id, score = _qrels_row(columns)
+            _check_judgment(query_id, doc_id, queries, docs)
+        except ValueError as exc:
+            rejects.reject(where, str(exc))
+            continue
+        positives, negatives = judged.setdefault(query_id, ([], []))
+        (positives if score >= min_score else negatives).append(docs[doc_id])
+    _log_skips(qrels_path, rejects)
+    examples = [
+        TrainExample(queries[qid], tuple(pos), tuple(neg), instruction) for qid, (pos, neg) in judged.items() if pos
+    ]
+    return examples, doc_texts, rejects.count
+
+
+def _check_judgment(query_id: str, doc_id: str, queries: dict[str, str], docs: dict[str, str]) -> None:
+    if query_id not in queries:
+        raise ValueError(f"query id {query_id!r} is not in queries.jsonl")
+    if not queries[query_id].strip():
+        raise ValueError(f"query {query_id!r} has an empty text")
+    if doc_id not in docs:
+        raise ValueError(f"document id {doc_id!r} is not in corpus.jsonl")
+    if not docs[doc_id]:
+        raise ValueError(f"document {doc_id!r} has an empty title and text")
+
+
+def _splits(folder: Path) -> str:
+    found = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if (folder / "qrels").is_dir() else []
+    return ", ".join(found) or "none"
+
+
+def _resolve_path(path: str) -> Path:
+    """An existing path, or a dataset name that :mod:`lmembed.datasets` can find locally."""
+    candidate = Path(path).expanduser()
+    if candidate.exists():
+        return candidate
+    try:
+        from lmembed.datasets import resolve_dataset
+
+        return resolve_dataset(path, download=False)
+    except Exception as exc:  # the name is unknown or the module is missing: report the path
+        raise TrainingDataError(f"training data {path!r} does not exist ({exc})") from exc
+
+
+def load_source(source: DataSource | str, *, skip_invalid: bool = False) -> TrainDataset:
+    """Read one source into a :class:`TrainDataset`."""
+    source = DataSource.parse(source)
+    path = _resolve_path(source.path)
+    kind = source.kind
+    if kind == "auto":
+        kind = "beir" if path.is_dir() else "jsonl"
+    if kind == "beir":
+        examples, documents, skipped = read_beir(
+            path, source.split, min_score=source.min_score, skip_invalid=skip_invalid, instruction=source.instruction
+        )
+    elif kind == "jsonl":
+        examples, skipped = read_jsonl(path, skip_invalid=skip_invalid, instruction=source.instruction)
+        documents = _document_pool(examples)
+    else:
+        raise TrainingDataError(f"data source kind {source.kind!r} is unknown; use auto, jsonl or beir")
+    if not examples:
+        raise TrainingDataError(f"{path}: no usable training rows")
+    return TrainDataset(source.label, examples, documents, source.weight, skipped)
+
+
+def _document_pool(examples: Sequence[TrainExample]) -> list[str]:
+    """Every distinct positive and negative text, in first-seen order."""
+    seen: dict[str, None] = {}
+    for example in examples:
+        for text in (*example.positives, *example.negatives):
+            seen.setdefault(text, None)
+    return list(seen)
+
+
+def load_sources(sources: Sequence[DataSource | str], *, skip_invalid: bool = False) -> list[TrainDataset]:
+    """Read several sources; dataset names are made unique."""
+    datasets = [load_source(s, skip_invalid=skip_invalid) for s in sources]
+    seen: dict[str, int] = {}
+    for ds in datasets:
+        count = seen.get(ds.name, 0)
+        seen[ds.name] = count + 1
+        if count:
+            ds.name = f"{ds.name}#{count + 1}"
+    return datasets
+
+
+def mixture_weights(datasets: Sequence[TrainDataset], mixing: str = "uniform") -> np.ndarray:
+    """Sampling probability of each dataset.
+
+    Explicit weights win; datasets without one get 1 (``uniform``) or their size (``proportional``).
+    """
+    if mixing not in MIXING_MODES:
+        raise ValueError(f"mixing={mixing!r} is unknown; choose one of {', '.join(MIXING_MODES)}")
+    raw = []
+    for ds in datasets:
+        if ds.weight is not None:
+            if ds.weight < 0:
+                raise ValueError(f"dataset {ds.name!r} has a negative weight {ds.weight}")
+            raw.append(float(ds.weight))
+        else:
+            raw.append(1.0 if mixing == "uniform" else float(len(ds)))
+    total = sum(raw)
+    if total <= 0:
+        raise ValueError("the dataset weights sum to zero")
+    return np.asarray(raw, dtype=np.float64) / total
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def _rng(seed: int, *stream: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, *stream]))
+
+
+class MixtureSampler:
+    """Deterministic global batches: ``batch(step)`` depends only on the seed and ``step``.
+
+    Each row of a batch picks its dataset at random with the mixture weights; each dataset is read
+    in a new random order every epoch. ``num_negatives`` texts are attached to every row: a random
+    subset of the example's own hard negatives, topped up with random texts from the same dataset
+    when it has too few (the example's own positives are never used as its negatives).
+
+    Where each dataset's cursor stands at a given step depends on all earlier draws; the sampler
+    recomputes it from the seed (a fast numpy replay) when asked for a step out of sequence, and
+    keeps it incrementally when steps are asked in order.
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[TrainDataset],
+        *,
+        batch_size: int,
+        num_negatives: int = 0,
+        seed: int = 0,
+        mixing: str = "uniform",
+    ) -> None:
+        if not datasets:
+            raise ValueError("no training datasets")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if num_negatives < 0:
+            raise ValueError(f"num_negatives={num_negatives} must be >= 0")
+        self.datasets = list(datasets)
+        self.batch_size = batch_size
+        self.num_negatives = num_negatives
+        self.seed = seed
+        self.weights = mixture_weights(self.datasets, mixing)
+        self._cdf = np.cumsum(self.weights)
+        self._cdf[-1] = 1.0
+        self._cursor_step = 0
+        self._cursors = np.zeros(len(self.datasets), dtype=np.int64)
+        self._perms: dict[tuple[int, int], np.ndarray] = {}
+
+    # ------------------------------------------------------------------ dataset choice per row
+    def _choices(self, first_step: int, num_steps: int) -> np.ndarray:
+        """Dataset index of every row of steps ``first_step .. first_step + num_steps - 1``."""
+        bit_generator = np.random.PCG64(np.random.SeedSequence([self.seed, _STREAM_MIX]))
+        bit_generator.advance(first_step * self.batch_size)  # one 64-bit draw per uniform double
+        uniforms = np.random.Generator(bit_generator).random(num_steps * self.batch_size)
+        choices = np.searchsorted(self._cdf, uniforms, side="right")
+        return np.minimum(choices, len(self.datasets) - 1).reshape(num_steps, self.batch_size)
+
+    def _seek(self, step: int) -> None:
+        """Set the per-dataset cursors to where they stand before ``step``."""
+        if step < self._cursor_step:
+            self._cursor_step, self._cursors = 0, np.zeros_like(self._cursors)
+        while self._cursor_step < step:
+            span = min(_REPLAY_CHUNK_STEPS, step - self._cursor_step)
+            chosen = self._choices(self._cursor_step, span)
+            self._cursors += np.bincount(chosen.ravel(), minlength=len(self.datasets))
+            self._cursor_step += span
+
+    # ------------------------------------------------------------------ within a dataset
+    def _permutation(self, dataset: int, epoch: int) -> np.ndarray:
+        key = (dataset, epoch)
+        if key not in self._perms:
+            stale = [k for k in self._perms if k[0] == dataset and k[1] < epoch - 1]
+            for k in stale:
+                del self._perms[k]
+            self._perms[key] = _rng(self.seed, _STREAM_PERM, dataset, epoch).permutation(len(self.datasets[dataset]))
+        return self._perms[key]
+
+    def example_at(self, dataset: int, position: int) -> TrainExample:
+        """The example a dataset yields at a position of its endless, epoch-wise shuffled stream."""
+        size = len(self.datasets[dataset])
+        epoch, offset = divmod(position, size)
+        return self.datasets[dataset].examples[int(self._permutation(dataset, epoch)[offset])]
+
+    def _negatives(self, example: TrainExample, pool: list[str], rng: np.random.Generator) -> list[str]:
+        n = self.num_negatives
+        own = list(example.negatives)
+        if len(own) >= n:
+            return [own[i] for i in rng.choice(len(own), size=n, replace=False)] if n else []
+        chosen = own[:]
+        rng.shuffle(chosen)
+        banned = set(example.positives)
+        for _ in range(100 * n):
+            if len(chosen) == n or not pool:
+                break
+            text = pool[int(rng.integers(len(pool)))]
+            if text not in banned:
+                chosen.append(text)
+        if len(chosen) < n:
+            raise TrainingDataError(
+                f"cannot find {n} negatives for query {example.query[:60]!r}: its dataset has too few other texts"
+            )
+        return chosen
+
+    # ------------------------------------------------------------------ batches
+    def batch(self, step: int) -> TrainBatch:
+        """The global batch of training step ``step`` (0-based)."""
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        self._seek(step)
+        chosen = self._choices(step, 1)[0]
+        positions = self._cursors.copy()
+        batch = TrainBatch([], [], [], [], [])
+        for dataset in chosen:
+            dataset = int(dataset)
+            position = int(positions[dataset])
+            positions[dataset] += 1
+            self._append_row(batch, dataset, position)
+        self._cursors, self._cursor_step = positions, step + 1
+        return batch
+
+    def _append_row(self, batch: TrainBatch, dataset: int, position: int) -> None:
+        example = self.example_at(dataset, position)
+        rng = _rng(self.seed, _STREAM_ROW, dataset, position)
+        positive = example.positives[int(rng.integers(len(example.positives)))]
+        batch.queries.append(example.query)
+        batch.instructions.append(example.instruction)
+        batch.positives.append(positive)
+        batch.negatives.append(self._negatives(example, self.datasets[dataset].documents, rng))
+        batch.sources.append(self.datasets[dataset].name)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Per dataset: name, number of examples, sampling probability, rows skipped while reading."""
+        return [
+            {"name": ds.name, "examples": len(ds), "probability": round(float(w), 6), "skipped": ds.skipped}
+            for ds, w in zip(self.datasets, self.weights, strict=True)
+        ]

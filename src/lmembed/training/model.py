@@ -1,0 +1,334 @@
+"""The model side of training: an :class:`~lmembed.embedder.Embedder` made trainable.
+
+:class:`TrainableEmbedder` is an ``nn.Module`` holding the backbone transformer and, for
+``latent_attention`` pooling, the pooling head. Its forward pass is the encoding engine's own
+``forward_pool``, so the vectors it trains are exactly the ones ``Embedder.encode`` produces later
+(same tokenisation, instruction handling, attention mode, padding and pooling).
+
+Options:
+
+* full fine-tuning, or LoRA adapters injected into the backbone in place (peft), so the engine keeps
+  calling the very same module objects;
+* bidirectional attention for decoders (set once through ``configure_attention``, which also checks
+  that it took effect);
+* gradient checkpointing; bfloat16 weights with autocast (adapters and the head stay float32).
+
+:meth:`TrainableEmbedder.save` writes an ordinary Embedder directory that ``Embedder.from_pretrained``
+loads with the training-time strategy: LoRA merged into the weights by default, or kept as a peft
+adapter beside the base weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import shutil
+import tempfile
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmembed.config import EmbeddingConfig
+from lmembed.embedder import Embedder
+from lmembed.encoding.engine import collate, resolve_max_length
+from lmembed.encoding.inputs import InputBuilder
+from lmembed.models.attention import configure_attention
+
+log = logging.getLogger(__name__)
+
+Instructions = str | Sequence[str | None] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """LoRA hyper-parameters (NV-Embed's values by default)."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.1
+    target_modules: str | list[str] = "all-linear"
+
+
+def trim_padding(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop columns that are padding in every row (a chunk of a batch is often narrower than the batch)."""
+    used = attention_mask.bool().any(dim=0)
+    if bool(used.all()):
+        return input_ids, attention_mask, pool_mask
+    columns = used.nonzero().squeeze(1)
+    span = slice(int(columns[0]), int(columns[-1]) + 1)
+    return input_ids[:, span], attention_mask[:, span], pool_mask[:, span]
+
+
+def length_buckets(lengths: torch.Tensor, min_rows: int = 8) -> list[torch.Tensor]:
+    """Row indices grouped by sequence length (powers of two), so a group pads to at most twice its
+    shortest row; groups smaller than ``min_rows`` are merged into the next longer one."""
+    keys = torch.ceil(torch.log2(lengths.clamp(min=1).float())).long()
+    groups: list[torch.Tensor] = []
+    pending: torch.Tensor | None = None
+    for key in sorted(set(keys.tolist())):
+        rows = (keys == key).nonzero().squeeze(1)
+        rows = rows if pending is None else torch.cat([pending, rows])
+        if len(rows) < min_rows:
+            pending = rows
+            continue
+        groups.append(rows)
+        pending = None
+    if pending is not None:
+        if groups:
+            groups[-1] = torch.cat([groups[-1], pending])
+        else:
+            groups.append(pending)
+    return groups
+
+
+def _expand_instructions(texts: Sequence[str], instructions: Instructions) -> list[str | None]:
+    if instructions is None or isinstance(instructions, str):
+        return [instructions] * len(texts)
+    items = list(instructions)
+    if len(items) != len(texts):
+        raise ValueError(f"{len(items)} instructions for {len(texts)} texts")
+    return items
+
+
+class TrainableEmbedder(nn.Module):
+    """An Embedder whose backbone (or LoRA adapters) and pooling head receive gradients.
+
+    ``forward(input_ids, attention_mask, pool_mask)`` returns raw (un-normalised) float32 vectors
+    ``[rows, hidden]``; use :meth:`tokenize` to build its inputs or :meth:`embed` for both steps.
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        lora: LoraSettings | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        self.embedder = embedder
+        self.model = embedder.backbone.model
+        self.head = embedder.pooling_head
+        self._peft: list[Any] = []  # a list keeps peft's wrapper out of this module's children
+        self.lora_settings = lora
+        if embedder.backbone.is_decoder:
+            configure_attention(self.model, self.config.attention, verify=True)
+        if lora is not None:
+            self._inject_lora(lora)
+        else:
+            for param in self.model.parameters():
+                param.requires_grad_(True)
+        if self.head is not None:
+            self.head.float().requires_grad_(True)
+        if gradient_checkpointing:
+            self._enable_checkpointing()
+        self._builder: InputBuilder | None = None
+        self.train()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        lora: LoraSettings | bool | None = None,
+        gradient_checkpointing: bool = False,
+        dtype: str = "float32",
+        device: str = "cpu",
+        **strategy: Any,
+    ) -> TrainableEmbedder:
+        """Load a model by name or path; ``strategy`` options (pooling, attention, ...) as in
+        ``Embedder.from_pretrained``. ``lora=None`` means LoRA for decoders, full fine-tuning for encoders."""
+        options = {k: v for k, v in strategy.items() if v is not None}
+        embedder = Embedder.from_pretrained(
+            name_or_path, dtype=dtype, device=device, cache=False, show_progress=False, **options
+        )
+        return cls(embedder, lora=resolve_lora(lora, embedder), gradient_checkpointing=gradient_checkpointing)
+
+    def _inject_lora(self, settings: LoraSettings) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        target = settings.target_modules
+        config = LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=target if isinstance(target, str) else list(target),
+            bias="none",
+        )
+        peft_model = get_peft_model(self.model, config)  # injects into self.model in place
+        if peft_model.base_model.model is not self.model:
+            raise RuntimeError("peft did not inject LoRA in place; the encoding engine would bypass the adapters")
+        self._peft.append(peft_model)
+
+    def _enable_checkpointing(self) -> None:
+        """Recompute layer activations in backward (non-reentrant: works with frozen inputs and LoRA)."""
+        options = {"use_reentrant": False}
+        if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+        elif hasattr(self.model, "gradient_checkpointing_enable"):
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+        else:
+            raise ValueError(f"{type(self.model).__name__} does not support gradient checkpointing")
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def config(self) -> EmbeddingConfig:
+        return self.embedder.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedder.backbone.device
+
+    @property
+    def uses_lora(self) -> bool:
+        return bool(self._peft)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.embedder.backbone.hidden_size
+
+    def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(name, p) for name, p in self.named_parameters() if p.requires_grad]
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    # ------------------------------------------------------------------ encoding with gradients
+    def _input_builder(self) -> InputBuilder:
+        if self._builder is None:
+            backbone = self.embedder.backbone
+            self._builder = InputBuilder(
+                backbone.tokenizer,
+                self.config,
+                is_decoder=backbone.is_decoder,
+                max_length=resolve_max_length(backbone, self.config.max_length),
+            )
+        return self._builder
+
+    def tokenize(self, texts: Sequence[str], instructions: Instructions = None) -> dict[str, torch.Tensor]:
+        """Token ids, attention mask and pooling mask for ``texts``, padded as the engine pads them."""
+        builder = self._input_builder()
+        features = [builder.build(t, i) for t, i in zip(texts, _expand_instructions(texts, instructions), strict=True)]
+        engine = self.embedder.engine
+        ids, attn, pool = collate(features, engine.pad_id, engine.padding_side, self.device)
+        return {"input_ids": ids, "attention_mask": attn, "pool_mask": pool}
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
+        """Pooled vectors of a padded batch, in row order.
+
+        Rows of very different lengths (short queries next to long documents) are run in length buckets
+        so that little compute goes to padding; it stays one call of this module (what DDP needs).
+        """
+        groups = length_buckets(attention_mask.sum(dim=1))
+        if len(groups) == 1:
+            return self._forward_rows(input_ids, attention_mask, pool_mask)
+        parts = [self._forward_rows(input_ids[g], attention_mask[g], pool_mask[g]) for g in groups]
+        order = torch.cat(groups)
+        return torch.cat(parts)[torch.argsort(order)]
+
+    def _forward_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor
+    ) -> torch.Tensor:
+        input_ids, attention_mask, pool_mask = trim_padding(input_ids, attention_mask, pool_mask)
+        with self._autocast():
+            pooled = self.embedder.engine.forward_pool(input_ids, attention_mask, pool_mask, [self.config])[0]
+        return pooled.float()
+
+    def embed(self, texts: Sequence[str], instruction: Instructions = None) -> torch.Tensor:
+        """Raw vectors of ``texts`` with gradients (instructions are applied and left out of pooling)."""
+        return self(**self.tokenize(texts, instruction))
+
+    def _autocast(self):
+        dtype = self.embedder.backbone.dtype
+        if dtype in (torch.bfloat16, torch.float16):
+            return torch.autocast(device_type=self.device.type, dtype=dtype)
+        return nullcontext()
+
+    # ------------------------------------------------------------------ state
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of the trained tensors only (LoRA adapters or the whole backbone, plus the head)."""
+        return {name: p.detach().cpu().clone() for name, p in self.named_trainable_parameters()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.named_trainable_parameters())
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]} "
+                "(was it written with other LoRA or pooling settings?)"
+            )
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
+        self.weights_changed()
+
+    def weights_changed(self) -> None:
+        """Call after every update: the embedding cache must never serve vectors of older weights."""
+        self.embedder.backbone.invalidate_fingerprint()
+
+    # ------------------------------------------------------------------ saving
+    def save(
+        self,
+        directory: str | Path,
+        *,
+        merge_lora: bool = True,
+        in_place: bool = False,
+        adapter_base: str | Path | None = None,
+    ) -> Path:
+        """Write an Embedder directory that ``Embedder.from_pretrained(directory)`` loads.
+
+        With LoRA, ``merge_lora=True`` folds the adapters into the weights; ``False`` stores the
+        base weights plus a peft adapter (``adapter_config.json``) that transformers applies on load.
+        ``in_place=True`` merges into this model instead of a copy (for the end of training: saves
+        memory, but the adapters are gone afterwards). An adapter records the absolute path of its base
+        weights, ``directory`` itself unless ``adapter_base`` names where the folder will be moved to.
+        """
+        directory = Path(directory)
+        self.weights_changed()
+        if not self.uses_lora:
+            return self._clone_embedder(self.model).save(directory)
+        peft_model = self._peft[0]
+        if merge_lora and in_place:
+            clean = peft_model.merge_and_unload()
+            self._peft.clear()
+            return self._clone_embedder(clean).save(directory)
+        duplicate = copy.deepcopy(peft_model)
+        clean = duplicate.merge_and_unload() if merge_lora else duplicate.unload()
+        saved = self._clone_embedder(clean).save(directory)
+        if not merge_lora:
+            self._save_adapter(peft_model, saved, Path(adapter_base or saved))
+        return saved
+
+    def _clone_embedder(self, model: nn.Module) -> Embedder:
+        backbone = dataclasses.replace(self.embedder.backbone, model=model, _fingerprint=None)
+        return Embedder(backbone, self.config, pooling_head=self.head, use_cache=False, show_progress=False)
+
+    @staticmethod
+    def _save_adapter(peft_model: Any, directory: Path, base: Path) -> None:
+        """Write the adapter next to the base weights, recording ``base`` as where those live."""
+        config = peft_model.peft_config["default"]
+        previous = config.base_model_name_or_path
+        config.base_model_name_or_path = str(base.resolve())
+        scratch = Path(tempfile.mkdtemp(prefix=".adapter-", dir=directory))
+        try:
+            peft_model.save_pretrained(scratch)
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                (scratch / name).replace(directory / name)
+        finally:
+            config.base_model_name_or_path = previous
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def resolve_lora(lora: LoraSettings | bool | None, embedder: Embedder) -> LoraSettings | None:
+    """``True``/``False``/``None`` (auto: decoders only) to concrete settings or ``None``."""
+    if isinstance(lora, LoraSettings):
+        return lora
+    wanted = embedder.backbone.is_decoder if lora is None else lora
+    return LoraSettings() if wanted else None

@@ -1,0 +1,193 @@
+"""Settings of a contrastive training run, as one dataclass that round-trips through YAML.
+
+The same fields are reachable from the command line (``lmembed train``) and from a YAML file
+(``--config run.yaml``); options given on the command line override the file. Defaults follow
+NV-Embed's recipe where it gives one (LoRA r=16, alpha=32, dropout 0.1; 50 warm-up steps then linear
+decay; datasets sampled uniformly). ``temperature=None`` keeps the loss's own default (InfoNCE: 0.02,
+as in E5-mistral).
+
+A YAML file holds the same fields; a data source is a path or a mapping of
+:class:`~lmembed.training.data.DataSource` fields::
+
+    model: smollm2-135m
+    pooling: mean
+    attention: bidirectional
+    data:
+      - ../shared/datasets/training/nli_triplets.jsonl
+      - {path: ../shared/datasets/beir/scifact, weight: 2.0, instruction: "Retrieve abstracts for the claim"}
+    batch_size: 32
+    steps: 500
+    save_every: 100
+    output: runs/smollm2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from lmembed.training.data import MIXING_MODES, DataSource
+
+DTYPES = ("float32", "bfloat16")
+SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
+
+
+class TrainConfigError(ValueError):
+    """A training option has an invalid value."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (see ``lmembed train --help`` for the flags).
+
+    Strategy fields left as ``None`` keep the model's own (a saved Embedder's ``lmembed.json`` or
+    lmembed's defaults). ``lora=None`` picks LoRA for decoders and full fine-tuning for encoders.
+    ``batch_size`` is the global batch: under several processes each one embeds an equal share and
+    in-batch negatives are gathered from all of them. ``num_negatives`` hard negatives are attached to
+    every query (topped up with random texts of the same dataset when a row has fewer).
+    """
+
+    model: str = ""
+    data: list[DataSource] = field(default_factory=list)
+    output: str = "runs/train"
+    # extraction strategy
+    pooling: str | None = None
+    attention: str | None = None
+    max_length: int | None = None
+    # model side
+    lora: bool | None = None
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.1
+    lora_target_modules: str | list[str] = "all-linear"
+    merge_lora: bool = True
+    gradient_checkpointing: bool = False
+    dtype: str = "float32"
+    device: str = "auto"
+    # objective
+    loss: str = "infonce"
+    temperature: float | None = None
+    similarity: str = "cosine"
+    in_batch_negatives: bool = True
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    num_negatives: int = 1
+    # optimisation
+    batch_size: int = 32
+    grad_cache_chunk: int | None = None
+    steps: int = 1000
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_steps: int = 50
+    max_grad_norm: float | None = 1.0
+    seed: int = 42
+    # data
+    mixing: str = "uniform"
+    skip_invalid: bool = False
+    # logging, evaluation, checkpoints
+    log_every: int = 1
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    eval_data: list[str] = field(default_factory=list)
+    eval_split: str = "test"
+    eval_every: int = 0
+    eval_max_queries: int | None = None
+    eval_max_docs: int | None = None
+    eval_batch_size: int = 32
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.data = [DataSource.parse(item) for item in (self.data or [])]
+        self.eval_data = [str(p) for p in (self.eval_data or [])]
+        self.similarity = SIMILARITY_ALIASES.get(self.similarity, self.similarity)
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Raise :class:`TrainConfigError` on the first invalid option, naming it."""
+        positive = {
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+            "lora_r": self.lora_r,
+            "log_every": self.log_every,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise TrainConfigError(f"{name}={value} must be >= 1")
+        non_negative = {
+            "warmup_steps": self.warmup_steps,
+            "save_every": self.save_every,
+            "eval_every": self.eval_every,
+            "num_negatives": self.num_negatives,
+            "keep_checkpoints": self.keep_checkpoints,
+        }
+        for name, value in non_negative.items():
+            if value < 0:
+                raise TrainConfigError(f"{name}={value} must be >= 0")
+        if self.lr <= 0:
+            raise TrainConfigError(f"lr={self.lr} must be positive")
+        if self.temperature is not None and self.temperature <= 0:
+            raise TrainConfigError(f"temperature={self.temperature} must be positive")
+        if not 0 <= self.lora_dropout < 1:
+            raise TrainConfigError(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
+        if self.grad_cache_chunk is not None and self.grad_cache_chunk < 1:
+            raise TrainConfigError(f"grad_cache_chunk={self.grad_cache_chunk} must be >= 1 (or unset)")
+        if self.dtype not in DTYPES:
+            raise TrainConfigError(f"dtype={self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+        if self.similarity not in ("cosine", "dot"):
+            raise TrainConfigError(f"similarity={self.similarity!r} is unknown; choose cosine (cos) or dot")
+        if self.mixing not in MIXING_MODES:
+            raise TrainConfigError(f"mixing={self.mixing!r} is unknown; choose one of {', '.join(MIXING_MODES)}")
+        if self.loss.lower() == "triplet" and self.num_negatives < 1:
+            raise TrainConfigError("loss=triplet needs num_negatives >= 1")
+
+    def check_ready(self) -> None:
+        """The checks that only apply when a run starts (a model and data must be named)."""
+        if not self.model:
+            raise TrainConfigError("no model given (--model NAME_OR_PATH or 'model:' in the YAML file)")
+        if not self.data:
+            raise TrainConfigError("no training data given (--data FILE, repeatable, or 'data:' in the YAML file)")
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = [s.to_dict() for s in value] if f.name == "data" else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TrainConfigError(f"unknown training option(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> TrainConfig:
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise TrainConfigError(f"{path}: invalid YAML ({exc})") from exc
+        if not isinstance(data, dict):
+            raise TrainConfigError(f"{path}: expected a mapping of options at the top level")
+        try:
+            return cls.from_dict(data)
+        except (TrainConfigError, TypeError, ValueError) as exc:
+            raise TrainConfigError(f"{path}: {exc}") from exc
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def updated(self, **changes: Any) -> TrainConfig:
+        """A validated copy with some options changed; ``None`` values are ignored."""
+        data = self.to_dict()
+        data.update({k: v for k, v in changes.items() if v is not None})
+        return TrainConfig.from_dict(data)
