@@ -1,0 +1,213 @@
+"""Compare saved results: Markdown tables and a bar chart.
+
+:func:`render_report` reads every task result under a folder (any task type; only each task's
+``main_score`` is used), builds one row per model/strategy and one column per task, grouped by
+task type, with per-type means and overall means, and writes ``report.md``, ``report.png`` and
+``report.json`` into an output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.results import atomic_write_text, load_results, strategy_slug
+
+logger = logging.getLogger(__name__)
+
+TYPE_ORDER = ["Retrieval", "STS", "Classification", "Clustering", "PairClassification", "Reranking"]
+MISSING = "–"
+
+Row = tuple[str, str]  # (model name, strategy slug)
+
+
+@dataclass
+class ScoreTable:
+    """Main scores arranged as rows (model, strategy) × tasks, tasks grouped by type."""
+
+    rows: list[Row]
+    task_types: dict[str, list[str]]  # type → task names, in display order
+    scores: dict[Row, dict[str, float]]  # row → task → main score
+
+    def type_mean(self, row: Row, task_type: str) -> tuple[float | None, bool]:
+        """Mean over the type's tasks the row has, and whether it has all of them."""
+        return _mean([self.scores[row].get(t) for t in self.task_types[task_type]])
+
+    def task_mean(self, row: Row) -> tuple[float | None, bool]:
+        return _mean([self.scores[row].get(t) for tasks in self.task_types.values() for t in tasks])
+
+    def mean_of_type_means(self, row: Row) -> tuple[float | None, bool]:
+        means = [self.type_mean(row, t) for t in self.task_types]
+        value, complete = _mean([m for m, _ in means])
+        return value, complete and all(c for _, c in means)
+
+
+@dataclass
+class Report:
+    """What :func:`render_report` produced."""
+
+    markdown: str
+    table: ScoreTable
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def _mean(values: list[float | None]) -> tuple[float | None, bool]:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, False
+    return sum(present) / len(present), len(present) == len(values)
+
+
+def _type_rank(task_type: str) -> tuple[int, str]:
+    return (TYPE_ORDER.index(task_type) if task_type in TYPE_ORDER else len(TYPE_ORDER), task_type)
+
+
+def _newest_first(results: Iterable[TaskResult]) -> list[TaskResult]:
+    def mtime(r: TaskResult) -> float:
+        source = r.extra.get("source_path")
+        try:
+            return Path(source).stat().st_mtime if source else 0.0
+        except OSError:
+            return 0.0
+
+    return sorted(results, key=mtime, reverse=True)
+
+
+def build_table(results: Iterable[TaskResult]) -> ScoreTable:
+    """Arrange results into a :class:`ScoreTable`; for duplicates the newest file wins."""
+    scores: dict[Row, dict[str, float]] = defaultdict(dict)
+    types: dict[str, set[str]] = defaultdict(set)
+    for r in _newest_first(results):
+        row = (r.model_name or "unknown", strategy_slug(r.strategy))
+        if r.task_name in scores[row]:
+            logger.warning("several results for %s / %s; using the newest", row, r.task_name)
+            continue
+        scores[row][r.task_name] = r.main_score
+        types[r.task_type].add(r.task_name)
+    ordered_types = {t: sorted(types[t]) for t in sorted(types, key=_type_rank)}
+    return ScoreTable(rows=sorted(scores), task_types=ordered_types, scores=dict(scores))
+
+
+def _fmt(value: float | None, complete: bool = True, *, scale: float = 100.0) -> str:
+    if value is None:
+        return MISSING
+    return f"{value * scale:.2f}" + ("" if complete else "*")
+
+
+def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return lines
+
+
+def table_markdown(table: ScoreTable, *, title: str = "Results") -> str:
+    """Markdown: a summary table (per-type means), then one table per task type."""
+    lines = [f"# {title}", "", "Main scores × 100. `*` = mean over the tasks present only.", ""]
+    types = list(table.task_types)
+    header = ["model", "strategy", *(f"{t} mean" for t in types), "mean (task)", "mean (type)"]
+    body = []
+    for row in table.rows:
+        cells = [_fmt(*table.type_mean(row, t)) for t in types]
+        cells += [_fmt(*table.task_mean(row)), _fmt(*table.mean_of_type_means(row))]
+        body.append([row[0], row[1], *cells])
+    lines += ["## Summary", "", *_markdown_table(header, body), ""]
+    for task_type, tasks in table.task_types.items():
+        header = ["model", "strategy", *tasks, "mean"]
+        body = [
+            [row[0], row[1], *(_fmt(table.scores[row].get(t)) for t in tasks), _fmt(*table.type_mean(row, task_type))]
+            for row in table.rows
+        ]
+        lines += [f"## {task_type}", "", *_markdown_table(header, body), ""]
+    return "\n".join(lines)
+
+
+def _chart_positions(table: ScoreTable) -> tuple[list[float], list[str], list[tuple[float, float, str]]]:
+    """x positions and labels per task, leaving a gap between task types."""
+    xs, labels, spans = [], [], []
+    x = 0.0
+    for task_type, tasks in table.task_types.items():
+        first = x
+        for task in tasks:
+            xs.append(x)
+            labels.append(task)
+            x += 1.0
+        spans.append((first, x - 1.0, task_type))
+        x += 0.6
+    return xs, labels, spans
+
+
+def plot_table(table: ScoreTable, path: Path, *, title: str = "Results") -> Path:
+    """Grouped bar chart of main scores (one group per task, one bar per row) saved as PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    xs, labels, spans = _chart_positions(table)
+    n_rows = max(1, len(table.rows))
+    width = 0.8 / n_rows
+    fig = Figure(figsize=(min(44.0, max(6.0, 0.5 + len(xs) * (0.35 + 0.12 * n_rows)) + 3.5), 4.8))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    tasks = [t for ts in table.task_types.values() for t in ts]
+    for i, row in enumerate(table.rows):
+        heights = [100.0 * table.scores[row].get(t, float("nan")) for t in tasks]
+        offsets = [x - 0.4 + width * (i + 0.5) for x in xs]
+        ax.bar(offsets, heights, width=width, label=f"{row[0]} / {row[1]}")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    for first, last, task_type in spans:
+        ax.annotate(
+            task_type,
+            xy=((first + last) / 2, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
+    ax.set_ylabel("main score × 100")
+    ax.set_title(title, pad=18)
+    ax.set_ylim(0, 100)
+    ax.grid(axis="y", alpha=0.3)
+    if table.rows:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)
+    return path
+
+
+def _table_json(table: ScoreTable) -> dict:
+    return {
+        "task_types": table.task_types,
+        "rows": [
+            {"model": m, "strategy": s, "scores": table.scores[(m, s)], "mean_task": table.task_mean((m, s))[0]}
+            for m, s in table.rows
+        ],
+    }
+
+
+def render_report(
+    results_dir: str | Path, out_dir: str | Path, *, title: str = "lmembed results", echo: bool = False
+) -> Report:
+    """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``."""
+    results = load_results(results_dir)
+    if not results:
+        logger.warning("no result files found under %s", results_dir)
+    table = build_table(results)
+    markdown = table_markdown(table, title=title)
+    out = Path(out_dir)
+    files = {"markdown": out / "report.md", "png": out / "report.png", "json": out / "report.json"}
+    atomic_write_text(files["markdown"], markdown)
+    atomic_write_text(files["json"], json.dumps(_table_json(table), indent=2) + "\n")
+    plot_table(table, files["png"], title=title)
+    if echo:
+        print(markdown)
+    return Report(markdown=markdown, table=table, files=files)

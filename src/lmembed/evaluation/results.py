@@ -1,0 +1,248 @@
+"""Save and load :class:`TaskResult` files in MTEB's results layout.
+
+Files go to ``OUT/<model name, "/" → "__">/<strategy slug>/<TaskName>.json``: the layout of
+MTEB's results repository, with the strategy slug where MTEB puts the model revision. Each file is
+a valid MTEB 2.x task result (``dataset_revision``, ``task_name``, ``mteb_version``,
+``evaluation_time``, ``scores: {split: [{"hf_subset", "languages", "main_score", ...}]}``), so
+``mteb.results.TaskResult.from_disk`` reads it. ``mteb_version`` is ``null`` because MTEB did
+not produce the file; lmembed's own record (version, model, strategy, task type, timings) sits
+under the extra top-level key ``"lmembed"``, which MTEB ignores.
+
+Files written by MTEB itself can be read back too (:func:`read_result`); what they lack (task
+type, strategy) is inferred from the path and a small table of known tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lmembed import __version__
+from lmembed.evaluation.base import TaskResult
+
+logger = logging.getLogger(__name__)
+
+LMEMBED_KEY = "lmembed"
+DEFAULT_LANGUAGES = ["eng-Latn"]
+
+#: Task types of the MTEB tasks this project evaluates, for files that do not record one.
+KNOWN_TASK_TYPES: dict[str, str] = {
+    **dict.fromkeys(
+        ["SciFact", "NFCorpus", "ArguAna", "SCIDOCS", "FiQA2018", "TRECCOVID", "QuoraRetrieval"], "Retrieval"
+    ),
+    **dict.fromkeys(["STSBenchmark", "SICK-R", "STS12", "STS13", "STS14", "STS15", "STS16"], "STS"),
+    **dict.fromkeys(["Banking77Classification", "EmotionClassification"], "Classification"),
+    "TwentyNewsgroupsClustering": "Clustering",
+    "SprintDuplicateQuestions": "PairClassification",
+    **dict.fromkeys(["StackOverflowDupQuestions", "SciDocsRR", "AskUbuntuDupQuestions"], "Reranking"),
+}
+
+_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+_MAX_SLUG = 100
+
+
+def model_dir_name(model_name: str) -> str:
+    """MTEB's folder name for a model: ``org/model`` → ``org__model``."""
+    name = (model_name or "unknown-model").strip().replace("/", "__").replace(" ", "_")
+    return _SLUG_UNSAFE.sub("-", name)
+
+
+def strategy_slug(strategy: Mapping[str, Any] | str | None) -> str:
+    """A short, path-safe name for an embedding strategy.
+
+    A string is used as is (made path-safe); a mapping uses its ``"slug"`` or ``"name"`` entry if
+    present, otherwise its sorted ``key=value`` pairs. Long slugs are cut and suffixed with a hash
+    of the full text so that they stay unique.
+    """
+    if not strategy:
+        return "default"
+    if isinstance(strategy, str):
+        text = strategy
+    elif isinstance(strategy.get("slug"), str):
+        text = strategy["slug"]
+    elif isinstance(strategy.get("name"), str):
+        text = strategy["name"]
+    else:
+        text = "_".join(f"{k}={_compact(v)}" for k, v in sorted(strategy.items()))
+    slug = _SLUG_UNSAFE.sub("-", text).strip("-.") or "default"
+    if len(slug) > _MAX_SLUG:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+        slug = f"{slug[: _MAX_SLUG - 11]}-{digest}"
+    return slug
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "+".join(_compact(v) for v in value)
+    if isinstance(value, Mapping):
+        return "+".join(f"{k}-{_compact(v)}" for k, v in sorted(value.items()))
+    return str(value)
+
+
+def result_path(out_dir: str | Path, result: TaskResult) -> Path:
+    """Where :func:`write_result` puts ``result``."""
+    return (
+        Path(out_dir) / model_dir_name(result.model_name) / strategy_slug(result.strategy) / f"{result.task_name}.json"
+    )
+
+
+def _clean(value: Any) -> Any:
+    """Make a value JSON-safe: numpy scalars → Python, non-finite floats → None, paths → str."""
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays and scalars
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def to_mteb_dict(result: TaskResult) -> dict[str, Any]:
+    """The JSON object written for ``result``."""
+    extra = dict(result.extra)
+    languages = list(extra.get("languages") or DEFAULT_LANGUAGES)
+    entry = {
+        **{k: v for k, v in result.scores.items() if k != "main_score"},
+        "main_score": result.scores["main_score"],
+        "hf_subset": result.subset,
+        "languages": languages,
+    }
+    return _clean(
+        {
+            "dataset_revision": str(extra.get("dataset_revision") or "unknown"),
+            "task_name": result.task_name,
+            "mteb_version": None,
+            "scores": {result.split: [entry]},
+            "evaluation_time": result.evaluation_time,
+            "kg_co2_emissions": None,
+            LMEMBED_KEY: {
+                "version": __version__,
+                "model_name": result.model_name,
+                "strategy": result.strategy,
+                "strategy_slug": strategy_slug(result.strategy),
+                "task_type": result.task_type,
+                "main_metric": result.main_metric,
+                "split": result.split,
+                "subset": result.subset,
+                "extra": extra,
+            },
+        }
+    )
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_result(result: TaskResult, out_dir: str | Path) -> Path:
+    """Write ``result`` under ``out_dir`` in MTEB's layout; return the file path."""
+    path = result_path(out_dir, result)
+    atomic_write_text(path, json.dumps(to_mteb_dict(result), indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+def _pick_split(scores: Mapping[str, Any], preferred: str | None) -> str:
+    if preferred and preferred in scores:
+        return preferred
+    for split in ("test", "validation", "dev"):
+        if split in scores:
+            return split
+    return next(iter(scores))
+
+
+def _pick_entry(entries: list[Mapping[str, Any]], subset: str | None) -> Mapping[str, Any]:
+    for entry in entries:
+        if entry.get("hf_subset") == (subset or "default"):
+            return entry
+    return entries[0]
+
+
+def _numeric(entry: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in entry.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and k not in {"hf_subset", "languages"}
+    }
+
+
+def read_result(path: str | Path) -> TaskResult:
+    """Load one result file (ours or MTEB's) as a :class:`TaskResult`."""
+    path = Path(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or "task_name" not in data or not isinstance(data.get("scores"), dict):
+        raise ValueError(f"{path} is not a task result file")
+    meta: Mapping[str, Any] = data.get(LMEMBED_KEY) or {}
+    split = _pick_split(data["scores"], meta.get("split"))
+    entries = data["scores"][split]
+    entry = _pick_entry(entries if isinstance(entries, list) else [entries], meta.get("subset"))
+    if "main_score" not in entry:
+        raise ValueError(f"{path}: split {split!r} has no main_score")
+    task_name = str(data["task_name"])
+    extra = dict(meta.get("extra") or {})
+    extra.setdefault("languages", list(entry.get("languages") or []))
+    extra.setdefault("dataset_revision", data.get("dataset_revision"))
+    extra["source_path"] = str(path)
+    return TaskResult(
+        task_name=task_name,
+        task_type=str(meta.get("task_type") or KNOWN_TASK_TYPES.get(task_name, "Unknown")),
+        split=split,
+        scores=_numeric(entry),
+        main_metric=str(meta.get("main_metric") or "main_score"),
+        subset=str(entry.get("hf_subset", "default")),
+        evaluation_time=float(data.get("evaluation_time") or 0.0),
+        model_name=str(meta.get("model_name") or path.parent.parent.name.replace("__", "/")),
+        strategy=meta.get("strategy") or ({} if meta else {"slug": path.parent.name}),
+        extra=extra,
+    )
+
+
+def load_results(results_dir: str | Path) -> list[TaskResult]:
+    """Every task result file under ``results_dir`` (other JSON files are skipped)."""
+    results = []
+    for path in sorted(Path(results_dir).rglob("*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            results.append(read_result(path))
+        except (ValueError, KeyError, IndexError, StopIteration, TypeError) as exc:
+            logger.debug("skipping %s: %s", path, exc)
+    return results
+
+
+def results_markdown(results: Iterable[TaskResult], *, percent: bool = True) -> str:
+    """A Markdown table with one row per result: model, strategy, task, type, split, score, time."""
+    header = "| model | strategy | task | type | split | main metric | main score | eval time (s) |"
+    lines = [header, "|---|---|---|---|---|---|---:|---:|"]
+    ordered = sorted(results, key=lambda r: (r.model_name, strategy_slug(r.strategy), r.task_type, r.task_name))
+    for r in ordered:
+        score = r.main_score * 100 if percent else r.main_score
+        lines.append(
+            f"| {r.model_name} | {strategy_slug(r.strategy)} | {r.task_name} | {r.task_type} | {r.split} "
+            f"| {r.main_metric} | {score:.2f} | {r.evaluation_time:.1f} |"
+        )
+    return "\n".join(lines) + "\n"

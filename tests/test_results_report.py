@@ -1,0 +1,176 @@
+"""Result files in MTEB's layout (readable by MTEB itself) and the comparison report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.report import build_table, render_report, table_markdown
+from lmembed.evaluation.results import (
+    load_results,
+    read_result,
+    result_path,
+    results_markdown,
+    strategy_slug,
+    write_result,
+)
+
+
+def make_result(
+    task: str = "SciFact",
+    task_type: str = "Retrieval",
+    score: float = 0.64508,
+    model: str = "sentence-transformers/all-MiniLM-L6-v2",
+    strategy: dict | None = None,
+) -> TaskResult:
+    main = {"Retrieval": "ndcg_at_10", "STS": "cosine_spearman", "Classification": "accuracy"}[task_type]
+    return TaskResult(
+        task_name=task,
+        task_type=task_type,
+        split="test",
+        scores={main: score, "other_metric": np.float32(0.5), "main_score": score},
+        main_metric=main,
+        evaluation_time=12.5,
+        model_name=model,
+        strategy=strategy if strategy is not None else {"pooling": "mean", "layer": -1},
+        extra={"timings": {"search_s": 0.1}, "languages": ["eng-Latn"], "dataset_revision": "sha256:abc"},
+    )
+
+
+def test_layout_and_json_keys(tmp_path: Path) -> None:
+    path = write_result(make_result(), tmp_path)
+    assert path == tmp_path / "sentence-transformers__all-MiniLM-L6-v2" / "layer=-1_pooling=mean" / "SciFact.json"
+    assert path == result_path(tmp_path, make_result())
+    data = json.loads(path.read_text())
+    assert {"dataset_revision", "task_name", "mteb_version", "scores", "evaluation_time"} <= set(data)
+    entry = data["scores"]["test"][0]
+    assert entry["hf_subset"] == "default" and entry["languages"] == ["eng-Latn"]
+    assert entry["main_score"] == 0.64508 and entry["ndcg_at_10"] == 0.64508
+    assert entry["other_metric"] == 0.5  # numpy scalars become plain JSON numbers
+    assert data["lmembed"]["task_type"] == "Retrieval"
+    assert [p.name for p in path.parent.iterdir()] == ["SciFact.json"]  # no temp files left behind
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    original = make_result()
+    loaded = read_result(write_result(original, tmp_path))
+    assert loaded.task_name == "SciFact" and loaded.task_type == "Retrieval" and loaded.split == "test"
+    assert loaded.main_score == 0.64508 and loaded.scores["ndcg_at_10"] == 0.64508
+    assert loaded.main_metric == "ndcg_at_10"
+    assert loaded.model_name == original.model_name and loaded.strategy == original.strategy
+    assert loaded.extra["timings"] == {"search_s": 0.1}
+    assert loaded.evaluation_time == 12.5
+
+
+def test_overwrite_is_atomic_and_complete(tmp_path: Path) -> None:
+    write_result(make_result(score=0.1), tmp_path)
+    path = write_result(make_result(score=0.2), tmp_path)
+    assert read_result(path).main_score == 0.2
+    assert len(list(path.parent.iterdir())) == 1
+
+
+def test_mteb_can_load_our_file(tmp_path: Path) -> None:
+    results_module = pytest.importorskip("mteb.results")
+    path = write_result(make_result(), tmp_path)
+    loaded = results_module.TaskResult.from_disk(path)
+    assert loaded.task_name == "SciFact"
+    assert loaded.scores["test"][0]["main_score"] == 0.64508
+    assert loaded.get_score() == pytest.approx(0.64508)
+    assert loaded.eval_splits == ["test"] and loaded.hf_subsets == ["default"]
+
+
+def test_mteb_validates_our_file_against_its_task_metadata(tmp_path: Path) -> None:
+    mteb = pytest.importorskip("mteb")
+    loaded = mteb.results.TaskResult.from_disk(write_result(make_result(), tmp_path))
+    filtered = loaded.validate_and_filter_scores(mteb.get_task("SciFact"))
+    assert filtered.scores["test"][0]["main_score"] == 0.64508  # split and subset are MTEB's
+
+
+def test_reads_files_written_by_mteb(tmp_path: Path) -> None:
+    path = tmp_path / "BAAI__bge-small-en-v1.5" / "5c38ec7c" / "STS12.json"
+    path.parent.mkdir(parents=True)
+    mteb_file = {
+        "dataset_revision": "a0d554a64d88156834ff5ae9920b964011b16384",
+        "task_name": "STS12",
+        "mteb_version": "1.18.0",
+        "scores": {
+            "test": [
+                {"cosine_spearman": 0.77443, "main_score": 0.77443, "hf_subset": "default", "languages": ["eng-Latn"]}
+            ]
+        },
+        "evaluation_time": 3.2,
+        "kg_co2_emissions": None,
+    }
+    path.write_text(json.dumps(mteb_file))
+    loaded = read_result(path)
+    assert loaded.task_type == "STS" and loaded.main_score == 0.77443
+    assert loaded.model_name == "BAAI/bge-small-en-v1.5" and strategy_slug(loaded.strategy) == "5c38ec7c"
+
+
+def test_load_results_skips_other_json(tmp_path: Path) -> None:
+    write_result(make_result(), tmp_path)
+    (tmp_path / "model_meta.json").write_text('{"name": "x"}')
+    (tmp_path / "broken.json").write_text("{not json")
+    assert [r.task_name for r in load_results(tmp_path)] == ["SciFact"]
+
+
+def test_strategy_slug() -> None:
+    assert strategy_slug(None) == "default" and strategy_slug({}) == "default"
+    assert strategy_slug("last token / L-12") == "last-token-L-12"
+    assert strategy_slug({"name": "mean", "layer": 3}) == "mean"
+    assert strategy_slug({"layers": [-1, -2], "pool": "mean"}) == "layers=-1+-2_pool=mean"
+    long_a = strategy_slug({"x": "a" * 300})
+    long_b = strategy_slug({"x": "a" * 299 + "b"})
+    assert len(long_a) <= 100 and long_a != long_b
+
+
+def test_markdown_summary() -> None:
+    md = results_markdown([make_result(), make_result("STS12", "STS", 0.72369)])
+    assert "| SciFact | Retrieval | test | ndcg_at_10 | 64.51 |" in md
+    assert "72.37" in md
+
+
+def _write_grid(root: Path) -> None:
+    for model, shift in (("org/model-a", 0.0), ("org/model-b", 0.05)):
+        write_result(make_result("SciFact", "Retrieval", 0.60 + shift, model), root)
+        write_result(make_result("NFCorpus", "Retrieval", 0.30 + shift, model), root)
+        write_result(make_result("STS12", "STS", 0.70 + shift, model), root)
+    write_result(make_result("Banking77Classification", "Classification", 0.80, "org/model-a"), root)
+
+
+def test_table_groups_by_type_with_means(tmp_path: Path) -> None:
+    _write_grid(tmp_path)
+    table = build_table(load_results(tmp_path))
+    assert list(table.task_types) == ["Retrieval", "STS", "Classification"]
+    assert table.task_types["Retrieval"] == ["NFCorpus", "SciFact"]
+    row_a = ("org/model-a", "layer=-1_pooling=mean")
+    assert table.type_mean(row_a, "Retrieval") == (pytest.approx(0.45), True)
+    row_b = ("org/model-b", "layer=-1_pooling=mean")
+    assert table.type_mean(row_b, "Classification") == (None, False)
+    value, complete = table.task_mean(row_b)
+    assert value == pytest.approx((0.65 + 0.35 + 0.75) / 3) and not complete
+    md = table_markdown(table)
+    assert "## Retrieval" in md and "## STS" in md and "## Classification" in md
+    assert "| org/model-a | layer=-1_pooling=mean | 30.00 | 60.00 | 45.00 |" in md  # Retrieval: NFCorpus, SciFact, mean
+    assert "–" in md and "*" in md  # model-b lacks Banking77
+
+
+def test_render_report_writes_markdown_png_json(tmp_path: Path) -> None:
+    _write_grid(tmp_path / "results")
+    report = render_report(tmp_path / "results", tmp_path / "report")
+    assert report.files["markdown"].read_text() == report.markdown
+    assert report.files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads(report.files["json"].read_text())
+    assert {r["model"] for r in summary["rows"]} == {"org/model-a", "org/model-b"}
+    # Reports written inside the results folder are not mistaken for results.
+    again = render_report(tmp_path / "results", tmp_path / "results" / "report")
+    assert len(again.table.rows) == 2
+
+
+def test_render_report_on_empty_folder(tmp_path: Path) -> None:
+    report = render_report(tmp_path / "nothing", tmp_path / "out")
+    assert report.table.rows == [] and report.files["png"].exists()
