@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmembed.atomic import atomic_write_text
 from lmembed.evaluation.base import TaskResult
-from lmembed.evaluation.results import atomic_write_text, load_results, strategy_slug
+from lmembed.evaluation.results import load_results, strategy_slug
 
 logger = logging.getLogger(__name__)
 

@@ -18,14 +18,13 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from lmembed import __version__
+from lmembed.atomic import atomic_write_text
 from lmembed.evaluation.base import TaskResult
 
 logger = logging.getLogger(__name__)
@@ -142,21 +141,6 @@ def to_mteb_dict(result: TaskResult) -> dict[str, Any]:
             },
         }
     )
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_result(result: TaskResult, out_dir: str | Path) -> Path:
