@@ -34,3 +34,13 @@ def save_json(data: dict, name: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
     return out
+
+
+def published_scores(task: str, model: str = "sentence-transformers/all-MiniLM-L6-v2") -> dict[str, float]:
+    """MTEB's published metrics for ``model`` on ``task`` (../shared/datasets/reference_scores.json),
+    with ``main_score`` included."""
+    data = json.loads(shared_or_exit("reference_scores.json").read_text())
+    for entry in data["scores"]:
+        if entry["model"] == model and entry["task"] == task:
+            return {"main_score": float(entry["main_score"]), **{k: float(v) for k, v in entry["metrics"].items()}}
+    return {}

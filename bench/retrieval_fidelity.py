@@ -12,24 +12,14 @@ cached re-evaluation.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 
 import numpy as np
 
-from _common import save_json, shared_or_exit
+from _common import published_scores, save_json, shared_or_exit
 
 REFERENCE_KEYS = ("ndcg_at_10", "map_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
-
-
-def published(task: str, model: str = "sentence-transformers/all-MiniLM-L6-v2") -> dict[str, float]:
-    """MTEB's published metrics for ``model`` on ``task`` from ../shared/datasets/reference_scores.json."""
-    data = json.loads(shared_or_exit("reference_scores.json").read_text())
-    for entry in data["scores"]:
-        if entry["model"] == model and entry["task"] == task:
-            return {k: float(v) for k, v in entry["metrics"].items()}
-    return {}
 
 
 def reference_run(task) -> tuple[float, float]:
@@ -73,7 +63,7 @@ def main() -> None:
             second = task.evaluate(emb)
             cached_s = time.perf_counter() - start
             assert abs(first.scores["ndcg_at_10"] - second.scores["ndcg_at_10"]) < 1e-9
-            ref = published(task.name)
+            ref = published_scores(task.name)
             ours = first.scores["ndcg_at_10"]
             diff = 100 * (ours - ref["ndcg_at_10"]) if "ndcg_at_10" in ref else float("nan")
             rows.append((task.name, ours, ref.get("ndcg_at_10", float("nan")), diff, first, cached_s))
