@@ -1,0 +1,272 @@
+"""YAML recipes: parsing, planning, and end-to-end runs on a tiny model (test-only overrides)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, shared_or_skip, tiny_model
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.training.objectives import ObjectiveConfig
+from lmembed.training.recipes import (
+    RecipeError,
+    apply_overrides,
+    load_recipe,
+    parse_recipe,
+    plan_recipe,
+    run_recipe,
+)
+from lmembed.training.train_config import TrainConfig
+
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+EXPECTED = {
+    "nv-embed-two-stage",
+    "anchor-stage1-stage2",
+    "llm2vec-mntp-simcse",
+    "matryoshka",
+    "gte",
+    "angle",
+    "e5-mistral-lora",
+}
+TINY = {"steps": 1, "batch_size": 4, "max_length": 64, "warmup_steps": 0}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer) -> str:
+    """A saved tiny Llama Embedder (random weights, word-level tokenizer) to stand in for real models."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model = tiny_model("llama", len(tokenizer))
+    Embedder.from_model(model, tokenizer, EmbeddingConfig(), use_cache=False).save(folder)
+    return str(folder)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------- shipped recipes
+def test_all_seed_recipes_are_shipped():
+    assert {p.stem for p in RECIPES} == EXPECTED
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_shipped_recipe_names_its_paper_and_plans_valid_stages(path):
+    header = path.read_text().split("\nname:")[0]
+    assert "Paper" in header or "paper" in header.lower()
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem and recipe.paper
+    assert recipe.model in ("minilm", "smollm2-135m")  # bundled models only
+    plans = plan_recipe(recipe)
+    assert [p["name"] for p in plans] == [s["name"] for s in recipe.stages]
+    for plan in plans:
+        options = {k: v for k, v in plan.items() if k not in ("name", "type")}
+        if plan["type"] == "contrastive":
+            options["data"] = [
+                {k: v for k, v in d.items() if k != "symmetric"} if isinstance(d, dict) else d for d in options["data"]
+            ]
+            config = TrainConfig.from_dict(options)
+            assert config.steps <= 100 and config.batch_size <= 16  # CPU-sized
+        else:
+            config = ObjectiveConfig.from_dict(options)
+            assert config.objective == plan["type"] and config.steps <= 100
+    assert plans[1:] == [] or plans[1]["model"].endswith(f"{plans[0]['name']}/model")  # chained stages
+
+
+def test_nv_embed_recipe_follows_the_paper():
+    recipe = load_recipe(REPO / "recipes" / "nv-embed-two-stage.yaml")
+    first, second = plan_recipe(recipe)
+    assert first["pooling"] == second["pooling"] == "latent_attention"
+    assert first["attention"] == "bidirectional"
+    assert first["in_batch_negatives"] is True and second["in_batch_negatives"] is False
+    assert second["lr"] < first["lr"]
+    assert {"symmetric": True} in [
+        {k: v for k, v in d.items() if k == "symmetric"} for d in second["data"] if isinstance(d, dict)
+    ]
+    mined = [s["mine"] for s in recipe.prepare if "mine" in s]
+    assert all(m["method"] == "perc_pos" and m["margin"] == 0.95 for m in mined)
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def test_structural_errors_are_reported():
+    with pytest.raises(RecipeError, match="stages"):
+        parse_recipe({"model": "m"})
+    with pytest.raises(RecipeError, match="used twice"):
+        parse_recipe({"model": "m", "stages": [{"name": "a"}, {"name": "a"}]})
+    with pytest.raises(RecipeError, match="type"):
+        parse_recipe({"model": "m", "stages": [{"name": "a", "type": "magic"}]})
+    with pytest.raises(RecipeError, match="unknown top-level"):
+        parse_recipe({"model": "m", "stages": [{"name": "a"}], "stagez": []})
+    with pytest.raises(RecipeError, match="kind"):
+        parse_recipe({"model": "m", "stages": [{"name": "a"}], "prepare": [{"name": "p", "input": "x"}]})
+    recipe = parse_recipe({"model": "m", "stages": [{"name": "a"}]})
+    with pytest.raises(RecipeError, match="match no stage option"):
+        apply_overrides(recipe, {"stepz": 1})
+
+
+def test_unknown_stage_option_names_the_stage(tmp_path, tiny_dir):
+    data = _write_jsonl(tmp_path / "d.jsonl", [{"query": "q", "positive": "p"}] * 4)
+    recipe = parse_recipe(
+        {"model": tiny_dir, "output": str(tmp_path / "o"), "stages": [{"name": "s1", "data": [data], "lrr": 1}]}
+    )
+    with pytest.raises(RecipeError, match="s1"):
+        run_recipe(recipe)
+
+
+def test_unknown_placeholder_is_reported(tmp_path, tiny_dir):
+    recipe = parse_recipe(
+        {"model": tiny_dir, "output": str(tmp_path / "o"), "stages": [{"name": "s", "data": ["{prepared:nope}"]}]}
+    )
+    with pytest.raises(RecipeError, match="prepared:nope"):
+        run_recipe(recipe)
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+TEXT_ROWS = [
+    {"query": "the cat sat", "positive": "a cat sat on the mat", "instruction": "find"},
+    {"query": "the dog ran", "positive": "a dog was eating food"},
+    {"query": "science study", "positive": "protein gene cell study result"},
+    {"query": "hello friend", "positive": "hello there friend"},
+    {"query": "riding horse", "positive": "the man is riding a horse"},
+    {"query": "great movie", "positive": "great movie, bad food"},
+]
+STS_ROWS = [
+    {"sentence1": "a man is riding a horse", "sentence2": "the man sat on a horse", "score": 4.5},
+    {"sentence1": "the cat sat on the mat", "sentence2": "a cat sat on a rug", "score": 4.2},
+    {"sentence1": "a woman is eating food", "sentence2": "the dog was eating", "score": 1.0},
+    {"sentence1": "hello there", "sentence2": "science result", "score": 0.0},
+]
+CLASS_ROWS = [{"text": f"{w} {i}", "label_text": w} for w in ("cat", "dog", "food") for i in range(4)]
+
+
+def test_toy_recipe_runs_every_stage_type_end_to_end(tmp_path, tiny_dir, monkeypatch):
+    from lmembed.training import converters
+
+    seen_batches: list[set[str]] = []
+    original = converters.TaskHomogeneousSampler.batch
+
+    def spy(self, step):
+        batch = original(self, step)
+        seen_batches.append(set(batch.sources))
+        return batch
+
+    monkeypatch.setattr(converters.TaskHomogeneousSampler, "batch", spy)
+    rows = _write_jsonl(tmp_path / "rows.jsonl", TEXT_ROWS)
+    recipe = {
+        "name": "toy",
+        "model": tiny_dir,
+        "output": str(tmp_path / "run"),
+        "defaults": {"pooling": "mean", "attention": "bidirectional", "progress": False, "device": "cpu"},
+        "prepare": [
+            {"name": "rows", "kind": "rows", "input": rows, "mine": {"teacher": tiny_dir, "k": 2, "method": "naive"}},
+            {
+                "name": "sts",
+                "kind": "sts",
+                "input": _write_jsonl(tmp_path / "sts.jsonl", STS_ROWS),
+                "mine": {"teacher": tiny_dir, "k": 1, "method": "naive"},
+            },
+            {
+                "name": "classes",
+                "kind": "classification",
+                "input": _write_jsonl(tmp_path / "c.jsonl", CLASS_ROWS),
+                "options": {"num_negatives": 2},
+            },
+        ],
+        "stages": [
+            {"name": "mntp", "type": "mntp", "data": ["{prepared:rows}"], "lora_r": 4},
+            {"name": "simcse", "type": "simcse", "data": ["{prepared:rows}"], "dropout": 0.2},
+            {"name": "stage1", "data": ["{prepared:rows}"], "num_negatives": 2},
+            {
+                "name": "stage2",
+                "batching": "homogeneous",
+                "in_batch_negatives": False,
+                "num_negatives": 1,
+                "data": ["{prepared:classes}", {"path": "{prepared:sts}", "symmetric": True}],
+            },
+        ],
+    }
+    started = time.perf_counter()
+    result = run_recipe(parse_recipe(recipe), overrides={**TINY, "steps": 2})
+    elapsed = time.perf_counter() - started
+    assert [s.name for s in result.stages] == ["mntp", "simcse", "stage1", "stage2"]
+    assert all(s.steps == 2 for s in result.stages)
+    assert all(len(b) == 1 for b in seen_batches) and len(seen_batches) == 2  # homogeneous batches
+    mined = [json.loads(line) for line in result.prepared["rows"].read_text().splitlines()]
+    assert all(len(r["negatives"]) == 2 and r["positive"] not in r["negatives"] for r in mined)
+    sts = [json.loads(line) for line in result.prepared["sts"].read_text().splitlines()]
+    assert len(sts) == 4 and all(r["symmetric"] for r in sts)
+    final = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
+    assert final.config.attention == "bidirectional" and final.encode(["the cat"]).shape == (1, 32)
+    saved = json.loads((tmp_path / "run" / "recipe_result.json").read_text())
+    assert saved["model_dir"] == str(result.model_dir)
+    assert elapsed < 120
+
+
+def test_prepared_data_is_reused_when_unchanged(tmp_path, tiny_dir):
+    rows = _write_jsonl(tmp_path / "rows.jsonl", TEXT_ROWS)
+    recipe = parse_recipe(
+        {
+            "model": tiny_dir,
+            "output": str(tmp_path / "run"),
+            "prepare": [{"name": "rows", "kind": "rows", "input": rows}],
+            "stages": [{"name": "only", "data": ["{prepared:rows}"], "progress": False, "device": "cpu"}],
+        }
+    )
+    first = run_recipe(recipe, overrides=TINY)
+    stamp = first.prepared["rows"].stat().st_mtime_ns
+    second = run_recipe(recipe, overrides=TINY)
+    assert second.prepared["rows"].stat().st_mtime_ns == stamp
+
+
+def test_symmetric_sources_instruct_the_documents(tmp_path, tiny_dir, monkeypatch):
+    from lmembed.training.model import TrainableEmbedder
+
+    calls: list[list] = []
+    original = TrainableEmbedder.tokenize
+
+    def spy(self, texts, instructions=None):
+        calls.append(list(instructions) if isinstance(instructions, list) else [instructions] * len(texts))
+        return original(self, texts, instructions)
+
+    monkeypatch.setattr(TrainableEmbedder, "tokenize", spy)
+    sts = [{"query": "a man", "positive": "the man", "negatives": ["the dog"], "instruction": "Retrieve similar"}] * 4
+    recipe = parse_recipe(
+        {
+            "model": tiny_dir,
+            "output": str(tmp_path / "run"),
+            "stages": [
+                {
+                    "name": "s",
+                    "data": [{"path": _write_jsonl(tmp_path / "sts.jsonl", sts), "symmetric": True}],
+                    "num_negatives": 1,
+                    "progress": False,
+                    "device": "cpu",
+                }
+            ],
+        }
+    )
+    run_recipe(recipe, overrides=TINY)
+    (instructions,) = [c for c in calls if len(c) == 12]  # 4 queries + 4 positives + 4 negatives
+    assert instructions == ["Retrieve similar"] * 12
+
+
+def test_shipped_nv_embed_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
+    shared_or_skip("beir/scifact")
+    overrides = {
+        **TINY,
+        "model": tiny_dir,
+        "teacher": tiny_dir,
+        "output": str(tmp_path / "nv"),
+        "max_rows": 8,
+        "max_corpus": 24,
+        "num_negatives": 1,
+    }
+    started = time.perf_counter()
+    result = run_recipe(REPO / "recipes" / "nv-embed-two-stage.yaml", overrides=overrides)
+    assert [s.name for s in result.stages] == ["stage1-retrieval", "stage2-blend"]
+    final = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
+    assert final.config.pooling == "latent_attention" and final.pooling_head is not None
+    assert time.perf_counter() - started < 120
