@@ -14,11 +14,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "datasets"
 
-WORDS = (
-    "the a an of to in on is was cat dog sat mat rug man woman food horse riding eating movie great bad "
-    "query document instruct rewrite sentence hello there friend longer text forces padding first one "
-    "science protein cell gene study result model language embedding vector search retrieval"
-).split()
+WORDS = ["the", "a", "an", "of", "to", "in", "on", "is", "was", "cat", "dog", "sat", "mat", "rug", "man", "woman", "food", "horse", "riding", "eating", "movie", "great", "bad", "query", "document", "instruct", "rewrite", "sentence", "hello", "there", "friend", "longer", "text", "forces", "padding", "first", "one", "science", "protein", "cell", "gene", "study", "result", "model", "language", "embedding", "vector", "search", "retrieval"]
 
 
 def build_tokenizer(bos: bool = False):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmembed import Embedder
-
 from conftest import bundled_or_skip
+from lmembed import Embedder
 
 pytestmark = pytest.mark.bundled
 
