@@ -100,7 +100,8 @@ def test_sweep_command_plots_every_layer(saved_model, beir, tmp_path):
     result = CliRunner().invoke(app, ["sweep", str(beir), "--model", saved_model, "-o", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "sweep.json").read_text())["rows"]
-    assert [r["layer"] for r in rows if isinstance(r["layer"], int)] == [0, 1, 2]
+    for normed in (False, True):  # decoders are swept raw and through the final norm
+        assert [r["layer"] for r in rows if isinstance(r["layer"], int) and r["final_norm"] == normed] == [0, 1, 2]
     assert (out / "sweep.png").stat().st_size > 1000
 
 

@@ -62,13 +62,15 @@ def main_job_plan() -> list[tuple[str, list[EmbeddingConfig], str]]:
     minilm runs on the full SciFact (comparable with MTEB's published 64.51). The 135M-parameter
     decoder is ~30x slower per token on a laptop CPU, so it runs on a SciFact corpus reduced to every
     judged document plus random distractors (500 docs) and truncated at 256 tokens like minilm, with
-    minilm repeated there for a fair comparison; four read-outs share one forward pass.
+    minilm repeated there for a fair comparison; four read-outs share one forward pass. Middle layers
+    are read through the final norm: raw middle-layer states of this model carry a few "massive
+    activation" dimensions (|x| ~ 4000) that make every mean-pooled vector nearly identical.
     """
     decoder = [
         EmbeddingConfig(pooling="mean", layer=-1),
         EmbeddingConfig(pooling="weighted_mean", layer=-1),
-        EmbeddingConfig(pooling="mean", layer=15),
-        EmbeddingConfig(pooling="mean", layer=(15, 16)),
+        EmbeddingConfig(pooling="mean", layer=15, final_norm=True),
+        EmbeddingConfig(pooling="mean", layer=(15, 16), final_norm=True),
     ]
     return [
         ("minilm", [EmbeddingConfig(pooling="mean")], "full"),

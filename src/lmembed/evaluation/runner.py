@@ -74,9 +74,11 @@ def expand_grid(base: EmbeddingConfig, grid: Mapping[str, Sequence[Any]]) -> lis
     return configs
 
 
-def sweep_configs(base: EmbeddingConfig, num_layers: int) -> list[EmbeddingConfig]:
+def sweep_configs(base: EmbeddingConfig, num_layers: int, *, with_final_norm: bool = False) -> list[EmbeddingConfig]:
     """Every layer 0..L on its own, plus fused sets: middle three, the two layers around the middle,
-    penultimate+last, and the mean of all layers past the first."""
+    penultimate+last, and the mean of all layers past the first. ``with_final_norm`` adds each read-out
+    once more through the decoder's final norm (intermediate decoder states carry a few huge
+    "massive activation" dimensions that the norm tames)."""
     mid = num_layers // 2
     fused = [
         (mid - 1, mid, mid + 1),
@@ -85,7 +87,10 @@ def sweep_configs(base: EmbeddingConfig, num_layers: int) -> list[EmbeddingConfi
         tuple(range(1, num_layers + 1)),
     ]
     layers: list[int | tuple[int, ...]] = [*range(num_layers + 1), *fused]
-    return [base.with_options(layer=layer) for layer in layers]
+    configs = [base.with_options(layer=layer) for layer in layers]
+    if with_final_norm:
+        configs += [base.with_options(layer=layer, final_norm=True) for layer in layers]
+    return configs
 
 
 @dataclass

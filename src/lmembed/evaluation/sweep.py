@@ -29,6 +29,7 @@ def sweep_rows(results: Sequence[StrategyResult]) -> list[dict]:
                 "task": item.result.task_name,
                 "layer": layers[0] if len(layers) == 1 else list(layers),
                 "label": item.config.label(),
+                "final_norm": bool(item.config.final_norm),
                 **{m: item.result.scores.get(m) for m in METRICS},
             }
         )
@@ -36,11 +37,17 @@ def sweep_rows(results: Sequence[StrategyResult]) -> list[dict]:
 
 
 def sweep_markdown(rows: Sequence[dict], model: str) -> str:
-    lines = [f"# Layer sweep: {model}", "", "| task | layer(s) | nDCG@10 | MAP@10 | MRR@10 |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Layer sweep: {model}",
+        "",
+        "| task | layer(s) | final norm | nDCG@10 | MAP@10 | MRR@10 |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         layer = r["layer"] if isinstance(r["layer"], int) else "+".join(map(str, r["layer"]))
         lines.append(
-            f"| {r['task']} | {layer} | {100 * r['ndcg_at_10']:.2f} | {100 * r['map_at_10']:.2f} "
+            f"| {r['task']} | {layer} | {'yes' if r['final_norm'] else 'no'} | {100 * r['ndcg_at_10']:.2f} "
+            f"| {100 * r['map_at_10']:.2f} "
             f"| {100 * r['mrr_at_10']:.2f} |"
         )
     return "\n".join(lines) + "\n"
@@ -55,20 +62,25 @@ def plot_sweep(rows: Sequence[dict], model: str, path: Path) -> Path:
     tasks = sorted({r["task"] for r in rows})
     fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
-        single = [r for r in rows if r["task"] == task and isinstance(r["layer"], int)]
-        fused = [r for r in rows if r["task"] == task and not isinstance(r["layer"], int)]
-        for metric, style in zip(METRICS, ("-o", "--s", ":^"), strict=True):
-            ax.plot([r["layer"] for r in single], [100 * r[metric] for r in single], style, label=metric, markersize=4)
-        for r in fused:
-            x = sum(r["layer"]) / len(r["layer"])
-            ax.scatter([x], [100 * r["ndcg_at_10"]], marker="*", s=120, zorder=3)
-            ax.annotate(
-                "+".join(map(str, r["layer"])) if len(r["layer"]) < 5 else "all",
-                (x, 100 * r["ndcg_at_10"]),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize=7,
-            )
+        for normed, dash in ((False, "-"), (True, "--")):
+            picked = [r for r in rows if r["task"] == task and r["final_norm"] == normed]
+            single = [r for r in picked if isinstance(r["layer"], int)]
+            suffix = " (final norm)" if normed else ""
+            for metric, marker in zip(METRICS, ("o", "s", "^"), strict=True):
+                if single:
+                    xs = [r["layer"] for r in single]
+                    ax.plot(xs, [100 * r[metric] for r in single], dash + marker, label=metric + suffix, markersize=3)
+            for r in (r for r in picked if not isinstance(r["layer"], int)):
+                x = sum(r["layer"]) / len(r["layer"])
+                ax.scatter([x], [100 * r["ndcg_at_10"]], marker="*", s=110, zorder=3)
+                name = "+".join(map(str, r["layer"])) if len(r["layer"]) < 5 else "all"
+                ax.annotate(
+                    name + ("·n" if normed else ""),
+                    (x, 100 * r["ndcg_at_10"]),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                )
         ax.set_title(f"{model} on {task}")
         ax.set_xlabel("layer (0 = embeddings)")
         ax.set_ylabel("score (%)")
@@ -100,7 +112,7 @@ def run_sweep(
     if corpus_sample:
         tasks = [subsample_corpus(t, corpus_sample) for t in tasks]
     base: EmbeddingConfig = embedder.config
-    configs = sweep_configs(base, embedder.backbone.num_layers)
+    configs = sweep_configs(base, embedder.backbone.num_layers, with_final_norm=embedder.backbone.is_decoder)
     console.print(f"sweep: {model}, {len(configs)} read-outs × {len(tasks)} task(s), one forward pass per batch")
     results = evaluate_strategies(embedder, tasks, configs, batch_size=batch_size)
     write_all(results, output / "results")
