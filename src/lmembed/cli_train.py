@@ -89,11 +89,20 @@ def train_command(
     resume: Annotated[bool | None, _opt("Continue from the newest checkpoint in --output.", "--resume")] = None,
     progress: Annotated[bool | None, _opt("Show a progress bar.", "--progress/--no-progress")] = None,
     config: Annotated[Path | None, _opt("YAML file with training options.", "--config")] = None,
+    recipe: Annotated[
+        Path | None, _opt("A multi-stage recipe YAML (see recipes/); runs every stage end to end.", "--recipe")
+    ] = None,
 ) -> None:
-    """Train an embedding model contrastively (InfoNCE with in-batch negatives by default)."""
+    """Train an embedding model contrastively (InfoNCE with in-batch negatives by default), or run a
+    published recipe with --recipe."""
     options = dict(locals())
     config_file = options.pop("config")
+    recipe_file = options.pop("recipe")
     from rich.console import Console
+
+    if recipe_file is not None:
+        _run_recipe(recipe_file)
+        return
 
     from lmembed.training.train_config import TrainConfigError
 
@@ -112,6 +121,18 @@ def train_command(
         raise typer.Exit(2) from exc
     if result.model_dir is not None:
         console.print(f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})")
+
+
+def _run_recipe(path: Path) -> None:
+    from rich.console import Console
+
+    from lmembed.training.recipes import RecipeError, run_recipe
+
+    try:
+        result = run_recipe(path)
+    except RecipeError as exc:
+        raise typer.BadParameter(f"--recipe {path}: {exc}") from exc
+    Console(stderr=True).print(f"recipe {path} finished: {result}")
 
 
 def build_config(config_file: Path | None, options: dict[str, Any]):
