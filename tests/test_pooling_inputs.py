@@ -122,3 +122,11 @@ def test_matryoshka_truncation_then_normalisation(make_embedder):
     np.testing.assert_allclose(np.linalg.norm(vec, axis=1), 1.0, rtol=1e-5)
     full = emb.with_config(emb.config.with_options(dim=None, normalize=False)).encode([TEXT])
     np.testing.assert_allclose(vec[0], full[0, :8] / np.linalg.norm(full[0, :8]), rtol=1e-5)
+
+
+def test_fresh_latent_attention_head_separates_texts(make_embedder):
+    """A new head must not map every text to one vector (training would start at chance)."""
+    emb = make_embedder("llama", pooling="latent_attention")
+    vecs = emb.encode(["the cat sat on the mat", "protein cell gene study", "stock"])
+    sims = vecs @ vecs.T
+    assert sims[0, 1] < 0.99 and sims[0, 2] < 0.99

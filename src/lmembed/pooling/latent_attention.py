@@ -1,8 +1,10 @@
 """NV-Embed's latent-attention pooling head.
 
 The token states of the last layer act as queries in a multi-head cross-attention whose keys and
-values come from a trainable latent array (``num_latents`` × d). The attended output goes through a
-two-layer GELU MLP (with a residual connection) and is then mean-pooled over the poolable tokens.
+values come from a trainable latent array (``num_latents`` × d). The attended output is added to the
+token states, goes through a two-layer GELU MLP (again with a residual connection) and is then
+mean-pooled over the poolable tokens. Without the residuals a freshly initialised head attends almost
+uniformly to the latents and maps every text to the same vector, so training could never start.
 The head is a small ``nn.Module`` saved and loaded with the embedder (``pooling_head.safetensors``).
 """
 
@@ -30,5 +32,6 @@ class LatentAttentionPooling(nn.Module):
     def forward(self, hidden: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
         latents = self.latents.to(hidden.dtype).unsqueeze(0).expand(hidden.shape[0], -1, -1)
         attended, _ = self.attention(hidden, latents, latents, need_weights=False)
-        states = attended + self.mlp(attended)
+        states = hidden + attended  # residual: a fresh head starts near plain mean pooling
+        states = states + self.mlp(states)
         return mean_pool(states, pool_mask)
