@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-queries", type=int, default=None, help="eval queries (default 100; quick 10)")
     parser.add_argument("--datasets", nargs="*", default=None, help="override evaluate.datasets")
     parser.add_argument("--steps", type=int, default=None, help="override every stage's step count")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is faster on a shared CPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     return parser.parse_args(argv)
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO, shared_or_skip, tiny_model
 from lmembed import Embedder, EmbeddingConfig
@@ -20,6 +21,16 @@ from lmembed.training.recipes import (
     run_recipe,
 )
 from lmembed.training.train_config import TrainConfig
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny models run fastest on one thread; two threads stall badly when another process holds a core."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 EXPECTED = {
