@@ -142,3 +142,21 @@ def test_killed_writer_leaves_no_corrupt_entry(tmp_path):
     assert len(cache) % 20000 == 0 and len(cache) >= 20000  # whole shards only
     for vector in list(cache._load().values())[::5000]:
         assert np.all(vector == vector[0])
+
+
+def test_repeated_texts_get_identical_vectors(make_embedder, monkeypatch):
+    """Duplicates are computed once (and so are bit-identical, whatever the batch padding)."""
+    emb = make_embedder("llama", pooling="mean")
+    texts = [
+        "the cat sat on the mat",
+        "a much longer text that forces padding of the first one",
+        "the cat sat on the mat",
+    ]
+    seen = []
+    original = emb.engine.forward_pool
+    monkeypatch.setattr(
+        emb.engine, "forward_pool", lambda ids, *a, **k: seen.append(ids.shape[0]) or original(ids, *a, **k)
+    )
+    vecs = emb.encode(texts, batch_size=1)
+    assert np.array_equal(vecs[0], vecs[2])
+    assert sum(seen) == 2

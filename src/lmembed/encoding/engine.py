@@ -113,7 +113,14 @@ class EncodingEngine:
         if not texts:
             return outputs
         keys = [text_key(t, instruction) for t in texts]
-        missing_by_config = [self._fill_from_cache(out, cfg, keys) for out, cfg in zip(outputs, configs, strict=True)]
+        # A text that occurs several times is computed once, so its copies get identical vectors
+        # (batch padding could otherwise make them differ in the last bits, and break score ties).
+        first: dict[bytes, int] = {}
+        source = [first.setdefault(k, i) for i, k in enumerate(keys)]
+        missing_by_config = [
+            [i for i in self._fill_from_cache(out, cfg, keys) if source[i] == i]
+            for out, cfg in zip(outputs, configs, strict=True)
+        ]
         for group in self._forward_groups(configs):
             todo = sorted(set().union(*(missing_by_config[i] for i in group)))
             if todo:
@@ -122,6 +129,8 @@ class EncodingEngine:
                 )
                 for i in group:
                     self._store(configs[i], keys, missing_by_config[i], outputs[i])
+        for out in outputs:
+            out[:] = out[source]
         return outputs
 
     # ------------------------------------------------------------------ cache
