@@ -128,6 +128,15 @@ def tiny_model(family: str, vocab_size: int, attn: str = "sdpa", seed: int = 0):
     return AutoModel.from_config(config, attn_implementation=attn).eval()
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and on a busy machine two threads stall on every matmul."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

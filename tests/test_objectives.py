@@ -28,14 +28,7 @@ from lmembed.training.objectives.mntp import (
 )
 from lmembed.training.objectives.simcse import has_active_dropout, set_attention_dropout
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run fastest on one thread; two threads stall badly when another process holds a core."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 TEXTS = [

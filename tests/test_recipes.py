@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import REPO, shared_or_skip, tiny_model
 from lmembed import Embedder, EmbeddingConfig
@@ -22,14 +21,7 @@ from lmembed.training.recipes import (
 )
 from lmembed.training.train_config import TrainConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run fastest on one thread; two threads stall badly when another process holds a core."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

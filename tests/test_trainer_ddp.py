@@ -21,17 +21,8 @@ from conftest import build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import Trainer
+from test_trainer import ROWS
 
-ROWS = [
-    ("the cat sat on the mat", "a cat sat on a rug", "the dog was bad"),
-    ("a man riding a horse", "the man is riding", "a woman eating food"),
-    ("protein gene study", "the cell gene result", "a great movie"),
-    ("a great movie", "the movie was great", "the movie was bad"),
-    ("language model embedding", "embedding vector search", "a horse eating food"),
-    ("hello there friend", "hello friend", "the first document"),
-    ("science of the cell", "a study of the cell", "the dog sat"),
-    ("retrieval of text", "search the document", "a woman riding"),
-]
 GLOBAL_BATCH = 8
 CHUNKS = (None, 2)  # plain step, then GradCache with chunks of two rows
 
