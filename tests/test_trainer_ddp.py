@@ -66,6 +66,9 @@ def _run(rank: int, world: int, port: int, data: str, folder: str) -> None:
         results = {str(chunk): _one_step(data, Path(folder) / f"run-{chunk}", chunk) for chunk in CHUNKS}
         if rank == 0:
             torch.save(results, Path(folder) / "ddp.pt")
+        # Both ranks leave together: a rank that tears gloo down while its peer is still inside a
+        # collective (or saving) makes the peer's transport thread abort the process.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
