@@ -15,6 +15,11 @@ the first is not counted. Results are printed as ratios between configurations o
     python bench/gradcache_memory.py --quick
     python bench/gradcache_memory.py                      # minilm, batch 256, chunk 16
     python bench/gradcache_memory.py --model smollm2-135m --lora
+    python bench/gradcache_memory.py --model DIR --random-weights --device cuda   # architecture only
+
+``--random-weights`` builds the model from ``DIR``'s ``config.json`` and tokenizer with random weights:
+memory does not depend on weight values, so a GPU machine without the bundled packages can measure
+a real architecture from two small files.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small batches and short texts (a minute or two)")
     parser.add_argument("--model", default="minilm")
+    parser.add_argument("--random-weights", action="store_true", help="--model is a folder: its config, random init")
+    parser.add_argument("--data", default=str(DATA), help="training rows (JSONL) the batches are drawn from")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
     parser.add_argument("--batch", type=int, default=256, help="GradCache batch size")
     parser.add_argument("--chunk", type=int, default=16, help="GradCache chunk size")
@@ -83,26 +90,41 @@ class PeakSampler:
         self.peak = max(self.peak, rss_mb())
 
 
+def load_model(args: argparse.Namespace):
+    """The bench's model: a real checkpoint, or (``--random-weights``) its architecture only."""
+    from lmembed import Embedder, EmbeddingConfig
+
+    if not args.random_weights:
+        return Embedder.from_pretrained(
+            args.model, max_length=args.max_length, device=args.device, cache=False, show_progress=False
+        )
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.from_pretrained(args.model), attn_implementation="sdpa")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    config = EmbeddingConfig(max_length=args.max_length)
+    return Embedder.from_model(model.to(args.device), tokenizer, config, use_cache=False, show_progress=False)
+
+
 def measure_step(args: argparse.Namespace, batch: int, chunk: int | None) -> dict:
     """One training step in this process; returns its memory rise and duration."""
     import torch
 
-    from lmembed import Embedder
     from lmembed.training.data import TrainDataset, read_jsonl
     from lmembed.training.train_config import TrainConfig
     from lmembed.training.trainer import Trainer
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    examples, _ = read_jsonl(DATA)
+    examples, _ = read_jsonl(args.data)
     examples = examples[: max(batch, 64)]
     pool = [t for e in examples for t in (*e.positives, *e.negatives)]
-    embedder = Embedder.from_pretrained(
-        args.model, max_length=args.max_length, device=args.device, cache=False, show_progress=False
-    )
+    embedder = load_model(args)
     with tempfile.TemporaryDirectory() as output:
         cfg = TrainConfig(
-            data=[str(DATA)],
+            data=[args.data],
             output=output,
             batch_size=batch,
             grad_cache_chunk=chunk,

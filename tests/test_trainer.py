@@ -182,7 +182,8 @@ def test_gradient_checkpointing_and_bfloat16(tmp_path, tokenizer, data_file):
         trainer = Trainer(cfg, model=tiny_embedder(tokenizer, dtype=dtype))
         runs[name] = (trainer.train_step()["loss"], trainer.model)
     assert runs["ckpt"][0] == pytest.approx(runs["plain"][0], rel=1e-5)
-    assert runs["ckpt"][1].model.is_activation_checkpointing
+    backbone = runs["ckpt"][1].model  # transformers renamed the flag in 5.2x; accept either spelling
+    assert getattr(backbone, "is_activation_checkpointing", None) or backbone.is_gradient_checkpointing
     assert runs["bf16"][0] == pytest.approx(runs["plain"][0], rel=0.1)
     assert all(p.dtype == torch.float32 for _, p in runs["bf16"][1].named_trainable_parameters())
 

@@ -207,7 +207,7 @@ def setup_distributed(device: str = "auto") -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "auto":
         device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and world_size() > 1:
+    elif device == "cuda":  # an explicit index: torch.cuda.set_device rejects a bare "cuda" on some versions
         device = f"cuda:{local_rank}"
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
