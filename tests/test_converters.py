@@ -10,7 +10,6 @@ import pytest
 from conftest import shared_or_skip
 from lmembed.training.converters import (
     STS_INSTRUCTION,
-    TaskHomogeneousSampler,
     beir_rows,
     classification_rows,
     clustering_rows,
@@ -18,7 +17,7 @@ from lmembed.training.converters import (
     pair_rows,
     sts_rows,
 )
-from lmembed.training.data import MixtureSampler, TrainDataset, TrainExample, parse_row
+from lmembed.training.data import MixtureSampler, TaskHomogeneousSampler, TrainDataset, TrainExample, parse_row
 
 MULTI = [
     {"text": f"{label} example {i}", "label_text": label}

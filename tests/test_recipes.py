@@ -68,9 +68,6 @@ def test_shipped_recipe_names_its_paper_and_plans_valid_stages(path):
     for plan in plans:
         options = {k: v for k, v in plan.items() if k not in ("name", "type")}
         if plan["type"] == "contrastive":
-            options["data"] = [
-                {k: v for k, v in d.items() if k != "symmetric"} if isinstance(d, dict) else d for d in options["data"]
-            ]
             config = TrainConfig.from_dict(options)
             assert config.steps <= 100 and config.batch_size <= 16  # CPU-sized
         else:
@@ -146,17 +143,17 @@ CLASS_ROWS = [{"text": f"{w} {i}", "label_text": w} for w in ("cat", "dog", "foo
 
 
 def test_toy_recipe_runs_every_stage_type_end_to_end(tmp_path, tiny_dir, monkeypatch):
-    from lmembed.training import converters
+    from lmembed.training import data
 
     seen_batches: list[set[str]] = []
-    original = converters.TaskHomogeneousSampler.batch
+    original = data.TaskHomogeneousSampler.batch
 
     def spy(self, step):
         batch = original(self, step)
         seen_batches.append(set(batch.sources))
         return batch
 
-    monkeypatch.setattr(converters.TaskHomogeneousSampler, "batch", spy)
+    monkeypatch.setattr(data.TaskHomogeneousSampler, "batch", spy)
     rows = _write_jsonl(tmp_path / "rows.jsonl", TEXT_ROWS)
     recipe = {
         "name": "toy",
@@ -273,3 +270,25 @@ def test_shipped_nv_embed_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
     final = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
     assert final.config.pooling == "latent_attention" and final.pooling_head is not None
     assert time.perf_counter() - started < 120
+
+
+def test_cli_runs_a_recipe_with_command_line_overrides(tmp_path, tiny_dir):
+    from typer.testing import CliRunner
+
+    from lmembed.cli import app
+
+    rows = _write_jsonl(tmp_path / "rows.jsonl", TEXT_ROWS)
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(
+        "# Paper: none (a toy)\nname: toy\nmodel: minilm\nstages:\n"
+        f"  - {{name: only, data: ['{rows}'], steps: 50, batch_size: 16, pooling: mean, device: cpu}}\n"
+    )
+    output = tmp_path / "out"
+    runner = CliRunner()
+    argv = ["train", "--recipe", str(recipe), "--model", tiny_dir, "--output", str(output), "--no-progress"]
+    done = runner.invoke(app, [*argv, "--steps", "1", "--batch-size", "4", "--warmup-steps", "0"])
+    assert done.exit_code == 0, done.output
+    assert json.loads((output / "only" / "model" / "lmembed.json").read_text())["strategy"]["pooling"] == "mean"
+    assert len((output / "only" / "metrics.jsonl").read_text().splitlines()) == 1  # --steps 1 won over 50
+    refused = runner.invoke(app, [*argv, "--data", rows])
+    assert refused.exit_code != 0 and "--data cannot be combined with --recipe" in refused.output

@@ -188,6 +188,25 @@ def test_gradient_checkpointing_and_bfloat16(tmp_path, tokenizer, data_file):
     assert all(p.dtype == torch.float32 for _, p in runs["bf16"][1].named_trainable_parameters())
 
 
+def test_symmetric_rows_instruct_their_documents(tmp_path, tokenizer):
+    rows = [
+        {"query": q, "positive": p, "negatives": [n], "instruction": "same", "symmetric": i % 2 == 0}
+        for i, (q, p, n) in enumerate(ROWS)
+    ]
+    data = write_jsonl(tmp_path / "sts.jsonl", rows)
+    cfg = make_config(tmp_path, data, batch_size=8, grad_cache_chunk=2)
+    batch = Trainer(cfg, model=tiny_embedder(tokenizer)).sampler.batch(0)
+    positives, negatives = Trainer.document_instructions(None, batch)  # type: ignore[arg-type]
+    assert sorted(batch.symmetric) == [False] * 4 + [True] * 4
+    assert positives == ["same" if flag else None for flag in batch.symmetric] and negatives == positives
+    whole = make_config(tmp_path, data, data=[{"path": str(data), "symmetric": True}])
+    batch = Trainer(whole, model=tiny_embedder(tokenizer)).sampler.batch(0)
+    assert all(batch.symmetric)
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**rows[0], "symmetric": "yes"}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field .symmetric"):
+        Trainer(make_config(tmp_path, tmp_path / "bad.jsonl"), model=tiny_embedder(tokenizer))
+
+
 def test_loss_construction(tmp_path, data_file):
     cfg = make_config(tmp_path, data_file, temperature=0.05, similarity="dot")
     loss = build_training_loss(cfg)

@@ -6,6 +6,7 @@ reads a YAML file of such fields first; options given on the command line overri
     lmembed train --model smollm2-135m --data train.jsonl --pooling mean --attention bidirectional \\
         --lora --loss infonce --batch-size 32 --steps 500 --output runs/smollm2
     lmembed train --config run.yaml --resume
+    lmembed train --recipe recipes/nv-embed-two-stage.yaml --steps 20 --output runs/nv   # options override stages
     accelerate launch --num_processes 2 -m lmembed.cli_train --config run.yaml   # data parallel
 
 ``register(app)`` adds the command to the main ``lmembed`` app; ``python -m lmembed.cli_train`` runs it
@@ -74,6 +75,9 @@ def train_command(
     warmup_steps: Annotated[int | None, _opt("Linear warm-up steps (50).", "--warmup-steps")] = None,
     max_grad_norm: Annotated[float | None, _opt("Gradient clipping norm (1.0).", "--max-grad-norm")] = None,
     seed: Annotated[int | None, _opt("Random seed (42).", "--seed")] = None,
+    batching: Annotated[
+        str | None, _opt("blended (rows of all datasets; default) or homogeneous (one per batch).", "--batching")
+    ] = None,
     skip_invalid: Annotated[
         bool | None, _opt("Skip (and count) invalid rows instead of stopping.", "--skip-invalid")
     ] = None,
@@ -94,14 +98,14 @@ def train_command(
     ] = None,
 ) -> None:
     """Train an embedding model contrastively (InfoNCE with in-batch negatives by default), or run a
-    published recipe with --recipe."""
+    published recipe with --recipe (other options given then override every stage that has them)."""
     options = dict(locals())
     config_file = options.pop("config")
     recipe_file = options.pop("recipe")
     from rich.console import Console
 
     if recipe_file is not None:
-        _run_recipe(recipe_file)
+        _run_recipe(recipe_file, {k: v for k, v in options.items() if v is not None})
         return
 
     from lmembed.training.train_config import TrainConfigError
@@ -123,13 +127,17 @@ def train_command(
         console.print(f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})")
 
 
-def _run_recipe(path: Path) -> None:
+def _run_recipe(path: Path, overrides: dict[str, Any]) -> None:
     from rich.console import Console
 
     from lmembed.training.recipes import RecipeError, run_recipe
 
+    not_for_recipes = sorted({"data", "weight", "instruction", "lora_targets", "resume"} & set(overrides))
+    if not_for_recipes:
+        names = ", ".join("--" + n.replace("_", "-") for n in not_for_recipes)
+        raise typer.BadParameter(f"{names} cannot be combined with --recipe (the recipe names its own data)")
     try:
-        result = run_recipe(path)
+        result = run_recipe(path, overrides=overrides)
     except RecipeError as exc:
         raise typer.BadParameter(f"--recipe {path}: {exc}") from exc
     Console(stderr=True).print(f"recipe {path} finished: {result}")

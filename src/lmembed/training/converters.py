@@ -19,7 +19,7 @@ How each kind of data becomes rows, following NV-Embed (Lee et al., 2024, sectio
 * **pairs / triplets** (:func:`pair_rows`): ``anchor``/``positive``/``negative`` files such as NLI.
 
 Batching: the trainer's :class:`~lmembed.training.data.MixtureSampler` already samples datasets
-uniformly and blends them row by row (NV-Embed's choice). :class:`TaskHomogeneousSampler` is the
+uniformly and blends them row by row (NV-Embed's choice). :class:`~lmembed.training.data.TaskHomogeneousSampler` is the
 alternative (SFR-Embedding's): every batch comes from one dataset, picked with the same mixture
 weights, so in-batch negatives always share a task.
 """
@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from lmembed.mining import read_rows, write_rows
-from lmembed.training.data import MixtureSampler, TrainBatch, TrainDataset
 
 STS_INSTRUCTION = "Retrieve semantically similar text."
 CLASSIFICATION_MODES = ("auto", "example", "label")
@@ -41,7 +40,6 @@ CLASSIFICATION_MODES = ("auto", "example", "label")
 __all__ = [
     "CLASSIFICATION_MODES",
     "STS_INSTRUCTION",
-    "TaskHomogeneousSampler",
     "beir_rows",
     "classification_rows",
     "clustering_rows",
@@ -337,46 +335,3 @@ def sts_rows(
         return mine_hard_negatives(teacher, rows, pool, k=num_negatives, **dict(mining or {}))
     _random_negatives(rows, pool, num_negatives, rng)
     return rows
-
-
-# ---------------------------------------------------------------------------------------------- batching
-class TaskHomogeneousSampler(MixtureSampler):
-    """Every global batch is drawn from a single dataset (task-homogeneous batching).
-
-    The dataset of step ``s`` is picked with the mixture weights from a generator seeded by
-    ``(seed, s)``, so ``batch(step)`` stays a pure function of the seed and the step (restarts are
-    exact). Within a dataset, rows follow the same epoch-wise shuffled stream as in
-    :class:`MixtureSampler`; hard negatives are attached the same way.
-    """
-
-    _STREAM_TASK = 7
-
-    def __init__(self, datasets: Sequence[TrainDataset], **kwargs: Any) -> None:
-        super().__init__(datasets, **kwargs)
-        self._step_datasets = np.empty(0, dtype=np.int64)
-
-    def dataset_of_step(self, step: int) -> int:
-        """Index of the dataset that fills batch ``step``."""
-        self._extend(step + 1)
-        return int(self._step_datasets[step])
-
-    def _extend(self, steps: int) -> None:
-        have = len(self._step_datasets)
-        if have >= steps:
-            return
-        new = [self._draw(s) for s in range(have, max(steps, 2 * have))]
-        self._step_datasets = np.concatenate([self._step_datasets, np.asarray(new, dtype=np.int64)])
-
-    def _draw(self, step: int) -> int:
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, self._STREAM_TASK, step]))
-        return int(min(np.searchsorted(self._cdf, rng.random(), side="right"), len(self.datasets) - 1))
-
-    def batch(self, step: int) -> TrainBatch:
-        if step < 0:
-            raise ValueError(f"step={step} must be >= 0")
-        dataset = self.dataset_of_step(step)
-        start = int((self._step_datasets[:step] == dataset).sum()) * self.batch_size
-        batch = TrainBatch([], [], [], [], [])
-        for position in range(start, start + self.batch_size):
-            self._append_row(batch, dataset, position)
-        return batch

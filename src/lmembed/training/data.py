@@ -6,10 +6,11 @@ sources are understood:
 * JSON-lines files, one object per line::
 
       {"query": "...", "positive": "..." | ["...", ...], "negatives": ["...", ...],
-       "instruction": "...", "task": "..."}
+       "instruction": "...", "task": "...", "symmetric": false}
 
   Other tools' spellings are accepted too: ``anchor``/``question`` for the query, ``pos``/``positives``
-  for the positive, ``negative``/``neg``/``hard_negatives`` for the negatives.
+  for the positive, ``negative``/``neg``/``hard_negatives`` for the negatives. ``symmetric: true`` marks
+  a row whose two sides are the same kind of text (an STS pair): its documents get the instruction too.
 * BEIR folders (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``): each judged query becomes
   one example whose positives are its relevant documents (``(title + " " + text).strip()``, as MTEB
   builds them) and whose negatives are documents judged not relevant (score 0), if any.
@@ -31,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ QUERY_KEYS = ("query", "anchor", "question")
 POSITIVE_KEYS = ("positive", "positives", "pos")
 NEGATIVE_KEYS = ("negatives", "negative", "neg", "hard_negatives")
 MIXING_MODES = ("uniform", "proportional")
+BATCHING_MODES = ("blended", "homogeneous")
 _STREAM_MIX, _STREAM_PERM, _STREAM_ROW = 0, 1, 2
 _REPLAY_CHUNK_STEPS = 2048
 
@@ -60,6 +62,7 @@ class TrainExample:
     negatives: tuple[str, ...] = ()
     instruction: str | None = None
     task: str | None = None
+    symmetric: bool = False  # the instruction goes on the documents too (same kind of text on both sides)
 
 
 @dataclass
@@ -68,8 +71,9 @@ class DataSource:
 
     ``path`` is a JSON-lines file or a BEIR folder (``kind="auto"`` tells them apart). ``weight`` is the
     dataset's share of the mixture before normalisation (``None``: decided by the mixing mode).
-    ``instruction`` is used for rows that carry none. ``split`` and ``min_score`` apply to BEIR folders:
-    a judgment counts as relevant when its score is at least ``min_score``.
+    ``instruction`` is used for rows that carry none; ``symmetric`` marks every row of the source as
+    symmetric (documents instructed too). ``split`` and ``min_score`` apply to BEIR folders: a judgment
+    counts as relevant when its score is at least ``min_score``.
     """
 
     path: str
@@ -79,6 +83,7 @@ class DataSource:
     split: str = "train"
     kind: str = "auto"
     min_score: int = 1
+    symmetric: bool = False
 
     @classmethod
     def parse(cls, spec: str | dict[str, Any] | DataSource) -> DataSource:
@@ -131,6 +136,7 @@ class TrainBatch:
     positives: list[str]
     negatives: list[list[str]]
     sources: list[str] = field(default_factory=list)
+    symmetric: list[bool] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.queries)
@@ -155,6 +161,7 @@ class TrainBatch:
             self.positives[part],
             self.negatives[part],
             self.sources[part],
+            self.symmetric[part],
         )
 
 
@@ -220,7 +227,10 @@ def parse_row(row: dict[str, Any], default_instruction: str | None = None) -> Tr
     negative_key = _first_key(row, NEGATIVE_KEYS)
     negatives = _texts(row[negative_key], negative_key) if negative_key else ()
     instruction = _optional_string(row, "instruction") or default_instruction
-    return TrainExample(query, positives, negatives, instruction, _optional_string(row, "task"))
+    symmetric = row.get("symmetric", False)
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"field 'symmetric' must be true or false, got {symmetric!r}")
+    return TrainExample(query, positives, negatives, instruction, _optional_string(row, "task"), symmetric)
 
 
 def read_jsonl(
@@ -380,6 +390,8 @@ def load_source(source: DataSource | str, *, skip_invalid: bool = False) -> Trai
         raise TrainingDataError(f"data source kind {source.kind!r} is unknown; use auto, jsonl or beir")
     if not examples:
         raise TrainingDataError(f"{path}: no usable training rows")
+    if source.symmetric:
+        examples = [replace(example, symmetric=True) for example in examples]
     return TrainDataset(source.label, examples, documents, source.weight, skipped)
 
 
@@ -532,7 +544,7 @@ class MixtureSampler:
         self._seek(step)
         chosen = self._choices(step, 1)[0]
         positions = self._cursors.copy()
-        batch = TrainBatch([], [], [], [], [])
+        batch = TrainBatch([], [], [], [])
         for dataset in chosen:
             dataset = int(dataset)
             position = int(positions[dataset])
@@ -550,6 +562,7 @@ class MixtureSampler:
         batch.positives.append(positive)
         batch.negatives.append(self._negatives(example, self.datasets[dataset].documents, rng))
         batch.sources.append(self.datasets[dataset].name)
+        batch.symmetric.append(example.symmetric)
 
     def describe(self) -> list[dict[str, Any]]:
         """Per dataset: name, number of examples, sampling probability, rows skipped while reading."""
@@ -557,3 +570,45 @@ class MixtureSampler:
             {"name": ds.name, "examples": len(ds), "probability": round(float(w), 6), "skipped": ds.skipped}
             for ds, w in zip(self.datasets, self.weights, strict=True)
         ]
+
+
+class TaskHomogeneousSampler(MixtureSampler):
+    """Every global batch is drawn from a single dataset (task-homogeneous batching).
+
+    The dataset of step ``s`` is picked with the mixture weights from a generator seeded by
+    ``(seed, s)``, so ``batch(step)`` stays a pure function of the seed and the step (restarts are
+    exact). Within a dataset, rows follow the same epoch-wise shuffled stream as in
+    :class:`MixtureSampler`; hard negatives are attached the same way.
+    """
+
+    _STREAM_TASK = 7
+
+    def __init__(self, datasets: Sequence[TrainDataset], **kwargs: Any) -> None:
+        super().__init__(datasets, **kwargs)
+        self._step_datasets = np.empty(0, dtype=np.int64)
+
+    def dataset_of_step(self, step: int) -> int:
+        """Index of the dataset that fills batch ``step``."""
+        self._extend(step + 1)
+        return int(self._step_datasets[step])
+
+    def _extend(self, steps: int) -> None:
+        have = len(self._step_datasets)
+        if have >= steps:
+            return
+        new = [self._draw(s) for s in range(have, max(steps, 2 * have))]
+        self._step_datasets = np.concatenate([self._step_datasets, np.asarray(new, dtype=np.int64)])
+
+    def _draw(self, step: int) -> int:
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, self._STREAM_TASK, step]))
+        return int(min(np.searchsorted(self._cdf, rng.random(), side="right"), len(self.datasets) - 1))
+
+    def batch(self, step: int) -> TrainBatch:
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        dataset = self.dataset_of_step(step)
+        start = int((self._step_datasets[:step] == dataset).sum()) * self.batch_size
+        batch = TrainBatch([], [], [], [])
+        for position in range(start, start + self.batch_size):
+            self._append_row(batch, dataset, position)
+        return batch

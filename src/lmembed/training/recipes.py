@@ -30,9 +30,9 @@ restarts it between its stages). Layout::
 Strings may use ``{output}`` (the recipe's output folder) and ``{prepared:NAME}`` (a prepared file).
 Relative paths are taken from the current directory.
 
-Two things the trainer does not offer itself are provided here: task-homogeneous batching (the
-trainer's sampler is swapped for :class:`~lmembed.training.converters.TaskHomogeneousSampler`) and
-instructions on documents of symmetric data (NV-Embed's STS rows), through a small trainer subclass.
+Stage options are trainer (or objective) options: task-homogeneous batching (``batching:
+homogeneous``) and instructed documents for symmetric data (``symmetric: true`` on a data source,
+NV-Embed's STS rows) are the trainer's own.
 
 :func:`run_recipe` takes test/benchmark ``overrides``: ``model``, ``output``, ``teacher`` (mining
 teacher), ``max_rows`` (cap on prepared rows), ``max_corpus`` (cap on the documents a mining step
@@ -53,11 +53,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lmembed.training.data import BATCHING_MODES
+
 log = logging.getLogger(__name__)
 
 STAGE_TYPES = ("contrastive", "mntp", "simcse", "anchor", "angle")
 PREPARE_KINDS = ("beir", "classification", "clustering", "sts", "pairs", "rows")
-BATCHING = ("blended", "homogeneous")
 RECIPE_KEYS = {"name", "description", "paper", "model", "output", "defaults", "prepare", "stages", "evaluate"}
 SPECIAL_OVERRIDES = ("model", "output", "teacher", "max_rows", "max_corpus")
 _PLACEHOLDER = re.compile(r"\{(output|prepared:[^}]+)\}")
@@ -145,8 +146,8 @@ def _check_stage(where: str, stage: Any, seen: set[str]) -> None:
     seen.add(name)
     if stage.get("type", "contrastive") not in STAGE_TYPES:
         raise RecipeError(f"{where}: stage type {stage.get('type')!r} is unknown; choose one of {STAGE_TYPES}")
-    if stage.get("batching", "blended") not in BATCHING:
-        raise RecipeError(f"{where}: batching {stage['batching']!r} is unknown; choose one of {BATCHING}")
+    if stage.get("batching", "blended") not in BATCHING_MODES:
+        raise RecipeError(f"{where}: batching {stage['batching']!r} is unknown; choose one of {BATCHING_MODES}")
 
 
 def _check_prepare(where: str, step: Any, seen: set[str]) -> None:
@@ -401,7 +402,7 @@ def stage_options(recipe: Recipe, stage: Mapping[str, Any], model: str, output: 
     kind = stage.get("type", "contrastive")
     known = _known(TrainConfig if kind == "contrastive" else ObjectiveConfig)
     options = {k: v for k, v in recipe.defaults.items() if k in known}
-    options.update({k: v for k, v in stage.items() if k not in ("name", "type", "batching")})
+    options.update({k: v for k, v in stage.items() if k not in ("name", "type")})
     options.update({k: v for k, v in recipe.overrides.items() if k in known})
     options.setdefault("model", model)
     options["output"] = str(output / stage["name"])
@@ -426,70 +427,17 @@ def _resolve_data(data: list[Any]) -> list[Any]:
     return out
 
 
-def _symmetric_sources(data: list[Any]) -> tuple[list[Any], list[int]]:
-    """Drop the recipe-only ``symmetric`` flag from data sources; return which indices had it."""
-    cleaned, marked = [], []
-    for i, item in enumerate(data):
-        if isinstance(item, dict) and "symmetric" in item:
-            item = dict(item)
-            if item.pop("symmetric"):
-                marked.append(i)
-        cleaned.append(item)
-    return cleaned, marked
-
-
-def _recipe_trainer_class() -> type:
-    """A trainer that instructs the documents of symmetric datasets too (NV-Embed's STS rows)."""
+def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
+    from lmembed.training.train_config import TrainConfig, TrainConfigError
     from lmembed.training.trainer import Trainer
 
-    class RecipeTrainer(Trainer):
-        symmetric: frozenset[str] = frozenset()
-
-        def _document_instructions(self, batch: Any) -> tuple[list[Any], list[Any]]:
-            wanted = [s in self.symmetric for s in batch.sources]
-            positives = [i if w else None for i, w in zip(batch.instructions, wanted, strict=True)]
-            negatives = [p for p in positives for _ in range(batch.num_negatives)]
-            return positives, negatives
-
-        def _plain_backward(self, batch: Any) -> Any:
-            if not self.symmetric:
-                return super()._plain_backward(batch)
-            rows, count = len(batch), batch.num_negatives
-            positive_instr, negative_instr = self._document_instructions(batch)
-            texts = batch.queries + batch.positives + batch.flat_negatives
-            instructions = batch.instructions + positive_instr + negative_instr
-            embeddings = self.module(**self.model.tokenize(texts, instructions))
-            query, positive = embeddings[:rows], embeddings[rows : 2 * rows]
-            negative = embeddings[2 * rows :].reshape(rows, count, -1) if count else None
-            loss = self.loss_fn(query, positive, negative)
-            loss.backward()
-            return loss.detach()
-
-    return RecipeTrainer
-
-
-def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
-    from lmembed.training.converters import TaskHomogeneousSampler
-    from lmembed.training.train_config import TrainConfig, TrainConfigError
-
     options = dict(options)
-    options["data"], symmetric = _symmetric_sources(_resolve_data(list(options.get("data") or [])))
+    options["data"] = _resolve_data(list(options.get("data") or []))
     try:
         config = TrainConfig.from_dict(options)
     except (TrainConfigError, TypeError, ValueError) as exc:
         raise RecipeError(f"stage {stage['name']!r}: {exc}") from exc
-    if symmetric and config.grad_cache_chunk:
-        raise RecipeError(f"stage {stage['name']!r}: symmetric data sources do not work with grad_cache_chunk yet")
-    trainer = _recipe_trainer_class()(config)
-    trainer.symmetric = frozenset(trainer.sampler.datasets[i].name for i in symmetric)
-    if stage.get("batching") == "homogeneous":
-        trainer.sampler = TaskHomogeneousSampler(
-            trainer.sampler.datasets,
-            batch_size=config.batch_size,
-            num_negatives=config.num_negatives,
-            seed=config.seed,
-            mixing=config.mixing,
-        )
+    trainer = Trainer(config)
     result = trainer.train()
     if result.model_dir is None:
         raise RecipeError(f"stage {stage['name']!r}: the trainer saved no model")

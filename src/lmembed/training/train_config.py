@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lmembed.training.data import MIXING_MODES, DataSource
+from lmembed.training.data import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
 SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
@@ -83,6 +83,7 @@ class TrainConfig:
     seed: int = 42
     # data
     mixing: str = "uniform"
+    batching: str = "blended"  # rows of several datasets per batch, or "homogeneous": one dataset per batch (SFR)
     skip_invalid: bool = False
     # logging, evaluation, checkpoints
     log_every: int = 1
@@ -139,6 +140,8 @@ class TrainConfig:
             raise TrainConfigError(f"similarity={self.similarity!r} is unknown; choose cosine (cos) or dot")
         if self.mixing not in MIXING_MODES:
             raise TrainConfigError(f"mixing={self.mixing!r} is unknown; choose one of {', '.join(MIXING_MODES)}")
+        if self.batching not in BATCHING_MODES:
+            raise TrainConfigError(f"batching={self.batching!r} is unknown; choose {' or '.join(BATCHING_MODES)}")
         if self.loss.lower() == "triplet" and self.num_negatives < 1:
             raise TrainConfigError("loss=triplet needs num_negatives >= 1")
 

@@ -47,7 +47,7 @@ from torch import nn
 from lmembed.atomic import atomic_write, atomic_write_text
 from lmembed.embedder import Embedder
 from lmembed.training import checkpoint as ckpt
-from lmembed.training.data import MixtureSampler, TrainBatch, TrainDataset, load_sources
+from lmembed.training.data import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
 from lmembed.training.distributed import gather_with_grad, is_distributed, rank, world_size
 from lmembed.training.model import LoraSettings, TrainableEmbedder
 from lmembed.training.train_config import TrainConfig, TrainConfigError
@@ -472,7 +472,8 @@ class Trainer:
         self.dist.device = str(self.model.device)  # a model given ready-made stays where it is
         set_seed(config.seed + self.dist.rank)  # per-process randomness (dropout) from here on
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
-        self.sampler = MixtureSampler(
+        sampler_class = TaskHomogeneousSampler if config.batching == "homogeneous" else MixtureSampler
+        self.sampler = sampler_class(
             data,
             batch_size=config.batch_size,
             num_negatives=config.num_negatives,
@@ -529,10 +530,12 @@ class Trainer:
     def document_instructions(self, batch: TrainBatch) -> tuple[list[str | None], list[str | None]]:
         """Instructions for the positives and for the (flattened) negatives of a batch.
 
-        None by default: documents are embedded as they are and only queries carry an instruction.
-        Override for symmetric tasks (e.g. STS rows, where both sides get the instruction).
+        Documents are embedded as they are, except in symmetric rows (STS pairs: the same kind of
+        text on both sides), whose positive and negatives get the row's instruction as well.
         """
-        return [None] * len(batch), [None] * len(batch.flat_negatives)
+        marked = batch.symmetric or [False] * len(batch)
+        positives = [instr if same else None for instr, same in zip(batch.instructions, marked, strict=True)]
+        return positives, [instr for instr in positives for _ in range(batch.num_negatives)]
 
     def _plain_backward(self, batch: TrainBatch) -> torch.Tensor:
         """Queries, positives and negatives in one forward pass (one backward: DDP-friendly)."""
