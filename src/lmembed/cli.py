@@ -60,6 +60,14 @@ def parse_layer(value: str | None) -> int | tuple[int, ...] | None:
     return parts[0] if len(parts) == 1 else tuple(parts)
 
 
+MODEL_OPTIONS = ("pooling", "layer", "attention", "echo", "dim", "max_length", "dtype", "device", "no_cache")
+
+
+def model_options(values: dict) -> dict:
+    """The model/strategy options of a command's arguments (pass ``locals()``), for :func:`load_embedder`."""
+    return {name: values[name] for name in MODEL_OPTIONS}
+
+
 def load_embedder(
     model: str,
     *,
@@ -148,18 +156,7 @@ def encode(
 ) -> None:
     """Embed texts from a file and write the vectors (float32, one row per input, in order)."""
     texts = read_texts(input, field)
-    emb = load_embedder(
-        model,
-        pooling=pooling,
-        layer=layer,
-        attention=attention,
-        echo=echo,
-        dim=dim,
-        max_length=max_length,
-        dtype=dtype,
-        device=device,
-        no_cache=no_cache,
-    )
+    emb = load_embedder(model, **model_options(locals()))
     vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction)
     write_vectors(vectors, texts, output)
     console.print(f"wrote {vectors.shape[0]} × {vectors.shape[1]} vectors ({emb.config.label()}) to {output}")

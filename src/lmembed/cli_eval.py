@@ -128,25 +128,15 @@ def register(app: typer.Typer) -> None:
         if not model and not data and not suite:
             run_main_job(output, batch_size)
             return
-        from lmembed.cli import load_embedder
+        from lmembed.cli import load_embedder, model_options
         from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
 
+        options = model_options(locals())
         tasks, missing = _tasks(data, suite, task_type, instructions)
         instruction_for = _instruction_lookup(instructions)
         results = []
         for name in model or ["minilm"]:
-            emb = load_embedder(
-                name,
-                pooling=pooling,
-                layer=layer,
-                attention=attention,
-                echo=echo,
-                dim=dim,
-                max_length=max_length,
-                dtype=dtype,
-                device=device,
-                no_cache=no_cache,
-            )
+            emb = load_embedder(name, **options)
             configs = expand_grid(emb.config, parse_grid(grid or [], emb.backbone.num_layers))
             console.print(
                 f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)"

@@ -332,3 +332,43 @@ def resolve_lora(lora: LoraSettings | bool | None, embedder: Embedder) -> LoraSe
         return lora
     wanted = embedder.backbone.is_decoder if lora is None else lora
     return LoraSettings() if wanted else None
+
+
+def build_trainable(
+    config: Any, embedder: Embedder | TrainableEmbedder | None = None, device: str | None = None
+) -> TrainableEmbedder:
+    """The trainable model of a training run or objective stage.
+
+    ``config`` is a :class:`~lmembed.training.train_config.TrainConfig` or an objective config: what is
+    read is ``model``, the strategy (``pooling``, ``attention``, ``max_length``), ``dtype``, ``device``
+    (unless ``device`` is given), the LoRA settings and ``gradient_checkpointing`` (if it has one).
+    The given ``embedder`` is used as it is (strategy options that disagree with it are reported).
+    """
+    if embedder is not None:
+        given = embedder.config
+        for option in ("pooling", "attention", "max_length"):
+            wanted = getattr(config, option)
+            if wanted is not None and wanted != getattr(given, option):
+                log.warning(
+                    "%s=%r is ignored: the model given to the trainer uses %r", option, wanted, getattr(given, option)
+                )
+    if isinstance(embedder, TrainableEmbedder):
+        return embedder
+    if embedder is None:
+        strategy = {"pooling": config.pooling, "attention": config.attention, "max_length": config.max_length}
+        embedder = Embedder.from_pretrained(
+            config.model,
+            dtype=config.dtype,
+            device=device or config.device,
+            cache=False,
+            show_progress=False,
+            **{k: v for k, v in strategy.items() if v is not None},
+        )
+    use_lora = embedder.backbone.is_decoder if config.lora is None else config.lora
+    lora = (
+        LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+        if use_lora
+        else None
+    )
+    checkpointing = getattr(config, "gradient_checkpointing", False)
+    return TrainableEmbedder(embedder, lora=lora, gradient_checkpointing=checkpointing)

@@ -49,7 +49,7 @@ from lmembed.embedder import Embedder
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.data import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
 from lmembed.training.distributed import gather_with_grad, is_distributed, rank, world_size
-from lmembed.training.model import LoraSettings, TrainableEmbedder
+from lmembed.training.model import TrainableEmbedder, build_trainable
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
 log = logging.getLogger(__name__)
@@ -134,37 +134,6 @@ def build_training_loss(config: TrainConfig, distributed: bool = False) -> nn.Mo
     if distributed and "gather" not in inspect.signature(type(probe)).parameters:
         log.warning("loss %s has no gather hook: in-batch negatives stay within each process", name)
     return loss
-
-
-def build_model(config: TrainConfig, embedder: Embedder | TrainableEmbedder | None, device: str) -> TrainableEmbedder:
-    """The trainable model: the given one, or ``config.model`` loaded with the config's strategy."""
-    if embedder is not None:
-        given = embedder.config
-        for option in ("pooling", "attention", "max_length"):
-            wanted = getattr(config, option)
-            if wanted is not None and wanted != getattr(given, option):
-                log.warning(
-                    "%s=%r is ignored: the model given to the trainer uses %r", option, wanted, getattr(given, option)
-                )
-    if isinstance(embedder, TrainableEmbedder):
-        return embedder
-    if embedder is None:
-        strategy = {"pooling": config.pooling, "attention": config.attention, "max_length": config.max_length}
-        embedder = Embedder.from_pretrained(
-            config.model,
-            dtype=config.dtype,
-            device=device,
-            cache=False,
-            show_progress=False,
-            **{k: v for k, v in strategy.items() if v is not None},
-        )
-    use_lora = embedder.backbone.is_decoder if config.lora is None else config.lora
-    lora = (
-        LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
-        if use_lora
-        else None
-    )
-    return TrainableEmbedder(embedder, lora=lora, gradient_checkpointing=config.gradient_checkpointing)
 
 
 @dataclass
@@ -468,7 +437,7 @@ class Trainer:
                 f"batch_size={config.batch_size} must be divisible by the number of processes ({self.dist.world_size})"
             )
         set_seed(config.seed)
-        self.model = build_model(config, model, self.dist.device)
+        self.model = build_trainable(config, model, self.dist.device)
         self.dist.device = str(self.model.device)  # a model given ready-made stays where it is
         set_seed(config.seed + self.dist.rank)  # per-process randomness (dropout) from here on
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)

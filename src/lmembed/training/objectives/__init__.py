@@ -221,30 +221,6 @@ class ObjectiveResult:
     seconds: float
 
 
-def build_trainable(config: ObjectiveConfig, embedder: Any | None = None) -> Any:
-    """The :class:`TrainableEmbedder` for a stage: ``embedder`` or ``config.model`` loaded."""
-    from lmembed.embedder import Embedder
-    from lmembed.training.model import LoraSettings, TrainableEmbedder
-
-    if embedder is None:
-        strategy = {"pooling": config.pooling, "attention": config.attention, "max_length": config.max_length}
-        embedder = Embedder.from_pretrained(
-            config.model,
-            dtype=config.dtype,
-            device=config.device,
-            cache=False,
-            show_progress=False,
-            **{k: v for k, v in strategy.items() if v is not None},
-        )
-    use_lora = embedder.backbone.is_decoder if config.lora is None else config.lora
-    lora = (
-        LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
-        if use_lora
-        else None
-    )
-    return TrainableEmbedder(embedder, lora=lora)
-
-
 def _optimizer(model: Any, config: ObjectiveConfig) -> torch.optim.Optimizer:
     params = [p for _, p in model.named_trainable_parameters()]
     if not params:
@@ -296,6 +272,7 @@ def train_steps(
 
 def run_objective(config: ObjectiveConfig, *, embedder: Any | None = None) -> ObjectiveResult:
     """Train ``config.objective`` and save the result under ``<output>/model``."""
+    from lmembed.training.model import build_trainable
     from lmembed.training.trainer import set_seed
 
     started = time.perf_counter()
@@ -324,7 +301,6 @@ __all__ = [
     "ObjectiveConfigError",
     "ObjectiveResult",
     "build_objective",
-    "build_trainable",
     "load_items",
     "run_objective",
     "train_steps",
