@@ -114,7 +114,8 @@ def test_adapter_can_be_kept_instead_of_merged(tmp_path, tokenizer):
     for merge in (True, False):
         saved = model.save(tmp_path / f"merge-{merge}", merge_lora=merge)
         assert (saved / "adapter_config.json").exists() is not merge
-        loaded = Embedder.from_pretrained(str(saved), cache=False, show_progress=False)
+        moved = saved.rename(tmp_path / f"moved-{merge}")  # the folder is self-contained: it can move
+        loaded = Embedder.from_pretrained(str(moved), cache=False, show_progress=False)
         np.testing.assert_allclose(encode(loaded), expected, atol=1e-5)
     assert model.uses_lora  # saving a copy leaves the adapters in training
 

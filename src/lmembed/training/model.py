@@ -287,8 +287,10 @@ class TrainableEmbedder(nn.Module):
         With LoRA, ``merge_lora=True`` folds the adapters into the weights; ``False`` stores the
         base weights plus a peft adapter (``adapter_config.json``) that transformers applies on load.
         ``in_place=True`` merges into this model instead of a copy (for the end of training: saves
-        memory, but the adapters are gone afterwards). An adapter records the absolute path of its base
-        weights, ``directory`` itself unless ``adapter_base`` names where the folder will be moved to.
+        memory, but the adapters are gone afterwards). The folder is self-contained and may be moved:
+        the base weights sit beside the adapter, and both lmembed and transformers load them from the
+        folder itself. The adapter's ``base_model_name_or_path`` (read by tools that load the adapter
+        alone) records ``directory``, or ``adapter_base`` when given.
         """
         directory = Path(directory)
         self.weights_changed()
