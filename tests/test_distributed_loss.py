@@ -1,4 +1,5 @@
-"""InfoNCE over gathered embeddings on 2 CPU processes equals the single-process global-batch loss."""
+"""Losses over gathered embeddings on 2 CPU processes equal the single-process global-batch loss
+(InfoNCE, plain and symmetric, and GTE's query-query / document-document partition)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lmembed.training.distributed import gather_with_grad, global_batch_offset, rank, world_size
-from lmembed.training.losses import InfoNCELoss
+from lmembed.training.losses import GTELoss, InfoNCELoss
 
 WORLD = 2
 GLOBAL_BATCH, NEGATIVES, DIM_IN, DIM = 8, 2, 6, 5
+LOSSES = {
+    "infonce": lambda gather: InfoNCELoss(temperature=0.1, gather=gather),
+    "infonce-symmetric": lambda gather: InfoNCELoss(temperature=0.1, symmetric=True, gather=gather),
+    "gte": lambda gather: GTELoss(temperature=0.1, gather=gather),
+}
 
 
 def _free_port() -> int:
@@ -34,7 +40,7 @@ def _shared_problem() -> dict[str, torch.Tensor]:
     }
 
 
-def _loss_and_grads(loss_fn: InfoNCELoss, rows: slice) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _loss_and_grads(loss_fn: torch.nn.Module, rows: slice) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss on ``rows`` of the shared inputs, and gradients w.r.t. all shared inputs and the weight."""
     leaves = {name: t.requires_grad_(True) for name, t in _shared_problem().items()}
     weight = leaves["weight"]
@@ -69,15 +75,15 @@ def _worker(process: int, port: int, out_dir: str) -> None:
         _check_uneven_gather(process)
         local = GLOBAL_BATCH // WORLD
         rows = slice(process * local, (process + 1) * local)
-        for symmetric in (False, True):
-            loss_fn = InfoNCELoss(temperature=0.1, symmetric=symmetric, gather=gather_with_grad)
-            loss, grads = _loss_and_grads(loss_fn, rows)
+        for name, make_loss in LOSSES.items():
+            loss, grads = _loss_and_grads(make_loss(gather_with_grad), rows)
             # What DDP does: average the loss for logging and the gradients for the update.
             dist.all_reduce(loss)
             for grad in grads.values():
                 dist.all_reduce(grad)
             result = {"loss": loss / WORLD, **{k: g / WORLD for k, g in grads.items()}}
-            torch.save(result, Path(out_dir) / f"rank{process}-symmetric{symmetric}.pt")
+            torch.save(result, Path(out_dir) / f"rank{process}-{name}.pt")
+        dist.barrier()  # leave together: a rank tearing gloo down under a busy peer aborts it
     finally:
         dist.destroy_process_group()
 
@@ -88,13 +94,13 @@ def test_helpers_are_identity_when_not_distributed():
     assert global_batch_offset(3) == 0 and rank() == 0 and world_size() == 1
 
 
-def test_gathered_infonce_matches_single_process(tmp_path):
+def test_gathered_losses_match_single_process(tmp_path):
     mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
-    for symmetric in (False, True):
-        expected_loss, expected_grads = _loss_and_grads(InfoNCELoss(temperature=0.1, symmetric=symmetric), slice(None))
+    for loss_name, make_loss in LOSSES.items():
+        expected_loss, expected_grads = _loss_and_grads(make_loss(None), slice(None))
         for process in range(WORLD):
-            result = torch.load(tmp_path / f"rank{process}-symmetric{symmetric}.pt")
-            torch.testing.assert_close(result["loss"], expected_loss, atol=1e-6, rtol=1e-5)
+            result = torch.load(tmp_path / f"rank{process}-{loss_name}.pt")
+            torch.testing.assert_close(result["loss"], expected_loss, atol=1e-6, rtol=1e-5, msg=loss_name)
             for name, grad in expected_grads.items():
-                msg = f"{name} (symmetric={symmetric}, rank={process})"
+                msg = f"{name} ({loss_name}, rank={process})"
                 torch.testing.assert_close(result[name], grad, atol=1e-6, rtol=1e-5, msg=msg)
