@@ -13,6 +13,8 @@ run (ratios), so results from busy or idle machines stay comparable.
 
     python bench/train_smollm2.py --quick          # ~minutes: proves the pipeline works
     python bench/train_smollm2.py                  # training capped at 30 min (--time-budget-min)
+    python bench/train_smollm2.py --device cuda --dtype bfloat16 --steps 300 --batch-size 64 \
+        --max-length 256 --eval-queries 0 --eval-docs 0   # GPU: full test sets (0 = no subsampling)
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-queries", type=int, default=50)
     parser.add_argument("--eval-docs", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (training and evaluation)")
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 (weights; LoRA stays float32)")
+    parser.add_argument("--data-root", type=Path, default=DATA, help="folder laid out like ../shared/datasets")
+    parser.add_argument("--reference", default="minilm", help="reference model evaluated untrained ('none': skip)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--output", default=str(REPO / "runs" / "bench-smollm2"))
     args = parser.parse_args()
@@ -100,25 +106,30 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.eval_sets.split(",") if n.strip()]
+    data = args.data_root
     tasks = load_eval_tasks(
-        [str(DATA / "beir" / n) for n in names],
+        [str(data / "beir" / n) for n in names],
         "test",
-        max_queries=args.eval_queries,
-        max_docs=args.eval_docs,
+        max_queries=args.eval_queries or None,
+        max_docs=args.eval_docs or None,
         seed=args.seed,
     )
     sizes = [f"{t.name} ({len(t.data.query_ids)} q, {len(t.data.corpus_ids)} docs)" for t in tasks]
     print(f"eval sets: {', '.join(sizes)}")
 
-    minilm = Embedder.from_pretrained("minilm", max_length=args.max_length, show_progress=False)
-    minilm_scores, minilm_s = scores_of(minilm, tasks)
-    print(f"minilm (untrained here): {minilm_scores}  [{minilm_s:.0f} s]")
+    minilm_scores: dict[str, float] = {}
+    if args.reference != "none":
+        reference = Embedder.from_pretrained(
+            args.reference, max_length=args.max_length, device=args.device, show_progress=False
+        )
+        minilm_scores, minilm_s = scores_of(reference, tasks)
+        print(f"{args.reference} (untrained here): {minilm_scores}  [{minilm_s:.0f} s]")
 
     cfg = TrainConfig(
         model="smollm2-135m",
         data=[
-            DataSource(str(DATA / "training" / "nli_triplets.jsonl"), name="nli"),
-            DataSource(str(DATA / "beir" / "scifact"), name="scifact-train"),
+            DataSource(str(data / "training" / "nli_triplets.jsonl"), name="nli"),
+            DataSource(str(data / "beir" / "scifact"), name="scifact-train"),
         ],
         pooling="mean",
         attention="bidirectional",
@@ -133,7 +144,8 @@ def main() -> None:
         lr=args.lr,
         warmup_steps=args.warmup_steps,
         seed=args.seed,
-        device="cpu",
+        device=args.device,
+        dtype=args.dtype,
         output=args.output,
         progress=False,
     )
@@ -150,7 +162,7 @@ def main() -> None:
     steps_done, train_s = train(trainer, args.time_budget_min * 60)
     rss_peak_train = peak_rss_mb()
     model_dir = trainer.save_model()
-    trained = Embedder.from_pretrained(str(model_dir), show_progress=False, cache=False)
+    trained = Embedder.from_pretrained(str(model_dir), device=args.device, show_progress=False, cache=False)
     after, after_s = scores_of(trained, tasks)
     print(f"smollm2 after training: {after}  [{after_s:.0f} s]  (saved to {model_dir})")
 
@@ -163,10 +175,14 @@ def main() -> None:
         "train_texts_per_s_over_inference_texts_per_s": rows_per_s * texts_per_row / inference_rate,
         "ndcg@10": {"minilm": minilm_scores, "smollm2_before": before, "smollm2_after": after},
         "after_over_before": {k: after[k] / before[k] if before[k] else None for k in after},
-        "after_over_minilm": {k: after[k] / minilm_scores[k] if minilm_scores[k] else None for k in after},
+        "after_over_minilm": {k: after[k] / minilm_scores[k] if minilm_scores.get(k) else None for k in after},
+        "reference": args.reference,
+        "device": args.device,
+        "dtype": args.dtype,
         "peak_rss_mb": rss_peak_train,
         "peak_rss_over_loaded_rss": rss_peak_train / rss_loaded,
-        "eval": {"queries": args.eval_queries, "docs": args.eval_docs, "max_length": args.max_length},
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else None,
+        "eval": {"queries": args.eval_queries or "all", "docs": args.eval_docs or "all", "max_length": args.max_length},
     }
     print_report(report)
     Path(args.output).mkdir(parents=True, exist_ok=True)
@@ -180,7 +196,7 @@ def print_report(report: dict) -> None:
     for name in scores["smollm2_after"]:
         ratio_b, ratio_m = report["after_over_before"][name], report["after_over_minilm"][name]
         print(
-            f"{name:<12} {scores['minilm'][name]:8.4f} {scores['smollm2_before'][name]:8.4f} "
+            f"{name:<12} {scores['minilm'].get(name, float('nan')):8.4f} {scores['smollm2_before'][name]:8.4f} "
             f"{scores['smollm2_after'][name]:8.4f} {ratio_b or float('nan'):13.2f} {ratio_m or float('nan'):13.2f}"
         )
     print(
@@ -188,6 +204,8 @@ def print_report(report: dict) -> None:
         f"training text throughput = {report['train_texts_per_s_over_inference_texts_per_s']:.2f} x inference"
     )
     print(f"peak RSS {report['peak_rss_mb']:.0f} MB = {report['peak_rss_over_loaded_rss']:.2f} x the RSS after loading")
+    if report.get("peak_gpu_mb"):
+        print(f"peak GPU memory {report['peak_gpu_mb']:.0f} MB (torch.cuda.max_memory_allocated)")
 
 
 if __name__ == "__main__":
