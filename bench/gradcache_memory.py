@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-warmup", action="store_true", help="measure the first step (optimizer state included)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="write the measurements here (JSON)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -199,6 +200,11 @@ def main() -> None:
             break
         batch *= 2
     report(cached, plain, budget)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        settings = {k: getattr(args, k) for k in ("model", "lora", "batch", "chunk", "max_length", "device")}
+        record = {"settings": settings, "budget_mb": budget, "gradcache": cached, "plain": plain}
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def report(cached: dict, plain: list[dict], budget: float) -> None:
