@@ -4,26 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
+from conftest import tiny_model
 from lmembed.training.gradcache import GradCache, RngSnapshot, split_features
 from lmembed.training.losses import AnglELoss, GTELoss, InfoNCELoss, MatryoshkaLoss
 
 BATCH, CHUNK, SEQ = 16, 4, 10
 
 
-def _model() -> transformers.BertModel:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=100,
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-    )
-    return transformers.BertModel(config)
+def _model() -> torch.nn.Module:
+    """A tiny BERT with dropout (BERT's default 0.1 on hidden states and attention)."""
+    model = tiny_model("bert", 100)
+    assert model.config.hidden_dropout_prob > 0 and model.config.attention_probs_dropout_prob > 0
+    return model
 
 
 def _features(seed: int, rows: int = BATCH) -> dict[str, torch.Tensor]:
@@ -34,7 +27,7 @@ def _features(seed: int, rows: int = BATCH) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids * attention_mask, "attention_mask": attention_mask}
 
 
-def _embedder(model: transformers.BertModel):
+def _embedder(model: torch.nn.Module):
     def embed(features: dict[str, torch.Tensor]) -> torch.Tensor:
         hidden = model(**features).last_hidden_state
         mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)
