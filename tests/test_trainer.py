@@ -352,3 +352,16 @@ def test_cli_registers_train_command():
     assert result.exit_code == 0 and "--grad-cache-chunk" in result.output
     failed = CliRunner().invoke(app, ["train", "--data", "x.jsonl"])
     assert failed.exit_code != 0 and "no model given" in failed.output
+
+
+def test_setup_distributed_always_names_a_cuda_index(monkeypatch):
+    from lmembed.training.trainer import setup_distributed
+
+    chosen: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert setup_distributed("cuda").device == "cuda:0"  # a bare "cuda" is refused by set_device on torch 2.11
+    assert setup_distributed("auto").device == "cuda:0"
+    assert setup_distributed("cpu").device == "cpu"
+    assert chosen == [torch.device("cuda:0")] * 2
