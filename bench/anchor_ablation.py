@@ -14,6 +14,7 @@ the reference row.
 
     python bench/anchor_ablation.py --quick     # 2 + 2 steps, tiny data: checks the pipeline
     python bench/anchor_ablation.py             # the recipe's CPU-sized step counts
+    python bench/anchor_ablation.py --steps 200 200 --set device=cuda --set batch_size=32 --eval-device cuda
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "anchor-stage1-stage2.yaml"
@@ -39,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-docs", type=int, default=None, help="eval corpus size (default 300; quick 40)")
     parser.add_argument("--max-queries", type=int, default=None, help="eval queries (default 50; quick 8)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, nargs=2, metavar=("S1", "S2"), help="stage I and stage II steps")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every stage (YAML value)"
+    )
+    parser.add_argument("--eval-device", default="cpu")
     return parser.parse_args(argv)
 
 
@@ -92,8 +100,10 @@ def evaluate(recipe: Any, runs: dict[str, dict[str, Any]], args: argparse.Namesp
     tasks = eval_tasks(list(recipe.evaluate.get("datasets") or ["scifact"]), max_queries, max_docs)
     instructions = bool(recipe.evaluate.get("instructions"))
     some_dir = Path(next(iter(runs.values()))["model_dir"])
-    models = {"base (untrained)": Embedder.from_pretrained(recipe.model, **baseline_strategy(recipe, some_dir))}
-    models.update({name: Embedder.from_pretrained(run["model_dir"]) for name, run in runs.items()})
+    device = args.eval_device
+    base = Embedder.from_pretrained(recipe.model, device=device, **baseline_strategy(recipe, some_dir))
+    models = {"base (untrained)": base}
+    models.update({name: Embedder.from_pretrained(run["model_dir"], device=device) for name, run in runs.items()})
     return {name: score(model, tasks, instructions) for name, model in models.items()}
 
 
@@ -110,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         steps = {STAGE1: 2, STAGE2: 2}
         common = {"max_rows": 32, "max_corpus": 200, "max_texts": 64, "batch_size": 4}
+    if args.steps:
+        steps = {STAGE1: args.steps[0], STAGE2: args.steps[1]}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        common[key.strip()] = yaml.safe_load(value)
     both = {**common, "stage_steps": steps}
     print(f"stage steps: I+II = {steps[STAGE1]} + {steps[STAGE2]}; II only = {steps[STAGE1] + steps[STAGE2]}")
 
