@@ -38,19 +38,14 @@ class TrainConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig:
-    """Everything that defines a training run (see ``lmembed train --help`` for the flags).
+class ModelOptions:
+    """What is trained and how it is read out; shared by contrastive runs and objective stages.
 
     Strategy fields left as ``None`` keep the model's own (a saved Embedder's ``lmembed.json`` or
     lmembed's defaults). ``lora=None`` picks LoRA for decoders and full fine-tuning for encoders.
-    ``batch_size`` is the global batch: under several processes each one embeds an equal share and
-    in-batch negatives are gathered from all of them. ``num_negatives`` hard negatives are attached to
-    every query (topped up with random texts of the same dataset when a row has fewer).
     """
 
     model: str = ""
-    data: list[DataSource] = field(default_factory=list)
-    output: str = "runs/train"
     # extraction strategy
     pooling: str | None = None
     attention: str | None = None
@@ -61,10 +56,33 @@ class TrainConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.1
     lora_target_modules: str | list[str] = "all-linear"
-    merge_lora: bool = True
-    gradient_checkpointing: bool = False
     dtype: str = "float32"
     device: str = "auto"
+
+    def check_model_options(self, error: type[ValueError]) -> None:
+        """Raise ``error`` naming the first invalid model-side option."""
+        if self.lora_r < 1:
+            raise error(f"lora_r={self.lora_r} must be >= 1")
+        if not 0 <= self.lora_dropout < 1:
+            raise error(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
+        if self.dtype not in DTYPES:
+            raise error(f"dtype={self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class TrainConfig(ModelOptions):
+    """Everything that defines a training run (see ``lmembed train --help`` for the flags).
+
+    The model-side fields come from :class:`ModelOptions`. ``batch_size`` is the global batch: under
+    several processes each one embeds an equal share and in-batch negatives are gathered from all of
+    them. ``num_negatives`` hard negatives are attached to every query (topped up with random texts of
+    the same dataset when a row has fewer).
+    """
+
+    data: list[DataSource] = field(default_factory=list)
+    output: str = "runs/train"
+    merge_lora: bool = True
+    gradient_checkpointing: bool = False
     # objective
     loss: str = "infonce"
     temperature: float | None = None
@@ -110,12 +128,12 @@ class TrainConfig:
         positive = {
             "batch_size": self.batch_size,
             "steps": self.steps,
-            "lora_r": self.lora_r,
             "log_every": self.log_every,
         }
         for name, value in positive.items():
             if value < 1:
                 raise TrainConfigError(f"{name}={value} must be >= 1")
+        self.check_model_options(TrainConfigError)
         non_negative = {
             "warmup_steps": self.warmup_steps,
             "save_every": self.save_every,
@@ -130,12 +148,8 @@ class TrainConfig:
             raise TrainConfigError(f"lr={self.lr} must be positive")
         if self.temperature is not None and self.temperature <= 0:
             raise TrainConfigError(f"temperature={self.temperature} must be positive")
-        if not 0 <= self.lora_dropout < 1:
-            raise TrainConfigError(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
         if self.grad_cache_chunk is not None and self.grad_cache_chunk < 1:
             raise TrainConfigError(f"grad_cache_chunk={self.grad_cache_chunk} must be >= 1 (or unset)")
-        if self.dtype not in DTYPES:
-            raise TrainConfigError(f"dtype={self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
         if self.similarity not in ("cosine", "dot"):
             raise TrainConfigError(f"similarity={self.similarity!r} is unknown; choose cosine (cos) or dot")
         if self.mixing not in MIXING_MODES:

@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lmembed.training.train_config import ModelOptions
+
 log = logging.getLogger(__name__)
 
 OBJECTIVES: dict[str, str] = {
@@ -51,28 +53,19 @@ class ObjectiveConfigError(ValueError):
 
 
 @dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(ModelOptions):
     """Settings of one objective stage (see the module table for ``objective``).
 
-    ``options`` go to the objective's constructor (``mask_probability``, ``temperature``, ``dropout``,
-    ``alpha``, ``max_target_length`` ...). ``lora=None`` means LoRA for decoders, full fine-tuning for
-    encoders (the Anchor paper trains stage I with all parameters: set ``lora: false``).
+    The model-side fields come from :class:`~lmembed.training.train_config.ModelOptions`. ``options`` go
+    to the objective's constructor (``mask_probability``, ``temperature``, ``dropout``, ``alpha``,
+    ``max_target_length`` ...). ``lora=None`` means LoRA for decoders, full fine-tuning for encoders (the
+    Anchor paper trains stage I with all parameters: set ``lora: false``).
     """
 
+    device: str = "cpu"
     objective: str = "mntp"
-    model: str = ""
     data: list[Any] = field(default_factory=list)
     output: str = "runs/objective"
-    pooling: str | None = None
-    attention: str | None = None
-    max_length: int | None = None
-    lora: bool | None = None
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.1
-    lora_target_modules: str | list[str] = "all-linear"
-    dtype: str = "float32"
-    device: str = "cpu"
     steps: int = 100
     batch_size: int = 16
     lr: float = 5e-5
@@ -96,6 +89,7 @@ class ObjectiveConfig:
             raise ObjectiveConfigError(f"lr={self.lr} must be positive")
         if self.warmup_steps < 0:
             raise ObjectiveConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        self.check_model_options(ObjectiveConfigError)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ObjectiveConfig:
