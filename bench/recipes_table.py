@@ -180,21 +180,23 @@ def main(argv: list[str] | None = None) -> int:
             cache[datasets] = eval_tasks(list(datasets), max_queries, max_docs)
         return cache[datasets]
 
-    records = []
-    for path in recipe_paths(args.recipes):
-        print(f"== {path.stem}", file=sys.stderr, flush=True)
-        records.append(run_one(path, args, tasks_for))
-        print(f"   done in {records[-1]['total_s']}s {records[-1].get('error', '')}", file=sys.stderr, flush=True)
+    records: list[dict[str, Any]] = []
     report = {
         "quick": args.quick,
         "eval": {"max_docs": max_docs, "max_queries": max_queries, "split": "test"},
         "recipes": records,
     }
+    for path in recipe_paths(args.recipes):
+        print(f"== {path.stem}", file=sys.stderr, flush=True)
+        records.append(run_one(path, args, tasks_for))
+        print(f"   done in {records[-1]['total_s']}s {records[-1].get('error', '')}", file=sys.stderr, flush=True)
+        print(markdown(records[-1:]), file=sys.stderr, flush=True)
+        if args.json:  # after every recipe, so an interrupted run keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     print()
     print(markdown(records))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
     return 1 if any("error" in r for r in records) else 0
 
 
