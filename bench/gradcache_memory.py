@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--random-weights", action="store_true", help="--model is a folder: its config, random init")
     parser.add_argument("--data", default=str(DATA), help="training rows (JSONL) the batches are drawn from")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     parser.add_argument("--batch", type=int, default=256, help="GradCache batch size")
     parser.add_argument("--chunk", type=int, default=16, help="GradCache chunk size")
     parser.add_argument("--max-length", type=int, default=64)
@@ -131,6 +132,7 @@ def measure_step(args: argparse.Namespace, batch: int, chunk: int | None) -> dic
             grad_cache_chunk=chunk,
             steps=10,
             lora=args.lora,
+            gradient_checkpointing=args.gradient_checkpointing,
             num_negatives=1,
             device=args.device,
             progress=False,
@@ -188,7 +190,11 @@ def main() -> None:
         spec = json.loads(args.child)
         print(json.dumps(measure_step(args, spec["batch"], spec["chunk"])))
         return
-    print(f"model {args.model} ({'LoRA' if args.lora else 'full'}), max_length {args.max_length}, device {args.device}")
+    checkpointing = ", gradient checkpointing" if args.gradient_checkpointing else ""
+    print(
+        f"model {args.model} ({'LoRA' if args.lora else 'full'}{checkpointing}), max_length {args.max_length}, "
+        f"device {args.device}"
+    )
     cached = run_child(args, args.batch, args.chunk)
     budget = args.budget_mb or cached["rise_mb"]
     plain: list[dict] = []
@@ -202,7 +208,8 @@ def main() -> None:
     report(cached, plain, budget)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        settings = {k: getattr(args, k) for k in ("model", "lora", "batch", "chunk", "max_length", "device")}
+        keys = ("model", "lora", "gradient_checkpointing", "batch", "chunk", "max_length", "device")
+        settings = {k: getattr(args, k) for k in keys}
         record = {"settings": settings, "budget_mb": budget, "gradcache": cached, "plain": plain}
         args.json.write_text(json.dumps(record, indent=2) + "\n")
 
