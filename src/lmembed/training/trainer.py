@@ -50,6 +50,7 @@ from lmembed.training import checkpoint as ckpt
 from lmembed.training.data import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
 from lmembed.training.distributed import gather_with_grad, is_distributed, rank, world_size
 from lmembed.training.model import TrainableEmbedder, build_trainable
+from lmembed.training.optim import build_optimizer, build_scheduler
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
 log = logging.getLogger(__name__)
@@ -70,35 +71,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-class WarmupLinearDecay:
-    """Learning-rate multiplier: linear warm-up to 1 over ``warmup`` steps, then linear decay to 0."""
-
-    def __init__(self, warmup: int, total: int) -> None:
-        self.warmup = warmup
-        self.total = total
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        remaining = self.total - step
-        return max(0.0, remaining / max(1, self.total - self.warmup))
-
-
-def build_optimizer(model: TrainableEmbedder, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (biases, norms and other vectors are not decayed)."""
-    decay, plain = [], []
-    for _, param in model.named_trainable_parameters():
-        (decay if param.ndim >= 2 else plain).append(param)
-    if not decay and not plain:
-        raise TrainConfigError("the model has no trainable parameters")
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr)
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupLinearDecay(config.warmup_steps, config.steps))
 
 
 def _accepted(factory: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -450,7 +422,7 @@ class Trainer:
             mixing=config.mixing,
         )
         self.loss_fn = build_training_loss(config, distributed=self.dist.world_size > 1)
-        self.optimizer = build_optimizer(self.model, config)
+        self.optimizer = build_optimizer(self.model, config, TrainConfigError)
         self.scheduler = build_scheduler(self.optimizer, config)
         self.module: nn.Module = self._wrap(self.model)
         self.output = Path(config.output)

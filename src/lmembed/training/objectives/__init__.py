@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lmembed.training.optim import build_optimizer, build_scheduler
 from lmembed.training.train_config import ModelOptions
 
 log = logging.getLogger(__name__)
@@ -215,22 +216,6 @@ class ObjectiveResult:
     seconds: float
 
 
-def _optimizer(model: Any, config: ObjectiveConfig) -> torch.optim.Optimizer:
-    params = [p for _, p in model.named_trainable_parameters()]
-    if not params:
-        raise ObjectiveConfigError("the model has no trainable parameters")
-    decay = [p for p in params if p.ndim >= 2]
-    plain = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr)
-
-
-def _lr_factor(step: int, warmup: int, total: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
 def train_steps(
     objective: Any,
     stream: BatchStream,
@@ -240,8 +225,8 @@ def train_steps(
 ) -> list[float]:
     """Run ``config.steps`` optimisation steps of ``objective``; returns the loss of every step."""
     model = objective.model
-    optimizer = _optimizer(model, config)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config.warmup_steps, config.steps))
+    optimizer = build_optimizer(model, config, ObjectiveConfigError)
+    schedule = build_scheduler(optimizer, config)
     params = [p for _, p in model.named_trainable_parameters()]
     losses = []
     model.train()
