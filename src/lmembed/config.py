@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -42,6 +43,11 @@ DEFAULT_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
 DEFAULT_ECHO_TEMPLATE = "Rewrite the sentence: {text}\nRewritten sentence: "
 
 LayerSpec = int | tuple[int, ...]
+
+
+def unknown_options(config_class: type, options: Mapping[str, Any]) -> list[str]:
+    """The keys of ``options`` that name no field of the dataclass ``config_class``, sorted."""
+    return sorted(set(options) - {f.name for f in fields(config_class)})
 
 
 class ConfigError(ValueError):
@@ -144,10 +150,10 @@ class EmbeddingConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EmbeddingConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = unknown_options(cls, data)
         if unknown:
-            raise ConfigError(f"unknown strategy option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            known = sorted(f.name for f in fields(cls))
+            raise ConfigError(f"unknown strategy option(s): {', '.join(unknown)}; known: {', '.join(known)}")
         return cls(**data)
 
     def to_json(self) -> str:

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from lmembed.config import unknown_options
+
 log = logging.getLogger(__name__)
 
 QUERY_KEYS = ("query", "anchor", "question")
@@ -93,7 +95,7 @@ class DataSource:
         if isinstance(spec, str):
             return cls(path=spec)
         if isinstance(spec, dict):
-            unknown = sorted(set(spec) - {f for f in cls.__dataclass_fields__})
+            unknown = unknown_options(cls, spec)
             if unknown:
                 raise TrainingDataError(f"unknown data source option(s): {', '.join(unknown)}")
             if "path" not in spec:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lmembed.config import unknown_options
 from lmembed.training.data import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
@@ -35,6 +36,13 @@ SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
 
 class TrainConfigError(ValueError):
     """A training option has an invalid value."""
+
+
+def check_at_least(error: type[Exception], minimum: int, **values: float) -> None:
+    """Raise ``error`` naming the first of ``values`` that is below ``minimum``."""
+    for name, value in values.items():
+        if value < minimum:
+            raise error(f"{name}={value} must be >= {minimum}")
 
 
 @dataclass
@@ -125,25 +133,17 @@ class TrainConfig(ModelOptions):
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Raise :class:`TrainConfigError` on the first invalid option, naming it."""
-        positive = {
-            "batch_size": self.batch_size,
-            "steps": self.steps,
-            "log_every": self.log_every,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise TrainConfigError(f"{name}={value} must be >= 1")
+        check_at_least(TrainConfigError, 1, batch_size=self.batch_size, steps=self.steps, log_every=self.log_every)
         self.check_model_options(TrainConfigError)
-        non_negative = {
-            "warmup_steps": self.warmup_steps,
-            "save_every": self.save_every,
-            "eval_every": self.eval_every,
-            "num_negatives": self.num_negatives,
-            "keep_checkpoints": self.keep_checkpoints,
-        }
-        for name, value in non_negative.items():
-            if value < 0:
-                raise TrainConfigError(f"{name}={value} must be >= 0")
+        check_at_least(
+            TrainConfigError,
+            0,
+            warmup_steps=self.warmup_steps,
+            save_every=self.save_every,
+            eval_every=self.eval_every,
+            num_negatives=self.num_negatives,
+            keep_checkpoints=self.keep_checkpoints,
+        )
         if self.lr <= 0:
             raise TrainConfigError(f"lr={self.lr} must be positive")
         if self.temperature is not None and self.temperature <= 0:
@@ -176,8 +176,7 @@ class TrainConfig(ModelOptions):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = unknown_options(cls, data)
         if unknown:
             raise TrainConfigError(f"unknown training option(s): {', '.join(unknown)}")
         return cls(**data)

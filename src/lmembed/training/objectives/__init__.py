@@ -34,8 +34,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lmembed.config import unknown_options
 from lmembed.training.optim import build_optimizer, build_scheduler
-from lmembed.training.train_config import ModelOptions
+from lmembed.training.train_config import ModelOptions, check_at_least
 
 log = logging.getLogger(__name__)
 
@@ -83,19 +84,15 @@ class ObjectiveConfig(ModelOptions):
         if self.objective not in OBJECTIVES:
             known = ", ".join(OBJECTIVES)
             raise ObjectiveConfigError(f"objective {self.objective!r} is unknown; choose one of {known}")
-        for name in ("steps", "batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise ObjectiveConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        check_at_least(ObjectiveConfigError, 1, steps=self.steps, batch_size=self.batch_size, log_every=self.log_every)
         if self.lr <= 0:
             raise ObjectiveConfigError(f"lr={self.lr} must be positive")
-        if self.warmup_steps < 0:
-            raise ObjectiveConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        check_at_least(ObjectiveConfigError, 0, warmup_steps=self.warmup_steps)
         self.check_model_options(ObjectiveConfigError)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ObjectiveConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = unknown_options(cls, data)
         if unknown:
             raise ObjectiveConfigError(f"unknown objective option(s): {', '.join(unknown)}")
         return cls(**data)
