@@ -16,6 +16,7 @@ from lmembed.datasets import (
     DatasetNotFoundError,
     canonical_name,
     resolve_dataset,
+    resolve_local,
     shared_datasets_dir,
 )
 
@@ -53,6 +54,18 @@ def test_env_var_before_shared(isolated: Path, monkeypatch: pytest.MonkeyPatch) 
     assert resolve_dataset("scifact") == (env / "scifact").resolve()
     monkeypatch.delenv(datasets.DATA_ENV_VAR)
     assert resolve_dataset("scifact") == (shared / "beir" / "scifact").resolve()
+
+
+def test_resolve_local_finds_files_inside_a_dataset_folder(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = isolated / "env"
+    (env / "training").mkdir(parents=True)
+    (env / "training" / "rows.jsonl").write_text("{}\n")
+    monkeypatch.setenv(datasets.DATA_ENV_VAR, str(env))
+    assert resolve_local("training/rows.jsonl") == (env / "training").resolve() / "rows.jsonl"
+    (isolated / "here.jsonl").touch()
+    assert resolve_local("here.jsonl") == Path("here.jsonl")  # an existing path is returned as given
+    with pytest.raises(DatasetNotFoundError):
+        resolve_local("nowhere/rows.jsonl")
 
 
 def test_env_var_with_shared_layout(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:

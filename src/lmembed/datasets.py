@@ -197,6 +197,25 @@ def resolve_dataset(name_or_path: str | os.PathLike[str], *, download: bool = Tr
     )
 
 
+def resolve_local(spec: str | os.PathLike[str]) -> Path:
+    """An existing path (as given), else a dataset found locally by :func:`resolve_dataset` (no
+    download), else ``NAME/REST`` inside a locally found dataset folder ``NAME`` (e.g.
+    ``training/nli_triplets.jsonl``). Raises :class:`DatasetNotFoundError` listing where it looked."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    try:
+        return resolve_dataset(spec, download=False)
+    except DatasetNotFoundError:
+        head, _, rest = str(spec).partition("/")
+        if rest:
+            try:
+                return resolve_dataset(head, download=False) / rest
+            except DatasetNotFoundError:
+                pass
+        raise
+
+
 def _fetch(url: str, dest: Path, *, timeout: float = 60.0) -> None:
     """Stream ``url`` into ``dest``."""
     with urllib.request.urlopen(url, timeout=timeout) as response, dest.open("wb") as out:

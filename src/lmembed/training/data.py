@@ -362,14 +362,11 @@ def _splits(folder: Path) -> str:
 
 
 def _resolve_path(path: str) -> Path:
-    """An existing path, or a dataset name that :mod:`lmembed.datasets` can find locally."""
-    candidate = Path(path).expanduser()
-    if candidate.exists():
-        return candidate
+    """An existing path, or a dataset name (or ``NAME/file``) that :mod:`lmembed.datasets` finds locally."""
     try:
-        from lmembed.datasets import resolve_dataset
+        from lmembed.datasets import resolve_local
 
-        return resolve_dataset(path, download=False)
+        return resolve_local(path)
     except Exception as exc:  # the name is unknown or the module is missing: report the path
         raise TrainingDataError(f"training data {path!r} does not exist ({exc})") from exc
 

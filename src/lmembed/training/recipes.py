@@ -251,21 +251,12 @@ def _substitute(value: Any, context: Mapping[str, str]) -> Any:
 
 def resolve_input(spec: str) -> Path:
     """An existing path, or a dataset name / relative path found by :mod:`lmembed.datasets`."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        return path
-    from lmembed.datasets import resolve_dataset
+    from lmembed.datasets import resolve_local
 
     try:
-        return resolve_dataset(spec, download=False)
-    except Exception:
-        head, _, rest = spec.partition("/")
-        if rest:
-            try:
-                return resolve_dataset(head, download=False) / rest
-            except Exception:
-                pass
-    raise RecipeError(f"input {spec!r} is neither a path nor a dataset lmembed can find locally")
+        return resolve_local(spec)
+    except Exception as exc:
+        raise RecipeError(f"input {spec!r} is neither a path nor a dataset lmembed can find locally") from exc
 
 
 # ---------------------------------------------------------------------------------------------- prepare
