@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from pathlib import Path
 
@@ -16,6 +17,11 @@ def shared_or_exit(relative: str = "") -> Path:
     if not path.exists():
         sys.exit(f"skipped: real data not found at {path} (expected ../shared/datasets beside the checkout)")
     return path
+
+
+def peak_rss_mb() -> float:
+    """The largest resident set size this process has had so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:

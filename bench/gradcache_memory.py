@@ -34,8 +34,10 @@ import threading
 import time
 from pathlib import Path
 
+from _common import SHARED, shared_or_exit
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "datasets" / "training" / "nli_triplets.jsonl"
+DATA = SHARED / "training" / "nli_triplets.jsonl"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -190,6 +192,8 @@ def main() -> None:
         spec = json.loads(args.child)
         print(json.dumps(measure_step(args, spec["batch"], spec["chunk"])))
         return
+    if args.data == str(DATA):
+        shared_or_exit("training/nli_triplets.jsonl")
     checkpointing = ", gradient checkpointing" if args.gradient_checkpointing else ""
     print(
         f"model {args.model} ({'LoRA' if args.lora else 'full'}{checkpointing}), max_length {args.max_length}, "

@@ -20,20 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from _common import SHARED, peak_rss_mb, shared_or_exit
 from lmembed import Embedder
 from lmembed.training.data import DataSource, read_beir
 from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import Trainer, evaluate_retrieval, load_eval_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "datasets"
+DATA = SHARED
 SCIFACT = DATA / "beir" / "scifact"
 
 
@@ -97,6 +97,7 @@ def evaluate(embedder: Embedder, tasks: list) -> tuple[dict[str, float], float]:
 
 def main() -> None:
     args = parse_args()
+    shared_or_exit("beir/scifact")
     if args.threads:
         torch.set_num_threads(args.threads)
     output = Path(args.output)
@@ -159,7 +160,7 @@ def build_report(before: dict, after: dict, losses: list[float], train_s: float,
         "last_loss": losses[-1] if losses else None,
         "train_minutes": train_s / 60,
         "train_time_over_before_eval_time": train_s / encode_s if encode_s else None,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "negatives": "mined" if args.mine_negatives else "random",
         "eval": {"queries": args.eval_queries, "docs": args.eval_docs},
     }

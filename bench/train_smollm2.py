@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
 import torch
 
+from _common import SHARED, peak_rss_mb, shared_or_exit
 from lmembed import Embedder
 from lmembed.training.data import DataSource
 from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import Trainer, evaluate_retrieval, load_eval_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "datasets"
+DATA = SHARED
 
 
 def parse_args() -> argparse.Namespace:
@@ -62,10 +62,6 @@ def parse_args() -> argparse.Namespace:
         args.steps, args.batch_size, args.max_length, args.warmup_steps = 3, 4, 32, 1
         args.eval_queries, args.eval_docs, args.time_budget_min = 8, 40, 5.0
     return args
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def scores_of(embedder: Embedder, tasks: list, batch_size: int = 16) -> tuple[dict[str, float], float]:
@@ -103,6 +99,8 @@ def train(trainer: Trainer, budget_s: float) -> tuple[int, float]:
 
 def main() -> None:
     args = parse_args()
+    if args.data_root == DATA:
+        shared_or_exit()
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.eval_sets.split(",") if n.strip()]
