@@ -253,6 +253,7 @@ def test_run_objective_saves_a_loadable_embedder(tokenizer, tmp_path):
     result = run_objective(config, embedder=embedder)
     assert len(result.losses) == 2
     assert (result.output / "metrics.jsonl").read_text().count("\n") == 2
+    assert (result.output / "loss_curve.png").stat().st_size > 0
     loaded = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
     assert loaded.config.attention == "bidirectional"
     assert loaded.encode(["the cat"]).shape == (1, 32)

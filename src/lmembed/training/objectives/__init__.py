@@ -11,8 +11,8 @@ name        what it trains                                                    da
 
 An objective wraps a :class:`~lmembed.training.model.TrainableEmbedder` and exposes
 ``loss(batch) -> (tensor, metrics)``; :func:`run_objective` drives any of them with AdamW, linear
-warm-up and decay, gradient clipping, ``metrics.jsonl`` logging, and saves an ordinary Embedder
-directory (``<output>/model``, LoRA merged) that the next stage loads.
+warm-up and decay, gradient clipping, ``metrics.jsonl`` logging and a loss-curve PNG, and saves an
+ordinary Embedder directory (``<output>/model``, LoRA merged) that the next stage loads.
 
 Data (``ObjectiveConfig.data``) are trainer data sources (JSON-lines rows or BEIR folders; texts are
 the queries and positives, pairs are (query, first positive)), plain ``.txt`` files (one text per line,
@@ -220,7 +220,13 @@ def train_steps(
     *,
     log_path: Path | None = None,
 ) -> list[float]:
-    """Run ``config.steps`` optimisation steps of ``objective``; returns the loss of every step."""
+    """Run ``config.steps`` optimisation steps of ``objective``; returns the loss of every step.
+
+    With ``log_path``, records go to that JSON-lines file and the loss curve is drawn beside it.
+    """
+    from lmembed.training.trainer import CURVE_FILE, MetricsLog
+
+    metrics = MetricsLog(log_path or Path(METRICS_FILE), enabled=log_path is not None)
     model = objective.model
     optimizer = build_optimizer(model, config, ObjectiveConfigError)
     schedule = build_scheduler(optimizer, config)
@@ -240,9 +246,10 @@ def train_steps(
         losses.append(float(value.detach()))
         record = {"step": step + 1, "loss": losses[-1], "lr": lr, "grad_norm": float(norm), **extra}
         record["seconds"] = time.perf_counter() - started
-        if log_path is not None and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
-            with log_path.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
+        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+            metrics.write(record)
+    if log_path is not None:
+        metrics.plot(log_path.parent / CURVE_FILE)
     return losses
 
 
