@@ -33,3 +33,8 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def atomic_write_json(path: str | Path, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_savefig(figure: Any, path: str | Path, *, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as PNG atomically (a crash never leaves half an image)."""
+    return atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=dpi))

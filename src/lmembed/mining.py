@@ -33,10 +33,11 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from lmembed.atomic import atomic_write
 from lmembed.evaluation.search import exact_search
 from lmembed.protocols import RetrievalEncoder
 
@@ -347,14 +348,12 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
     """Write rows as JSON lines (UTF-8, one object per line), creating parent folders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+
+    def write(handle: IO[bytes]) -> None:
         for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
+            handle.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    return atomic_write(path, write)
 
 
 def load_corpus(path: str | Path) -> list[str]:

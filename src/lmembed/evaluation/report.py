@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmembed.atomic import atomic_write_text
+from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.results import load_results, strategy_slug
 
@@ -178,11 +178,7 @@ def plot_table(table: ScoreTable, path: Path, *, title: str = "Results") -> Path
     if table.rows:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
-    return path
+    return atomic_savefig(fig, path, dpi=120)
 
 
 def _table_json(table: ScoreTable) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from lmembed.atomic import atomic_write_text
+from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.evaluation.runner import StrategyResult, evaluate_strategies, load_task, sweep_configs, write_all
 
@@ -87,8 +87,7 @@ def plot_sweep(rows: Sequence[dict], model: str, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return path
 

@@ -26,7 +26,6 @@ Output folder layout::
 from __future__ import annotations
 
 import inspect
-import io
 import json
 import logging
 import math
@@ -44,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmembed.atomic import atomic_write, atomic_write_text
+from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.embedder import Embedder
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.data import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
@@ -326,10 +325,8 @@ def plot_loss_curve(records: Sequence[dict[str, Any]], path: Path) -> None:
         right.legend(loc="upper right", fontsize="small")
     ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
+    atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
-    atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
 
 
 def _smooth(values: Sequence[float], weight: float = 0.9) -> list[float]:
