@@ -116,13 +116,13 @@ def measure_step(args: argparse.Namespace, batch: int, chunk: int | None) -> dic
     """One training step in this process; returns its memory rise and duration."""
     import torch
 
-    from lmembed.training.data import TrainDataset, read_jsonl
+    from lmembed.training.data import TrainDataset, read_jsonl_examples
     from lmembed.training.train_config import TrainConfig
     from lmembed.training.trainer import Trainer
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    examples, _ = read_jsonl(args.data)
+    examples, _ = read_jsonl_examples(args.data)
     examples = examples[: max(batch, 64)]
     pool = [t for e in examples for t in (*e.positives, *e.negatives)]
     embedder = load_model(args)

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_data(args: argparse.Namespace) -> tuple[list[dict], list[str]]:
     """Training rows (one per judged query) and the candidate corpus."""
-    from lmembed.evaluation.data import load_beir
+    from lmembed.evaluation.retrieval_data import load_beir
     from lmembed.training.converters import beir_rows
     from lmembed.training.recipes import resolve_input
 

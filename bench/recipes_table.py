@@ -68,7 +68,7 @@ def recipe_paths(names: list[str] | None) -> list[Path]:
 
 
 def eval_tasks(datasets: list[str], max_queries: int, max_docs: int) -> list[Any]:
-    from lmembed.training.trainer import load_eval_tasks
+    from lmembed.training.dev_eval import load_eval_tasks
 
     return load_eval_tasks(datasets, "test", max_queries=max_queries, max_docs=max_docs, seed=0)
 

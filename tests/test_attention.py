@@ -43,9 +43,15 @@ def test_unsupported_family_fails_loudly(tokenizer):
     from lmembed import Embedder, EmbeddingConfig
 
     model = GPT2Model(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tokenizer), n_positions=64))
-    emb = Embedder.from_model(model, tokenizer, EmbeddingConfig(attention="bidirectional"), use_cache=False)
+    # refused when the strategy is set, not accepted and recorded first
     with pytest.raises(AttentionError, match="Llama"):
-        emb.encode([A])
+        Embedder.from_model(model, tokenizer, EmbeddingConfig(attention="bidirectional"), use_cache=False)
+    causal = Embedder.from_model(model, tokenizer, EmbeddingConfig(), use_cache=False)
+    assert causal.backbone.is_decoder
+    with pytest.raises(AttentionError, match="Llama"):
+        causal.with_config(causal.config.with_options(attention="bidirectional"))
+    with pytest.raises(AttentionError, match="Llama"):
+        causal.encode_strategies([A], [causal.config.with_options(attention="bidirectional")])
 
 
 def test_a_mask_that_stops_working_is_caught(make_embedder, monkeypatch):

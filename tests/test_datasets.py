@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lmembed import datasets
+from lmembed import datasets, paths
 from lmembed.datasets import (
     ArchiveSpec,
     ChecksumMismatchError,
@@ -17,17 +17,18 @@ from lmembed.datasets import (
     canonical_name,
     resolve_dataset,
     resolve_local,
-    shared_datasets_dir,
 )
+from lmembed.paths import shared_datasets_dir
 
 REAL_FETCH = datasets._fetch
 
 
 @pytest.fixture
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No $LMEMBED_DATA, no shared folder, a private home cache and no network."""
-    monkeypatch.delenv(datasets.DATA_ENV_VAR, raising=False)
-    monkeypatch.setattr(datasets, "_shared_candidates", lambda: [tmp_path / "no-shared"])
+    """No $LMEMBED_DATA or $LMEMBED_HOME, no shared folder, a private home cache and no network."""
+    monkeypatch.delenv(paths.DATA_ENV_VAR, raising=False)
+    monkeypatch.delenv(paths.HOME_ENV_VAR, raising=False)
+    monkeypatch.setattr(paths, "shared_candidates", lambda: [tmp_path / "no-shared"])
     monkeypatch.setattr(Path, "home", classmethod(lambda cls: tmp_path / "home"))
 
     def offline(url: str, dest: Path, *, timeout: float = 60.0) -> None:
@@ -49,10 +50,10 @@ def test_env_var_before_shared(isolated: Path, monkeypatch: pytest.MonkeyPatch) 
     env, shared = isolated / "env", isolated / "shared"
     (env / "scifact").mkdir(parents=True)
     (shared / "beir" / "scifact").mkdir(parents=True)
-    monkeypatch.setattr(datasets, "_shared_candidates", lambda: [shared])
-    monkeypatch.setenv(datasets.DATA_ENV_VAR, str(env))
+    monkeypatch.setattr(paths, "shared_candidates", lambda: [shared])
+    monkeypatch.setenv(paths.DATA_ENV_VAR, str(env))
     assert resolve_dataset("scifact") == (env / "scifact").resolve()
-    monkeypatch.delenv(datasets.DATA_ENV_VAR)
+    monkeypatch.delenv(paths.DATA_ENV_VAR)
     assert resolve_dataset("scifact") == (shared / "beir" / "scifact").resolve()
 
 
@@ -60,7 +61,7 @@ def test_resolve_local_finds_files_inside_a_dataset_folder(isolated: Path, monke
     env = isolated / "env"
     (env / "training").mkdir(parents=True)
     (env / "training" / "rows.jsonl").write_text("{}\n")
-    monkeypatch.setenv(datasets.DATA_ENV_VAR, str(env))
+    monkeypatch.setenv(paths.DATA_ENV_VAR, str(env))
     assert resolve_local("training/rows.jsonl") == (env / "training").resolve() / "rows.jsonl"
     (isolated / "here.jsonl").touch()
     assert resolve_local("here.jsonl") == Path("here.jsonl")  # an existing path is returned as given
@@ -70,7 +71,7 @@ def test_resolve_local_finds_files_inside_a_dataset_folder(isolated: Path, monke
 
 def test_env_var_with_shared_layout(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (isolated / "env" / "sts" / "sickr").mkdir(parents=True)
-    monkeypatch.setenv(datasets.DATA_ENV_VAR, str(isolated / "env"))
+    monkeypatch.setenv(paths.DATA_ENV_VAR, str(isolated / "env"))
     assert resolve_dataset("SICK-R") == (isolated / "env" / "sts" / "sickr").resolve()
 
 
@@ -84,13 +85,13 @@ def test_shared_dir_discovery(isolated: Path, monkeypatch: pytest.MonkeyPatch) -
     assert shared_datasets_dir() is None
     real = isolated / "shared" / "datasets"
     real.mkdir(parents=True)
-    monkeypatch.setattr(datasets, "_shared_candidates", lambda: [isolated / "nope", real])
+    monkeypatch.setattr(paths, "shared_candidates", lambda: [isolated / "nope", real])
     assert shared_datasets_dir() == real.resolve()
 
 
 def test_shared_candidates_are_relative_to_checkout_and_cwd() -> None:
-    candidates = datasets._shared_candidates()
-    root = Path(datasets.__file__).resolve().parents[2]
+    candidates = paths.shared_candidates()
+    root = Path(paths.__file__).resolve().parents[2]
     assert candidates[0] == root.parent / "shared" / "datasets"
     assert Path.cwd().parent / "shared" / "datasets" in candidates
 
@@ -104,6 +105,18 @@ def test_failed_download_names_everything_tried(isolated: Path) -> None:
     assert str(isolated / "no-shared" / "beir" / "scifact") in message
     assert str(isolated / "home" / ".cache" / "lmembed" / "datasets" / "scifact") in message
     assert "LMEMBED_DATA" in message
+
+
+def test_lmembed_home_moves_the_download_cache(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(paths.HOME_ENV_VAR, str(isolated / "lmhome"))
+    with pytest.raises(DatasetNotFoundError) as info:
+        resolve_dataset("scifact")
+    assert str(isolated / "lmhome" / "datasets" / "scifact") in str(info.value)
+    assert str(isolated / "home" / ".cache") not in str(info.value)
+    spec = _zip(isolated / "toy.zip", {"toy/corpus.jsonl": "{}\n"})
+    monkeypatch.setitem(datasets.ARCHIVES, "toy", spec)
+    monkeypatch.setattr(datasets, "_fetch", REAL_FETCH)  # urllib reads file:// URLs
+    assert resolve_dataset("toy") == (isolated / "lmhome" / "datasets" / "toy").resolve()
 
 
 def test_unknown_or_undownloadable_names(isolated: Path) -> None:
@@ -124,7 +137,7 @@ def _zip(path: Path, members: dict[str, str]) -> ArchiveSpec:
 def test_verified_download_is_extracted_into_cache(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = _zip(isolated / "toy.zip", {"toy/corpus.jsonl": "{}\n", "toy/qrels/test.tsv": "a\tb\t1\n"})
     monkeypatch.setitem(datasets.ARCHIVES, "toy", spec)
-    monkeypatch.setenv(datasets.DATA_ENV_VAR, str(isolated / "cache"))
+    monkeypatch.setenv(paths.DATA_ENV_VAR, str(isolated / "cache"))
     monkeypatch.setattr(datasets, "_fetch", REAL_FETCH)  # urllib reads file:// URLs
     path = resolve_dataset("toy")
     assert path == (isolated / "cache" / "toy").resolve()
@@ -137,7 +150,7 @@ def test_checksum_mismatch_is_refused(isolated: Path, monkeypatch: pytest.Monkey
     spec = _zip(isolated / "toy.zip", {"toy/corpus.jsonl": "{}\n"})
     bad = ArchiveSpec(url=spec.url, sha256="0" * 64)
     monkeypatch.setitem(datasets.ARCHIVES, "toy", bad)
-    monkeypatch.setenv(datasets.DATA_ENV_VAR, str(isolated / "cache"))
+    monkeypatch.setenv(paths.DATA_ENV_VAR, str(isolated / "cache"))
     monkeypatch.setattr(datasets, "_fetch", REAL_FETCH)  # urllib reads file:// URLs
     with pytest.raises(DatasetNotFoundError, match=r"ChecksumMismatchError: .*sha256"):
         resolve_dataset("toy")

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from lmembed.cli import app
 from lmembed.config import ConfigError, EmbeddingConfig
-from lmembed.evaluation.retrieval import RetrievalTask
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, sweep_configs
+from lmembed.evaluation.tasks.retrieval import RetrievalTask
 
 DOCS = [
     ("d1", "the cat sat on the mat"),
@@ -55,7 +55,7 @@ def test_grid_parsing_and_expansion():
 
 def test_grid_shares_forward_passes(make_embedder, beir, monkeypatch):
     emb = make_embedder("llama", pooling="mean")
-    task = RetrievalTask.from_folder(beir, name="toy")
+    task = RetrievalTask.from_path(beir, name="toy")
     calls = []
     original = emb.backbone.model.forward
     monkeypatch.setattr(emb.backbone.model, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))

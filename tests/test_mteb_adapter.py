@@ -34,6 +34,7 @@ from lmembed.evaluation.tasks import (  # noqa: E402
     ClusteringTask,
     PairClassificationTask,
     RerankingTask,
+    RetrievalTask,
     STSTask,
     SummarizationTask,
 )
@@ -339,15 +340,13 @@ def test_reranking_matches_mteb2_retrieval_style(mteb_scores):
 
 
 def test_retrieval_matches_lmembed_retrieval_task(tmp_path: Path):
-    from lmembed.evaluation.retrieval import RetrievalTask
-
     corpus, queries, qrels = _retrieval_rows()
     (tmp_path / "qrels").mkdir()
     (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
     (tmp_path / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{s}" for q, docs in qrels.items() for d, s in docs.items()]
     (tmp_path / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
-    ours = RetrievalTask.from_folder(tmp_path, name="TinyRetrieval").evaluate(HashEncoder()).scores
+    ours = RetrievalTask.from_path(tmp_path, name="TinyRetrieval").evaluate(HashEncoder()).scores
     theirs = evaluate_with_mteb(HashEncoder(), [TinyRetrieval()]).task_results[0].scores["test"][0]
     for key in ("ndcg_at_10", "map_at_10", "recall_at_10", "mrr_at_10"):
         _close(theirs[key], ours[key], RANKING_TOL)

@@ -7,8 +7,8 @@ import torch
 
 from conftest import tiny_model
 from lmembed import Embedder, EmbeddingConfig
-from lmembed.training.model import TrainableEmbedder
-from lmembed.training.objectives import (
+from lmembed.training.stages import (
+    OBJECTIVES,
     BatchStream,
     ObjectiveConfig,
     ObjectiveConfigError,
@@ -17,8 +17,8 @@ from lmembed.training.objectives import (
     run_objective,
     train_steps,
 )
-from lmembed.training.objectives.anchor import build_prefix_inputs, combine_losses
-from lmembed.training.objectives.mntp import (
+from lmembed.training.stages.anchor import build_prefix_inputs, combine_losses
+from lmembed.training.stages.mntp import (
     IGNORE,
     TiedLMHead,
     mask_tokens,
@@ -26,7 +26,9 @@ from lmembed.training.objectives.mntp import (
     mntp_loss,
     mntp_targets,
 )
-from lmembed.training.objectives.simcse import has_active_dropout, set_attention_dropout
+from lmembed.training.stages.simcse import has_active_dropout, set_attention_dropout
+from lmembed.training.train_config import OBJECTIVE_NAMES
+from lmembed.training.trainable import TrainableEmbedder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -228,6 +230,12 @@ def test_batch_stream_is_deterministic_and_covers_every_item():
 def test_unknown_objective_is_rejected():
     with pytest.raises(ObjectiveConfigError, match="unknown"):
         ObjectiveConfig(objective="nope")
+
+
+def test_every_stage_name_the_config_accepts_is_registered():
+    assert set(OBJECTIVES) == set(OBJECTIVE_NAMES)
+    for name in OBJECTIVE_NAMES:
+        assert ObjectiveConfig(objective=name).objective == name
 
 
 def test_load_items_from_rows_and_text_file(tmp_path):

@@ -10,7 +10,6 @@ import pytest
 
 from conftest import REPO, shared_or_skip, tiny_model
 from lmembed import Embedder, EmbeddingConfig
-from lmembed.training.objectives import ObjectiveConfig
 from lmembed.training.recipes import (
     RecipeError,
     apply_overrides,
@@ -19,7 +18,9 @@ from lmembed.training.recipes import (
     plan_recipe,
     run_recipe,
 )
+from lmembed.training.stages import ObjectiveConfig
 from lmembed.training.train_config import TrainConfig
+from lmembed.training.trainable import TrainableEmbedder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -222,8 +223,6 @@ def test_prepared_data_is_reused_when_unchanged(tmp_path, tiny_dir):
 
 
 def test_symmetric_sources_instruct_the_documents(tmp_path, tiny_dir, monkeypatch):
-    from lmembed.training.model import TrainableEmbedder
-
     calls: list[list] = []
     original = TrainableEmbedder.tokenize
 

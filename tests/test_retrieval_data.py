@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lmembed.datasets import shared_datasets_dir
-from lmembed.evaluation.data import DataFormatError, load_beir, read_qrels
+from lmembed.evaluation.retrieval_data import load_beir
+from lmembed.io import DataFormatError, read_qrels
+from lmembed.paths import shared_datasets_dir
 
 CORPUS = [
     {"_id": "d1", "title": "Cats", "text": "Cats purr.", "metadata": {}},
@@ -109,7 +110,7 @@ def test_missing_id_field_is_an_error(tmp_path: Path) -> None:
 
 def test_missing_ids_are_reported_and_judgments_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     qrels = {"test": [("q1", "d1", 1), ("q1", "ghost-doc", 1), ("q9", "d2", 1)]}
-    with caplog.at_level(logging.WARNING, logger="lmembed.evaluation.data"):
+    with caplog.at_level(logging.WARNING, logger="lmembed.evaluation.retrieval_data"):
         data = load_beir(write_beir(tmp_path / "toy", qrels=qrels))
     assert data.qrels["q1"] == {"d1": 1, "ghost-doc": 1}  # kept, as MTEB keeps it
     assert data.qrels["q9"] == {"d2": 1}

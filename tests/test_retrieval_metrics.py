@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from lmembed.datasets import shared_datasets_dir
+from lmembed import task_registry
 from lmembed.evaluation.metrics import (
     K_VALUES,
     drop_identical_ids,
@@ -16,7 +16,9 @@ from lmembed.evaluation.metrics import (
     mrr_at_k,
     trec_order,
 )
-from lmembed.evaluation.retrieval import RetrievalTask, score_embeddings, task_spec
+from lmembed.evaluation.tasks import build_task
+from lmembed.evaluation.tasks.retrieval import RetrievalTask, score_embeddings
+from lmembed.paths import shared_datasets_dir
 
 
 def test_hand_checked_single_query() -> None:
@@ -153,7 +155,8 @@ def _shared_beir(name: str):
 
 
 def test_real_scifact_matches_direct_pytrec_eval() -> None:
-    task = RetrievalTask.from_name("SciFact", path=_shared_beir("scifact"))
+    task = build_task(task_registry.get("SciFact"), _shared_beir("scifact"))
+    assert isinstance(task, RetrievalTask)
     encoder = HashedBagOfWords()
     q, c, _ = task.encode(encoder)
     scored = score_embeddings(task.data, q, c)
@@ -183,7 +186,7 @@ def test_real_scifact_matches_direct_pytrec_eval() -> None:
 
 
 def test_evaluate_encodes_with_instruction_and_times_stages(tmp_path) -> None:
-    from lmembed.evaluation.data import RetrievalData
+    from lmembed.evaluation.retrieval_data import RetrievalData
 
     class Recorder(HashedBagOfWords):
         def encode_queries(self, texts, *, instruction=None, batch_size=32):
@@ -194,7 +197,7 @@ def test_evaluate_encodes_with_instruction_and_times_stages(tmp_path) -> None:
         "Toy", "test", ["d1", "d2"], ["cats purr", "dogs bark"], ["q1"], ["do cats purr"], {"q1": {"d1": 1}}
     )
     encoder = Recorder(dim=64)
-    result = RetrievalTask(data).evaluate(encoder, batch_size=7, instruction="Find the passage:")
+    result = RetrievalTask(data, instruction="Find the passage:").evaluate(encoder, batch_size=7)
     assert encoder.seen == (["do cats purr"], "Find the passage:", 7)
     assert result.main_score == 1.0 and result.extra["instruction"] == "Find the passage:"
     timings = result.extra["timings"]
@@ -204,15 +207,17 @@ def test_evaluate_encodes_with_instruction_and_times_stages(tmp_path) -> None:
 
 
 def test_task_settings_follow_mteb() -> None:
-    assert task_spec("arguana").ignore_identical_ids is True
-    assert task_spec("SciFact").ignore_identical_ids is False
-    assert task_spec("nfcorpus").name == "NFCorpus"
-    with pytest.raises(KeyError, match="unknown retrieval task"):
-        task_spec("msmarco")
+    assert task_registry.get("arguana").ignore_identical_ids is True
+    assert task_registry.get("SciFact").ignore_identical_ids is False
+    assert task_registry.get("nfcorpus").name == "NFCorpus"
+    with pytest.raises(KeyError, match="unknown task"):
+        task_registry.get("no-such-task")
+    msmarco = task_registry.get("msmarco")  # known (type, split, instruction) without local data
+    assert (msmarco.task_type, msmarco.split, msmarco.path) == ("Retrieval", "dev", None)
 
 
 def test_arguana_style_task_drops_self_hits(tmp_path) -> None:
-    from lmembed.evaluation.data import RetrievalData
+    from lmembed.evaluation.retrieval_data import RetrievalData
 
     ids = [f"a{i}" for i in range(6)]
     data = RetrievalData(
@@ -240,7 +245,7 @@ def test_arguana_style_task_drops_self_hits(tmp_path) -> None:
 
 
 def test_wrong_embedding_shapes_are_rejected() -> None:
-    from lmembed.evaluation.data import RetrievalData
+    from lmembed.evaluation.retrieval_data import RetrievalData
 
     data = RetrievalData("T", "test", ["d"], ["d"], ["q"], ["q"], {"q": {"d": 1}})
     with pytest.raises(ValueError, match="query embeddings"):

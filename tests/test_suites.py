@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmembed.datasets import shared_datasets_dir
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.instructions import STS_INSTRUCTION, format_instruction, instruction_for, instruction_sides
 from lmembed.evaluation.suites import SUITES, aggregate, locate, run_suite, suite_task_names
+from lmembed.paths import shared_datasets_dir
 
 SHARED = shared_datasets_dir() or Path("/nonexistent")
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmembed.datasets import shared_datasets_dir
 from lmembed.evaluation.tasks import ClassificationTask, load_task
-from lmembed.evaluation.tasks.classification import KNOWN_CLASSIFICATION, undersample
+from lmembed.evaluation.tasks.classification import undersample
+from lmembed.paths import shared_datasets_dir
+from lmembed.task_registry import TASKS
 
 SHARED = (shared_datasets_dir() or Path("/nonexistent")) / "classification"
 
@@ -146,8 +147,8 @@ def test_from_path(tmp_path):
 
 
 def test_known_settings():
-    assert KNOWN_CLASSIFICATION["EmotionClassification"].settings["samples_per_label"] == 16
-    assert "samples_per_label" not in KNOWN_CLASSIFICATION["Banking77Classification"].settings
+    assert TASKS["EmotionClassification"].settings["samples_per_label"] == 16
+    assert "samples_per_label" not in TASKS["Banking77Classification"].settings
 
 
 @pytest.mark.skipif(not (SHARED / "banking77/train.jsonl").is_file(), reason="shared data absent")
@@ -159,6 +160,6 @@ def test_real_sample_counts_banking77_and_emotion():
     assert all(set(Counter(banking.train_labels[i] for i in s).values()) == {8} for s in selections)
     assert selections == mteb_112_undersample(banking.train_labels, 8)
     emotion = ClassificationTask.from_path(
-        SHARED / "emotion", name="EmotionClassification", **KNOWN_CLASSIFICATION["EmotionClassification"].settings
+        SHARED / "emotion", name="EmotionClassification", **TASKS["EmotionClassification"].settings
     )
     assert [len(s) for s in emotion.experiments()] == [96] * 10  # 6 labels x 16

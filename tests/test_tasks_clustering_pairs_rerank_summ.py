@@ -12,6 +12,7 @@ from lmembed.evaluation.tasks import (
     ClusteringTask,
     PairClassificationTask,
     RerankingTask,
+    RetrievalTask,
     SummarizationTask,
     TaskDataError,
     canonical_task_type,
@@ -274,14 +275,12 @@ def test_explicit_task_type_and_aliases(tmp_path):
 
 
 def test_load_task_binds_a_retrieval_instruction_to_the_queries(tmp_path):
-    from lmembed.evaluation.tasks import InstructedTask
-
     _write_jsonl(tmp_path / "corpus.jsonl", [{"_id": "d1", "title": "", "text": "d1"}, {"_id": "d2", "text": "d2"}])
     _write_jsonl(tmp_path / "queries.jsonl", [{"_id": "q1", "text": "q1"}])
     (tmp_path / "qrels").mkdir()
     (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
     task = load_task(tmp_path, name="Tiny", instruction="Find it")
-    assert isinstance(task, InstructedTask)
+    assert isinstance(task, RetrievalTask) and task.instruction == "Find it"
     assert (task.name, task.task_type, task.split) == ("Tiny", "Retrieval", "test")
     encoder = TableEncoder({"q1": _angle(0), "d1": _angle(10), "d2": _angle(80)})
     result = task.evaluate(encoder, batch_size=4)

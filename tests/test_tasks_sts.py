@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from scipy.stats import pearsonr, spearmanr
 
-from lmembed.datasets import shared_datasets_dir
 from lmembed.evaluation.tasks import STSTask, load_task
-from lmembed.evaluation.tasks.sts import KNOWN_STS, sts_scores
+from lmembed.evaluation.tasks.sts import sts_scores
+from lmembed.paths import shared_datasets_dir
+from lmembed.task_registry import TASKS
 
 SHARED = shared_datasets_dir() or Path("/nonexistent")
 
@@ -136,7 +137,7 @@ def test_from_path_reads_jsonl(tmp_path):
 
 def test_known_table_points_at_shared_copies():
     for name in ("STSBenchmark", "SICK-R", "STS12", "STS16"):
-        assert KNOWN_STS[name].path.startswith("sts/")
+        assert TASKS[name].task_type == "STS" and TASKS[name].path.startswith("sts/")
 
 
 @pytest.mark.skipif(not (SHARED / "sts/sickr/test.jsonl").is_file(), reason="shared data absent")

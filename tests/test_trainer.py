@@ -16,9 +16,12 @@ import torch
 
 from conftest import REPO, tiny_model
 from lmembed import Embedder, EmbeddingConfig
-from lmembed.training.model import LoraSettings, TrainableEmbedder, trim_padding
+from lmembed.training.dev_eval import subsample_retrieval
+from lmembed.training.distributed import setup_distributed
+from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.train_config import TrainConfig, TrainConfigError
-from lmembed.training.trainer import Trainer, build_training_loss
+from lmembed.training.trainable import LoraSettings, TrainableEmbedder, trim_padding
+from lmembed.training.trainer import Trainer
 from test_training_data import make_beir, write_jsonl
 
 ROWS = [
@@ -315,8 +318,7 @@ def test_kill_9_after_a_checkpoint_then_resume(tmp_path, tokenizer, data_file):
 
 
 def test_subsample_keeps_relevant_documents_first():
-    from lmembed.evaluation.data import RetrievalData
-    from lmembed.training.trainer import subsample_retrieval
+    from lmembed.evaluation.retrieval_data import RetrievalData
 
     data = RetrievalData(
         name="x",
@@ -355,8 +357,6 @@ def test_cli_registers_train_command():
 
 
 def test_setup_distributed_always_names_a_cuda_index(monkeypatch):
-    from lmembed.training.trainer import setup_distributed
-
     chosen: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)

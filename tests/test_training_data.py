@@ -19,7 +19,7 @@ from lmembed.training.data import (
     load_sources,
     mixture_weights,
     read_beir,
-    read_jsonl,
+    read_jsonl_examples,
 )
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
@@ -65,7 +65,7 @@ def test_jsonl_accepts_other_tools_spellings(tmp_path):
             {"question": "q4", "positives": ["p4"]},
         ],
     )
-    examples, skipped = read_jsonl(path)
+    examples, skipped = read_jsonl_examples(path)
     assert skipped == 0
     assert examples[0] == TrainExample("q1", ("p1",), ("n1", "n2"), "find", "t")
     assert examples[1] == TrainExample("q2", ("p2a", "p2b"), ("n3",))
@@ -88,7 +88,7 @@ def test_jsonl_accepts_other_tools_spellings(tmp_path):
 def test_jsonl_errors_name_file_and_line(tmp_path, row, message):
     path = write_jsonl(tmp_path / "bad.jsonl", [{"query": "ok", "positive": "fine"}, row])
     with pytest.raises(TrainingDataError) as info:
-        read_jsonl(path)
+        read_jsonl_examples(path)
     assert f"{path}:2:" in str(info.value)
     assert message in str(info.value)
 
@@ -97,7 +97,7 @@ def test_jsonl_skip_invalid_counts(tmp_path):
     path = write_jsonl(
         tmp_path / "d.jsonl", [{"query": "q", "positive": "p"}, {"query": "q"}, {"query": "", "pos": "x"}]
     )
-    examples, skipped = read_jsonl(path, skip_invalid=True)
+    examples, skipped = read_jsonl_examples(path, skip_invalid=True)
     assert len(examples) == 1 and skipped == 2
     assert load_source(DataSource(str(path)), skip_invalid=True).skipped == 2
 

@@ -1,26 +1,31 @@
 """``lmembed eval``, ``lmembed sweep`` and ``lmembed report``: the evaluation commands.
 
 ``lmembed eval`` with no arguments is the main job: the bundled models on SciFact (see
-:func:`main_job_plan`).
+:func:`lmembed.evaluation.main_job.main_job_plan`). The work is done by :mod:`lmembed.evaluation`;
+this module parses options and prints.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import random
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from lmembed.config import EmbeddingConfig
+from lmembed.evaluation.base import Task
+from lmembed.evaluation.main_job import (
+    MAIN_JOB_METRICS,
+    instruction_lookup,
+    resolve_eval_tasks,
+    suite_summary_lines,
+)
+from lmembed.evaluation.main_job import run_main_job as run_main_job_library
+from lmembed.evaluation.runner import StrategyResult, results_table
 
 console = Console(stderr=True)
 out_console = Console()
 
-MAIN_JOB_SUBSET = 500
-MAIN_JOB_DECODER_MAX_LENGTH = 256
 DataOpt = Annotated[
     list[str] | None,
     typer.Option("--data", "-d", help="Dataset name (scifact, nfcorpus, stsbenchmark ...) or directory; repeatable."),
@@ -35,68 +40,11 @@ GridOpt = Annotated[
 ]
 
 
-def subsample_corpus(task: Any, size: int, seed: int = 0) -> Any:
-    """A copy of a retrieval task whose corpus keeps every judged document plus random others, up to
-    ``size`` documents. Its name says so (``SciFact[1000 docs]``): scores are not MTEB's."""
-    from lmembed.evaluation.retrieval import RetrievalTask
-
-    data = task.data
-    judged = {doc for docs in data.qrels.values() for doc in docs}
-    keep = [i for i, d in enumerate(data.corpus_ids) if d in judged]
-    others = [i for i, d in enumerate(data.corpus_ids) if d not in judged]
-    random.Random(seed).shuffle(others)
-    keep = sorted(keep + others[: max(0, size - len(keep))])
-    name = f"{task.name}[{len(keep)} docs]"
-    sub = dataclasses.replace(
-        data,
-        name=name,
-        corpus_ids=[data.corpus_ids[i] for i in keep],
-        corpus_texts=[data.corpus_texts[i] for i in keep],
-    )
-    return RetrievalTask(sub, name=name, ignore_identical_ids=task.ignore_identical_ids)
-
-
-def main_job_plan() -> list[tuple[str, list[EmbeddingConfig], str]]:
-    """(model, strategies, corpus) triples of the default evaluation.
-
-    minilm runs on the full SciFact (comparable with MTEB's published 64.51). The 135M-parameter
-    decoder is ~30x slower per token on a laptop CPU, so it runs on a SciFact corpus reduced to every
-    judged document plus random distractors (500 docs) and truncated at 256 tokens like minilm, with
-    minilm repeated there for a fair comparison; four read-outs share one forward pass. Middle layers
-    are read through the final norm: raw middle-layer states of this model carry a few "massive
-    activation" dimensions (|x| ~ 4000) that make every mean-pooled vector nearly identical.
-    """
-    decoder = [
-        EmbeddingConfig(pooling="mean", layer=-1),
-        EmbeddingConfig(pooling="weighted_mean", layer=-1),
-        EmbeddingConfig(pooling="mean", layer=15, final_norm=True),
-        EmbeddingConfig(pooling="mean", layer=(15, 16), final_norm=True),
-    ]
-    return [
-        ("minilm", [EmbeddingConfig(pooling="mean")], "full"),
-        ("minilm", [EmbeddingConfig(pooling="mean")], "subset"),
-        ("smollm2-135m", decoder, "subset"),
-    ]
-
-
 def run_main_job(output: Path, batch_size: int) -> None:
-    from lmembed import Embedder
-    from lmembed.evaluation.retrieval import RetrievalTask
-    from lmembed.evaluation.runner import evaluate_strategies, results_table, write_all
-
+    """The main job, with its progress and results table printed."""
     console.print("[bold]lmembed main job[/]: bundled models on SciFact (cached embeddings make re-runs fast)")
-    full = RetrievalTask.from_name("scifact")
-    subset = subsample_corpus(full, MAIN_JOB_SUBSET)
-    results = []
-    for model, configs, corpus in main_job_plan():
-        task = full if corpus == "full" else subset
-        console.print(f"• {model} on {task.name}: {', '.join(c.label() for c in configs)}")
-        max_length = MAIN_JOB_DECODER_MAX_LENGTH if model != "minilm" else None
-        embedder = Embedder.from_pretrained(model, config=configs[0], max_length=max_length)
-        configs = [dataclasses.replace(c, max_length=embedder.config.max_length) for c in configs]
-        results += evaluate_strategies(embedder, [task], configs, batch_size=batch_size)
-    write_all(results, output)
-    out_console.print(results_table(results, metrics=("ndcg_at_10", "map_at_10", "mrr_at_10", "recall_at_100")))
+    results = run_main_job_library(output, batch_size, progress=console.print)
+    out_console.print(results_table(results, metrics=MAIN_JOB_METRICS))
     console.print(f"results written under {output}/ (render with `lmembed report {output}`)")
     console.print("evaluate your own BEIR folder: lmembed eval --model minilm --data path/to/folder")
 
@@ -192,45 +140,14 @@ def register(app: typer.Typer) -> None:
 
 def _tasks(
     data: list[str] | None, suite: str | None, task_type: str | None, instructions: str | None
-) -> tuple[list[Any], list[str]]:
+) -> tuple[list[Task], list[str]]:
     """Tasks named by --data and --suite (with per-task instructions bound), and the suite's absent ones."""
-    from lmembed.evaluation.runner import load_task, unwrap
-
-    tasks = [load_task(d, task_type=task_type) for d in data or []]
-    missing: list[str] = []
-    if suite:
-        from lmembed.evaluation.suites import build_task, default_data_root, locate, suite_task_names
-
-        root = default_data_root()
-        for name in suite_task_names(suite):
-            located = locate(name, root) if root else None
-            if located is None or not located.available:
-                missing.append(name)
-                continue
-            tasks.append(unwrap(build_task(located)))
-    lookup = _instruction_lookup(instructions)
-    if lookup:
-        for task in tasks:
-            if hasattr(task, "instruction"):  # symmetric task types carry their own instruction
-                task.instruction = lookup(task)
-    return tasks, missing
+    return resolve_eval_tasks(data, suite, task_type, instructions)
 
 
-def _instruction_lookup(table: str | None):
-    if not table:
-        return None
-    from lmembed.evaluation.instructions import instruction_for
-
-    return lambda task: instruction_for(task.name, table)
+_instruction_lookup = instruction_lookup
 
 
-def _print_suite_summary(results: list) -> None:
-    from lmembed.evaluation.suites import aggregate
-
-    by_key: dict[tuple[str, str], list] = {}
-    for item in results:
-        by_key.setdefault((item.result.model_name, item.config.label()), []).append(item.result)
-    for (model, label), rows in by_key.items():
-        per_type, overall, _ = aggregate(rows)
-        cells = ", ".join(f"{k} {100 * v:.2f}" for k, v in per_type.items())
-        out_console.print(f"{model} {label}: {cells}; overall {100 * (overall or 0):.2f}")
+def _print_suite_summary(results: list[StrategyResult]) -> None:
+    for line in suite_summary_lines(results):
+        out_console.print(line)

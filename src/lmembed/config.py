@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from lmembed.errors import ConfigError
+
 POOLINGS = ("cls", "mean", "last", "weighted_mean", "latent_attention")
 ATTENTIONS = ("causal", "bidirectional")
 
@@ -48,10 +50,6 @@ LayerSpec = int | tuple[int, ...]
 def unknown_options(config_class: type, options: Mapping[str, Any]) -> list[str]:
     """The keys of ``options`` that name no field of the dataclass ``config_class``, sorted."""
     return sorted(set(options) - {f.name for f in fields(config_class)})
-
-
-class ConfigError(ValueError):
-    """A strategy option has a value lmembed does not understand."""
 
 
 @dataclass(frozen=True)

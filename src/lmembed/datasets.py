@@ -1,17 +1,18 @@
-"""Find evaluation datasets by name.
+"""Find datasets by name: turn a short name or a path into a local folder, downloading it if need be.
 
 :func:`resolve_dataset` turns a short name (``"scifact"``, ``"sick-r"``) or a path into a local
 directory. It looks, in order, at:
 
 1. the argument itself, when it is an existing path;
 2. ``$LMEMBED_DATA/<name>`` (also ``$LMEMBED_DATA/<relative path>``, e.g. ``beir/scifact``);
-3. the project's shared data folder, ``../shared/datasets`` next to the checkout (found from this
-   file's location and from the working directory);
-4. the download cache (``$LMEMBED_DATA`` or ``~/.cache/lmembed/datasets``), filling it from the
-   dataset's official public archive when one is known. Archives are checked against pinned
-   checksums before anything is extracted.
+3. the project's shared data folder, ``../shared/datasets`` next to the checkout (found from the
+   package's location and from the working directory);
+4. the download cache (``$LMEMBED_DATA``, else ``$LMEMBED_HOME/datasets``, else
+   ``~/.cache/lmembed/datasets``), filling it from the dataset's official public archive when one is
+   known. Archives are checked against pinned checksums before anything is extracted.
 
-When every step fails, :class:`DatasetNotFoundError` lists each place that was tried.
+When every step fails, :class:`DatasetNotFoundError` lists each place that was tried. The folders
+and environment variables come from :mod:`lmembed.paths`; reading the files is :mod:`lmembed.io`'s.
 """
 
 from __future__ import annotations
@@ -23,36 +24,20 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmembed import paths, task_registry
+
 logger = logging.getLogger(__name__)
 
-DATA_ENV_VAR = "LMEMBED_DATA"
+#: Known dataset short names and where each lives under a data root (``shared/datasets`` or
+#: ``$LMEMBED_DATA``); derived, live, from the task registry (:mod:`lmembed.task_registry`).
+KNOWN_DATASETS: Mapping[str, str] = task_registry.dataset_locations()
 
-#: Known dataset names and where each lives under ``shared/datasets``.
-KNOWN_DATASETS: dict[str, str] = {
-    "scifact": "beir/scifact",
-    "nfcorpus": "beir/nfcorpus",
-    "arguana": "beir/arguana",
-    "stsbenchmark": "sts/stsbenchmark",
-    "sickr": "sts/sickr",
-    "sts12": "sts/sts12",
-    "sts13": "sts/sts13",
-    "sts14": "sts/sts14",
-    "sts15": "sts/sts15",
-    "sts16": "sts/sts16",
-    "banking77": "classification/banking77",
-    "emotion": "classification/emotion",
-}
-
-#: Other spellings accepted for a known name.
-ALIASES: dict[str, str] = {
-    "sick-r": "sickr",
-    "sick_r": "sickr",
-    "sts-b": "stsbenchmark",
-    "stsb": "stsbenchmark",
-}
+#: Other spellings accepted for a known name (``sick-r`` → ``sickr``), from the task registry too.
+ALIASES: Mapping[str, str] = task_registry.dataset_aliases()
 
 BEIR_URL_TEMPLATE = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 
@@ -107,57 +92,26 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(key, key)
 
 
-def _repo_root() -> Path:
-    """The checkout this source file belongs to (``src/lmembed/datasets.py`` → root)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def _shared_candidates() -> list[Path]:
-    roots = [_repo_root().parent / "shared" / "datasets", Path.cwd().parent / "shared" / "datasets"]
-    unique: list[Path] = []
-    for root in roots:
-        if root not in unique:
-            unique.append(root)
-    return unique
-
-
-def shared_datasets_dir() -> Path | None:
-    """Return the project's ``shared/datasets`` folder, or ``None`` when there is none."""
-    for candidate in _shared_candidates():
-        if candidate.is_dir():
-            return candidate.resolve()
-    return None
-
-
-def cache_dir() -> Path:
-    """Where downloaded datasets are extracted: ``$LMEMBED_DATA`` or ``~/.cache/lmembed/datasets``."""
-    env = os.environ.get(DATA_ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "lmembed" / "datasets"
-
-
 def _relative_paths(name: str) -> list[str]:
     """Relative locations worth trying for ``name`` inside a data root."""
     key = canonical_name(name)
-    paths = [name]
+    relative = [name]
     if key != name:
-        paths.append(key)
+        relative.append(key)
     if key in KNOWN_DATASETS:
-        paths.append(KNOWN_DATASETS[key])
-    return list(dict.fromkeys(paths))
+        relative.append(KNOWN_DATASETS[key])
+    return list(dict.fromkeys(relative))
 
 
 def _local_candidates(name: str) -> list[Path]:
     """Every local directory :func:`resolve_dataset` looks at, in order."""
     candidates: list[Path] = []
-    env = os.environ.get(DATA_ENV_VAR)
-    if env:
-        candidates.extend(Path(env).expanduser() / rel for rel in _relative_paths(name))
-    for root in _shared_candidates():
+    env = paths.data_env_dir()
+    if env is not None:
+        candidates.extend(env / rel for rel in _relative_paths(name))
+    for root in paths.shared_candidates():
         candidates.extend(root / rel for rel in _relative_paths(name))
-    cache = cache_dir()
-    candidates.append(cache / canonical_name(name))
+    candidates.append(paths.dataset_cache_dir() / canonical_name(name))
     return list(dict.fromkeys(candidates))
 
 
@@ -177,7 +131,7 @@ def resolve_dataset(name_or_path: str | os.PathLike[str], *, download: bool = Tr
             logger.debug("dataset %r resolved to %s", name, candidate)
             return candidate.resolve()
         tried.append(str(candidate))
-    if shared_datasets_dir() is None:
+    if paths.shared_datasets_dir() is None:
         tried.append("shared datasets folder: none found (looked for ../shared/datasets)")
     key = canonical_name(name)
     spec = ARCHIVES.get(key)
@@ -187,13 +141,13 @@ def resolve_dataset(name_or_path: str | os.PathLike[str], *, download: bool = Tr
         tried.append(f"download: disabled (would fetch {spec.url})")
     else:
         try:
-            return download_archive(key, spec, cache_dir())
+            return download_archive(key, spec, paths.dataset_cache_dir())
         except Exception as exc:
             tried.append(f"download {spec.url}: {type(exc).__name__}: {exc}")
     lines = "\n  - ".join(tried)
     raise DatasetNotFoundError(
         f"Dataset {name!r} not found. Tried:\n  - {lines}\n"
-        f"Set ${DATA_ENV_VAR} to a folder holding it, or pass its path."
+        f"Set ${paths.DATA_ENV_VAR} to a folder holding it, or pass its path."
     )
 
 

@@ -24,6 +24,8 @@ from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import wants_eos
+from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.models.attention import check_bidirectional_supported
 from lmembed.models.loading import Backbone, backbone_from_model, load_backbone
 from lmembed.pooling.latent_attention import LatentAttentionPooling
 
@@ -48,6 +50,18 @@ def postprocess(raw: np.ndarray, config: EmbeddingConfig) -> np.ndarray:
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out = out / np.maximum(norms, 1e-12)
     return out.astype(np.float32, copy=False)
+
+
+def check_strategy(backbone: Backbone, config: EmbeddingConfig) -> None:
+    """Refuse a strategy this backbone cannot honour, before anything is encoded or labelled with it."""
+    hidden = backbone.hidden_size
+    if config.dim is not None and config.dim > hidden:
+        raise ConfigError(
+            f"dim={config.dim} is larger than the model's hidden size ({hidden}); Matryoshka truncation can only "
+            f"shorten vectors: choose dim <= {hidden} or leave it unset"
+        )
+    if backbone.is_decoder and config.attention == "bidirectional":
+        check_bidirectional_supported(backbone.model)
 
 
 def default_max_length(path: str, requested: int | None) -> int:
@@ -83,6 +97,7 @@ class Embedder:
         if not backbone.is_decoder and self.config.attention != "bidirectional":
             # Encoders always attend bidirectionally; record what really happens.
             self.config = self.config.with_options(attention="bidirectional")
+        check_strategy(backbone, self.config)
         if self.config.pooling == "latent_attention" and pooling_head is None:
             pooling_head = LatentAttentionPooling(backbone.hidden_size, self.config.latent)
             pooling_head.to(device=backbone.device, dtype=backbone.dtype)
@@ -129,6 +144,8 @@ class Embedder:
         backbone = load_backbone(
             name_or_path, dtype=dtype, device=device, attn_implementation=attn_implementation, quantize=quantize
         )
+        if saved:
+            _check_saved_kind(name_or_path, saved, backbone)
         options = dict(saved["strategy"]) if saved else {}
         given = {
             "pooling": pooling,
@@ -193,11 +210,14 @@ class Embedder:
         batch_size: int = 32,
     ) -> list[np.ndarray]:
         """Embed with several strategies at once, sharing forward passes where they can."""
+        for cfg in configs:
+            check_strategy(self.backbone, cfg)
         raws = self.engine.encode_raw(texts, configs, instruction=instruction, batch_size=batch_size)
         return [postprocess(raw, cfg) for raw, cfg in zip(raws, configs, strict=True)]
 
     def with_config(self, config: EmbeddingConfig) -> Embedder:
         """The same backbone (no reload) read out with another strategy."""
+        check_strategy(self.backbone, config)
         clone = object.__new__(Embedder)
         clone.__dict__.update(self.__dict__)
         clone.config = config
@@ -276,7 +296,25 @@ def _read_saved(name_or_path: str) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+
+
+def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone) -> None:
+    """The saved ``is_decoder`` must match what the loaded model is; otherwise the saved strategy was
+    recorded for a different kind of model (older lmembed versions took GPT-NeoX, Falcon, StableLM,
+    OLMo ... for encoders) and its vectors cannot be reproduced."""
+    recorded = saved.get("is_decoder")
+    if not isinstance(recorded, bool) or recorded == backbone.is_decoder:
+        return
+
+    def kind(is_decoder: bool) -> str:
+        return "a decoder (causal attention)" if is_decoder else "an encoder (bidirectional attention)"
+
+    raise ModelLoadError(
+        f"{Path(directory) / STRATEGY_FILE} records {kind(recorded)}, but the saved model "
+        f"(model_type={backbone.model_type!r}) is {kind(backbone.is_decoder)}; the strategy was saved for "
+        "a misclassified model and its vectors cannot be reproduced: wrap the base model again and save it anew"
+    )
 
 
 def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:

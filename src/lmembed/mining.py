@@ -39,6 +39,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_write
 from lmembed.evaluation.search import exact_search
+from lmembed.io import CORPUS_FILE, DataFormatError, find_file, read_corpus, read_jsonl, read_text_lines
 from lmembed.protocols import RetrievalEncoder
 
 log = logging.getLogger(__name__)
@@ -329,21 +330,12 @@ def mine_hard_negatives(
 
 # ---------------------------------------------------------------------------------------------- files
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines file of training rows (blank lines skipped)."""
-    path = Path(path)
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MiningError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise MiningError(f"{path}:{line_no}: expected a JSON object")
-            rows.append(row)
-    return rows
+    """Read a JSON-lines file of training rows (blank lines skipped); a malformed line raises
+    :class:`MiningError` naming the file and line."""
+    try:
+        return read_jsonl(path)
+    except DataFormatError as exc:
+        raise MiningError(str(exc)) from exc
 
 
 def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
@@ -358,15 +350,14 @@ def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
 
 def load_corpus(path: str | Path) -> list[str]:
     """Candidate documents from a BEIR folder (``corpus.jsonl``), a corpus JSON-lines file
-    (``title``/``text`` fields) or a plain text file (one document per line)."""
-    from lmembed.evaluation.data import read_corpus
-
+    (``title``/``text`` fields) or a plain text file (one document per line, blank lines skipped)."""
     path = Path(path)
     if path.is_dir():
-        for name in ("corpus.jsonl", "corpus.jsonl.gz"):
-            if (path / name).exists():
-                return read_corpus(path / name)[1]
-        raise MiningError(f"{path}: no corpus.jsonl in this folder")
+        try:
+            corpus = find_file(path, CORPUS_FILE)
+        except FileNotFoundError:
+            raise MiningError(f"{path}: no corpus.jsonl in this folder") from None
+        return read_corpus(corpus)[1]
     if path.suffix in (".jsonl", ".gz"):
         return read_corpus(path)[1]
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_text_lines(path, strip=True)

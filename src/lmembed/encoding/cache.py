@@ -12,7 +12,6 @@ stray temporary files are ignored on read and removed by ``clear``.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -21,13 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from lmembed.atomic import atomic_write
-from lmembed.models.bundled import lmembed_home
+from lmembed.paths import embedding_cache_dir
 
 KEY_BYTES = 16
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("LMEMBED_CACHE", lmembed_home() / "embeddings"))
+    """The embedding cache's root: ``$LMEMBED_CACHE``, else ``$LMEMBED_HOME/embeddings`` (:mod:`lmembed.paths`)."""
+    return embedding_cache_dir()
 
 
 def text_key(text: str, instruction: str | None = None) -> bytes:
@@ -78,9 +78,9 @@ class EmbeddingCache:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES)
         atomic_save_npz(self.dir / f"{uuid.uuid4().hex}.npz", keys=key_array, vectors=vectors)
-        index = self._load()
-        for key, vector in zip(keys, vectors, strict=True):
-            index[key] = vector
+        if self._index is not None:  # an index not read yet will find the new shard when it is
+            for key, vector in zip(keys, vectors, strict=True):
+                self._index[key] = vector
 
 
 def clear_cache(root: Path | None = None) -> int:

@@ -4,6 +4,10 @@ One call can serve several strategies at once. Strategies that share their forwa
 (attention, echo, instruction, truncation) share forward passes: one pass yields every hidden state,
 and each strategy pools the layers it wants. Texts are sorted by length and padded per batch, so
 little compute goes to padding; results come back in input order as float32 numpy arrays.
+
+Finished batches go to the embedding cache while the call is still running (a shard at least every
+:data:`CACHE_FLUSH_ROWS` texts or :data:`CACHE_FLUSH_SECONDS` seconds, each written atomically), so a
+run that is killed part-way keeps most of its work: the next call computes only what was not written.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +27,7 @@ from torch import nn
 
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, text_key
-from lmembed.encoding.inputs import Features, InputBuilder, validate_texts
+from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
 from lmembed.models.attention import configure_attention, mask_for
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
@@ -31,6 +36,8 @@ from lmembed.pooling.poolers import STATELESS_POOLERS
 log = logging.getLogger(__name__)
 
 PROGRESS_MIN_TEXTS = 256
+CACHE_FLUSH_ROWS = 2048  # a cache shard is written at least this often (in texts) ...
+CACHE_FLUSH_SECONDS = 30.0  # ... and at least this often (in seconds) while an encode call runs
 
 
 @dataclass
@@ -61,6 +68,43 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
+class _CacheWriter:
+    """Collects finished rows of one strategy and writes them to its cache in shards as the call goes."""
+
+    def __init__(
+        self,
+        cache: EmbeddingCache | None,
+        keys: list[bytes],
+        wanted: list[int],
+        out: np.ndarray,
+        flush_rows: int,
+        flush_seconds: float,
+    ) -> None:
+        self.cache = cache
+        self.keys = keys
+        self.wanted = set(wanted)
+        self.out = out
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self.pending: list[int] = []
+        self.last_flush = time.monotonic()
+
+    def add(self, rows: Sequence[int]) -> None:
+        if self.cache is None:
+            return
+        self.pending.extend(r for r in rows if r in self.wanted)
+        due = time.monotonic() - self.last_flush >= self.flush_seconds
+        if self.pending and (len(self.pending) >= self.flush_rows or due):
+            self.flush()
+
+    def flush(self) -> None:
+        if self.cache is not None and self.pending:
+            rows = sorted(self.pending)
+            self.cache.store([self.keys[i] for i in rows], self.out[rows])
+        self.pending = []
+        self.last_flush = time.monotonic()
+
+
 def resolve_max_length(backbone: Backbone, requested: int | None) -> int:
     limits = [requested or 512]
     model_max = getattr(backbone.model.config, "max_position_embeddings", None)
@@ -89,6 +133,8 @@ class EncodingEngine:
         self.padding_side = padding_side or ("left" if backbone.is_decoder else "right")
         self.show_progress = show_progress
         self._verified_modes: set[str] = set()
+        self.cache_flush_rows = CACHE_FLUSH_ROWS
+        self.cache_flush_seconds = CACHE_FLUSH_SECONDS
         forward_params = inspect.signature(backbone.model.forward).parameters
         self._accepts_positions = "position_ids" in forward_params
         self._accepts_cache_flag = "use_cache" in forward_params
@@ -106,6 +152,8 @@ class EncodingEngine:
     ) -> list[np.ndarray]:
         """Raw pooled float32 vectors (before normalisation/truncation), one array per config."""
         texts = validate_texts(texts)
+        if instruction is not None:
+            check_encodable(instruction, "the instruction")
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         dim = self.backbone.hidden_size
@@ -117,18 +165,41 @@ class EncodingEngine:
         # (batch padding could otherwise make them differ in the last bits, and break score ties).
         first: dict[bytes, int] = {}
         source = [first.setdefault(k, i) for i, k in enumerate(keys)]
+        caches = [self._cache_for(cfg) for cfg in configs]
         missing_by_config = [
-            [i for i in self._fill_from_cache(out, cfg, keys) if source[i] == i]
-            for out, cfg in zip(outputs, configs, strict=True)
+            [i for i in self._fill_from_cache(out, cache, keys) if source[i] == i]
+            for out, cache in zip(outputs, caches, strict=True)
         ]
         for group in self._forward_groups(configs):
             todo = sorted(set().union(*(missing_by_config[i] for i in group)))
-            if todo:
-                self._compute(
-                    texts, todo, [configs[i] for i in group], [outputs[i] for i in group], instruction, batch_size
+            if not todo:
+                continue
+            writers = [
+                _CacheWriter(
+                    caches[i], keys, missing_by_config[i], outputs[i], self.cache_flush_rows, self.cache_flush_seconds
                 )
-                for i in group:
-                    self._store(configs[i], keys, missing_by_config[i], outputs[i])
+                for i in group
+            ]
+
+            def finished(rows: list[int], writers: list[_CacheWriter] = writers) -> None:
+                for writer in writers:
+                    writer.add(rows)
+
+            try:
+                self._compute(
+                    texts,
+                    todo,
+                    [configs[i] for i in group],
+                    [outputs[i] for i in group],
+                    instruction,
+                    batch_size,
+                    on_batch=finished,
+                )
+            except BaseException:
+                _flush_quietly(writers)  # keep the finished batches, then let the error through
+                raise
+            for writer in writers:
+                writer.flush()
         for out in outputs:
             out[:] = out[source]
         return outputs
@@ -142,8 +213,8 @@ class EncodingEngine:
             model_fp += "-" + weights_fingerprint(self.pooling_head)
         return EmbeddingCache(self.cache_dir, model_fp, config.fingerprint())
 
-    def _fill_from_cache(self, out: np.ndarray, config: EmbeddingConfig, keys: list[bytes]) -> list[int]:
-        cache = self._cache_for(config)
+    @staticmethod
+    def _fill_from_cache(out: np.ndarray, cache: EmbeddingCache | None, keys: list[bytes]) -> list[int]:
         if cache is None:
             return list(range(len(keys)))
         found, missing = cache.lookup(keys)
@@ -151,11 +222,6 @@ class EncodingEngine:
             if vector is not None:
                 out[i] = vector
         return missing
-
-    def _store(self, config: EmbeddingConfig, keys: list[bytes], rows: list[int], out: np.ndarray) -> None:
-        cache = self._cache_for(config)
-        if cache is not None and rows:
-            cache.store([keys[i] for i in rows], out[rows])
 
     # ------------------------------------------------------------------ grouping and batching
     @staticmethod
@@ -183,7 +249,9 @@ class EncodingEngine:
         outputs: list[np.ndarray],
         instruction: str | None,
         batch_size: int,
+        on_batch: Callable[[list[int]], None] | None = None,
     ) -> None:
+        """Fill ``outputs`` at ``rows``; ``on_batch(rows)`` is called after each batch is written there."""
         lead = configs[0]
         builder = InputBuilder(
             self.backbone.tokenizer,
@@ -199,6 +267,8 @@ class EncodingEngine:
                 for out, vectors in zip(outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
                 advance(len(batch.rows))
+                if on_batch is not None:
+                    on_batch(batch.rows)
 
     def _prepare_attention(self, mode: str) -> None:
         if not self.backbone.is_decoder or mode in self._verified_modes:
@@ -274,6 +344,14 @@ class EncodingEngine:
         ) as progress:
             task = progress.add_task("encode", total=total)
             yield lambda n: progress.advance(task, n)
+
+
+def _flush_quietly(writers: Sequence[_CacheWriter]) -> None:
+    for writer in writers:
+        try:
+            writer.flush()
+        except Exception as exc:  # the original error matters more than a failed cache write
+            log.warning("could not write finished embeddings to the cache: %s", exc)
 
 
 def _last_layer(model: nn.Module) -> nn.Module:

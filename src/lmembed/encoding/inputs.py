@@ -17,10 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmembed.config import EmbeddingConfig
-
-
-class InputError(ValueError):
-    """Texts given to encode are not usable."""
+from lmembed.errors import InputError
 
 
 @dataclass
@@ -49,7 +46,23 @@ def validate_texts(texts: Any, argument: str = "texts") -> list[str]:
     for i, item in enumerate(items):
         if not isinstance(item, str):
             raise InputError(f"{argument}[{i}] is {type(item).__name__} ({item!r:.40}); every item must be a str")
+        check_encodable(item, f"input {i}: text")
     return items
+
+
+def check_encodable(text: str, what: str) -> None:
+    """Raise :class:`InputError` if ``text`` cannot be encoded as UTF-8 (a lone surrogate, typically from
+    bytes decoded with ``errors="surrogateescape"``); ``what`` names the text in the message."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise InputError(
+            f"{what} contains a lone surrogate ({bad!r} at character {exc.start}) that cannot be encoded as "
+            "UTF-8; decode the source bytes with errors='replace' or drop the character"
+        ) from None
 
 
 def wants_eos(config: EmbeddingConfig, is_decoder: bool) -> bool:

@@ -9,7 +9,7 @@ not produce the file; lmembed's own record (version, model, strategy, task type,
 under the extra top-level key ``"lmembed"``, which MTEB ignores.
 
 Files written by MTEB itself can be read back too (:func:`read_result`); what they lack (task
-type, strategy) is inferred from the path and a small table of known tasks.
+type, strategy) is inferred from the path and the task registry (:mod:`lmembed.task_registry`).
 """
 
 from __future__ import annotations
@@ -26,23 +26,12 @@ from typing import Any
 from lmembed import __version__
 from lmembed.atomic import atomic_write_text
 from lmembed.evaluation.base import TaskResult
+from lmembed.task_registry import task_type_of
 
 logger = logging.getLogger(__name__)
 
 LMEMBED_KEY = "lmembed"
 DEFAULT_LANGUAGES = ["eng-Latn"]
-
-#: Task types of the MTEB tasks this project evaluates, for files that do not record one.
-KNOWN_TASK_TYPES: dict[str, str] = {
-    **dict.fromkeys(
-        ["SciFact", "NFCorpus", "ArguAna", "SCIDOCS", "FiQA2018", "TRECCOVID", "QuoraRetrieval"], "Retrieval"
-    ),
-    **dict.fromkeys(["STSBenchmark", "SICK-R", "STS12", "STS13", "STS14", "STS15", "STS16"], "STS"),
-    **dict.fromkeys(["Banking77Classification", "EmotionClassification"], "Classification"),
-    "TwentyNewsgroupsClustering": "Clustering",
-    "SprintDuplicateQuestions": "PairClassification",
-    **dict.fromkeys(["StackOverflowDupQuestions", "SciDocsRR", "AskUbuntuDupQuestions"], "Reranking"),
-}
 
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 _MAX_SLUG = 100
@@ -193,7 +182,7 @@ def read_result(path: str | Path) -> TaskResult:
     extra["source_path"] = str(path)
     return TaskResult(
         task_name=task_name,
-        task_type=str(meta.get("task_type") or KNOWN_TASK_TYPES.get(task_name, "Unknown")),
+        task_type=str(meta.get("task_type") or task_type_of(task_name) or "Unknown"),
         split=split,
         scores=_numeric(entry),
         main_metric=str(meta.get("main_metric") or "main_score"),

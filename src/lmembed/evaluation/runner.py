@@ -8,18 +8,21 @@ embedder re-configured per strategy; the embedding cache makes repeats free.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from lmembed.config import ConfigError, EmbeddingConfig
-from lmembed.evaluation.base import TaskResult
-from lmembed.evaluation.retrieval import RetrievalTask
+from lmembed.evaluation.base import Task, TaskResult
+from lmembed.evaluation.results import write_result
+from lmembed.evaluation.tasks.retrieval import RetrievalTask
+from lmembed.protocols import RetrievalEncoder
 
 log = logging.getLogger(__name__)
 
@@ -95,22 +98,43 @@ def sweep_configs(base: EmbeddingConfig, num_layers: int, *, with_final_norm: bo
 
 @dataclass
 class StrategyResult:
+    """One task's result under one embedding strategy."""
+
     config: EmbeddingConfig
     result: TaskResult
 
 
+class StrategyEncoder(Protocol):
+    """An encoder that can read out several strategies from shared forward passes (an ``Embedder``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def encode_strategies(
+        self,
+        texts: Sequence[str],
+        configs: Sequence[EmbeddingConfig],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+    ) -> list[np.ndarray]: ...
+
+    def with_config(self, config: EmbeddingConfig) -> RetrievalEncoder: ...
+
+
 def evaluate_retrieval_strategies(
-    embedder: Any,
+    embedder: StrategyEncoder,
     task: RetrievalTask,
     configs: Sequence[EmbeddingConfig],
     *,
     batch_size: int = 32,
-    instruction: str | None = None,
 ) -> list[StrategyResult]:
-    """Score every strategy on one retrieval task, sharing forward passes between strategies."""
+    """Score every strategy on one retrieval task, sharing forward passes between strategies.
+
+    The queries get the task's ``instruction``; documents get none."""
     start = time.perf_counter()
     data = task.data
-    queries = embedder.encode_strategies(data.query_texts, configs, instruction=instruction, batch_size=batch_size)
+    queries = embedder.encode_strategies(data.query_texts, configs, instruction=task.instruction, batch_size=batch_size)
     corpus = embedder.encode_strategies(data.corpus_texts, configs, batch_size=batch_size)
     encode_s = time.perf_counter() - start
     out = []
@@ -119,29 +143,32 @@ def evaluate_retrieval_strategies(
         result.strategy = cfg.to_dict()
         result.extra.setdefault("timings", {})["encode_s_shared"] = encode_s
         result.extra["strategy_label"] = cfg.label()
-        result.extra["instruction"] = instruction
+        result.extra["instruction"] = task.instruction
         result.extra["texts_encoded"] = len(data.query_texts) + len(data.corpus_texts)
         out.append(StrategyResult(cfg, result))
     return out
 
 
 def evaluate_strategies(
-    embedder: Any,
-    tasks: Sequence[Any],
+    embedder: StrategyEncoder,
+    tasks: Sequence[Task],
     configs: Sequence[EmbeddingConfig],
     *,
     batch_size: int = 32,
-    instruction_for: Callable[[Any], str | None] | None = None,
+    instruction_for: Callable[[Task], str | None] | None = None,
     on_result: Callable[[StrategyResult], None] | None = None,
 ) -> list[StrategyResult]:
-    """Evaluate ``embedder`` under each strategy on each task."""
+    """Evaluate ``embedder`` under each strategy on each task, with each task's own instruction.
+
+    ``instruction_for`` (optional) replaces each task's instruction with ``instruction_for(task)``.
+    Retrieval tasks share forward passes between strategies (:func:`evaluate_retrieval_strategies`).
+    """
     results: list[StrategyResult] = []
     for task in tasks:
-        instruction = instruction_for(task) if instruction_for else None
+        if instruction_for is not None:
+            task = task.with_instruction(instruction_for(task))
         if isinstance(task, RetrievalTask):
-            batch = evaluate_retrieval_strategies(
-                embedder, task, configs, batch_size=batch_size, instruction=instruction
-            )
+            batch = evaluate_retrieval_strategies(embedder, task, configs, batch_size=batch_size)
         else:
             batch = []
             for cfg in configs:
@@ -155,50 +182,6 @@ def evaluate_strategies(
                 on_result(item)
         results.extend(batch)
     return results
-
-
-def known_task_name(name: str) -> str | None:
-    """MTEB name for a dataset name such as ``scifact``, ``stsbenchmark``, ``sickr`` or ``banking77``."""
-    from lmembed.evaluation.suites import RETRIEVAL_LOCATIONS
-    from lmembed.evaluation.tasks import KNOWN_DATASETS
-
-    def keys(mteb_name: str, relative: str) -> set[str]:
-        short = mteb_name.lower()
-        for suffix in ("classification", "clustering", "retrieval"):
-            short = short.removesuffix(suffix)
-        return {mteb_name.lower(), short, short.replace("-", ""), Path(relative).name.lower()}
-
-    locations = {n: str(spec.path) for n, (_, spec) in KNOWN_DATASETS.items()} | dict(RETRIEVAL_LOCATIONS)
-    wanted = name.strip().lower()
-    return next((n for n, rel in locations.items() if wanted in keys(n, rel)), None)
-
-
-def load_task(data: str | Path, *, task_type: str | None = None, split: str = "test") -> Any:
-    """A task from a known name (``scifact``, ``stsbenchmark`` ...) or a data directory.
-
-    Known names carry MTEB's per-task settings; a directory's task type is recognised from its
-    files (:func:`lmembed.evaluation.tasks.detect_task_type`) unless ``task_type`` is given.
-    """
-    from lmembed import datasets
-    from lmembed.evaluation import suites, tasks
-
-    path = Path(data)
-    mteb_name = None if path.exists() else known_task_name(str(data))
-    if mteb_name is not None:
-        root = suites.default_data_root()
-        located = suites.locate(mteb_name, root or Path("."))
-        if not located.available:  # found elsewhere ($LMEMBED_DATA/NAME or a download): same settings
-            located = dataclasses.replace(located, path=datasets.resolve_dataset(str(data)))
-        return unwrap(suites.build_task(located))
-    if not path.exists():
-        path = datasets.resolve_dataset(str(data))  # raises with the places it looked
-    return unwrap(tasks.load_task(path, task_type=task_type, split=split))
-
-
-def unwrap(task: Any) -> Any:
-    """Retrieval tasks come wrapped with their instruction; the runner handles instructions itself."""
-    inner = getattr(task, "task", None)
-    return inner if isinstance(inner, RetrievalTask) else task
 
 
 def results_table(results: Sequence[StrategyResult], metrics: Sequence[str] = ("ndcg_at_10",)) -> str:
@@ -222,6 +205,5 @@ def results_table(results: Sequence[StrategyResult], metrics: Sequence[str] = ("
 
 
 def write_all(results: Sequence[StrategyResult], output: Path) -> list[Path]:
-    from lmembed.evaluation.results import write_result
-
+    """Write every result under ``output`` in MTEB's results layout; return the files."""
     return [write_result(item.result, output) for item in results]

@@ -7,28 +7,30 @@ Suites:
 * ``retrieval``: the retrieval tasks the project holds (SciFact, NFCorpus, ArguAna).
 
 Tasks are looked up under a data root (``$LMEMBED_DATA`` when set, else the project's
-``shared/datasets``) at the locations in the known-dataset tables. A task whose files are absent is
-*named* in the report and skipped; nothing is downloaded. Aggregation is MTEB's: the mean main score
-per task type, then the overall score as the mean of those per-type means (so a type with many tasks
-does not dominate). The plain mean over tasks is reported too.
+``shared/datasets``) at the locations their entries in :mod:`lmembed.task_registry` give. A task
+whose files are absent is *named* in the report and skipped; a suite run downloads nothing.
+Aggregation is MTEB's: the mean main score per task type, then the overall score as the mean of those
+per-type means (so a type with many tasks does not dominate). The plain mean over tasks is reported too.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lmembed.evaluation.base import TaskResult
+from lmembed import datasets, paths
+from lmembed.evaluation.base import Task, TaskResult
 from lmembed.evaluation.instructions import instruction_set
-from lmembed.evaluation.tasks import KNOWN_DATASETS, TASK_TYPES, InstructedTask
+from lmembed.evaluation.tasks import build_task as build_known_task
+from lmembed.evaluation.tasks import load_task
 from lmembed.protocols import RetrievalEncoder
+from lmembed.task_registry import TASKS, TaskSpec, UnknownTaskError, find
 
 logger = logging.getLogger(__name__)
 
@@ -54,30 +56,10 @@ SUITES: dict[str, tuple[str, ...]] = {
     "retrieval": ("SciFact", "NFCorpus", "ArguAna"),
 }
 
-#: Where each retrieval task's BEIR folder lives under the data root.
-RETRIEVAL_LOCATIONS: dict[str, str] = {
-    "SciFact": "beir/scifact",
-    "NFCorpus": "beir/nfcorpus",
-    "ArguAna": "beir/arguana",
-    "SCIDOCS": "beir/scidocs",
-    "FiQA2018": "beir/fiqa",
-    "TRECCOVID": "beir/trec-covid",
-    "QuoraRetrieval": "beir/quora",
-}
-
-
-class UnknownTaskError(KeyError):
-    """A task name is in no known-dataset table."""
-
 
 def default_data_root() -> Path | None:
     """``$LMEMBED_DATA`` when set, else the project's ``shared/datasets`` folder (or ``None``)."""
-    env = os.environ.get("LMEMBED_DATA")
-    if env:
-        return Path(env).expanduser()
-    from lmembed.datasets import shared_datasets_dir
-
-    return shared_datasets_dir()
+    return paths.default_data_root()
 
 
 def suite_task_names(suite: str | Sequence[str]) -> list[str]:
@@ -91,14 +73,23 @@ def suite_task_names(suite: str | Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class SuiteTask:
-    """One named task of a suite, located under a data root."""
+    """One known task (its registry entry), located under a data root."""
 
-    name: str
-    task_type: str
+    spec: TaskSpec
     path: Path
     required: tuple[Path, ...]
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    split: str = "test"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def task_type(self) -> str:
+        return self.spec.task_type
+
+    @property
+    def split(self) -> str:
+        return self.spec.split
 
     @property
     def available(self) -> bool:
@@ -111,32 +102,43 @@ class SuiteTask:
 
 
 def locate(name: str, data_root: str | Path) -> SuiteTask:
-    """Where ``name``'s data is (or would be) under ``data_root``, and its settings."""
+    """Where the known task ``name`` (its MTEB name) has (or would have) its data under ``data_root``."""
+    spec = TASKS.get(name)
+    if spec is None or spec.path is None:
+        raise UnknownTaskError(f"no known dataset named {name!r}")
     root = Path(data_root)
-    if name in KNOWN_DATASETS:
-        task_type, spec = KNOWN_DATASETS[name]
-        return SuiteTask(name, task_type, root / spec.path, tuple(spec.files(root)), spec.settings, spec.split)
-    if name in RETRIEVAL_LOCATIONS:
-        folder = root / RETRIEVAL_LOCATIONS[name]
-        required = (folder / "corpus.jsonl", folder / "queries.jsonl", folder / "qrels" / "test.tsv")
-        return SuiteTask(name, "Retrieval", folder, required)
-    raise UnknownTaskError(f"no known dataset named {name!r}")
+    return SuiteTask(spec, root / spec.path, tuple(spec.files(root)))
 
 
-def build_task(located: SuiteTask, *, instruction: str | None = None) -> Any:
-    """Load the task's data and bind its instruction; the result has ``evaluate(encoder, batch_size=)``."""
-    if located.task_type == "Retrieval":
-        from lmembed.evaluation.retrieval import MTEB_RETRIEVAL_TASKS, RetrievalTask
+def build_task(located: SuiteTask, *, instruction: str | None = None) -> Task:
+    """Load the located task's data with its MTEB settings, bound to ``instruction``."""
+    return build_known_task(located.spec, located.path, instruction=instruction)
 
-        if located.name in MTEB_RETRIEVAL_TASKS:  # carries MTEB's per-task settings (ArguAna's self-hits)
-            task = RetrievalTask.from_name(located.name, path=located.path, split=located.split)
-        else:
-            task = RetrievalTask.from_folder(located.path, name=located.name, split=located.split)
-        return InstructedTask(task, instruction)
-    cls = TASK_TYPES[located.task_type]
-    return cls.from_path(
-        located.path, name=located.name, split=located.split, instruction=instruction, **located.settings
-    )
+
+def resolve_task(
+    data: str | Path,
+    *,
+    task_type: str | None = None,
+    split: str = "test",
+    instruction: str | None = None,
+) -> Task:
+    """A task from a known name (``scifact``, ``stsbenchmark``, ``SICK-R`` ...) or a data file/folder.
+
+    A known name carries its MTEB name, split and settings (:mod:`lmembed.task_registry`); its data is
+    looked up under the default data root, then wherever :func:`lmembed.datasets.resolve_dataset`
+    finds it (``$LMEMBED_DATA/NAME``, a download). A path's task type is recognised from its files
+    (:func:`lmembed.evaluation.tasks.detect_task_type`) unless ``task_type`` is given; ``split`` is
+    the split read from it.
+    """
+    path = Path(data)
+    spec = None if path.exists() else find(str(data))
+    if spec is not None and spec.path is not None:
+        located = locate(spec.name, default_data_root() or Path("."))
+        folder = located.path if located.available else datasets.resolve_dataset(str(data))
+        return build_known_task(spec, folder, instruction=instruction)
+    if not path.exists():
+        path = datasets.resolve_dataset(str(data))  # raises with the places it looked
+    return load_task(path, task_type=task_type, split=split, instruction=instruction)
 
 
 def aggregate(results: Sequence[TaskResult]) -> tuple[dict[str, float], float | None, float | None]:

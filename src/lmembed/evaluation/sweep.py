@@ -14,7 +14,9 @@ from rich.console import Console
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.config import EmbeddingConfig
-from lmembed.evaluation.runner import StrategyResult, evaluate_strategies, load_task, sweep_configs, write_all
+from lmembed.evaluation.runner import StrategyResult, evaluate_strategies, sweep_configs, write_all
+from lmembed.evaluation.suites import resolve_task
+from lmembed.evaluation.tasks.retrieval import RetrievalTask
 
 METRICS = ("ndcg_at_10", "map_at_10", "mrr_at_10")
 console = Console(stderr=True)
@@ -92,6 +94,14 @@ def plot_sweep(rows: Sequence[dict], model: str, path: Path) -> Path:
     return path
 
 
+def retrieval_task(data: str) -> RetrievalTask:
+    """The retrieval task named by ``data`` (a known name or a BEIR folder); the sweep scores retrieval only."""
+    task = resolve_task(data)
+    if not isinstance(task, RetrievalTask):
+        raise ValueError(f"{data}: a layer sweep needs a retrieval task, this is {task.task_type}")
+    return task
+
+
 def run_sweep(
     model: str,
     data: Sequence[str],
@@ -103,13 +113,12 @@ def run_sweep(
     output: Path = Path("results/sweep"),
     batch_size: int = 32,
 ) -> list[dict]:
-    from lmembed import Embedder
-    from lmembed.cli_eval import subsample_corpus
+    from lmembed import Embedder  # lazy: torch loads only when a sweep runs
 
-    embedder = Embedder.from_pretrained(model, pooling=pooling, attention=attention, max_length=max_length)
-    tasks = [load_task(d) for d in data]
+    tasks = [retrieval_task(d) for d in data]
     if corpus_sample:
-        tasks = [subsample_corpus(t, corpus_sample) for t in tasks]
+        tasks = [t.subsample(max_docs=corpus_sample, policy="all-judged") for t in tasks]
+    embedder = Embedder.from_pretrained(model, pooling=pooling, attention=attention, max_length=max_length)
     base: EmbeddingConfig = embedder.config
     configs = sweep_configs(base, embedder.backbone.num_layers, with_final_norm=embedder.backbone.is_decoder)
     console.print(f"sweep: {model}, {len(configs)} read-outs × {len(tasks)} task(s), one forward pass per batch")

@@ -19,6 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmembed.errors import LmembedError
+from lmembed.models.families import CAUSAL_TOLERANCE, PROBE_LENGTH, first_token_change
+
 # model_type values whose bidirectional path is tested (tests/test_attention.py).
 BIDIRECTIONAL_FAMILIES: dict[str, str] = {
     "llama": "Llama / SmolLM",
@@ -30,7 +33,7 @@ BIDIRECTIONAL_FAMILIES: dict[str, str] = {
 SUPPORTED_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
-class AttentionError(RuntimeError):
+class AttentionError(LmembedError, RuntimeError):
     """The requested attention mode cannot be guaranteed for this model."""
 
 
@@ -76,45 +79,26 @@ def mask_for(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype) -> tor
     return attention_mask  # 2-D: the model builds its own causal mask
 
 
-def _probe_ids(model: nn.Module, device: torch.device) -> torch.Tensor:
-    """Two 5-token sequences that differ only in the last token, whose embeddings really differ
-    (quantised checkpoints can share one embedding row between several token ids)."""
-    table = model.get_input_embeddings().weight
-    vocab = table.shape[0]
-    spread = [int(vocab * f) for f in (0.31, 0.37, 0.43, 0.53, 0.61)]
-    last = spread[-1]
-    other = next(
-        (i for i in range(int(vocab * 0.71), vocab) if not torch.equal(table[i], table[last])),
-        None,
-    )
-    if other is None:
-        raise AttentionError("cannot build an attention probe: every token embedding is identical")
-    return torch.tensor([spread, [*spread[:-1], other]], device=device)
-
-
-@torch.inference_mode()
 def first_token_sensitivity(model: nn.Module, mode: str) -> float:
-    """How much the first token's final state moves when only the last token changes.
+    """How much the first token's final state moves (relative to its size) when only the last token
+    changes, with the mask ``mode`` calls for.
 
     Zero (up to float noise) means causal attention; clearly positive means bidirectional.
     """
     param = next(model.parameters())
-    ids = _probe_ids(model, param.device)
-    mask = torch.ones_like(ids)
-    out = model(input_ids=ids, attention_mask=mask_for(mode, mask, param.dtype), use_cache=False)
-    first = out.last_hidden_state[:, 0].float()
-    return float((first[0] - first[1]).abs().max())
+    ones = torch.ones((2, PROBE_LENGTH), dtype=torch.long, device=param.device)
+    return first_token_change(model, mask_for(mode, ones, param.dtype))
 
 
 def verify_attention(model: nn.Module, mode: str) -> None:
     """Probe the model once and raise if it does not attend the way ``mode`` says."""
     delta = first_token_sensitivity(model, mode)
-    if mode == "bidirectional" and delta < 1e-4:
+    if mode == "bidirectional" and delta <= CAUSAL_TOLERANCE:
         raise AttentionError(
             "bidirectional attention was requested but the first token ignores later tokens "
             f"(max change {delta:.2e}); this transformers version changed its mask handling"
         )
-    if mode == "causal" and delta > 1e-4:
+    if mode == "causal" and delta > CAUSAL_TOLERANCE:
         raise AttentionError(f"causal attention was requested but the first token sees later ones ({delta:.2e})")
 
 

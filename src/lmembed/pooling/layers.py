@@ -8,9 +8,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from lmembed.errors import LmembedError
 
-class LayerSelectionError(IndexError):
-    pass
+
+class LayerSelectionError(LmembedError, IndexError):
+    """A layer index is out of range for the model."""
 
 
 def normalize_layer(index: int, num_layers: int) -> int:

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
 
@@ -139,8 +141,6 @@ def save_checkpoint(
     Every process must call this (with its own ``rank``); ``model_state`` is only used on rank 0.
     ``keep > 0`` deletes all but the newest ``keep`` checkpoints afterwards.
     """
-    from safetensors.torch import save as safetensors_bytes
-
     root = checkpoint_dir(output)
     final = root / step_name(step)
     scratch = root / f".tmp-{step_name(step)}"
@@ -194,8 +194,6 @@ def prune_checkpoints(output: str | Path, keep: int) -> None:
 # ---------------------------------------------------------------------------------------------- loading
 def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read a checkpoint folder; ``rng_state`` is ``None`` when this rank has no RNG file in it."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     info = json.loads((path / STATE_FILE).read_text())
     rng_file = path / f"rng-rank{rank}.pt"

@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.mining import read_rows, write_rows
+from lmembed.evaluation.retrieval_data import load_beir
+from lmembed.mining import mine_hard_negatives, read_rows, write_rows
+from lmembed.task_registry import STS_INSTRUCTION
 
-STS_INSTRUCTION = "Retrieve semantically similar text."
 CLASSIFICATION_MODES = ("auto", "example", "label")
 
 __all__ = [
@@ -105,8 +106,6 @@ def beir_rows(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per judged query of a BEIR folder; ``positive`` lists its relevant documents."""
-    from lmembed.evaluation.data import load_beir
-
     data = load_beir(folder, split)
     docs = dict(zip(data.corpus_ids, data.corpus_texts, strict=True))
     rows = []
@@ -330,8 +329,6 @@ def sts_rows(
             row["document_instruction"] = instruction
             rows.append(row)
     if teacher is not None and num_negatives:
-        from lmembed.mining import mine_hard_negatives
-
         return mine_hard_negatives(teacher, rows, pool, k=num_negatives, **dict(mining or {}))
     _random_negatives(rows, pool, num_negatives, rng)
     return rows

@@ -1,4 +1,4 @@
-"""Training data for contrastive embedding training: reading, validating, mixing, batching.
+"""Training data for contrastive embedding training: turning files into examples, mixing, batching.
 
 A training example is a query with one or more relevant texts and optional hard negatives. Two
 sources are understood:
@@ -24,14 +24,14 @@ seen. Datasets are mixed row by row (blended batches) with probabilities given b
 uniform across datasets unless told otherwise. Inside a dataset, examples are visited in a fresh
 random permutation each epoch.
 
-This module only needs numpy (no torch).
+The files themselves are read by :mod:`lmembed.io` (JSON lines, BEIR folders, qrels); this module
+decides what a row means for training. It only needs numpy (no torch).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,19 @@ from typing import Any
 import numpy as np
 
 from lmembed.config import unknown_options
+from lmembed.datasets import resolve_local
+from lmembed.io import (
+    CORPUS_FILE,
+    QUERIES_FILE,
+    DataFormatError,
+    find_file,
+    iter_jsonl,
+    iter_qrels,
+    qrels_file,
+    qrels_splits,
+    read_corpus,
+    read_queries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +196,10 @@ class _Rejects:
         if len(self.examples) < 3:
             self.examples.append(f"{where}: {message}")
 
+    def reject_format(self, error: DataFormatError) -> None:
+        """``on_error`` for the :mod:`lmembed.io` readers: a malformed line is rejected like a bad row."""
+        self.reject(error.where, error.reason)
+
 
 def _first_key(row: dict[str, Any], keys: Sequence[str]) -> str | None:
     return next((k for k in keys if k in row and row[k] is not None), None)
@@ -235,30 +252,18 @@ def parse_row(row: dict[str, Any], default_instruction: str | None = None) -> Tr
     return TrainExample(query, positives, negatives, instruction, _optional_string(row, "task"), symmetric)
 
 
-def read_jsonl(
+def read_jsonl_examples(
     path: str | Path, *, skip_invalid: bool = False, instruction: str | None = None
 ) -> tuple[list[TrainExample], int]:
     """Read a JSON-lines training file; returns the examples and the number of rows skipped."""
     path = Path(path)
     rejects = _Rejects(skip_invalid)
     examples: list[TrainExample] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                rejects.reject(where, f"invalid JSON ({exc.msg})")
-                continue
-            if not isinstance(row, dict):
-                rejects.reject(where, "expected a JSON object")
-                continue
-            try:
-                examples.append(parse_row(row, instruction))
-            except ValueError as exc:
-                rejects.reject(where, str(exc))
+    for line_no, row in iter_jsonl(path, on_error=rejects.reject_format):
+        try:
+            examples.append(parse_row(row, instruction))
+        except ValueError as exc:
+            rejects.reject(f"{path}:{line_no}", str(exc))
     _log_skips(path, rejects)
     return examples, rejects.count
 
@@ -268,37 +273,13 @@ def _log_skips(path: Path, rejects: _Rejects) -> None:
         log.warning("%s: skipped %d invalid row(s), e.g. %s", path, rejects.count, "; ".join(rejects.examples))
 
 
-def _beir_file(folder: Path, stem: str) -> Path:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
-        if candidate.exists():
-            return candidate
-    raise TrainingDataError(f"{folder}: no {stem} (a BEIR folder needs corpus.jsonl, queries.jsonl, qrels/)")
-
-
-def _iter_qrels(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """Yield ``(line number, columns)`` of a qrels TSV, header and blank lines left out."""
-    with path.open(encoding="utf-8", newline="") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                continue
-            columns = line.split("\t")
-            if line_no == 1 and columns[0].strip().lower() in {"query-id", "query_id", "qid"}:
-                continue
-            yield line_no, columns
-
-
-def _qrels_row(columns: list[str]) -> tuple[str, str, int]:
-    if len(columns) == 3:
-        query_id, doc_id, score = columns
-    elif len(columns) == 4:  # TREC: qid, iteration, docid, relevance
-        query_id, _, doc_id, score = columns
-    else:
-        raise ValueError(f"expected 3 tab-separated columns, got {len(columns)}")
+def _beir_file(folder: Path, name: str) -> Path:
     try:
-        return query_id.strip(), doc_id.strip(), int(float(score))
-    except ValueError as exc:
-        raise ValueError(f"relevance score {score!r} is not a number") from exc
+        return find_file(folder, name)
+    except FileNotFoundError:
+        raise TrainingDataError(
+            f"{folder}: no {name} (a BEIR folder needs corpus.jsonl, queries.jsonl, qrels/)"
+        ) from None
 
 
 def read_beir(
@@ -314,27 +295,25 @@ def read_beir(
     Returns the examples (one per query with at least one relevant document, in qrels order), the
     corpus texts (a pool for extra negatives) and the number of judgments skipped.
     """
-    from lmembed.evaluation.data import DataFormatError, read_corpus, read_queries
-
     folder = Path(folder)
     try:
-        doc_ids, doc_texts = read_corpus(_beir_file(folder, "corpus.jsonl"))
-        queries = read_queries(_beir_file(folder, "queries.jsonl"))
+        doc_ids, doc_texts = read_corpus(_beir_file(folder, CORPUS_FILE))
+        queries = read_queries(_beir_file(folder, QUERIES_FILE))
     except DataFormatError as exc:
         raise TrainingDataError(str(exc)) from exc
     docs = dict(zip(doc_ids, doc_texts, strict=True))
-    qrels_path = folder / "qrels" / f"{split}.tsv"
-    if not qrels_path.exists():
-        raise TrainingDataError(f"{folder}: no qrels/{split}.tsv (splits here: {_splits(folder)})")
+    try:
+        qrels_path = qrels_file(folder, split)
+    except FileNotFoundError:
+        splits = ", ".join(qrels_splits(folder)) or "none"
+        raise TrainingDataError(f"{folder}: no qrels/{split}.tsv (splits here: {splits})") from None
     rejects = _Rejects(skip_invalid)
     judged: dict[str, tuple[list[str], list[str]]] = {}
-    for line_no, columns in _iter_qrels(qrels_path):
-        where = f"{qrels_path}:{line_no}"
+    for line_no, query_id, doc_id, score in iter_qrels(qrels_path, on_error=rejects.reject_format):
         try:
-            query_id, doc_id, score = _qrels_row(columns)
             _check_judgment(query_id, doc_id, queries, docs)
         except ValueError as exc:
-            rejects.reject(where, str(exc))
+            rejects.reject(f"{qrels_path}:{line_no}", str(exc))
             continue
         positives, negatives = judged.setdefault(query_id, ([], []))
         (positives if score >= min_score else negatives).append(docs[doc_id])
@@ -356,18 +335,11 @@ def _check_judgment(query_id: str, doc_id: str, queries: dict[str, str], docs: d
         raise ValueError(f"document {doc_id!r} has an empty title and text")
 
 
-def _splits(folder: Path) -> str:
-    found = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if (folder / "qrels").is_dir() else []
-    return ", ".join(found) or "none"
-
-
 def _resolve_path(path: str) -> Path:
     """An existing path, or a dataset name (or ``NAME/file``) that :mod:`lmembed.datasets` finds locally."""
     try:
-        from lmembed.datasets import resolve_local
-
         return resolve_local(path)
-    except Exception as exc:  # the name is unknown or the module is missing: report the path
+    except Exception as exc:  # the name is unknown (or the lookup failed): report the path
         raise TrainingDataError(f"training data {path!r} does not exist ({exc})") from exc
 
 
@@ -383,7 +355,7 @@ def load_source(source: DataSource | str, *, skip_invalid: bool = False) -> Trai
             path, source.split, min_score=source.min_score, skip_invalid=skip_invalid, instruction=source.instruction
         )
     elif kind == "jsonl":
-        examples, skipped = read_jsonl(path, skip_invalid=skip_invalid, instruction=source.instruction)
+        examples, skipped = read_jsonl_examples(path, skip_invalid=skip_invalid, instruction=source.instruction)
         documents = _document_pool(examples)
     else:
         raise TrainingDataError(f"data source kind {source.kind!r} is unknown; use auto, jsonl or beir")

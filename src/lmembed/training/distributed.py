@@ -1,4 +1,7 @@
-"""Cross-process helpers for contrastive losses under data parallelism (DDP).
+"""Data parallelism: joining the process group, and cross-process helpers for contrastive losses.
+
+:func:`setup_distributed` joins the process group that ``accelerate launch``/``torchrun`` describe in
+the environment (if any) and returns this process's :class:`DistContext` (rank, world size, device).
 
 With in-batch negatives, a bigger candidate pool means a harder and more useful objective. Under DDP
 every process only sees its own shard of the batch, so the losses gather the candidate embeddings of
@@ -20,11 +23,22 @@ code can call these helpers unconditionally.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["gather_with_grad", "global_batch_offset", "is_distributed", "rank", "world_size"]
+__all__ = [
+    "DistContext",
+    "gather_with_grad",
+    "global_batch_offset",
+    "is_distributed",
+    "rank",
+    "setup_distributed",
+    "world_size",
+]
 
 
 def is_distributed() -> bool:
@@ -49,6 +63,51 @@ def _collective_device(hint: torch.device | None = None) -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+@dataclass
+class DistContext:
+    """This process's place in a (possibly single-process) run."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def mean(self, value: Tensor) -> float:
+        """Average of a scalar over processes."""
+        if self.world_size == 1:
+            return float(value)
+        total = value.detach().clone().reshape(1).to(_collective_device())
+        dist.all_reduce(total)
+        return float(total) / self.world_size
+
+
+def setup_distributed(device: str = "auto") -> DistContext:
+    """Join the process group that ``accelerate launch``/``torchrun`` describe in the environment, if any.
+
+    ``device`` is ``auto`` (this process's GPU when there is one, else the CPU), ``cpu``, ``cuda``
+    (this process's GPU) or an explicit ``cuda:N``.
+    """
+    if not is_distributed() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState  # lazy: accelerate is slow to import and only multi-process runs need it
+
+        PartialState(cpu=device == "cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda":  # an explicit index: torch.cuda.set_device rejects a bare "cuda" on some versions
+        device = f"cuda:{local_rank}"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    return DistContext(rank(), world_size(), device)
 
 
 def _gather_row_counts(local_rows: int, device: torch.device | None = None) -> list[int]:

@@ -1,16 +1,28 @@
-"""The optimiser and learning-rate schedule every training loop uses (contrastive runs and objective
-stages alike): AdamW with weight decay on matrices only, linear warm-up then linear decay to zero.
+"""The optimisation every training loop uses (contrastive runs and pre-training stages alike).
+
+* :func:`build_optimizer`: AdamW with weight decay on matrices only;
+* :func:`build_scheduler`: linear warm-up then linear decay to zero (:class:`WarmupLinearDecay`);
+* :class:`OptimisationStep`: one step (zero the gradients, forward and backward, clip, step the
+  optimiser and the schedule, tell the model its weights changed) and its ``metrics.jsonl`` record.
 
 The config passed in needs ``lr``, ``weight_decay``, ``warmup_steps`` and ``steps``.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["WarmupLinearDecay", "build_optimizer", "build_scheduler"]
+from lmembed.training.metrics_log import MetricsLog
+
+__all__ = ["ForwardBackward", "OptimisationStep", "WarmupLinearDecay", "build_optimizer", "build_scheduler"]
+
+# Computes the step's loss and back-propagates it; returns the loss (detached) and extra metrics to log.
+ForwardBackward = Callable[[], tuple[torch.Tensor, dict[str, float]]]
 
 
 class WarmupLinearDecay:
@@ -43,3 +55,71 @@ def build_optimizer(model: Any, config: Any, error: type[Exception] = ValueError
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: Any) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupLinearDecay(config.warmup_steps, config.steps))
+
+
+class OptimisationStep:
+    """One optimisation step of a :class:`~lmembed.training.trainable.TrainableEmbedder`, with its record.
+
+    ``model`` is the trainable model (its ``named_trainable_parameters`` are clipped and it is told
+    ``weights_changed`` after the update); the forward pass may go through a wrapper of it (DDP) inside
+    the ``forward_backward`` callable. Records of step ``n`` go to ``metrics`` when ``n`` is a multiple
+    of ``log_every`` or the last of ``total_steps``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        *,
+        max_grad_norm: float | None,
+        metrics: MetricsLog,
+        log_every: int,
+        total_steps: int,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.max_grad_norm = max_grad_norm
+        self.metrics = metrics
+        self.log_every = log_every
+        self.total_steps = total_steps
+
+    def __call__(
+        self,
+        step: int,
+        forward_backward: ForwardBackward,
+        *,
+        reduce: Callable[[torch.Tensor], float] = float,
+        rows: int | None = None,
+    ) -> dict[str, Any]:
+        """Run step number ``step`` (1-based) and return its record.
+
+        ``forward_backward`` computes the loss and back-propagates it (in one pass, or chunk by chunk
+        as GradCache does). ``reduce`` turns the loss into the logged number (e.g. the mean over
+        processes); with ``rows`` (rows in the step's batch) the record also gives ``rows_per_s``.
+        """
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, extra = forward_backward()
+        grad_norm = self.clip_gradients()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.model.weights_changed()
+        seconds = time.perf_counter() - started
+        record: dict[str, Any] = {"step": step, "loss": reduce(loss), "lr": lr, "grad_norm": grad_norm, **extra}
+        if rows is not None:
+            record["rows_per_s"] = rows / seconds
+        record["seconds"] = seconds
+        if step % self.log_every == 0 or step == self.total_steps:
+            self.metrics.write(record)
+        return record
+
+    def clip_gradients(self) -> float:
+        """Clip the gradient norm to ``max_grad_norm`` (no limit when unset); returns the norm before clipping."""
+        params = [p for _, p in self.model.named_trainable_parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        limit = self.max_grad_norm if self.max_grad_norm else math.inf
+        return float(torch.nn.utils.clip_grad_norm_(params, limit))

@@ -2,9 +2,9 @@
 
 A recipe reproduces a published training procedure as a sequence of stages, each one either a
 contrastive trainer run (:class:`~lmembed.training.train_config.TrainConfig`) or a pre-training
-objective (:class:`~lmembed.training.objectives.ObjectiveConfig`: ``mntp``, ``simcse``, ``anchor``,
-``angle``). Every stage starts from the model the previous stage saved, with a fresh optimizer (NV-Embed
-restarts it between its stages). Layout::
+stage (:mod:`lmembed.training.stages`, set by an :class:`~lmembed.training.train_config.ObjectiveConfig`:
+``mntp``, ``simcse``, ``anchor``, ``angle``). Every stage starts from the model the previous stage
+saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout::
 
     name: nv-embed-two-stage
     model: smollm2-135m                 # the first stage's model
@@ -53,11 +53,24 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import yaml
+
+from lmembed.datasets import resolve_local
+from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
+from lmembed.training import converters as conv
 from lmembed.training.data import BATCHING_MODES
+from lmembed.training.train_config import (
+    OBJECTIVE_NAMES,
+    ObjectiveConfig,
+    ObjectiveConfigError,
+    TrainConfig,
+    TrainConfigError,
+)
 
 log = logging.getLogger(__name__)
 
-STAGE_TYPES = ("contrastive", "mntp", "simcse", "anchor", "angle")
+STAGE_TYPES = ("contrastive", *OBJECTIVE_NAMES)
 PREPARE_KINDS = ("beir", "classification", "clustering", "sts", "pairs", "rows")
 RECIPE_KEYS = {"name", "description", "paper", "model", "output", "defaults", "prepare", "stages", "evaluate"}
 SPECIAL_OVERRIDES = ("model", "output", "teacher", "max_rows", "max_corpus")
@@ -124,8 +137,6 @@ class Recipe:
 
 # ---------------------------------------------------------------------------------------------- loading
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -220,9 +231,6 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any] | None) -> Reci
             step["mine"]["teacher"] = str(overrides["teacher"])
         if overrides.get("max_corpus") is not None and isinstance(step.get("mine"), dict):
             step["mine"]["max_corpus"] = int(overrides["max_corpus"])
-    from lmembed.training.objectives import ObjectiveConfig
-    from lmembed.training.train_config import TrainConfig
-
     unknown = sorted(set(extra) - _known(TrainConfig) - _known(ObjectiveConfig))
     if unknown:
         raise RecipeError(f"override(s) {', '.join(unknown)} match no stage option")
@@ -251,8 +259,6 @@ def _substitute(value: Any, context: Mapping[str, str]) -> Any:
 
 def resolve_input(spec: str) -> Path:
     """An existing path, or a dataset name / relative path found by :mod:`lmembed.datasets`."""
-    from lmembed.datasets import resolve_local
-
     try:
         return resolve_local(spec)
     except Exception as exc:
@@ -271,7 +277,7 @@ def _teacher(name: str, options: Mapping[str, Any]) -> Any:
     """Load (once per process) the mining teacher, with the embedding cache on."""
     key = json.dumps([name, dict(options)], sort_keys=True)
     if key not in _TEACHERS:
-        from lmembed import Embedder
+        from lmembed.embedder import Embedder  # lazy: keeps `lmembed --help` free of torch
 
         _TEACHERS.clear()  # keep at most one teacher in memory
         _TEACHERS[key] = Embedder.from_pretrained(name, show_progress=False, **options)
@@ -280,9 +286,6 @@ def _teacher(name: str, options: Mapping[str, Any]) -> Any:
 
 def _convert(step: dict[str, Any], path: Path, teacher: Any | None) -> list[dict[str, Any]]:
     """Rows for one prepare step, before any separate mining."""
-    from lmembed.mining import read_rows
-    from lmembed.training import converters as conv
-
     kind, options = step["kind"], dict(step.get("options") or {})
     common = {"max_rows": step.get("max_rows"), "seed": int(step.get("seed", 0))}
     instruction, task = step.get("instruction"), step.get("task") or step["name"]
@@ -316,8 +319,6 @@ def _convert(step: dict[str, Any], path: Path, teacher: Any | None) -> list[dict
 
 
 def _mine(step: dict[str, Any], rows: list[dict[str, Any]], path: Path, teacher: Any) -> list[dict[str, Any]]:
-    from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives
-
     options = dict(step["mine"])
     for key in ("teacher", "teacher_options"):
         options.pop(key, None)
@@ -339,8 +340,6 @@ def _mine(step: dict[str, Any], rows: list[dict[str, Any]], path: Path, teacher:
 
 def _shrink_corpus(corpus: list[str], rows: list[dict[str, Any]], size: int, seed: int) -> list[str]:
     """The rows' positives plus random other documents, ``size`` in all (at least the positives)."""
-    import numpy as np
-
     positives = list(dict.fromkeys(p for r in rows for p in _as_list(r.get("positive"))))
     taken = set(positives)
     others = [t for t in dict.fromkeys(corpus) if t not in taken]
@@ -359,8 +358,6 @@ def _as_list(value: Any) -> list[str]:
 
 def prepare_data(step: dict[str, Any], output: Path) -> Path:
     """Run one prepare step; reuses the file when it was written from the same step before."""
-    from lmembed.mining import write_rows
-
     target = Path(step.get("output") or output / "data" / f"{step['name']}.jsonl")
     stamp = target.with_name(target.name + ".recipe.json")
     digest = _spec_hash(step)
@@ -387,9 +384,6 @@ def _known(config_class: type) -> set[str]:
 
 def stage_options(recipe: Recipe, stage: Mapping[str, Any], model: str, output: Path) -> dict[str, Any]:
     """The config options of one stage: recipe defaults (fields the stage knows) + the stage's own."""
-    from lmembed.training.objectives import ObjectiveConfig
-    from lmembed.training.train_config import TrainConfig
-
     kind = stage.get("type", "contrastive")
     known = _known(TrainConfig if kind == "contrastive" else ObjectiveConfig)
     options = {k: v for k, v in recipe.defaults.items() if k in known}
@@ -419,8 +413,7 @@ def _resolve_data(data: list[Any]) -> list[Any]:
 
 
 def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
-    from lmembed.training.train_config import TrainConfig, TrainConfigError
-    from lmembed.training.trainer import Trainer
+    from lmembed.training.trainer import Trainer  # lazy: keeps `lmembed --help` free of torch
 
     options = dict(options)
     options["data"] = _resolve_data(list(options.get("data") or []))
@@ -436,7 +429,7 @@ def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple
 
 
 def _run_objective(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
-    from lmembed.training.objectives import ObjectiveConfig, ObjectiveConfigError, run_objective
+    from lmembed.training.stages import run_objective  # lazy: keeps `lmembed --help` free of torch
 
     options = {**options, "data": _resolve_data(list(options.get("data") or []))}
     try:

@@ -1,6 +1,10 @@
-"""Settings of a contrastive training run, as one dataclass that round-trips through YAML.
+"""Settings of training runs: :class:`TrainConfig` (contrastive) and :class:`ObjectiveConfig` (stages).
 
-The same fields are reachable from the command line (``lmembed train``) and from a YAML file
+:class:`TrainConfig` holds a contrastive run's settings as one dataclass that round-trips through YAML;
+:class:`ObjectiveConfig` those of a pre-training stage (:mod:`lmembed.training.stages`: MNTP, SimCSE,
+Anchor, AnglE pairs). Both share the model-side fields of :class:`ModelOptions`.
+
+A TrainConfig's fields are reachable from the command line (``lmembed train``) and from a YAML file
 (``--config run.yaml``); options given on the command line override the file. Defaults follow
 NV-Embed's recipe where it gives one (LoRA r=16, alpha=32, dropout 0.1; 50 warm-up steps then linear
 decay; datasets sampled uniformly). ``temperature=None`` keeps the loss's own default (InfoNCE: 0.02,
@@ -27,15 +31,23 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lmembed.config import unknown_options
 from lmembed.training.data import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
+# The pre-training stages (lmembed.training.stages), by the name ObjectiveConfig.objective takes.
+OBJECTIVE_NAMES = ("mntp", "simcse", "anchor", "angle")
 SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
 
 
 class TrainConfigError(ValueError):
     """A training option has an invalid value."""
+
+
+class ObjectiveConfigError(ValueError):
+    """A pre-training stage option is invalid."""
 
 
 def check_at_least(error: type[Exception], minimum: int, **values: float) -> None:
@@ -183,8 +195,6 @@ class TrainConfig(ModelOptions):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
-        import yaml
-
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text()) or {}
@@ -198,8 +208,6 @@ class TrainConfig(ModelOptions):
             raise TrainConfigError(f"{path}: {exc}") from exc
 
     def to_yaml(self) -> str:
-        import yaml
-
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def updated(self, **changes: Any) -> TrainConfig:
@@ -207,3 +215,50 @@ class TrainConfig(ModelOptions):
         data = self.to_dict()
         data.update({k: v for k, v in changes.items() if v is not None})
         return TrainConfig.from_dict(data)
+
+
+@dataclass
+class ObjectiveConfig(ModelOptions):
+    """Settings of one pre-training stage; ``objective`` names it (one of :data:`OBJECTIVE_NAMES`).
+
+    The model-side fields come from :class:`ModelOptions`. ``options`` go to the stage's constructor
+    (``mask_probability``, ``temperature``, ``dropout``, ``alpha``, ``max_target_length`` ...).
+    ``lora=None`` means LoRA for decoders, full fine-tuning for encoders (the Anchor paper trains
+    stage I with all parameters: set ``lora: false``).
+    """
+
+    device: str = "cpu"
+    objective: str = "mntp"
+    data: list[Any] = field(default_factory=list)
+    output: str = "runs/objective"
+    steps: int = 100
+    batch_size: int = 16
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    max_grad_norm: float | None = 1.0
+    seed: int = 42
+    max_texts: int | None = None
+    log_every: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.objective = self.objective.strip().lower()
+        if self.objective not in OBJECTIVE_NAMES:
+            known = ", ".join(OBJECTIVE_NAMES)
+            raise ObjectiveConfigError(f"objective {self.objective!r} is unknown; choose one of {known}")
+        check_at_least(ObjectiveConfigError, 1, steps=self.steps, batch_size=self.batch_size, log_every=self.log_every)
+        if self.lr <= 0:
+            raise ObjectiveConfigError(f"lr={self.lr} must be positive")
+        check_at_least(ObjectiveConfigError, 0, warmup_steps=self.warmup_steps)
+        self.check_model_options(ObjectiveConfigError)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ObjectiveConfig:
+        unknown = unknown_options(cls, data)
+        if unknown:
+            raise ObjectiveConfigError(f"unknown objective option(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,14 +1,16 @@
-"""Every non-retrieval MTEB task type, plus a registry and data-format detection.
+"""Every MTEB task type lmembed implements, the registry of types, and loading tasks from data.
 
-``TASK_TYPES`` maps an MTEB task-type name to its class; :func:`load_task` builds a task from a file
-or folder (what ``lmembed eval --data DIR [--task-type TYPE]`` needs) and :func:`detect_task_type`
-guesses the type from the files when none is given:
+Each module here is one task type: a class implementing :class:`lmembed.evaluation.base.Task`, with
+the scoring it follows. ``TASK_TYPES`` maps an MTEB task-type name to its class; every class is built
+the same way, ``from_path(path, name=, split=, instruction=, **settings)``. :func:`load_task` builds a
+task from a file or folder (what ``lmembed eval --data DIR [--task-type TYPE]`` needs) and
+:func:`detect_task_type` guesses the type from the files when none is given; :func:`build_task`
+builds a known task (a :class:`~lmembed.task_registry.TaskSpec`) with its MTEB settings:
 
 ===================  ==========================================================================
 type                 what is looked for
 ===================  ==========================================================================
-Retrieval            ``corpus.jsonl`` and ``queries.jsonl`` (BEIR layout; built by
-                     :class:`lmembed.evaluation.retrieval.RetrievalTask`)
+Retrieval            ``corpus.jsonl`` and ``queries.jsonl`` (BEIR layout, ``qrels/<split>.tsv``)
 Classification       ``train.jsonl`` next to the evaluation split; rows ``{"text", "label"}``
 STS                  rows ``{"sentence1", "sentence2", "score"}``
 PairClassification   rows ``{"sentence1", "sentence2", "labels"|"label"}``
@@ -17,39 +19,41 @@ Reranking            rows ``{"query", "positive", "negative"}``
 Summarization        rows ``{"text", "human_summaries", "machine_summaries", "relevance"}``
 ===================  ==========================================================================
 
-:data:`KNOWN_DATASETS` joins the per-type tables of known MTEB datasets (MTEB name → location under
-the data root and settings); adding a dataset is one entry in the table of its type.
+The facts of each known MTEB task (data location, split, settings, instruction) are not here: they
+are one :class:`~lmembed.task_registry.TaskSpec` each in :mod:`lmembed.task_registry`. Adding a
+dataset: one ``TaskSpec`` entry in ``lmembed.task_registry``; adding a task type: a class here and
+:func:`register_task_type`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmembed.evaluation.base import TaskResult
-from lmembed.evaluation.tasks._common import DatasetSpec, TaskDataError, split_file
-from lmembed.evaluation.tasks.classification import KNOWN_CLASSIFICATION, ClassificationTask
-from lmembed.evaluation.tasks.clustering import KNOWN_CLUSTERING, ClusteringTask
-from lmembed.evaluation.tasks.pair_classification import KNOWN_PAIR_CLASSIFICATION, PairClassificationTask
-from lmembed.evaluation.tasks.reranking import KNOWN_RERANKING, RerankingTask
-from lmembed.evaluation.tasks.sts import KNOWN_STS, STSTask
-from lmembed.evaluation.tasks.summarization import KNOWN_SUMMARIZATION, SummarizationTask
+from lmembed.evaluation.base import Task, TaskType
+from lmembed.evaluation.tasks._common import TaskDataError, split_file
+from lmembed.evaluation.tasks.classification import ClassificationTask
+from lmembed.evaluation.tasks.clustering import ClusteringTask
+from lmembed.evaluation.tasks.pair_classification import PairClassificationTask
+from lmembed.evaluation.tasks.reranking import RerankingTask
+from lmembed.evaluation.tasks.retrieval import RetrievalTask
+from lmembed.evaluation.tasks.sts import STSTask
+from lmembed.evaluation.tasks.summarization import SummarizationTask
+from lmembed.io import CORPUS_FILE, QUERIES_FILE, DataFormatError, iter_jsonl
+from lmembed.task_registry import TaskSpec
 
 __all__ = [
-    "KNOWN_DATASETS",
     "TASK_TYPES",
     "ClassificationTask",
     "ClusteringTask",
-    "DatasetSpec",
-    "InstructedTask",
     "PairClassificationTask",
     "RerankingTask",
+    "RetrievalTask",
     "STSTask",
     "SummarizationTask",
     "TaskDataError",
+    "build_task",
     "canonical_task_type",
     "detect_task_type",
     "load_task",
@@ -57,59 +61,48 @@ __all__ = [
     "task_class",
 ]
 
-# Each built-in task class with its table of known MTEB datasets; the class names its task type.
-_BUILT_IN: tuple[tuple[Any, dict[str, DatasetSpec]], ...] = (
-    (STSTask, KNOWN_STS),
-    (ClassificationTask, KNOWN_CLASSIFICATION),
-    (ClusteringTask, KNOWN_CLUSTERING),
-    (PairClassificationTask, KNOWN_PAIR_CLASSIFICATION),
-    (RerankingTask, KNOWN_RERANKING),
-    (SummarizationTask, KNOWN_SUMMARIZATION),
-)
-
-TASK_TYPES: dict[str, Any] = {cls.task_type: cls for cls, _ in _BUILT_IN}
-
-#: (task type, dataset spec) for every known non-retrieval MTEB dataset, by MTEB name.
-KNOWN_DATASETS: dict[str, tuple[str, DatasetSpec]] = {
-    name: (cls.task_type, spec) for cls, table in _BUILT_IN for name, spec in table.items()
+#: Task-type name → the class implementing it.
+TASK_TYPES: dict[str, TaskType] = {
+    cls.task_type: cls
+    for cls in (
+        RetrievalTask,
+        RerankingTask,
+        ClusteringTask,
+        PairClassificationTask,
+        ClassificationTask,
+        STSTask,
+        SummarizationTask,
+    )
 }
 
-_ALIASES = {task_type.lower(): task_type for task_type in (*TASK_TYPES, "Retrieval")}
+_ALIASES = {task_type.lower(): task_type for task_type in TASK_TYPES}
 
 
 def canonical_task_type(name: str) -> str:
     """Map spellings like ``pair-classification`` or ``sts`` to MTEB's type name."""
     key = name.strip().lower().replace("-", "").replace("_", "").replace(" ", "")
     if key not in _ALIASES:
-        known = ", ".join(sorted({*TASK_TYPES, "Retrieval"}))
-        raise KeyError(f"unknown task type {name!r}; known: {known}")
+        raise KeyError(f"unknown task type {name!r}; known: {', '.join(sorted(TASK_TYPES))}")
     return _ALIASES[key]
 
 
-def register_task_type(name: str, cls: Any) -> None:
-    """Add (or replace) a task type; ``cls`` needs a ``from_path(path, name=, split=, **settings)``."""
+def register_task_type(name: str, cls: TaskType) -> None:
+    """Add (or replace) a task type; ``cls`` needs ``from_path(path, name=, split=, instruction=, **settings)``."""
     TASK_TYPES[name] = cls
     _ALIASES[name.lower().replace("-", "").replace("_", "")] = name
 
 
-def task_class(task_type: str) -> Any:
-    """The class implementing ``task_type`` (Retrieval is imported on demand)."""
-    canonical = canonical_task_type(task_type)
-    if canonical == "Retrieval":
-        from lmembed.evaluation.retrieval import RetrievalTask
-
-        return RetrievalTask
-    return TASK_TYPES[canonical]
+def task_class(task_type: str) -> TaskType:
+    """The class implementing ``task_type`` (any spelling :func:`canonical_task_type` accepts)."""
+    return TASK_TYPES[canonical_task_type(task_type)]
 
 
 def _first_row(path: Path) -> dict[str, Any]:
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise TaskDataError(f"{path}: rows must be JSON objects")
-                return row
+    try:
+        for _, row in iter_jsonl(path):
+            return row
+    except DataFormatError as exc:
+        raise TaskDataError(str(exc)) from exc
     raise TaskDataError(f"{path} is empty")
 
 
@@ -147,7 +140,7 @@ def detect_task_type(path: str | Path, *, split: str = "test") -> str:
     path = Path(path)
     if not path.exists():
         raise TaskDataError(f"no such file or folder: {path}")
-    if path.is_dir() and (path / "corpus.jsonl").is_file() and (path / "queries.jsonl").is_file():
+    if path.is_dir() and (path / CORPUS_FILE).is_file() and (path / QUERIES_FILE).is_file():
         return "Retrieval"
     file = _data_file(path, split)
     has_train = (file.parent / "train.jsonl").is_file() and file.name != "train.jsonl"
@@ -159,31 +152,6 @@ def detect_task_type(path: str | Path, *, split: str = "test") -> str:
     return detected
 
 
-def _forwarded(attribute: str) -> property:
-    """A read-only property returning the wrapped task's ``attribute``."""
-    return property(lambda self: getattr(self.task, attribute), doc=f"The wrapped task's ``{attribute}``.")
-
-
-@dataclass
-class InstructedTask:
-    """A task whose ``evaluate`` takes the instruction as an argument (retrieval), bound to one.
-
-    It presents the plain :class:`~lmembed.evaluation.base.Task` interface, so callers treat every
-    task alike: ``evaluate(encoder, batch_size=...)``.
-    """
-
-    task: Any
-    instruction: str | None
-
-    name = _forwarded("name")
-    task_type = _forwarded("task_type")
-    main_metric = _forwarded("main_metric")
-    split = _forwarded("split")
-
-    def evaluate(self, encoder: Any, *, batch_size: int = 32) -> TaskResult:
-        return self.task.evaluate(encoder, batch_size=batch_size, instruction=self.instruction)
-
-
 def load_task(
     path: str | Path,
     *,
@@ -192,16 +160,19 @@ def load_task(
     split: str = "test",
     instruction: str | None = None,
     **settings: Any,
-) -> Any:
+) -> Task:
     """Build a task from the data at ``path``; ``task_type`` is detected when not given.
 
     ``instruction`` goes to the queries (retrieval, reranking) or to every text (symmetric types);
-    ``settings`` go to the task class (``samples_per_label`` ...; for retrieval, the
-    ``RetrievalTask`` constructor's keywords such as ``ignore_identical_ids``).
+    ``settings`` go to the task class (``samples_per_label``, ``ignore_identical_ids`` ...).
     """
     path = Path(path)
     canonical = canonical_task_type(task_type) if task_type else detect_task_type(path, split=split)
-    if canonical == "Retrieval":
-        retrieval = task_class("Retrieval").from_folder(path, name=name or path.name, split=split, **settings)
-        return InstructedTask(retrieval, instruction)
     return TASK_TYPES[canonical].from_path(path, name=name, split=split, instruction=instruction, **settings)
+
+
+def build_task(spec: TaskSpec, path: str | Path, *, split: str | None = None, instruction: str | None = None) -> Task:
+    """The known task ``spec`` on the data at ``path`` (its folder or file), with the spec's name,
+    split (unless ``split`` is given) and settings (``samples_per_label``, ``ignore_identical_ids`` ...)."""
+    cls = task_class(spec.task_type)
+    return cls.from_path(path, name=spec.name, split=split or spec.split, instruction=instruction, **spec.settings)

@@ -1,4 +1,4 @@
-"""Helpers shared by the non-retrieval task classes: reading data, encoding, timing, dataset specs,
+"""Helpers shared by the non-retrieval task classes (reading data, encoding, timing)
 and :class:`TaskBase`, the loading / timing / result-building part every task class has in common.
 
 Encoding convention (E5-mistral / NV-Embed): in symmetric tasks (STS, classification, clustering,
@@ -12,17 +12,17 @@ its default retrieval prompt to queries (BGE does), and MTEB gives non-retrieval
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import numpy as np
 
 from lmembed.evaluation.base import TaskResult
+from lmembed.io import DataFormatError, iter_jsonl
 from lmembed.protocols import RetrievalEncoder
 
 DEFAULT_SEED = 42
@@ -33,20 +33,15 @@ class TaskDataError(ValueError):
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All JSON objects of a ``.jsonl`` file, in order; blank lines are skipped."""
+    """All JSON objects of a task's ``.jsonl`` file, in order (read by :func:`lmembed.io.iter_jsonl`;
+    blank lines are skipped). A missing or empty file, or a malformed line, is a :class:`TaskDataError`."""
     path = Path(path)
     if not path.is_file():
         raise TaskDataError(f"data file not found: {path}")
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise TaskDataError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+    try:
+        rows = [row for _, row in iter_jsonl(path)]
+    except DataFormatError as exc:
+        raise TaskDataError(str(exc)) from exc
     if not rows:
         raise TaskDataError(f"{path} holds no rows")
     return rows
@@ -149,34 +144,6 @@ def stopwatch() -> Iterator[dict[str, float]]:
         record["seconds"] = time.perf_counter() - start
 
 
-@dataclass(frozen=True)
-class DatasetSpec:
-    """Where a known MTEB dataset lives under the data root, and the task settings it needs.
-
-    ``path`` is relative to the data root (a directory holding ``<split>.jsonl`` files, or one jsonl
-    file); ``settings`` are keyword arguments for the task class (``samples_per_label`` ...);
-    ``extra_splits`` names further splits the task reads (classification's ``train``).
-    """
-
-    path: str
-    split: str = "test"
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    extra_splits: tuple[str, ...] = ()
-    note: str = ""
-
-    def files(self, root: str | Path) -> list[Path]:
-        """The files that must exist for this dataset to be usable."""
-        base = Path(root) / self.path
-        if base.suffix == ".jsonl":
-            return [base]
-        names = [self.split, *self.extra_splits]
-        return [base / f"{name}.jsonl" for name in names]
-
-    def is_available(self, root: str | Path) -> bool:
-        """True when every file this dataset needs is present under ``root``."""
-        return all(path.is_file() for path in self.files(root))
-
-
 class TaskBase:
     """What every non-retrieval task class shares; the subclasses are dataclasses.
 
@@ -199,10 +166,23 @@ class TaskBase:
         raise NotImplementedError
 
     @classmethod
-    def from_path(cls, path: str | Path, *, name: str | None = None, split: str = "test", **settings: Any) -> Self:
+    def from_path(
+        cls,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        split: str = "test",
+        instruction: str | None = None,
+        **settings: Any,
+    ) -> Self:
         """Load from a jsonl file, or a directory holding ``<split>.jsonl``."""
         data = cls._read(split_file(path, split))
-        return cls(name or Path(path).name.removesuffix(".jsonl"), *data, split=split, **settings)  # type: ignore[call-arg]
+        label = name or Path(path).name.removesuffix(".jsonl")
+        return cls(label, *data, split=split, instruction=instruction, **settings)  # type: ignore[call-arg]
+
+    def with_instruction(self, instruction: str | None) -> Self:
+        """This task, bound to another instruction."""
+        return dataclasses.replace(self, instruction=instruction)  # type: ignore[type-var]
 
     def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
         """(scores with ``main_score``, extra details for the result); ``instruction`` is added to the latter."""

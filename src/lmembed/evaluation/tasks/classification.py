@@ -41,39 +41,8 @@ from sklearn.metrics import (
     recall_score,
 )
 
-from lmembed.evaluation.tasks._common import DEFAULT_SEED, DatasetSpec, TaskBase, TaskDataError, read_rows, split_file
+from lmembed.evaluation.tasks._common import DEFAULT_SEED, TaskBase, TaskDataError, read_rows, split_file
 from lmembed.protocols import RetrievalEncoder
-
-_TRAIN = ("train",)
-
-# MTEB name -> data location and protocol settings (samples_per_label as the MTEB task sets it).
-KNOWN_CLASSIFICATION: dict[str, DatasetSpec] = {
-    "Banking77Classification": DatasetSpec("classification/banking77", extra_splits=_TRAIN),
-    "EmotionClassification": DatasetSpec(
-        "classification/emotion", settings={"samples_per_label": 16}, extra_splits=_TRAIN
-    ),
-    "MassiveIntentClassification": DatasetSpec(
-        "classification/massive_intent", settings={"subset": "en"}, extra_splits=_TRAIN, note="the en subset"
-    ),
-    "MassiveScenarioClassification": DatasetSpec(
-        "classification/massive_scenario", settings={"subset": "en"}, extra_splits=_TRAIN, note="the en subset"
-    ),
-    "AmazonCounterfactualClassification": DatasetSpec(
-        "classification/amazon_counterfactual",
-        settings={"samples_per_label": 32, "subset": "en"},
-        extra_splits=_TRAIN,
-        note="the en subset",
-    ),
-    "ToxicConversationsClassification": DatasetSpec(
-        "classification/toxic_conversations", settings={"samples_per_label": 16}, extra_splits=_TRAIN
-    ),
-    "TweetSentimentExtractionClassification": DatasetSpec(
-        "classification/tweet_sentiment_extraction",
-        settings={"samples_per_label": 32},
-        extra_splits=_TRAIN,
-    ),
-    "ImdbClassification": DatasetSpec("classification/imdb", extra_splits=_TRAIN),
-}
 
 
 def undersample(
@@ -178,6 +147,7 @@ class ClassificationTask(TaskBase):
         *,
         name: str | None = None,
         split: str = "test",
+        instruction: str | None = None,
         train_split: str = "train",
         **settings: Any,
     ) -> ClassificationTask:
@@ -197,6 +167,7 @@ class ClassificationTask(TaskBase):
             test_texts,
             test_labels,
             split=split,
+            instruction=instruction,
             **settings,
         )
 

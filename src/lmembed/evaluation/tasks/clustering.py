@@ -26,22 +26,10 @@ import numpy as np
 from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics.cluster import v_measure_score
 
-from lmembed.evaluation.tasks._common import DEFAULT_SEED, DatasetSpec, TaskBase, TaskDataError, read_rows
+from lmembed.evaluation.tasks._common import DEFAULT_SEED, TaskBase, TaskDataError, read_rows
 from lmembed.protocols import RetrievalEncoder
 
 KMEANS_BATCH_SIZE = 500
-
-KNOWN_CLUSTERING: dict[str, DatasetSpec] = {
-    "BiorxivClusteringS2S": DatasetSpec("clustering/biorxiv_s2s"),
-    "BiorxivClusteringP2P": DatasetSpec("clustering/biorxiv_p2p"),
-    "MedrxivClusteringS2S": DatasetSpec("clustering/medrxiv_s2s"),
-    "MedrxivClusteringP2P": DatasetSpec("clustering/medrxiv_p2p"),
-    "TwentyNewsgroupsClustering": DatasetSpec("clustering/twentynewsgroups"),
-    "ArxivClusteringS2S": DatasetSpec("clustering/arxiv_s2s"),
-    "ArxivClusteringP2P": DatasetSpec("clustering/arxiv_p2p"),
-    "RedditClustering": DatasetSpec("clustering/reddit"),
-    "StackExchangeClustering": DatasetSpec("clustering/stackexchange"),
-}
 
 
 @dataclass

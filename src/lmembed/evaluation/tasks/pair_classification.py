@@ -36,7 +36,6 @@ from sklearn.metrics.pairwise import (
 )
 
 from lmembed.evaluation.tasks._common import (
-    DatasetSpec,
     TaskBase,
     TaskDataError,
     read_jsonl,
@@ -44,12 +43,6 @@ from lmembed.evaluation.tasks._common import (
     require_same_length,
 )
 from lmembed.protocols import RetrievalEncoder
-
-KNOWN_PAIR_CLASSIFICATION: dict[str, DatasetSpec] = {
-    "SprintDuplicateQuestions": DatasetSpec("pair_classification/sprint_duplicate_questions"),
-    "TwitterSemEval2015": DatasetSpec("pair_classification/twitter_semeval2015"),
-    "TwitterURLCorpus": DatasetSpec("pair_classification/twitter_url_corpus"),
-}
 
 _MAX_KEYS = ("accuracy", "f1", "precision", "recall", "ap")
 

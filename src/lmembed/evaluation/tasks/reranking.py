@@ -28,7 +28,6 @@ import numpy as np
 from sklearn.metrics import average_precision_score
 
 from lmembed.evaluation.tasks._common import (
-    DatasetSpec,
     TaskBase,
     TaskDataError,
     as_matrix,
@@ -39,13 +38,6 @@ from lmembed.evaluation.tasks._common import (
 from lmembed.protocols import RetrievalEncoder
 
 MRR_AT = 10
-
-KNOWN_RERANKING: dict[str, DatasetSpec] = {
-    "StackOverflowDupQuestions": DatasetSpec("reranking/stackoverflow_dup_questions"),
-    "SciDocsRR": DatasetSpec("reranking/scidocs_rr"),
-    "AskUbuntuDupQuestions": DatasetSpec("reranking/askubuntu_dup_questions"),
-    "MindSmallReranking": DatasetSpec("reranking/mind_small"),
-}
 
 
 @dataclass

@@ -33,28 +33,12 @@ from sklearn.metrics.pairwise import (
 )
 
 from lmembed.evaluation.tasks._common import (
-    DatasetSpec,
     TaskBase,
     TaskDataError,
     read_rows,
     require_same_length,
 )
 from lmembed.protocols import RetrievalEncoder
-
-# MTEB name -> where the data lives under the data root. STS12–16 are the lowercased, tokenized
-# text that MTEB's copies hold; SICK-R is all 9,927 SICK pairs (train + trial + test), as in MTEB.
-KNOWN_STS: dict[str, DatasetSpec] = {
-    "STSBenchmark": DatasetSpec("sts/stsbenchmark"),
-    "SICK-R": DatasetSpec("sts/sickr"),
-    "STS12": DatasetSpec("sts/sts12"),
-    "STS13": DatasetSpec("sts/sts13"),
-    "STS14": DatasetSpec("sts/sts14"),
-    "STS15": DatasetSpec("sts/sts15"),
-    "STS16": DatasetSpec("sts/sts16"),
-    "STS17": DatasetSpec("sts/sts17", settings={"subset": "en-en"}, note="MTEB(eng) uses the en-en subset"),
-    "STS22": DatasetSpec("sts/sts22", settings={"subset": "en"}, note="the en subset"),
-    "BIOSSES": DatasetSpec("sts/biosses", settings={"min_score": 0.0, "max_score": 4.0}),
-}
 
 
 def _correlations(gold: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:

@@ -25,13 +25,8 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from lmembed.evaluation.tasks._common import DatasetSpec, TaskBase, TaskDataError, normalise_rows, read_rows
+from lmembed.evaluation.tasks._common import TaskBase, TaskDataError, normalise_rows, read_rows
 from lmembed.protocols import RetrievalEncoder
-
-KNOWN_SUMMARIZATION: dict[str, DatasetSpec] = {
-    "SummEval": DatasetSpec("summarization/summeval", settings={"legacy_pvalue_bug": True}),
-    "SummEvalSummarization.v2": DatasetSpec("summarization/summeval"),
-}
 
 
 @dataclass

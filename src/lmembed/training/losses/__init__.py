@@ -1,4 +1,15 @@
-"""Training objectives for embedding models, one concept per module, pure torch.
+"""Loss functions for embedding training, one concept per module, pure torch.
+
+=================== ==================================================================
+module              holds
+=================== ==================================================================
+:mod:`.infonce`     ``InfoNCELoss`` (in-batch + hard negatives), similarity helpers
+:mod:`.gte`         ``GTELoss``, GTE's improved contrastive loss (enlarged partition function)
+:mod:`.triplet`     ``TripletLoss`` with a margin
+:mod:`.angle`       ``AnglELoss`` (CoSENT + in-batch + angle terms) for scored pairs
+:mod:`.matryoshka`  ``MatryoshkaLoss``, any loss over nested leading dimensions
+:mod:`.factory`     ``build_training_loss``: the trainer's loss from a ``TrainConfig``
+=================== ==================================================================
 
 Retrieval losses share one call signature::
 
@@ -8,7 +19,7 @@ Embeddings arrive un-normalised; losses with a ``similarity`` option normalise i
 ``"cosine"``. ``AnglELoss`` is the exception: it scores labelled pairs, ``(text1, text2, scores)``.
 ``MatryoshkaLoss`` wraps any of them.
 
-``build_loss(name, **kwargs)`` constructs a loss from a config-friendly name::
+``build_loss(name, **kwargs)`` (here) constructs a loss from a config-friendly name::
 
     build_loss("infonce", temperature=0.02)
     build_loss("matryoshka", inner="gte", dims=[768, 256, 64], inner_kwargs={"temperature": 0.05})

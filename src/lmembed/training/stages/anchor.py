@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lmembed.models.attention import mask_for
-from lmembed.training.objectives.mntp import IGNORE, build_lm_head
+from lmembed.training.stages.mntp import IGNORE, build_lm_head
 
 DEFAULT_ALPHA = 0.2
 
@@ -69,7 +69,7 @@ def build_prefix_inputs(
 
 
 class AnchorObjective:
-    """EBQ2D/EBD2Q reconstruction on a :class:`~lmembed.training.model.TrainableEmbedder`.
+    """EBQ2D/EBD2Q reconstruction on a :class:`~lmembed.training.trainable.TrainableEmbedder`.
 
     The model's strategy should be causal attention with ``last`` pooling (the paper's setup); the
     decoding pass is always causal.

@@ -45,7 +45,7 @@ def has_active_dropout(model: nn.Module) -> bool:
 
 
 class SimCSEObjective:
-    """Unsupervised SimCSE on a :class:`~lmembed.training.model.TrainableEmbedder`.
+    """Unsupervised SimCSE on a :class:`~lmembed.training.trainable.TrainableEmbedder`.
 
     Args:
         model: the trainable embedder (its own pooling and attention strategy are used).

@@ -152,7 +152,7 @@ class TrainableEmbedder(nn.Module):
         return cls(embedder, lora=resolve_lora(lora, embedder), gradient_checkpointing=gradient_checkpointing)
 
     def _inject_lora(self, settings: LoraSettings) -> None:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # lazy: peft takes seconds to import; only LoRA runs need it
 
         target = settings.target_modules
         config = LoraConfig(

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from torch import Tensor, nn
 
 from lmembed.models.attention import mask_for
@@ -54,8 +55,6 @@ def _checkpoint_head(path: str) -> Tensor | None:
     folder = Path(path) if path else None
     if folder is None or not folder.is_dir():
         return None
-    from safetensors import safe_open
-
     index = folder / "model.safetensors.index.json"
     files = [folder / "model.safetensors"]
     if index.exists():
@@ -157,7 +156,7 @@ def mntp_loss(hidden: Tensor, labels: Tensor, head: nn.Module) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------- objective
 class MNTPObjective:
-    """MNTP on a :class:`~lmembed.training.model.TrainableEmbedder` (its backbone, LoRA included).
+    """MNTP on a :class:`~lmembed.training.trainable.TrainableEmbedder` (its backbone, LoRA included).
 
     ``attention`` is taken from the model's strategy: LLM2Vec runs MNTP with bidirectional attention.
     """

@@ -1,4 +1,4 @@
-"""``lmembed train``: contrastive training from the command line.
+"""``lmembed train``: contrastive training, or a published recipe, from the command line.
 
 Every option maps to a :class:`~lmembed.training.train_config.TrainConfig` field. ``--config FILE``
 reads a YAML file of such fields first; options given on the command line override it. Examples::
@@ -7,10 +7,9 @@ reads a YAML file of such fields first; options given on the command line overri
         --lora --loss infonce --batch-size 32 --steps 500 --output runs/smollm2
     lmembed train --config run.yaml --resume
     lmembed train --recipe recipes/nv-embed-two-stage.yaml --steps 20 --output runs/nv   # options override stages
-    accelerate launch --num_processes 2 -m lmembed.cli_train --config run.yaml   # data parallel
+    accelerate launch --num_processes 2 -m lmembed.cli.train --config run.yaml   # data parallel
 
-``register(app)`` adds the command to the main ``lmembed`` app; ``python -m lmembed.cli_train`` runs it
-on its own (handy under ``accelerate launch``).
+``python -m lmembed.cli.train`` runs the command on its own (what ``accelerate launch`` needs).
 """
 
 from __future__ import annotations
@@ -19,18 +18,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
-from lmembed.config import ATTENTION_HELP, POOLING_HELP
-
-POOLING_DOC = "Pooling strategy: " + ", ".join(POOLING_HELP) + " (default: the model's own)."
-ATTENTION_DOC = "Attention for decoders: " + ", ".join(ATTENTION_HELP) + " (NV-Embed trains bidirectional)."
+from lmembed.cli.boundary import GuardedCommand
+from lmembed.cli.options import ATTENTION_DOC, DEVICE_DOC, POOLING_DOC
+from lmembed.training.data import DataSource
+from lmembed.training.recipes import RecipeError, run_recipe
+from lmembed.training.train_config import TrainConfig, TrainConfigError
 
 
 def _opt(help_text: str, *names: str) -> Any:
     return typer.Option(*names, help=help_text)
 
 
-def train_command(
+def train(
     model: Annotated[str | None, _opt("Bundled name, local directory or Hub id.", "--model", "-m")] = None,
     data: Annotated[
         list[str] | None, _opt("Training JSONL file or BEIR folder; repeat to mix datasets.", "--data")
@@ -58,7 +59,7 @@ def train_command(
         bool | None, _opt("Recompute activations in backward to save memory.", "--gradient-checkpointing")
     ] = None,
     dtype: Annotated[str | None, _opt("Weights dtype: float32 or bfloat16 (autocast).", "--dtype")] = None,
-    device: Annotated[str | None, _opt("cpu, cuda or auto.", "--device")] = None,
+    device: Annotated[str | None, _opt(DEVICE_DOC + " Default: cpu.", "--device")] = None,
     loss: Annotated[str | None, _opt("infonce (default), triplet, gte or matryoshka.", "--loss")] = None,
     temperature: Annotated[
         float | None, _opt("Temperature (default: the loss's, InfoNCE 0.02).", "--temperature")
@@ -102,36 +103,21 @@ def train_command(
     options = dict(locals())
     config_file = options.pop("config")
     recipe_file = options.pop("recipe")
-    from rich.console import Console
-
     if recipe_file is not None:
         _run_recipe(recipe_file, {k: v for k, v in options.items() if v is not None})
         return
 
-    from lmembed.training.train_config import TrainConfigError
+    cfg = build_config(config_file, options)  # a bad value is reported by the CLI's error boundary
+    from lmembed.training.trainer import Trainer  # lazy: torch loads only when training runs
 
-    console = Console(stderr=True)
-    try:
-        cfg = build_config(config_file, options)
-    except (TrainConfigError, ValueError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    from lmembed.training.data import TrainingDataError
-    from lmembed.training.trainer import Trainer
-
-    try:
-        result = Trainer(cfg).train()
-    except (TrainConfigError, TrainingDataError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+    result = Trainer(cfg).train()
     if result.model_dir is not None:
-        console.print(f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})")
+        Console(stderr=True).print(
+            f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})"
+        )
 
 
 def _run_recipe(path: Path, overrides: dict[str, Any]) -> None:
-    from rich.console import Console
-
-    from lmembed.training.recipes import RecipeError, run_recipe
-
     not_for_recipes = sorted({"data", "weight", "instruction", "lora_targets", "resume"} & set(overrides))
     if not_for_recipes:
         names = ", ".join("--" + n.replace("_", "-") for n in not_for_recipes)
@@ -143,11 +129,8 @@ def _run_recipe(path: Path, overrides: dict[str, Any]) -> None:
     Console(stderr=True).print(f"recipe {path} finished: {result}")
 
 
-def build_config(config_file: Path | None, options: dict[str, Any]):
+def build_config(config_file: Path | None, options: dict[str, Any]) -> TrainConfig:
     """Merge a YAML file (if any) with command-line options that were given."""
-    from lmembed.training.data import DataSource
-    from lmembed.training.train_config import TrainConfig, TrainConfigError
-
     base = TrainConfig.from_yaml(config_file) if config_file else TrainConfig()
     options = dict(options)
     data, weights, instruction = options.pop("data"), options.pop("weight"), options.pop("instruction")
@@ -168,16 +151,11 @@ def build_config(config_file: Path | None, options: dict[str, Any]):
     return cfg
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``train`` command to ``app``."""
-    app.command("train")(train_command)
-
-
 def main() -> None:
-    """Run ``train`` as a stand-alone program (``python -m lmembed.cli_train ...``)."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
-    register(app)
-    app()
+    """Run ``train`` as a stand-alone program (``python -m lmembed.cli.train ...``), inside the error boundary."""
+    standalone = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+    standalone.command(cls=GuardedCommand)(train)
+    standalone()
 
 
 if __name__ == "__main__":

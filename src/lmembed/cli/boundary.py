@@ -1,0 +1,98 @@
+"""The command line's one error boundary.
+
+Any error raised while a command runs ends here: the user sees one short message (naming the argument,
+the file and line, or the HTTP field, as the library's error says) and a non-zero exit status, never a
+traceback. ``lmembed --debug ...`` or ``LMEMBED_DEBUG=1`` lets the exception through with its traceback.
+
+Exit status: 2 for a problem with the input (a bad option value, missing or malformed data, an unusable
+model, a missing file), 1 for anything else (a bug: the message says so and how to see the traceback),
+130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
+
+from lmembed.errors import LmembedError
+
+DEBUG_ENV = "LMEMBED_DEBUG"
+#: Most lines of an error message shown (a message that lists the places it looked may be long).
+MAX_LINES = 12
+
+#: Errors that describe a problem with what the user gave (exit status 2); anything else is a bug (1).
+USER_ERRORS: tuple[type[BaseException], ...] = (LmembedError, ValueError, LookupError, OSError, TypeError)
+
+_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def debug_enabled(ctx: click.Context | None = None) -> bool:
+    """True when ``--debug`` was given to the root command or ``LMEMBED_DEBUG`` is set to a true value."""
+    while ctx is not None:
+        if ctx.params.get("debug"):
+            return True
+        ctx = ctx.parent
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def describe(exc: BaseException) -> str:
+    """The message for ``exc``: its own text, with the file name for OS errors that carry one."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    if isinstance(exc, KeyError) and len(exc.args) == 1:
+        return str(exc.args[0])  # str(KeyError) wraps the message in quotes
+    text = str(exc).strip()
+    return text or type(exc).__name__
+
+
+def report(exc: BaseException) -> int:
+    """Print ``exc`` as a short message and return the exit status for it."""
+    lines = describe(exc).splitlines() or [type(exc).__name__]
+    if len(lines) > MAX_LINES:
+        lines = [*lines[:MAX_LINES], f"... ({len(lines) - MAX_LINES} more lines)"]
+    if isinstance(exc, USER_ERRORS):
+        _console.print(f"[red]error:[/red] {escape(lines[0])}")
+        status = 2
+    else:
+        _console.print(f"[red]internal error[/red] ({type(exc).__name__}): {escape(lines[0])}")
+        status = 1
+    for line in lines[1:]:
+        _console.print(escape(line))
+    hint = "" if status == 2 else " (please report it)"
+    _console.print(f"[dim]run with --debug or {DEBUG_ENV}=1 for the traceback{hint}[/dim]")
+    return status
+
+
+def guarded(ctx: click.Context, call: Callable[[], Any]) -> Any:
+    """Run ``call``; turn any exception that is not click's own into a message and an exit status."""
+    try:
+        return call()
+    except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise  # click prints these itself (usage + "Invalid value for '--x'")
+    except KeyboardInterrupt:
+        _console.print("[yellow]interrupted[/yellow]")
+        raise click.exceptions.Exit(130) from None
+    except Exception as exc:
+        if debug_enabled(ctx):
+            raise
+        raise click.exceptions.Exit(report(exc)) from None
+
+
+class GuardedGroup(TyperGroup):
+    """The root command group: every sub-command runs inside the boundary."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        return guarded(ctx, lambda: super(GuardedGroup, self).invoke(ctx))
+
+
+class GuardedCommand(TyperCommand):
+    """A single command run on its own (``python -m lmembed.cli.train``), inside the boundary."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        return guarded(ctx, lambda: super(GuardedCommand, self).invoke(ctx))

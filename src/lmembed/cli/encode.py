@@ -1,0 +1,82 @@
+"""``lmembed encode``: embed the texts of a file and write the vectors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.console import Console
+
+from lmembed.atomic import atomic_write, atomic_write_text
+from lmembed.cli.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    AttentionOpt,
+    BatchSizeOpt,
+    DeviceOpt,
+    DimOpt,
+    DtypeOpt,
+    EchoOpt,
+    InstructionOpt,
+    LayerOpt,
+    MaxLenOpt,
+    ModelOpt,
+    NoCacheOpt,
+    PoolingOpt,
+    check_input_file,
+    check_writable,
+    load_embedder,
+    model_options,
+)
+from lmembed.io import read_text_lines, read_texts_field
+
+console = Console(stderr=True)
+OUTPUT_SUFFIXES = (".npy", ".jsonl")
+
+
+def read_texts(path: Path, field: str) -> list[str]:
+    """Lines of a text file, or the ``field`` of each row of a ``.jsonl`` file."""
+    if path.suffix == ".jsonl":
+        return read_texts_field(path, field)
+    return read_text_lines(path)
+
+
+def write_vectors(vectors: np.ndarray, texts: list[str], output: Path) -> None:
+    """``.npy``: the matrix; ``.jsonl``: one ``{"text", "embedding"}`` row per text. Written atomically."""
+    if output.suffix == ".npy":
+        atomic_write(output, lambda handle: np.save(handle, vectors))
+    else:
+        lines = (json.dumps({"text": t, "embedding": v.tolist()}) for t, v in zip(texts, vectors, strict=True))
+        atomic_write_text(output, "\n".join(lines) + "\n")
+
+
+def encode(
+    input: Annotated[Path, typer.Argument(help="A text file (one text per line) or a .jsonl file.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write: .npy or .jsonl.")],
+    model: ModelOpt = "minilm",
+    field: Annotated[str, typer.Option(help="Text field of .jsonl rows.")] = "text",
+    pooling: PoolingOpt = None,
+    layer: LayerOpt = None,
+    attention: AttentionOpt = None,
+    echo: EchoOpt = None,
+    dim: DimOpt = None,
+    max_length: MaxLenOpt = None,
+    instruction: InstructionOpt = None,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    device: DeviceOpt = DEFAULT_DEVICE,
+    no_cache: NoCacheOpt = False,
+) -> None:
+    """Embed texts from a file and write the vectors (float32, one row per input, in order)."""
+    if output.suffix not in OUTPUT_SUFFIXES:
+        raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
+    check_writable(output, "--output")
+    texts = read_texts(check_input_file(input, "INPUT"), field)
+    emb = load_embedder(model, **model_options(locals()))
+    vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction)
+    write_vectors(vectors, texts, output)
+    console.print(f"wrote {vectors.shape[0]} × {vectors.shape[1]} vectors ({emb.config.label()}) to {output}")

@@ -1,0 +1,134 @@
+"""``lmembed eval`` (with no arguments: the main job), ``lmembed sweep`` and ``lmembed report``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from lmembed.cli.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    AttentionOpt,
+    BatchSizeOpt,
+    DeviceOpt,
+    DimOpt,
+    DtypeOpt,
+    EchoOpt,
+    LayerOpt,
+    MaxLenOpt,
+    NoCacheOpt,
+    PoolingOpt,
+    check_writable,
+    load_embedder,
+    model_options,
+)
+from lmembed.cli_eval import _instruction_lookup, _print_suite_summary, _tasks, run_main_job
+from lmembed.evaluation.report import render_report
+from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
+from lmembed.evaluation.sweep import run_sweep
+
+console = Console(stderr=True)
+out_console = Console()
+
+DataOpt = Annotated[
+    list[str] | None,
+    typer.Option("--data", "-d", help="Dataset name (scifact, nfcorpus, stsbenchmark ...) or directory; repeatable."),
+]
+GridOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--grid",
+        help="KEY=V1,V2 over pooling, layer (int, mid, penultimate, a+b fused), attention, echo, final_norm, dim; "
+        "every combination is evaluated, sharing forward passes.",
+    ),
+]
+OutputDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Results directory.")]
+
+
+def eval_command(
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s); repeatable.")] = None,
+    data: DataOpt = None,
+    suite: Annotated[str | None, typer.Option(help="A named suite, e.g. mteb-lite, sts, retrieval.")] = None,
+    grid: GridOpt = None,
+    pooling: PoolingOpt = None,
+    layer: LayerOpt = None,
+    attention: AttentionOpt = None,
+    echo: EchoOpt = None,
+    dim: DimOpt = None,
+    max_length: MaxLenOpt = None,
+    task_type: Annotated[str | None, typer.Option(help="Force the task type of --data directories.")] = None,
+    instructions: Annotated[
+        str | None, typer.Option(help="Per-task query instructions: 'nv-embed' or 'e5' (default: none).")
+    ] = None,
+    output: OutputDirOpt = Path("results"),
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    device: DeviceOpt = DEFAULT_DEVICE,
+    no_cache: NoCacheOpt = False,
+) -> None:
+    """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job."""
+    check_writable(output, "--output", folder=True)
+    if not model and not data and not suite:
+        run_main_job(output, batch_size)
+        return
+    options = model_options(locals())
+    tasks, missing = _tasks(data, suite, task_type, instructions)
+    instruction_for = _instruction_lookup(instructions)
+    results = []
+    for name in model or ["minilm"]:
+        emb = load_embedder(name, **options)
+        configs = expand_grid(emb.config, parse_grid(grid or [], emb.backbone.num_layers))
+        console.print(f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)")
+        results += evaluate_strategies(emb, tasks, configs, batch_size=batch_size, instruction_for=instruction_for)
+    write_all(results, output)
+    out_console.print(results_table(results))
+    if suite:
+        _print_suite_summary(results)
+    if missing:
+        console.print(f"[yellow]not scored (data absent)[/]: {', '.join(missing)}")
+    console.print(f"results written under {output}/")
+
+
+def sweep(
+    data: Annotated[list[str], typer.Argument(help="Retrieval dataset name(s) or directories.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Bundled name, local directory or Hub id.")] = (
+        "smollm2-135m"
+    ),
+    pooling: Annotated[str, typer.Option(help="Pooling used at every layer.")] = "mean",
+    attention: Annotated[str, typer.Option(help="causal or bidirectional.")] = "causal",
+    max_length: MaxLenOpt = None,
+    corpus_sample: Annotated[
+        int | None,
+        typer.Option(min=1, help="Keep judged docs + random others up to N (faster; not MTEB-comparable)."),
+    ] = None,
+    output: OutputDirOpt = Path("results/sweep"),
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+) -> None:
+    """Layer-wise probe: every layer's pooled embedding plus fused sets, from one forward pass per batch."""
+    check_writable(output, "--output", folder=True)
+    run_sweep(
+        model,
+        data,
+        pooling=pooling,
+        attention=attention,
+        max_length=max_length,
+        corpus_sample=corpus_sample,
+        output=output,
+        batch_size=batch_size,
+    )
+
+
+def report(
+    results_dir: Annotated[Path, typer.Argument(help="A results directory written by lmembed eval.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write report.*")] = None,
+) -> None:
+    """Render everything in a results directory: Markdown table per category + PNG bar chart."""
+    if not results_dir.is_dir():
+        raise typer.BadParameter(f"{results_dir}: no such folder", param_hint="RESULTS_DIR")
+    rendered = render_report(results_dir, check_writable(output or results_dir, "--output", folder=True), echo=False)
+    out_console.print(rendered.markdown)
+    console.print(f"wrote {', '.join(str(p) for p in rendered.files.values())}")

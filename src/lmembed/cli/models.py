@@ -1,0 +1,26 @@
+"""``lmembed models``: the bundled offline models and the converted-model cache."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from lmembed.models.bundled import list_bundled, lmembed_home
+
+COLUMNS = ("name", "hub_id", "installed", "converted", "description")
+
+
+def models() -> None:
+    """List the bundled offline models and the converted-model cache."""
+    err = Console(stderr=True)
+    table = Table(title="bundled models")
+    for column in COLUMNS:
+        table.add_column(column)
+    rows = list_bundled()
+    for row in rows:
+        table.add_row(*(row[c] for c in COLUMNS))
+    Console().print(table)
+    for row in rows:
+        if row["installed"] == "no":
+            err.print(f"[yellow]{row['name']}[/]: install with `{row['install']}`")
+    err.print(f"converted models live in {lmembed_home() / 'models'}")

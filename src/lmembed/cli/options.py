@@ -1,0 +1,145 @@
+"""Options shared by several commands, defined once: their help text, their validation, and the helpers
+that turn them into library objects.
+
+Every command that takes ``--batch-size``, ``--device``, ``--pooling`` ... uses the type defined here, so
+the same value is accepted or refused with the same message everywhere (``min=1`` ranges are checked by
+click before any work starts).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from lmembed.config import ATTENTION_HELP, POOLING_HELP
+
+if TYPE_CHECKING:  # the Embedder pulls in torch; commands import it only when they run
+    from lmembed.embedder import Embedder
+
+POOLING_DOC = "Pooling strategy (default: the model's own). " + " ".join(
+    f"'{name}': {text}" for name, text in POOLING_HELP.items()
+)
+ATTENTION_DOC = "Attention for decoders. " + " ".join(f"'{name}': {text}" for name, text in ATTENTION_HELP.items())
+LAYER_DOC = (
+    "Hidden layer(s) to read: an index (0 = embeddings, -1 = final output, -2 = penultimate ...) "
+    "or a comma list averaged together, e.g. '15,16'."
+)
+DEVICE_DOC = "cpu, cuda, cuda:N or auto (a GPU when there is one)."
+DTYPE_DOC = "float32, bfloat16 or float16."
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Bundled name, local directory or Hub id.")]
+PoolingOpt = Annotated[str | None, typer.Option("--pooling", help=POOLING_DOC)]
+LayerOpt = Annotated[str | None, typer.Option("--layer", help=LAYER_DOC)]
+AttentionOpt = Annotated[str | None, typer.Option("--attention", help=ATTENTION_DOC)]
+EchoOpt = Annotated[
+    bool | None, typer.Option("--echo/--no-echo", help="Echo embeddings: feed the text twice, pool the 2nd copy.")
+]
+DimOpt = Annotated[
+    int | None, typer.Option("--dim", min=1, help="Matryoshka: keep the first DIM dimensions (then normalise).")
+]
+MaxLenOpt = Annotated[
+    int | None, typer.Option("--max-length", min=1, help="Truncate texts to this many tokens (default: model's own).")
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help=DTYPE_DOC)]
+DeviceOpt = Annotated[str, typer.Option("--device", help=DEVICE_DOC)]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the embedding cache.")]
+BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
+InstructionOpt = Annotated[
+    str | None, typer.Option("--instruction", help="Task instruction for queries (kept out of pooling).")
+]
+
+#: Defaults every command shares, so ``--device`` means the same thing everywhere.
+DEFAULT_DEVICE = "cpu"
+DEFAULT_DTYPE = "float32"
+DEFAULT_BATCH_SIZE = 32
+
+MODEL_OPTIONS = ("pooling", "layer", "attention", "echo", "dim", "max_length", "dtype", "device", "no_cache")
+
+
+def parse_layer(value: str | None) -> int | tuple[int, ...] | None:
+    """'-1' → -1; '15,16' → (15, 16); None stays None."""
+    if value is None:
+        return None
+    try:
+        parts = [int(p) for p in value.split(",") if p.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(f"{value!r}: expected an int or a comma list of ints", param_hint="--layer") from exc
+    if not parts:
+        raise typer.BadParameter("empty value", param_hint="--layer")
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def model_options(values: dict[str, Any]) -> dict[str, Any]:
+    """The model/strategy options among a command's arguments (pass ``locals()``), for :func:`load_embedder`."""
+    return {name: values[name] for name in MODEL_OPTIONS if name in values}
+
+
+def load_embedder(
+    model: str,
+    *,
+    pooling: str | None = None,
+    layer: str | None = None,
+    attention: str | None = None,
+    echo: bool | None = None,
+    dim: int | None = None,
+    max_length: int | None = None,
+    dtype: str = DEFAULT_DTYPE,
+    device: str = DEFAULT_DEVICE,
+    no_cache: bool = False,
+    **strategy: Any,
+) -> Embedder:
+    """An :class:`~lmembed.embedder.Embedder` from command-line option values."""
+    from lmembed.embedder import Embedder  # lazy: torch loads only when a command runs, not for --help
+
+    return Embedder.from_pretrained(
+        model,
+        pooling=pooling,
+        layer=parse_layer(layer),
+        attention=attention,
+        echo=echo,
+        dim=dim,
+        max_length=max_length,
+        dtype=dtype,
+        device=device,
+        cache=not no_cache,
+        **strategy,
+    )
+
+
+def check_input_file(path: Path, option: str) -> Path:
+    """Refuse a missing or unreadable input before any model is loaded."""
+    if not path.exists():
+        raise typer.BadParameter(f"{path}: no such file", param_hint=option)
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a folder; expected a file", param_hint=option)
+    if not os.access(path, os.R_OK):
+        raise typer.BadParameter(f"{path}: not readable", param_hint=option)
+    return path
+
+
+def check_writable(path: Path, option: str, *, folder: bool = False) -> Path:
+    """Refuse an output path that cannot be written, before the work starts (not after an hour of it).
+
+    ``folder=True``: ``path`` is a directory to create or fill; otherwise a file whose parent must be
+    creatable and writable.
+    """
+    if folder and path.exists() and not path.is_dir():
+        raise typer.BadParameter(f"{path} exists and is not a folder", param_hint=option)
+    if not folder and path.is_dir():
+        raise typer.BadParameter(f"{path} is a folder; expected a file name", param_hint=option)
+    target = path if folder else path.parent
+    probe = target
+    while not probe.exists():  # the nearest existing ancestor must let us create the rest
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise typer.BadParameter(f"cannot create {target}: {probe} is not a folder", param_hint=option)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"cannot write to {target} (no write permission on {probe})", param_hint=option)
+    if path.exists() and not folder and not os.access(path, os.W_OK):
+        raise typer.BadParameter(f"{path} exists and is not writable", param_hint=option)
+    return path

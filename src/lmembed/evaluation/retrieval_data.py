@@ -1,0 +1,108 @@
+"""One split of a retrieval dataset, loaded for evaluation: :class:`RetrievalData` and :func:`load_beir`.
+
+The files are read by :mod:`lmembed.io` (BEIR folder layout: ``corpus.jsonl``, ``queries.jsonl``,
+``qrels/<split>.tsv``, any of them gzip-compressed). On top of that, this module follows MTEB's
+conventions so that scores are comparable:
+
+* a document's text is ``(title + " " + text).strip()``;
+* only queries that have judgments in the requested split are evaluated;
+* judgments are kept exactly as given, even when they name a document or query that does not
+  exist; such ids are reported in :attr:`RetrievalData.missing_docs` /
+  :attr:`RetrievalData.missing_queries` and logged, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmembed.io import CORPUS_FILE, QUERIES_FILE, Qrels, find_file, qrels_file, read_corpus, read_qrels, read_queries
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RetrievalData:
+    """One split of a retrieval dataset, ready to encode and score.
+
+    ``query_ids``/``query_texts`` hold only the queries judged in ``split``, in the order of
+    ``queries.jsonl``. ``qrels`` is the split's judgments, unmodified.
+    """
+
+    name: str
+    split: str
+    corpus_ids: list[str]
+    corpus_texts: list[str]
+    query_ids: list[str]
+    query_texts: list[str]
+    qrels: Qrels
+    missing_docs: list[tuple[str, str]] = field(default_factory=list)
+    missing_queries: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    source: Path | None = None
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def num_judgments(self) -> int:
+        return sum(len(docs) for docs in self.qrels.values())
+
+    def summary(self) -> dict[str, int]:
+        """Counts worth recording next to a result."""
+        return {
+            "num_documents": len(self.corpus_ids),
+            "num_queries": len(self.query_ids),
+            "num_judgments": self.num_judgments,
+            "num_missing_docs": len(self.missing_docs),
+            "num_missing_queries": len(self.missing_queries),
+        }
+
+
+def _report_missing(
+    name: str, qrels: Qrels, doc_ids: set[str], queries: dict[str, str]
+) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """Find judged ids absent from the corpus or queries, log them and describe them."""
+    missing_docs = [(q, d) for q, docs in qrels.items() for d in docs if d not in doc_ids]
+    missing_queries = [q for q in qrels if q not in queries]
+    warnings: list[str] = []
+    if missing_docs:
+        sample = ", ".join(d for _, d in missing_docs[:5])
+        warnings.append(
+            f"{name}: {len(missing_docs)} judgment(s) name documents missing from the corpus "
+            f"(kept, as MTEB does; they can never be retrieved): {sample}"
+        )
+    if missing_queries:
+        sample = ", ".join(missing_queries[:5])
+        warnings.append(
+            f"{name}: {len(missing_queries)} judged query id(s) missing from the queries file "
+            f"(kept in qrels, but they cannot be encoded or scored): {sample}"
+        )
+    for message in warnings:
+        logger.warning(message)
+    return missing_docs, missing_queries, warnings
+
+
+def load_beir(folder: str | Path, split: str = "test", *, name: str | None = None) -> RetrievalData:
+    """Load ``split`` of the BEIR dataset in ``folder``."""
+    folder = Path(folder)
+    files = [find_file(folder, CORPUS_FILE), find_file(folder, QUERIES_FILE), qrels_file(folder, split)]
+    corpus_ids, corpus_texts = read_corpus(files[0])
+    queries = read_queries(files[1])
+    qrels = read_qrels(files[2])
+    label = name or folder.name
+    missing_docs, missing_queries, warnings = _report_missing(label, qrels, set(corpus_ids), queries)
+    judged = [q for q in queries if q in qrels]
+    return RetrievalData(
+        name=label,
+        split=split,
+        corpus_ids=corpus_ids,
+        corpus_texts=corpus_texts,
+        query_ids=judged,
+        query_texts=[queries[q] for q in judged],
+        qrels=qrels,
+        missing_docs=missing_docs,
+        missing_queries=missing_queries,
+        warnings=warnings,
+        source=folder,
+        files=files,
+    )

@@ -1,0 +1,17 @@
+"""The errors an index raises for a user-facing problem (all :class:`~lmembed.errors.LmembedError`)."""
+
+from __future__ import annotations
+
+from lmembed.errors import LmembedError
+
+
+class IndexFormatError(LmembedError, ValueError):
+    """A folder is not a readable lmembed index (no manifest, a damaged one, a missing data file)."""
+
+
+class IndexMismatchError(LmembedError, ValueError):
+    """An Embedder whose weights or strategy differ from those the index's vectors were built with."""
+
+
+class DuplicateIdError(LmembedError, ValueError):
+    """A document id given twice, or one that the index already holds."""

@@ -1,0 +1,383 @@
+"""The vector index kinds, on FAISS, and their parameters.
+
+Every kind scores by cosine similarity: vectors are L2-normalised on the way in (documents and queries
+alike), so inner product is cosine, the similarity ``lmembed eval`` ranks with.
+
+=========== ============================================================================================
+kind        what it is
+=========== ============================================================================================
+``flat``    exact inner product over every vector (the default; the reference the others are measured by)
+``hnsw``    a graph (``hnsw_m`` links per node, ``ef_construction`` at build, ``ef_search`` at query time)
+``ivf-pq``  inverted lists (``nlist`` k-means cells, ``nprobe`` visited per query) of product-quantised
+            codes (``pq_m`` sub-vectors of ``pq_bits`` bits); trained on the first vectors added
+``binary``  one bit per dimension (the sign), searched by Hamming distance: 32x less memory than float32.
+            The ``k x rescore_multiplier`` best candidates are rescored with the float query against the
+            documents' ``float`` vectors or their ``int8`` scalar-quantised copies, which stay on disk
+            (memory-mapped); ``rescore="none"`` ranks by Hamming distance alone.
+=========== ============================================================================================
+
+A kind is a :class:`VectorIndex`: ``add`` vectors, ``search`` them (rows in insertion order, scores
+descending, ties by row), ``save`` its files into a folder and ``load`` them back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import faiss
+import numpy as np
+
+from lmembed.errors import ConfigError
+
+KINDS = ("flat", "hnsw", "ivf-pq", "binary")
+RESCORE_MODES = ("float", "int8", "none")
+#: Parameters that only matter at query time; an index reopened for search may override them.
+SEARCH_PARAMS = ("ef_search", "nprobe", "rescore_multiplier")
+#: The parameters each kind uses (the others are left out of its manifest).
+KIND_PARAMS: dict[str, tuple[str, ...]] = {
+    "flat": (),
+    "hnsw": ("hnsw_m", "ef_construction", "ef_search"),
+    "ivf-pq": ("nlist", "pq_m", "pq_bits", "nprobe"),
+    "binary": ("rescore", "rescore_multiplier"),
+}
+#: FAISS warns below 39 training points per k-means cell; the default ``nlist`` stays above that.
+MIN_POINTS_PER_LIST = 39
+
+
+@dataclass(frozen=True)
+class IndexParams:
+    """Build and search parameters of every kind (each kind reads only its own, see ``KIND_PARAMS``).
+
+    ``nlist``, ``pq_m`` are chosen from the data when left ``None`` (``4·√n`` lists, at most ``n/39``;
+    8 dimensions per sub-quantiser); the values used are what the manifest records.
+    """
+
+    kind: str = "flat"
+    hnsw_m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 128
+    nlist: int | None = None
+    pq_m: int | None = None
+    pq_bits: int = 8
+    nprobe: int = 16
+    rescore: str = "float"
+    rescore_multiplier: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"index kind {self.kind!r} is unknown; choose one of {', '.join(KINDS)}")
+        if self.rescore not in RESCORE_MODES:
+            raise ConfigError(f"rescore={self.rescore!r} is unknown; choose one of {', '.join(RESCORE_MODES)}")
+        for name in ("hnsw_m", "ef_construction", "ef_search", "nlist", "pq_m", "pq_bits", "nprobe"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if not isinstance(self.rescore_multiplier, int) or self.rescore_multiplier < 1:
+            raise ConfigError(f"rescore_multiplier={self.rescore_multiplier!r} must be a positive integer")
+        if self.pq_bits > 16:
+            raise ConfigError(f"pq_bits={self.pq_bits} must be at most 16")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The kind and the parameters it uses."""
+        data = asdict(self)
+        return {"kind": self.kind, **{name: data[name] for name in KIND_PARAMS[self.kind]}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IndexParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown index parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def with_search(self, **overrides: int | None) -> IndexParams:
+        """A copy with query-time parameters changed (``None`` keeps the current value)."""
+        unknown = sorted(set(overrides) - set(SEARCH_PARAMS))
+        if unknown:
+            raise ConfigError(f"{', '.join(unknown)} cannot change after the build; only {', '.join(SEARCH_PARAMS)}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def resolved(self, n: int, dim: int) -> IndexParams:
+        """Data-dependent defaults filled in for ``n`` training vectors of ``dim`` dimensions."""
+        if self.kind == "binary" and dim % 8:
+            raise ConfigError(f"kind='binary' needs a dimension that is a multiple of 8; this index has {dim}")
+        if self.kind != "ivf-pq":
+            return self
+        if n < 2:
+            raise ConfigError(f"kind='ivf-pq' needs at least 2 documents to train on; got {n}")
+        nlist = self.nlist or max(1, min(round(4 * math.sqrt(n)), n // MIN_POINTS_PER_LIST))
+        if nlist > n:
+            raise ConfigError(f"nlist={nlist} is more than the {n} documents to train on")
+        pq_m = self.pq_m or _default_pq_m(dim)
+        if dim % pq_m:
+            raise ConfigError(f"pq_m={pq_m} must divide the dimension {dim}")
+        pq_bits = min(self.pq_bits, max(1, int(math.log2(n))))  # k-means needs 2^bits points at least
+        return replace(self, nlist=nlist, pq_m=pq_m, pq_bits=pq_bits)
+
+
+def _default_pq_m(dim: int) -> int:
+    """8 dimensions per sub-quantiser where that divides ``dim``, else the nearest divisor below."""
+    target = max(1, dim // 8)
+    return next(m for m in range(target, 0, -1) if dim % m == 0)
+
+
+def normalized(vectors: np.ndarray) -> np.ndarray:
+    """A float32, C-contiguous, L2-normalised copy (zero rows stay zero)."""
+    out = np.array(vectors, dtype=np.float32, order="C", copy=True)
+    if out.ndim != 2:
+        raise ValueError(f"vectors must be a 2-D matrix, got shape {out.shape}")
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    out /= np.maximum(norms, np.float32(1e-12))
+    return out
+
+
+def order_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` per query: score descending, ties by row ascending, misses (row -1) last."""
+    scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
+    order = np.lexsort((np.where(rows < 0, np.iinfo(np.int64).max, rows), -scores), axis=1)[:, :k]
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_array(path: Path, array: np.ndarray) -> None:
+    with path.open("wb") as handle:
+        np.save(handle, np.ascontiguousarray(array))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+class VectorIndex(ABC):
+    """One kind's vectors: what :class:`~lmembed.index.index.Index` stores beside its documents."""
+
+    kinds: ClassVar[tuple[str, ...]]
+
+    def __init__(self, params: IndexParams, dim: int) -> None:
+        self.params = params
+        self.dim = dim
+
+    @property
+    @abstractmethod
+    def ntotal(self) -> int:
+        """Number of vectors held."""
+
+    @abstractmethod
+    def add(self, vectors: np.ndarray) -> None:
+        """Append vectors (rows get the next positions); they are L2-normalised here."""
+
+    @abstractmethod
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, rows)``, each ``(n_queries, k)``; rows ``-1`` (score ``-inf``) where fewer exist."""
+
+    @abstractmethod
+    def save(self, folder: Path, stem: str) -> dict[str, str]:
+        """Write this index's files into ``folder``, named from ``stem``; return ``{role: file name}``."""
+
+    @classmethod
+    @abstractmethod
+    def load(cls, folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> VectorIndex:
+        """Read back what :meth:`save` wrote."""
+
+    @abstractmethod
+    def memory_bytes(self) -> int:
+        """Bytes this kind keeps in memory for search (memory-mapped rescoring vectors not counted)."""
+
+    def _check(self, vectors: np.ndarray) -> np.ndarray:
+        out = normalized(vectors)
+        if out.shape[1] != self.dim:
+            raise ValueError(f"vectors have {out.shape[1]} dimensions; this index holds {self.dim}")
+        return out
+
+
+class FaissIndex(VectorIndex):
+    """``flat``, ``hnsw`` and ``ivf-pq``: one FAISS float index with inner-product metric."""
+
+    kinds = ("flat", "hnsw", "ivf-pq")
+
+    def __init__(self, params: IndexParams, dim: int, index: faiss.Index | None = None) -> None:
+        super().__init__(params, dim)
+        self.index = index
+
+    def _create(self, n_train: int) -> faiss.Index:
+        p = self.params = self.params.resolved(n_train, self.dim)
+        spec = {
+            "flat": "Flat",
+            "hnsw": f"HNSW{p.hnsw_m},Flat",
+            "ivf-pq": f"IVF{p.nlist},PQ{p.pq_m}x{p.pq_bits}",
+        }[p.kind]
+        index = faiss.index_factory(self.dim, spec, faiss.METRIC_INNER_PRODUCT)
+        if p.kind == "hnsw":
+            faiss.downcast_index(index).hnsw.efConstruction = p.ef_construction
+        return index
+
+    @property
+    def ntotal(self) -> int:
+        return 0 if self.index is None else int(self.index.ntotal)
+
+    def add(self, vectors: np.ndarray) -> None:
+        x = self._check(vectors)
+        if len(x) == 0:
+            return
+        if self.index is None:
+            self.index = self._create(len(x))
+        if not self.index.is_trained:
+            self.index.train(x)
+        self.index.add(x)
+
+    def _search_params(self) -> faiss.SearchParameters | None:
+        if self.params.kind == "hnsw":
+            return faiss.SearchParametersHNSW(efSearch=max(self.params.ef_search, 1))
+        if self.params.kind == "ivf-pq":
+            return faiss.SearchParametersIVF(nprobe=self.params.nprobe)
+        return None
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = self._check(queries)
+        if self.ntotal == 0 or len(q) == 0:
+            return np.full((len(q), k), -np.inf, np.float32), np.full((len(q), k), -1, np.int64)
+        params = self._search_params()
+        if self.params.kind == "hnsw":  # the graph needs at least k candidates in its beam
+            params = faiss.SearchParametersHNSW(efSearch=max(self.params.ef_search, k))
+        scores, rows = self.index.search(q, k, params=params) if params is not None else self.index.search(q, k)
+        return order_hits(scores, rows, k)
+
+    def save(self, folder: Path, stem: str) -> dict[str, str]:
+        name = f"{stem}.faiss"
+        if self.index is None:
+            self.index = self._create(0) if self.params.kind != "ivf-pq" else None
+        if self.index is None:
+            return {}
+        faiss.write_index(self.index, str(folder / name))
+        _fsync(folder / name)
+        return {"vectors": name}
+
+    @classmethod
+    def load(cls, folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> FaissIndex:
+        if "vectors" not in files:
+            return cls(params, dim)
+        index = faiss.read_index(str(folder / files["vectors"]))
+        if index.d != dim:
+            raise ValueError(f"{folder / files['vectors']}: holds {index.d}-dimensional vectors, expected {dim}")
+        return cls(params, dim, index)
+
+    def memory_bytes(self) -> int:
+        if self.index is None:
+            return 0
+        return int(faiss.serialize_index(self.index).nbytes) if self.ntotal < 200_000 else self._estimate()
+
+    def _estimate(self) -> int:
+        n, d, p = self.ntotal, self.dim, self.params
+        if p.kind == "flat":
+            return n * d * 4
+        if p.kind == "hnsw":
+            return n * d * 4 + n * p.hnsw_m * 2 * 4
+        return n * (p.pq_m or 1) * p.pq_bits // 8 + n * 8 + (p.nlist or 0) * d * 4
+
+
+class BinaryIndex(VectorIndex):
+    """``binary``: sign bits searched by Hamming distance, candidates rescored (see the module doc)."""
+
+    kinds = ("binary",)
+
+    def __init__(
+        self,
+        params: IndexParams,
+        dim: int,
+        codes: faiss.IndexBinary | None = None,
+        rescore_vectors: np.ndarray | None = None,
+        ranges: np.ndarray | None = None,
+    ) -> None:
+        super().__init__(params.resolved(0, dim), dim)
+        self.codes = codes if codes is not None else faiss.IndexBinaryFlat(dim)
+        empty = np.empty((0, dim), dtype=np.int8 if params.rescore == "int8" else np.float32)
+        self.rescore_vectors = rescore_vectors if rescore_vectors is not None else empty
+        self.ranges = ranges  # int8 rescoring: per-dimension (low, high), fixed by the first vectors added
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.codes.ntotal)
+
+    def add(self, vectors: np.ndarray) -> None:
+        x = self._check(vectors)
+        if len(x) == 0:
+            return
+        self.codes.add(np.packbits(x > 0, axis=1))
+        if self.params.rescore == "none":
+            return
+        if self.params.rescore == "int8":
+            if self.ranges is None:
+                self.ranges = np.stack([x.min(axis=0), x.max(axis=0)]).astype(np.float32)
+            x = self._quantize(x)
+        self.rescore_vectors = np.concatenate([np.asarray(self.rescore_vectors), x])
+
+    def _quantize(self, x: np.ndarray) -> np.ndarray:
+        low, high = self.ranges
+        step = np.maximum(high - low, 1e-12) / 255.0
+        return (np.clip(np.rint((x - low) / step), 0, 255) - 128).astype(np.int8)
+
+    def _dequantize(self, codes: np.ndarray) -> np.ndarray:
+        low, high = self.ranges
+        step = np.maximum(high - low, 1e-12) / 255.0
+        return (codes.astype(np.float32) + 128) * step + low
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = self._check(queries)
+        if self.ntotal == 0 or len(q) == 0:
+            return np.full((len(q), k), -np.inf, np.float32), np.full((len(q), k), -1, np.int64)
+        wanted = k if self.params.rescore == "none" else k * self.params.rescore_multiplier
+        hamming, rows = self.codes.search(np.packbits(q > 0, axis=1), min(wanted, self.ntotal))
+        if self.params.rescore == "none":
+            return order_hits(1.0 - 2.0 * hamming.astype(np.float32) / self.dim, rows, k)
+        candidates = np.asarray(self.rescore_vectors[np.maximum(rows, 0).ravel()])
+        if self.params.rescore == "int8":
+            candidates = self._dequantize(candidates)
+        candidates = candidates.reshape(len(q), rows.shape[1], self.dim)
+        scores = np.einsum("qd,qcd->qc", q, candidates, dtype=np.float32)
+        return order_hits(scores, rows, k)
+
+    def save(self, folder: Path, stem: str) -> dict[str, str]:
+        files = {"codes": f"{stem}.bfaiss"}
+        faiss.write_index_binary(self.codes, str(folder / files["codes"]))
+        _fsync(folder / files["codes"])
+        if self.params.rescore != "none":
+            files["rescore"] = f"{stem}.rescore.npy"
+            _save_array(folder / files["rescore"], np.asarray(self.rescore_vectors))
+        if self.ranges is not None:
+            files["ranges"] = f"{stem}.ranges.npy"
+            _save_array(folder / files["ranges"], self.ranges)
+        return files
+
+    @classmethod
+    def load(cls, folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> BinaryIndex:
+        codes = faiss.read_index_binary(str(folder / files["codes"]))
+        rescore = np.load(folder / files["rescore"], mmap_mode="r") if "rescore" in files else None
+        ranges = np.load(folder / files["ranges"]) if "ranges" in files else None
+        if rescore is not None and len(rescore) != codes.ntotal:
+            raise ValueError(f"{folder / files['rescore']}: {len(rescore)} rows for {codes.ntotal} codes")
+        return cls(params, dim, codes, rescore, ranges)
+
+    def memory_bytes(self) -> int:
+        in_memory = 0 if isinstance(self.rescore_vectors, np.memmap) else self.rescore_vectors.nbytes
+        return self.ntotal * self.dim // 8 + in_memory
+
+
+def create(params: IndexParams, dim: int) -> VectorIndex:
+    """An empty index of ``params.kind`` for ``dim``-dimensional vectors."""
+    return BinaryIndex(params, dim) if params.kind == "binary" else FaissIndex(params, dim)
+
+
+def load(folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> VectorIndex:
+    """Read an index of ``params.kind`` from the files its manifest names."""
+    cls = BinaryIndex if params.kind == "binary" else FaissIndex
+    return cls.load(folder, files, params, dim)

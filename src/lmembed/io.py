@@ -1,0 +1,309 @@
+"""Reading lmembed's input formats: JSON lines, plain text lines, BEIR folders and qrels files.
+
+Every reader here shares the same rules:
+
+* files are UTF-8; a byte-order mark at the start is ignored; a file whose name ends in ``.gz`` is
+  decompressed on the fly;
+* lines end in LF or CRLF, and the line ending is never part of the text;
+* a problem in a file (bytes that are not UTF-8, a line that is not JSON, a row that is not a JSON
+  object, a malformed qrels row, damaged gzip data) raises :class:`DataFormatError`, whose message
+  starts with ``<file>:<line>:``.
+
+Readers that may drop bad lines instead of failing (training data's ``skip_invalid``) take an
+``on_error`` callback: it receives each :class:`DataFormatError` and either raises or returns, in
+which case the line is skipped.
+
+BEIR folders hold ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl`` (``_id``,
+``text``) and ``qrels/<split>.tsv``; any of them may be gzip-compressed. A document's text is
+``(title + " " + text).strip()``, as MTEB builds it. Qrels files follow one rule, see
+:func:`iter_qrels`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+from lmembed.errors import LmembedError
+
+logger = logging.getLogger(__name__)
+
+CORPUS_FILE = "corpus.jsonl"
+QUERIES_FILE = "queries.jsonl"
+QRELS_DIR = "qrels"
+QRELS_HEADER_IDS = frozenset({"query-id", "query_id", "qid"})
+_BOM = b"\xef\xbb\xbf"
+
+Qrels = dict[str, dict[str, int]]
+
+
+class DataFormatError(LmembedError, ValueError):
+    """A data file is malformed; the message names the file and, where there is one, the line."""
+
+    def __init__(self, path: str | Path, line_no: int | None, reason: str) -> None:
+        self.path = Path(path)
+        self.line_no = line_no
+        self.reason = reason
+        super().__init__(f"{self.where}: {reason}")
+
+    @property
+    def where(self) -> str:
+        """``<file>:<line>``, or the file alone when the problem has no line."""
+        return str(self.path) if self.line_no is None else f"{self.path}:{self.line_no}"
+
+
+#: Receives a problem found in one line; raises it (or another error), or returns to skip the line.
+OnError = Callable[[DataFormatError], None]
+
+
+def _report(error: DataFormatError, on_error: OnError | None) -> None:
+    if on_error is None:
+        raise error
+    on_error(error)
+
+
+# ---------------------------------------------------------------------------------------------- lines
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+
+
+def _raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of every line; damaged gzip data is reported as a format error."""
+    line_no = 0
+    try:
+        with _open_binary(path) as handle:
+            for line_no, raw in enumerate(handle, start=1):
+                yield line_no, raw
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise DataFormatError(path, line_no + 1, f"damaged gzip data ({exc})") from exc
+
+
+def iter_lines(path: str | Path, *, on_error: OnError | None = None) -> Iterator[tuple[int, str]]:
+    """Yield ``(line number, text)`` for every line of a UTF-8 text file, the line ending (LF or
+    CRLF) removed; blank lines included. A line that is not UTF-8 is an error naming file and line."""
+    path = Path(path)
+    for line_no, raw in _raw_lines(path):
+        if line_no == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            reason = f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); is this a text file?"
+            _report(DataFormatError(path, line_no, reason), on_error)
+            continue
+        yield line_no, text.rstrip("\r\n")
+
+
+def read_text_lines(path: str | Path, *, strip: bool = False) -> list[str]:
+    """The lines of a text file (one text per line). With ``strip``, each line is stripped of
+    surrounding whitespace and blank lines are left out; without it every line is kept as it is."""
+    if not strip:
+        return [line for _, line in iter_lines(path)]
+    return [line.strip() for _, line in iter_lines(path) if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------- JSON lines
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    names = {list: "an array", str: "a string", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def iter_jsonl(path: str | Path, *, on_error: OnError | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, object)`` for each non-blank line of a JSON-lines file.
+
+    Every row must be a JSON object; a line that is not JSON, or holds another JSON value, is a
+    :class:`DataFormatError` naming the file and line (passed to ``on_error`` when given).
+    """
+    path = Path(path)
+    for line_no, line in iter_lines(path, on_error=on_error):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            _report(DataFormatError(path, line_no, f"invalid JSON ({exc.msg} at column {exc.colno})"), on_error)
+            continue
+        if not isinstance(row, dict):
+            _report(DataFormatError(path, line_no, f"expected a JSON object, got {_json_type(row)}"), on_error)
+            continue
+        yield line_no, row
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a JSON-lines file, in order (blank lines skipped)."""
+    return [row for _, row in iter_jsonl(path)]
+
+
+def read_texts_field(path: str | Path, field: str) -> list[str]:
+    """The string ``field`` of every row of a JSON-lines file; a row without it names file and line."""
+    texts = []
+    for line_no, row in iter_jsonl(path):
+        value = row.get(field)
+        if not isinstance(value, str):
+            raise DataFormatError(path, line_no, f"expected an object with a string field {field!r}")
+        texts.append(value)
+    return texts
+
+
+# ---------------------------------------------------------------------------------------------- BEIR
+def find_file(folder: str | Path, name: str) -> Path:
+    """``folder/name``, or its gzip-compressed twin ``folder/name.gz``, whichever exists."""
+    folder = Path(folder)
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"neither {folder / name} nor {folder / name}.gz exists")
+
+
+def qrels_file(folder: str | Path, split: str) -> Path:
+    """A BEIR folder's ``qrels/<split>.tsv`` (or ``.tsv.gz``)."""
+    return find_file(Path(folder) / QRELS_DIR, f"{split}.tsv")
+
+
+def qrels_splits(folder: str | Path) -> list[str]:
+    """The splits a BEIR folder has judgments for (``qrels/*.tsv`` and ``*.tsv.gz``), sorted."""
+    qrels = Path(folder) / QRELS_DIR
+    if not qrels.is_dir():
+        return []
+    names = (p.name.removesuffix(".gz") for p in qrels.iterdir() if p.is_file())
+    return sorted({name.removesuffix(".tsv") for name in names if name.endswith(".tsv")})
+
+
+def is_beir_folder(folder: str | Path) -> bool:
+    """True when ``folder`` holds a corpus and a queries file (plain or gzip-compressed)."""
+    try:
+        find_file(folder, CORPUS_FILE)
+        find_file(folder, QUERIES_FILE)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, required: bool = True) -> str:
+    """``row[key]`` as a string; ids may be given as JSON numbers."""
+    value = row.get(key)
+    if value is None:
+        if required:
+            raise DataFormatError(path, line_no, f"missing field {key!r}")
+        return ""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise DataFormatError(path, line_no, f"field {key!r} must be a string, got {type(value).__name__}")
+    return str(value)
+
+
+def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
+    """A BEIR corpus file as parallel lists of ids and texts (``(title + " " + text).strip()``)."""
+    path = Path(path)
+    ids: list[str] = []
+    texts: list[str] = []
+    seen: set[str] = set()
+    for line_no, row in iter_jsonl(path):
+        doc_id = _string_field(row, "_id", path, line_no)
+        if doc_id in seen:
+            raise DataFormatError(path, line_no, f"duplicate document id {doc_id!r}")
+        seen.add(doc_id)
+        title = _string_field(row, "title", path, line_no, required=False)
+        text = _string_field(row, "text", path, line_no, required=False)
+        ids.append(doc_id)
+        texts.append((title + " " + text).strip())
+    return ids, texts
+
+
+def read_queries(path: str | Path) -> dict[str, str]:
+    """A BEIR queries file as ``{query id: text}`` (file order, text as given)."""
+    path = Path(path)
+    queries: dict[str, str] = {}
+    for line_no, row in iter_jsonl(path):
+        query_id = _string_field(row, "_id", path, line_no)
+        if query_id in queries:
+            raise DataFormatError(path, line_no, f"duplicate query id {query_id!r}")
+        queries[query_id] = _string_field(row, "text", path, line_no)
+    return queries
+
+
+class Judgment(NamedTuple):
+    """One qrels row: a query, a document and the relevance score, with its line number."""
+
+    line_no: int
+    query_id: str
+    doc_id: str
+    score: int
+
+
+def _qrels_score(text: str) -> int:
+    """An integer relevance score; ``"1.0"`` is read as 1, but ``"0.5"`` is refused, not truncated."""
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value.is_integer():
+        raise ValueError(f"relevance score {text!r} is not an integer")
+    return int(value)
+
+
+def _parse_judgment(line: str, path: Path, line_no: int) -> Judgment:
+    columns = line.split("\t") if "\t" in line else line.split()
+    if len(columns) == 3:
+        query_id, doc_id, score = columns
+    elif len(columns) == 4:  # TREC: qid, iteration, docid, relevance
+        query_id, _, doc_id, score = columns
+    else:
+        raise DataFormatError(
+            path, line_no, f"expected 3 tab-separated columns (or TREC's 4), got {len(columns)}: {line[:80]!r}"
+        )
+    query_id, doc_id = query_id.strip(), doc_id.strip()
+    if not query_id or not doc_id:
+        raise DataFormatError(path, line_no, "empty query or document id")
+    try:
+        return Judgment(line_no, query_id, doc_id, _qrels_score(score))
+    except ValueError as exc:
+        raise DataFormatError(path, line_no, str(exc)) from None
+
+
+def iter_qrels(path: str | Path, *, on_error: OnError | None = None) -> Iterator[Judgment]:
+    """Yield the judgments of a qrels file, in file order.
+
+    The rule: columns are split on tabs (on runs of whitespace when a line has no tab); a row has
+    BEIR's 3 columns (``query-id corpus-id score``) or TREC's 4 (``qid iteration docid relevance``);
+    ids are stripped and must not be empty; the score is an integer (``1.0`` is accepted as 1); a
+    first line whose first column is ``query-id``, ``query_id`` or ``qid`` is a header and skipped;
+    blank lines are skipped. Anything else is a :class:`DataFormatError` naming file and line.
+    """
+    path = Path(path)
+    for line_no, line in iter_lines(path, on_error=on_error):
+        if not line.strip():
+            continue
+        if line_no == 1:
+            first = line.split("\t") if "\t" in line else line.split()
+            if len(first) >= 2 and first[0].strip().lower() in QRELS_HEADER_IDS:
+                continue
+        try:
+            judgment = _parse_judgment(line, path, line_no)
+        except DataFormatError as error:
+            _report(error, on_error)
+            continue
+        yield judgment
+
+
+def read_qrels(path: str | Path) -> Qrels:
+    """A qrels file as ``{query id: {doc id: relevance}}``; a repeated judgment keeps the last score
+    (and is logged when the scores differ)."""
+    qrels: Qrels = {}
+    for line_no, query_id, doc_id, score in iter_qrels(path):
+        docs = qrels.setdefault(query_id, {})
+        if doc_id in docs and docs[doc_id] != score:
+            logger.warning("%s:%d: repeated judgment for (%s, %s); keeping the last", path, line_no, query_id, doc_id)
+        docs[doc_id] = score
+    return qrels

@@ -1,0 +1,180 @@
+"""Which models lmembed can run, and whether each one is a decoder, decided from the model itself.
+
+"Decoder" here means what the encoding engine needs to know: the model attends causally in its native
+mode (each token sees only the tokens before it). That decides left padding, the EOS token appended for
+``last`` pooling, the final-norm handling and whether ``attention="bidirectional"`` has to change the mask.
+A wrong answer gives quietly wrong vectors, so it is not taken from a list of known model types:
+
+* a probe runs the model once, natively, on two 5-token sequences that differ only in their last token;
+  if the first token's final state does not move, the model attends causally and is a decoder;
+* the config's own statements (``is_decoder``, ``architectures`` such as ``*ForCausalLM``, and whether
+  transformers maps the model type to a causal-LM or a masked-LM head) are only compared with the probe
+  and logged when they disagree: a Gemma 3 config with bidirectional attention switched on, for
+  instance, is a natively bidirectional model whatever its family usually is.
+
+The probe's answer is remembered on the model object, so wrapping the same model again (after the engine
+has switched its attention modules to bidirectional) gives the same answer.
+
+Models that cannot be run as a text embedder are refused here with a :class:`ModelLoadError` rather than
+failing later or, worse, producing vectors: encoder-decoder models (they need decoder inputs), composite
+multimodal models (their text model has its own model type) and models whose ``forward`` takes no
+``attention_mask`` (padding would leak into the vectors).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmembed.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+# The first token's state may move by this much (relative to its size) and still count as unmoved.
+CAUSAL_TOLERANCE = 1e-4
+PROBE_LENGTH = 5
+_REMEMBERED = "_lmembed_is_decoder"
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """The verdict on one model: decoder or not, and what the config said."""
+
+    is_decoder: bool
+    first_token_change: float  # relative change of the first token's state in the probe
+    config_says_decoder: bool | None  # None: the config makes no statement either way
+
+
+def forward_parameters(model: nn.Module) -> set[str]:
+    """Names of the model's ``forward`` parameters (``**kwargs`` excluded)."""
+    params = inspect.signature(model.forward).parameters.values()
+    return {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def config_says_decoder(config: Any) -> bool | None:
+    """What the config states: True (a causal decoder), False (an encoder) or None (nothing)."""
+    # lazy: transformers is heavy and only needed once a model is loaded
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if getattr(config, "is_decoder", False):
+        return True
+    architectures = getattr(config, "architectures", None) or []
+    if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in architectures):
+        return True
+    if any(name.endswith("ForMaskedLM") for name in architectures):
+        return False
+    model_type = getattr(config, "model_type", None)
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:  # encoders that can also be run as decoders
+        return False
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return True
+    return None
+
+
+def check_runnable(model: nn.Module) -> None:
+    """Raise :class:`ModelLoadError` for a model the encoding engine cannot run as a text embedder."""
+    config = model.config
+    model_type = getattr(config, "model_type", "?")
+    params = forward_parameters(model)
+    if getattr(config, "is_encoder_decoder", False) or "decoder_input_ids" in params:
+        raise ModelLoadError(
+            f"model_type={model_type!r} ({type(model).__name__}) is an encoder-decoder model, which lmembed "
+            "does not run; load its encoder alone (e.g. T5EncoderModel) and wrap that with Embedder.from_model"
+        )
+    missing = [name for name in ("hidden_size", "num_hidden_layers") if not hasattr(config, name)]
+    if missing:
+        sub = ", ".join(sorted(getattr(config, "sub_configs", {}) or {})) or "none"
+        raise ModelLoadError(
+            f"model_type={model_type!r} ({type(model).__name__}) has no {' / '.join(missing)} in its config: it "
+            f"is a composite model (sub-configs: {sub}); load its text model instead"
+        )
+    if "attention_mask" not in params:
+        raise ModelLoadError(
+            f"model_type={model_type!r} ({type(model).__name__}): forward() takes no attention_mask, so padded "
+            "batches would change the vectors; lmembed cannot run it"
+        )
+
+
+def probe_ids(model: nn.Module, device: torch.device) -> torch.Tensor:
+    """Two sequences of :data:`PROBE_LENGTH` tokens that differ only in the last token, chosen so that
+    the two last tokens really have different embeddings (quantised checkpoints can share one row
+    between several token ids)."""
+    table = model.get_input_embeddings().weight
+    vocab = table.shape[0]
+    spread = [int(vocab * f) for f in (0.31, 0.37, 0.43, 0.53, 0.61)]
+    last = spread[-1]
+    other = next(
+        (i for i in range(int(vocab * 0.71), vocab) if not torch.equal(table[i], table[last])),
+        None,
+    )
+    if other is None:
+        raise ModelLoadError("cannot build an attention probe: every token embedding is identical")
+    return torch.tensor([spread, [*spread[:-1], other]], device=device)
+
+
+def first_token_change(model: nn.Module, attention_mask: torch.Tensor | None = None) -> float:
+    """Relative change of the first token's final state when only the last token changes.
+
+    ``attention_mask`` defaults to a plain 2-D mask of ones, i.e. the model's native attention. Zero (up
+    to float noise) means the first token ignores later tokens: causal attention.
+    """
+    param = next(model.parameters())
+    ids = probe_ids(model, param.device)
+    kwargs: dict[str, Any] = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids) if attention_mask is None else attention_mask,
+    }
+    if "use_cache" in forward_parameters(model):
+        kwargs["use_cache"] = False
+    with torch.inference_mode():
+        out = model(**kwargs)
+    states = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    first = states[:, 0].float()
+    delta = float((first[0] - first[1]).abs().max())
+    scale = max(1.0, float(first.abs().max()))
+    return delta / scale
+
+
+def detect_kind(model: nn.Module) -> ModelKind:
+    """Refuse models lmembed cannot run, then decide decoder-ness by the probe (see the module doc)."""
+    check_runnable(model)
+    config = model.config
+    stated = config_says_decoder(config)
+    remembered = getattr(model, _REMEMBERED, None)
+    if isinstance(remembered, ModelKind):
+        return remembered
+    was_training = model.training
+    model.eval()
+    try:
+        change = first_token_change(model)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # any failure here means the engine could not run the model either
+        raise ModelLoadError(
+            f"model_type={getattr(config, 'model_type', '?')!r} ({type(model).__name__}): a {PROBE_LENGTH}-token "
+            f"test forward pass with input_ids and attention_mask failed ({type(exc).__name__}: {exc}); "
+            "lmembed cannot run this model"
+        ) from exc
+    finally:
+        model.train(was_training)
+    kind = ModelKind(is_decoder=change <= CAUSAL_TOLERANCE, first_token_change=change, config_says_decoder=stated)
+    if stated is not None and stated != kind.is_decoder:
+        log.info(
+            "model_type=%r: the config suggests %s, but the model attends %s (first-token change %.2e); "
+            "treating it as %s",
+            getattr(config, "model_type", "?"),
+            "a decoder" if stated else "an encoder",
+            "causally" if kind.is_decoder else "bidirectionally",
+            change,
+            "a decoder" if kind.is_decoder else "an encoder",
+        )
+    object.__setattr__(model, _REMEMBERED, kind)
+    return kind

@@ -1,0 +1,119 @@
+"""Where lmembed keeps and finds things on disk, and every ``LMEMBED_*`` environment variable.
+
+This is the one module that reads lmembed's environment variables and computes its folders; other
+modules call these functions instead of looking at ``os.environ`` or building ``~/.cache`` paths.
+
+===================== ======================================================================
+variable              what it sets
+===================== ======================================================================
+``LMEMBED_HOME``      root of lmembed's caches (default ``~/.cache/lmembed``)
+``LMEMBED_DATA``      a folder of datasets, searched first and used as the download cache
+``LMEMBED_CACHE``     the embedding cache (default ``$LMEMBED_HOME/embeddings``)
+``LMEMBED_DEBUG``     a true value (``1``, ``true``, ``yes``, ``on``) shows tracebacks on errors
+===================== ======================================================================
+
+Folders, each with the precedence it follows (the first that applies wins):
+
+* :func:`dataset_cache_dir`, where downloaded datasets are extracted: ``$LMEMBED_DATA``, then
+  ``$LMEMBED_HOME/datasets``, then ``~/.cache/lmembed/datasets``;
+* :func:`embedding_cache_dir`: ``$LMEMBED_CACHE``, then ``$LMEMBED_HOME/embeddings``, then
+  ``~/.cache/lmembed/embeddings``;
+* :func:`converted_model_dir` (bundled GGUF models converted to safetensors) and :func:`gguf_dir`
+  (assembled GGUF files): ``$LMEMBED_HOME/models/<name>`` and ``$LMEMBED_HOME/gguf``, with the home
+  defaulting to ``~/.cache/lmembed``;
+* :func:`shared_datasets_dir`, the project's shared data: ``../shared/datasets`` beside the checkout
+  this package was loaded from, else beside the working directory;
+* :func:`default_data_root`, where suites look for task data: ``$LMEMBED_DATA``, then the shared
+  data folder.
+
+An environment variable that is set but empty counts as unset; ``~`` in a value is expanded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOME_ENV_VAR = "LMEMBED_HOME"
+DATA_ENV_VAR = "LMEMBED_DATA"
+CACHE_ENV_VAR = "LMEMBED_CACHE"
+DEBUG_ENV_VAR = "LMEMBED_DEBUG"
+
+#: Every environment variable lmembed reads.
+ENV_VARS = (HOME_ENV_VAR, DATA_ENV_VAR, CACHE_ENV_VAR, DEBUG_ENV_VAR)
+
+_TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+def env_path(name: str) -> Path | None:
+    """The folder named by environment variable ``name`` (``~`` expanded), or ``None`` when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def debug_from_env() -> bool:
+    """True when ``$LMEMBED_DEBUG`` holds a true value (``1``, ``true``, ``yes`` or ``on``)."""
+    return os.environ.get(DEBUG_ENV_VAR, "").strip().lower() in _TRUE_WORDS
+
+
+# ---------------------------------------------------------------------------------------------- caches
+def lmembed_home() -> Path:
+    """Root of lmembed's caches: ``$LMEMBED_HOME``, else ``~/.cache/lmembed``."""
+    return env_path(HOME_ENV_VAR) or Path.home() / ".cache" / "lmembed"
+
+
+def data_env_dir() -> Path | None:
+    """``$LMEMBED_DATA``, or ``None`` when it is not set."""
+    return env_path(DATA_ENV_VAR)
+
+
+def dataset_cache_dir() -> Path:
+    """Where downloaded datasets are extracted: ``$LMEMBED_DATA``, else ``$LMEMBED_HOME/datasets``,
+    else ``~/.cache/lmembed/datasets``."""
+    return data_env_dir() or lmembed_home() / "datasets"
+
+
+def embedding_cache_dir() -> Path:
+    """The embedding cache: ``$LMEMBED_CACHE``, else ``$LMEMBED_HOME/embeddings``."""
+    return env_path(CACHE_ENV_VAR) or lmembed_home() / "embeddings"
+
+
+def models_dir() -> Path:
+    """Where converted bundled models are saved: ``$LMEMBED_HOME/models``."""
+    return lmembed_home() / "models"
+
+
+def converted_model_dir(name: str) -> Path:
+    """The converted (safetensors) checkpoint of bundled model ``name``: ``$LMEMBED_HOME/models/<name>``."""
+    return models_dir() / name
+
+
+def gguf_dir() -> Path:
+    """Where GGUF files shipped in several parts are assembled: ``$LMEMBED_HOME/gguf``."""
+    return lmembed_home() / "gguf"
+
+
+# ---------------------------------------------------------------------------------------------- shared data
+def repo_root() -> Path:
+    """The checkout this package was loaded from (``src/lmembed/paths.py`` → the checkout)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def shared_candidates() -> list[Path]:
+    """Where the project's shared data folder may be, in the order tried: ``../shared/datasets``
+    beside the checkout, then beside the working directory."""
+    roots = [repo_root().parent / "shared" / "datasets", Path.cwd().parent / "shared" / "datasets"]
+    return list(dict.fromkeys(roots))
+
+
+def shared_datasets_dir() -> Path | None:
+    """The project's ``shared/datasets`` folder, or ``None`` when there is none."""
+    for candidate in shared_candidates():
+        if candidate.is_dir():
+            return candidate.resolve()
+    return None
+
+
+def default_data_root() -> Path | None:
+    """Where task data is looked up: ``$LMEMBED_DATA``, else the shared data folder (``None``: neither)."""
+    return data_env_dir() or shared_datasets_dir()

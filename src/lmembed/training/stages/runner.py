@@ -1,0 +1,122 @@
+"""Running a pre-training stage: build it by name, train it, save the model the next stage loads.
+
+:func:`build_objective` instantiates a stage from :data:`OBJECTIVES`; :func:`train_steps` runs its
+optimisation steps through the trainer's :class:`~lmembed.training.optim.OptimisationStep` (AdamW,
+linear warm-up and decay, gradient clipping, ``metrics.jsonl`` records) and draws the loss curve;
+:func:`run_objective` does all of it from an :class:`~lmembed.training.train_config.ObjectiveConfig`
+and saves an ordinary Embedder directory (``<output>/model``, LoRA merged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog
+from lmembed.training.optim import OptimisationStep, build_optimizer, build_scheduler
+from lmembed.training.seeding import set_seed
+from lmembed.training.stages.anchor import AnchorObjective
+from lmembed.training.stages.angle import AnglEPairObjective
+from lmembed.training.stages.batches import BatchStream, load_items
+from lmembed.training.stages.mntp import MNTPObjective
+from lmembed.training.stages.simcse import SimCSEObjective
+from lmembed.training.train_config import ObjectiveConfig, ObjectiveConfigError
+from lmembed.training.trainable import build_trainable
+
+__all__ = ["OBJECTIVES", "ObjectiveResult", "build_objective", "run_objective", "train_steps"]
+
+log = logging.getLogger(__name__)
+
+# Keyed by train_config.OBJECTIVE_NAMES, the names an ObjectiveConfig accepts.
+OBJECTIVES: dict[str, type] = {
+    "mntp": MNTPObjective,
+    "simcse": SimCSEObjective,
+    "anchor": AnchorObjective,
+    "angle": AnglEPairObjective,
+}
+MODEL_DIR = "model"
+CONFIG_FILE = "objective_config.json"
+
+
+def build_objective(name: str, model: Any, **options: Any) -> Any:
+    """Instantiate the objective called ``name`` around ``model``."""
+    key = name.strip().lower()
+    if key not in OBJECTIVES:
+        raise ObjectiveConfigError(f"objective {name!r} is unknown; choose one of {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[key](model, **options)
+
+
+@dataclass
+class ObjectiveResult:
+    """What :func:`run_objective` did."""
+
+    output: Path
+    model_dir: Path
+    losses: list[float]
+    seconds: float
+
+
+def train_steps(
+    objective: Any,
+    stream: BatchStream,
+    config: ObjectiveConfig,
+    *,
+    log_path: Path | None = None,
+) -> list[float]:
+    """Run ``config.steps`` optimisation steps of ``objective``; returns the loss of every step.
+
+    With ``log_path``, records go to that JSON-lines file and the loss curve is drawn beside it.
+    """
+    metrics = MetricsLog(log_path or Path(METRICS_FILE), enabled=log_path is not None)
+    model = objective.model
+    optimizer = build_optimizer(model, config, ObjectiveConfigError)
+    step = OptimisationStep(
+        model,
+        optimizer,
+        build_scheduler(optimizer, config),
+        max_grad_norm=config.max_grad_norm,
+        metrics=metrics,
+        log_every=config.log_every,
+        total_steps=config.steps,
+    )
+    losses = []
+    model.train()
+    for index in range(config.steps):
+        losses.append(step(index + 1, partial(_backpropagate, objective, stream, index))["loss"])
+    if log_path is not None:
+        metrics.plot(log_path.parent / CURVE_FILE)
+    return losses
+
+
+def _backpropagate(objective: Any, stream: BatchStream, index: int) -> tuple[Tensor, dict[str, float]]:
+    """Loss of batch ``index`` (0-based), back-propagated; the detached loss and the stage's extra metrics."""
+    value, extra = objective.loss(stream.batch(index))
+    value.backward()
+    return value.detach(), extra
+
+
+def run_objective(config: ObjectiveConfig, *, embedder: Any | None = None) -> ObjectiveResult:
+    """Train ``config.objective`` and save the result under ``<output>/model``."""
+    started = time.perf_counter()
+    set_seed(config.seed)
+    model = build_trainable(config, embedder)
+    objective = build_objective(config.objective, model, **config.options)
+    items = load_items(objective.data_kind, config.data, max_items=config.max_texts, seed=config.seed)
+    stream = BatchStream(items, config.batch_size, config.seed)
+    output = Path(config.output)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2, default=str))
+    log_path = output / METRICS_FILE
+    log_path.unlink(missing_ok=True)
+    log.info("%s: %d items, %d steps of %d", config.objective, len(items), config.steps, config.batch_size)
+    losses = train_steps(objective, stream, config, log_path=log_path)
+    model.eval()
+    model_dir = model.save(output / MODEL_DIR, merge_lora=True, in_place=True)
+    return ObjectiveResult(output, Path(model_dir), losses, time.perf_counter() - started)

@@ -1,0 +1,171 @@
+"""Bad input gets a clean error: a non-zero exit status, one short message naming the argument or the file
+and line, and never a traceback. Table-driven over the classes of mistakes a new user makes, for every
+command that takes the input.
+
+Each case is ``(id, argv, expected)``: ``argv`` may use ``{model}`` (a saved tiny decoder), ``{beir}`` (a
+tiny BEIR folder), ``{tmp}`` (a scratch folder) and the files that :func:`inputs` writes; ``expected`` are
+substrings the output must contain.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from lmembed.cli import app
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A saved tiny model, a tiny BEIR folder, and input files of every broken kind."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import build_tokenizer, tiny_model
+
+    from lmembed import Embedder, EmbeddingConfig
+
+    tmp = tmp_path_factory.mktemp("bad")
+    tok = build_tokenizer()
+    emb = Embedder.from_model(
+        tiny_model("llama", len(tok)), tok, EmbeddingConfig(pooling="mean"), use_cache=False, show_progress=False
+    )
+    model = emb.save(tmp / "model")
+    beir = tmp / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "the cat"}\n{"_id": "d2", "text": "a dog"}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "cat"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    files = {
+        "good": "the cat\na dog\n",
+        "latin1": None,
+        "binary": None,
+        "badjson.jsonl": '{"text": "ok"}\n{"text": broken\n',
+        "nofield.jsonl": '{"text": "ok"}\n{"txt": "bad"}\n',
+        "surrogate.jsonl": '{"text": "ok"}\n{"text": "bad \\udc80 text"}\n',
+        "rows.jsonl": '{"query": "cat", "positive": "the cat"}\n' * 4,
+    }
+    for name, text in files.items():
+        if text is not None:
+            (tmp / name).write_text(text)
+    (tmp / "latin1").write_bytes("caf\xe9 au lait\nna\xefve\n".encode("latin-1"))
+    (tmp / "binary").write_bytes(bytes(range(256)) * 4)
+    (tmp / "afile").write_text("x")
+    return {"model": str(model), "beir": str(beir), "tmp": str(tmp)}
+
+
+def fill(argv: list[str], ws: dict[str, str]) -> list[str]:
+    return [a.format(**ws) for a in argv]
+
+
+CASES = [
+    # bad option values: refused before any work, naming the option
+    ("encode-batch-size", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--batch-size", "-3"], ["--batch-size"]),
+    ("eval-batch-size", ["eval", "--data", "{beir}", "--batch-size", "0"], ["--batch-size"]),
+    ("mine-batch-size", ["mine", "-t", "minilm", "--data", "{tmp}/rows.jsonl", "-o", "{tmp}/m.jsonl",
+                         "--batch-size", "-1"], ["--batch-size"]),
+    ("train-batch-size", ["train", "--model", "{model}", "--data", "{tmp}/rows.jsonl", "--batch-size", "-8"],
+     ["batch"]),
+    ("encode-max-length", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--max-length", "0"], ["--max-length"]),
+    ("encode-dim-zero", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--dim", "0"], ["--dim"]),
+    ("encode-layer-syntax", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--layer", "x"],
+     ["--layer"]),
+    ("encode-output-suffix", ["encode", "{tmp}/good", "-o", "{tmp}/v.csv"], ["--output", ".npy"]),
+    # strategy values the library refuses
+    ("encode-pooling", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--pooling", "maxx"],
+     ["maxx"]),
+    ("encode-attention", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--attention", "side"],
+     ["side"]),
+    ("encode-layer-range", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--layer", "40"],
+     ["40"]),
+    ("encode-dim-too-big", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--dim", "4096"],
+     ["4096", "32"]),
+    ("eval-grid-key", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "colour=red"], ["colour"]),
+    ("eval-grid-pooling", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "pooling=mean,maxx", "-o",
+                           "{tmp}/r"], ["maxx"]),
+    # models and devices
+    ("encode-unknown-model", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{tmp}/no-such-model"],
+     ["no-such-model"]),
+    ("encode-file-as-model", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{tmp}/afile"], ["afile"]),
+    ("encode-no-cuda", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--device", "cuda:3"],
+     ["cuda"]),
+    ("encode-bad-device", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--device", "gpu0"],
+     ["gpu0"]),
+    ("encode-bad-dtype", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--dtype", "int3"],
+     ["int3"]),
+    ("train-unknown-model", ["train", "--model", "{tmp}/no-such-model", "--data", "{tmp}/rows.jsonl", "-o",
+                             "{tmp}/run", "--steps", "1"], ["no-such-model"]),
+    # missing and malformed data, named by file and line
+    ("encode-missing-input", ["encode", "{tmp}/nope.txt", "-o", "{tmp}/v.npy"], ["nope.txt"]),
+    ("encode-latin1", ["encode", "{tmp}/latin1", "-o", "{tmp}/v.npy", "--model", "{model}"], ["latin1", ":1"]),
+    ("encode-binary", ["encode", "{tmp}/binary", "-o", "{tmp}/v.npy", "--model", "{model}"], ["binary"]),
+    ("encode-bad-json", ["encode", "{tmp}/badjson.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}"],
+     ["badjson.jsonl:2"]),
+    ("encode-missing-field", ["encode", "{tmp}/nofield.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}"],
+     ["nofield.jsonl:2", "text"]),
+    ("encode-surrogate", ["encode", "{tmp}/surrogate.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}",
+                          "--no-cache"], ["surrogate"]),
+    ("eval-missing-data", ["eval", "--model", "{model}", "--data", "{tmp}/no-such-set"], ["no-such-set"]),
+    ("eval-unknown-suite", ["eval", "--model", "{model}", "--suite", "mteb-huge"], ["mteb-huge"]),
+    ("eval-task-type", ["eval", "--model", "{model}", "--data", "{beir}", "--task-type", "Ranking"], ["Ranking"]),
+    ("train-missing-data", ["train", "--model", "{model}", "--data", "/definitely/not/here.jsonl", "-o",
+                            "{tmp}/run", "--steps", "1"], ["/definitely/not/here.jsonl"]),
+    ("train-bad-json", ["train", "--model", "{model}", "--data", "{tmp}/badjson.jsonl", "-o", "{tmp}/run",
+                        "--steps", "1"], ["badjson.jsonl:2"]),
+    ("mine-missing-data", ["mine", "-t", "{model}", "--data", "{tmp}/nope.jsonl", "-o", "{tmp}/m.jsonl"],
+     ["nope.jsonl"]),
+    ("report-missing-dir", ["report", "{tmp}/no-results"], ["no-results"]),
+    # unwritable outputs are found before the work starts
+    ("encode-output-under-file", ["encode", "{tmp}/good", "-o", "{tmp}/afile/v.npy", "--model", "{tmp}/nomodel"],
+     ["--output", "afile"]),
+    ("eval-output-under-file", ["eval", "--model", "{tmp}/nomodel", "--data", "{beir}", "-o", "{tmp}/afile/r"],
+     ["--output", "afile"]),
+    ("mine-output-under-file", ["mine", "-t", "{tmp}/nomodel", "--data", "{tmp}/rows.jsonl", "-o",
+                                "{tmp}/afile/m.jsonl"], ["--output", "afile"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gets_a_clean_error(workspace, argv, expected, monkeypatch, one_torch_thread):
+    monkeypatch.delenv("LMEMBED_DEBUG", raising=False)
+    monkeypatch.setenv("LMEMBED_CACHE", str(Path(workspace["tmp"]) / "cache"))
+    result = CliRunner().invoke(app, fill(argv, workspace))
+    output = result.output
+    assert result.exit_code not in (0, 1), f"exit {result.exit_code}:\n{output}"
+    assert "Traceback" not in output and 'File "' not in output, output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), output
+    for text in expected:
+        assert text.format(**workspace) in output, f"{text!r} not in:\n{output}"
+    assert len(output.strip().splitlines()) <= 16, output
+
+
+def test_debug_shows_the_traceback(workspace, monkeypatch):
+    """``--debug`` lets the exception through (CliRunner keeps it in ``result.exception``)."""
+    argv = ["--debug", "encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--pooling", "maxx"]
+    result = CliRunner().invoke(app, fill(argv, workspace))
+    assert result.exit_code != 0 and isinstance(result.exception, ValueError)
+
+
+def test_an_internal_error_says_so(workspace, monkeypatch):
+    """A bug (not a user mistake) exits 1 with 'internal error' and still no traceback."""
+    import lmembed.cli.encode as encode_module
+
+    def boom(*args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'shape'")
+
+    monkeypatch.setattr(encode_module, "read_texts", boom)
+    result = CliRunner().invoke(app, fill(["encode", "{tmp}/good", "-o", "{tmp}/v.npy"], workspace))
+    assert result.exit_code == 1 and "internal error" in result.output and "Traceback" not in result.output
+
+
+def test_good_input_still_works(workspace, monkeypatch):
+    monkeypatch.setenv("LMEMBED_CACHE", str(Path(workspace["tmp"]) / "cache"))
+    out = Path(workspace["tmp"]) / "ok.npy"
+    result = CliRunner().invoke(app, fill(["encode", "{tmp}/good", "-o", str(out), "--model", "{model}"], workspace))
+    assert result.exit_code == 0, result.output
+    assert np.load(out).shape == (2, 32)
+    assert json.loads((Path(workspace["model"]) / "lmembed.json").read_text())

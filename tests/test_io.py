@@ -1,0 +1,252 @@
+"""The one reader of input formats (lmembed.io) and the one owner of folders and LMEMBED_* variables
+(lmembed.paths): errors name file and line, qrels follow one rule, every cache folder follows its variable."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lmembed import paths
+from lmembed.errors import LmembedError
+from lmembed.evaluation.retrieval_data import load_beir
+from lmembed.evaluation.tasks import detect_task_type
+from lmembed.evaluation.tasks._common import TaskDataError
+from lmembed.evaluation.tasks._common import read_jsonl as read_task_rows
+from lmembed.io import (
+    DataFormatError,
+    is_beir_folder,
+    iter_jsonl,
+    iter_qrels,
+    qrels_splits,
+    read_jsonl,
+    read_qrels,
+    read_text_lines,
+    read_texts_field,
+)
+from lmembed.mining import MiningError, load_corpus, read_rows
+from lmembed.models import bundled
+from lmembed.training.data import TrainingDataError, read_beir, read_jsonl_examples
+
+LATIN1 = "café".encode("latin-1")  # b"caf\xe9": not UTF-8
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- lines and JSON
+def test_latin1_line_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "rows.jsonl", b'{"text": "ok"}\n{"text": "' + LATIN1 + b'"}\n')
+    with pytest.raises(DataFormatError, match=r"rows\.jsonl:2: not valid UTF-8 \(byte 0xe9 at column 14\)") as info:
+        read_jsonl(path)
+    assert info.value.path == path and info.value.line_no == 2
+    assert isinstance(info.value, LmembedError) and isinstance(info.value, ValueError)
+
+
+def test_binary_file_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "image.txt", b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    with pytest.raises(DataFormatError, match=r"image\.txt:1: not valid UTF-8"):
+        read_text_lines(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"text": ', r"rows\.jsonl:3: invalid JSON \(Expecting value at column 10\)"),
+        ('["a", "b"]', r"rows\.jsonl:3: expected a JSON object, got an array"),
+        ('"just text"', r"rows\.jsonl:3: expected a JSON object, got a string"),
+        ("null", r"rows\.jsonl:3: expected a JSON object, got null"),
+    ],
+)
+def test_bad_json_rows_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = write(tmp_path / "rows.jsonl", '{"a": 1}\n\n' + line + "\n")
+    with pytest.raises(DataFormatError, match=message) as info:
+        read_jsonl(path)
+    assert info.value.line_no == 3
+
+
+def test_crlf_bom_blank_lines_and_gzip(tmp_path: Path) -> None:
+    text = '\ufeff{"text": "a"}\r\n\r\n  \r\n{"text": "b"}\r\n'
+    plain = write(tmp_path / "rows.jsonl", text)
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress(text.encode("utf-8")))
+    for path in (plain, packed):
+        assert list(iter_jsonl(path)) == [(1, {"text": "a"}), (4, {"text": "b"})]
+        assert read_texts_field(path, "text") == ["a", "b"]
+
+
+def test_damaged_gzip_is_a_format_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "rows.jsonl.gz", b"this is not gzip data\n")
+    with pytest.raises(DataFormatError, match=r"rows\.jsonl\.gz:1: damaged gzip data"):
+        read_jsonl(path)
+
+
+def test_on_error_skips_bad_lines(tmp_path: Path) -> None:
+    path = write(tmp_path / "rows.jsonl", b'{"a": 1}\n{oops\n' + LATIN1 + b'\n[1]\n{"a": 2}\n')
+    problems: list[DataFormatError] = []
+    rows = list(iter_jsonl(path, on_error=problems.append))
+    assert rows == [(1, {"a": 1}), (5, {"a": 2})]
+    assert [p.line_no for p in problems] == [2, 3, 4]
+    assert [p.where for p in problems] == [f"{path}:2", f"{path}:3", f"{path}:4"]
+
+
+def test_text_lines_keep_or_strip(tmp_path: Path) -> None:
+    path = write(tmp_path / "texts.txt", "first\r\n\r\n  second  \nlast")
+    assert read_text_lines(path) == ["first", "", "  second  ", "last"]
+    assert read_text_lines(path, strip=True) == ["first", "second", "last"]
+
+
+def test_jsonl_field_must_be_a_string(tmp_path: Path) -> None:
+    path = write(tmp_path / "rows.jsonl", '{"text": "a"}\n{"text": 3}\n')
+    with pytest.raises(DataFormatError, match=r"rows\.jsonl:2: expected an object with a string field 'text'"):
+        read_texts_field(path, "text")
+
+
+def test_every_reader_names_file_and_line_for_latin1(tmp_path: Path) -> None:
+    """Each domain keeps its error type, but the message is the reader's ``<file>:<line>: ...``."""
+    rows = write(tmp_path / "rows.jsonl", b'{"query": "q", "positive": "p"}\n{"query": "' + LATIN1 + b'"}\n')
+    for reader, error in (
+        (read_rows, MiningError),
+        (read_jsonl_examples, TrainingDataError),
+        (read_task_rows, TaskDataError),
+    ):
+        with pytest.raises(error, match=re.escape(f"{rows}:2: not valid UTF-8")):
+            reader(rows)
+    corpus = write(
+        tmp_path / "corpus.jsonl", b'{"_id": "d1", "text": "fine"}\n{"_id": "d2", "text": "' + LATIN1 + b'"}\n'
+    )
+    text = write(tmp_path / "corpus.txt", b"fine\n" + LATIN1 + b"\n")
+    for path in (corpus, text):
+        with pytest.raises(DataFormatError, match=re.escape(f"{path}:2: not valid UTF-8")):
+            load_corpus(path)
+    sts = write(tmp_path / "sts" / "test.jsonl", b'{"sentence1": "' + LATIN1 + b'"}\n')
+    with pytest.raises(TaskDataError, match=re.escape(f"{sts}:1: not valid UTF-8")):
+        detect_task_type(sts.parent)
+
+
+def test_training_rows_may_skip_undecodable_lines(tmp_path: Path) -> None:
+    path = write(tmp_path / "rows.jsonl", b'{"query": "q", "positive": "p"}\n' + LATIN1 + b"\n")
+    examples, skipped = read_jsonl_examples(path, skip_invalid=True)
+    assert len(examples) == 1 and skipped == 1
+
+
+# ---------------------------------------------------------------------------------------------- qrels
+@pytest.mark.parametrize("header", ["query-id\tcorpus-id\tscore", "query_id\tdoc_id\tscore", "qid\tdocid\trel", None])
+def test_qrels_header_is_skipped_on_the_first_line(tmp_path: Path, header: str | None) -> None:
+    lines = [header] if header else []
+    path = write(tmp_path / "test.tsv", "\r\n".join([*lines, "q1\td1\t1", "q1\td2\t0"]) + "\r\n")
+    assert read_qrels(path) == {"q1": {"d1": 1, "d2": 0}}
+
+
+def test_qrels_three_and_four_columns(tmp_path: Path) -> None:
+    path = write(tmp_path / "mixed.tsv", "q1\td1\t2\nq1\t0\td2\t1\nq2 Q0 d3 1\n q3 \t d4 \t -1 \n")
+    assert read_qrels(path) == {"q1": {"d1": 2, "d2": 1}, "q2": {"d3": 1}, "q3": {"d4": -1}}
+    assert [j.line_no for j in iter_qrels(path)] == [1, 2, 3, 4]
+
+
+def test_qrels_integral_float_scores_are_read_as_integers(tmp_path: Path) -> None:
+    path = write(tmp_path / "test.tsv", "q1\td1\t1.0\nq1\td2\t0.0\n")
+    assert read_qrels(path) == {"q1": {"d1": 1, "d2": 0}}
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("q1\td9\t0.5", r"relevance score '0\.5' is not an integer"),
+        ("q1\td9\thigh", r"relevance score 'high' is not an integer"),
+        ("q1\td9", r"expected 3 tab-separated columns \(or TREC's 4\), got 2"),
+        ("q1\ta\tb\tc\t1", r"expected 3 tab-separated columns \(or TREC's 4\), got 5"),
+        ("q1\t \t1", r"empty query or document id"),
+        ("qid\tdocid\trel", r"relevance score 'rel' is not an integer"),  # a header only counts on line 1
+    ],
+)
+def test_bad_qrels_rows_name_file_and_line(tmp_path: Path, row: str, message: str) -> None:
+    path = write(tmp_path / "test.tsv", f"query-id\tcorpus-id\tscore\nq1\td1\t1\n{row}\n")
+    with pytest.raises(DataFormatError, match=rf"test\.tsv:3: {message}"):
+        read_qrels(path)
+
+
+def test_both_consumers_share_the_qrels_rule(tmp_path: Path) -> None:
+    """Evaluation and training read the same qrels the same way (TREC columns, a float score, gzip)."""
+    folder = tmp_path / "beir"
+    write(folder / "corpus.jsonl", "".join(json.dumps({"_id": f"d{i}", "text": f"doc {i}"}) + "\n" for i in (1, 2)))
+    write(folder / "queries.jsonl", json.dumps({"_id": "q1", "text": "query"}) + "\n")
+    qrels = b"qid iter docid rel\r\nq1 0 d1 1.0\r\nq1 0 d2 0\r\n"
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "train.tsv.gz").write_bytes(gzip.compress(qrels))
+    assert is_beir_folder(folder) and qrels_splits(folder) == ["train"]
+    assert load_beir(folder, "train").qrels == {"q1": {"d1": 1, "d2": 0}}
+    examples, _, skipped = read_beir(folder, "train")
+    assert skipped == 0 and examples[0].positives == ("doc 1",) and examples[0].negatives == ("doc 2",)
+    (folder / "qrels" / "train.tsv.gz").write_bytes(gzip.compress(qrels + b"q1 0 d2 0.5\r\n"))
+    with pytest.raises(DataFormatError, match=r"train\.tsv\.gz:4: relevance score '0\.5' is not an integer"):
+        load_beir(folder, "train")
+    with pytest.raises(TrainingDataError, match=r"train\.tsv\.gz:4: relevance score '0\.5' is not an integer"):
+        read_beir(folder, "train")
+    assert read_beir(folder, "train", skip_invalid=True)[2] == 1
+
+
+# ---------------------------------------------------------------------------------------------- paths
+@pytest.fixture
+def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No LMEMBED_* variable set and a private home folder."""
+    for name in paths.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: tmp_path / "home"))
+    return tmp_path
+
+
+def test_defaults_live_under_the_user_cache(clean_env: Path) -> None:
+    root = clean_env / "home" / ".cache" / "lmembed"
+    assert paths.lmembed_home() == root
+    assert paths.dataset_cache_dir() == root / "datasets"
+    assert paths.embedding_cache_dir() == root / "embeddings"
+    assert paths.converted_model_dir("smollm2-135m") == root / "models" / "smollm2-135m"
+    assert paths.gguf_dir() == root / "gguf"
+    assert paths.data_env_dir() is None and paths.debug_from_env() is False
+
+
+def test_lmembed_home_moves_dataset_model_and_embedding_caches(clean_env: Path, monkeypatch) -> None:
+    home = clean_env / "lmhome"
+    monkeypatch.setenv("LMEMBED_HOME", str(home))
+    assert paths.lmembed_home() == home
+    assert paths.dataset_cache_dir() == home / "datasets"
+    assert paths.converted_model_dir("gemma3-270m") == home / "models" / "gemma3-270m"
+    assert paths.models_dir() == home / "models" and paths.gguf_dir() == home / "gguf"
+    assert paths.embedding_cache_dir() == home / "embeddings"
+    assert bundled.lmembed_home() == home  # the bundled-model cache follows the same home
+
+
+def test_each_variable_wins_over_the_home(clean_env: Path, monkeypatch) -> None:
+    monkeypatch.setenv("LMEMBED_HOME", str(clean_env / "lmhome"))
+    monkeypatch.setenv("LMEMBED_DATA", str(clean_env / "data"))
+    monkeypatch.setenv("LMEMBED_CACHE", str(clean_env / "vectors"))
+    monkeypatch.setenv("LMEMBED_DEBUG", "yes")
+    assert paths.dataset_cache_dir() == clean_env / "data"
+    assert paths.data_env_dir() == clean_env / "data" and paths.default_data_root() == clean_env / "data"
+    assert paths.embedding_cache_dir() == clean_env / "vectors"
+    assert paths.debug_from_env() is True
+
+
+def test_empty_variables_are_unset_and_tilde_is_expanded(clean_env: Path, monkeypatch) -> None:
+    monkeypatch.setenv("LMEMBED_DATA", "")
+    monkeypatch.setenv("LMEMBED_CACHE", "  ")
+    monkeypatch.setenv("LMEMBED_HOME", "~/elsewhere")
+    monkeypatch.setenv("HOME", str(clean_env / "tilde"))
+    assert paths.lmembed_home() == clean_env / "tilde" / "elsewhere"
+    assert paths.data_env_dir() is None
+    assert paths.embedding_cache_dir() == clean_env / "tilde" / "elsewhere" / "embeddings"
+
+
+def test_default_data_root_falls_back_to_the_shared_folder(clean_env: Path, monkeypatch) -> None:
+    shared = clean_env / "shared" / "datasets"
+    monkeypatch.setattr(paths, "shared_candidates", lambda: [clean_env / "none", shared])
+    assert paths.default_data_root() is None
+    shared.mkdir(parents=True)
+    assert paths.default_data_root() == shared.resolve() == paths.shared_datasets_dir()
