@@ -80,7 +80,7 @@ def score(embedder: Any, tasks: list[Any], instructions: bool) -> dict[str, floa
     out = {}
     for task in tasks:
         instruction = instruction_for(task.name) if instructions else None
-        result = task.evaluate(embedder, batch_size=16, instruction=instruction)
+        result = task.with_instruction(instruction).evaluate(embedder, batch_size=16)
         out[task.name] = round(float(result.scores["ndcg_at_10"]), 4)
     return out
 

@@ -51,14 +51,14 @@ def main() -> None:
     parser.add_argument("--fresh-cache", action="store_true", help="start from an empty embedding cache")
     args = parser.parse_args()
     from lmembed import Embedder
-    from lmembed.evaluation.retrieval import RetrievalTask
+    from lmembed.evaluation.suites import resolve_task
 
     shared_or_exit("beir")
     rows, out = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         emb = Embedder.from_pretrained("minilm", cache_dir=tmp if args.fresh_cache else None)
         for name in args.sets.split(","):
-            task = RetrievalTask.from_name(name)
+            task = resolve_task(name)
             first = task.evaluate(emb)  # served from the cache where an earlier run embedded this set
             start = time.perf_counter()
             second = task.evaluate(emb)
@@ -84,7 +84,7 @@ def main() -> None:
                 f"| {100 * res.scores['mrr_at_10']:.2f} | {res.evaluation_time:.1f} | {cached_s:.2f} |"
             )
         if not args.skip_reference and "SciFact" in out:
-            task = RetrievalTask.from_name("scifact")
+            task = resolve_task("scifact")
             ref_s, ref_ndcg = reference_run(task)
             ours_s = out["SciFact"]["first_run_s"]
             out["SciFact"]["reference"] = {"seconds": ref_s, "ndcg_at_10": ref_ndcg}

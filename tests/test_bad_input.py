@@ -48,6 +48,7 @@ def workspace(tmp_path_factory):
         "nofield.jsonl": '{"text": "ok"}\n{"txt": "bad"}\n',
         "surrogate.jsonl": '{"text": "ok"}\n{"text": "bad \\udc80 text"}\n',
         "rows.jsonl": '{"query": "cat", "positive": "the cat"}\n' * 4,
+        "badrows.jsonl": '{"query": "cat", "positive": "the cat"}\n{"query": broken\n',
     }
     for name, text in files.items():
         if text is not None:
@@ -114,8 +115,8 @@ CASES = [
     ("eval-task-type", ["eval", "--model", "{model}", "--data", "{beir}", "--task-type", "Ranking"], ["Ranking"]),
     ("train-missing-data", ["train", "--model", "{model}", "--data", "/definitely/not/here.jsonl", "-o",
                             "{tmp}/run", "--steps", "1"], ["/definitely/not/here.jsonl"]),
-    ("train-bad-json", ["train", "--model", "{model}", "--data", "{tmp}/badjson.jsonl", "-o", "{tmp}/run",
-                        "--steps", "1"], ["badjson.jsonl:2"]),
+    ("train-bad-json", ["train", "--model", "{model}", "--data", "{tmp}/badrows.jsonl", "-o", "{tmp}/run",
+                        "--steps", "1"], ["badrows.jsonl:2"]),
     ("mine-missing-data", ["mine", "-t", "{model}", "--data", "{tmp}/nope.jsonl", "-o", "{tmp}/m.jsonl"],
      ["nope.jsonl"]),
     ("report-missing-dir", ["report", "{tmp}/no-results"], ["no-results"]),

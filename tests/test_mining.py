@@ -181,14 +181,8 @@ def test_rows_and_corpus_files_round_trip(tmp_path):
 
 
 def test_mine_command(tmp_path, monkeypatch):
-    import typer
-
     import lmembed
-    from lmembed.cli_mine import register
-
-    app = typer.Typer()
-    app.callback()(lambda: None)  # a group, so that "mine" is a sub-command as under `lmembed`
-    register(app)
+    from lmembed.cli import app
     data = write_rows(ROWS, tmp_path / "train.jsonl")
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(CORPUS.values()))

@@ -203,7 +203,7 @@ def test_duplicate_source_names_are_made_unique(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- config
 def test_config_yaml_round_trip_and_cli_override(tmp_path):
-    from lmembed.cli_train import build_config
+    from lmembed.cli.train import build_config
 
     cfg = TrainConfig(model="minilm", data=["a.jsonl", {"path": "b", "weight": 2.0}], similarity="cos", steps=7)
     path = tmp_path / "run.yaml"

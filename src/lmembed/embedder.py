@@ -142,7 +142,12 @@ class Embedder:
         """
         saved = _read_saved(name_or_path)
         backbone = load_backbone(
-            name_or_path, dtype=dtype, device=device, attn_implementation=attn_implementation, quantize=quantize
+            name_or_path,
+            dtype=dtype,
+            device=device,
+            attn_implementation=attn_implementation,
+            quantize=quantize,
+            exact_tokenizer=saved is not None,
         )
         if saved:
             _check_saved_kind(name_or_path, saved, backbone)

@@ -27,17 +27,6 @@ from typing import Any, TypeVar
 
 from lmembed.io import CORPUS_FILE, QRELS_DIR, QUERIES_FILE
 
-#: MTEB's task types, in the order reports list them.
-TASK_TYPE_NAMES = (
-    "Retrieval",
-    "Reranking",
-    "Clustering",
-    "PairClassification",
-    "Classification",
-    "STS",
-    "Summarization",
-)
-
 #: NV-Embed / E5-mistral use one definition for every STS task (and training's STS converter uses it too).
 STS_INSTRUCTION = "Retrieve semantically similar text."
 
@@ -57,12 +46,12 @@ class TaskSpec:
     the keyword arguments the task type's ``from_path`` takes beyond name, split and instruction
     (``samples_per_label``, ``subset``, ``ignore_identical_ids``, ``mteb_dataset_revision`` ...).
     ``extra_splits`` are further splits the task reads (classification's ``train``). ``aliases``
-    are other spellings accepted by name lookups (lower case). ``instruction`` is the task
+    are other spellings accepted by name lookups (case-insensitive). ``instruction`` is the task
     definition of NV-Embed's evaluation table (also E5-mistral's).
     """
 
     name: str
-    task_type: str
+    task_type: str  # an MTEB task-type name, a key of lmembed.evaluation.tasks.TASK_TYPES
     path: str | None = None
     split: str = "test"
     settings: Mapping[str, Any] = field(default_factory=dict)
@@ -70,10 +59,6 @@ class TaskSpec:
     aliases: tuple[str, ...] = ()
     instruction: str | None = None
     note: str = ""
-
-    def __post_init__(self) -> None:
-        if self.task_type not in TASK_TYPE_NAMES:
-            raise ValueError(f"{self.name}: unknown task type {self.task_type!r}; known: {', '.join(TASK_TYPE_NAMES)}")
 
     @property
     def short_name(self) -> str | None:
@@ -107,7 +92,7 @@ class TaskSpec:
         short = lower
         for suffix in _TYPE_SUFFIXES:
             short = short.removesuffix(suffix)
-        keys = {lower, short, short.replace("-", ""), *self.aliases}
+        keys = {lower, short, short.replace("-", ""), *(alias.lower() for alias in self.aliases)}
         if self.short_name:
             keys.add(self.short_name)
         return keys
@@ -419,7 +404,7 @@ def _locations() -> dict[str, str]:
 
 
 def _aliases() -> dict[str, str]:
-    return {alias: spec.short_name for spec in TASKS.values() if spec.short_name for alias in spec.aliases}
+    return {alias.lower(): spec.short_name for spec in TASKS.values() if spec.short_name for alias in spec.aliases}
 
 
 def _instructions() -> dict[str, str]:

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
-from lmembed.cli import cache, encode, evaluate, mine, models, train
-from lmembed.cli.boundary import DEBUG_ENV, GuardedGroup
+from lmembed.cli import cache, encode, evaluate, index, mine, models, serve, train
+from lmembed.cli.boundary import GuardedGroup
+from lmembed.paths import DEBUG_ENV_VAR
 
 app = typer.Typer(
     cls=GuardedGroup,
@@ -20,7 +21,7 @@ app = typer.Typer(
 @app.callback()
 def root(
     debug: Annotated[
-        bool, typer.Option("--debug", envvar=DEBUG_ENV, help="Show the full traceback when a command fails.")
+        bool, typer.Option("--debug", envvar=DEBUG_ENV_VAR, help="Show the full traceback when a command fails.")
     ] = False,
 ) -> None:
     """lmembed: turn language models into text-embedding models; extract, train, evaluate."""
@@ -34,6 +35,9 @@ app.command("sweep")(evaluate.sweep)
 app.command("report")(evaluate.report)
 app.command("train")(train.train)
 app.command("mine")(mine.mine)
+app.add_typer(index.app, name="index")
+app.command("search")(index.search)
+app.command("serve")(serve.serve)
 
 
 def main() -> None:  # pragma: no cover - the console-script entry point

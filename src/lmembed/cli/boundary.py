@@ -11,18 +11,16 @@ model, a missing file), 1 for anything else (a bug: the message says so and how 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-import click
+import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from lmembed.errors import LmembedError
-
-DEBUG_ENV = "LMEMBED_DEBUG"
+from lmembed.paths import DEBUG_ENV_VAR, debug_from_env
 #: Most lines of an error message shown (a message that lists the places it looked may be long).
 MAX_LINES = 12
 
@@ -32,13 +30,13 @@ USER_ERRORS: tuple[type[BaseException], ...] = (LmembedError, ValueError, Lookup
 _console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def debug_enabled(ctx: click.Context | None = None) -> bool:
+def debug_enabled(ctx: typer.Context | None = None) -> bool:
     """True when ``--debug`` was given to the root command or ``LMEMBED_DEBUG`` is set to a true value."""
     while ctx is not None:
         if ctx.params.get("debug"):
             return True
         ctx = ctx.parent
-    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return debug_from_env()
 
 
 def describe(exc: BaseException) -> str:
@@ -65,34 +63,34 @@ def report(exc: BaseException) -> int:
     for line in lines[1:]:
         _console.print(escape(line))
     hint = "" if status == 2 else " (please report it)"
-    _console.print(f"[dim]run with --debug or {DEBUG_ENV}=1 for the traceback{hint}[/dim]")
+    _console.print(f"[dim]run with --debug or {DEBUG_ENV_VAR}=1 for the traceback{hint}[/dim]")
     return status
 
 
-def guarded(ctx: click.Context, call: Callable[[], Any]) -> Any:
-    """Run ``call``; turn any exception that is not click's own into a message and an exit status."""
+def guarded(ctx: typer.Context, call: Callable[[], Any]) -> Any:
+    """Run ``call``; turn any exception that is not typer's own into a message and an exit status."""
     try:
         return call()
-    except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-        raise  # click prints these itself (usage + "Invalid value for '--x'")
+    except (typer.TyperException, typer.Exit, typer.Abort):
+        raise  # typer prints these itself (usage + "Invalid value for '--x'"), or they are a normal exit
     except KeyboardInterrupt:
         _console.print("[yellow]interrupted[/yellow]")
-        raise click.exceptions.Exit(130) from None
+        raise typer.Exit(130) from None
     except Exception as exc:
         if debug_enabled(ctx):
             raise
-        raise click.exceptions.Exit(report(exc)) from None
+        raise typer.Exit(report(exc)) from None
 
 
 class GuardedGroup(TyperGroup):
     """The root command group: every sub-command runs inside the boundary."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         return guarded(ctx, lambda: super(GuardedGroup, self).invoke(ctx))
 
 
 class GuardedCommand(TyperCommand):
     """A single command run on its own (``python -m lmembed.cli.train``), inside the boundary."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         return guarded(ctx, lambda: super(GuardedCommand, self).invoke(ctx))

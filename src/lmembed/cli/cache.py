@@ -8,21 +8,22 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from lmembed.encoding.cache import cache_size, clear_cache, default_cache_dir
+from lmembed.encoding.cache import cache_size, clear_cache
+from lmembed.paths import embedding_cache_dir
 
 app = typer.Typer(help="Inspect or clear the embedding cache.", no_args_is_help=True)
-DirectoryOpt = Annotated[Path | None, typer.Option(help="Cache folder (default: $LMEMBED_CACHE).")]
+DirectoryOpt = Annotated[Path | None, typer.Option(help="Cache folder (default: $LMEMBED_CACHE, else $LMEMBED_HOME/embeddings).")]
 
 
 @app.command("clear")
 def clear(directory: DirectoryOpt = None) -> None:
     """Delete every cached embedding."""
     removed = clear_cache(directory)
-    Console(stderr=True).print(f"removed {removed} cache shard(s) from {directory or default_cache_dir()}")
+    Console(stderr=True).print(f"removed {removed} cache shard(s) from {directory or embedding_cache_dir()}")
 
 
 @app.command("info")
 def info(directory: DirectoryOpt = None) -> None:
     """Show where the cache is and how big it is."""
     files, size = cache_size(directory)
-    Console(stderr=True).print(f"{directory or default_cache_dir()}: {files} shard(s), {size / 2**20:.1f} MiB")
+    Console(stderr=True).print(f"{directory or embedding_cache_dir()}: {files} shard(s), {size / 2**20:.1f} MiB")

@@ -26,7 +26,7 @@ from lmembed.cli.options import (
     load_embedder,
     model_options,
 )
-from lmembed.cli_eval import _instruction_lookup, _print_suite_summary, _tasks, run_main_job
+from lmembed.evaluation.main_job import MAIN_JOB_METRICS, resolve_eval_tasks, run_main_job, suite_summary_lines
 from lmembed.evaluation.report import render_report
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
 from lmembed.evaluation.sweep import run_sweep
@@ -62,7 +62,8 @@ def eval_command(
     max_length: MaxLenOpt = None,
     task_type: Annotated[str | None, typer.Option(help="Force the task type of --data directories.")] = None,
     instructions: Annotated[
-        str | None, typer.Option(help="Per-task query instructions: 'nv-embed' or 'e5' (default: none).")
+        str | None,
+        typer.Option(help="Per-task instructions from a named table: 'nv-embed' or 'e5-mistral' (default: none)."),
     ] = None,
     output: OutputDirOpt = Path("results"),
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
@@ -73,24 +74,32 @@ def eval_command(
     """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job."""
     check_writable(output, "--output", folder=True)
     if not model and not data and not suite:
-        run_main_job(output, batch_size)
+        _main_job(output, batch_size)
         return
     options = model_options(locals())
-    tasks, missing = _tasks(data, suite, task_type, instructions)
-    instruction_for = _instruction_lookup(instructions)
+    tasks, missing = resolve_eval_tasks(data, suite, task_type, instructions)  # tasks carry their instructions
     results = []
     for name in model or ["minilm"]:
         emb = load_embedder(name, **options)
         configs = expand_grid(emb.config, parse_grid(grid or [], emb.backbone.num_layers))
         console.print(f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)")
-        results += evaluate_strategies(emb, tasks, configs, batch_size=batch_size, instruction_for=instruction_for)
+        results += evaluate_strategies(emb, tasks, configs, batch_size=batch_size)
     write_all(results, output)
     out_console.print(results_table(results))
     if suite:
-        _print_suite_summary(results)
+        for line in suite_summary_lines(results):
+            out_console.print(line)
     if missing:
         console.print(f"[yellow]not scored (data absent)[/]: {', '.join(missing)}")
     console.print(f"results written under {output}/")
+
+
+def _main_job(output: Path, batch_size: int) -> None:
+    console.print("[bold]lmembed main job[/]: bundled models on SciFact (cached embeddings make re-runs fast)")
+    results = run_main_job(output, batch_size, progress=console.print)
+    out_console.print(results_table(results, metrics=MAIN_JOB_METRICS))
+    console.print(f"results written under {output}/ (render with `lmembed report {output}`)")
+    console.print("evaluate your own BEIR folder: lmembed eval --model minilm --data path/to/folder")
 
 
 def sweep(

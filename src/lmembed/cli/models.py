@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from lmembed.models.bundled import list_bundled, lmembed_home
+from lmembed.models.bundled import list_bundled
+from lmembed.paths import models_dir
 
 COLUMNS = ("name", "hub_id", "installed", "converted", "description")
 
@@ -23,4 +24,4 @@ def models() -> None:
     for row in rows:
         if row["installed"] == "no":
             err.print(f"[yellow]{row['name']}[/]: install with `{row['install']}`")
-    err.print(f"converted models live in {lmembed_home() / 'models'}")
+    err.print(f"converted models live in {models_dir()}")

@@ -3,7 +3,7 @@ that turn them into library objects.
 
 Every command that takes ``--batch-size``, ``--device``, ``--pooling`` ... uses the type defined here, so
 the same value is accepted or refused with the same message everywhere (``min=1`` ranges are checked by
-click before any work starts).
+typer before any work starts).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from torch import nn
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, text_key
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
-from lmembed.models.attention import configure_attention, mask_for
+from lmembed.models.attention import configure_attention, configured_mode, mask_for
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
 from lmembed.pooling.poolers import STATELESS_POOLERS
@@ -132,7 +132,6 @@ class EncodingEngine:
         self.use_cache = use_cache
         self.padding_side = padding_side or ("left" if backbone.is_decoder else "right")
         self.show_progress = show_progress
-        self._verified_modes: set[str] = set()
         self.cache_flush_rows = CACHE_FLUSH_ROWS
         self.cache_flush_seconds = CACHE_FLUSH_SECONDS
         forward_params = inspect.signature(backbone.model.forward).parameters
@@ -271,10 +270,10 @@ class EncodingEngine:
                     on_batch(batch.rows)
 
     def _prepare_attention(self, mode: str) -> None:
-        if not self.backbone.is_decoder or mode in self._verified_modes:
+        # The mode lives on the model: several engines (Embedders) may share one model and switch it.
+        if not self.backbone.is_decoder or configured_mode(self.backbone.model) == mode:
             return
         configure_attention(self.backbone.model, mode, verify=True)
-        self._verified_modes = {mode}
 
     def forward_pool(
         self,

@@ -52,6 +52,7 @@ NV_EMBED_INSTRUCTIONS: Mapping[str, str] = task_instructions()
 INSTRUCTION_SETS: dict[str, Mapping[str, str]] = {
     "nv-embed": NV_EMBED_INSTRUCTIONS,
     "e5-mistral": NV_EMBED_INSTRUCTIONS,
+    "e5": NV_EMBED_INSTRUCTIONS,
 }
 
 QUERY_ONLY_TASK_TYPES = frozenset({"Retrieval", "Reranking"})

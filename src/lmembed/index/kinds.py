@@ -102,10 +102,16 @@ class IndexParams:
             raise ConfigError(f"{', '.join(unknown)} cannot change after the build; only {', '.join(SEARCH_PARAMS)}")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
-    def resolved(self, n: int, dim: int) -> IndexParams:
-        """Data-dependent defaults filled in for ``n`` training vectors of ``dim`` dimensions."""
+    def check_dim(self, dim: int) -> None:
+        """Refuse parameters that cannot work for ``dim``-dimensional vectors (before any encoding)."""
         if self.kind == "binary" and dim % 8:
             raise ConfigError(f"kind='binary' needs a dimension that is a multiple of 8; this index has {dim}")
+        if self.kind == "ivf-pq" and self.pq_m is not None and dim % self.pq_m:
+            raise ConfigError(f"pq_m={self.pq_m} must divide the dimension {dim}")
+
+    def resolved(self, n: int, dim: int) -> IndexParams:
+        """Data-dependent defaults filled in for ``n`` training vectors of ``dim`` dimensions."""
+        self.check_dim(dim)
         if self.kind != "ivf-pq":
             return self
         if n < 2:
@@ -114,8 +120,6 @@ class IndexParams:
         if nlist > n:
             raise ConfigError(f"nlist={nlist} is more than the {n} documents to train on")
         pq_m = self.pq_m or _default_pq_m(dim)
-        if dim % pq_m:
-            raise ConfigError(f"pq_m={pq_m} must divide the dimension {dim}")
         pq_bits = min(self.pq_bits, max(1, int(math.log2(n))))  # k-means needs 2^bits points at least
         return replace(self, nlist=nlist, pq_m=pq_m, pq_bits=pq_bits)
 
@@ -253,11 +257,9 @@ class FaissIndex(VectorIndex):
         return order_hits(scores, rows, k)
 
     def save(self, folder: Path, stem: str) -> dict[str, str]:
-        name = f"{stem}.faiss"
-        if self.index is None:
-            self.index = self._create(0) if self.params.kind != "ivf-pq" else None
-        if self.index is None:
+        if self.index is None:  # nothing added yet (an ivf-pq index cannot exist before its training data)
             return {}
+        name = f"{stem}.faiss"
         faiss.write_index(self.index, str(folder / name))
         _fsync(folder / name)
         return {"vectors": name}
@@ -272,11 +274,7 @@ class FaissIndex(VectorIndex):
         return cls(params, dim, index)
 
     def memory_bytes(self) -> int:
-        if self.index is None:
-            return 0
-        return int(faiss.serialize_index(self.index).nbytes) if self.ntotal < 200_000 else self._estimate()
-
-    def _estimate(self) -> int:
+        """Approximate: the vectors or codes, plus the graph links or the list ids and centroids."""
         n, d, p = self.ntotal, self.dim, self.params
         if p.kind == "flat":
             return n * d * 4

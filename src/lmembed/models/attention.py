@@ -31,6 +31,7 @@ BIDIRECTIONAL_FAMILIES: dict[str, str] = {
     "gemma3_text": "Gemma 3",
 }
 SUPPORTED_IMPLEMENTATIONS = ("eager", "sdpa")
+_MODE_ATTRIBUTE = "_lmembed_attention_mode"
 
 
 class AttentionError(LmembedError, RuntimeError):
@@ -103,9 +104,20 @@ def verify_attention(model: nn.Module, mode: str) -> None:
 
 
 def configure_attention(model: nn.Module, mode: str, *, verify: bool = True) -> None:
-    """Put a decoder into ``mode`` (``causal`` or ``bidirectional``) and check that it took."""
+    """Put a decoder into ``mode`` (``causal`` or ``bidirectional``) and check that it took.
+
+    The mode is recorded on the model itself (see :func:`configured_mode`), so every Embedder that shares
+    the model knows when another one has switched it.
+    """
     if mode == "bidirectional":
         check_bidirectional_supported(model)
+    setattr(model, _MODE_ATTRIBUTE, None)  # unknown until the switch is complete (and verified)
     set_causal_flags(model, causal=(mode == "causal"))
     if verify:
         verify_attention(model, mode)
+    setattr(model, _MODE_ATTRIBUTE, mode)
+
+
+def configured_mode(model: nn.Module) -> str | None:
+    """The mode :func:`configure_attention` last put ``model`` in; None if it never did (native state)."""
+    return getattr(model, _MODE_ATTRIBUTE, None)

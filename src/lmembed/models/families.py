@@ -35,8 +35,10 @@ from lmembed.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-# The first token's state may move by this much (relative to its size) and still count as unmoved.
-CAUSAL_TOLERANCE = 1e-4
+# The first token's state may move by this much (relative to its size) and still count as unmoved. Causal
+# models give exactly 0 (the first token's computation is the same in both rows); tiny random encoders
+# give 1e-4 and more, real ones far more.
+CAUSAL_TOLERANCE = 1e-5
 PROBE_LENGTH = 5
 _REMEMBERED = "_lmembed_is_decoder"
 
@@ -120,27 +122,52 @@ def probe_ids(model: nn.Module, device: torch.device) -> torch.Tensor:
     return torch.tensor([spread, [*spread[:-1], other]], device=device)
 
 
-def first_token_change(model: nn.Module, attention_mask: torch.Tensor | None = None) -> float:
-    """Relative change of the first token's final state when only the last token changes.
-
-    ``attention_mask`` defaults to a plain 2-D mask of ones, i.e. the model's native attention. Zero (up
-    to float noise) means the first token ignores later tokens: causal attention.
-    """
+def _probe(model: nn.Module, attention_mask: torch.Tensor | None, hidden_states: bool) -> Any:
     param = next(model.parameters())
     ids = probe_ids(model, param.device)
     kwargs: dict[str, Any] = {
         "input_ids": ids,
         "attention_mask": torch.ones_like(ids) if attention_mask is None else attention_mask,
     }
+    if hidden_states:
+        kwargs["output_hidden_states"] = True
     if "use_cache" in forward_parameters(model):
         kwargs["use_cache"] = False
     with torch.inference_mode():
-        out = model(**kwargs)
+        return model(**kwargs)
+
+
+def _first_token_change(out: Any) -> float:
     states = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     first = states[:, 0].float()
     delta = float((first[0] - first[1]).abs().max())
     scale = max(1.0, float(first.abs().max()))
     return delta / scale
+
+
+def first_token_change(model: nn.Module, attention_mask: torch.Tensor | None = None) -> float:
+    """Relative change of the first token's final state when only the last token changes.
+
+    ``attention_mask`` defaults to a plain 2-D mask of ones, i.e. the model's native attention. Zero (up
+    to float noise) means the first token ignores later tokens: causal attention.
+    """
+    return _first_token_change(_probe(model, attention_mask, hidden_states=False))
+
+
+def _check_hidden_states(model: nn.Module, out: Any) -> None:
+    """The engine pools ``hidden_states[layer]``: one (batch, tokens, hidden) tensor per layer, plus the
+    embeddings. A model that returns anything else would be pooled from the wrong place."""
+    config = model.config
+    expected = (2, PROBE_LENGTH, int(config.hidden_size))
+    states = getattr(out, "hidden_states", None)
+    shapes = [tuple(s.shape) for s in states] if states is not None else None
+    if shapes is None or len(shapes) != int(config.num_hidden_layers) + 1 or any(s != expected for s in shapes):
+        found = "none" if shapes is None else f"{len(shapes)} of shapes {sorted(set(shapes))}"
+        raise ModelLoadError(
+            f"model_type={getattr(config, 'model_type', '?')!r} ({type(model).__name__}) does not return "
+            f"num_hidden_layers + 1 = {int(config.num_hidden_layers) + 1} hidden states of shape (batch, tokens, "
+            f"{config.hidden_size}) (found {found}); lmembed cannot pool from it"
+        )
 
 
 def detect_kind(model: nn.Module) -> ModelKind:
@@ -154,7 +181,7 @@ def detect_kind(model: nn.Module) -> ModelKind:
     was_training = model.training
     model.eval()
     try:
-        change = first_token_change(model)
+        out = _probe(model, None, hidden_states=True)
     except ModelLoadError:
         raise
     except Exception as exc:  # any failure here means the engine could not run the model either
@@ -165,6 +192,8 @@ def detect_kind(model: nn.Module) -> ModelKind:
         ) from exc
     finally:
         model.train(was_training)
+    _check_hidden_states(model, out)
+    change = _first_token_change(out)
     kind = ModelKind(is_decoder=change <= CAUSAL_TOLERANCE, first_token_change=change, config_says_decoder=stated)
     if stated is not None and stated != kind.is_decoder:
         log.info(
@@ -176,5 +205,5 @@ def detect_kind(model: nn.Module) -> ModelKind:
             change,
             "a decoder" if kind.is_decoder else "an encoder",
         )
-    object.__setattr__(model, _REMEMBERED, kind)
+    setattr(model, _REMEMBERED, kind)
     return kind

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,11 +114,15 @@ def load_backbone(
     attn_implementation: str | None = "sdpa",
     trust_remote_code: bool = False,
     quantize: str | None = None,
+    exact_tokenizer: bool = False,
 ) -> Backbone:
     """Load model and tokenizer; the model is the base transformer (no LM head), in eval mode.
 
     ``quantize="int8"`` applies PyTorch dynamic int8 quantisation to every Linear layer (CPU
     inference only): weights are stored in int8 and activations quantised on the fly.
+
+    ``exact_tokenizer=True`` (for directories lmembed saved itself) loads the tokenizer class recorded in
+    ``tokenizer_config.json`` rather than the one transformers associates with the model type.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
@@ -138,7 +143,11 @@ def load_backbone(
         kwargs.pop("attn_implementation")
         model = AutoModel.from_pretrained(path, config=config, **kwargs)
     model.to(torch_device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tokenizer = None
+    if exact_tokenizer:
+        tokenizer = load_recorded_tokenizer(path)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     fingerprint = None
     if quantize is not None:
         model, fingerprint = quantize_int8(model, quantize, torch_device)
@@ -152,6 +161,32 @@ def load_backbone(
         device=torch_device,
         _fingerprint=fingerprint,
     )
+
+
+def load_recorded_tokenizer(path: str) -> Any | None:
+    """The tokenizer of a saved directory, loaded with exactly the class its ``tokenizer_config.json`` names.
+
+    ``AutoTokenizer`` prefers the class transformers registers for some model types (Qwen2, ...) over the
+    recorded one, which for a tokenizer lmembed saved itself gives different token ids; None when the
+    file names no class transformers knows, or custom code (``auto_map``) is involved.
+    """
+    # lazy: transformers is heavy and only needed once a model is loaded
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    config_file = Path(path) / "tokenizer_config.json"
+    if not config_file.exists():
+        return None
+    try:
+        recorded = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_file}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+    name = recorded.get("tokenizer_class")
+    if not isinstance(name, str) or "auto_map" in recorded:
+        return None
+    tokenizer_class = tokenizer_class_from_name(name) or tokenizer_class_from_name(name.removesuffix("Fast"))
+    if tokenizer_class is None:
+        return None
+    return tokenizer_class.from_pretrained(path)
 
 
 # Linear layers fed by the FFN activation carry large outliers; int8 there costs the most accuracy.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -105,10 +105,7 @@ def encode_symmetric(
     return as_matrix(encoder.encode_corpus(texts, batch_size=batch_size))
 
 
-def encode_unique(
-    encode: Any,
-    texts: Sequence[str],
-) -> np.ndarray:
+def encode_unique(encode: Callable[[list[str]], np.ndarray], texts: Sequence[str]) -> np.ndarray:
     """Call ``encode(unique_texts)`` once per distinct text and expand back to ``texts``' order."""
     index: dict[str, int] = {}
     unique: list[str] = []

@@ -8,13 +8,13 @@ trainer data sources, or the lines of ``.txt`` files), ``pairs`` (query, first p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lmembed.io import iter_jsonl
 from lmembed.training.data import DataSource, TrainExample, load_source
 from lmembed.training.train_config import ObjectiveConfigError
 
@@ -46,13 +46,7 @@ class BatchStream:
 
 
 def _read_scored_pairs(path: Path) -> list[tuple[str, str, float]]:
-    pairs = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                row = json.loads(line)
-                pairs.append((str(row["sentence1"]), str(row["sentence2"]), float(row["score"])))
-    return pairs
+    return [(str(row["sentence1"]), str(row["sentence2"]), float(row["score"])) for _, row in iter_jsonl(path)]
 
 
 def _source_path(spec: Any) -> Path:

@@ -1,0 +1,322 @@
+"""``lmembed index build|add|info`` and ``lmembed search``: persistent FAISS indexes over an Embedder's vectors.
+
+    lmembed index build ../shared/datasets/beir/scifact -o scifact.index --model minilm --kind hnsw
+    lmembed index info scifact.index
+    lmembed search scifact.index "what causes cancer?" -k 5
+    lmembed search scifact.index --queries ../shared/datasets/beir/scifact -o run.jsonl   # + run.trec
+
+The index remembers its model and strategy; ``search`` and ``add`` load them from its manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lmembed.atomic import atomic_write_text
+from lmembed.cli.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    AttentionOpt,
+    BatchSizeOpt,
+    DeviceOpt,
+    DimOpt,
+    DtypeOpt,
+    EchoOpt,
+    InstructionOpt,
+    LayerOpt,
+    MaxLenOpt,
+    ModelOpt,
+    NoCacheOpt,
+    PoolingOpt,
+    check_writable,
+    load_embedder,
+    model_options,
+)
+
+if TYPE_CHECKING:  # lmembed.index imports FAISS; commands import it only when they run
+    from lmembed.index import Hit, Index
+
+app = typer.Typer(help="Build, inspect and extend persistent vector indexes (search them with `lmembed search`).")
+console = Console(stderr=True)
+
+KIND_DOC = (
+    "flat (exact, default), hnsw (graph), ivf-pq (compressed inverted lists), "
+    "binary (1 bit per dimension, rescored: 32x less memory)."
+)
+IndexDirArg = Annotated[Path, typer.Argument(help="The index folder.")]
+DataArg = Annotated[
+    Path,
+    typer.Argument(
+        help="Documents: a BEIR folder, a .jsonl file (_id/id, title, text; other fields kept as metadata) "
+        "or a text file (one document per line, id = line number)."
+    ),
+]
+ChunkOpt = Annotated[
+    int, typer.Option("--chunk-size", min=1, help="Documents per encoding call (each is cached when done).")
+]
+EfSearchOpt = Annotated[int | None, typer.Option("--ef-search", min=1, help="hnsw: candidates kept while searching.")]
+NprobeOpt = Annotated[int | None, typer.Option("--nprobe", min=1, help="ivf-pq: lists visited per query.")]
+RescoreMultOpt = Annotated[
+    int | None, typer.Option("--rescore-multiplier", min=1, help="binary: rescore k x this many candidates.")
+]
+TREC_SUFFIX = ".trec"
+RUN_SUFFIXES = (".jsonl", TREC_SUFFIX)
+SNIPPET = 100
+
+
+class _ProgressBar:
+    """A rich progress bar fed by the index's (done, total) callback."""
+
+    def __init__(self, label: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+        )
+        self.task = None
+
+    def __enter__(self) -> _ProgressBar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task("documents", total=total)
+        self.progress.update(self.task, completed=done)
+
+
+def build(
+    data: DataArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The index folder to create.")],
+    model: ModelOpt = "minilm",
+    kind: Annotated[str, typer.Option("--kind", help=KIND_DOC)] = "flat",
+    dim: DimOpt = None,
+    pooling: PoolingOpt = None,
+    layer: LayerOpt = None,
+    attention: AttentionOpt = None,
+    echo: EchoOpt = None,
+    max_length: MaxLenOpt = None,
+    hnsw_m: Annotated[int, typer.Option("--hnsw-m", min=2, help="hnsw: links per node.")] = 32,
+    ef_construction: Annotated[int, typer.Option("--ef-construction", min=1, help="hnsw: build beam width.")] = 200,
+    ef_search: Annotated[int, typer.Option("--ef-search", min=1, help="hnsw: search beam width.")] = 128,
+    nlist: Annotated[int | None, typer.Option("--nlist", min=1, help="ivf-pq: lists (default 4·√n).")] = None,
+    pq_m: Annotated[int | None, typer.Option("--pq-m", min=1, help="ivf-pq: sub-quantisers (default dim/8).")] = None,
+    nprobe: Annotated[int, typer.Option("--nprobe", min=1, help="ivf-pq: lists visited per query.")] = 16,
+    rescore: Annotated[str, typer.Option("--rescore", help="binary: float, int8 or none.")] = "float",
+    rescore_multiplier: Annotated[
+        int, typer.Option("--rescore-multiplier", min=1, help="binary: rescore k x this many candidates.")
+    ] = 4,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an index already in OUTPUT.")] = False,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    chunk_size: ChunkOpt = 2048,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    device: DeviceOpt = DEFAULT_DEVICE,
+    no_cache: NoCacheOpt = False,
+) -> None:
+    """Embed a corpus and write a searchable index folder (a re-run after an interruption reuses the cache)."""
+    from lmembed.index import Index, IndexParams, load_corpus  # lazy: FAISS loads only when a command runs
+
+    params = IndexParams(
+        kind=kind,
+        hnsw_m=hnsw_m,
+        ef_construction=ef_construction,
+        ef_search=ef_search,
+        nlist=nlist,
+        pq_m=pq_m,
+        nprobe=nprobe,
+        rescore=rescore,
+        rescore_multiplier=rescore_multiplier,
+    )
+    check_writable(output, "--output", folder=True)
+    docs = load_corpus(data)
+    emb = load_embedder(model, **model_options(locals()))
+    with _ProgressBar(f"indexing [{emb.config.label()}]") as bar:
+        index = Index.build(
+            emb,
+            docs,
+            output,
+            params=params,
+            batch_size=batch_size,
+            chunk_size=chunk_size,
+            overwrite=overwrite,
+            progress=bar,
+        )
+    console.print(
+        f"indexed {index.count} documents ({index.kind}, dim {index.dim}, {emb.config.label()}) into {output}"
+    )
+
+
+def add(
+    index_dir: IndexDirArg,
+    data: DataArg,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    chunk_size: ChunkOpt = 2048,
+    device: DeviceOpt = DEFAULT_DEVICE,
+    no_cache: NoCacheOpt = False,
+) -> None:
+    """Append documents to an index, embedded by the index's own model and strategy (ids must be new)."""
+    from lmembed.index import Index, load_corpus  # lazy: FAISS loads only when a command runs
+
+    index = Index.open(index_dir)
+    docs = load_corpus(data)
+    index.store.check_new(docs)  # refuse duplicate ids before the model loads
+    index.load_embedder(device=device, cache=not no_cache)
+    with _ProgressBar("adding") as bar:
+        added = index.add(docs, batch_size=batch_size, chunk_size=chunk_size, progress=bar)
+    console.print(f"added {added} documents to {index_dir} (now {index.count})")
+
+
+def info(
+    index_dir: IndexDirArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the manifest and sizes as JSON.")] = False,
+) -> None:
+    """Show what an index holds: kind, size, model, strategy, build parameters."""
+    from lmembed.index import Index  # lazy: FAISS loads only when a command runs
+
+    data = Index.open(index_dir).info()
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    table = Table(title=str(index_dir), show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    model = data["model"]
+    rows = {
+        "kind": data["kind"],
+        "documents": str(data["count"]),
+        "dimension": str(data["dim"]),
+        "similarity": data["similarity"],
+        "model": f"{model['name']} ({model['dtype']}, weights {model['fingerprint'][:16]})",
+        "model source": model["source"] or "(in memory: pass the Embedder to Index.open)",
+        "strategy": data["strategy_label"],
+        "parameters": ", ".join(f"{k}={v}" for k, v in data["params"].items() if k != "kind") or "-",
+        "memory": f"{data['memory_bytes'] / 2**20:.1f} MiB (approx.)",
+        "on disk": f"{data['disk_bytes'] / 2**20:.1f} MiB",
+        "updated": data["updated"],
+    }
+    for key, value in rows.items():
+        table.add_row(key, value)
+    Console().print(table)
+
+
+app.command("build")(build)
+app.command("add")(add)
+app.command("info")(info)
+
+
+# ---------------------------------------------------------------------------------------------- search
+def _open_for_search(
+    index_dir: Path, model: str | None, device: str, ef_search: int | None, nprobe: int | None, mult: int | None
+) -> Index:
+    from lmembed.index import Index  # lazy: FAISS loads only when a command runs
+
+    index = Index.open(index_dir, ef_search=ef_search, nprobe=nprobe, rescore_multiplier=mult)
+    if model is None:
+        index.load_embedder(device=device)
+        return index
+    emb = load_embedder(model, device=device, dtype=index.manifest.model.dtype, no_cache=True)
+    return Index.open(
+        index_dir, emb.with_config(index.manifest.config), ef_search=ef_search, nprobe=nprobe, rescore_multiplier=mult
+    )
+
+
+def _print_hits(query: str, hits: list[Hit]) -> None:
+    table = Table(title=f"{query!r}")
+    table.add_column("rank", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("id")
+    table.add_column("text")
+    for hit in hits:
+        text = hit.text if len(hit.text) <= SNIPPET else hit.text[: SNIPPET - 1] + "…"
+        table.add_row(str(hit.rank), f"{hit.score:.4f}", hit.id, text)
+    Console().print(table)
+
+
+def trec_lines(query_ids: list[str], results: list[list[Hit]], tag: str = "lmembed") -> list[str]:
+    """TREC run lines ``qid Q0 docid rank score tag`` (what trec_eval, pytrec_eval and ranx read)."""
+    lines = []
+    for query_id, hits in zip(query_ids, results, strict=True):
+        for hit in hits:
+            for value in (query_id, hit.id):
+                if not value or any(c.isspace() for c in value):
+                    raise ValueError(f"id {value!r} contains whitespace; a TREC run cannot hold it (use .jsonl)")
+            lines.append(f"{query_id} Q0 {hit.id} {hit.rank} {hit.score:.6f} {tag}")
+    return lines
+
+
+def write_run(output: Path, queries: list[tuple[str, str]], results: list[list[Hit]]) -> list[Path]:
+    """``.jsonl``: one ``{"query_id", "query", "hits": [{"rank", "id", "score"}]}`` row per query, plus the
+    same run in TREC format beside it (``.trec``); ``.trec``: the TREC file only. Written atomically."""
+    ids = [query_id for query_id, _ in queries]
+    trec = "\n".join(trec_lines(ids, results)) + "\n"
+    written = []
+    if output.suffix == ".jsonl":
+        rows = (
+            json.dumps(
+                {
+                    "query_id": query_id,
+                    "query": text,
+                    "hits": [{"rank": h.rank, "id": h.id, "score": h.score} for h in hits],
+                },
+                ensure_ascii=False,
+            )
+            for (query_id, text), hits in zip(queries, results, strict=True)
+        )
+        written.append(atomic_write_text(output, "\n".join(rows) + "\n"))
+        output = output.with_suffix(TREC_SUFFIX)
+    written.append(atomic_write_text(output, trec))
+    return written
+
+
+def search(
+    index_dir: IndexDirArg,
+    query: Annotated[str | None, typer.Argument(help="A query (or use --queries for a file of them).")] = None,
+    k: Annotated[int, typer.Option("-k", "--top-k", min=1, help="Results per query.")] = 10,
+    queries: Annotated[
+        Path | None,
+        typer.Option("--queries", help="Batch: a BEIR folder, a .jsonl file (_id/id, text) or a text file."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Batch run file: .jsonl (+ a .trec beside it) or .trec.")
+    ] = None,
+    instruction: InstructionOpt = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Load the model from here (checked against the index).")
+    ] = None,
+    ef_search: EfSearchOpt = None,
+    nprobe: NprobeOpt = None,
+    rescore_multiplier: RescoreMultOpt = None,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    device: DeviceOpt = DEFAULT_DEVICE,
+) -> None:
+    """Search an index with a query (a readable table) or a file of queries (a run file)."""
+    if (query is None) == (queries is None):
+        raise typer.BadParameter("give a QUERY or --queries FILE (one of them)", param_hint="QUERY")
+    if queries is not None and output is None:
+        raise typer.BadParameter("--queries needs --output run.jsonl (or run.trec)", param_hint="--output")
+    if output is not None:
+        if queries is None:
+            raise typer.BadParameter("--output is for batch search with --queries", param_hint="--output")
+        if output.suffix not in RUN_SUFFIXES:
+            raise typer.BadParameter(f"{output}: use a .jsonl or .trec file name", param_hint="--output")
+        check_writable(output, "--output")
+    from lmembed.index import load_queries  # lazy: FAISS loads only when a command runs
+
+    batch = load_queries(queries) if queries is not None else None
+    index = _open_for_search(index_dir, model, device, ef_search, nprobe, rescore_multiplier)
+    if batch is None:
+        _print_hits(query, index.search(query, k, instruction=instruction))
+        return
+    results = index.search_batch([text for _, text in batch], k, instruction=instruction, batch_size=batch_size)
+    written = write_run(output, batch, results)
+    console.print(f"searched {len(batch)} queries (top {k}); wrote {', '.join(map(str, written))}")

@@ -1,0 +1,106 @@
+"""``lmembed serve``: an OpenAI-compatible embedding server for any model or saved Embedder.
+
+    lmembed serve minilm --port 8080
+    lmembed serve ./my-embedder --index scifact.index --api-key "$KEY"
+
+Clients use the official ``openai`` package (``OpenAI(base_url="http://127.0.0.1:8080/v1")``) or plain
+HTTP; see ``lmembed.serving`` for the endpoints, fields and limits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lmembed.cli.options import (
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    AttentionOpt,
+    DeviceOpt,
+    DimOpt,
+    DtypeOpt,
+    EchoOpt,
+    LayerOpt,
+    MaxLenOpt,
+    PoolingOpt,
+    load_embedder,
+)
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def serve(
+    model: Annotated[str, typer.Argument(help="Bundled name, saved Embedder folder or Hub id.")],
+    index_dir: Annotated[
+        Path | None, typer.Option("--index", help="Serve /v1/search over this index (built with the same model).")
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="The name clients pass as `model` (default: MODEL).")
+    ] = None,
+    max_batch_tokens: Annotated[
+        int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward pass (texts x longest).")
+    ] = 16384,
+    max_request_bytes: Annotated[
+        int, typer.Option("--max-request-bytes", min=1, help="Largest request body; larger ones get 413.")
+    ] = 4 * 2**20,
+    max_concurrent_requests: Annotated[
+        int, typer.Option("--max-concurrent-requests", min=1, help="Requests handled at once; more get 429 at once.")
+    ] = 256,
+    max_inputs: Annotated[int, typer.Option("--max-inputs", min=1, help="Texts per request; more get 413.")] = 2048,
+    no_truncate: Annotated[
+        bool, typer.Option("--no-truncate", help="Refuse (400) texts longer than the model reads, do not cut them.")
+    ] = False,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="LMEMBED_API_KEY", help="Require 'Authorization: Bearer KEY' (else 401)."),
+    ] = None,
+    pooling: PoolingOpt = None,
+    layer: LayerOpt = None,
+    attention: AttentionOpt = None,
+    echo: EchoOpt = None,
+    dim: DimOpt = None,
+    max_length: MaxLenOpt = None,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    device: DeviceOpt = DEFAULT_DEVICE,
+    graceful_timeout: Annotated[
+        float, typer.Option("--graceful-timeout", min=0, help="Seconds requests in flight get to finish on shutdown.")
+    ] = 30.0,
+    log_level: Annotated[str, typer.Option("--log-level", help=", ".join(LOG_LEVELS))] = "info",
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
+) -> None:
+    """Serve MODEL_OR_DIR over HTTP: /v1/embeddings (OpenAI-compatible), /v1/search, /health, /metrics."""
+    if log_level not in LOG_LEVELS:
+        raise typer.BadParameter(f"{log_level!r}: choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    # lazy: FastAPI, uvicorn, FAISS and torch load only when the server starts, not for --help
+    from lmembed.index import Index
+    from lmembed.serving.app import create_app
+    from lmembed.serving.limits import Limits
+    from lmembed.serving.server import run
+
+    limits = Limits(
+        max_batch_tokens=max_batch_tokens,
+        max_request_bytes=max_request_bytes,
+        max_concurrent_requests=max_concurrent_requests,
+        max_inputs=max_inputs,
+        truncate=not no_truncate,
+        api_key=api_key,
+    )
+    index = Index.open(index_dir) if index_dir is not None else None  # a broken index fails before the model loads
+    embedder = load_embedder(
+        model,
+        pooling=pooling,
+        layer=layer,
+        attention=attention,
+        echo=echo,
+        dim=dim,
+        max_length=max_length,
+        dtype=dtype,
+        device=device,
+        no_cache=True,
+    )
+    app = create_app(embedder, model_name=served_model_name or model, index=index, limits=limits)
+    run(app, host=host, port=port, graceful_timeout=graceful_timeout, log_level=log_level, access_log=access_log)

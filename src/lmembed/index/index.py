@@ -1,0 +1,380 @@
+"""``Index``: an Embedder's vectors of a corpus, searchable, persisted as a folder.
+
+    >>> emb = Embedder.from_pretrained("minilm")
+    >>> index = Index.build(emb, "../shared/datasets/beir/scifact", "scifact.index", kind="hnsw")
+    >>> index.search("what causes cancer?", k=5)          # [Hit(id, score, text, metadata, rank), ...]
+    >>> Index.open("scifact.index").load_embedder()       # the model and strategy it was built with
+
+The folder holds the vectors (one of :mod:`lmembed.index.kinds`), the documents
+(:mod:`lmembed.index.store`) and ``manifest.json`` (:mod:`lmembed.index.manifest`). Documents are embedded
+with ``Embedder.encode_corpus`` in chunks of ``chunk_size`` texts, each chunk one call of the encoding
+engine, whose cache stores it: a build that was interrupted and is run again re-encodes only the chunks
+that had not finished. Queries are embedded with ``encode_queries`` by an Embedder that matches the
+manifest (weights and strategy), so they are never embedded differently from the documents.
+
+One writer at a time: a save refuses to overwrite a folder another process has changed since this
+Index read it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lmembed.index import kinds
+from lmembed.index.corpus import Document, load_corpus
+from lmembed.index.errors import IndexFormatError
+from lmembed.index.kinds import IndexParams, VectorIndex
+from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
+from lmembed.index.store import DocumentStore
+
+if TYPE_CHECKING:  # the Embedder pulls in torch
+    from lmembed.embedder import Embedder
+
+DEFAULT_CHUNK_SIZE = 2048
+LOCK_FILE = ".lock"
+GENERATION_FILE = re.compile(r"^g\d{6}\.")
+
+#: Receives (documents encoded so far, documents to encode) after each chunk.
+Progress = Callable[[int, int], None]
+CorpusLike = str | Path | Sequence[Document | tuple[str, str] | str]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: the document, its cosine similarity to the query and its rank (1-based)."""
+
+    id: str
+    score: float
+    text: str
+    rank: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def as_documents(corpus: CorpusLike, first_row: int = 0) -> list[Document]:
+    """Documents from a path (see :func:`load_corpus`), :class:`Document` objects, ``(id, text)`` pairs, or
+    plain strings (whose ids are their row numbers in the index, counting from ``first_row``)."""
+    if isinstance(corpus, str | Path):
+        return load_corpus(corpus)
+    docs = []
+    for i, item in enumerate(corpus):
+        if isinstance(item, Document):
+            docs.append(item)
+        elif isinstance(item, str):
+            docs.append(Document(str(first_row + i), item))
+        elif isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
+            docs.append(Document(item[0], item[1]))
+        else:
+            raise TypeError(f"corpus[{i}] is {type(item).__name__}; expected a Document, an (id, text) pair or a str")
+    return docs
+
+
+def encode_in_chunks(
+    embedder: Embedder, texts: Sequence[str], *, batch_size: int, chunk_size: int, progress: Progress | None = None
+) -> np.ndarray:
+    """``embedder.encode_corpus`` over ``chunk_size`` texts at a time (each chunk reaches the cache as soon
+    as it is done, so an interrupted run loses at most one chunk)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    out = np.empty((len(texts), embedder.dim), dtype=np.float32)
+    for start in range(0, len(texts), chunk_size):
+        stop = min(start + chunk_size, len(texts))
+        out[start:stop] = embedder.encode_corpus(texts[start:stop], batch_size=batch_size)
+        if progress is not None:
+            progress(stop, len(texts))
+    return out
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    with (folder / LOCK_FILE).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _check_target(path: Path, overwrite: bool) -> None:
+    """Refuse, before any encoding, a folder that cannot receive a new index."""
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path} exists and is not a folder")
+    if not path.is_dir():
+        return
+    if (path / MANIFEST_FILE).exists():
+        if not overwrite:
+            raise FileExistsError(f"{path} already holds an index; add documents to it, or overwrite it on purpose")
+    elif any(p.name != LOCK_FILE for p in path.iterdir()):
+        raise FileExistsError(f"{path} is a folder with other files in it; choose an empty or new folder")
+
+
+class Index:
+    """Vectors + documents + manifest; see the module doc."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        vectors: VectorIndex,
+        store: DocumentStore,
+        *,
+        path: Path | None = None,
+        embedder: Embedder | None = None,
+    ) -> None:
+        if vectors.ntotal != len(store):
+            raise IndexFormatError(f"{vectors.ntotal} vectors for {len(store)} documents")
+        self.manifest = manifest
+        self.vectors = vectors
+        self.store = store
+        self.path = path
+        self.embedder = embedder
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(
+        cls,
+        embedder: Embedder,
+        corpus: CorpusLike,
+        path: str | Path | None = None,
+        *,
+        kind: str = "flat",
+        dim: int | None = None,
+        params: IndexParams | None = None,
+        batch_size: int = 32,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        overwrite: bool = False,
+        progress: Progress | None = None,
+        **kind_params: Any,
+    ) -> Index:
+        """Embed ``corpus`` and index it; with ``path``, save the folder there.
+
+        ``kind`` and ``kind_params`` (``hnsw_m=``, ``ef_search=``, ``nlist=``, ``rescore=`` ... see
+        :class:`IndexParams`) or a ready ``params``. ``dim`` keeps the first ``dim`` dimensions
+        (Matryoshka): the strategy recorded, and used for queries, has that ``dim``.
+        """
+        if params is None:
+            params = IndexParams(kind=kind, **kind_params)
+        elif kind_params or kind != "flat":
+            raise TypeError("give either params= or kind=/index parameters, not both")
+        if dim is not None:
+            if dim > embedder.backbone.hidden_size:
+                raise ValueError(f"dim={dim} is more than the model's {embedder.backbone.hidden_size} dimensions")
+            embedder = embedder.with_config(embedder.config.with_options(dim=dim))
+        target = Path(path) if path is not None else None
+        if target is not None:
+            _check_target(target, overwrite)
+        params.check_dim(embedder.dim)  # refuse impossible parameters before the encoding starts
+        store = DocumentStore(as_documents(corpus))
+        vectors = kinds.create(params, embedder.dim)
+        if len(store):
+            vectors.add(
+                encode_in_chunks(embedder, store.texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress)
+            )
+        manifest = Manifest(
+            params=vectors.params,
+            dim=embedder.dim,
+            count=len(store),
+            model=describe_model(embedder),
+            strategy=embedder.config.to_dict(),
+        )
+        index = cls(manifest, vectors, store, embedder=embedder)
+        if target is not None:
+            index._write(target, replace_existing=overwrite)
+        return index
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        embedder: Embedder | None = None,
+        *,
+        ef_search: int | None = None,
+        nprobe: int | None = None,
+        rescore_multiplier: int | None = None,
+    ) -> Index:
+        """Reopen a saved index. An ``embedder`` is checked against the manifest (a mismatch is an
+        :class:`IndexMismatchError`); without one, :meth:`load_embedder` loads the index's own. The
+        query-time parameters may be changed here."""
+        path = Path(path)
+        manifest = Manifest.read(path)
+        manifest.params = manifest.params.with_search(
+            ef_search=ef_search, nprobe=nprobe, rescore_multiplier=rescore_multiplier
+        )
+        missing = [name for name in manifest.files.values() if not (path / name).is_file()]
+        if missing:
+            raise IndexFormatError(f"{path}: data file(s) missing: {', '.join(missing)}")
+        try:
+            vectors = kinds.load(path, manifest.files, manifest.params, manifest.dim)
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise IndexFormatError(f"{path}: cannot read the vectors ({exc})") from exc
+        store = DocumentStore.load(path / manifest.files["documents"])
+        if len(store) != manifest.count or vectors.ntotal != manifest.count:
+            raise IndexFormatError(
+                f"{path}: the manifest says {manifest.count} documents, the files hold {len(store)} documents "
+                f"and {vectors.ntotal} vectors"
+            )
+        if embedder is not None:
+            check_embedder(manifest, embedder, path)
+        return cls(manifest, vectors, store, path=path, embedder=embedder)
+
+    def load_embedder(self, *, device: str = "cpu", cache: bool = False, **options: Any) -> Embedder:
+        """Load the model the index was built with, read out with the index's strategy, and bind it.
+
+        ``cache=False`` by default: queries are not worth caching. Raises :class:`IndexMismatchError`
+        if the model at the recorded source has changed since the build."""
+        from lmembed.embedder import Embedder  # lazy: torch loads only when a model is needed
+
+        source = self.manifest.model.source
+        if source is None:
+            raise IndexFormatError(
+                f"index {self.path} was built with an in-memory model ({self.manifest.model.name}); "
+                "pass that Embedder to Index.open"
+            )
+        loaded = Embedder.from_pretrained(source, dtype=self.manifest.model.dtype, device=device, cache=cache, **options)
+        embedder = loaded.with_config(self.manifest.config)
+        check_embedder(self.manifest, embedder, self.path or "(in memory)")
+        self.embedder = embedder
+        return embedder
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def count(self) -> int:
+        return len(self.store)
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.dim
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.params.kind
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        where = f" at {self.path}" if self.path else ""
+        return f"Index({self.kind}, {self.count} documents, dim {self.dim}{where})"
+
+    def info(self) -> dict[str, Any]:
+        """The manifest plus sizes: what ``lmembed index info`` shows."""
+        data = self.manifest.to_dict()
+        data["path"] = str(self.path) if self.path else None
+        data["memory_bytes"] = self.vectors.memory_bytes()
+        if self.path:
+            data["disk_bytes"] = sum((self.path / name).stat().st_size for name in self.manifest.files.values())
+        return data
+
+    # ------------------------------------------------------------------ changes
+    def add(
+        self,
+        corpus: CorpusLike,
+        *,
+        batch_size: int = 32,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        progress: Progress | None = None,
+    ) -> int:
+        """Embed and append documents (saved at once when the index has a folder); returns how many.
+
+        An id the index already holds, or one given twice, is a :class:`DuplicateIdError` and nothing is
+        added."""
+        embedder = self._require_embedder()
+        docs = as_documents(corpus, first_row=self.count)
+        self.store.check_new(docs)
+        if not docs:
+            return 0
+        vectors = encode_in_chunks(
+            embedder, [d.text for d in docs], batch_size=batch_size, chunk_size=chunk_size, progress=progress
+        )
+        self.vectors.add(vectors)
+        self.store.extend(docs)
+        self.manifest.params = self.vectors.params
+        self.manifest.count = self.count
+        if self.path is not None:
+            self._write(self.path, replace_existing=True)
+        return len(docs)
+
+    def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the index to a folder (a new one, or its own: saving in place is what ``add`` does)."""
+        target = Path(path)
+        if self.path is None or target.resolve() != self.path.resolve():
+            _check_target(target, overwrite)
+        self._write(target, replace_existing=True)
+        return target
+
+    def _write(self, folder: Path, *, replace_existing: bool) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        with _locked(folder):
+            on_disk = Manifest.read(folder) if (folder / MANIFEST_FILE).exists() else None
+            if on_disk is not None:
+                if not replace_existing:
+                    raise FileExistsError(f"{folder} already holds an index")
+                ours = self.path is not None and folder.resolve() == self.path.resolve()
+                if ours and on_disk.generation != self.manifest.generation:
+                    raise IndexFormatError(
+                        f"{folder} was changed by another writer since it was opened (generation "
+                        f"{on_disk.generation}, this copy has {self.manifest.generation}); reopen it and retry"
+                    )
+            generation = (on_disk.generation if on_disk else 0) + 1
+            stem = f"g{generation:06d}"
+            files = {**self.vectors.save(folder, stem), **self.store.save(folder, stem)}
+            manifest = Manifest(**{**self.manifest.__dict__, "generation": generation, "files": files})
+            manifest.write(folder)
+            for stale in folder.iterdir():
+                if (GENERATION_FILE.match(stale.name) and stale.name not in files.values()) or stale.name.startswith(
+                    ".tmp-"
+                ):
+                    stale.unlink(missing_ok=True)
+        self.manifest = manifest
+        self.path = folder
+
+    # ------------------------------------------------------------------ search
+    def _require_embedder(self) -> Embedder:
+        if self.embedder is None:
+            raise ValueError("this Index has no Embedder: pass one to Index.open, or call load_embedder() first")
+        return self.embedder
+
+    def embed_queries(self, queries: Sequence[str], *, instruction: str | None = None, batch_size: int = 32):
+        """Query vectors, embedded as the index's strategy embeds queries (``encode_queries``)."""
+        return self._require_embedder().encode_queries(list(queries), instruction=instruction, batch_size=batch_size)
+
+    def search(self, query: str, k: int = 10, *, instruction: str | None = None) -> list[Hit]:
+        """The ``k`` documents most similar to one query."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}; use search_batch for several")
+        return self.search_batch([query], k, instruction=instruction)[0]
+
+    def search_batch(
+        self, queries: Sequence[str], k: int = 10, *, instruction: str | None = None, batch_size: int = 32
+    ) -> list[list[Hit]]:
+        """The ``k`` best documents of each query, in query order."""
+        vectors = self.embed_queries(queries, instruction=instruction, batch_size=batch_size)
+        return self.hits(*self.search_vectors(vectors, k))
+
+    def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, rows)`` for query vectors embedded elsewhere (they must be this index's kind of vector)."""
+        if k < 1:
+            raise ValueError(f"k={k} must be >= 1")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
+        return self.vectors.search(vectors, k)
+
+    def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[list[Hit]]:
+        """Search results as :class:`Hit` lists (misses dropped)."""
+        results = []
+        for score_row, index_row in zip(scores, rows, strict=True):
+            hits = []
+            for rank, (score, row) in enumerate(zip(score_row.tolist(), index_row.tolist(), strict=True), start=1):
+                if row < 0:
+                    break
+                doc = self.store.document(row)
+                hits.append(Hit(doc.id, score, doc.text, rank, doc.metadata))
+            results.append(hits)
+        return results

@@ -1,0 +1,195 @@
+"""The manifest of an index folder: what its vectors are, so nothing is ever searched with other ones.
+
+``manifest.json`` records the Embedder the vectors came from (where to reload it, the fingerprint of its
+weights, its dtype), its extraction strategy (``EmbeddingConfig.to_dict()``), the index kind and the
+build parameters actually used, the dimension and the count, and the names of the data files of the
+current *generation*. It is the folder's commit point: data files are written first under new
+generation names, then the manifest is replaced atomically, then the previous generation's files are
+removed. A crash at any moment leaves the folder at the old generation or the new one, never between.
+
+:func:`check_embedder` compares an Embedder with the manifest (weights fingerprint and the whole
+strategy) and refuses a mismatch with an :class:`IndexMismatchError` that names what differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmembed import __version__
+from lmembed.atomic import atomic_write_json
+from lmembed.config import EmbeddingConfig
+from lmembed.errors import ConfigError
+from lmembed.index.errors import IndexFormatError, IndexMismatchError
+from lmembed.index.kinds import IndexParams
+
+if TYPE_CHECKING:  # the Embedder pulls in torch; an index folder can be inspected without it
+    from lmembed.embedder import Embedder
+
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+SIMILARITY = "cosine"
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """The model an index's vectors came from.
+
+    ``source`` reloads it (a bundled name, an absolute folder, a Hub id); ``None`` for a model built in
+    memory, whose index can only be searched with the Embedder passed in. ``fingerprint`` hashes every
+    weight (and a trained pooling head's), as the embedding cache keys them.
+    """
+
+    source: str | None
+    name: str
+    fingerprint: str
+    is_decoder: bool
+    dtype: str
+
+
+def model_fingerprint(embedder: Embedder) -> str:
+    """The backbone's weights fingerprint, joined with a hash of a pooling head's weights if it has one."""
+    fingerprint = embedder.backbone.fingerprint()
+    head = embedder.pooling_head
+    if head is not None and embedder.config.pooling == "latent_attention":
+        digest = hashlib.blake2b(digest_size=16)
+        for name, tensor in sorted(head.state_dict().items()):
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            digest.update(tensor.detach().float().cpu().numpy().tobytes())
+        fingerprint += "-" + digest.hexdigest()
+    return fingerprint
+
+
+def describe_model(embedder: Embedder) -> ModelRecord:
+    backbone = embedder.backbone
+    source: str | None = backbone.name
+    if not backbone.path:
+        source = None
+    elif Path(backbone.name).is_dir():
+        source = str(Path(backbone.name).resolve())
+    return ModelRecord(
+        source=source,
+        name=backbone.name,
+        fingerprint=model_fingerprint(embedder),
+        is_decoder=bool(backbone.is_decoder),
+        dtype=str(backbone.dtype).removeprefix("torch."),
+    )
+
+
+def _plain(data: Any) -> Any:
+    """JSON-normalised (tuples become lists), so a strategy read from disk compares equal to a live one."""
+    return json.loads(json.dumps(data))
+
+
+@dataclass
+class Manifest:
+    """The contents of ``manifest.json`` (see the module doc)."""
+
+    params: IndexParams
+    dim: int
+    count: int
+    model: ModelRecord
+    strategy: dict[str, Any]
+    generation: int = 0
+    files: dict[str, str] = field(default_factory=dict)
+    created: str = ""
+    updated: str = ""
+    similarity: str = SIMILARITY
+    format: int = FORMAT_VERSION
+    lmembed_version: str = __version__
+
+    @property
+    def config(self) -> EmbeddingConfig:
+        return EmbeddingConfig.from_dict(self.strategy)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "kind": self.params.kind,
+            "params": self.params.to_dict(),
+            "dim": self.dim,
+            "count": self.count,
+            "similarity": self.similarity,
+            "model": asdict(self.model),
+            "strategy": _plain(self.strategy),
+            "strategy_label": self.config.label(),
+            "generation": self.generation,
+            "files": dict(self.files),
+            "created": self.created,
+            "updated": self.updated,
+            "lmembed_version": self.lmembed_version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_FILE) -> Manifest:
+        try:
+            if data.get("format") != FORMAT_VERSION:
+                raise IndexFormatError(f"{where}: format {data.get('format')!r} is not {FORMAT_VERSION}")
+            return cls(
+                params=IndexParams.from_dict(data["params"]),
+                dim=int(data["dim"]),
+                count=int(data["count"]),
+                model=ModelRecord(**data["model"]),
+                strategy=_plain(data["strategy"]),
+                generation=int(data["generation"]),
+                files=dict(data["files"]),
+                created=str(data.get("created", "")),
+                updated=str(data.get("updated", "")),
+                similarity=str(data.get("similarity", SIMILARITY)),
+                lmembed_version=str(data.get("lmembed_version", "")),
+            )
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            if isinstance(exc, IndexFormatError):
+                raise
+            raise IndexFormatError(f"{where}: not a valid lmembed index manifest ({exc!r})") from exc
+
+    @classmethod
+    def read(cls, folder: str | Path) -> Manifest:
+        path = Path(folder) / MANIFEST_FILE
+        if not path.is_file():
+            raise IndexFormatError(f"{folder} is not an lmembed index (no {MANIFEST_FILE}); build one first")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise IndexFormatError(f"{path}: damaged manifest ({exc})") from exc
+        if not isinstance(data, dict):
+            raise IndexFormatError(f"{path}: expected a JSON object")
+        return cls.from_dict(data, str(path))
+
+    def write(self, folder: str | Path) -> None:
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        self.created = self.created or now
+        self.updated = now
+        atomic_write_json(Path(folder) / MANIFEST_FILE, self.to_dict())
+
+
+def strategy_differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    """``field: index=… embedder=…`` for each strategy field that differs."""
+    expected, actual = _plain(expected), _plain(actual)
+    return [
+        f"{key}: index={expected.get(key)!r} embedder={actual.get(key)!r}"
+        for key in sorted(set(expected) | set(actual))
+        if expected.get(key) != actual.get(key)
+    ]
+
+
+def check_embedder(manifest: Manifest, embedder: Embedder, where: str | Path) -> None:
+    """Refuse an Embedder that would embed queries differently from the index's documents."""
+    problems = strategy_differences(manifest.strategy, embedder.config.to_dict())
+    fingerprint = model_fingerprint(embedder)
+    if fingerprint != manifest.model.fingerprint:
+        problems.insert(
+            0,
+            f"weights: index={manifest.model.name} ({manifest.model.fingerprint[:12]}) "
+            f"embedder={embedder.backbone.name} ({fingerprint[:12]})",
+        )
+    if problems:
+        raise IndexMismatchError(
+            f"index {where} was built with another model or strategy than this embedder; "
+            f"queries would be embedded unlike its documents. Differences: {'; '.join(problems)}. "
+            "Search it with the model and strategy it was built with (see `lmembed index info`), or rebuild it."
+        )

@@ -1,0 +1,224 @@
+"""The FastAPI application: :func:`create_app` serves one Embedder (and optionally one index).
+
+=========================== ==================================================================================
+endpoint                    what it does
+=========================== ==================================================================================
+``POST /v1/embeddings``     OpenAI-compatible embeddings (see :mod:`lmembed.serving.schemas` for the fields)
+``POST /v1/search``         query text(s) → ids, scores, texts of the loaded index (404 without an index)
+``GET /v1/models``          the served model, with its dimension and strategy
+``GET /health``             200 once warmed up (one forward pass done), 503 before and while shutting down
+``GET /metrics``            Prometheus metrics (:mod:`lmembed.serving.metrics`)
+=========================== ==================================================================================
+
+The server keeps its own encoding engine over the Embedder's backbone (no embedding cache: requests are
+not worth caching, and it must not write a cache shard per pass), reads out with the Embedder's strategy,
+and sends every text through the :class:`~lmembed.serving.batcher.TokenBudgetBatcher`. Shutdown is graceful:
+uvicorn stops accepting connections and lets requests in flight finish; then the batcher finishes every
+queued text before it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lmembed import __version__
+from lmembed.embedder import Embedder, postprocess
+from lmembed.encoding.engine import EncodingEngine
+from lmembed.index import Index
+from lmembed.index.manifest import check_embedder
+from lmembed.serving.batcher import TokenBudgetBatcher
+from lmembed.serving.errors import ApiError
+from lmembed.serving.limits import GuardMiddleware, Limits
+from lmembed.serving.metrics import ServerMetrics
+from lmembed.serving.schemas import embedding_body, parse_embedding_request, parse_json, parse_search_request
+from lmembed.serving.tokens import RequestTokenizer
+
+log = logging.getLogger(__name__)
+
+WARM_UP_TEXT = "warm-up"
+JSON = "application/json"
+
+
+class ServerState:
+    """Everything one app holds: the model, its batcher and tokenizer, the index, limits and metrics."""
+
+    def __init__(self, embedder: Embedder, model_name: str, index: Index | None, limits: Limits) -> None:
+        self.embedder = embedder
+        self.config = embedder.config
+        self.model_name = model_name
+        self.index = index
+        self.limits = limits
+        self.metrics = ServerMetrics()
+        self.engine = EncodingEngine(
+            embedder.backbone, pooling_head=embedder.pooling_head, use_cache=False, show_progress=False
+        )
+        self.batcher = TokenBudgetBatcher(
+            self.engine, self.config, max_batch_tokens=limits.max_batch_tokens, metrics=self.metrics
+        )
+        self.tokenizer = RequestTokenizer(embedder.backbone, self.config, truncate=limits.truncate)
+        self.created = int(time.time())
+        self.status = "starting"
+
+    @property
+    def served(self) -> set[str]:
+        return {self.model_name}
+
+    def instruction_for(self, input_type: str | None, instruction: str | None) -> str | None:
+        """Queries get the request's instruction or the strategy's; documents none (as ``encode_corpus``)."""
+        if input_type == "document":
+            return None
+        if input_type == "query":
+            return instruction or self.config.query_instruction
+        return instruction
+
+    async def embed(
+        self, texts: list[str], instruction: str | None, dimensions: int | None, field: str
+    ) -> tuple[np.ndarray, int]:
+        """Final vectors (as ``Embedder.encode`` returns them) and the number of tokens embedded."""
+        lengths = await self.tokenizer.count(texts, instruction, field)
+        raw = await self.batcher.embed(texts, lengths, instruction)
+        config = self.config if dimensions is None else self.config.with_options(dim=dimensions)
+        return postprocess(raw, config), sum(lengths)
+
+    async def warm_up(self) -> None:
+        try:
+            vectors, _ = await self.embed([WARM_UP_TEXT], None, None, "input")
+            if self.index is not None:
+                await asyncio.to_thread(self.index.search_vectors, vectors, 1)
+        except Exception:
+            self.status = "failed"
+            log.exception("warm-up failed; /health stays 503")
+            return
+        if self.status == "starting":
+            self.status = "ok"
+            log.info("ready: %s (%s, dim %d)", self.model_name, self.config.label(), self.embedder.dim)
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        await self.batcher.start()
+        warm_up = asyncio.create_task(self.warm_up())
+        try:
+            yield
+        finally:
+            self.status = "shutting_down"
+            await warm_up
+            await self.batcher.stop()
+            self.tokenizer.close()
+
+
+def _error_response(state: ServerState, error: ApiError) -> JSONResponse:
+    state.metrics.error(error.status, error.code)
+    headers = {"Retry-After": "1"} if error.status in (429, 503) else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def create_app(
+    embedder: Embedder,
+    *,
+    model_name: str | None = None,
+    index: Index | None = None,
+    limits: Limits | None = None,
+) -> FastAPI:
+    """The server application for ``embedder`` (served under ``model_name``, by default the model's name).
+
+    With an ``index``, ``/v1/search`` searches it; the index must have been built with this model and
+    strategy (an :class:`~lmembed.index.IndexMismatchError` otherwise).
+    """
+    if index is not None:
+        check_embedder(index.manifest, embedder, index.path or "(in memory)")
+    state = ServerState(embedder, model_name or embedder.name, index, limits or Limits())
+    app = FastAPI(title="lmembed", version=__version__, lifespan=state.lifespan)
+    app.state.lmembed = state
+    app.add_middleware(GuardMiddleware, limits=state.limits, metrics=state.metrics)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error_response(state, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error_response(state, ApiError(exc.status_code, f"{request.url.path}: {exc.detail}", code))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("request to %s failed", request.url.path)
+        return _error_response(state, ApiError(500, f"internal error ({type(exc).__name__}: {exc})", "internal_error"))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        req = parse_embedding_request(
+            parse_json(await request.body()),
+            served=state.served,
+            default_model=state.model_name,
+            max_inputs=state.limits.max_inputs,
+            dim=embedder.dim,
+        )
+        instruction = state.instruction_for(req.input_type, req.instruction)
+        vectors, tokens = await state.embed(req.texts, instruction, req.dimensions, "input")
+        state.metrics.tokens.inc(tokens)
+        body = await asyncio.to_thread(embedding_body, vectors, req.encoding_format, req.model, tokens)
+        return Response(body, media_type=JSON)
+
+    @app.post("/v1/search")
+    async def search(request: Request) -> Response:
+        if state.index is None:
+            raise ApiError(404, "no index is loaded; start the server with --index DIR", "no_index")
+        req = parse_search_request(
+            parse_json(await request.body()),
+            served=state.served,
+            default_model=state.model_name,
+            max_inputs=state.limits.max_inputs,
+            max_k=state.limits.max_top_k,
+        )
+        instruction = req.instruction or state.config.query_instruction
+        vectors, tokens = await state.embed(req.queries, instruction, None, "query")
+        scores, rows = await asyncio.to_thread(state.index.search_vectors, vectors, req.k)
+        data = [
+            {
+                "object": "search_result",
+                "index": i,
+                "query": query,
+                "hits": [
+                    {"rank": h.rank, "id": h.id, "score": h.score, "text": h.text, **({"metadata": h.metadata} if h.metadata else {})}
+                    for h in hits
+                ],
+            }
+            for i, (query, hits) in enumerate(zip(req.queries, state.index.hits(scores, rows), strict=True))
+        ]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse({"object": "list", "data": data, "model": req.model, "usage": usage})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "lmembed",
+            "dimensions": embedder.dim,
+            "max_input_tokens": state.tokenizer.max_length,
+            "strategy": state.config.label(),
+            "index": None if state.index is None else {"kind": state.index.kind, "documents": state.index.count},
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": state.status}, status_code=200 if state.status == "ok" else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    return app

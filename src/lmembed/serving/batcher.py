@@ -1,0 +1,199 @@
+"""Dynamic batching by a token budget: texts from many callers share forward passes.
+
+Requests put their texts in a queue, grouped by forward configuration (texts with different instructions
+cannot share a pass). One worker thread runs the passes, one at a time; while it runs, new texts queue
+up, so the next pass takes everything that fits. A pass is bounded by ``max_batch_tokens`` *padded*
+tokens (texts x the longest of them), not by a number of requests or texts.
+
+Which texts form the next pass: the oldest waiting text always goes (so none waits forever), with the
+group's other texts closest to it in length, as many as the budget allows (similar lengths waste little
+compute on padding). A single text longer than the budget goes alone.
+
+Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=...)`` with the
+pass's texts in arrival order, the call ``Embedder.encode`` makes: a served vector is the vector
+``Embedder.encode`` gives for the same texts in the same pass, bit for bit (for a request alone in its
+pass, that is ``Embedder.encode`` of the request's texts). Vectors are returned raw (before
+normalisation and Matryoshka truncation), so requests asking for different ``dimensions`` share passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import count
+
+import numpy as np
+
+from lmembed.config import EmbeddingConfig
+from lmembed.encoding.engine import EncodingEngine
+from lmembed.serving.errors import ApiError
+from lmembed.serving.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request's texts for one instruction, and where their vectors go."""
+
+    texts: Sequence[str]
+    future: asyncio.Future
+    out: np.ndarray
+    remaining: int
+
+
+@dataclass(eq=False)
+class _Item:
+    job: _Job
+    row: int
+    length: int
+    seq: int
+
+
+@dataclass
+class _Group:
+    """Waiting texts that can share a forward pass (same instruction), in arrival order."""
+
+    instruction: str | None
+    items: list[_Item] = field(default_factory=list)
+
+
+def select_window(lengths: Sequence[int], oldest: int, budget: int) -> list[int]:
+    """Positions (into ``lengths``) of the next pass: ``oldest`` plus the texts nearest to it in length,
+    as many as fit ``len(chosen) * max(length) <= budget``; ``oldest`` alone if even that does not fit."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    pos = order.index(oldest)
+    lo = hi = pos
+    target = lengths[oldest]
+    while True:
+        size = hi - lo + 2
+        left = lo - 1 if lo > 0 and size * lengths[order[hi]] <= budget else None
+        right = hi + 1 if hi + 1 < len(order) and size * lengths[order[hi + 1]] <= budget else None
+        if left is None and right is None:
+            break
+        if right is None or (left is not None and target - lengths[order[left]] <= lengths[order[right]] - target):
+            lo = left
+        else:
+            hi = right
+    return order[lo : hi + 1]
+
+
+class TokenBudgetBatcher:
+    """Queues texts and runs them through the engine in token-budgeted forward passes (see the module doc)."""
+
+    def __init__(
+        self,
+        engine: EncodingEngine,
+        config: EmbeddingConfig,
+        *,
+        max_batch_tokens: int,
+        metrics: ServerMetrics,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.max_batch_tokens = max_batch_tokens
+        self.metrics = metrics
+        self.hidden = engine.backbone.hidden_size
+        self._groups: dict[str | None, _Group] = {}
+        self._waiting = 0
+        self._seq = count()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-forward")
+        self.passes = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="lmembed-batcher")
+
+    async def stop(self) -> None:
+        """Finish every queued text, then stop the worker."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    # ------------------------------------------------------------------ requests
+    async def embed(self, texts: Sequence[str], lengths: Sequence[int], instruction: str | None) -> np.ndarray:
+        """Raw vectors ``(len(texts), hidden)`` of ``texts`` (whose token counts are ``lengths``)."""
+        if self._stopping or self._wake is None:
+            raise ApiError(503, "the server is shutting down", "shutting_down")
+        future = asyncio.get_running_loop().create_future()
+        job = _Job(texts, future, np.empty((len(texts), self.hidden), dtype=np.float32), len(texts))
+        if not texts:
+            return job.out
+        group = self._groups.setdefault(instruction, _Group(instruction))
+        group.items.extend(_Item(job, row, n, next(self._seq)) for row, n in enumerate(lengths))
+        self._waiting += len(texts)
+        self.metrics.queue_depth.set(self._waiting)
+        self._wake.set()
+        return await future
+
+    # ------------------------------------------------------------------ the worker
+    def _take(self) -> tuple[str | None, list[_Item]]:
+        """Remove and return the next pass's texts (see :func:`select_window`)."""
+        for key in list(self._groups):  # drop texts whose caller has gone away
+            group = self._groups[key]
+            live = [item for item in group.items if not item.job.future.done()]
+            self._waiting -= len(group.items) - len(live)
+            group.items = live
+            if not live:
+                del self._groups[key]
+        if not self._groups:
+            return None, []
+        group = min(self._groups.values(), key=lambda g: g.items[0].seq)
+        chosen = set(select_window([item.length for item in group.items], 0, self.max_batch_tokens))
+        batch = [item for i, item in enumerate(group.items) if i in chosen]
+        group.items = [item for i, item in enumerate(group.items) if i not in chosen]
+        if not group.items:
+            del self._groups[group.instruction]
+        self._waiting -= len(batch)
+        return group.instruction, batch
+
+    def _forward(self, texts: list[str], instruction: str | None) -> np.ndarray:
+        return self.engine.encode_raw(texts, [self.config], instruction=instruction, batch_size=len(texts))[0]
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            instruction, batch = self._take()
+            self.metrics.queue_depth.set(self._waiting)
+            if not batch:
+                if self._stopping:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            texts = [item.job.texts[item.row] for item in batch]
+            self.metrics.batch_texts.observe(len(batch))
+            self.metrics.batch_tokens.observe(len(batch) * max(item.length for item in batch))
+            start = time.perf_counter()
+            try:
+                raw = await loop.run_in_executor(self._executor, self._forward, texts, instruction)
+            except Exception as exc:
+                log.exception("forward pass of %d texts failed", len(batch))
+                for item in batch:
+                    if not item.job.future.done():
+                        item.job.future.set_exception(exc)
+                continue
+            self.passes += 1
+            self.metrics.forward_seconds.observe(time.perf_counter() - start)
+            self.metrics.texts.inc(len(batch))
+            for item, vector in zip(batch, raw, strict=True):
+                job = item.job
+                job.out[item.row] = vector
+                job.remaining -= 1
+                if job.remaining == 0 and not job.future.done():
+                    job.future.set_result(job.out)

@@ -1,0 +1,173 @@
+"""The server's limits, and the ASGI middleware that enforces the ones that come before a request is parsed.
+
+The middleware answers at once, before the application sees the request:
+
+* ``401`` without the right ``Authorization: Bearer <key>`` when an API key is set;
+* ``429`` when ``max_concurrent_requests`` requests are already being handled: the caller is refused
+  immediately (with ``Retry-After``), never queued without bound;
+* ``413`` when the body is larger than ``max_request_bytes`` (from ``Content-Length``, or while reading a
+  body sent without one).
+
+``/health`` and ``/metrics`` are exempt from all three, so probes and scrapers keep working under load. It
+also records every request's status and latency in the metrics. The other limits (inputs per request,
+text length, ``dimensions``, ``k``) are checked where the request is parsed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from lmembed.errors import ConfigError
+from lmembed.serving.errors import ApiError
+from lmembed.serving.metrics import ServerMetrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+ENDPOINTS = frozenset({"/v1/embeddings", "/v1/search", "/v1/models", "/health", "/metrics"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server accepts (each refusal has its status and error code, see the module docs)."""
+
+    max_batch_tokens: int = 16384  # padded tokens (texts x longest) per forward pass
+    max_request_bytes: int = 4 * 2**20
+    max_concurrent_requests: int = 256
+    max_inputs: int = 2048  # texts (or queries) in one request
+    max_top_k: int = 1000
+    truncate: bool = True  # False: a text longer than the model's max_length is refused (400)
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_request_bytes", "max_concurrent_requests", "max_inputs", "max_top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("api_key must not be empty (leave it unset to serve without authentication)")
+
+
+async def send_error(send: Send, error: ApiError, metrics: ServerMetrics) -> None:
+    """Answer with ``error``'s status and JSON body."""
+    metrics.error(error.status, error.code)
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if error.status == 429:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value
+    return None
+
+
+class GuardMiddleware:
+    """Authentication, request size and concurrency limits, and per-request metrics (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, *, limits: Limits, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.limits = limits
+        self.metrics = metrics
+        self.in_flight = 0  # touched only on the event loop's thread
+        self._expected = f"Bearer {limits.api_key}".encode() if limits.api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "other"
+        status = 500
+        start = time.perf_counter()
+
+        async def tracked(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if path in OPEN_PATHS:
+                await self.app(scope, receive, tracked)
+            else:
+                await self._guarded(scope, receive, tracked)
+        finally:
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+            self.metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - start)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._expected is not None:
+            given = _header(scope, b"authorization") or b""
+            if not hmac.compare_digest(given, self._expected):
+                message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
+                await send_error(send, ApiError(401, message, "invalid_api_key"), self.metrics)
+                return
+        if self.in_flight >= self.limits.max_concurrent_requests:
+            error = ApiError(
+                429,
+                f"the server is handling {self.limits.max_concurrent_requests} requests already "
+                "(--max-concurrent-requests); retry shortly",
+                "too_many_concurrent_requests",
+            )
+            await send_error(send, error, self.metrics)
+            return
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            body = await self._read_body(scope, receive, send)
+            if body is None:
+                return
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or ``None`` after answering 413 (or when the client went away)."""
+        limit = self.limits.max_request_bytes
+        too_large = ApiError(
+            413, f"request body is larger than the limit of {limit} bytes (--max-request-bytes)", "payload_too_large"
+        )
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await send_error(send, too_large, self.metrics)
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await send_error(send, too_large, self.metrics)
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)

@@ -1,0 +1,192 @@
+"""Request parsing and validation, and response bodies, for the OpenAI-compatible endpoints.
+
+``POST /v1/embeddings`` takes OpenAI's fields, ``input`` (a string or a list of strings; token-id arrays
+are refused), ``model``, ``encoding_format`` (``float`` or ``base64``: little-endian float32),
+``dimensions`` (Matryoshka: keep the first N, then normalise as the strategy does) and ``user``, plus two
+extensions: ``input_type`` (``query`` gets the instruction, the request's ``instruction`` or the
+strategy's ``query_instruction``; ``document`` gets none, as ``encode_corpus`` does) and ``instruction``.
+
+``POST /v1/search`` takes ``query`` (a string or a list), ``k`` (or ``top_k``), optionally ``model`` and
+``instruction``; queries are embedded as ``Index.search`` embeds them.
+
+Every problem is an :class:`ApiError` (400 unless said otherwise) whose message names the field and,
+for an input, its position.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lmembed.encoding.inputs import check_encodable
+from lmembed.errors import InputError
+from lmembed.serving.errors import ApiError, bad_request
+
+ENCODING_FORMATS = ("float", "base64")
+INPUT_TYPES = ("query", "document")
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    texts: list[str]
+    model: str
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    input_type: str | None = None
+    instruction: str | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    queries: list[str]
+    model: str
+    k: int = 10
+    instruction: str | None = None
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object."""
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"request body is not valid JSON ({exc})", "invalid_json") from None
+    if not isinstance(payload, dict):
+        raise bad_request("request body must be a JSON object", "invalid_json")
+    return payload
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_ids(value: list[Any]) -> bool:
+    """An array of ints, or an array of arrays of ints (OpenAI's pre-tokenised input)."""
+    if all(map(_is_int, value)):
+        return True
+    return all(isinstance(x, list) and x and all(map(_is_int, x)) for x in value)
+
+
+def _texts(value: Any, field: str, max_inputs: int) -> list[str]:
+    """A string or a non-empty list of non-empty strings, at most ``max_inputs`` of them."""
+    if value is None:
+        raise bad_request(f"'{field}' is required", "missing_input", field)
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise bad_request(
+            f"'{field}' must be a string or a list of strings, got {type(value).__name__}", "invalid_input", field
+        )
+    if not value:
+        raise bad_request(f"'{field}' is an empty list; send at least one text", "empty_input", field)
+    if _is_token_ids(value):
+        raise bad_request(
+            f"'{field}' holds token ids; this server takes text only (send the strings, it tokenizes them)",
+            "token_ids_unsupported",
+            field,
+        )
+    if len(value) > max_inputs:
+        raise ApiError(
+            413,
+            f"'{field}' has {len(value)} items; the limit is {max_inputs} per request (--max-inputs)",
+            "too_many_inputs",
+            param=field,
+        )
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise bad_request(
+                f"'{field}[{i}]' is {type(item).__name__}; every item must be a string", "invalid_input", field
+            )
+        if not item:
+            raise bad_request(f"'{field}[{i}]' is an empty string", "empty_input", field)
+        try:
+            check_encodable(item, f"'{field}[{i}]'")
+        except InputError as exc:
+            raise bad_request(str(exc), "invalid_input", field) from None
+    return value
+
+
+def _model(payload: dict[str, Any], served: Collection[str], default: str) -> str:
+    model = payload.get("model")
+    if model is None:
+        return default
+    if not isinstance(model, str) or model not in served:
+        raise bad_request(
+            f"model {model!r} is not served here; this server serves {', '.join(sorted(served))}",
+            "model_not_found",
+            "model",
+        )
+    return model
+
+
+def _optional_string(payload: dict[str, Any], field: str) -> str | None:
+    value = payload.get(field)
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"'{field}' must be a string, got {type(value).__name__}", f"invalid_{field}", field)
+    return value
+
+
+def _positive_int(value: Any, field: str, upper: int, code: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
+        raise bad_request(f"'{field}' must be an integer from 1 to {upper} ({what}), got {value!r}", code, field)
+    return value
+
+
+def parse_embedding_request(
+    payload: dict[str, Any], *, served: Collection[str], default_model: str, max_inputs: int, dim: int
+) -> EmbeddingRequest:
+    """Validate a ``/v1/embeddings`` body (see the module doc); ``dim`` is the largest ``dimensions``."""
+    texts = _texts(payload.get("input"), "input", max_inputs)
+    model = _model(payload, served, default_model)
+    encoding_format = payload.get("encoding_format") or "float"
+    if encoding_format not in ENCODING_FORMATS:
+        raise bad_request(
+            f"'encoding_format' must be 'float' or 'base64', got {encoding_format!r}",
+            "invalid_encoding_format",
+            "encoding_format",
+        )
+    dimensions = payload.get("dimensions")
+    if dimensions is not None:
+        dimensions = _positive_int(dimensions, "dimensions", dim, "invalid_dimensions", f"the model has {dim}")
+    input_type = payload.get("input_type")
+    if input_type is not None and input_type not in INPUT_TYPES:
+        raise bad_request(
+            f"'input_type' must be 'query' or 'document', got {input_type!r}", "invalid_input_type", "input_type"
+        )
+    instruction = _optional_string(payload, "instruction")
+    if instruction is not None and input_type == "document":
+        raise bad_request(
+            "documents are embedded without an instruction; drop 'instruction' or use input_type 'query'",
+            "instruction_not_allowed",
+            "instruction",
+        )
+    user = _optional_string(payload, "user")
+    return EmbeddingRequest(texts, model, encoding_format, dimensions, input_type, instruction, user)
+
+
+def parse_search_request(
+    payload: dict[str, Any], *, served: Collection[str], default_model: str, max_inputs: int, max_k: int
+) -> SearchRequest:
+    """Validate a ``/v1/search`` body (see the module doc)."""
+    queries = _texts(payload.get("query", payload.get("input")), "query", max_inputs)
+    model = _model(payload, served, default_model)
+    k = payload.get("k", payload.get("top_k", 10))
+    k = _positive_int(k, "k", max_k, "invalid_k", "results per query")
+    return SearchRequest(queries, model, k, _optional_string(payload, "instruction"))
+
+
+def embedding_body(vectors: np.ndarray, encoding_format: str, model: str, tokens: int) -> bytes:
+    """The ``/v1/embeddings`` response, serialised (floats are written exactly: they read back bit-equal)."""
+    vectors = np.ascontiguousarray(vectors, dtype="<f4")
+    if encoding_format == "base64":
+        items = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+    else:
+        items = vectors.tolist()
+    data = [{"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return json.dumps({"object": "list", "data": data, "model": model, "usage": usage}).encode()
