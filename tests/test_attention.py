@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import tiny_model
+from lmembed import Embedder, EmbeddingConfig
 from lmembed.models import attention
 from lmembed.models.attention import AttentionError
 
@@ -84,3 +86,20 @@ def test_probe_survives_tokens_that_share_an_embedding(make_embedder):
         table[: int(table.shape[0] * 0.9)] = table[0].clone()
     assert attention.first_token_sensitivity(emb.backbone.model, "bidirectional") > 1e-3
     attention.verify_attention(emb.backbone.model, "bidirectional")
+
+
+def test_embedders_sharing_a_model_keep_their_modes(tokenizer):
+    """Two Embedders on one model object: the bidirectional one must not leave the causal one
+    reading a bidirectional model (the attention mode lives on the model, not on each engine)."""
+    model = tiny_model("llama", len(tokenizer))
+    options = {"use_cache": False, "show_progress": False}
+    causal = Embedder.from_model(model, tokenizer, EmbeddingConfig(pooling="cls", normalize=False), **options)
+    bidir = Embedder.from_model(
+        model, tokenizer, EmbeddingConfig(pooling="cls", normalize=False, attention="bidirectional"), **options
+    )
+    assert causal.backbone.is_decoder and bidir.backbone.is_decoder
+    before = causal.encode([A, B], batch_size=1)
+    moved = bidir.encode([A, B], batch_size=1)
+    after = causal.encode([A, B], batch_size=1)
+    np.testing.assert_array_equal(after, before)
+    assert np.abs(before[0] - before[1]).max() < 1e-6 < np.abs(moved[0] - moved[1]).max()

@@ -26,7 +26,6 @@ def workspace(tmp_path_factory):
 
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import build_tokenizer, tiny_model
-
     from lmembed import Embedder, EmbeddingConfig
 
     tmp = tmp_path_factory.mktemp("bad")
@@ -40,6 +39,15 @@ def workspace(tmp_path_factory):
     (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "the cat"}\n{"_id": "d2", "text": "a dog"}\n')
     (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "cat"}\n')
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    for name, corpus, qrels in (
+        ("noquery", '{"_id": "d1", "text": "the cat"}\n', "query-id\tcorpus-id\tscore\nzz\td1\t1\n"),
+        ("nocorpus", "", "query-id\tcorpus-id\tscore\nq1\td1\t1\n"),
+        ("nojudged", '{"_id": "d1", "text": "the cat"}\n', "query-id\tcorpus-id\tscore\nq1\tghost\t1\n"),
+    ):
+        (tmp / name / "qrels").mkdir(parents=True)
+        (tmp / name / "corpus.jsonl").write_text(corpus)
+        (tmp / name / "queries.jsonl").write_text('{"_id": "q1", "text": "cat"}\n')
+        (tmp / name / "qrels" / "test.tsv").write_text(qrels)
     files = {
         "good": "the cat\na dog\n",
         "latin1": None,
@@ -67,66 +75,132 @@ CASES = [
     # bad option values: refused before any work, naming the option
     ("encode-batch-size", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--batch-size", "-3"], ["--batch-size"]),
     ("eval-batch-size", ["eval", "--data", "{beir}", "--batch-size", "0"], ["--batch-size"]),
-    ("mine-batch-size", ["mine", "-t", "minilm", "--data", "{tmp}/rows.jsonl", "-o", "{tmp}/m.jsonl",
-                         "--batch-size", "-1"], ["--batch-size"]),
-    ("train-batch-size", ["train", "--model", "{model}", "--data", "{tmp}/rows.jsonl", "--batch-size", "-8"],
-     ["batch"]),
+    (
+        "mine-batch-size",
+        ["mine", "-t", "minilm", "--data", "{tmp}/rows.jsonl", "-o", "{tmp}/m.jsonl", "--batch-size", "-1"],
+        ["--batch-size"],
+    ),
+    (
+        "train-batch-size",
+        ["train", "--model", "{model}", "--data", "{tmp}/rows.jsonl", "--batch-size", "-8"],
+        ["batch"],
+    ),
     ("encode-max-length", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--max-length", "0"], ["--max-length"]),
     ("encode-dim-zero", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--dim", "0"], ["--dim"]),
-    ("encode-layer-syntax", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--layer", "x"],
-     ["--layer"]),
+    (
+        "encode-layer-syntax",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--layer", "x"],
+        ["--layer"],
+    ),
     ("encode-output-suffix", ["encode", "{tmp}/good", "-o", "{tmp}/v.csv"], ["--output", ".npy"]),
     # strategy values the library refuses
-    ("encode-pooling", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--pooling", "maxx"],
-     ["maxx"]),
-    ("encode-attention", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--attention", "side"],
-     ["side"]),
-    ("encode-layer-range", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--layer", "40"],
-     ["40"]),
-    ("encode-dim-too-big", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--dim", "4096"],
-     ["4096", "32"]),
+    (
+        "encode-pooling",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--pooling", "maxx"],
+        ["maxx"],
+    ),
+    (
+        "encode-attention",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--attention", "side"],
+        ["side"],
+    ),
+    (
+        "encode-layer-range",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--layer", "40"],
+        ["40"],
+    ),
+    (
+        "encode-dim-too-big",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--dim", "4096"],
+        ["4096", "32"],
+    ),
     ("eval-grid-key", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "colour=red"], ["colour"]),
-    ("eval-grid-pooling", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "pooling=mean,maxx", "-o",
-                           "{tmp}/r"], ["maxx"]),
+    (
+        "eval-grid-pooling",
+        ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "pooling=mean,maxx", "-o", "{tmp}/r"],
+        ["maxx"],
+    ),
     # models and devices
-    ("encode-unknown-model", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{tmp}/no-such-model"],
-     ["no-such-model"]),
+    (
+        "encode-unknown-model",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{tmp}/no-such-model"],
+        ["no-such-model"],
+    ),
     ("encode-file-as-model", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{tmp}/afile"], ["afile"]),
-    ("encode-no-cuda", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--device", "cuda:3"],
-     ["cuda"]),
-    ("encode-bad-device", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--device", "gpu0"],
-     ["gpu0"]),
-    ("encode-bad-dtype", ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--dtype", "int3"],
-     ["int3"]),
-    ("train-unknown-model", ["train", "--model", "{tmp}/no-such-model", "--data", "{tmp}/rows.jsonl", "-o",
-                             "{tmp}/run", "--steps", "1"], ["no-such-model"]),
+    (
+        "encode-no-cuda",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--device", "cuda:3"],
+        ["cuda"],
+    ),
+    (
+        "encode-bad-device",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--device", "gpu0"],
+        ["gpu0"],
+    ),
+    (
+        "encode-bad-dtype",
+        ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--dtype", "int3"],
+        ["int3"],
+    ),
+    (
+        "train-unknown-model",
+        ["train", "--model", "{tmp}/no-such-model", "--data", "{tmp}/rows.jsonl", "-o", "{tmp}/run", "--steps", "1"],
+        ["no-such-model"],
+    ),
     # missing and malformed data, named by file and line
     ("encode-missing-input", ["encode", "{tmp}/nope.txt", "-o", "{tmp}/v.npy"], ["nope.txt"]),
     ("encode-latin1", ["encode", "{tmp}/latin1", "-o", "{tmp}/v.npy", "--model", "{model}"], ["latin1", ":1"]),
     ("encode-binary", ["encode", "{tmp}/binary", "-o", "{tmp}/v.npy", "--model", "{model}"], ["binary"]),
-    ("encode-bad-json", ["encode", "{tmp}/badjson.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}"],
-     ["badjson.jsonl:2"]),
-    ("encode-missing-field", ["encode", "{tmp}/nofield.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}"],
-     ["nofield.jsonl:2", "text"]),
-    ("encode-surrogate", ["encode", "{tmp}/surrogate.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}",
-                          "--no-cache"], ["surrogate"]),
+    (
+        "encode-bad-json",
+        ["encode", "{tmp}/badjson.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}"],
+        ["badjson.jsonl:2"],
+    ),
+    (
+        "encode-missing-field",
+        ["encode", "{tmp}/nofield.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}"],
+        ["nofield.jsonl:2", "text"],
+    ),
+    (
+        "encode-surrogate",
+        ["encode", "{tmp}/surrogate.jsonl", "-o", "{tmp}/v.npy", "--model", "{model}", "--no-cache"],
+        ["surrogate"],
+    ),
     ("eval-missing-data", ["eval", "--model", "{model}", "--data", "{tmp}/no-such-set"], ["no-such-set"]),
     ("eval-unknown-suite", ["eval", "--model", "{model}", "--suite", "mteb-huge"], ["mteb-huge"]),
     ("eval-task-type", ["eval", "--model", "{model}", "--data", "{beir}", "--task-type", "Ranking"], ["Ranking"]),
-    ("train-missing-data", ["train", "--model", "{model}", "--data", "/definitely/not/here.jsonl", "-o",
-                            "{tmp}/run", "--steps", "1"], ["/definitely/not/here.jsonl"]),
-    ("train-bad-json", ["train", "--model", "{model}", "--data", "{tmp}/badrows.jsonl", "-o", "{tmp}/run",
-                        "--steps", "1"], ["badrows.jsonl:2"]),
-    ("mine-missing-data", ["mine", "-t", "{model}", "--data", "{tmp}/nope.jsonl", "-o", "{tmp}/m.jsonl"],
-     ["nope.jsonl"]),
+    (
+        "train-missing-data",
+        ["train", "--model", "{model}", "--data", "/definitely/not/here.jsonl", "-o", "{tmp}/run", "--steps", "1"],
+        ["/definitely/not/here.jsonl"],
+    ),
+    (
+        "train-bad-json",
+        ["train", "--model", "{model}", "--data", "{tmp}/badrows.jsonl", "-o", "{tmp}/run", "--steps", "1"],
+        ["badrows.jsonl:2"],
+    ),
+    (
+        "mine-missing-data",
+        ["mine", "-t", "{model}", "--data", "{tmp}/nope.jsonl", "-o", "{tmp}/m.jsonl"],
+        ["nope.jsonl"],
+    ),
     ("report-missing-dir", ["report", "{tmp}/no-results"], ["no-results"]),
     # unwritable outputs are found before the work starts
-    ("encode-output-under-file", ["encode", "{tmp}/good", "-o", "{tmp}/afile/v.npy", "--model", "{tmp}/nomodel"],
-     ["--output", "afile"]),
-    ("eval-output-under-file", ["eval", "--model", "{tmp}/nomodel", "--data", "{beir}", "-o", "{tmp}/afile/r"],
-     ["--output", "afile"]),
-    ("mine-output-under-file", ["mine", "-t", "{tmp}/nomodel", "--data", "{tmp}/rows.jsonl", "-o",
-                                "{tmp}/afile/m.jsonl"], ["--output", "afile"]),
+    (
+        "encode-output-under-file",
+        ["encode", "{tmp}/good", "-o", "{tmp}/afile/v.npy", "--model", "{tmp}/nomodel"],
+        ["--output", "afile"],
+    ),
+    (
+        "eval-output-under-file",
+        ["eval", "--model", "{tmp}/nomodel", "--data", "{beir}", "-o", "{tmp}/afile/r"],
+        ["--output", "afile"],
+    ),
+    (
+        "mine-output-under-file",
+        ["mine", "-t", "{tmp}/nomodel", "--data", "{tmp}/rows.jsonl", "-o", "{tmp}/afile/m.jsonl"],
+        ["--output", "afile"],
+    ),
 ]
 
 
@@ -170,3 +244,61 @@ def test_good_input_still_works(workspace, monkeypatch):
     assert result.exit_code == 0, result.output
     assert np.load(out).shape == (2, 32)
     assert json.loads((Path(workspace["model"]) / "lmembed.json").read_text())
+
+
+def test_an_absolute_data_path_means_exactly_that_path(workspace, monkeypatch):
+    """A missing absolute path is never looked up relative to the working directory (it used to lose its
+    leading '/' and resolve to ./definitely/x.jsonl)."""
+    from lmembed.datasets import DatasetNotFoundError, resolve_local
+
+    cwd = Path(workspace["tmp"]) / "cwd"
+    (cwd / "definitely").mkdir(parents=True)
+    (cwd / "definitely" / "x.jsonl").write_text('{"query": "cat", "positive": "the cat"}\n' * 4)
+    monkeypatch.chdir(cwd)
+    with pytest.raises(DatasetNotFoundError, match="/definitely/x.jsonl"):
+        resolve_local("/definitely/x.jsonl")
+    assert resolve_local("definitely/x.jsonl") == Path("definitely/x.jsonl")  # a relative path still works
+    argv = ["train", "--model", "{model}", "--data", "/definitely/x.jsonl", "-o", "{tmp}/run2", "--steps", "1"]
+    result = CliRunner().invoke(app, fill(argv, workspace))
+    assert result.exit_code == 2 and "/definitely/x.jsonl: no such file" in result.output, result.output
+
+
+def test_a_run_folder_is_accepted_as_a_model(workspace, tmp_path, monkeypatch):
+    """``lmembed train -o RUN`` keeps its model in RUN/model and a recipe in RUN/<stage>/model: either folder
+    works wherever a model is expected, and gives the saved model's vectors."""
+    import shutil
+
+    from lmembed import Embedder
+
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    shutil.copytree(workspace["model"], run / "model")
+    recipe = tmp_path / "recipe"
+    shutil.copytree(workspace["model"], recipe / "second" / "model")
+    shutil.copytree(workspace["model"], recipe / "first" / "model")
+    (recipe / "recipe_result.json").write_text(json.dumps({"stages": [{"name": "first"}, {"name": "second"}]}))
+    texts = ["the cat sat", "a dog"]
+    expected = Embedder.from_pretrained(workspace["model"], cache=False, show_progress=False).encode(texts)
+    for folder in (run, recipe):
+        got = Embedder.from_pretrained(str(folder), cache=False, show_progress=False).encode(texts)
+        np.testing.assert_array_equal(got, expected)
+    out = tmp_path / "v.npy"
+    result = CliRunner().invoke(app, fill(["encode", "{tmp}/good", "-o", str(out), "--model", str(run)], workspace))
+    assert result.exit_code == 0, result.output
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    refused = CliRunner().invoke(app, fill(["encode", "{tmp}/good", "-o", str(out), "--model", str(empty)], workspace))
+    assert refused.exit_code == 2 and "holds no model" in refused.output
+
+
+def test_python_api_names_the_bad_input(workspace):
+    """The same checks hold without the CLI: a lone surrogate names its input index, a too-large ``dim``
+    names both sizes."""
+    from lmembed import Embedder
+    from lmembed.errors import ConfigError, InputError
+
+    emb = Embedder.from_pretrained(workspace["model"], cache=False, show_progress=False)
+    with pytest.raises(InputError, match="input 2"):
+        emb.encode(["fine", "also fine", "bad \udc80"])
+    with pytest.raises((ConfigError, ValueError), match=r"(?s)4096.*32|32.*4096"):
+        Embedder.from_pretrained(workspace["model"], dim=4096, cache=False, show_progress=False)

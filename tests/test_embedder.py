@@ -160,3 +160,44 @@ def test_repeated_texts_get_identical_vectors(make_embedder, monkeypatch):
     vecs = emb.encode(texts, batch_size=1)
     assert np.array_equal(vecs[0], vecs[2])
     assert sum(seen) == 2
+
+
+def test_dim_larger_than_the_model_is_refused(make_embedder, tmp_path):
+    """A dim above the hidden size used to be accepted, with full-size vectors labelled with the dim."""
+    with pytest.raises(ConfigError, match=r"dim=64 is larger than the model's hidden size \(32\)"):
+        make_embedder("llama", dim=64)
+    emb = make_embedder("llama", dim=32)  # equal is fine
+    assert emb.encode(TEXTS).shape == (3, 32)
+    with pytest.raises(ConfigError, match=r"dim=33 .* \(32\)"):
+        emb.with_config(emb.config.with_options(dim=33))
+    with pytest.raises(ConfigError, match=r"dim=48 .* \(32\)"):
+        emb.encode_strategies(TEXTS, [emb.config.with_options(dim=48)])
+    emb.save(tmp_path / "saved")
+    with pytest.raises(ConfigError, match=r"dim=40 .* \(32\)"):
+        Embedder.from_pretrained(str(tmp_path / "saved"), dim=40, cache=False)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_lone_surrogate_names_the_input(make_embedder, tmp_path, cache):
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir = cache, tmp_path
+    texts = ["fine", "also fine", "caf\u00e9 is fine too", "bad \udc80 byte"]
+    with pytest.raises(InputError, match=r"input 3: text contains a lone surrogate \('\\udc80' at character 4\)"):
+        emb.encode(texts)
+    with pytest.raises(ValueError, match="input 3"):  # still a ValueError for existing handlers
+        emb.encode(texts)
+    with pytest.raises(InputError, match="the instruction contains a lone surrogate"):
+        emb.encode_queries(TEXTS, instruction="find \ud800 this")
+    assert emb.encode(texts[:3]).shape == (3, 32)
+
+
+def test_user_facing_errors_share_one_base():
+    from lmembed.errors import LmembedError
+    from lmembed.models.attention import AttentionError
+    from lmembed.models.bundled import BundledModelMissing
+    from lmembed.pooling.layers import LayerSelectionError
+
+    for error in (ConfigError, InputError, ModelLoadError, AttentionError, BundledModelMissing, LayerSelectionError):
+        assert issubclass(error, LmembedError)
+    assert issubclass(ConfigError, ValueError) and issubclass(ModelLoadError, ValueError)
+    assert issubclass(InputError, ValueError) and issubclass(LayerSelectionError, IndexError)

@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import CONFIG_MAPPING, AutoModel
+from transformers import CONFIG_MAPPING, AutoModel, BartConfig, BertConfig, Gemma3Config, Gemma3TextConfig
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
@@ -272,3 +272,75 @@ def test_cannot_build_list_is_short():
     present = {k: v for k, v in CANNOT_BUILD.items() if k in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
     print("model types that cannot be built tiny:", ", ".join(f"{k} ({v})" for k, v in present.items()))
     assert len(CANNOT_BUILD) <= 15
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "falcon", "stablelm", "olmo"])
+def test_reported_families_are_causal_decoders(model_type, tokenizer, tmp_path, one_torch_thread):
+    """The original report: these were taken for encoders, bidirectional was accepted while the model
+    still attended causally, and a saved causal embedder came back as an encoder with other vectors."""
+    torch.manual_seed(0)
+    model = AutoModel.from_config(tiny_config(model_type, len(tokenizer)))
+    with pytest.raises(AttentionError, match=f"not supported for model_type='{model_type}'"):
+        Embedder.from_model(model, tokenizer, EmbeddingConfig(attention="bidirectional"), use_cache=False)
+    emb = Embedder.from_model(model, tokenizer, EmbeddingConfig(pooling="cls", normalize=False), use_cache=False)
+    assert emb.backbone.is_decoder and emb.config.attention == "causal"
+    first = emb.encode(PAIR)
+    np.testing.assert_allclose(first[0], first[1], rtol=0, atol=1e-6)  # the first token ignores the last
+    emb.save(tmp_path / "saved")
+    again = Embedder.from_pretrained(str(tmp_path / "saved"), cache=False, show_progress=False)
+    assert again.backbone.is_decoder and again.config.attention == "causal"
+    np.testing.assert_array_equal(again.encode(TEXTS), emb.encode(TEXTS))
+
+
+def test_saved_kind_is_read_back_and_checked(tokenizer, tmp_path, one_torch_thread):
+    """``is_decoder`` in lmembed.json must match the model; a file written when the model was
+    misclassified cannot reproduce its vectors, so loading it is refused."""
+    torch.manual_seed(0)
+    model = AutoModel.from_config(tiny_config("gpt_neox", len(tokenizer)))
+    Embedder.from_model(model, tokenizer, use_cache=False).save(tmp_path / "saved")
+    meta_file = tmp_path / "saved" / "lmembed.json"
+    meta = json.loads(meta_file.read_text())
+    meta["is_decoder"] = False  # what lmembed wrote for GPT-NeoX before the fix
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ModelLoadError, match=r"records an encoder .* is a decoder \(causal attention\)"):
+        Embedder.from_pretrained(str(tmp_path / "saved"), cache=False)
+
+
+def test_decoder_verdict_follows_the_model_not_the_config(tokenizer, one_torch_thread):
+    """A Gemma 3 config with bidirectional attention switched on is natively bidirectional whatever its
+    family, and a BERT built as a decoder attends causally: the probe decides, not the model type."""
+    torch.manual_seed(0)
+    size = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    gemma = AutoModel.from_config(
+        Gemma3TextConfig(**size, vocab_size=len(tokenizer), head_dim=8, use_bidirectional_attention=True)
+    )
+    kind = detect_kind(gemma)
+    assert not kind.is_decoder and kind.config_says_decoder
+    bert = AutoModel.from_config(BertConfig(**size, vocab_size=len(tokenizer), is_decoder=True))
+    assert detect_kind(bert).is_decoder
+    emb = Embedder.from_model(bert, tokenizer, EmbeddingConfig(pooling="cls", normalize=False), use_cache=False)
+    first = emb.encode(PAIR)
+    np.testing.assert_allclose(first[0], first[1], rtol=0, atol=1e-6)
+
+
+def test_encoder_decoder_and_composite_models_are_refused(tokenizer):
+    bart = AutoModel.from_config(
+        BartConfig(
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            vocab_size=len(tokenizer),
+            **{
+                "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4,
+                "encoder_ffn_dim": 32,
+                "decoder_ffn_dim": 32,
+            },
+        )
+    )
+    with pytest.raises(ModelLoadError, match="encoder-decoder model"):
+        Embedder.from_model(bart, tokenizer)
+    with torch.device("meta"):
+        gemma3 = AutoModel.from_config(Gemma3Config())
+    with pytest.raises(ModelLoadError, match=r"composite model \(sub-configs: text_config, vision_config\)"):
+        check_runnable(gemma3)

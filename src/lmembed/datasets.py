@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmembed import paths, task_registry
+from lmembed.errors import LmembedError
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,11 @@ ARCHIVES: dict[str, ArchiveSpec] = {
 }
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(LmembedError, FileNotFoundError):
     """No local copy of a dataset was found and it could not be downloaded."""
 
 
-class ChecksumMismatchError(RuntimeError):
+class ChecksumMismatchError(LmembedError, RuntimeError):
     """A downloaded archive does not match its pinned checksum."""
 
 
@@ -124,6 +125,8 @@ def resolve_dataset(name_or_path: str | os.PathLike[str], *, download: bool = Tr
     as_path = Path(name_or_path).expanduser()
     if as_path.exists():
         return as_path.resolve()
+    if as_path.is_absolute():  # an absolute path means exactly that path
+        raise DatasetNotFoundError(f"{as_path}: no such file or folder")
     name = str(name_or_path)
     tried: list[str] = [f"path {as_path}"]
     for candidate in _local_candidates(name):
@@ -158,11 +161,13 @@ def resolve_local(spec: str | os.PathLike[str]) -> Path:
     path = Path(spec).expanduser()
     if path.exists():
         return path
+    if path.is_absolute():  # an absolute path means exactly that path, never a name to look up elsewhere
+        raise DatasetNotFoundError(f"{path}: no such file or folder")
     try:
         return resolve_dataset(spec, download=False)
     except DatasetNotFoundError:
         head, _, rest = str(spec).partition("/")
-        if rest:
+        if head and rest:
             try:
                 return resolve_dataset(head, download=False) / rest
             except DatasetNotFoundError:

@@ -26,7 +26,8 @@ from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import wants_eos
 from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.models.attention import check_bidirectional_supported
-from lmembed.models.loading import Backbone, backbone_from_model, load_backbone
+from lmembed.models.bundled import BUNDLED
+from lmembed.models.loading import Backbone, backbone_from_model, find_model_dir, load_backbone
 from lmembed.pooling.latent_attention import LatentAttentionPooling
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class Embedder:
         is one, else from :class:`EmbeddingConfig`'s defaults (mean pooling, last layer, causal,
         normalised, the model's own max length).
         """
+        if name_or_path not in BUNDLED and Path(name_or_path).expanduser().exists():
+            name_or_path = str(find_model_dir(Path(name_or_path).expanduser()))  # a run folder → its model
         saved = _read_saved(name_or_path)
         backbone = load_backbone(
             name_or_path,
@@ -311,15 +314,15 @@ def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone)
     recorded = saved.get("is_decoder")
     if not isinstance(recorded, bool) or recorded == backbone.is_decoder:
         return
-
-    def kind(is_decoder: bool) -> str:
-        return "a decoder (causal attention)" if is_decoder else "an encoder (bidirectional attention)"
-
     raise ModelLoadError(
-        f"{Path(directory) / STRATEGY_FILE} records {kind(recorded)}, but the saved model "
-        f"(model_type={backbone.model_type!r}) is {kind(backbone.is_decoder)}; the strategy was saved for "
+        f"{Path(directory) / STRATEGY_FILE} records {_kind(recorded)}, but the saved model "
+        f"(model_type={backbone.model_type!r}) is {_kind(backbone.is_decoder)}; the strategy was saved for "
         "a misclassified model and its vectors cannot be reproduced: wrap the base model again and save it anew"
     )
+
+
+def _kind(is_decoder: bool) -> str:
+    return "a decoder (causal attention)" if is_decoder else "an encoder (bidirectional attention)"
 
 
 def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:

@@ -38,6 +38,7 @@ from typing import IO, Any
 import numpy as np
 
 from lmembed.atomic import atomic_write
+from lmembed.errors import LmembedError
 from lmembed.evaluation.search import exact_search
 from lmembed.io import CORPUS_FILE, DataFormatError, find_file, read_corpus, read_jsonl, read_text_lines
 from lmembed.protocols import RetrievalEncoder
@@ -60,7 +61,7 @@ QUERY_KEYS = ("query", "anchor", "question")
 POSITIVE_KEYS = ("positive", "positives", "pos")
 
 
-class MiningError(ValueError):
+class MiningError(LmembedError, ValueError):
     """Mining options or inputs are not usable."""
 
 

@@ -21,6 +21,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from lmembed.errors import LmembedError
 from lmembed.paths import DEBUG_ENV_VAR, debug_from_env
+
 #: Most lines of an error message shown (a message that lists the places it looked may be long).
 MAX_LINES = 12
 

@@ -12,7 +12,9 @@ from lmembed.encoding.cache import cache_size, clear_cache
 from lmembed.paths import embedding_cache_dir
 
 app = typer.Typer(help="Inspect or clear the embedding cache.", no_args_is_help=True)
-DirectoryOpt = Annotated[Path | None, typer.Option(help="Cache folder (default: $LMEMBED_CACHE, else $LMEMBED_HOME/embeddings).")]
+DirectoryOpt = Annotated[
+    Path | None, typer.Option(help="Cache folder (default: $LMEMBED_CACHE, else $LMEMBED_HOME/embeddings).")
+]
 
 
 @app.command("clear")

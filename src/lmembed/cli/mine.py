@@ -46,9 +46,7 @@ def mine(
     k: Annotated[int, typer.Option("--k", min=1, help="Negatives per row.")] = 7,
     method: Annotated[str, typer.Option("--method", help=METHOD_HELP)] = "perc_pos",
     margin: Annotated[float | None, typer.Option("--margin", help="Filter parameter (method default).")] = None,
-    skip_top: Annotated[
-        int, typer.Option("--skip-top", min=0, help="Ignore the N best non-positive candidates.")
-    ] = 0,
+    skip_top: Annotated[int, typer.Option("--skip-top", min=0, help="Ignore the N best non-positive candidates.")] = 0,
     candidates: Annotated[
         int | None, typer.Option("--candidates", min=1, help="Documents retrieved per query.")
     ] = None,

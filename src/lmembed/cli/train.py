@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 
 from lmembed.cli.boundary import GuardedCommand
-from lmembed.cli.options import ATTENTION_DOC, DEVICE_DOC, POOLING_DOC
+from lmembed.cli.options import ATTENTION_DOC, DEVICE_DOC, POOLING_DOC, check_writable
 from lmembed.training.data import DataSource
 from lmembed.training.recipes import RecipeError, run_recipe
 from lmembed.training.train_config import TrainConfig, TrainConfigError
@@ -104,17 +104,18 @@ def train(
     config_file = options.pop("config")
     recipe_file = options.pop("recipe")
     if recipe_file is not None:
+        if options.get("output"):
+            check_writable(Path(options["output"]), "--output", folder=True)
         _run_recipe(recipe_file, {k: v for k, v in options.items() if v is not None})
         return
 
     cfg = build_config(config_file, options)  # a bad value is reported by the CLI's error boundary
+    check_writable(Path(cfg.output), "--output", folder=True)
     from lmembed.training.trainer import Trainer  # lazy: torch loads only when training runs
 
     result = Trainer(cfg).train()
     if result.model_dir is not None:
-        Console(stderr=True).print(
-            f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})"
-        )
+        Console(stderr=True).print(f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})")
 
 
 def _run_recipe(path: Path, overrides: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -179,11 +180,6 @@ class EncodingEngine:
                 )
                 for i in group
             ]
-
-            def finished(rows: list[int], writers: list[_CacheWriter] = writers) -> None:
-                for writer in writers:
-                    writer.add(rows)
-
             try:
                 self._compute(
                     texts,
@@ -192,7 +188,7 @@ class EncodingEngine:
                     [outputs[i] for i in group],
                     instruction,
                     batch_size,
-                    on_batch=finished,
+                    on_batch=partial(_add_rows, writers),
                 )
             except BaseException:
                 _flush_quietly(writers)  # keep the finished batches, then let the error through
@@ -343,6 +339,11 @@ class EncodingEngine:
         ) as progress:
             task = progress.add_task("encode", total=total)
             yield lambda n: progress.advance(task, n)
+
+
+def _add_rows(writers: Sequence[_CacheWriter], rows: list[int]) -> None:
+    for writer in writers:
+        writer.add(rows)
 
 
 def _flush_quietly(writers: Sequence[_CacheWriter]) -> None:

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmembed.errors import LmembedError
 from lmembed.io import CORPUS_FILE, QUERIES_FILE, Qrels, find_file, qrels_file, read_corpus, read_qrels, read_queries
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,31 @@ class RetrievalData:
         }
 
 
+class NothingToScoreError(LmembedError, ValueError):
+    """A retrieval split on which no score could mean anything (empty corpus, no judged query, ...)."""
+
+
+def _check_scorable(files: list[Path], corpus_ids: list[str], judged: list[str], qrels: Qrels) -> None:
+    """Refuse a split whose every score would be 0.00 for lack of data, saying what is missing."""
+    corpus_file, queries_file, qrels_file_ = files
+    if not corpus_ids:
+        raise NothingToScoreError(f"{corpus_file}: the corpus holds no documents; nothing can be retrieved")
+    if not qrels:
+        raise NothingToScoreError(f"{qrels_file_}: no judgments; nothing can be scored")
+    if not judged:
+        sample = ", ".join(list(qrels)[:3])
+        raise NothingToScoreError(
+            f"{qrels_file_}: none of its {len(qrels)} judged query id(s) (e.g. {sample}) appears in {queries_file}; "
+            "nothing can be scored"
+        )
+    known = set(corpus_ids)
+    if not any(d in known and score > 0 for q in judged for d, score in qrels[q].items()):
+        raise NothingToScoreError(
+            f"{qrels_file_}: no document judged relevant to a query in {queries_file} appears in {corpus_file}; "
+            "every score would be 0"
+        )
+
+
 def _report_missing(
     name: str, qrels: Qrels, doc_ids: set[str], queries: dict[str, str]
 ) -> tuple[list[tuple[str, str]], list[str], list[str]]:
@@ -92,6 +118,7 @@ def load_beir(folder: str | Path, split: str = "test", *, name: str | None = Non
     label = name or folder.name
     missing_docs, missing_queries, warnings = _report_missing(label, qrels, set(corpus_ids), queries)
     judged = [q for q in queries if q in qrels]
+    _check_scorable(files, corpus_ids, judged, qrels)
     return RetrievalData(
         name=label,
         split=split,

@@ -236,7 +236,9 @@ class Index:
                 f"index {self.path} was built with an in-memory model ({self.manifest.model.name}); "
                 "pass that Embedder to Index.open"
             )
-        loaded = Embedder.from_pretrained(source, dtype=self.manifest.model.dtype, device=device, cache=cache, **options)
+        loaded = Embedder.from_pretrained(
+            source, dtype=self.manifest.model.dtype, device=device, cache=cache, **options
+        )
         embedder = loaded.with_config(self.manifest.config)
         check_embedder(self.manifest, embedder, self.path or "(in memory)")
         self.embedder = embedder

@@ -6,8 +6,11 @@ model a 4-D additive mask that only hides padding, and we also clear every atten
 ``is_causal`` flag so that kernels which ignore masks (SDPA's ``is_causal`` fast path, flash
 attention) cannot re-impose causality.
 
+Which models are decoders at all is decided from the model itself (:mod:`lmembed.models.families`).
+
 Why it cannot silently revert: only families listed in :data:`BIDIRECTIONAL_FAMILIES` (each covered by
-a test) are accepted, and :func:`verify_attention` probes the loaded model once — it changes the
+a test) are accepted (any other decoder is refused as soon as an Embedder is given a bidirectional
+strategy), and :func:`verify_attention` probes the model whenever its mode is switched: it changes the
 last token of a two-sequence batch and checks whether the first token's state moves. Other tools
 broke when transformers changed mask handling (a ``None`` mask at batch size 1, SDPA's
 ``is_causal`` left on, a removed ``_update_causal_mask`` override); each of those would make the

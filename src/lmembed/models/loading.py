@@ -89,15 +89,46 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+#: Where a training run (``lmembed train -o RUN``) and a stage keep their final model, and the file in which a
+#: recipe run lists its stages.
+RUN_MODEL_DIR = "model"
+RECIPE_RESULT_FILE = "recipe_result.json"
+
+
+def find_model_dir(path: Path) -> Path:
+    """``path`` when it is a checkpoint; the model inside it when it is a run folder: ``RUN/model`` of
+    ``lmembed train``, or the last finished stage's model of a recipe run. Raises :class:`ModelLoadError`
+    when ``path`` is neither."""
+    if path.is_file():
+        raise ModelLoadError(f"{path} is a file; a model is a folder holding config.json (or a bundled name)")
+    if (path / "config.json").exists():
+        return path
+    if (path / RUN_MODEL_DIR / "config.json").exists():
+        return path / RUN_MODEL_DIR
+    recipe = path / RECIPE_RESULT_FILE
+    if recipe.exists():
+        try:
+            stages = json.loads(recipe.read_text(encoding="utf-8")).get("stages") or []
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+            raise ModelLoadError(f"{recipe}: not a readable recipe result ({exc})") from exc
+        for stage in reversed(stages):
+            candidate = path / str(stage.get("name", "")) / RUN_MODEL_DIR
+            if stage.get("name") and (candidate / "config.json").exists():
+                return candidate
+    raise ModelLoadError(
+        f"{path} exists but holds no model: no config.json there, no {RUN_MODEL_DIR}/ of a training run, "
+        f"and no finished recipe stage"
+    )
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """Bundled short name → local checkpoint; an existing directory stays; anything else is a Hub id."""
+    """Bundled short name → local checkpoint; an existing directory (or a run folder, see
+    :func:`find_model_dir`) → its model; anything else is a Hub id."""
     if name_or_path in BUNDLED:
         return str(resolve_bundled(name_or_path))
     path = Path(name_or_path).expanduser()
     if path.exists():
-        if not (path / "config.json").exists():
-            raise ModelLoadError(f"{path} exists but has no config.json; it is not a transformers checkpoint")
-        return str(path)
+        return str(find_model_dir(path))
     if name_or_path.count("/") == 1 and not name_or_path.startswith((".", "/")):
         return name_or_path  # a Hub id: transformers downloads it (needs internet)
     raise ModelLoadError(

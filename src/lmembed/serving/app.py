@@ -190,7 +190,13 @@ def create_app(
                 "index": i,
                 "query": query,
                 "hits": [
-                    {"rank": h.rank, "id": h.id, "score": h.score, "text": h.text, **({"metadata": h.metadata} if h.metadata else {})}
+                    {
+                        "rank": h.rank,
+                        "id": h.id,
+                        "score": h.score,
+                        "text": h.text,
+                        **({"metadata": h.metadata} if h.metadata else {}),
+                    }
                     for h in hits
                 ],
             }

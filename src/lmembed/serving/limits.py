@@ -129,8 +129,24 @@ class GuardMiddleware:
             return
         self.in_flight += 1
         self.metrics.in_flight.inc()
+        done = False
+
+        def finish() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.in_flight -= 1
+                self.metrics.in_flight.dec()
+
+        async def send_and_finish(message: Message) -> None:
+            # The slot frees before the response's last bytes go out, so a client that sends its next
+            # request as soon as it has the answer never finds its own previous request still counted.
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                finish()
+            await send(message)
+
         try:
-            body = await self._read_body(scope, receive, send)
+            body = await self._read_body(scope, receive, send_and_finish)
             if body is None:
                 return
             replayed = False
@@ -142,10 +158,9 @@ class GuardMiddleware:
                     return {"type": "http.request", "body": body, "more_body": False}
                 return await receive()
 
-            await self.app(scope, replay, send)
+            await self.app(scope, replay, send_and_finish)
         finally:
-            self.in_flight -= 1
-            self.metrics.in_flight.dec()
+            finish()
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or ``None`` after answering 413 (or when the client went away)."""

@@ -40,6 +40,7 @@ import numpy as np
 
 from lmembed.config import unknown_options
 from lmembed.datasets import resolve_local
+from lmembed.errors import LmembedError
 from lmembed.io import (
     CORPUS_FILE,
     QUERIES_FILE,
@@ -64,7 +65,7 @@ _STREAM_MIX, _STREAM_PERM, _STREAM_ROW = 0, 1, 2
 _REPLAY_CHUNK_STEPS = 2048
 
 
-class TrainingDataError(ValueError):
+class TrainingDataError(LmembedError, ValueError):
     """A training file is malformed; the message names the file and, where it applies, the line."""
 
 

@@ -48,7 +48,9 @@ def load_eval_tasks(
     return tasks
 
 
-def evaluate_retrieval(embedder: RetrievalEncoder, tasks: Sequence[RetrievalTask], batch_size: int = 32) -> dict[str, float]:
+def evaluate_retrieval(
+    embedder: RetrievalEncoder, tasks: Sequence[RetrievalTask], batch_size: int = 32
+) -> dict[str, float]:
     """nDCG@10 of ``embedder`` on each task, keyed by task name."""
     scores = {}
     for task in tasks:

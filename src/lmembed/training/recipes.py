@@ -57,6 +57,7 @@ import numpy as np
 import yaml
 
 from lmembed.datasets import resolve_local
+from lmembed.errors import LmembedError
 from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
 from lmembed.training import converters as conv
 from lmembed.training.data import BATCHING_MODES
@@ -77,7 +78,7 @@ SPECIAL_OVERRIDES = ("model", "output", "teacher", "max_rows", "max_corpus")
 _PLACEHOLDER = re.compile(r"\{(output|prepared:[^}]+)\}")
 
 
-class RecipeError(ValueError):
+class RecipeError(LmembedError, ValueError):
     """A recipe file is malformed; the message names the recipe and, where it applies, the stage."""
 
 

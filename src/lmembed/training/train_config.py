@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from lmembed.config import unknown_options
+from lmembed.errors import LmembedError
 from lmembed.training.data import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
@@ -42,11 +43,11 @@ OBJECTIVE_NAMES = ("mntp", "simcse", "anchor", "angle")
 SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(LmembedError, ValueError):
     """A training option has an invalid value."""
 
 
-class ObjectiveConfigError(ValueError):
+class ObjectiveConfigError(LmembedError, ValueError):
     """A pre-training stage option is invalid."""
 
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
 from lmembed.io import DataFormatError, iter_jsonl
 from lmembed.protocols import RetrievalEncoder
@@ -28,7 +29,7 @@ from lmembed.protocols import RetrievalEncoder
 DEFAULT_SEED = 42
 
 
-class TaskDataError(ValueError):
+class TaskDataError(LmembedError, ValueError):
     """A task's data file is missing or does not have the expected fields."""
 
 

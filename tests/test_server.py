@@ -1,0 +1,440 @@
+"""lmembed.serving: a real server on a free loopback port, spoken to with the official `openai` client and
+httpx. Served vectors against Embedder.encode (bit for bit), every limit's status code and JSON error,
+shared forward passes, health/metrics, search, graceful shutdown, and `lmembed serve` as a process."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from conftest import REPO, WORDS, tiny_model
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.encoding.inputs import InputBuilder
+from lmembed.index import Index, IndexMismatchError
+from lmembed.serving.app import create_app
+from lmembed.serving.limits import Limits
+from lmembed.serving.server import BackgroundServer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MIXED = [
+    "hello",
+    "the cat sat on the mat",
+    "a man was riding a horse and a woman was eating food on the rug with the dog",
+    "gene",
+    "the study of protein and cell and gene gave a longer result than the first one",
+]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.005)
+
+
+@contextmanager
+def serving(embedder: Embedder, *, ready: bool = True, **kwargs) -> Iterator[tuple[BackgroundServer, object]]:
+    """A started server (warmed up unless ``ready=False``) and its app state."""
+    app = create_app(embedder, model_name=kwargs.pop("model_name", "tiny"), **kwargs)
+    state = app.state.lmembed
+    with BackgroundServer(app) as server:
+        if ready:
+            wait_until(lambda: httpx.get(server.url + "/health").status_code == 200)
+        yield server, state
+
+
+class Gate(threading.Event):
+    """Set it to let forward passes run; ``entered`` is set once a pass is waiting at the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+
+
+@contextmanager
+def gated(state) -> Iterator[Gate]:
+    """Hold every forward pass until the gate is set (to line requests up deterministically)."""
+    gate = Gate()
+    forward = state.batcher._forward
+
+    def held(texts, instruction):
+        gate.entered.set()
+        gate.wait(30)
+        return forward(texts, instruction)
+
+    state.batcher._forward = held
+    try:
+        yield gate
+    finally:
+        gate.set()
+        state.batcher._forward = forward
+
+
+def vectors_of(response: dict) -> np.ndarray:
+    rows = sorted(response["data"], key=lambda d: d["index"])
+    if isinstance(rows[0]["embedding"], str):
+        return np.stack([np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") for r in rows])
+    return np.asarray([r["embedding"] for r in rows], dtype=np.float32)
+
+
+def post(server: BackgroundServer, body, path: str = "/v1/embeddings", **kwargs) -> httpx.Response:
+    """POST ``body`` as JSON (or as it is, when it is bytes already)."""
+    payload = {"content": body} if isinstance(body, bytes) else {"json": body}
+    return httpx.post(server.url + path, timeout=30, **payload, **kwargs)
+
+
+def token_count(emb: Embedder, texts: list[str], instruction: str | None = None) -> int:
+    builder = InputBuilder(emb.backbone.tokenizer, emb.config, is_decoder=emb.backbone.is_decoder, max_length=128)
+    return sum(len(builder.build(t, instruction)) for t in texts)
+
+
+# ---------------------------------------------------------------------------------------------- vectors
+@pytest.mark.parametrize(("family", "strategy"), [("bert", {}), ("llama", {"pooling": "last"}), ("qwen2", {})])
+def test_openai_client_gets_the_vectors_of_embedder_encode(make_embedder, family, strategy):
+    emb = make_embedder(family, **strategy)
+    with serving(emb) as (server, _):
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        expected = emb.encode(MIXED)
+        default = client.embeddings.create(model="tiny", input=MIXED)  # the client asks for base64 by default
+        as_float = client.embeddings.create(model="tiny", input=MIXED, encoding_format="float")
+        for result in (default, as_float):
+            got = np.asarray([d.embedding for d in result.data], dtype=np.float32)
+            assert np.array_equal(got, expected)  # bit for bit: mixed lengths, left padding for decoders
+            assert [d.index for d in result.data] == list(range(len(MIXED)))
+            assert result.model == "tiny"
+            assert result.usage.prompt_tokens == result.usage.total_tokens == token_count(emb, MIXED)
+        raw = post(server, {"model": "tiny", "input": MIXED, "encoding_format": "base64"}).json()
+        assert np.array_equal(vectors_of(raw), expected)
+
+        short = client.embeddings.create(model="tiny", input=MIXED, dimensions=8, encoding_format="float")
+        matryoshka = emb.with_config(emb.config.with_options(dim=8)).encode(MIXED)
+        assert np.array_equal(np.asarray([d.embedding for d in short.data], dtype=np.float32), matryoshka)
+        single = client.embeddings.create(model="tiny", input="the cat sat", encoding_format="float")
+        assert np.array_equal(np.asarray(single.data[0].embedding, dtype=np.float32), emb.encode(["the cat sat"])[0])
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_queries_get_their_instruction_and_documents_none(make_embedder):
+    emb = make_embedder("llama", pooling="last", query_instruction="Given a question, find the answer")
+    with serving(emb) as (server, _):
+        queries = post(server, {"model": "tiny", "input": MIXED, "input_type": "query"}).json()
+        assert np.array_equal(vectors_of(queries), emb.encode_queries(MIXED))
+        custom = post(server, {"input": MIXED, "input_type": "query", "instruction": "Retrieve a passage"}).json()
+        assert np.array_equal(vectors_of(custom), emb.encode_queries(MIXED, instruction="Retrieve a passage"))
+        assert custom["usage"]["prompt_tokens"] == token_count(emb, MIXED, "Retrieve a passage")
+        documents = post(server, {"input": MIXED, "input_type": "document"}).json()
+        assert np.array_equal(vectors_of(documents), emb.encode_corpus(MIXED))
+        plain = post(server, {"input": MIXED}).json()
+        assert np.array_equal(vectors_of(plain), emb.encode(MIXED))
+        assert not np.array_equal(vectors_of(queries), vectors_of(documents))
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_callers_share_forward_passes_and_keep_their_vectors(make_embedder, family):
+    """Requests lined up behind a held pass share the next one (per instruction). Each served vector is the
+    vector Embedder.encode gives for the texts of that pass, bit for bit; against each text encoded alone it
+    differs by float rounding at most (CPU matmul kernels are not batch-invariant)."""
+    emb = make_embedder(family, pooling="last" if family == "llama" else "mean")
+    rng = np.random.default_rng(0)
+    lengths = rng.permutation(np.arange(2, 26))  # distinct lengths: the engine's order is then fixed by length
+    texts = [" ".join(rng.choice(WORDS[9:], size=n)) for n in lengths]
+    requests = [texts[i : i + 3] for i in range(0, 12, 3)]  # 4 document requests of 3 texts
+    queries = [texts[i : i + 4] for i in range(12, 24, 4)]  # 3 query requests of 4 texts
+    with serving(emb, limits=Limits(max_batch_tokens=4096)) as (server, state):
+        with gated(state) as gate, ThreadPoolExecutor(8) as pool:
+            blocker = pool.submit(post, server, {"input": ["warm the gate"]})
+            wait_until(gate.entered.is_set)  # the blocker's pass is running (held)
+            passes = state.batcher.passes
+            futures = [pool.submit(post, server, {"input": r}) for r in requests]
+            futures += [
+                pool.submit(post, server, {"input": q, "input_type": "query", "instruction": "Find"}) for q in queries
+            ]
+            wait_until(lambda: state.batcher.waiting == 24)
+            gate.set()
+            results = [f.result() for f in futures]
+            assert blocker.result().status_code == 200
+        assert all(r.status_code == 200 for r in results)
+        assert state.batcher.passes == passes + 3  # the blocker, then one pass per instruction
+    documents = [t for r in requests for t in r]
+    query_texts = [t for q in queries for t in q]
+    shared_docs = dict(zip(documents, emb.encode(documents, batch_size=len(documents)), strict=True))
+    shared_queries = dict(
+        zip(query_texts, emb.encode(query_texts, batch_size=len(query_texts), instruction="Find"), strict=True)
+    )
+    for sent, result in zip(requests + queries, results, strict=True):
+        shared = shared_docs if sent[0] in shared_docs else shared_queries
+        served = vectors_of(result.json())
+        assert np.array_equal(served, np.stack([shared[t] for t in sent]))
+        alone = np.stack([emb.encode([t], instruction=None if shared is shared_docs else "Find")[0] for t in sent])
+        np.testing.assert_allclose(served, alone, atol=1e-5)
+
+
+def test_many_concurrent_clients(make_embedder):
+    """A bounded load on loopback: 24 clients x 6 requests, all answered, in far fewer passes than requests."""
+    emb = make_embedder("bert")
+    rng = np.random.default_rng(1)
+    bodies = [{"input": [" ".join(rng.choice(WORDS, size=rng.integers(2, 30))) for _ in range(3)]} for _ in range(144)]
+    with serving(emb) as (server, state), httpx.Client(base_url=server.url, timeout=30) as client:
+        passes = state.batcher.passes
+        with ThreadPoolExecutor(24) as pool:
+            responses = list(pool.map(lambda body: client.post("/v1/embeddings", json=body), bodies))
+        used = state.batcher.passes - passes
+    assert [r.status_code for r in responses] == [200] * len(bodies)
+    assert used < len(bodies)
+    for body, response in zip(bodies[:20], responses[:20], strict=True):
+        np.testing.assert_allclose(vectors_of(response.json()), emb.encode(body["input"]), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- limits
+def assert_error(response: httpx.Response, status: int, code: str, words: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"} and error["code"] == code, error
+    assert words in error["message"], error["message"]
+
+
+BAD_REQUESTS = [
+    ({"input": ""}, "empty_input", "'input[0]' is an empty string"),
+    ({"input": []}, "empty_input", "empty list"),
+    ({"input": ["ok", ""]}, "empty_input", "'input[1]' is an empty string"),
+    ({"input": ["ok", 3]}, "invalid_input", "'input[1]' is int"),
+    ({"input": ["ok", None]}, "invalid_input", "'input[1]' is NoneType"),
+    ({"input": {"text": "x"}}, "invalid_input", "must be a string or a list of strings"),
+    ({"input": [101, 2023, 102]}, "token_ids_unsupported", "token ids"),
+    ({"input": [[101, 2023], [102]]}, "token_ids_unsupported", "token ids"),
+    (b'{"input": "\\ud800 lone surrogate"}', "invalid_input", "lone surrogate"),  # JSON-escaped, as sent
+    ({}, "missing_input", "'input' is required"),
+    ({"input": "x", "model": "gpt-4"}, "model_not_found", "model 'gpt-4' is not served here"),
+    ({"input": "x", "dimensions": 0}, "invalid_dimensions", "from 1 to 32"),
+    ({"input": "x", "dimensions": 33}, "invalid_dimensions", "from 1 to 32"),
+    ({"input": "x", "dimensions": "8"}, "invalid_dimensions", "got '8'"),
+    ({"input": "x", "dimensions": 8.5}, "invalid_dimensions", "got 8.5"),
+    ({"input": "x", "dimensions": True}, "invalid_dimensions", "got True"),
+    ({"input": "x", "encoding_format": "int8"}, "invalid_encoding_format", "'float' or 'base64'"),
+    ({"input": "x", "input_type": "passage"}, "invalid_input_type", "'query' or 'document'"),
+    ({"input": "x", "input_type": "document", "instruction": "Find"}, "instruction_not_allowed", "without"),
+    ({"input": "x", "instruction": 3}, "invalid_instruction", "'instruction' must be a string"),
+    ({"input": "x", "user": 3}, "invalid_user", "'user' must be a string"),
+]
+
+
+def test_every_limit_has_its_status_and_json_error(make_embedder):
+    emb = make_embedder("bert")
+    limits = Limits(max_inputs=4, max_request_bytes=2000, max_top_k=5)
+    with serving(emb, limits=limits) as (server, _):
+        for body, code, words in BAD_REQUESTS:
+            assert_error(post(server, body), 400, code, words)
+        assert_error(post(server, {"input": ["a"] * 5}), 413, "too_many_inputs", "has 5 items; the limit is 4")
+        assert_error(post(server, {"input": "word " * 500}), 413, "payload_too_large", "larger than the limit of 2000")
+
+        def chunks():  # no Content-Length: the limit is enforced while the body is read
+            yield b'{"input": ["'
+            for _ in range(30):
+                yield b"word " * 20
+            yield b'"]}'
+
+        streamed = httpx.post(server.url + "/v1/embeddings", content=chunks(), timeout=30)
+        assert_error(streamed, 413, "payload_too_large", "2000 bytes")
+        bad_json = httpx.post(server.url + "/v1/embeddings", content=b"{not json", timeout=30)
+        assert_error(bad_json, 400, "invalid_json", "not valid JSON")
+        assert_error(post(server, [1, 2]), 400, "invalid_json", "must be a JSON object")
+        assert_error(post(server, {"query": "x"}, "/v1/search"), 404, "no_index", "no index is loaded")
+        assert_error(httpx.get(server.url + "/v1/nothing"), 404, "not_found", "Not Found")
+        assert_error(httpx.get(server.url + "/v1/embeddings"), 405, "method_not_allowed", "Not Allowed")
+        metrics = httpx.get(server.url + "/metrics").text
+    assert 'lmembed_errors_total{code="too_many_inputs",status="413"} 1.0' in metrics
+    assert 'lmembed_errors_total{code="payload_too_large",status="413"} 2.0' in metrics
+    assert 'lmembed_requests_total{endpoint="/v1/embeddings",status="400"}' in metrics
+
+
+def test_long_texts_are_truncated_or_refused(make_embedder):
+    emb = make_embedder("bert")  # reads at most 128 tokens
+    long_text = " ".join(["word"] * 300)
+    with serving(emb) as (server, _):
+        response = post(server, {"input": [long_text, "short"]})
+        assert response.status_code == 200
+        assert response.json()["usage"]["prompt_tokens"] == 128 + 1
+        assert np.array_equal(vectors_of(response.json()), emb.encode([long_text, "short"]))
+    with serving(emb, limits=Limits(truncate=False)) as (server, _):
+        assert_error(post(server, {"input": ["short", long_text]}), 400, "input_too_long", "'input[1]' is 300 tokens")
+        assert post(server, {"input": [" ".join(["word"] * 128)]}).status_code == 200
+
+
+def test_api_key(make_embedder):
+    with serving(make_embedder("bert"), limits=Limits(api_key="s3cret")) as (server, _):
+        assert_error(post(server, {"input": "x"}), 401, "invalid_api_key", "missing API key")
+        wrong = post(server, {"input": "x"}, headers={"Authorization": "Bearer nope"})
+        assert_error(wrong, 401, "invalid_api_key", "invalid API key")
+        assert wrong.headers["www-authenticate"] == "Bearer"
+        assert post(server, {"input": "x"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
+        client = OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
+        assert len(client.embeddings.create(model="tiny", input=["a", "b"]).data) == 2
+
+
+def test_over_the_concurrency_limit_is_refused_at_once(make_embedder):
+    with serving(make_embedder("bert"), limits=Limits(max_concurrent_requests=2)) as (server, state):
+        with gated(state) as gate, ThreadPoolExecutor(4) as pool:
+            held = [pool.submit(post, server, {"input": [f"text {i}"]}) for i in range(2)]
+            wait_until(lambda: state.metrics.in_flight._value.get() == 2)
+            start = time.monotonic()
+            refused = post(server, {"input": "one too many"})
+            assert time.monotonic() - start < 2.0  # answered at once, not queued
+            assert_error(refused, 429, "too_many_concurrent_requests", "handling 2 requests already")
+            assert refused.headers["retry-after"] == "1"
+            assert httpx.get(server.url + "/health").status_code == 200  # exempt, even when saturated
+            gate.set()
+            assert [f.result().status_code for f in held] == [200, 200]
+        assert post(server, {"input": "room again"}).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------- lifecycle
+def test_health_waits_for_warm_up_and_metrics_report(make_embedder):
+    emb = make_embedder("bert")
+    app = create_app(emb, model_name="tiny")
+    state = app.state.lmembed
+    with gated(state) as gate, BackgroundServer(app) as server:
+        health = httpx.get(server.url + "/health")
+        assert (health.status_code, health.json()) == (503, {"status": "starting"})
+        gate.set()
+        wait_until(lambda: httpx.get(server.url + "/health").status_code == 200)
+        assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+        assert post(server, {"input": MIXED}).status_code == 200
+        metrics = httpx.get(server.url + "/metrics").text
+    for line in (
+        'lmembed_requests_total{endpoint="/v1/embeddings",status="200"} 1.0',
+        "lmembed_embedded_texts_total 6.0",  # the warm-up text and the request's five
+        f"lmembed_prompt_tokens_total {token_count(emb, MIXED)}.0",
+        "lmembed_batch_texts_count 2.0",
+        "lmembed_queue_depth 0.0",
+        "lmembed_requests_in_flight 0.0",
+    ):
+        assert line in metrics, line
+    assert 'lmembed_request_latency_seconds_bucket{endpoint="/v1/embeddings",le="+Inf"} 1.0' in metrics
+    assert "lmembed_batch_tokens_bucket" in metrics and "lmembed_forward_seconds_count" in metrics
+
+
+def test_graceful_shutdown_finishes_requests_in_flight(make_embedder):
+    emb = make_embedder("llama")
+    app = create_app(emb, model_name="tiny")
+    server = BackgroundServer(app).start()
+    wait_until(lambda: httpx.get(server.url + "/health").status_code == 200)
+    state = app.state.lmembed
+    with gated(state) as gate, ThreadPoolExecutor(2) as pool:
+        in_flight = pool.submit(post, server, {"input": MIXED})
+        wait_until(gate.entered.is_set)
+        stopping = pool.submit(server.stop)
+        wait_until(lambda: server.server.should_exit)
+        time.sleep(0.2)
+        assert not stopping.done()  # waits for the request in flight
+        gate.set()
+        response = in_flight.result(timeout=30)
+        stopping.result(timeout=30)
+    assert response.status_code == 200
+    assert np.array_equal(vectors_of(response.json()), emb.encode(MIXED))
+    assert not server.thread.is_alive() and state.status == "shutting_down"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/health")
+
+
+# ---------------------------------------------------------------------------------------------- search
+def test_search_endpoint(make_embedder, tokenizer, tmp_path):
+    emb = make_embedder("bert")
+    rng = np.random.default_rng(3)
+    docs = [(f"doc{i}", " ".join(rng.choice(WORDS, size=rng.integers(3, 12)))) for i in range(40)]
+    index = Index.build(emb, docs, tmp_path / "index", kind="flat")
+    queries = ["the cat sat on the mat", "protein gene study"]
+    with serving(emb, index=Index.open(tmp_path / "index"), limits=Limits(max_top_k=10)) as (server, _):
+        response = post(server, {"query": queries, "k": 4, "model": "tiny"}, "/v1/search")
+        assert response.status_code == 200, response.text
+        body = response.json()
+        for result, query, expected in zip(body["data"], queries, index.search_batch(queries, 4), strict=True):
+            assert result["query"] == query
+            assert [(h["id"], h["score"], h["text"], h["rank"]) for h in result["hits"]] == [
+                (h.id, h.score, h.text, h.rank) for h in expected
+            ]
+        assert body["usage"]["prompt_tokens"] == token_count(emb, queries)
+        assert len(post(server, {"query": "gene"}, "/v1/search").json()["data"][0]["hits"]) == 10
+        assert_error(post(server, {"query": "gene", "k": 11}, "/v1/search"), 400, "invalid_k", "from 1 to 10")
+        assert_error(post(server, {"query": []}, "/v1/search"), 400, "empty_input", "'query' is an empty list")
+        models = httpx.get(server.url + "/v1/models").json()["data"][0]
+        assert models["index"] == {"kind": "flat", "documents": 40} and models["dimensions"] == 32
+    other = Embedder.from_model(tiny_model("bert", len(tokenizer), seed=5), tokenizer, EmbeddingConfig())
+    with pytest.raises(IndexMismatchError, match="weights"):
+        create_app(other, index=index)
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_lmembed_serve_command(make_embedder, tmp_path):
+    """`lmembed serve DIR --index ... --api-key ...` as a process: ready, serving, and a graceful exit on SIGTERM."""
+    model_dir = tmp_path / "model"
+    emb = make_embedder("bert")
+    emb.save(model_dir)
+    saved = Embedder.from_pretrained(str(model_dir), cache=False, show_progress=False)
+    Index.build(saved, [("a", "the cat sat"), ("b", "protein gene study")], tmp_path / "index")
+    port = free_port()
+    command = [sys.executable, "-m", "lmembed.cli", "serve", str(model_dir), "--index", str(tmp_path / "index")]
+    command += ["--port", str(port), "--api-key", "k", "--served-model-name", "mine", "--log-level", "info"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                return httpx.get(url + "/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(ready, timeout=90)
+        headers = {"Authorization": "Bearer k"}
+        response = httpx.post(url + "/v1/embeddings", json={"model": "mine", "input": ["the cat sat"]}, headers=headers)
+        assert np.array_equal(vectors_of(response.json()), saved.encode(["the cat sat"]))
+        hits = httpx.post(url + "/v1/search", json={"query": "cat", "k": 1}, headers=headers).json()
+        assert hits["data"][0]["hits"][0]["id"] == "a"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit status still says SIGTERM
+    assert proc.returncode in (0, -signal.SIGTERM), output
+    assert "Application shutdown complete" in output, output
+
+
+def test_serve_refuses_a_mismatched_index_in_one_line(make_embedder, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmembed.cli import app
+
+    model_dir = tmp_path / "model"
+    emb = make_embedder("bert")
+    emb.save(model_dir)
+    Index.build(emb, ["the cat sat"], tmp_path / "index", dim=16)
+    result = CliRunner().invoke(app, ["serve", str(model_dir), "--index", str(tmp_path / "index")])
+    assert result.exit_code == 2
+    assert "was built with another model or strategy" in result.output and "Traceback" not in result.output
+    assert json.loads((tmp_path / "index" / "manifest.json").read_text())["strategy"]["dim"] == 16
