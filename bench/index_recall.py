@@ -24,7 +24,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -78,7 +77,7 @@ def measure(name: str, spec: dict, docs: np.ndarray, queries: np.ndarray, built:
     runs = []
     for _ in range(2):
         start = time.perf_counter()
-        scores, rows = index.search(queries, K)
+        _, rows = index.search(queries, K)
         runs.append(time.perf_counter() - start)
     seconds = min(runs)
     print(f"  {name:28s} built in {build_s:7.1f} s, {len(queries) / seconds:9.0f} queries/s", flush=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmembed.atomic import atomic_write_text
@@ -240,8 +241,6 @@ class Embedder:
         model.save_pretrained(directory)
         self.backbone.tokenizer.save_pretrained(directory)
         if self.pooling_head is not None:
-            from safetensors.torch import save_file
-
             state = {k: v.detach().cpu().contiguous() for k, v in self.pooling_head.state_dict().items()}
             save_file(state, str(directory / HEAD_FILE))
         meta = {
@@ -329,8 +328,6 @@ def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> 
     path = Path(directory) / HEAD_FILE
     if not path.exists():
         return None
-    from safetensors.torch import load_file
-
     cfg = EmbeddingConfig.from_dict(strategy)
     head = LatentAttentionPooling(backbone.hidden_size, cfg.latent)
     head.load_state_dict(load_file(str(path)))

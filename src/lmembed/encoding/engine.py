@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
 from lmembed.config import EmbeddingConfig
@@ -331,8 +332,6 @@ class EncodingEngine:
         if not self.show_progress or total < PROGRESS_MIN_TEXTS:
             yield lambda n: None
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         label = ", ".join(c.label() for c in configs[:3]) + (" ..." if len(configs) > 3 else "")
         with Progress(
             TextColumn(f"encoding [{label}]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True

@@ -119,7 +119,7 @@ def evaluate_with_mteb(
 
     Returns mteb's ``ModelResult``; other keyword arguments go to :func:`mteb.evaluate`.
     """
-    import mteb
+    import mteb  # lazy: mteb is an optional extra (compare)
 
     model = encoder if isinstance(encoder, MTEBEncoder) else MTEBEncoder(encoder)
     kwargs.setdefault("cache", None)

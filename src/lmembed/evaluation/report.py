@@ -144,6 +144,7 @@ def _chart_positions(table: ScoreTable) -> tuple[list[float], list[str], list[tu
 
 def plot_table(table: ScoreTable, path: Path, *, title: str = "Results") -> Path:
     """Grouped bar chart of main scores (one group per task, one bar per row) saved as PNG."""
+    # lazy: matplotlib loads only when a chart is drawn (keeps the CLI's start fast)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -79,7 +79,7 @@ def _chunk_scores(queries: np.ndarray, docs: np.ndarray, similarity: Similarity,
     """Similarity of a query block to a corpus chunk, as a float32 numpy array."""
     docs = _normalize(docs) if similarity == "cosine" else np.asarray(docs, dtype=np.float32)
     if backend == "torch":
-        import torch
+        import torch  # lazy: evaluation runs without torch unless this backend is chosen
 
         scores = (torch.from_numpy(queries) @ torch.from_numpy(np.ascontiguousarray(docs)).T).numpy()
     else:

@@ -56,10 +56,10 @@ def sweep_markdown(rows: Sequence[dict], model: str) -> str:
 
 
 def plot_sweep(rows: Sequence[dict], model: str, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: loads only when a chart is drawn (keeps the CLI's start fast)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy, after the backend is chosen
 
     tasks = sorted({r["task"] for r in rows})
     fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 4.5), squeeze=False)

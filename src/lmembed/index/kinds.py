@@ -223,6 +223,8 @@ class FaissIndex(VectorIndex):
         index = faiss.index_factory(self.dim, spec, faiss.METRIC_INNER_PRODUCT)
         if p.kind == "hnsw":
             faiss.downcast_index(index).hnsw.efConstruction = p.ef_construction
+        if p.kind == "ivf-pq":  # polysemous codes only speed up Hamming pre-filtering, which is not used here
+            faiss.extract_index_ivf(index).do_polysemous_training = False
         return index
 
     @property

@@ -115,6 +115,7 @@ def resolve_bundled(name: str) -> Path:
 
 def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
     """Dequantise a GGUF checkpoint and save it as safetensors, atomically (temp dir + rename)."""
+    # lazy: torch/transformers load only for the one-off GGUF conversion (`lmembed models` stays fast)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

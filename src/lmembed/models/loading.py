@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from lmembed.errors import ModelLoadError
 from lmembed.models.bundled import BUNDLED, resolve_bundled
@@ -155,8 +157,6 @@ def load_backbone(
     ``exact_tokenizer=True`` (for directories lmembed saved itself) loads the tokenizer class recorded in
     ``tokenizer_config.json`` rather than the one transformers associates with the model type.
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
     path = resolve_model_path(name_or_path)
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
@@ -236,8 +236,7 @@ def quantize_int8(model: nn.Module, scheme: str, device: torch.device) -> tuple[
         raise ModelLoadError(f"quantize={scheme!r} is unknown; the only scheme is 'int8' (dynamic, CPU)")
     if device.type != "cpu":
         raise ModelLoadError("quantize='int8' (dynamic quantisation) runs on the CPU only; use device='cpu'")
-    import warnings
-
+    # lazy: torch's quantisation package loads only for the int8 path
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     fingerprint = weights_fingerprint(model) + "-int8"
