@@ -224,7 +224,7 @@ class FaissIndex(VectorIndex):
         if p.kind == "hnsw":
             faiss.downcast_index(index).hnsw.efConstruction = p.ef_construction
         if p.kind == "ivf-pq":  # polysemous codes only speed up Hamming pre-filtering, which is not used here
-            faiss.extract_index_ivf(index).do_polysemous_training = False
+            faiss.downcast_index(faiss.extract_index_ivf(index)).do_polysemous_training = False
         return index
 
     @property
