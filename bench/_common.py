@@ -7,8 +7,11 @@ import resource
 import sys
 from pathlib import Path
 
+from lmembed.io import read_jsonl as _read_all_jsonl
+from lmembed.paths import shared_candidates, shared_datasets_dir
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "datasets"
+SHARED = shared_datasets_dir() or shared_candidates()[0]
 
 
 def shared_or_exit(relative: str = "") -> Path:
@@ -25,14 +28,9 @@ def peak_rss_mb() -> float:
 
 
 def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                rows.append(json.loads(line))
-            if limit is not None and len(rows) >= limit:
-                break
-    return rows
+    """The rows of a JSON-lines file (lmembed's one reader: errors name file and line), the first ``limit``."""
+    rows = _read_all_jsonl(path)
+    return rows if limit is None else rows[:limit]
 
 
 def save_json(data: dict, name: str) -> Path:

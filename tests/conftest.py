@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from lmembed.paths import shared_candidates, shared_datasets_dir
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "datasets"
+SHARED = shared_datasets_dir() or shared_candidates()[0]
 
 WORDS = [
     "the",

@@ -66,3 +66,29 @@ def test_cli_starts_without_torch():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "HEAVY []" in run.stdout, run.stdout
+
+
+SRC = ROOT / "src" / "lmembed"
+
+
+def test_environment_variables_are_read_in_one_place():
+    """Only ``paths.py`` reads lmembed's environment variables (``os.environ``/``os.getenv`` with LMEMBED_)."""
+    readers = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "paths.py" and path.parent == SRC:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if ("environ" in line or "getenv" in line) and "LMEMBED_" in line:
+                readers.append(f"{path.relative_to(SRC)}:{number}: {line.strip()}")
+    assert not readers, "LMEMBED_* read outside paths.py:\n" + "\n".join(readers)
+
+
+def test_every_package_and_module_says_what_it_holds():
+    import ast
+
+    bare = [
+        str(path.relative_to(SRC))
+        for path in sorted(SRC.rglob("*.py"))
+        if path.name != "__main__.py" and not ast.get_docstring(ast.parse(path.read_text()))
+    ]
+    assert not bare, f"modules without a docstring: {bare}"

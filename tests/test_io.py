@@ -220,7 +220,7 @@ def test_lmembed_home_moves_dataset_model_and_embedding_caches(clean_env: Path, 
     assert paths.converted_model_dir("gemma3-270m") == home / "models" / "gemma3-270m"
     assert paths.models_dir() == home / "models" and paths.gguf_dir() == home / "gguf"
     assert paths.embedding_cache_dir() == home / "embeddings"
-    assert bundled.lmembed_home() == home  # the bundled-model cache follows the same home
+    assert bundled.converted_model_dir("minilm") == home / "models" / "minilm"  # bundled conversions follow the home
 
 
 def test_each_variable_wins_over_the_home(clean_env: Path, monkeypatch) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from lmembed.errors import LmembedError
 from lmembed.paths import converted_model_dir, gguf_dir
-from lmembed.paths import lmembed_home as lmembed_home  # re-exported: the CLI's `models` command prints it
 
 log = logging.getLogger(__name__)
 
