@@ -116,7 +116,7 @@ def measure_step(args: argparse.Namespace, batch: int, chunk: int | None) -> dic
     """One training step in this process; returns its memory rise and duration."""
     import torch
 
-    from lmembed.training.data import TrainDataset, read_jsonl_examples
+    from lmembed.training.rows import TrainDataset, read_jsonl_examples
     from lmembed.training.train_config import TrainConfig
     from lmembed.training.trainer import Trainer
 

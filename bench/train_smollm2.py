@@ -28,8 +28,8 @@ import torch
 
 from _common import SHARED, peak_rss_mb, shared_or_exit
 from lmembed import Embedder
-from lmembed.training.data import DataSource
 from lmembed.training.dev_eval import evaluate_retrieval, load_eval_tasks
+from lmembed.training.rows import DataSource
 from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import Trainer
 

@@ -255,7 +255,7 @@ def test_an_absolute_data_path_means_exactly_that_path(workspace, monkeypatch):
     (cwd / "definitely").mkdir(parents=True)
     (cwd / "definitely" / "x.jsonl").write_text('{"query": "cat", "positive": "the cat"}\n' * 4)
     monkeypatch.chdir(cwd)
-    with pytest.raises(DatasetNotFoundError, match="/definitely/x.jsonl"):
+    with pytest.raises(DatasetNotFoundError, match=r"/definitely/x\.jsonl"):
         resolve_local("/definitely/x.jsonl")
     assert resolve_local("definitely/x.jsonl") == Path("definitely/x.jsonl")  # a relative path still works
     argv = ["train", "--model", "{model}", "--data", "/definitely/x.jsonl", "-o", "{tmp}/run2", "--steps", "1"]

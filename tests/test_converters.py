@@ -17,7 +17,7 @@ from lmembed.training.converters import (
     pair_rows,
     sts_rows,
 )
-from lmembed.training.data import MixtureSampler, TaskHomogeneousSampler, TrainDataset, TrainExample, parse_row
+from lmembed.training.rows import MixtureSampler, TaskHomogeneousSampler, TrainDataset, TrainExample, parse_row
 
 MULTI = [
     {"text": f"{label} example {i}", "label_text": label}

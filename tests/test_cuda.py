@@ -24,7 +24,7 @@ from lmembed.training.trainer import Trainer
 from test_gradcache import CHUNK, _features, _grads, _model, _reference_step, _retrieval_loss
 from test_gradcache import _embedder as embed_fn
 from test_trainer import ROWS, make_config
-from test_training_data import write_jsonl
+from test_training_rows import write_jsonl
 
 pytestmark = [
     pytest.mark.gpu,

@@ -29,7 +29,7 @@ from lmembed.io import (
 )
 from lmembed.mining import MiningError, load_corpus, read_rows
 from lmembed.models import bundled
-from lmembed.training.data import TrainingDataError, read_beir, read_jsonl_examples
+from lmembed.training.rows import TrainingDataError, read_beir, read_jsonl_examples
 
 LATIN1 = "café".encode("latin-1")  # b"caf\xe9": not UTF-8
 

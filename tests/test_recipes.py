@@ -144,7 +144,7 @@ CLASS_ROWS = [{"text": f"{w} {i}", "label_text": w} for w in ("cat", "dog", "foo
 
 
 def test_toy_recipe_runs_every_stage_type_end_to_end(tmp_path, tiny_dir, monkeypatch):
-    from lmembed.training import data
+    from lmembed.training import rows as data
 
     seen_batches: list[set[str]] = []
     original = data.TaskHomogeneousSampler.batch

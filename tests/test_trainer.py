@@ -22,7 +22,7 @@ from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 from lmembed.training.trainable import LoraSettings, TrainableEmbedder, trim_padding
 from lmembed.training.trainer import Trainer
-from test_training_data import make_beir, write_jsonl
+from test_training_rows import make_beir, write_jsonl
 
 ROWS = [
     ("the cat sat on the mat", "a cat sat on a rug", "the dog was bad"),

@@ -22,8 +22,8 @@ from rich.console import Console
 
 from lmembed.cli.boundary import GuardedCommand
 from lmembed.cli.options import ATTENTION_DOC, DEVICE_DOC, POOLING_DOC, check_writable
-from lmembed.training.data import DataSource
 from lmembed.training.recipes import RecipeError, run_recipe
+from lmembed.training.rows import DataSource
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
 

@@ -18,8 +18,8 @@ How each kind of data becomes rows, following NV-Embed (Lee et al., 2024, sectio
   given, else drawn at random.
 * **pairs / triplets** (:func:`pair_rows`): ``anchor``/``positive``/``negative`` files such as NLI.
 
-Batching: the trainer's :class:`~lmembed.training.data.MixtureSampler` already samples datasets
-uniformly and blends them row by row (NV-Embed's choice). :class:`~lmembed.training.data.TaskHomogeneousSampler` is the
+Batching: the trainer's :class:`~lmembed.training.rows.MixtureSampler` already samples datasets
+uniformly and blends them row by row (NV-Embed's choice). :class:`~lmembed.training.rows.TaskHomogeneousSampler` is the
 alternative (SFR-Embedding's): every batch comes from one dataset, picked with the same mixture
 weights, so in-batch negatives always share a task.
 """

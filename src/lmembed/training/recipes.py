@@ -60,7 +60,7 @@ from lmembed.datasets import resolve_local
 from lmembed.errors import LmembedError
 from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
 from lmembed.training import converters as conv
-from lmembed.training.data import BATCHING_MODES
+from lmembed.training.rows import BATCHING_MODES
 from lmembed.training.train_config import (
     OBJECTIVE_NAMES,
     ObjectiveConfig,

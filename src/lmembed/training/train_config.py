@@ -11,7 +11,7 @@ decay; datasets sampled uniformly). ``temperature=None`` keeps the loss's own de
 as in E5-mistral).
 
 A YAML file holds the same fields; a data source is a path or a mapping of
-:class:`~lmembed.training.data.DataSource` fields::
+:class:`~lmembed.training.rows.DataSource` fields::
 
     model: smollm2-135m
     pooling: mean
@@ -35,7 +35,7 @@ import yaml
 
 from lmembed.config import unknown_options
 from lmembed.errors import LmembedError
-from lmembed.training.data import BATCHING_MODES, MIXING_MODES, DataSource
+from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
 # The pre-training stages (lmembed.training.stages), by the name ObjectiveConfig.objective takes.

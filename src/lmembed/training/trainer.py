@@ -2,7 +2,7 @@
 
 One training step:
 
-1. take the step's global batch from the :class:`~lmembed.training.data.MixtureSampler` (a pure
+1. take the step's global batch from the :class:`~lmembed.training.rows.MixtureSampler` (a pure
    function of seed and step) and this process's share of it;
 2. embed queries (with their instructions), positives and hard negatives through the
    :class:`~lmembed.training.trainable.TrainableEmbedder` — in one forward pass, or chunk by chunk through
@@ -44,13 +44,13 @@ from torch.nn.parallel import DistributedDataParallel
 from lmembed.atomic import atomic_write_text
 from lmembed.embedder import Embedder
 from lmembed.training import checkpoint as ckpt
-from lmembed.training.data import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
 from lmembed.training.dev_eval import evaluate_retrieval, load_eval_tasks
 from lmembed.training.distributed import setup_distributed
 from lmembed.training.gradcache import GradCache
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
 from lmembed.training.optim import OptimisationStep, build_optimizer, build_scheduler
+from lmembed.training.rows import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
 from lmembed.training.seeding import set_seed
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 from lmembed.training.trainable import TrainableEmbedder, build_trainable

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lmembed.io import iter_jsonl
-from lmembed.training.data import DataSource, TrainExample, load_source
+from lmembed.training.rows import DataSource, TrainExample, load_source
 from lmembed.training.train_config import ObjectiveConfigError
 
 __all__ = ["BatchStream", "load_items"]

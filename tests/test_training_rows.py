@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import shared_or_skip
-from lmembed.training.data import (
+from lmembed.training.rows import (
     DataSource,
     MixtureSampler,
     TrainDataset,
