@@ -232,6 +232,7 @@ BAD_REQUESTS = [
     ({"input": "x", "input_type": "passage"}, "invalid_input_type", "'query' or 'document'"),
     ({"input": "x", "input_type": "document", "instruction": "Find"}, "instruction_not_allowed", "without"),
     ({"input": "x", "instruction": 3}, "invalid_instruction", "'instruction' must be a string"),
+    (b'{"input": "x", "instruction": "\\udfff"}', "invalid_instruction", "lone surrogate"),
     ({"input": "x", "user": 3}, "invalid_user", "'user' must be a string"),
 ]
 

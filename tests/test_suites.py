@@ -91,15 +91,16 @@ def lite_report():
 
 def test_suite_definitions():
     lite = suite_task_names("mteb-lite")
-    assert len(lite) == 15
+    assert len(lite) == 20
     types = Counter(locate(name, "/nonexistent").task_type for name in lite)
     assert types == {
         "Retrieval": 3,
         "Reranking": 2,
-        "Clustering": 3,
-        "PairClassification": 1,
+        "Clustering": 6,
+        "PairClassification": 2,
         "Classification": 3,
         "STS": 3,
+        "Summarization": 1,
     }
     assert set(SUITES["sts"]) == {"STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICK-R"}
     assert SUITES["retrieval"] == ("SciFact", "NFCorpus", "ArguAna")
@@ -187,4 +188,9 @@ def test_shared_data_holds_the_sts_and_retrieval_suites():
         "EmotionClassification",
         "SICK-R",
         "STSBenchmark",
+        "MasakhaNEWSClusteringS2S",
+        "MasakhaNEWSClusteringP2P",
+        "SIB200ClusteringS2S",
+        "RTE3",
+        "SummEval",
     }

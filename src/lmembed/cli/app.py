@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from lmembed.cli import cache, encode, evaluate, index, mine, models, serve, train
+from lmembed.cli import cache, encode, evaluate, experiment, index, mine, models, serve, train
 from lmembed.cli.boundary import GuardedGroup
 from lmembed.paths import DEBUG_ENV_VAR
 
@@ -34,6 +34,7 @@ app.command("eval")(evaluate.eval_command)
 app.command("sweep")(evaluate.sweep)
 app.command("report")(evaluate.report)
 app.command("train")(train.train)
+app.command("experiment")(experiment.experiment)
 app.command("mine")(mine.mine)
 app.add_typer(index.app, name="index")
 app.command("search")(index.search)

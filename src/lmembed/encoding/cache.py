@@ -82,6 +82,45 @@ class EmbeddingCache:
             for key, vector in zip(keys, vectors, strict=True):
                 self._index[key] = vector
 
+    # ------------------------------------------------------------------ named shards (sharded jobs)
+    def shard_path(self, name: str) -> Path:
+        """Where the named shard ``name`` of a sharded encoding job (:mod:`lmembed.scale`) lives."""
+        if not name or name.startswith(".tmp-") or "/" in name:
+            raise ValueError(f"invalid shard name {name!r}")
+        return self.dir / f"{name}.npz"
+
+    def has_shard(self, name: str) -> bool:
+        """True when the named shard is complete on disk (it is written atomically, so present = complete)."""
+        return self.shard_path(name).is_file()
+
+    def store_shard(self, name: str, keys: np.ndarray, vectors: np.ndarray) -> Path:
+        """Write a named shard atomically: ``keys`` are (n, 16) uint8 text digests (:func:`key_array`),
+        ``vectors`` the raw pooled float32 vectors in the same order. Lookups by text see it like any
+        other shard; a sharded job finds it again by name, so a resumed job skips it."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint8).reshape(-1, KEY_BYTES)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if len(keys) != len(vectors):
+            raise ValueError(f"shard {name!r}: {len(keys)} keys for {len(vectors)} vectors")
+        path = self.shard_path(name)
+        atomic_save_npz(path, keys=keys, vectors=vectors)
+        if self._index is not None:
+            for key, vector in zip(keys, vectors, strict=True):
+                self._index[key.tobytes()] = vector
+        return path
+
+
+def key_array(keys: Sequence[bytes]) -> np.ndarray:
+    """Text digests (:func:`text_key`) as one (n, 16) uint8 array, the form shards store."""
+    if not keys:
+        return np.empty((0, KEY_BYTES), dtype=np.uint8)
+    return np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES).copy()
+
+
+def read_shard(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, vectors)`` of one shard file: (n, 16) uint8 digests and (n, dim) raw float32 vectors."""
+    with np.load(Path(path)) as data:
+        return data["keys"], data["vectors"]
+
 
 def clear_cache(root: Path | None = None) -> int:
     """Delete every cached embedding under ``root``; returns the number of shard files removed."""

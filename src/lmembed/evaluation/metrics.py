@@ -16,6 +16,21 @@ How MTEB aggregates, and so how we do:
   the run before scoring (MTEB's ArguAna setting). This happens *after* retrieval, so such a
   query is scored on its remaining hits.
 
+Cut-offs: :data:`K_VALUES` holds 20 of them, the number the decoder-vs-encoder paper reports every metric
+at (it names 1, 2, 3, 5, 10, 20, 30, 100 "etc."; we fill the rest on a roughly logarithmic grid up to the
+1,000 hits that are retrieved). It contains MTEB's own seven (:data:`MTEB_K_VALUES`: 1, 3, 5, 10, 20, 100,
+1000), so every key MTEB reports is there with MTEB's value.
+
+Areas under the curve: MTEB also reports ``nauc_<metric>_at_<k>_<max|std|diff1>``, the normalised area
+under an *abstention curve* (Gisserot-Boukhlef et al., 2024): each query gets a confidence from its
+retrieved scores (``max``: the top score; ``std``: their standard deviation; ``diff1``: the gap between
+the first and second score); queries are dropped, least confident first, at rates 0, 0.1, ..., 0.9, and
+the mean metric of the queries kept traces a curve. Its area is rescaled so that 0 is a useless
+confidence (a flat curve) and 1 the oracle (dropping the worst queries first). Computed for nDCG, MAP,
+recall, precision and MRR at every cut-off (:func:`nauc_scores`); a group of queries with equal
+confidence counts with its mean metric, so the value does not depend on the order of the queries
+(mteb's current rule). Not rounded, as in MTEB; ``NaN`` where every query has the same metric value.
+
 ``main_score`` is ``ndcg_at_10``.
 """
 
@@ -24,9 +39,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytrec_eval
 
-K_VALUES: tuple[int, ...] = (1, 3, 5, 10, 20, 100, 1000)
+#: MTEB's retrieval cut-offs.
+MTEB_K_VALUES: tuple[int, ...] = (1, 3, 5, 10, 20, 100, 1000)
+#: The default cut-offs: 20 of them (the decoder-vs-encoder paper's count), MTEB's seven included.
+K_VALUES: tuple[int, ...] = (1, 2, 3, 5, 7, 10, 15, 20, 25, 30, 40, 50, 70, 100, 150, 200, 300, 500, 700, 1000)
+#: The metrics MTEB reports an nAUC for (hit rate has none).
+NAUC_METRICS: tuple[str, ...] = ("ndcg", "map", "recall", "precision", "mrr")
+#: The confidence functions of the abstention curves.
+CONFIDENCES: tuple[str, ...] = ("max", "std", "diff1")
+#: Abstention rates at which the curve is sampled: MTEB's ``numpy.linspace(0, 1, 11)[:-1]``, bit for bit
+#: (``0.30000000000000004`` rather than ``0.3`` decides how a count such as 4.5 rounds).
+ABSTENTION_RATES: tuple[float, ...] = tuple(float(x) for x in np.linspace(0.0, 1.0, 11)[:-1])
 MAIN_METRIC = "ndcg_at_10"
 ROUND_DIGITS = 5
 
@@ -147,6 +173,72 @@ def average_scores(
     return scores
 
 
+# ---------------------------------------------------------------------------------------------- nAUC
+def confidence_scores(scores: Iterable[float]) -> dict[str, float]:
+    """One query's confidences from its retrieved scores: ``max``, ``std`` and ``diff1`` (top minus
+    second score); all 0 for an empty run, ``diff1`` 0 for a single hit."""
+    values = sorted((float(s) for s in scores), reverse=True)
+    if not values:
+        return {"max": 0.0, "std": 0.0, "diff1": 0.0}
+    diff1 = values[0] - values[1] if len(values) > 1 else 0.0
+    return {"max": values[0], "std": float(np.std(values)), "diff1": diff1}
+
+
+def abstention_curve(
+    confidence: np.ndarray, metric: np.ndarray, rates: Sequence[float] = ABSTENTION_RATES
+) -> np.ndarray:
+    """Mean ``metric`` of the queries kept when the least confident fraction ``rate`` is dropped, per rate.
+
+    Queries with equal confidence count with their group's mean metric (the expected value under a
+    random tie-break); at least one query is always kept."""
+    n = len(confidence)
+    if n == 0:
+        return np.full(len(rates), np.nan)
+    order = np.argsort(confidence, kind="stable")
+    conf_sorted, metric_sorted = confidence[order], metric[order]
+    starts = np.flatnonzero(np.r_[True, conf_sorted[1:] != conf_sorted[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    smoothed = np.repeat(np.add.reduceat(metric_sorted, starts) / sizes, sizes)
+    return np.array([smoothed[min(round(rate * n), n - 1) :].mean() for rate in rates])
+
+
+def _trapezoid(y: np.ndarray, x: np.ndarray) -> float:
+    """Area under the piecewise-linear curve through (x, y) (``numpy.trapezoid``, on any numpy)."""
+    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)))
+
+
+def normalised_auc(confidence: np.ndarray, metric: np.ndarray, rates: Sequence[float] = ABSTENTION_RATES) -> float:
+    """The abstention curve's area rescaled between a flat curve (0) and the oracle's (1); NaN when the
+    oracle is flat too (every query has the same metric value)."""
+    x = np.asarray(rates, dtype=np.float64)
+    curve = abstention_curve(confidence, metric, rates)
+    oracle = abstention_curve(metric, metric, rates)
+    area, oracle_area = _trapezoid(curve, x), _trapezoid(oracle, x)
+    flat_area = float(oracle[0] * (x[-1] - x[0]))
+    if oracle_area == flat_area:
+        return float("nan")
+    return (area - flat_area) / (oracle_area - flat_area)
+
+
+def nauc_scores(
+    run: Run, per_query: Mapping[str, Mapping[str, float]], k_values: Sequence[int] = K_VALUES
+) -> dict[str, float]:
+    """MTEB's ``nauc_<metric>_at_<k>_<confidence>`` for nDCG, MAP, recall, precision and MRR at each
+    cut-off, over the scored queries of ``per_query`` (confidences from their hits in ``run``)."""
+    query_ids = list(per_query)
+    if not query_ids:
+        return {}
+    confidences = [confidence_scores(run.get(q, {}).values()) for q in query_ids]
+    by_function = {name: np.array([c[name] for c in confidences]) for name in CONFIDENCES}
+    out: dict[str, float] = {}
+    for metric in NAUC_METRICS:
+        for k in k_values:
+            values = np.array([per_query[q][f"{metric}_at_{k}"] for q in query_ids], dtype=np.float64)
+            for name, confidence in by_function.items():
+                out[f"nauc_{metric}_at_{k}_{name}"] = normalised_auc(confidence, values)
+    return out
+
+
 def evaluate_run(
     qrels: QrelsLike,
     run: Run,
@@ -154,10 +246,18 @@ def evaluate_run(
     *,
     ignore_identical_ids: bool = False,
     round_digits: int | None = ROUND_DIGITS,
+    nauc: bool = True,
 ) -> RetrievalScores:
-    """Score a run against judgments, returning MTEB-keyed averages and per-query values."""
+    """Score a run against judgments, returning MTEB-keyed averages and per-query values.
+
+    With ``nauc`` (the default) the averages also hold MTEB's nAUC keys (:func:`nauc_scores`)."""
     k_values = sorted(set(k_values) | {10})
     if ignore_identical_ids:
         run = drop_identical_ids(run)
     per_query = per_query_scores(qrels, run, k_values)
-    return RetrievalScores(average_scores(per_query, k_values, round_digits=round_digits), per_query)
+    scores = average_scores(per_query, k_values, round_digits=round_digits)
+    if nauc:
+        main = scores.pop("main_score")
+        scores.update(nauc_scores(run, per_query, k_values))
+        scores["main_score"] = main
+    return RetrievalScores(scores, per_query)

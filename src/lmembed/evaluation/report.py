@@ -3,7 +3,9 @@
 :func:`render_report` reads every task result under a folder (any task type; only each task's
 ``main_score`` is used), builds one row per model/strategy and one column per task, grouped by
 task type, with per-type means and overall means, and writes ``report.md``, ``report.png`` and
-``report.json`` into an output folder.
+``report.json`` into an output folder. A folder written by ``lmembed experiment`` (it holds a
+``summary.json``) is rendered as an experiment instead: ``summary.md`` and ``summary.png``
+(:mod:`lmembed.evaluation.experiment_report`), with the arms as rows of the score table.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.experiment_report import is_experiment_folder, render_experiment
 from lmembed.evaluation.results import load_results, strategy_slug
 
 logger = logging.getLogger(__name__)
@@ -195,7 +198,10 @@ def _table_json(table: ScoreTable) -> dict:
 def render_report(
     results_dir: str | Path, out_dir: str | Path, *, title: str = "lmembed results", echo: bool = False
 ) -> Report:
-    """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``."""
+    """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``
+    (an experiment folder: summary.md/.png, see the module docstring)."""
+    if is_experiment_folder(results_dir):
+        return _experiment_report(results_dir, out_dir, echo=echo)
     results = load_results(results_dir)
     if not results:
         logger.warning("no result files found under %s", results_dir)
@@ -209,3 +215,24 @@ def render_report(
     if echo:
         print(markdown)
     return Report(markdown=markdown, table=table, files=files)
+
+
+def _experiment_report(folder: str | Path, out_dir: str | Path, *, echo: bool) -> Report:
+    """An experiment folder as a :class:`Report`: its Markdown, files, and arms × tasks mean scores."""
+    markdown, files, summary = render_experiment(folder, out_dir)
+    types: dict[str, list[str]] = defaultdict(list)
+    for task in summary["tasks"]:
+        if task["scale"] == 100.0:
+            types[task["task_type"]].append(task["name"])
+    scores = {
+        (arm["name"], f"{arm['runs']} run(s)"): {
+            name: cell["mean"] for name, cell in summary["scores"].get(arm["name"], {}).items() if name != "train loss"
+        }
+        for arm in summary["arms"]
+    }
+    ordered = {t: types[t] for t in sorted(types, key=_type_rank)}
+    if echo:
+        print(markdown)
+    return Report(
+        markdown=markdown, table=ScoreTable(rows=list(scores), task_types=ordered, scores=scores), files=files
+    )

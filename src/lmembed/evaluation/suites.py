@@ -2,7 +2,9 @@
 
 Suites:
 
-* ``mteb-lite``: a 15-task cross-section of MTEB(eng) covering six task types;
+* ``mteb-lite``: a 20-task cross-section of MTEB covering all seven task types: fifteen MTEB(eng) tasks
+  plus the English clustering, pair-classification and summarization sets the project holds
+  (MasakhaNEWS S2S/P2P, SIB-200, RTE3, SummEval);
 * ``sts``: the STS tasks whose data the project holds (STS12–16, STSBenchmark, SICK-R);
 * ``retrieval``: the retrieval tasks the project holds (SciFact, NFCorpus, ArguAna).
 
@@ -51,6 +53,11 @@ SUITES: dict[str, tuple[str, ...]] = {
         "STS17",
         "SICK-R",
         "STSBenchmark",
+        "MasakhaNEWSClusteringS2S",
+        "MasakhaNEWSClusteringP2P",
+        "SIB200ClusteringS2S",
+        "RTE3",
+        "SummEval",
     ),
     "sts": ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICK-R"),
     "retrieval": ("SciFact", "NFCorpus", "ArguAna"),

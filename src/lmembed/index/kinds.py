@@ -27,7 +27,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import faiss
 import numpy as np
@@ -47,14 +47,19 @@ KIND_PARAMS: dict[str, tuple[str, ...]] = {
 }
 #: FAISS warns below 39 training points per k-means cell; the default ``nlist`` stays above that.
 MIN_POINTS_PER_LIST = 39
+#: The default ``nlist`` grows as ``4·√n`` up to this (k-means cost grows with lists x training points).
+MAX_DEFAULT_NLIST = 1024
+#: ivf-pq trains on at most this many vectors per list (a seeded random sample), and at least 10,000.
+TRAIN_POINTS_PER_LIST = 64
 
 
 @dataclass(frozen=True)
 class IndexParams:
     """Build and search parameters of every kind (each kind reads only its own, see ``KIND_PARAMS``).
 
-    ``nlist``, ``pq_m`` are chosen from the data when left ``None`` (``4·√n`` lists, at most ``n/39``;
-    8 dimensions per sub-quantiser); the values used are what the manifest records.
+    ``nlist``, ``pq_m`` are chosen from the data when left ``None`` (``4·√n`` lists, at most ``n/39`` and
+    1,024; 8 dimensions per sub-quantiser); the values used are what the manifest records. An ivf-pq index
+    is trained on the first vectors added (a seeded sample of at most ``64·nlist`` of them).
     """
 
     kind: str = "flat"
@@ -116,7 +121,7 @@ class IndexParams:
             return self
         if n < 2:
             raise ConfigError(f"kind='ivf-pq' needs at least 2 documents to train on; got {n}")
-        nlist = self.nlist or max(1, min(round(4 * math.sqrt(n)), n // MIN_POINTS_PER_LIST))
+        nlist = self.nlist or max(1, min(round(4 * math.sqrt(n)), n // MIN_POINTS_PER_LIST, MAX_DEFAULT_NLIST))
         if nlist > n:
             raise ConfigError(f"nlist={nlist} is more than the {n} documents to train on")
         pq_m = self.pq_m or _default_pq_m(dim)
@@ -142,6 +147,10 @@ def normalized(vectors: np.ndarray) -> np.ndarray:
 
 def order_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The best ``k`` per query: score descending, ties by row ascending, misses (row -1) last."""
+    if rows.shape[1] < k:  # fewer candidates than asked: pad as FAISS does
+        missing = k - rows.shape[1]
+        rows = np.hstack([rows, np.full((len(rows), missing), -1, dtype=rows.dtype)])
+        scores = np.hstack([scores, np.full((len(scores), missing), -np.inf, dtype=np.float32)])
     scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
     order = np.lexsort((np.where(rows < 0, np.iinfo(np.int64).max, rows), -scores), axis=1)[:, :k]
     return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
@@ -164,8 +173,6 @@ def _save_array(path: Path, array: np.ndarray) -> None:
 
 class VectorIndex(ABC):
     """One kind's vectors: what :class:`~lmembed.index.index.Index` stores beside its documents."""
-
-    kinds: ClassVar[tuple[str, ...]]
 
     def __init__(self, params: IndexParams, dim: int) -> None:
         self.params = params
@@ -207,8 +214,6 @@ class VectorIndex(ABC):
 class FaissIndex(VectorIndex):
     """``flat``, ``hnsw`` and ``ivf-pq``: one FAISS float index with inner-product metric."""
 
-    kinds = ("flat", "hnsw", "ivf-pq")
-
     def __init__(self, params: IndexParams, dim: int, index: faiss.Index | None = None) -> None:
         super().__init__(params, dim)
         self.index = index
@@ -238,12 +243,19 @@ class FaissIndex(VectorIndex):
         if self.index is None:
             self.index = self._create(len(x))
         if not self.index.is_trained:
-            self.index.train(x)
+            self.index.train(self._training_sample(x))
         self.index.add(x)
 
-    def _search_params(self) -> faiss.SearchParameters | None:
-        if self.params.kind == "hnsw":
-            return faiss.SearchParametersHNSW(efSearch=max(self.params.ef_search, 1))
+    def _training_sample(self, x: np.ndarray) -> np.ndarray:
+        limit = max(TRAIN_POINTS_PER_LIST * (self.params.nlist or 1), 10_000)
+        if len(x) <= limit:
+            return x
+        return x[np.sort(np.random.default_rng(0).choice(len(x), size=limit, replace=False))]
+
+    def _search_params(self, k: int) -> faiss.SearchParameters | None:
+        """Per-call parameters (so concurrent searches with different settings do not interfere)."""
+        if self.params.kind == "hnsw":  # the beam must hold at least k candidates
+            return faiss.SearchParametersHNSW(efSearch=max(self.params.ef_search, k))
         if self.params.kind == "ivf-pq":
             return faiss.SearchParametersIVF(nprobe=self.params.nprobe)
         return None
@@ -252,9 +264,7 @@ class FaissIndex(VectorIndex):
         q = self._check(queries)
         if self.ntotal == 0 or len(q) == 0:
             return np.full((len(q), k), -np.inf, np.float32), np.full((len(q), k), -1, np.int64)
-        params = self._search_params()
-        if self.params.kind == "hnsw":  # the graph needs at least k candidates in its beam
-            params = faiss.SearchParametersHNSW(efSearch=max(self.params.ef_search, k))
+        params = self._search_params(k)
         scores, rows = self.index.search(q, k, params=params) if params is not None else self.index.search(q, k)
         return order_hits(scores, rows, k)
 
@@ -287,8 +297,6 @@ class FaissIndex(VectorIndex):
 
 class BinaryIndex(VectorIndex):
     """``binary``: sign bits searched by Hamming distance, candidates rescored (see the module doc)."""
-
-    kinds = ("binary",)
 
     def __init__(
         self,

@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -45,6 +45,7 @@ from lmembed.serving.tokens import RequestTokenizer
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 WARM_UP_TEXT = "warm-up"
 JSON = "application/json"
 
@@ -116,6 +117,21 @@ class ServerState:
             self.tokenizer.close()
 
 
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client hangs up first: then cancel it, so its texts still waiting leave the
+    queue instead of taking a forward pass nobody will read (answered 499, for the logs and metrics)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(request.receive())  # the body is read: the next message is the disconnect
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done and watch.result().get("type") == "http.disconnect":
+            task.cancel()
+            raise ApiError(499, "the client closed the connection before the answer", "client_closed_request")
+        return await task
+    finally:
+        watch.cancel()
+
+
 def _error_response(state: ServerState, error: ApiError) -> JSONResponse:
     state.metrics.error(error.status, error.code)
     headers = {"Retry-After": "1"} if error.status in (429, 503) else None
@@ -165,7 +181,9 @@ def create_app(
             dim=embedder.dim,
         )
         instruction = state.instruction_for(req.input_type, req.instruction)
-        vectors, tokens = await state.embed(req.texts, instruction, req.dimensions, "input")
+        vectors, tokens = await unless_disconnected(
+            request, state.embed(req.texts, instruction, req.dimensions, "input")
+        )
         state.metrics.tokens.inc(tokens)
         body = await asyncio.to_thread(embedding_body, vectors, req.encoding_format, req.model, tokens)
         return Response(body, media_type=JSON)
@@ -182,7 +200,7 @@ def create_app(
             max_k=state.limits.max_top_k,
         )
         instruction = req.instruction or state.config.query_instruction
-        vectors, tokens = await state.embed(req.queries, instruction, None, "query")
+        vectors, tokens = await unless_disconnected(request, state.embed(req.queries, instruction, None, "query"))
         scores, rows = await asyncio.to_thread(state.index.search_vectors, vectors, req.k)
         data = [
             {

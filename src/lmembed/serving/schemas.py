@@ -126,8 +126,14 @@ def _model(payload: dict[str, Any], served: Collection[str], default: str) -> st
 
 def _optional_string(payload: dict[str, Any], field: str) -> str | None:
     value = payload.get(field)
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise bad_request(f"'{field}' must be a string, got {type(value).__name__}", f"invalid_{field}", field)
+    try:
+        check_encodable(value, f"'{field}'")
+    except InputError as exc:
+        raise bad_request(str(exc), f"invalid_{field}", field) from None
     return value
 
 

@@ -1,0 +1,231 @@
+"""What an exported graph computes: the hidden states a set of strategies pools, nothing more.
+
+A :class:`Readout` is what one strategy reads from the transformer (which layers, averaged, with or without
+the decoder's final norm). :class:`StateGraph` wraps a backbone as a module whose inputs are token ids and a
+2-D attention mask and whose outputs are exactly the readouts' states: position ids and the 4-D mask
+(causal or bidirectional) are built inside it, and pooling stays outside, in lmembed's own code, so every
+pooling (including a trained latent-attention head) works on any backend.
+
+:func:`export_onnx` traces a :class:`StateGraph` to an ONNX file. Encoders are traced with transformers'
+eager attention, whose pattern ONNX Runtime's transformer optimiser recognises and fuses (one ``Attention``
+op per layer); :func:`fuse_onnx` runs that optimiser (fused attention, LayerNorm with the residual add,
+GELU with its bias).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmembed.config import EmbeddingConfig
+from lmembed.models.attention import set_causal_flags
+from lmembed.models.loading import Backbone
+from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
+
+log = logging.getLogger(__name__)
+
+#: ONNX opset of exported graphs (Trilu, LayerNormalization and the fused contrib ops are all available).
+OPSET = 17
+#: Exported graphs larger than this keep their weights in a side file (protobuf's limit is 2 GB).
+EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
+@dataclass(frozen=True)
+class Readout:
+    """The states one strategy pools: the mean of ``layers`` (0 = embeddings), read through the final norm
+    per ``final_norm`` (see :func:`lmembed.pooling.layers.select_states`)."""
+
+    layers: tuple[int, ...]
+    final_norm: bool | None
+
+    def label(self) -> str:
+        norm = {None: "", True: "+norm", False: "+raw"}[self.final_norm]
+        return "L" + "_".join(str(x) for x in self.layers) + norm
+
+
+def readout_of(config: EmbeddingConfig, num_layers: int, is_decoder: bool) -> Readout:
+    """The readout of ``config``; ``final_norm`` only matters for decoders (encoders have no final norm)."""
+    layers = tuple(normalize_layer(x, num_layers) for x in config.layers)
+    return Readout(layers, config.final_norm if is_decoder else None)
+
+
+def readouts_of(configs: Sequence[EmbeddingConfig], num_layers: int, is_decoder: bool) -> list[Readout]:
+    """The distinct readouts of ``configs``, in first-seen order."""
+    seen: dict[Readout, None] = {}
+    for cfg in configs:
+        seen.setdefault(readout_of(cfg, num_layers, is_decoder), None)
+    return list(seen)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count real tokens only, so left padding does not shift them."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def four_d_mask(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive (batch, 1, query, key) mask hiding padded keys, and later keys too when ``mode`` is causal."""
+    keep = attention_mask[:, None, None, :].to(torch.bool)
+    if mode == "causal":
+        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        keep = keep & (positions[None, :] <= positions[:, None])[None, None]
+    else:
+        keep = keep.expand(-1, 1, attention_mask.shape[1], -1)
+    zeros = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
+    return zeros.masked_fill(~keep, torch.finfo(dtype).min)
+
+
+class StateGraph(nn.Module):
+    """``(input_ids, attention_mask) -> one states tensor per readout`` for a backbone and attention mode."""
+
+    def __init__(self, backbone: Backbone, readouts: Sequence[Readout], mode: str) -> None:
+        super().__init__()
+        self.model = backbone.model
+        self.readouts = list(readouts)
+        self.mode = mode
+        self.is_decoder = backbone.is_decoder
+        self.dtype = backbone.dtype
+        self.norm = find_final_norm(backbone.model) if backbone.is_decoder else None
+        self.needs_raw_last = backbone.is_decoder and any(
+            r.final_norm is False and backbone.num_layers in r.layers for r in self.readouts
+        )
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "output_hidden_states": True}
+        if self.is_decoder:
+            kwargs["attention_mask"] = four_d_mask(self.mode, attention_mask, self.dtype)
+            kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+            kwargs["use_cache"] = False
+        else:
+            kwargs["attention_mask"] = attention_mask
+        captured: dict[str, torch.Tensor] = {}
+        handle = None
+        if self.needs_raw_last:
+            handle = self.model.layers[-1].register_forward_hook(
+                lambda _m, _i, out: captured.__setitem__("raw", out[0] if isinstance(out, tuple) else out)
+            )
+        try:
+            hidden_states = tuple(self.model(**kwargs).hidden_states)
+        finally:
+            if handle is not None:
+                handle.remove()
+        return tuple(
+            select_states(
+                hidden_states, r.layers, final_norm=r.final_norm, norm=self.norm, raw_last=captured.get("raw")
+            )
+            for r in self.readouts
+        )
+
+
+@contextmanager
+def attention_implementation(model: nn.Module, implementation: str) -> Iterator[None]:
+    """Switch ``model``'s attention implementation for the duration (restored afterwards)."""
+    config = model.config
+    previous = getattr(config, "_attn_implementation", None)
+    if previous == implementation or not hasattr(model, "set_attn_implementation"):
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+@contextmanager
+def _causal_flags_off(model: nn.Module, is_decoder: bool) -> Iterator[None]:
+    """The graph's own 4-D mask decides causality: kernels must not add theirs."""
+    if not is_decoder:
+        yield
+        return
+    flags = {m: m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)}
+    set_causal_flags(model, causal=False)
+    try:
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.is_causal = flag
+
+
+def export_onnx(graph: StateGraph, path: Path) -> Path:
+    """Trace ``graph`` to ``path`` (ONNX, dynamic batch and sequence axes); returns ``path``."""
+    model = graph.model
+    device = next(model.parameters()).device
+    ids = torch.full((2, 8), 5, dtype=torch.long, device=device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # a padded row, so no mask branch is traced away as constant
+    names = [f"states_{i}" for i in range(len(graph.readouts))]
+    axes: dict[str, dict[int, str]] = {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"}}
+    axes.update({name: {0: "batch", 1: "tokens"} for name in names})
+    implementation = "sdpa" if graph.is_decoder else "eager"
+    with (
+        attention_implementation(model, implementation),
+        _causal_flags_off(model, graph.is_decoder),
+        torch.no_grad(),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")  # tracer and legacy-exporter notices
+        torch.onnx.export(
+            graph,
+            (ids, mask),
+            str(path),
+            dynamo=False,
+            input_names=["input_ids", "attention_mask"],
+            output_names=names,
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            do_constant_folding=True,
+        )
+    return path
+
+
+def fuse_onnx(source: Path, target: Path, backbone: Backbone, *, attention: bool = True) -> Path:
+    """ONNX Runtime's transformer optimiser on an encoder graph (fused attention, skip-LayerNorm, bias-GELU);
+    ``attention=False`` keeps the attention projections as plain MatMuls (for int8 quantisation)."""
+    # lazy: onnxruntime is an optional extra and loads only when an ONNX graph is built
+    from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import FusionOptions
+
+    options = FusionOptions("bert")
+    options.enable_attention = attention
+    options.enable_embed_layer_norm = False  # keeps the graph's inputs (and padding handling) as exported
+    config = backbone.model.config
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = optimizer.optimize_model(
+            str(source),
+            model_type="bert",
+            num_heads=int(config.num_attention_heads),
+            hidden_size=int(config.hidden_size),
+            optimization_options=options,
+            opt_level=0,
+        )
+    log.info("ONNX Runtime fusions: %s", {k: v for k, v in fused.get_fused_operator_statistics().items() if v})
+    model = fused.model
+    if not any(entry.domain == "com.microsoft" for entry in model.opset_import):
+        model.opset_import.append(_contrib_opset())  # the fused ops live in ONNX Runtime's own domain
+    save_onnx(model, target)
+    return target
+
+
+def _contrib_opset() -> Any:
+    # lazy: onnx is an optional extra
+    import onnx
+
+    return onnx.helper.make_opsetid("com.microsoft", 1)
+
+
+def save_onnx(model: Any, path: Path) -> None:
+    """Write an ``onnx.ModelProto``; weights go to a side file when the graph is too large for one."""
+    # lazy: onnx is an optional extra
+    import onnx
+
+    large = model.ByteSize() > EXTERNAL_DATA_BYTES
+    onnx.save_model(model, str(path), save_as_external_data=large, location=path.name + ".data" if large else None)

@@ -1,0 +1,224 @@
+"""Rendering an experiment's summary: a Markdown report and one PNG (arms × tasks with intervals).
+
+An experiment folder (written by ``lmembed experiment``) holds ``summary.json``; this module turns it into
+``summary.md`` and ``summary.png``. It only reads the JSON, so ``lmembed report FOLDER`` can render an
+experiment folder as well as a folder of MTEB-layout results (:func:`lmembed.evaluation.report.render_report`
+calls :func:`render_experiment` when it finds a summary). What the numbers mean is computed in
+:mod:`lmembed.experiments.summary`; the Markdown says it in a line above each table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lmembed.atomic import atomic_savefig, atomic_write_text
+
+SUMMARY_FILE = "summary.json"
+MARKDOWN_FILE = "summary.md"
+PNG_FILE = "summary.png"
+MISSING = "–"
+
+
+def is_experiment_folder(folder: str | Path) -> bool:
+    """True when ``folder`` holds an experiment summary (``summary.json`` with an ``experiment`` entry)."""
+    path = Path(folder) / SUMMARY_FILE
+    if not path.is_file():
+        return False
+    try:
+        return "experiment" in json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def load_summary(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / SUMMARY_FILE).read_text())
+
+
+def _number(value: float | None, scale: float = 100.0, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return MISSING
+    return f"{value * scale:.{digits}f}"
+
+
+def _cell(cell: Mapping[str, Any] | None, scale: float) -> str:
+    if not cell:
+        return MISSING
+    digits = 2 if scale == 100.0 else 3
+    text = f"{_number(cell['mean'], scale, digits)} ± {_number(cell['std'], scale, digits)} (n={cell['n']})"
+    interval = cell.get("interval")
+    if interval:
+        text += f" [{_number(interval[0], scale, digits)}, {_number(interval[1], scale, digits)}]"
+    return text
+
+
+def _p(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return MISSING
+    return f"{value:.4f}" if value >= 0.0001 else f"{value:.1e}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return lines
+
+
+def experiment_markdown(summary: Mapping[str, Any]) -> str:
+    """The report: what was run, the scores per arm, the paired comparisons, training and run status."""
+    head = summary["experiment"]
+    lines = [f"# Experiment: {head['name']}", ""]
+    for label, key in (
+        ("Paper", "paper"),
+        ("Claim", "claim"),
+        ("Paper's result", "paper_result"),
+        ("Scale here", "scale"),
+        ("Model", "model"),
+        ("Device", "device"),
+    ):
+        if head.get(key):
+            lines.append(f"- **{label}:** {head[key]}")
+    lines.append(f"- **Seeds:** {', '.join(str(s) for s in head.get('seeds', []))} (arms without training run once)")
+    lines.append("")
+    tasks = summary["tasks"]
+    lines += [
+        "## Scores",
+        "",
+        "Main score (× 100 for task metrics): mean ± sample std over the arm's runs (n), then the 95 % bootstrap "
+        "interval of the arm's score over items (queries, pairs, texts or sets; per-item values averaged over seeds).",
+        "",
+    ]
+    header = ["arm", "kind", *(t["name"] for t in tasks)]
+    rows = []
+    for arm in summary["arms"]:
+        cells = summary["scores"].get(arm["name"], {})
+        rows.append([arm["name"], arm["kind"], *(_cell(cells.get(t["name"]), t["scale"]) for t in tasks)])
+    lines += [*_table(header, rows), ""]
+    metrics = ", ".join(f"{t['name']}: {t['main_metric']}" for t in tasks)
+    lines += [f"Metrics: {metrics}.", ""]
+    comparisons = summary.get("comparisons") or []
+    if comparisons:
+        lines += [
+            "## Comparisons",
+            "",
+            "Paired over the items both arms were scored on: difference a − b of the task statistic, 95 % "
+            "bootstrap interval, two-sided paired randomization-test p. *holds* / *reversed*: the interval "
+            "excludes 0 and p < 0.05, in / against the claimed direction; otherwise *not distinguishable*.",
+            "",
+        ]
+        scale_of = {t["name"]: t["scale"] for t in tasks}
+        rows = []
+        for c in comparisons:
+            scale = scale_of.get(c["task"], 100.0)
+            digits = 2 if scale == 100.0 else 3
+            interval = (
+                f"[{_number(c['low'], scale, digits)}, {_number(c['high'], scale, digits)}]"
+                if c.get("low") is not None
+                else MISSING
+            )
+            rows.append(
+                [
+                    c["a"],
+                    c["b"],
+                    c["task"],
+                    c["claim"],
+                    _number(c["difference"], scale, digits),
+                    interval,
+                    _p(c.get("p_value")),
+                    str(c.get("items", 0)),
+                    f"**{c['verdict']}**",
+                ]
+            )
+        lines += [
+            *_table(["a", "b", "task", "claim (a vs b)", "a − b", "95 % interval", "p", "items", "verdict"], rows)
+        ]
+        lines.append("")
+    trained = [a for a in summary["arms"] if a.get("train_seconds")]
+    if trained:
+        lines += ["## Training", ""]
+        rows = [
+            [a["name"], a["kind"], str(a["runs"]), str(a.get("steps") or MISSING), f"{a['train_seconds']:.0f}"]
+            for a in trained
+        ]
+        lines += [*_table(["arm", "kind", "runs", "steps (all stages)", "train s (mean)"], rows), ""]
+    runs = summary.get("runs", {})
+    lines += ["## Runs", "", f"Finished: {len(runs.get('finished', []))}; missing: {len(runs.get('missing', []))}."]
+    for run_id, reason in (runs.get("skipped") or {}).items():
+        lines.append(f"- not started: {run_id} ({reason})")
+    if runs.get("missing"):
+        lines.append(f"- missing: {', '.join(runs['missing'])} (finish them with `lmembed experiment FILE --resume`)")
+    return "\n".join(lines) + "\n"
+
+
+def plot_experiment(summary: Mapping[str, Any], path: str | Path) -> Path:
+    """Bars per task (one per arm) with the 95 % item intervals as error bars; the loss curves beside them."""
+    # lazy: matplotlib loads only when a chart is drawn (keeps the CLI's start fast)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    tasks = [t for t in summary["tasks"] if t["scale"] == 100.0]
+    arms = [a["name"] for a in summary["arms"]]
+    curves = {
+        arm: cell["curve"]
+        for arm, row in summary["scores"].items()
+        for name, cell in row.items()
+        if name == "train loss" and cell.get("curve")
+    }
+    panels = 2 if curves else 1
+    fig = Figure(
+        figsize=(max(6.0, 1.2 + 1.1 * max(1, len(tasks)) * (0.5 + 0.18 * len(arms))) + 4.0 * (panels - 1), 4.6)
+    )
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, panels, 1)
+    width = 0.8 / max(1, len(arms))
+    for i, arm in enumerate(arms):
+        xs, heights, low_err, high_err = [], [], [], []
+        for j, task in enumerate(tasks):
+            cell = summary["scores"].get(arm, {}).get(task["name"])
+            if not cell:
+                continue
+            mean = 100 * cell["mean"]
+            low, high = cell.get("interval") or (cell["mean"] - cell["std"], cell["mean"] + cell["std"])
+            xs.append(j - 0.4 + width * (i + 0.5))
+            heights.append(mean)
+            low_err.append(max(0.0, mean - 100 * low))
+            high_err.append(max(0.0, 100 * high - mean))
+        if xs:
+            ax.bar(xs, heights, width=width, yerr=[low_err, high_err], capsize=2, label=arm)
+    ax.set_xticks(range(len(tasks)))
+    ax.set_xticklabels([t["name"] for t in tasks], rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("main score × 100 (95 % interval over items)")
+    ax.set_title(summary["experiment"]["name"])
+    ax.grid(axis="y", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    if curves:
+        loss_ax = fig.add_subplot(1, panels, 2)
+        for arm, curve in curves.items():
+            loss_ax.plot(range(1, len(curve) + 1), curve, label=arm)
+        loss_ax.set_xlabel("step (last training stage)")
+        loss_ax.set_ylabel("training loss (mean over seeds)")
+        loss_ax.grid(alpha=0.3)
+        loss_ax.legend(fontsize=7)
+    fig.tight_layout()
+    return atomic_savefig(fig, path, dpi=110)
+
+
+def write_experiment_report(summary: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write ``summary.md`` and ``summary.png`` for ``summary`` into ``out_dir``."""
+    out = Path(out_dir)
+    markdown = atomic_write_text(out / MARKDOWN_FILE, experiment_markdown(summary))
+    png = plot_experiment(summary, out / PNG_FILE)
+    return {"markdown": markdown, "png": png}
+
+
+def render_experiment(folder: str | Path, out_dir: str | Path) -> tuple[str, dict[str, Path], dict[str, Any]]:
+    """Render the experiment in ``folder`` into ``out_dir``: (Markdown text, files written, the summary)."""
+    summary = load_summary(folder)
+    files = write_experiment_report(summary, out_dir)
+    if Path(out_dir).resolve() != Path(folder).resolve():
+        files["json"] = atomic_write_text(Path(out_dir) / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    return experiment_markdown(summary), files, summary

@@ -1,0 +1,14 @@
+"""Experiments: a grid of arms × seeds, each trained (or not) and evaluated, with differences judged.
+
+An experiment file (YAML) names a base model, shared training settings, **arms** (a strategy, a training
+run, or a recipe), **seeds** and an evaluation suite. ``lmembed experiment FILE.yaml`` trains and evaluates
+every (arm, seed) once, in one results folder, resumable after an interruption.
+
+* :mod:`~lmembed.experiments.spec`: reading and checking the file (errors name the file and line);
+* :mod:`~lmembed.experiments.plan`: the runs an experiment consists of, and which are finished;
+* :mod:`~lmembed.experiments.scoring`: evaluating one model on the suite, keeping per-item scores;
+* :mod:`~lmembed.experiments.runner`: running the plan (training through the recipes and the trainer);
+* :mod:`~lmembed.experiments.stats`: mean ± std over seeds, paired bootstrap intervals and randomization
+  tests between arms, and the verdicts;
+* :mod:`~lmembed.experiments.summary`: the summary (JSON + Markdown + PNG) built from the finished runs.
+"""

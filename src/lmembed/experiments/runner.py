@@ -1,0 +1,332 @@
+"""Running an experiment: train (where an arm trains) and evaluate every planned run, then summarise.
+
+:func:`run_experiment` walks the plan (:mod:`lmembed.experiments.plan`):
+
+* an arm without training loads its model with its strategy and is scored on the suite;
+* an arm with ``train`` is one contrastive run of :class:`~lmembed.training.trainer.Trainer` (the shared
+  ``train`` options + the arm's, the run's seed, output in the run folder); an arm with ``recipe`` runs the
+  recipe through :func:`~lmembed.training.recipes.run_recipe` with the arm's overrides, the experiment's
+  model, device and the run's seed (prepared data is kept once per arm, shared by its seeds); an arm with
+  ``model_from`` scores a stage of another arm's recipe run of the same seed;
+* the trained model is scored on the suite (:mod:`lmembed.experiments.scoring`); embeddings go through the
+  embedding cache, so re-scoring a model costs nothing;
+* ``run.json`` (scores, timings, losses) is written last and atomically: a run killed before it is started
+  over, one that has it is skipped by ``--resume``.
+
+``budget_minutes``: once a run has been timed, every remaining run's time is estimated (seconds per
+training step and per evaluation, from the finished runs, same arm first); a run that would end past the
+budget is not started and is reported, so ``--resume`` can finish it later.
+
+After the runs, the summary (:mod:`lmembed.experiments.summary`) is written from every finished run.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmembed.atomic import atomic_write_json, atomic_write_text
+from lmembed.errors import LmembedError
+from lmembed.evaluation.base import Task
+from lmembed.evaluation.runner import parse_layer_value
+from lmembed.experiments.plan import RUNS_DIR, PlannedRun, plan_runs, source_run
+from lmembed.experiments.scoring import build_suite, score_task
+from lmembed.experiments.spec import ExperimentSpec
+from lmembed.experiments.summary import write_summary
+from lmembed.training.recipes import parse_recipe, resolve_input, run_recipe
+from lmembed.training.train_config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+SPEC_FILE = "experiment.yaml"
+Progress = Callable[[str], None]
+
+
+class ExperimentError(LmembedError, RuntimeError):
+    """An experiment cannot run as asked (an output folder in use, a missing model of another arm ...)."""
+
+
+@dataclass
+class ExperimentOutcome:
+    """What :func:`run_experiment` did: runs finished now, reused, skipped (with why), and the summary."""
+
+    output: Path
+    finished: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- training
+def _data_sources(data: Sequence[Any]) -> list[Any]:
+    """Training data made concrete the way recipes do: paths, or dataset names found locally."""
+    out = []
+    for item in data:
+        if isinstance(item, str):
+            item = str(resolve_input(item))
+        elif isinstance(item, dict) and isinstance(item.get("path"), str):
+            item = {**item, "path": str(resolve_input(item["path"]))}
+        out.append(item)
+    return out
+
+
+def _read_losses(folder: Path) -> list[float]:
+    """The ``loss`` of every step record in a training folder's ``metrics.jsonl``."""
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    losses = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record.get("loss"), int | float) and "step" in record:
+            losses.append(float(record["loss"]))
+    return losses
+
+
+def _train_contrastive(spec: ExperimentSpec, run: PlannedRun) -> tuple[Path, dict[str, list[float]]]:
+    from lmembed.training.trainer import Trainer  # lazy: torch loads only when a run trains
+
+    options = copy.deepcopy(dict(run.arm.train or {}))
+    options["data"] = _data_sources(options.get("data") or [])
+    for key in ("pooling", "attention", "max_length"):
+        if key in run.arm.strategy and key not in options:
+            options[key] = run.arm.strategy[key]
+    options.setdefault("device", spec.device)
+    options.setdefault("dtype", spec.dtype)
+    options.update(model=run.arm.model, output=str(run.folder / "train"), seed=run.seed, progress=False)
+    result = Trainer(TrainConfig.from_dict(options)).train()
+    if result.model_dir is None:
+        raise ExperimentError(f"run {run.id}: the trainer saved no model")
+    return Path(result.model_dir), {"train": [float(x) for x in result.losses]}
+
+
+def _train_recipe(spec: ExperimentSpec, run: PlannedRun, output: Path) -> tuple[Path, dict[str, list[float]]]:
+    raw = copy.deepcopy(dict(run.arm.recipe or {}))
+    for step in raw.get("prepare") or []:  # prepared (and mined) data: once per arm, shared by its seeds
+        step.setdefault("output", str(output / "prepared" / run.arm.name / f"{step['name']}.jsonl"))
+    recipe = parse_recipe(raw, Path(run.arm.recipe_path) if run.arm.recipe_path else None)
+    overrides = {
+        **dict(run.arm.overrides),
+        "model": run.arm.model,
+        "output": str(run.folder / "recipe"),
+        "seed": run.seed,
+        "device": spec.device,
+    }
+    result = run_recipe(recipe, overrides=overrides)
+    if result.model_dir is None:
+        raise ExperimentError(f"run {run.id}: the recipe saved no model")
+    losses = {stage.name: _read_losses(stage.model_dir.parent) for stage in result.stages}
+    return Path(result.model_dir), losses
+
+
+def _model_of(spec: ExperimentSpec, run: PlannedRun, output: Path) -> Path:
+    """The stage model an arm with ``model_from`` scores (its source run must have finished)."""
+    source = source_run(spec, run, output)
+    stage = run.arm.model_from[1] if run.arm.model_from else ""
+    model = source.folder / "recipe" / stage / "model"
+    if not source.finished or not model.is_dir():
+        raise ExperimentError(f"run {run.id} scores {source.id}'s stage {stage!r}, which has not finished")
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def _device(name: str) -> str:
+    if name != "auto":
+        return name
+    import torch  # lazy: torch loads only when a model is
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_arm_model(spec: ExperimentSpec, run: PlannedRun, model: str | Path) -> Any:
+    """The Embedder a run scores: ``model`` read out with the arm's strategy (named layers resolved)."""
+    from lmembed.embedder import Embedder  # lazy: torch loads only when a model is
+
+    strategy = dict(run.arm.strategy)
+    layer = strategy.pop("layer", None)
+    if spec.evaluation.max_length is not None:
+        strategy.setdefault("max_length", spec.evaluation.max_length)
+    if layer is not None and not isinstance(layer, str):
+        strategy["layer"] = tuple(layer) if isinstance(layer, list) else layer
+    embedder = Embedder.from_pretrained(
+        str(model), device=_device(spec.device), dtype=spec.dtype, show_progress=False, **strategy
+    )
+    if isinstance(layer, str):
+        resolved = parse_layer_value(layer, embedder.backbone.num_layers)
+        embedder = embedder.with_config(embedder.config.with_options(layer=resolved))
+    return embedder
+
+
+def execute_run(spec: ExperimentSpec, run: PlannedRun, tasks: Sequence[Task], output: Path) -> dict[str, Any]:
+    """Train (if the arm trains) and score one run; write ``items.json`` then ``run.json``; return the record."""
+    if run.started:
+        shutil.rmtree(run.folder)  # an earlier attempt was interrupted (or ran with other settings)
+    run.folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    losses: dict[str, list[float]] = {}
+    if run.arm.train is not None:
+        model, losses = _train_contrastive(spec, run)
+    elif run.arm.recipe is not None:
+        model, losses = _train_recipe(spec, run, output)
+    elif run.arm.model_from is not None:
+        model = _model_of(spec, run, output)
+    else:
+        model = Path(run.arm.model) if Path(run.arm.model).exists() else run.arm.model  # type: ignore[assignment]
+    trained = time.perf_counter()
+    embedder = load_arm_model(spec, run, model)
+    scores = {}
+    for task in tasks:
+        scores[task.name] = score_task(task, embedder, batch_size=spec.evaluation.batch_size)
+    done = time.perf_counter()
+    atomic_write_json(run.items_file, {name: score.items() for name, score in scores.items()})
+    record = {
+        "key": run.key,
+        "arm": run.arm.name,
+        "seed": run.seed,
+        "model": str(model),
+        "trained": run.arm.trains,
+        "strategy": embedder.config.to_dict(),
+        "device": str(embedder.backbone.device),
+        "seconds": {"train": trained - started, "evaluate": done - trained, "total": done - started},
+        "steps": sum(len(v) for v in losses.values()),
+        "losses": losses,
+        "tasks": {name: score.summary() for name, score in scores.items()},
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    atomic_write_json(run.run_file, record)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------- budget
+def _planned_steps(run: PlannedRun) -> int:
+    """The optimisation steps a run will take (0 without training)."""
+    if run.arm.train is not None:
+        return int(run.arm.train.get("steps", TrainConfig.steps))
+    if run.arm.recipe is not None:
+        recipe = parse_recipe(copy.deepcopy(dict(run.arm.recipe)))
+        override = run.arm.overrides.get("steps")
+        return sum(int(override or stage.get("steps") or 0) for stage in recipe.stages)
+    return 0
+
+
+def estimate_seconds(run: PlannedRun, records: Sequence[dict[str, Any]]) -> float | None:
+    """Seconds ``run`` will take, from finished runs (the same arm's first); ``None`` before any is timed."""
+    same = [r for r in records if r.get("arm") == run.arm.name]
+    pool = same or records
+    if not pool:
+        return None
+    evaluate = sum(r["seconds"]["evaluate"] for r in pool) / len(pool)
+    steps = _planned_steps(run)
+    if not steps:
+        return evaluate
+    trained = [r for r in (same or records) if r.get("steps")]
+    if not trained:
+        trained = [r for r in records if r.get("steps")]
+    if not trained:
+        return None
+    per_step = sum(r["seconds"]["train"] / r["steps"] for r in trained) / len(trained)
+    return evaluate + per_step * steps
+
+
+# ---------------------------------------------------------------------------------------------- the experiment
+def _check_output(spec: ExperimentSpec, output: Path, resume: bool) -> None:
+    runs = output / RUNS_DIR
+    if runs.is_dir() and any(runs.iterdir()) and not resume:
+        raise ExperimentError(
+            f"{output} already holds runs of an experiment; pass --resume to continue it (finished runs are "
+            "kept) or choose another --output"
+        )
+
+
+def run_experiment(
+    spec: ExperimentSpec,
+    output: str | Path,
+    *,
+    resume: bool = False,
+    only: Sequence[str] | None = None,
+    budget_minutes: float | None = None,
+    progress: Progress | None = None,
+) -> ExperimentOutcome:
+    """Run every planned run of ``spec`` into ``output`` (see the module docstring) and write the summary."""
+    say = progress or (lambda line: log.info("%s", line))
+    output = Path(output)
+    _check_output(spec, output, resume)
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output / SPEC_FILE, _spec_yaml(spec))
+    try:
+        runs = plan_runs(spec, output, only)
+    except KeyError as exc:
+        raise ExperimentError(str(exc.args[0])) from exc
+    outcome = ExperimentOutcome(output)
+    records = [record for run in runs if (record := run.record()) is not None]
+    pending = [run for run in runs if run.record() is None]
+    outcome.reused = [run.id for run in runs if run not in pending]
+    if outcome.reused:
+        say(f"{len(outcome.reused)} run(s) finished earlier: {', '.join(outcome.reused)}")
+    tasks = build_suite(spec.evaluation) if pending else []
+    if tasks:
+        say(f"suite: {', '.join(task.name for task in tasks)}")
+    started = time.perf_counter()
+    budget = None if budget_minutes is None else 60.0 * budget_minutes
+    announced = False
+    for number, run in enumerate(pending, start=1):
+        if budget is not None:
+            estimate = estimate_seconds(run, records)
+            elapsed = time.perf_counter() - started
+            if estimate is not None and not announced:
+                announced = True
+                _announce_budget(pending[number - 1 :], records, budget - elapsed, say)
+            # without an estimate (nothing timed yet) a run goes ahead unless the budget is already spent
+            over = (bool(outcome.finished) and elapsed >= budget) if estimate is None else elapsed + estimate > budget
+            if over:
+                left = f"{max(0.0, budget - elapsed) / 60:.1f} min of the budget left"
+                reason = f"needs ~{estimate / 60:.1f} min, {left}" if estimate is not None else f"{left}"
+                outcome.skipped[run.id] = reason
+                say(f"[{number}/{len(pending)}] {run.id}: not started ({reason})")
+                continue
+        say(f"[{number}/{len(pending)}] {run.id}: {'training + ' if run.arm.trains else ''}evaluation")
+        record = execute_run(spec, run, tasks, output)
+        records.append(record)
+        outcome.finished.append(run.id)
+        cells = ", ".join(f"{name} {100 * t['main_score']:.2f}" for name, t in record["tasks"].items())
+        say(f"    {run.id}: {cells} ({record['seconds']['total']:.0f} s)")
+    all_runs = plan_runs(spec, output)
+    outcome.summary, outcome.files = write_summary(spec, all_runs, output, skipped=outcome.skipped)
+    return outcome
+
+
+def _announce_budget(
+    remaining: Sequence[PlannedRun], records: Sequence[dict[str, Any]], left: float, say: Progress
+) -> None:
+    """Print the estimated time of the remaining runs and which of them will not fit in the budget."""
+    total, fits, out = 0.0, [], []
+    for run in remaining:
+        estimate = estimate_seconds(run, records)
+        if estimate is None:
+            continue
+        if total + estimate <= left:
+            total += estimate
+            fits.append(run.id)
+        else:
+            out.append(f"{run.id} (~{estimate / 60:.1f} min)")
+    say(f"budget: ~{total / 60:.1f} min for {len(fits)} run(s) of {left / 60:.1f} min left")
+    if out:
+        say(f"budget: will not fit: {', '.join(out)} (run again with --resume and more --budget-minutes)")
+
+
+def _spec_yaml(spec: ExperimentSpec) -> str:
+    return yaml.safe_dump(dict(spec.raw), sort_keys=False)

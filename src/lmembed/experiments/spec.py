@@ -1,0 +1,618 @@
+"""Reading and checking an experiment file: every mistake is reported with the file and line it is on.
+
+Layout (every key but ``model``, ``arms`` and ``evaluate.tasks`` is optional)::
+
+    name: echo-vs-classic                  # default: the file's name
+    paper: review-universal-text-embeddings-mteb.txt
+    claim: "echo embeddings beat classic ones for a causal decoder, without training"
+    paper_result: "Mistral-7B, MTEB avg: echo 52.1 vs classic 47.9"   # what the paper reports (free text)
+    scale: "smollm2-135m; SciFact 300 docs / 60 queries; STS-B 300 pairs"
+    model: smollm2-135m                    # the base model of every arm
+    device: cpu                            # cpu | cuda | auto (training and evaluation)
+    strategy: {pooling: mean, max_length: 128}   # extraction strategy shared by the arms
+    train: {data: [training/nli_triplets.jsonl], steps: 40, batch_size: 16}  # shared by training arms
+    seeds: [0, 1, 2]
+    evaluate:
+      tasks: [scifact, stsbenchmark, {path: my/beir/folder, type: Retrieval, name: Mine}]
+      max_docs: 300                        # retrieval corpus: judged documents first, then random ones
+      max_queries: 60
+      max_items: 300                       # other task types: at most this many pairs / texts / rows
+      sample_seed: 0                       # the subsample (the same for every arm and seed)
+      batch_size: 16
+      instructions: nv-embed               # a table of task instructions (default: none)
+    arms:
+      classic: {strategy: {echo: false}}   # no training: evaluated once, without a run
+      echo: {strategy: {echo: true}}
+      tuned: {train: {steps: 60}}          # a contrastive run: shared ``train`` + these options
+      two-stage: {recipe: recipes/nv-embed-two-stage.yaml, overrides: {steps: 20}}
+      after-mntp: {model_from: {arm: llm2vec, stage: mntp}}   # an earlier stage of another arm's recipe
+      encoder: {model: minilm}
+    compare:                               # default: every arm against the first, no claim
+      - {a: echo, b: classic, claim: better}        # better | worse | none
+      - {a: tuned, b: classic, claim: better, tasks: [SciFact]}
+
+An arm's ``strategy`` updates the shared one; a layer may be named (``mid``, ``penultimate``, ``last``,
+``15+16``). A training arm's ``pooling``, ``attention`` and ``max_length`` are used for training too.
+``seeds`` applies to arms that train; an arm that needs no training is evaluated once. Everything is checked
+before anything runs: unknown keys, unknown arms, strategy and training options, recipe overrides.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmembed.config import EmbeddingConfig
+from lmembed.errors import LmembedError
+from lmembed.training.recipes import RecipeError, apply_overrides, load_recipe, parse_recipe
+from lmembed.training.train_config import TrainConfig
+
+TOP_KEYS = (
+    "name",
+    "description",
+    "paper",
+    "claim",
+    "paper_result",
+    "scale",
+    "model",
+    "device",
+    "dtype",
+    "strategy",
+    "train",
+    "seeds",
+    "evaluate",
+    "arms",
+    "compare",
+)
+ARM_KEYS = ("model", "strategy", "train", "recipe", "overrides", "model_from", "description")
+EVAL_KEYS = (
+    "tasks",
+    "max_docs",
+    "max_queries",
+    "max_items",
+    "sample_seed",
+    "batch_size",
+    "instructions",
+    "max_length",
+)
+TASK_KEYS = ("name", "path", "type", "split")
+COMPARE_KEYS = ("a", "b", "claim", "tasks")
+CLAIMS = {"better": 1, "worse": -1, "none": 0}
+DEVICES = ("cpu", "cuda", "auto")
+LAYER_NAMES = ("mid", "middle", "penultimate", "last")
+_ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_STRATEGY_KEYS = tuple(f.name for f in fields(EmbeddingConfig))
+_TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
+# Set by the experiment for every run; an experiment file may not set them for an arm.
+_RUN_OWNED = ("output", "seed", "resume", "model")
+
+
+class ExperimentSpecError(LmembedError, ValueError):
+    """An experiment file (or a ``--set`` value) is malformed; the message names the file and line."""
+
+
+# ---------------------------------------------------------------------------------------------- YAML with lines
+Path_ = tuple[str | int, ...]
+
+
+def load_yaml_with_lines(text: str) -> tuple[Any, dict[Path_, int]]:
+    """The YAML document and, for every key path (``("arms", "echo", "strategy")``), its 1-based line."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+        lines: dict[Path_, int] = {}
+
+        def walk(current: yaml.Node, path: Path_) -> None:
+            lines[path] = current.start_mark.line + 1
+            if isinstance(current, yaml.MappingNode):
+                for key_node, value_node in current.value:
+                    key = loader.construct_object(key_node)
+                    lines[(*path, key)] = key_node.start_mark.line + 1
+                    walk(value_node, (*path, key))
+                    lines[(*path, key)] = key_node.start_mark.line + 1
+            elif isinstance(current, yaml.SequenceNode):
+                for index, item in enumerate(current.value):
+                    walk(item, (*path, index))
+
+        if node is not None:
+            walk(node, ())
+        return data, lines
+    finally:
+        loader.dispose()
+
+
+class _Where:
+    """Turns a key path into ``FILE:LINE: path`` for messages (the nearest known line for new keys)."""
+
+    def __init__(self, source: str, lines: Mapping[Path_, int]) -> None:
+        self.source = source
+        self.lines = lines
+
+    def __call__(self, path: Path_) -> str:
+        probe = tuple(path)
+        while probe and probe not in self.lines:
+            probe = probe[:-1]
+        line = self.lines.get(probe)
+        label = ".".join(str(p) for p in path) or "(top level)"
+        return f"{self.source}:{line}: {label}" if line else f"{self.source}: {label}"
+
+    def error(self, path: Path_, message: str) -> ExperimentSpecError:
+        return ExperimentSpecError(f"{self(path)}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class TaskRef:
+    """One task of the evaluation suite: a registry name, or data at a path (``type`` optional)."""
+
+    name: str | None = None
+    path: str | None = None
+    type: str | None = None
+    split: str = "test"
+
+    @property
+    def label(self) -> str:
+        return self.name or Path(self.path or "task").name
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """The evaluation suite: tasks and how they are shrunk for a small machine."""
+
+    tasks: tuple[TaskRef, ...]
+    max_docs: int | None = None
+    max_queries: int | None = None
+    max_items: int | None = None
+    sample_seed: int = 0
+    batch_size: int = 16
+    instructions: str | None = None
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm: what model it evaluates and how that model is made (nothing, a run, or a recipe)."""
+
+    name: str
+    model: str
+    strategy: Mapping[str, Any]
+    train: Mapping[str, Any] | None = None
+    recipe: Mapping[str, Any] | None = None  # the recipe file's content (so a run does not re-read it)
+    recipe_path: str | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    model_from: tuple[str, str] | None = None  # (arm, stage)
+    description: str = ""
+
+    @property
+    def trains(self) -> bool:
+        """True when the arm has a training run of its own (per seed)."""
+        return self.train is not None or self.recipe is not None
+
+    @property
+    def per_seed(self) -> bool:
+        """True when the arm is run once per seed (it trains, or reads another arm's per-seed model)."""
+        return self.trains or self.model_from is not None
+
+    def fingerprint(self, evaluation: EvalSpec, seed: int | None) -> str:
+        """A digest of everything that decides this arm's result for ``seed`` (stale results are re-run)."""
+        payload = {
+            "arm": {
+                "model": self.model,
+                "strategy": dict(self.strategy),
+                "train": self.train,
+                "recipe": self.recipe,
+                "overrides": dict(self.overrides),
+                "model_from": self.model_from,
+            },
+            "evaluate": _jsonable(evaluation),
+            "seed": seed,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    """A pair of arms to test; ``expected`` is +1 when the claim says ``a`` scores higher, -1 lower, 0 none."""
+
+    a: str
+    b: str
+    expected: int = 0
+    tasks: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """A checked experiment file."""
+
+    name: str
+    model: str
+    arms: tuple[ArmSpec, ...]
+    evaluation: EvalSpec
+    seeds: tuple[int, ...] = (0,)
+    compare: tuple[CompareSpec, ...] = ()
+    device: str = "cpu"
+    dtype: str = "float32"
+    paper: str = ""
+    claim: str = ""
+    paper_result: str = ""
+    scale: str = ""
+    description: str = ""
+    source: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    def arm(self, name: str) -> ArmSpec:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(f"no arm named {name!r}; arms: {', '.join(a.name for a in self.arms)}")
+
+    def header(self) -> dict[str, Any]:
+        """What the summary repeats about the experiment."""
+        return {
+            "name": self.name,
+            "paper": self.paper,
+            "claim": self.claim,
+            "paper_result": self.paper_result,
+            "scale": self.scale,
+            "description": self.description,
+            "model": self.model,
+            "device": self.device,
+            "seeds": list(self.seeds),
+            "source": self.source,
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- --set
+def apply_settings(data: dict[str, Any], settings: Sequence[str]) -> dict[str, Any]:
+    """A copy of the raw file with ``KEY=VALUE`` settings applied; KEY is a dotted path
+    (``device=cuda``, ``evaluate.max_docs=1000``, ``arms.echo.strategy.max_length=256``), VALUE is YAML."""
+    data = copy.deepcopy(data)
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip():
+            raise ExperimentSpecError(f"--set {setting!r}: expected KEY=VALUE (KEY a dotted path such as train.steps)")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as exc:
+            raise ExperimentSpecError(f"--set {setting!r}: the value is not valid YAML ({exc})") from exc
+        target: Any = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(target, dict):
+                raise ExperimentSpecError(f"--set {setting!r}: {part!r} is not inside a mapping")
+            target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            raise ExperimentSpecError(f"--set {setting!r}: {parts[-1]!r} is not inside a mapping")
+        target[parts[-1]] = parsed
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _mapping(where: _Where, path: Path_, value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise where.error(path, f"{what} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _unknown(where: _Where, path: Path_, value: Mapping[str, Any], known: Sequence[str], what: str) -> None:
+    for key in value:
+        if key not in known:
+            raise where.error((*path, key), f"unknown {what} key {key!r}; known: {', '.join(known)}")
+
+
+def _positive_int(where: _Where, path: Path_, value: Any, *, allow_none: bool = True, minimum: int = 1) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise where.error(path, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_layer(where: _Where, path: Path_, value: Any) -> None:
+    if isinstance(value, bool):
+        raise where.error(path, f"layer {value!r} is not a layer")
+    if isinstance(value, int):
+        return
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return
+    if isinstance(value, str):
+        parts = value.split("+")
+        if all(p.strip() in LAYER_NAMES or re.fullmatch(r"-?\d+", p.strip()) for p in parts):
+            return
+    raise where.error(path, f"layer {value!r}: use an int, a list of ints, {', '.join(LAYER_NAMES)} or 'a+b' (fused)")
+
+
+def _option_path(path: Path_, options: Mapping[str, Any], message: str) -> Path_:
+    """The path of the option a config error names (``steps=0 must be ...`` → ``path + ("steps",)``)."""
+    named = re.match(r"\s*(\w+)=", message)
+    return (*path, named.group(1)) if named and named.group(1) in options else path
+
+
+def _check_strategy(where: _Where, path: Path_, strategy: Mapping[str, Any]) -> None:
+    _unknown(where, path, strategy, _STRATEGY_KEYS, "strategy")
+    plain = {k: v for k, v in strategy.items() if k != "layer"}
+    try:
+        EmbeddingConfig.from_dict(plain)
+    except (LmembedError, TypeError, ValueError) as exc:
+        raise where.error(_option_path(path, plain, str(exc)), str(exc)) from exc
+    if "layer" in strategy:
+        _check_layer(where, (*path, "layer"), strategy["layer"])
+
+
+def _check_train(where: _Where, path: Path_, options: Mapping[str, Any]) -> None:
+    _unknown(where, path, options, _TRAIN_KEYS, "training")
+    for key in _RUN_OWNED:
+        if key in options:
+            raise where.error((*path, key), f"{key!r} is set by the experiment for every run; remove it here")
+    try:
+        TrainConfig.from_dict(dict(options))
+    except (LmembedError, TypeError, ValueError) as exc:
+        raise where.error(_option_path(path, options, str(exc)), str(exc)) from exc
+
+
+def _task_refs(where: _Where, path: Path_, value: Any) -> tuple[TaskRef, ...]:
+    if not isinstance(value, list) or not value:
+        raise where.error(path, "must be a non-empty list of task names or {path: ..., type: ...} mappings")
+    refs = []
+    for i, item in enumerate(value):
+        if isinstance(item, str) and item.strip():
+            refs.append(TaskRef(name=item.strip()))
+            continue
+        if not isinstance(item, dict):
+            raise where.error((*path, i), "a task is a name or a mapping with 'path'")
+        _unknown(where, (*path, i), item, TASK_KEYS, "task")
+        if not item.get("path") and not item.get("name"):
+            raise where.error((*path, i), "a task mapping needs 'path' (or 'name' of a known task)")
+        refs.append(
+            TaskRef(
+                name=item.get("name"),
+                path=item.get("path"),
+                type=item.get("type"),
+                split=str(item.get("split", "test")),
+            )
+        )
+    labels = [ref.label for ref in refs]
+    duplicates = sorted({x for x in labels if labels.count(x) > 1})
+    if duplicates:
+        raise where.error(path, f"task(s) listed twice: {', '.join(duplicates)}")
+    return tuple(refs)
+
+
+def _evaluation(where: _Where, value: Any) -> EvalSpec:
+    data = _mapping(where, ("evaluate",), value, "evaluate")
+    _unknown(where, ("evaluate",), data, EVAL_KEYS, "evaluate")
+    if "tasks" not in data:
+        raise where.error(("evaluate",), "needs 'tasks' (names such as scifact, stsbenchmark, or paths)")
+    instructions = data.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise where.error(("evaluate", "instructions"), "name a table of task instructions (nv-embed, e5-mistral)")
+    return EvalSpec(
+        tasks=_task_refs(where, ("evaluate", "tasks"), data["tasks"]),
+        max_docs=_positive_int(where, ("evaluate", "max_docs"), data.get("max_docs")),
+        max_queries=_positive_int(where, ("evaluate", "max_queries"), data.get("max_queries")),
+        max_items=_positive_int(where, ("evaluate", "max_items"), data.get("max_items"), minimum=2),
+        sample_seed=_positive_int(where, ("evaluate", "sample_seed"), data.get("sample_seed", 0), minimum=0) or 0,
+        batch_size=_positive_int(where, ("evaluate", "batch_size"), data.get("batch_size", 16)) or 16,
+        instructions=instructions or None,
+        max_length=_positive_int(where, ("evaluate", "max_length"), data.get("max_length"), minimum=8),
+    )
+
+
+def _seeds(where: _Where, value: Any) -> tuple[int, ...]:
+    if value is None:
+        return (0,)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+    ):
+        raise where.error(("seeds",), f"must be an integer or a non-empty list of integers, got {value!r}")
+    if len(set(value)) != len(value):
+        raise where.error(("seeds",), "a seed is listed twice")
+    return tuple(value)
+
+
+def _recipe(where: _Where, path: Path_, value: Any, base: Path) -> tuple[dict[str, Any], str | None]:
+    """A recipe (file path or inline mapping) as a checked mapping, and its path if it came from a file.
+
+    A relative path is taken from the current directory, else from the experiment file's folder."""
+    try:
+        if isinstance(value, str):
+            file = Path(value)
+            if not file.is_absolute() and not file.exists() and (base / file).exists():
+                file = base / file
+            load_recipe(file)  # checks the structure, naming the recipe file
+            return yaml.safe_load(file.read_text(encoding="utf-8")), str(file)
+        if isinstance(value, dict):
+            parse_recipe(value)
+            return value, None
+    except RecipeError as exc:
+        raise where.error(path, str(exc)) from exc
+    raise where.error(path, "a recipe is a file path or a mapping with 'stages'")
+
+
+def _arm(
+    where: _Where,
+    name: Any,
+    value: Any,
+    shared: Mapping[str, Any],
+    base: Path,
+    model: str,
+    strategy: Mapping[str, Any],
+) -> ArmSpec:
+    path: Path_ = ("arms", name)
+    if not isinstance(name, str) or not _ARM_NAME.fullmatch(name):
+        raise where.error(path, "an arm name is letters, digits, '.', '_', '+' or '-' (it names a folder)")
+    data = _mapping(where, path, value, "an arm")
+    _unknown(where, path, data, ARM_KEYS, "arm")
+    own_strategy = _mapping(where, (*path, "strategy"), data.get("strategy"), "strategy")
+    merged_strategy = {**strategy, **own_strategy}
+    _check_strategy(where, (*path, "strategy"), merged_strategy)
+    kinds = [k for k in ("train", "recipe", "model_from") if k in data]
+    if len(kinds) > 1:
+        raise where.error((*path, kinds[1]), f"an arm uses one of train, recipe or model_from (this one has {kinds})")
+    train = None
+    if "train" in data:
+        own = _mapping(where, (*path, "train"), data["train"], "train")
+        train = {**shared, **own}
+        _check_train(where, (*path, "train"), train)
+        if not train.get("data"):
+            raise where.error((*path, "train"), "a training arm needs 'data' (here or in the shared 'train')")
+    recipe, recipe_path = None, None
+    overrides = _mapping(where, (*path, "overrides"), data.get("overrides"), "overrides")
+    if "recipe" in data:
+        recipe, recipe_path = _recipe(where, (*path, "recipe"), data["recipe"], base)
+        try:
+            apply_overrides(parse_recipe(recipe), {**overrides, "seed": 0})
+        except RecipeError as exc:
+            raise where.error((*path, "overrides"), str(exc)) from exc
+    elif overrides:
+        raise where.error((*path, "overrides"), "'overrides' go with 'recipe'")
+    model_from = None
+    if "model_from" in data:
+        source = _mapping(where, (*path, "model_from"), data["model_from"], "model_from")
+        _unknown(where, (*path, "model_from"), source, ("arm", "stage"), "model_from")
+        if not isinstance(source.get("arm"), str) or not isinstance(source.get("stage"), str):
+            raise where.error((*path, "model_from"), "needs 'arm' (a recipe arm) and 'stage' (one of its stages)")
+        model_from = (source["arm"], source["stage"])
+    arm_model = data.get("model", model)
+    if not isinstance(arm_model, str) or not arm_model:
+        raise where.error((*path, "model"), "must name a model")
+    return ArmSpec(
+        name=name,
+        model=arm_model,
+        strategy=merged_strategy,
+        train=train,
+        recipe=recipe,
+        recipe_path=recipe_path,
+        overrides=overrides,
+        model_from=model_from,
+        description=str(data.get("description") or ""),
+    )
+
+
+def _check_model_from(where: _Where, arms: Sequence[ArmSpec]) -> None:
+    by_name = {arm.name: arm for arm in arms}
+    for arm in arms:
+        if arm.model_from is None:
+            continue
+        source, stage = arm.model_from
+        path: Path_ = ("arms", arm.name, "model_from")
+        if source not in by_name or by_name[source].recipe is None:
+            raise where.error(path, f"arm {source!r} is not a recipe arm of this experiment")
+        stages = [s.get("name") for s in by_name[source].recipe.get("stages", [])]  # type: ignore[union-attr]
+        if stage not in stages:
+            raise where.error(path, f"recipe arm {source!r} has no stage {stage!r}; its stages: {', '.join(stages)}")
+
+
+def _comparisons(where: _Where, value: Any, arms: Sequence[ArmSpec]) -> tuple[CompareSpec, ...]:
+    names = [arm.name for arm in arms]
+    if value is None:
+        return tuple(CompareSpec(a=name, b=names[0]) for name in names[1:])
+    if not isinstance(value, list):
+        raise where.error(("compare",), "must be a list of {a: ARM, b: ARM, claim: better|worse|none}")
+    out = []
+    for i, item in enumerate(value):
+        path: Path_ = ("compare", i)
+        if isinstance(item, list) and len(item) == 2:
+            item = {"a": item[0], "b": item[1]}
+        if not isinstance(item, dict):
+            raise where.error(path, "a comparison is {a: ARM, b: ARM, claim: better|worse|none, tasks: [...]}")
+        _unknown(where, path, item, COMPARE_KEYS, "compare")
+        for side in ("a", "b"):
+            if item.get(side) not in names:
+                raise where.error((*path, side), f"{item.get(side)!r} is not an arm; arms: {', '.join(names)}")
+        claim = str(item.get("claim", "none")).lower()
+        if claim not in CLAIMS:
+            raise where.error((*path, "claim"), f"claim {claim!r}: use better, worse or none")
+        tasks = item.get("tasks")
+        if tasks is not None and (not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks)):
+            raise where.error((*path, "tasks"), "must be a list of task names")
+        out.append(CompareSpec(a=item["a"], b=item["b"], expected=CLAIMS[claim], tasks=tuple(tasks) if tasks else None))
+    return tuple(out)
+
+
+def parse_spec(data: Any, source: str = "experiment", lines: Mapping[Path_, int] | None = None) -> ExperimentSpec:
+    """Check a loaded experiment mapping (``lines`` from :func:`load_yaml_with_lines` for messages)."""
+    where = _Where(source, lines or {})
+    if not isinstance(data, dict):
+        raise where.error((), "an experiment file is a mapping with 'model', 'arms' and 'evaluate'")
+    _unknown(where, (), data, TOP_KEYS, "top-level")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise where.error(("model",), "must name the base model (a bundled name, a folder or a Hub id)")
+    device = str(data.get("device", "cpu"))
+    if device not in DEVICES:
+        raise where.error(("device",), f"device {device!r}: use {', '.join(DEVICES)}")
+    strategy = _mapping(where, ("strategy",), data.get("strategy"), "strategy")
+    _check_strategy(where, ("strategy",), strategy)
+    shared_train = _mapping(where, ("train",), data.get("train"), "train")
+    _unknown(where, ("train",), shared_train, _TRAIN_KEYS, "training")
+    arms_data = data.get("arms")
+    if not isinstance(arms_data, dict) or not arms_data:
+        raise where.error(("arms",), "must be a mapping of arm name → arm (at least one)")
+    base = Path(source).parent if source else Path(".")
+    arms = tuple(_arm(where, n, v, shared_train, base, model, strategy) for n, v in arms_data.items())
+    _check_model_from(where, arms)
+    evaluation = _evaluation(where, data.get("evaluate"))
+    name = data.get("name") or (Path(source).stem if source else "experiment")
+    if not isinstance(name, str) or not _ARM_NAME.fullmatch(name):
+        raise where.error(("name",), "a name is letters, digits, '.', '_', '+' or '-'")
+    return ExperimentSpec(
+        name=name,
+        model=model,
+        arms=arms,
+        evaluation=evaluation,
+        seeds=_seeds(where, data.get("seeds")),
+        compare=_comparisons(where, data.get("compare"), arms),
+        device=device,
+        dtype=str(data.get("dtype", "float32")),
+        paper=str(data.get("paper") or ""),
+        claim=str(data.get("claim") or ""),
+        paper_result=str(data.get("paper_result") or ""),
+        scale=str(data.get("scale") or ""),
+        description=str(data.get("description") or ""),
+        source=source,
+        raw=copy.deepcopy(data),
+    )
+
+
+def load_spec(path: str | Path, settings: Sequence[str] = ()) -> ExperimentSpec:
+    """Read and check an experiment file, with ``--set KEY=VALUE`` settings applied."""
+    path = Path(path)
+    if not path.is_file():
+        raise ExperimentSpecError(f"{path}: no such experiment file")
+    try:
+        data, lines = load_yaml_with_lines(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ExperimentSpecError(f"{path}{line}: invalid YAML ({exc.problem})") from exc
+    except yaml.YAMLError as exc:
+        raise ExperimentSpecError(f"{path}: invalid YAML ({exc})") from exc
+    if settings:
+        if not isinstance(data, dict):
+            raise ExperimentSpecError(f"{path}: an experiment file is a mapping")
+        data = apply_settings(data, settings)
+    return parse_spec(data, str(path), lines)

@@ -1,0 +1,284 @@
+"""Statistics of an experiment: spread over seeds, and paired tests between arms over the same items.
+
+An *item* is the unit a task scores: a query (retrieval: its nDCG@10), a sentence pair (STS: its predicted
+similarity, judged against the gold score by Spearman's rho), a pair with a 0/1 label (pair classification:
+average precision of the predicted similarity), a source text (summarization: its own Spearman), a
+clustering set (its V-measure) or a training step (its loss). Two arms scored on the same items are
+compared *paired*: both see the same queries, so the query-to-query spread (usually far larger than the
+difference between arms) cancels out.
+
+* :func:`mean_std`: mean and sample standard deviation of an arm's score over seeds;
+* :func:`seed_average`: one value per item from several seeds (the mean; for the rank-based statistics,
+  the mean of each run's fractional ranks scaled to [0, 1], so runs on different similarity scales weigh
+  the same);
+* :func:`paired_bootstrap`: a percentile 95 % interval of ``statistic(a) - statistic(b)``, resampling
+  items with replacement (the same resample for both arms);
+* :func:`paired_randomization_test`: a two-sided p-value for "no difference", swapping each item's two
+  values at random (for a mean, flipping the sign of its difference). Exact (every swap pattern) when
+  there are few items, Monte Carlo with the (count + 1) / (draws + 1) estimate otherwise;
+* :func:`compare`: both, and a verdict. A difference is *distinguishable* when the interval excludes 0
+  **and** p < alpha; then the verdict is ``holds`` when its sign is the one the claim expects and
+  ``reversed`` otherwise; if not, ``not distinguishable``. Without a claim, ``differs``.
+
+Everything is seeded: the same inputs give the same interval and p-value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy.stats import rankdata
+from sklearn.metrics import average_precision_score
+
+#: How the per-item values of a task become its score.
+Statistic = Literal["mean", "spearman", "ap"]
+STATISTICS: tuple[str, ...] = ("mean", "spearman", "ap")
+#: Verdicts :func:`compare` gives.
+HOLDS, REVERSED, NOT_DISTINGUISHABLE, DIFFERS = "holds", "reversed", "not distinguishable", "differs"
+
+DEFAULT_RESAMPLES = 2000
+DEFAULT_PERMUTATIONS = 5000
+_CHUNK = 256  # resamples scored at once (bounds memory for long item lists)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (``ddof=1``; 0.0 for a single value) of ``values``."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.size == 0:
+        return float("nan"), float("nan")
+    std = float(np.std(array, ddof=1)) if array.size > 1 else 0.0
+    return float(np.mean(array)), std
+
+
+def _check(statistic: str) -> None:
+    if statistic not in STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r}; known: {', '.join(STATISTICS)}")
+
+
+def fractional_ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks of ``values`` (ties get their mean rank) scaled to [0, 1]."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.size < 2:
+        return np.zeros(array.size)
+    return (rankdata(array) - 1.0) / (array.size - 1.0)
+
+
+def seed_average(runs: Sequence[Sequence[float]], statistic: Statistic = "mean") -> np.ndarray:
+    """One value per item from the runs of one arm (one row per seed, items in the same order)."""
+    _check(statistic)
+    matrix = np.asarray(runs, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] == 0:
+        raise ValueError("seed_average needs one row of item values per run")
+    if statistic == "mean" or matrix.shape[0] == 1:
+        return matrix.mean(axis=0)
+    return np.mean([fractional_ranks(row) for row in matrix], axis=0)
+
+
+def _spearman_rows(values: np.ndarray, reference_ranks: np.ndarray) -> np.ndarray:
+    """Spearman's rho of each row of ``values`` against one reference, given the reference's ranks per row."""
+    ranks = rankdata(values, axis=1)
+    x = ranks - ranks.mean(axis=1, keepdims=True)
+    y = reference_ranks - reference_ranks.mean(axis=1, keepdims=True)
+    denominator = np.sqrt((x * x).sum(axis=1) * (y * y).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, (x * y).sum(axis=1) / denominator, np.nan)
+
+
+def _score_rows(statistic: Statistic, values: np.ndarray, reference: np.ndarray | None) -> np.ndarray:
+    """The statistic of every row of ``values`` (``reference`` has the same shape, or is ``None``)."""
+    if statistic == "mean":
+        return values.mean(axis=1)
+    if reference is None:
+        raise ValueError(f"statistic {statistic!r} needs the reference (gold scores or labels)")
+    if statistic == "spearman":
+        return _spearman_rows(values, rankdata(reference, axis=1))
+    out = np.empty(values.shape[0])
+    for i, (scores, labels) in enumerate(zip(values, reference, strict=True)):
+        out[i] = average_precision_score(labels, scores) if 0 < labels.sum() < labels.size else np.nan
+    return out
+
+
+def statistic_value(statistic: Statistic, values: Sequence[float], reference: Sequence[float] | None = None) -> float:
+    """The task score from per-item values: their mean, or Spearman / AP against ``reference``."""
+    _check(statistic)
+    row = np.asarray(values, dtype=np.float64)[None, :]
+    ref = None if reference is None else np.asarray(reference, dtype=np.float64)[None, :]
+    return float(_score_rows(statistic, row, ref)[0])
+
+
+def _as_pair(a: Sequence[float], b: Sequence[float], reference: Sequence[float] | None):
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size == 0:
+        raise ValueError(f"paired scores need two equally long, non-empty lists (got {x.shape} and {y.shape})")
+    ref = None if reference is None else np.asarray(reference, dtype=np.float64)
+    if ref is not None and ref.shape != x.shape:
+        raise ValueError(f"the reference has {ref.size} items, the scores {x.size}")
+    return x, y, ref
+
+
+def _resampled(
+    statistic: Statistic, x: np.ndarray, y: np.ndarray | None, ref: np.ndarray | None, resamples: int, seed: int
+) -> np.ndarray:
+    """``statistic(x) - statistic(y)`` (or ``statistic(x)`` when ``y`` is None) on item resamples drawn
+    with replacement; the same resample serves both arms."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for start in range(0, resamples, _CHUNK):
+        index = rng.integers(0, x.size, size=(min(_CHUNK, resamples - start), x.size))
+        refs = None if ref is None else ref[index]
+        scores = _score_rows(statistic, x[index], refs)
+        out.append(scores if y is None else scores - _score_rows(statistic, y[index], refs))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _percentiles(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return float("nan"), float("nan")
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(finite, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A difference with its percentile bootstrap interval."""
+
+    difference: float
+    low: float
+    high: float
+    confidence: float
+    resamples: int
+
+
+def paired_bootstrap(
+    a: Sequence[float],
+    b: Sequence[float],
+    statistic: Statistic = "mean",
+    reference: Sequence[float] | None = None,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """Percentile interval of ``statistic(a) - statistic(b)`` over items resampled with replacement."""
+    _check(statistic)
+    x, y, ref = _as_pair(a, b, reference)
+    observed = statistic_value(statistic, x, ref) - statistic_value(statistic, y, ref)
+    low, high = _percentiles(_resampled(statistic, x, y, ref, resamples, seed), confidence)
+    return Interval(float(observed), low, high, confidence, resamples)
+
+
+def _swap_patterns(n: int, permutations: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
+    """Boolean rows, one per draw: True where an item's two values are swapped. Every pattern when
+    ``2**n <= permutations`` (exact test), else random draws."""
+    if n <= 20 and 2**n <= permutations:
+        return np.array(list(itertools.product((False, True), repeat=n)), dtype=bool), True
+    return rng.random((permutations, n)) < 0.5, False
+
+
+def paired_randomization_test(
+    a: Sequence[float],
+    b: Sequence[float],
+    statistic: Statistic = "mean",
+    reference: Sequence[float] | None = None,
+    *,
+    permutations: int = DEFAULT_PERMUTATIONS,
+    seed: int = 0,
+) -> float:
+    """Two-sided p-value of ``statistic(a) - statistic(b)`` under "the arms are exchangeable per item"."""
+    _check(statistic)
+    x, y, ref = _as_pair(a, b, reference)
+    observed = abs(statistic_value(statistic, x, ref) - statistic_value(statistic, y, ref))
+    if not np.isfinite(observed):
+        return float("nan")
+    tolerance = 1e-12 * max(1.0, observed)
+    patterns, exact = _swap_patterns(x.size, permutations, np.random.default_rng(seed))
+    extreme = 0
+    for start in range(0, len(patterns), _CHUNK):
+        swap = patterns[start : start + _CHUNK]
+        first, second = np.where(swap, y, x), np.where(swap, x, y)
+        refs = None if ref is None else np.broadcast_to(ref, first.shape)
+        values = np.abs(_score_rows(statistic, first, refs) - _score_rows(statistic, second, refs))
+        extreme += int(np.sum(values >= observed - tolerance))
+    if exact:
+        return extreme / len(patterns)
+    return (extreme + 1) / (len(patterns) + 1)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Arm ``a`` against arm ``b`` on one task: the difference, its interval, the p-value and the verdict."""
+
+    difference: float
+    low: float
+    high: float
+    p_value: float
+    verdict: str
+    items: int
+    statistic: str
+    expected: int  # +1: the claim says a > b on this score; -1: a < b; 0: no claim
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def verdict(difference: float, low: float, high: float, p_value: float, expected: int, alpha: float = 0.05) -> str:
+    """``holds`` / ``reversed`` / ``not distinguishable`` (``differs`` without a claim); see the module doc."""
+    distinguishable = bool(np.isfinite(p_value) and p_value < alpha and (low > 0 or high < 0))
+    if not distinguishable:
+        return NOT_DISTINGUISHABLE
+    if expected == 0:
+        return DIFFERS
+    return HOLDS if np.sign(difference) == np.sign(expected) else REVERSED
+
+
+def compare(
+    a: Sequence[float],
+    b: Sequence[float],
+    statistic: Statistic = "mean",
+    reference: Sequence[float] | None = None,
+    *,
+    expected: int = 0,
+    alpha: float = 0.05,
+    resamples: int = DEFAULT_RESAMPLES,
+    permutations: int = DEFAULT_PERMUTATIONS,
+    seed: int = 0,
+) -> Comparison:
+    """Paired bootstrap interval + randomization test of ``a`` against ``b``, and the verdict.
+
+    ``expected`` is the sign the claim predicts for ``statistic(a) - statistic(b)`` (+1, -1, or 0 for none).
+    """
+    interval = paired_bootstrap(a, b, statistic, reference, resamples=resamples, confidence=1 - alpha, seed=seed)
+    p_value = paired_randomization_test(a, b, statistic, reference, permutations=permutations, seed=seed)
+    return Comparison(
+        difference=interval.difference,
+        low=interval.low,
+        high=interval.high,
+        p_value=p_value,
+        verdict=verdict(interval.difference, interval.low, interval.high, p_value, expected, alpha),
+        items=len(a),
+        statistic=statistic,
+        expected=int(np.sign(expected)),
+    )
+
+
+def bootstrap_interval(
+    values: Sequence[float],
+    statistic: Statistic = "mean",
+    reference: Sequence[float] | None = None,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile interval of one arm's score over resampled items (the error bars of the plot)."""
+    _check(statistic)
+    x = np.asarray(values, dtype=np.float64)
+    ref = None if reference is None else np.asarray(reference, dtype=np.float64)
+    scores = _resampled(statistic, x, None, ref, resamples, seed)
+    return _percentiles(scores, confidence)

@@ -1,0 +1,271 @@
+"""The summary of an experiment, built from its finished runs: per-arm spread over seeds and paired tests.
+
+For every arm and task: the task's main score as mean ± sample std over the arm's runs (seeds), and a
+95 % bootstrap interval of the arm's score over items (its per-item values averaged over seeds, see
+:func:`~lmembed.experiments.stats.seed_average`). For every comparison (``compare`` in the file, default:
+each arm against the first) and task: the paired difference over the items both arms were scored on, its
+bootstrap interval, the randomization-test p-value and the verdict (:func:`~lmembed.experiments.stats.compare`).
+
+Arms that train also get a ``train loss`` row: the per-step loss of their last training stage (mean over
+seeds); two such arms are compared step by step (same seeds, same data order), lower being better.
+
+``summary.json`` is written here; the Markdown and the PNG are drawn from it by
+:mod:`lmembed.evaluation.experiment_report` (which ``lmembed report`` uses too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmembed.atomic import atomic_write_json
+from lmembed.evaluation.experiment_report import SUMMARY_FILE, write_experiment_report
+from lmembed.experiments.plan import PlannedRun
+from lmembed.experiments.spec import CompareSpec, ExperimentSpec
+from lmembed.experiments.stats import bootstrap_interval, compare, mean_std, seed_average
+
+LOSS_TASK = "train loss"
+CLAIM_NAMES = {1: "better", -1: "worse", 0: "none"}
+
+
+def _finished(runs: Sequence[PlannedRun]) -> list[tuple[PlannedRun, dict[str, Any], dict[str, Any]]]:
+    out = []
+    for run in runs:
+        record = run.record()
+        if record is None:
+            continue
+        items = json.loads(run.items_file.read_text()) if run.items_file.is_file() else {}
+        out.append((run, record, items))
+    return out
+
+
+def _task_rows(finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+    tasks: dict[str, dict[str, Any]] = {}
+    for _, record, items in finished:
+        for name, task in record["tasks"].items():
+            tasks.setdefault(
+                name,
+                {
+                    "name": name,
+                    "task_type": task["task_type"],
+                    "main_metric": task["main_metric"],
+                    "statistic": (items.get(name) or {}).get("statistic"),
+                    "higher_is_better": True,
+                    "scale": 100.0,
+                },
+            )
+    rows = list(tasks.values())
+    if any(record.get("losses") for _, record, _ in finished):
+        rows.append(
+            {
+                "name": LOSS_TASK,
+                "task_type": "Training",
+                "main_metric": "loss (last stage, per step)",
+                "statistic": "mean",
+                "higher_is_better": False,
+                "scale": 1.0,
+            }
+        )
+    return rows
+
+
+def _last_stage_losses(record: Mapping[str, Any]) -> list[float]:
+    losses = record.get("losses") or {}
+    return list(losses[list(losses)[-1]]) if losses else []
+
+
+def _arm_items(
+    finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, Any]]], arm: str, task: str
+) -> list[tuple[dict[str, float], list[float] | None]]:
+    """Per run of ``arm``: {item id: value} on ``task`` and the reference values (by item order)."""
+    out = []
+    for run, record, items in finished:
+        if run.arm.name != arm:
+            continue
+        if task == LOSS_TASK:
+            losses = _last_stage_losses(record)
+            if losses:
+                out.append(({str(i): v for i, v in enumerate(losses)}, None))
+            continue
+        entry = items.get(task)
+        if not entry or entry.get("statistic") is None:
+            continue
+        values = dict(zip(entry["ids"], entry["values"], strict=True))
+        reference = entry.get("reference")
+        ref_by_id = dict(zip(entry["ids"], reference, strict=True)) if reference is not None else None
+        out.append((values, ref_by_id))  # type: ignore[arg-type]
+    return out
+
+
+def _aligned(
+    per_run: Sequence[tuple[dict[str, float], Any]], ids: Sequence[str], statistic: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One value per item over ``ids`` (averaged over the runs) and the reference values in that order."""
+    matrix = [[run[0][i] for i in ids] for run in per_run]
+    averaged = seed_average(matrix, statistic)  # type: ignore[arg-type]
+    reference = per_run[0][1]
+    return averaged, (np.array([reference[i] for i in ids]) if reference is not None else None)
+
+
+def _common_ids(*groups: Sequence[tuple[dict[str, float], Any]]) -> list[str]:
+    sets = [set(run[0]) for group in groups for run in group]
+    if not sets:
+        return []
+    common = set.intersection(*sets)
+    first = groups[0][0][0]
+    return [i for i in first if i in common]
+
+
+def _matches(requested: str, task: str) -> bool:
+    return task == requested or task.startswith(f"{requested}[") or task.lower() == requested.lower()
+
+
+def _score_table(
+    spec: ExperimentSpec,
+    finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, Any]]],
+    tasks: Sequence[dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for arm in spec.arms:
+        records = [record for run, record, _ in finished if run.arm.name == arm.name]
+        row: dict[str, Any] = {}
+        for task in tasks:
+            name = task["name"]
+            if name == LOSS_TASK:
+                values = [float(np.mean(losses)) for r in records if (losses := _last_stage_losses(r))]
+            else:
+                values = [r["tasks"][name]["main_score"] for r in records if name in r["tasks"]]
+            if not values:
+                continue
+            mean, std = mean_std(values)
+            cell: dict[str, Any] = {"mean": mean, "std": std, "n": len(values), "values": values, "interval": None}
+            per_run = _arm_items(finished, arm.name, name)
+            statistic = task["statistic"]
+            if per_run and statistic:
+                ids = _common_ids(per_run)
+                if len(ids) >= 2:
+                    averaged, reference = _aligned(per_run, ids, statistic)
+                    cell["interval"] = list(bootstrap_interval(averaged, statistic, reference))
+                    cell["items"] = len(ids)
+            if name == LOSS_TASK:
+                curves = [_last_stage_losses(r) for r in records if _last_stage_losses(r)]
+                length = min(len(c) for c in curves)
+                cell["curve"] = np.mean([c[:length] for c in curves], axis=0).tolist()
+            row[name] = cell
+        table[arm.name] = row
+    return table
+
+
+def _comparisons(
+    spec: ExperimentSpec,
+    finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, Any]]],
+    tasks: Sequence[dict[str, Any]],
+    scores: Mapping[str, Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    out = []
+    for pair in spec.compare:
+        for task in tasks:
+            name = task["name"]
+            if not _wanted(pair, name):
+                continue
+            a_cell, b_cell = scores.get(pair.a, {}).get(name), scores.get(pair.b, {}).get(name)
+            if a_cell is None or b_cell is None:
+                continue
+            sign = 1 if task["higher_is_better"] else -1
+            entry: dict[str, Any] = {
+                "a": pair.a,
+                "b": pair.b,
+                "task": name,
+                "claim": CLAIM_NAMES[pair.expected],
+                "a_mean": a_cell["mean"],
+                "b_mean": b_cell["mean"],
+                "seeds": [a_cell["n"], b_cell["n"]],
+            }
+            a_runs, b_runs = _arm_items(finished, pair.a, name), _arm_items(finished, pair.b, name)
+            ids = _common_ids(a_runs, b_runs) if a_runs and b_runs else []
+            if task["statistic"] and len(ids) >= 2:
+                a_items, reference = _aligned(a_runs, ids, task["statistic"])
+                b_items, _ = _aligned(b_runs, ids, task["statistic"])
+                result = compare(a_items, b_items, task["statistic"], reference, expected=sign * pair.expected)
+                entry.update(result.to_dict())
+            else:
+                entry.update(
+                    {
+                        "difference": a_cell["mean"] - b_cell["mean"],
+                        "low": None,
+                        "high": None,
+                        "p_value": None,
+                        "verdict": "no per-item scores",
+                        "items": 0,
+                        "statistic": None,
+                        "expected": sign * pair.expected,
+                    }
+                )
+            out.append(entry)
+    return out
+
+
+def _wanted(pair: CompareSpec, task: str) -> bool:
+    if pair.tasks is None:
+        return True
+    return any(_matches(requested, task) for requested in pair.tasks)
+
+
+def build_summary(
+    spec: ExperimentSpec, runs: Sequence[PlannedRun], *, skipped: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The summary of every finished run of ``runs`` (see the module docstring)."""
+    finished = _finished(runs)
+    tasks = _task_rows(finished)
+    scores = _score_table(spec, finished, tasks)
+    arms = []
+    for arm in spec.arms:
+        planned = [run for run in runs if run.arm.name == arm.name]
+        records = [record for run, record, _ in finished if run.arm.name == arm.name]
+        arms.append(
+            {
+                "name": arm.name,
+                "model": arm.model,
+                "description": arm.description,
+                "kind": "recipe"
+                if arm.recipe
+                else "train"
+                if arm.train
+                else "stage"
+                if arm.model_from
+                else "no training",
+                "runs": len(records),
+                "planned": len(planned),
+                "seconds": mean_std([r["seconds"]["total"] for r in records])[0] if records else None,
+                "train_seconds": mean_std([r["seconds"]["train"] for r in records])[0] if records else None,
+                "steps": records[0].get("steps") if records else None,
+            }
+        )
+    finished_ids = {run.id for run, _, _ in finished}
+    return {
+        "experiment": spec.header(),
+        "arms": arms,
+        "tasks": tasks,
+        "scores": scores,
+        "comparisons": _comparisons(spec, finished, tasks, scores),
+        "runs": {
+            "finished": sorted(finished_ids),
+            "missing": sorted(run.id for run in runs if run.id not in finished_ids),
+            "skipped": dict(skipped or {}),
+        },
+    }
+
+
+def write_summary(
+    spec: ExperimentSpec, runs: Sequence[PlannedRun], output: str | Path, *, skipped: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Build the summary and write ``summary.json``, ``summary.md`` and ``summary.png`` into ``output``."""
+    output = Path(output)
+    summary = build_summary(spec, runs, skipped=skipped)
+    files = {"json": atomic_write_json(output / SUMMARY_FILE, summary)}
+    files.update(write_experiment_report(summary, output))
+    return summary, files

@@ -1,0 +1,131 @@
+"""Engines run the two passes of a sharded job: ``local`` in this process, ``ray`` on a Ray cluster.
+
+Both run the same units of work (:mod:`lmembed.scale.work`): the plan pass over blocks of rows, then
+the encode pass over the shards still missing from the cache. An engine only decides *where* they run;
+what they compute, and the files they write, are the same, so a job started on one engine may be
+finished on the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from lmembed.embedder import Embedder
+from lmembed.scale.errors import EngineUnavailableError
+from lmembed.scale.sources import CorpusSource
+from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, Planner, PlanSettings, ShardEncoder, ShardSettings
+
+ENGINES = ("local", "ray")
+
+
+class Engine(Protocol):
+    """Where a sharded job's work runs."""
+
+    name: str
+
+    def start(self) -> None: ...
+
+    def worker_count(self) -> int: ...
+
+    def uses_gpus(self) -> bool: ...
+
+    def threads(self) -> int | None: ...
+
+    def model_provider(self, embedder: Embedder, spec: EmbedderSpec | None) -> ModelProvider: ...
+
+    def plan(self, source: CorpusSource, settings: PlanSettings) -> Iterator[pa.Table]: ...
+
+    def encode(
+        self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
+    ) -> Iterator[dict[str, np.ndarray]]: ...
+
+
+class LocalEngine:
+    """Runs every unit of work in this process, one after another, with the caller's own Embedder."""
+
+    name = "local"
+
+    def start(self) -> None:
+        return None
+
+    def worker_count(self) -> int:
+        return 1
+
+    def uses_gpus(self) -> bool:
+        return False
+
+    def threads(self) -> int | None:
+        return None  # keep this process's torch thread count
+
+    def model_provider(self, embedder: Embedder, spec: EmbedderSpec | None) -> ModelProvider:
+        return InProcess(embedder)
+
+    def plan(self, source: CorpusSource, settings: PlanSettings) -> Iterator[pa.Table]:
+        planner = Planner(settings)
+        for block in source.iter_blocks():
+            yield planner(block.to_arrow())
+
+    def encode(
+        self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
+    ) -> Iterator[dict[str, np.ndarray]]:
+        if not shards:
+            return
+        encoder = ShardEncoder(model, settings)
+        for shard in shards:
+            yield encoder({"shard": np.asarray([shard], dtype=np.int64)})
+
+
+def make_engine(
+    engine: str | Engine = "local",
+    *,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    threads_per_worker: int = 1,
+    gpus_per_worker: float | None = None,
+    num_cpus: int | None = None,
+    worker_restarts: int = 2,
+) -> Engine:
+    """An engine by name (``local`` or ``ray``), or ``engine`` itself when it is one already.
+
+    Ray options: ``ray_address`` joins a running cluster (``auto``, ``ray://host:10001``, ``host:6379``),
+    otherwise a local one is started with ``num_cpus`` CPUs (default: all of this machine's);
+    ``workers`` actors (default: one per GPU when ``gpus_per_worker`` is set or the cluster has GPUs,
+    else one per ``threads_per_worker`` CPUs); a worker that dies is restarted up to
+    ``worker_restarts`` times before the job fails.
+    """
+    if not isinstance(engine, str):
+        return engine
+    if engine == "local":
+        if ray_address is not None:
+            raise EngineUnavailableError("--ray-address is an option of --engine ray; the local engine has no cluster")
+        return LocalEngine()
+    if engine != "ray":
+        raise EngineUnavailableError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    try:
+        from lmembed.scale.ray_engine import RayEngine  # lazy: ray is optional (the scale extra) and slow to import
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            f"--engine ray needs Ray Data ({exc.name or exc}): pip install 'lmembed[scale]'"
+        ) from exc
+    return RayEngine(
+        ray_address,
+        workers=workers,
+        threads_per_worker=threads_per_worker,
+        gpus_per_worker=gpus_per_worker,
+        num_cpus=num_cpus,
+        worker_restarts=worker_restarts,
+    )
+
+
+def describe(engine: Engine) -> dict[str, Any]:
+    """What ran a job, for its report."""
+    return {
+        "engine": engine.name,
+        "workers": engine.worker_count(),
+        "gpus": engine.uses_gpus(),
+        "threads_per_worker": engine.threads(),
+    }

@@ -1,0 +1,338 @@
+"""A sharded encoding job: plan once, encode the shards still missing, assemble the vectors in input order.
+
+A job is named by everything that decides its vectors (the corpus, the model's weights, the strategies,
+the instruction, ``batch_size``, ``shard_rows``); its folder sits in the embedding cache, under the first
+strategy's entry::
+
+    <cache>/<model>/<strategy>/shard-<job>-000000.npz ...   # the shards (ordinary cache shards)
+    <cache>/<model>/<strategy>/jobs/<job>/plan.json ...     # the plan, the staged texts, assembled matrices
+
+Running the same job again (after a kill, a lost worker, or to read its vectors) skips the plan pass when
+the plan is complete and encodes only the shards that are not on disk. When every shard is written, the
+staged texts are deleted; the plan stays, since assembling the vectors needs it.
+
+Vectors come back in input order, one row per input row (repeated texts share one computation), as
+:func:`lmembed.embedder.postprocess` makes them (Matryoshka truncation, normalisation), in memory or
+as a memory-mapped ``.npy`` in the job folder (float32, or float16 to halve the disk and the reads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lmembed.config import EmbeddingConfig
+from lmembed.embedder import Embedder, check_strategy, postprocess
+from lmembed.encoding.cache import EmbeddingCache, read_shard
+from lmembed.scale.engines import Engine, describe
+from lmembed.scale.errors import ScaleError
+from lmembed.scale.plan import ShardPlan, build_plan
+from lmembed.scale.progress import ProgressCallback, ProgressTracker
+from lmembed.scale.sources import CorpusSource
+from lmembed.scale.work import (
+    STAGING_DIR,
+    EmbedderSpec,
+    PlanSettings,
+    ShardSettings,
+    model_fingerprint,
+    shard_name,
+)
+
+log = logging.getLogger(__name__)
+
+JOB_FORMAT = 1
+DEFAULT_SHARD_ROWS = 4096
+JOBS_DIR = "jobs"
+STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+@dataclass
+class JobReport:
+    """What a run of a job did."""
+
+    job_id: str
+    rows: int
+    distinct_texts: int
+    shards: int
+    shards_skipped: list[int]
+    shards_encoded: list[int]
+    planned: bool
+    engine: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+    workers_seen: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "rows": self.rows,
+            "distinct_texts": self.distinct_texts,
+            "shards": self.shards,
+            "shards_skipped": len(self.shards_skipped),
+            "shards_encoded": len(self.shards_encoded),
+            "planned": self.planned,
+            "engine": self.engine,
+            "timings": self.timings,
+            "workers_seen": self.workers_seen,
+        }
+
+
+def round_shard_rows(shard_rows: int, batch_size: int) -> int:
+    """``shard_rows`` rounded up to a multiple of ``batch_size`` (a shard is a run of whole batches)."""
+    if shard_rows < 1 or batch_size < 1:
+        raise ValueError(f"shard_rows={shard_rows} and batch_size={batch_size} must be >= 1")
+    return -(-shard_rows // batch_size) * batch_size
+
+
+class EncodeJob:
+    """One corpus × one set of strategies that share their forward passes (see the module doc)."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        source: CorpusSource,
+        configs: Sequence[EmbeddingConfig] | None = None,
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+        shard_rows: int = DEFAULT_SHARD_ROWS,
+        cache_root: str | Path | None = None,
+    ) -> None:
+        configs = tuple(configs or (embedder.config,))
+        if not configs:
+            raise ValueError("a job needs at least one strategy")
+        forward = {json.dumps(c.forward_key(), sort_keys=True) for c in configs}
+        if len(forward) > 1:
+            raise ValueError("the strategies of one job must share their forward passes (attention, echo, truncation)")
+        for config in configs:
+            check_strategy(embedder.backbone, config)
+        self.embedder = embedder
+        self.source = source
+        self.configs = configs
+        self.instruction = instruction
+        self.batch_size = batch_size
+        self.shard_rows = round_shard_rows(shard_rows, batch_size)
+        self.cache_root = Path(cache_root) if cache_root is not None else Path(embedder.engine.cache_dir)
+        self.model_fingerprints = tuple(model_fingerprint(embedder, c) for c in configs)
+        self.caches = [
+            EmbeddingCache(self.cache_root, fp, c.fingerprint())
+            for fp, c in zip(self.model_fingerprints, configs, strict=True)
+        ]
+        identity = {
+            "format": JOB_FORMAT,
+            "source": source.identity,
+            "models": self.model_fingerprints,
+            "strategies": [c.fingerprint() for c in configs],
+            "instruction": instruction,
+            "batch_size": batch_size,
+            "shard_rows": self.shard_rows,
+        }
+        self.job_id = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=8).hexdigest()
+        self.folder = self.caches[0].dir / JOBS_DIR / self.job_id
+        self.staging = self.folder / STAGING_DIR
+
+    # ------------------------------------------------------------------ running
+    def run(
+        self,
+        engine: Engine,
+        *,
+        spec: EmbedderSpec | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> JobReport:
+        """Plan (unless a complete plan exists), then encode every missing shard on ``engine``."""
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        engine.start()
+        timings["start_s"] = time.perf_counter() - start
+        planned = False
+        plan = self._load_plan()
+        if plan is not None and self.pending(plan) and not self.staging.is_dir():
+            log.info("job %s: shards are missing and the staged texts are gone; planning again", self.job_id)
+            plan = None
+        if plan is None:
+            mark = time.perf_counter()
+            plan = self._plan(engine)
+            planned = True
+            timings["plan_s"] = time.perf_counter() - mark
+        pending = self.pending(plan)
+        skipped = [s for s in range(plan.n_shards) if s not in set(pending)]
+        tracker = ProgressTracker(
+            shards_total=plan.n_shards,
+            rows_total=plan.n_unique,
+            shards_done=len(skipped),
+            rows_done=sum(plan.shard_size(s) for s in skipped),
+            workers=min(engine.worker_count(), max(1, len(pending))),
+            callback=on_progress,
+        )
+        mark = time.perf_counter()
+        encoded: list[int] = []
+        if pending:
+            settings = self._shard_settings(engine)
+            provider = engine.model_provider(self.embedder, spec)
+            for record in engine.encode(pending, provider, settings):
+                for shard, rows, worker in zip(record["shard"], record["rows"], record["worker"], strict=True):
+                    encoded.append(int(shard))
+                    tracker.shard_finished(int(rows), int(worker))
+        timings["encode_s"] = time.perf_counter() - mark
+        still = self.pending(plan)
+        if still:
+            raise ScaleError(f"job {self.job_id}: shards {still[:5]} are still missing after the encode pass")
+        if self.staging.is_dir():
+            shutil.rmtree(self.staging, ignore_errors=True)
+        timings["total_s"] = time.perf_counter() - start
+        return JobReport(
+            job_id=self.job_id,
+            rows=plan.n_rows,
+            distinct_texts=plan.n_unique,
+            shards=plan.n_shards,
+            shards_skipped=skipped,
+            shards_encoded=sorted(encoded),
+            planned=planned,
+            engine=describe(engine),
+            timings=timings,
+            workers_seen=len(tracker.worker_ids),
+        )
+
+    def pending(self, plan: ShardPlan) -> list[int]:
+        """Shards not yet in the cache for every strategy of the job."""
+        return [
+            s for s in range(plan.n_shards) if not all(c.has_shard(shard_name(self.job_id, s)) for c in self.caches)
+        ]
+
+    def _load_plan(self) -> ShardPlan | None:
+        return ShardPlan.load(self.folder) if ShardPlan.exists(self.folder) else None
+
+    def _plan(self, engine: Engine) -> ShardPlan:
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.mkdir(parents=True)
+        settings = PlanSettings.for_embedder(self.embedder, self.configs[0], self.instruction, self.staging)
+        tables = list(engine.plan(self.source, settings))
+        table = pa.concat_tables(tables) if tables else _empty_plan_table()
+        plan = build_plan(table, self.shard_rows, unique_ids=self.source.unique_ids)
+        meta = {
+            "job_id": self.job_id,
+            "source": self.source.description,
+            "strategies": [c.to_dict() for c in self.configs],
+            "instruction": self.instruction,
+            "batch_size": self.batch_size,
+        }
+        plan.save(self.folder, meta)
+        return ShardPlan.load(self.folder)
+
+    def _shard_settings(self, engine: Engine) -> ShardSettings:
+        return ShardSettings(
+            job_id=self.job_id,
+            plan_dir=str(self.folder),
+            staging_dir=str(self.staging),
+            configs=self.configs,
+            cache_root=str(self.cache_root),
+            model_fingerprints=self.model_fingerprints,
+            instruction=self.instruction,
+            batch_size=self.batch_size,
+            device="cuda" if engine.uses_gpus() else str(self.embedder.backbone.device),
+            threads=engine.threads(),
+        )
+
+    # ------------------------------------------------------------------ results
+    def plan(self) -> ShardPlan:
+        plan = self._load_plan()
+        if plan is None:
+            raise ScaleError(f"job {self.job_id} has not been planned yet: run it first")
+        return plan
+
+    def ids(self) -> list[str]:
+        """Row ids in input order (from the data, or row numbers)."""
+        return self.plan().id_list()
+
+    def vectors(
+        self, index: int = 0, *, dtype: str = "float32", memory_map: bool = False, output: str | Path | None = None
+    ) -> np.ndarray:
+        """The vectors of strategy ``index`` in input order, post-processed as ``Embedder.encode`` does.
+
+        ``memory_map``: a read-only memory map of ``<job>/vectors-<strategy>-<dtype>.npy`` (written once);
+        ``output``: write that ``.npy`` to ``output`` instead (atomically) and return its memory map.
+        Otherwise an in-memory array."""
+        if dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype={dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+        config = self.configs[index]
+        plan = self.plan()
+        if self.pending(plan):
+            raise ScaleError(f"job {self.job_id} is not finished: run it again to encode its missing shards")
+        if output is None and not memory_map:
+            out = np.empty((plan.n_rows, self._dim(config)), dtype=STORAGE_DTYPES[dtype])
+            self._fill(out, plan, index)
+            return out
+        target = Path(output) if output is not None else self.folder / f"vectors-{config.fingerprint()[:16]}-{dtype}.npy"
+        if output is not None or not target.is_file():
+            self._write_matrix(target, plan, index, dtype)
+        return np.load(target, mmap_mode="r")
+
+    def _dim(self, config: EmbeddingConfig) -> int:
+        return config.dim or self.embedder.backbone.hidden_size
+
+    def _fill(self, out: np.ndarray, plan: ShardPlan, index: int) -> None:
+        config, cache = self.configs[index], self.caches[index]
+        rows, bounds = plan.rows_by_shard()
+        slots = np.asarray(plan.slot_of_row)
+        for shard in range(plan.n_shards):
+            start, _ = plan.shard_slots(shard)
+            keys, raw = read_shard(cache.shard_path(shard_name(self.job_id, shard)))
+            if not np.array_equal(keys, plan.keys[start : start + len(keys)]) or len(keys) != plan.shard_size(shard):
+                raise ScaleError(f"cache shard {shard} of job {self.job_id} does not match its plan")
+            vectors = postprocess(raw, config)
+            group = rows[bounds[shard] : bounds[shard + 1]]
+            out[group] = vectors[slots[group] - start]
+
+    def _write_matrix(self, target: Path, plan: ShardPlan, index: int, dtype: str) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npy", dir=target.parent)
+        os.close(fd)
+        try:
+            shape = (plan.n_rows, self._dim(self.configs[index]))
+            matrix = np.lib.format.open_memmap(tmp, mode="w+", dtype=STORAGE_DTYPES[dtype], shape=shape)
+            self._fill(matrix, plan, index)
+            matrix.flush()
+            del matrix
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def remove(self) -> None:
+        """Delete this job's folder and shards from the cache (what an uncached run does when it is done)."""
+        plan = self._load_plan()
+        if plan is not None:
+            for cache in self.caches:
+                for shard in range(plan.n_shards):
+                    cache.shard_path(shard_name(self.job_id, shard)).unlink(missing_ok=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _empty_plan_table() -> pa.Table:
+    return pa.table(
+        {
+            "row": pa.array([], pa.int64()),
+            "k0": pa.array([], pa.uint64()),
+            "k1": pa.array([], pa.uint64()),
+            "length": pa.array([], pa.int32()),
+            "stage": pa.array([], pa.int64()),
+            "offset": pa.array([], pa.int32()),
+            "id": pa.array([], pa.string()),
+            "line": pa.array([], pa.int64()),
+            "origin": pa.array([], pa.string()),
+        }
+    )

@@ -1,0 +1,272 @@
+"""The Ray engine: the plan pass and the encode pass as Ray Data pipelines on a local or remote cluster.
+
+* Plan pass: ``read_datasource`` streams the corpus part by part (one read task per part; a JSON-lines
+  file is one part read as a stream of blocks, Parquet row groups are read in parallel), and
+  ``map_batches`` runs :class:`~lmembed.scale.work.Planner` (a callable class: the tokenizer is set up
+  once per actor) over whole blocks.
+* Encode pass: a dataset of the missing shard numbers, one per block, and ``map_batches`` with
+  :class:`~lmembed.scale.work.ShardEncoder` on an actor pool: each actor loads the Embedder once (on its
+  own GPU with ``num_gpus=1``, or with a fixed thread budget on CPUs) and writes each shard it finishes to
+  the cache. The driver reads one small record per finished shard, which drives the progress report.
+
+Workers read the staging files and write the cache, so on a multi-node cluster the cache folder
+(``$LMEMBED_CACHE``) must be on storage every node mounts; on one machine nothing is needed.
+
+A worker that dies (killed, out of memory, node lost) is restarted and its shard retried, up to
+``worker_restarts`` times; after that the job fails with :class:`~lmembed.scale.errors.WorkerLostError`
+and the shards already written stay in the cache for the next run. An exception raised on purpose by
+the work (a bad row) is not retried: it reaches the caller once, as the lmembed error it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import ray
+import ray.data
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from lmembed.embedder import Embedder
+from lmembed.errors import LmembedError
+from lmembed.scale.errors import ScaleError, WorkerLostError
+from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource, SourcePart
+from lmembed.scale.work import (
+    EmbedderSpec,
+    ModelProvider,
+    Planner,
+    PlanSettings,
+    ShardEncoder,
+    ShardSettings,
+    move_to,
+)
+
+log = logging.getLogger(__name__)
+
+#: Ray's own errors that mean a process or its objects are gone (as opposed to an error raised by our code).
+LOST = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.OutOfMemoryError,
+)
+
+
+def _read_part(part: SourcePart) -> Iterator[pa.Table]:
+    yield from part.read_arrow()
+
+
+class CorpusDatasource(Datasource):
+    """A :class:`~lmembed.scale.sources.CorpusSource` as a Ray Data source: one read task per part."""
+
+    def __init__(self, source: CorpusSource) -> None:
+        super().__init__()
+        self.source = source
+
+    def get_name(self) -> str:
+        return "LmembedCorpus"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+    ) -> list[ReadTask]:
+        return [
+            ReadTask(
+                partial(_read_part, part),
+                BlockMetadata(num_rows=part.row_count, size_bytes=None, input_files=part.files, exec_stats=None),
+                schema=BLOCK_SCHEMA,
+                per_task_row_limit=per_task_row_limit,
+            )
+            for part in self.source.parts
+        ]
+
+
+@dataclass
+class Shipped:
+    """An Embedder put in Ray's object store once; each worker takes its own copy onto its device."""
+
+    ref: Any  # ray.ObjectRef
+
+    def load(self, device: str) -> Embedder:
+        return move_to(ray.get(self.ref), device)
+
+
+class RayEngine:
+    """See the module doc; options are those of :func:`lmembed.scale.engines.make_engine`."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        workers: int | None = None,
+        threads_per_worker: int = 1,
+        gpus_per_worker: float | None = None,
+        num_cpus: int | None = None,
+        worker_restarts: int = 2,
+    ) -> None:
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers={workers} must be >= 1")
+        if threads_per_worker < 1:
+            raise ValueError(f"threads_per_worker={threads_per_worker} must be >= 1")
+        if worker_restarts < 0:
+            raise ValueError(f"worker_restarts={worker_restarts} must be >= 0")
+        self.address = address
+        self.workers = workers
+        self.threads_per_worker = threads_per_worker
+        self.gpus_per_worker = gpus_per_worker
+        self.num_cpus = num_cpus
+        self.worker_restarts = worker_restarts
+        self.started_here = False
+        self._shipped: dict[int, Shipped] = {}
+
+    # ------------------------------------------------------------------ cluster
+    def start(self) -> None:
+        """Join the cluster at ``address``, or start a local one (Ray has no ``local_mode`` any more: a
+        local cluster is real worker processes on this machine)."""
+        if ray.is_initialized():
+            return
+        options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+        if self.address:
+            ray.init(address=self.address, **options)
+        else:
+            ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False, **options)
+            self.started_here = True
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # the job reports its own progress (shards, texts/s, ETA)
+
+    def shutdown(self) -> None:
+        """Stop the local cluster this engine started (a joined cluster is left running)."""
+        if self.started_here and ray.is_initialized():
+            ray.shutdown()
+        self.started_here = False
+        self._shipped.clear()
+
+    def uses_gpus(self) -> bool:
+        if self.gpus_per_worker is not None:
+            return self.gpus_per_worker > 0
+        self.start()
+        return ray.cluster_resources().get("GPU", 0) >= 1
+
+    def threads(self) -> int | None:
+        return None if self.uses_gpus() else self.threads_per_worker
+
+    def worker_count(self) -> int:
+        if self.workers is not None:
+            return self.workers
+        self.start()
+        resources = ray.cluster_resources()
+        if self.uses_gpus():
+            return max(1, int(resources.get("GPU", 0) // (self.gpus_per_worker or 1)))
+        return max(1, int(resources.get("CPU", 1) // self.threads_per_worker))
+
+    def _resources(self) -> dict[str, Any]:
+        if self.uses_gpus():
+            return {"num_gpus": self.gpus_per_worker or 1, "num_cpus": 1}
+        return {"num_cpus": self.threads_per_worker}
+
+    def _restarts(self) -> dict[str, int]:
+        return {"max_restarts": self.worker_restarts, "max_task_retries": self.worker_restarts}
+
+    # ------------------------------------------------------------------ work
+    def model_provider(self, embedder: Embedder, spec: EmbedderSpec | None) -> ModelProvider:
+        """``spec`` when given (every worker loads the weights itself), else one shared copy of ``embedder``."""
+        if spec is not None:
+            return spec
+        self.start()
+        shipped = self._shipped.get(id(embedder))
+        if shipped is None:
+            shipped = self._shipped[id(embedder)] = Shipped(ray.put(embedder))
+        return shipped
+
+    def plan(self, source: CorpusSource, settings: PlanSettings) -> Iterator[pa.Table]:
+        self.start()
+        if not source.parts:
+            return
+        dataset = ray.data.read_datasource(CorpusDatasource(source))
+        planned = dataset.map_batches(
+            Planner,
+            fn_constructor_args=(settings,),
+            batch_size=None,  # whole blocks: one staging file per block
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=self.worker_count()),
+            num_cpus=self.threads_per_worker if not self.uses_gpus() else 1,
+            **self._restarts(),
+        )
+        with _translated_errors("plan pass"):
+            yield from planned.iter_batches(batch_size=None, batch_format="pyarrow")
+
+    def encode(
+        self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
+    ) -> Iterator[dict[str, np.ndarray]]:
+        self.start()
+        if not shards:
+            return
+        dataset = ray.data.from_items([{"shard": int(s)} for s in shards], override_num_blocks=len(shards))
+        encoded = dataset.map_batches(
+            ShardEncoder,
+            fn_constructor_args=(model, settings),
+            batch_size=1,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=min(self.worker_count(), len(shards))),
+            **self._resources(),
+            **self._restarts(),
+        )
+        with _translated_errors("encode pass", restarts=self.worker_restarts):
+            yield from encoded.iter_batches(batch_size=1, batch_format="numpy")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything it wraps (``cause`` of Ray task errors, ``__cause__``, ``__context__``)."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        for inner in (getattr(current, "cause", None), current.__cause__, current.__context__):
+            if isinstance(inner, BaseException):
+                stack.append(inner)
+
+
+class _translated_errors:  # noqa: N801 - used as a context manager, reads as a phrase
+    """Turn what Ray raises into one lmembed error: the error our code raised on a worker (a bad row,
+    a changed model ...), or :class:`WorkerLostError` when a worker died too often."""
+
+    def __init__(self, stage: str, *, restarts: int = 0) -> None:
+        self.stage = stage
+        self.restarts = restarts
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, LmembedError):
+            return False
+        causes = list(_causes(exc))
+        ours = [c for c in causes if isinstance(c, LmembedError) and not isinstance(c, ray.exceptions.RayError)]
+        if ours:
+            raise ours[-1] from None
+        lost = next((c for c in causes if isinstance(c, LOST)), None)
+        if lost is not None:
+            reason = str(lost).strip().splitlines()[0] if str(lost).strip() else type(lost).__name__
+            raise WorkerLostError(
+                f"{self.stage}: a Ray worker died and did not come back after {self.restarts} restart(s) "
+                f"({type(lost).__name__}: {reason}); the shards already finished are in the cache: run the same "
+                "job again to resume"
+            ) from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ScaleError(f"{self.stage} failed on Ray: {type(exc).__name__}: {first}") from exc

@@ -1,0 +1,245 @@
+"""The Python API of sharded encoding: an Embedder whose encode calls run as jobs, and one-call corpus encoding.
+
+    >>> from lmembed import Embedder
+    >>> from lmembed.scale import encode_corpus, scaled
+    >>> emb = Embedder.from_pretrained("minilm")
+    >>> done = encode_corpus(emb, "../shared/datasets/beir/scifact", engine="ray")   # a local Ray cluster
+    >>> done.ids[:2], done.vectors.shape
+    >>> fast = scaled(emb, engine="ray", ray_address="auto")    # any code that takes an Embedder
+    >>> fast.encode_corpus(texts)                               # ... now encodes on the cluster
+
+:class:`ShardedEmbedder` *is* an :class:`~lmembed.embedder.Embedder` (same backbone, strategy, name and
+dimension), so evaluation, index building and mining take it unchanged; its ``encode``,
+``encode_queries``, ``encode_corpus`` and ``encode_strategies`` each run a sharded job
+(:class:`~lmembed.scale.job.EncodeJob`) on its engine and return the same vectors as the plain
+Embedder, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmembed.atomic import atomic_write
+from lmembed.config import EmbeddingConfig
+from lmembed.embedder import Embedder
+from lmembed.encoding.inputs import validate_texts
+from lmembed.scale.engines import Engine, make_engine
+from lmembed.scale.job import DEFAULT_SHARD_ROWS, STORAGE_DTYPES, EncodeJob, JobReport
+from lmembed.scale.progress import ProgressCallback
+from lmembed.scale.sources import CorpusSource, memory_source, open_source
+from lmembed.scale.work import EmbedderSpec
+
+CorpusLike = str | Path | Sequence[str] | CorpusSource
+
+
+class ShardedEmbedder(Embedder):
+    """An Embedder that encodes through sharded jobs on ``engine`` (see the module doc).
+
+    ``spec`` makes every worker load the model itself (large models; the path must be readable on every
+    node) instead of receiving a copy of ``base``. ``memory_map`` returns read-only memory maps of
+    ``.npy`` files in the cache instead of arrays in memory; ``corpus_dtype="float16"`` stores corpus
+    vectors (``encode_corpus``) at half the size. Progress snapshots go to ``on_progress``.
+    """
+
+    def __init__(
+        self,
+        base: Embedder,
+        engine: Engine,
+        *,
+        spec: EmbedderSpec | None = None,
+        shard_rows: int = DEFAULT_SHARD_ROWS,
+        memory_map: bool = False,
+        corpus_dtype: str = "float32",
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        if corpus_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"corpus_dtype={corpus_dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+        if corpus_dtype != "float32" and not memory_map:
+            raise ValueError("corpus_dtype='float16' is a storage format: use it with memory_map=True")
+        self.__dict__.update(base.__dict__)  # the same backbone, strategy, head and engine settings; no reload
+        self.base = base
+        self.scale_engine = engine
+        self.spec = spec
+        self.shard_rows = shard_rows
+        self.memory_map = memory_map
+        self.corpus_dtype = corpus_dtype
+        self.on_progress = on_progress
+        self.reports: list[JobReport] = []
+
+    def with_config(self, config: EmbeddingConfig) -> ShardedEmbedder:
+        """The same model and engine, read out with another strategy."""
+        return ShardedEmbedder(
+            self.base.with_config(config),
+            self.scale_engine,
+            spec=self.spec,
+            shard_rows=self.shard_rows,
+            memory_map=self.memory_map,
+            corpus_dtype=self.corpus_dtype,
+            on_progress=self.on_progress,
+        )
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32, *, instruction: str | None = None) -> np.ndarray:
+        return self._run(texts, [self.config], instruction, batch_size, "float32")[0]
+
+    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+        return self._run(texts, [self.config], None, batch_size, self.corpus_dtype)[0]
+
+    def encode_strategies(
+        self,
+        texts: Sequence[str],
+        configs: Sequence[EmbeddingConfig],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+    ) -> list[np.ndarray]:
+        """One job per group of strategies that share their forward passes."""
+        groups: dict[str, list[int]] = {}
+        for i, cfg in enumerate(configs):
+            groups.setdefault(json.dumps(cfg.forward_key(), sort_keys=True), []).append(i)
+        results: list[np.ndarray | None] = [None] * len(configs)
+        for members in groups.values():
+            arrays = self._run(texts, [configs[i] for i in members], instruction, batch_size, "float32")
+            for i, array in zip(members, arrays, strict=True):
+                results[i] = array
+        return [r for r in results if r is not None]
+
+    def _run(
+        self,
+        texts: Sequence[str],
+        configs: Sequence[EmbeddingConfig],
+        instruction: str | None,
+        batch_size: int,
+        dtype: str,
+    ) -> list[np.ndarray]:
+        texts = validate_texts(texts)
+        job = EncodeJob(
+            self.base,
+            memory_source(texts),
+            configs,
+            instruction=instruction,
+            batch_size=batch_size,
+            shard_rows=self.shard_rows,
+        )
+        self.reports.append(job.run(self.scale_engine, spec=self.spec, on_progress=self.on_progress))
+        memory_map = self.memory_map and self.engine.use_cache
+        out = [job.vectors(i, dtype=dtype, memory_map=memory_map) for i in range(len(configs))]
+        if not self.engine.use_cache:
+            job.remove()  # an uncached Embedder leaves nothing behind
+        return out
+
+
+def scaled(
+    embedder: Embedder,
+    engine: str | Engine = "ray",
+    *,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    threads_per_worker: int = 1,
+    gpus_per_worker: float | None = None,
+    num_cpus: int | None = None,
+    worker_restarts: int = 2,
+    spec: EmbedderSpec | None = None,
+    **options: Any,
+) -> Embedder:
+    """``embedder`` on ``engine``: ``"local"`` returns it unchanged (the ordinary single-process path);
+    ``"ray"`` (or an engine object) returns a :class:`ShardedEmbedder`. Engine options: see
+    :func:`~lmembed.scale.engines.make_engine`; other ``options`` go to :class:`ShardedEmbedder`."""
+    if engine == "local":
+        make_engine("local", ray_address=ray_address)  # refuses Ray options given to the local engine
+        return embedder
+    chosen = make_engine(
+        engine,
+        ray_address=ray_address,
+        workers=workers,
+        threads_per_worker=threads_per_worker,
+        gpus_per_worker=gpus_per_worker,
+        num_cpus=num_cpus,
+        worker_restarts=worker_restarts,
+    )
+    return ShardedEmbedder(embedder, chosen, spec=spec, **options)
+
+
+@dataclass
+class EncodedCorpus:
+    """A finished corpus job: ids and vectors in input order, and what the run did."""
+
+    ids: list[str]
+    vectors: np.ndarray
+    report: JobReport
+    job: EncodeJob
+
+    def write_jsonl(self, path: str | Path) -> Path:
+        """One ``{"text", "embedding"}`` row per input row, in order (``lmembed encode -o x.jsonl``), atomically."""
+
+        def write(handle: Any) -> None:
+            row = 0
+            for block in self.job.source.iter_blocks():
+                for text in block.texts:
+                    line = json.dumps({"text": text, "embedding": np.asarray(self.vectors[row]).tolist()})
+                    handle.write((line + "\n").encode())
+                    row += 1
+
+        return atomic_write(path, write)
+
+
+def as_source(corpus: CorpusLike, *, field: str | None = None) -> CorpusSource:
+    """A :class:`CorpusSource` from a path (see :func:`~lmembed.scale.sources.open_source`), a list of texts,
+    or a source."""
+    if isinstance(corpus, CorpusSource):
+        return corpus
+    if isinstance(corpus, str | Path):
+        return open_source(corpus, field=field)
+    return memory_source(validate_texts(corpus, "corpus"))
+
+
+def encode_corpus(
+    embedder: Embedder,
+    corpus: CorpusLike,
+    *,
+    engine: str | Engine = "local",
+    instruction: str | None = None,
+    batch_size: int = 32,
+    shard_rows: int = DEFAULT_SHARD_ROWS,
+    output: str | Path | None = None,
+    memory_map: bool = False,
+    dtype: str = "float32",
+    field: str | None = None,
+    spec: EmbedderSpec | None = None,
+    on_progress: ProgressCallback | None = None,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    threads_per_worker: int = 1,
+    gpus_per_worker: float | None = None,
+    num_cpus: int | None = None,
+    worker_restarts: int = 2,
+) -> EncodedCorpus:
+    """Encode a whole corpus as a sharded job on ``engine`` (``"local"`` or ``"ray"``) and return its ids
+    and vectors in input order. The corpus streams from disk (JSON lines, BEIR, text lines, Parquet) or
+    comes as a list of texts; ``output`` (``.npy``) receives the matrix, written atomically, and the
+    result is its memory map; ``memory_map`` keeps a ``.npy`` in the cache instead. Killed or failed,
+    the same call resumes where it stopped."""
+    chosen = make_engine(
+        engine,
+        ray_address=ray_address,
+        workers=workers,
+        threads_per_worker=threads_per_worker,
+        gpus_per_worker=gpus_per_worker,
+        num_cpus=num_cpus,
+        worker_restarts=worker_restarts,
+    )
+    job = EncodeJob(
+        embedder,
+        as_source(corpus, field=field),
+        instruction=instruction,
+        batch_size=batch_size,
+        shard_rows=shard_rows,
+    )
+    report = job.run(chosen, spec=spec, on_progress=on_progress)
+    vectors = job.vectors(dtype=dtype, memory_map=memory_map, output=output)
+    return EncodedCorpus(job.ids(), vectors, report, job)

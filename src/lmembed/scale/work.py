@@ -1,0 +1,313 @@
+"""The unit of work, the same on every engine: *plan a block of rows*, and *encode shard i of n into the cache*.
+
+:class:`Planner` (the plan pass, one call per block of rows): checks every text, computes its cache key
+and token count, and stages the texts in an Arrow file under the job folder, from which any worker can
+later read any row without reading the corpus again.
+
+:class:`ShardEncoder` (the encode pass, one call per shard): loads the Embedder once (per actor on Ray,
+once in-process locally), reads the shard's texts from the staging files in plan order, encodes them
+with the engine's public ``encode_raw`` (no cache of its own), and writes one named cache shard per
+strategy, atomically (:meth:`lmembed.encoding.cache.EmbeddingCache.store_shard`). A shard that is on disk
+is complete; a job that resumes skips it.
+
+Both are plain callables over Arrow tables / NumPy batches, so the local engine calls them directly and
+the Ray engine hands them to Ray Data's ``map_batches`` as callable classes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from lmembed.atomic import atomic_write
+from lmembed.config import EmbeddingConfig
+from lmembed.embedder import Embedder
+from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
+from lmembed.encoding.engine import EncodingEngine, resolve_max_length
+from lmembed.encoding.inputs import InputBuilder, check_encodable
+from lmembed.errors import LmembedError
+from lmembed.models.loading import weights_fingerprint
+from lmembed.scale.errors import BadRowError, ScaleError
+from lmembed.scale.plan import ShardPlan, halves_from_key
+from lmembed.scale.sources import locate
+
+STAGING_DIR = "staging"
+OPEN_STAGING_FILES = 64
+
+
+def model_fingerprint(embedder: Embedder, config: EmbeddingConfig) -> str:
+    """The model part of the cache folder for ``config``, as the encoding engine names it: the weights'
+    fingerprint, plus the pooling head's for latent-attention pooling."""
+    fingerprint = embedder.backbone.fingerprint()
+    if config.pooling == "latent_attention" and embedder.pooling_head is not None:
+        fingerprint += "-" + weights_fingerprint(embedder.pooling_head)
+    return fingerprint
+
+
+def shard_name(job_id: str, shard: int) -> str:
+    """The cache-file name (without ``.npz``) of shard ``shard`` of job ``job_id``."""
+    return f"shard-{job_id}-{shard:06d}"
+
+
+def staging_file(folder: str | Path, stage: int) -> Path:
+    return Path(folder) / f"{stage:012d}.arrow"
+
+
+# ---------------------------------------------------------------------------------------------- models
+class ModelProvider(Protocol):
+    """Gives a worker its Embedder on the device it was given."""
+
+    def load(self, device: str) -> Embedder: ...
+
+
+@dataclass(frozen=True)
+class EmbedderSpec:
+    """How a worker loads the model itself: the arguments of :meth:`Embedder.from_pretrained` (a bundled
+    name, a local folder every worker can read, or a Hub id, plus strategy options and ``dtype``). Use it
+    for large models: each worker reads the weights from disk instead of receiving a pickled copy."""
+
+    name_or_path: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self, device: str) -> Embedder:
+        options = {k: v for k, v in self.options.items() if k not in ("device", "cache", "show_progress")}
+        return Embedder.from_pretrained(self.name_or_path, device=device, cache=False, show_progress=False, **options)
+
+
+@dataclass
+class InProcess:
+    """The caller's own Embedder, used as it is (the local engine)."""
+
+    embedder: Embedder
+
+    def load(self, device: str) -> Embedder:
+        return self.embedder
+
+
+def move_to(embedder: Embedder, device: str) -> Embedder:
+    """Put a (worker's own copy of an) Embedder on ``device``."""
+    target = torch.device(device)
+    if embedder.backbone.device == target:
+        return embedder
+    embedder.backbone.model.to(target)
+    embedder.backbone.device = target
+    if embedder.pooling_head is not None:
+        embedder.pooling_head.to(target)
+    return embedder
+
+
+# ---------------------------------------------------------------------------------------------- plan pass
+@dataclass(frozen=True)
+class PlanSettings:
+    """What the plan pass needs (small and picklable: the tokenizer, not the model)."""
+
+    tokenizer: Any
+    config: EmbeddingConfig
+    is_decoder: bool
+    max_length: int
+    instruction: str | None
+    staging_dir: str
+
+    @classmethod
+    def for_embedder(
+        cls, embedder: Embedder, config: EmbeddingConfig, instruction: str | None, staging_dir: str | Path
+    ) -> PlanSettings:
+        return cls(
+            tokenizer=embedder.backbone.tokenizer,
+            config=config,
+            is_decoder=embedder.backbone.is_decoder,
+            max_length=resolve_max_length(embedder.backbone, config.max_length),
+            instruction=instruction,
+            staging_dir=str(staging_dir),
+        )
+
+
+class Planner:
+    """Plan-pass callable: one block of rows (Arrow: row, line, id, text, origin) in, its plan columns out."""
+
+    def __init__(self, settings: PlanSettings) -> None:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.settings = settings
+        self.builder = InputBuilder(
+            settings.tokenizer, settings.config, is_decoder=settings.is_decoder, max_length=settings.max_length
+        )
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        rows = block.column("row").to_numpy()
+        lines = block.column("line").to_numpy()
+        texts = block.column("text").to_pylist()
+        ids = block.column("id").to_pylist()
+        origins = block.column("origin").to_pylist()
+        n = len(texts)
+        k0 = np.empty(n, dtype=np.uint64)
+        k1 = np.empty(n, dtype=np.uint64)
+        lengths = np.empty(n, dtype=np.int32)
+        instruction = self.settings.instruction
+        for i, text in enumerate(texts):
+            try:
+                if not isinstance(text, str):
+                    raise TypeError(f"text is {type(text).__name__}, not a str")
+                check_encodable(text, "text")
+                k0[i], k1[i] = halves_from_key(text_key(text, instruction))
+                lengths[i] = len(self.builder.build(text, instruction))
+            except Exception as exc:
+                place = locate(origins[i], int(rows[i]), int(lines[i]))
+                raise BadRowError(f"{place} (row {int(rows[i])}, id {ids[i]!r}): {_describe(exc)}") from None
+        stage = int(rows.min()) if n else 0
+        staged = block.select(["row", "line", "id", "text", "origin"])
+        atomic_write(staging_file(self.settings.staging_dir, stage), lambda handle: _write_ipc(handle, staged))
+        return pa.table(
+            {
+                "row": pa.array(rows, pa.int64()),
+                "k0": pa.array(k0, pa.uint64()),
+                "k1": pa.array(k1, pa.uint64()),
+                "length": pa.array(lengths, pa.int32()),
+                "stage": pa.array(np.full(n, stage, dtype=np.int64), pa.int64()),
+                "offset": pa.array(np.arange(n, dtype=np.int32), pa.int32()),
+                "id": pa.array(ids, pa.string()),
+                "line": pa.array(lines, pa.int64()),
+                "origin": block.column("origin"),
+            }
+        )
+
+
+def _write_ipc(handle, table: pa.Table) -> None:
+    with pa.ipc.new_file(handle, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, LmembedError) else f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------------------------- encode pass
+@dataclass(frozen=True)
+class ShardSettings:
+    """What the encode pass needs besides the model."""
+
+    job_id: str
+    plan_dir: str
+    staging_dir: str
+    configs: tuple[EmbeddingConfig, ...]
+    cache_root: str
+    model_fingerprints: tuple[str, ...]  # one per config: the model part of its cache folder
+    instruction: str | None
+    batch_size: int
+    device: str = "cpu"
+    threads: int | None = None
+
+
+class ShardEncoder:
+    """Encode-pass callable: a batch of shard numbers in, one record per finished shard out."""
+
+    def __init__(self, model: ModelProvider, settings: ShardSettings) -> None:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        self.settings = settings
+        embedder = model.load(settings.device)
+        found = tuple(model_fingerprint(embedder, cfg) for cfg in settings.configs)
+        if found != settings.model_fingerprints:
+            raise ScaleError(
+                f"this worker loaded weights {found[0][:16]} but the job was planned for {settings.model_fingerprints[0][:16]}: "
+                "the model changed on disk, or workers see another copy of it"
+            )
+        self.engine = EncodingEngine(
+            embedder.backbone, pooling_head=embedder.pooling_head, use_cache=False, show_progress=False
+        )
+        self.plan = ShardPlan.load(Path(settings.plan_dir))
+        self.caches = [
+            EmbeddingCache(Path(settings.cache_root), fp, cfg.fingerprint())
+            for fp, cfg in zip(settings.model_fingerprints, settings.configs, strict=True)
+        ]
+        self._staged: OrderedDict[int, pa.Table] = OrderedDict()
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shards = [int(s) for s in np.asarray(batch["shard"]).ravel()]
+        seconds = [self.encode_shard(shard) for shard in shards]
+        return {
+            "shard": np.asarray(shards, dtype=np.int64),
+            "rows": np.asarray([self.plan.shard_size(s) for s in shards], dtype=np.int64),
+            "seconds": np.asarray(seconds, dtype=np.float64),
+            "worker": np.full(len(shards), os.getpid(), dtype=np.int64),
+        }
+
+    def encode_shard(self, shard: int) -> float:
+        """Encode shard ``shard`` and write it to the cache; returns the seconds it took."""
+        start_time = time.perf_counter()
+        start, stop = self.plan.shard_slots(shard)
+        rows = np.asarray(self.plan.order[start:stop])
+        texts, places, ids = self._texts(rows)
+        keys = key_array([text_key(t, self.settings.instruction) for t in texts])
+        if not np.array_equal(keys, self.plan.keys[start:stop]):
+            raise ScaleError(f"shard {shard}: staged texts do not match the plan (was the job folder changed?)")
+        try:
+            raws = self.engine.encode_raw(
+                texts, self.settings.configs, instruction=self.settings.instruction, batch_size=self.settings.batch_size
+            )
+        except Exception as exc:
+            self._name_bad_row(shard, rows, texts, places, ids, exc)
+            raise
+        name = shard_name(self.settings.job_id, shard)
+        for cache, raw in zip(self.caches, raws, strict=True):
+            cache.store_shard(name, keys, raw)
+        return time.perf_counter() - start_time
+
+    def _name_bad_row(
+        self,
+        shard: int,
+        rows: np.ndarray,
+        texts: Sequence[str],
+        places: Sequence[str],
+        ids: Sequence[str],
+        error: Exception,
+    ) -> None:
+        """A shard failed: find the first row that fails on its own and raise one error naming it."""
+        for row, text, place, doc_id in zip(rows, texts, places, ids, strict=True):
+            try:
+                self.engine.encode_raw([text], self.settings.configs, instruction=self.settings.instruction)
+            except Exception as exc:
+                raise BadRowError(f"{place} (row {int(row)}, id {doc_id!r}): encoding failed: {_describe(exc)}") from None
+        raise ScaleError(f"shard {shard} failed ({_describe(error)}), though each of its rows encodes on its own") from None
+
+    def _texts(self, rows: np.ndarray) -> tuple[list[str], list[str], list[str]]:
+        stages = np.asarray(self.plan.stage_of_row[rows])
+        offsets = np.asarray(self.plan.offset_of_row[rows])
+        texts: list[str] = [""] * len(rows)
+        places: list[str] = [""] * len(rows)
+        ids: list[str] = [""] * len(rows)
+        for stage in np.unique(stages):
+            where = np.flatnonzero(stages == stage)
+            taken = self._staging(int(stage)).take(pa.array(offsets[where]))
+            if not np.array_equal(taken.column("row").to_numpy(), rows[where]):
+                raise ScaleError(f"staging file {staging_file(self.settings.staging_dir, int(stage))} does not match the plan")
+            lines = taken.column("line").to_pylist()
+            origins = taken.column("origin").to_pylist()
+            for j, text, doc_id, line, origin in zip(
+                where, taken.column("text").to_pylist(), taken.column("id").to_pylist(), lines, origins, strict=True
+            ):
+                texts[j] = text
+                ids[j] = doc_id
+                places[j] = locate(origin, int(rows[j]), line)
+        return texts, places, ids
+
+    def _staging(self, stage: int) -> pa.Table:
+        table = self._staged.pop(stage, None)
+        if table is None:
+            path = staging_file(self.settings.staging_dir, stage)
+            if not path.is_file():
+                raise ScaleError(f"staging file {path} is missing: plan the job again (delete {self.settings.plan_dir})")
+            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+            while len(self._staged) >= OPEN_STAGING_FILES:
+                self._staged.popitem(last=False)
+        self._staged[stage] = table
+        return table

@@ -1,0 +1,274 @@
+"""`lmembed experiment` end to end on a tiny model: two training arms × two seeds (plus an arm without
+training), per-run metrics and per-query scores, the summary, `lmembed report` on the folder, resuming after
+a kill, and file:line errors for a bad experiment file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import tiny_model
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.cli import app
+from lmembed.evaluation.report import render_report
+from lmembed.experiments import runner as runner_module
+from lmembed.experiments.plan import plan_runs
+from lmembed.experiments.runner import ExperimentError, run_experiment
+from lmembed.experiments.spec import ExperimentSpecError, load_spec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+DOCS = [
+    ("d1", "the cat sat on the mat"),
+    ("d2", "a dog was bad"),
+    ("d3", "a man riding a horse"),
+    ("d4", "a woman eating food"),
+    ("d5", "the gene study result"),
+    ("d6", "a great movie"),
+    ("d7", "embedding vector search"),
+    ("d8", "hello there friend"),
+]
+QUERIES = [("q1", "cat mat", "d1"), ("q2", "horse riding", "d3"), ("q3", "eating food", "d4"), ("q4", "gene", "d5")]
+QUERIES += [("q5", "movie great", "d6"), ("q6", "vector search", "d7")]
+STS = [
+    ("the cat sat", "a cat sat on the mat", 4.5),
+    ("a dog was bad", "the dog was bad", 4.8),
+    ("a great movie", "the gene study", 0.2),
+    ("a man riding a horse", "a woman riding", 2.5),
+    ("hello there", "hello friend", 3.5),
+    ("the cell gene", "a great movie", 0.1),
+    ("language model", "the language model embedding", 3.9),
+]
+TRAIN = [
+    {"query": "the cat sat on the mat", "positive": "a cat sat on a rug", "negatives": ["the dog was bad"]},
+    {"query": "a man riding a horse", "positive": "the man is riding", "negatives": ["a woman eating food"]},
+    {"query": "protein gene study", "positive": "the cell gene result", "negatives": ["a great movie"]},
+    {"query": "a great movie", "positive": "the movie was great", "negatives": ["the movie was bad"]},
+]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A saved tiny encoder, a tiny BEIR folder and STS file, training rows, and a private embedding cache."""
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    Embedder.from_model(
+        tiny_model("bert", len(tokenizer)), tokenizer, EmbeddingConfig(pooling="mean"), use_cache=False
+    ).save(tmp_path / "tiny")
+    beir = tmp_path / "beir"
+    _write_jsonl(beir / "corpus.jsonl", [{"_id": i, "title": "", "text": t} for i, t in DOCS])
+    _write_jsonl(beir / "queries.jsonl", [{"_id": q, "text": t} for q, t, _ in QUERIES])
+    (beir / "qrels").mkdir()
+    (beir / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, _, d in QUERIES)
+    )
+    _write_jsonl(tmp_path / "sts.jsonl", [{"sentence1": a, "sentence2": b, "score": s} for a, b, s in STS])
+    _write_jsonl(tmp_path / "train.jsonl", TRAIN)
+    return tmp_path
+
+
+def _spec(root: Path, **changes) -> Path:
+    spec = {
+        "name": "tiny",
+        "claim": "mean pooling beats CLS pooling after the same training",
+        "model": str(root / "tiny"),
+        "device": "cpu",
+        "seeds": [0, 1],
+        "train": {
+            "data": [str(root / "train.jsonl")],
+            "steps": 3,
+            "batch_size": 4,
+            "lr": 5e-3,
+            "warmup_steps": 1,
+            "lora": False,
+        },
+        "evaluate": {
+            "tasks": [
+                {"path": str(root / "beir"), "type": "Retrieval", "name": "Toy"},
+                {"path": str(root / "sts.jsonl"), "type": "STS", "name": "ToySTS"},
+            ],
+            "batch_size": 8,
+        },
+        "arms": {
+            "untrained": {"strategy": {"pooling": "mean"}},
+            "mean": {"strategy": {"pooling": "mean"}, "train": {}},
+            "cls": {"strategy": {"pooling": "cls"}, "train": {}},
+        },
+        "compare": [{"a": "mean", "b": "cls", "claim": "better"}, {"a": "mean", "b": "untrained"}],
+    }
+    if "arms" in changes:
+        spec.pop("compare")  # default: every arm against the first
+    spec.update(changes)
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_two_arms_two_seeds_end_to_end(workspace: Path):
+    out = workspace / "out"
+    result = CliRunner().invoke(app, ["experiment", str(_spec(workspace)), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+
+    # one run for the arm without training, one per seed for each training arm
+    folders = sorted(str(p.relative_to(out / "runs")) for p in (out / "runs").glob("*/*"))
+    assert folders == ["cls/seed-0", "cls/seed-1", "mean/seed-0", "mean/seed-1", "untrained/eval"]
+    record = json.loads((out / "runs/mean/seed-1/run.json").read_text())
+    assert record["seed"] == 1 and record["trained"] and record["steps"] == 3 and len(record["losses"]["train"]) == 3
+    assert record["strategy"]["pooling"] == "mean"
+    toy = record["tasks"]["Toy"]
+    assert toy["main_metric"] == "ndcg_at_10" and toy["items"] == 6 and "nauc_ndcg_at_10_max" in toy["scores"]
+    items = json.loads((out / "runs/mean/seed-1/items.json").read_text())
+    assert items["Toy"]["ids"] == [q for q, _, _ in QUERIES] and items["Toy"]["statistic"] == "mean"
+    assert sum(items["Toy"]["values"]) / 6 == pytest.approx(toy["main_score"], abs=1e-5)
+    assert items["ToySTS"]["statistic"] == "spearman" and items["ToySTS"]["reference"] == [s for *_, s in STS]
+    assert json.loads((out / "runs/cls/seed-0/run.json").read_text())["strategy"]["pooling"] == "cls"
+
+    summary = json.loads((out / "summary.json").read_text())
+    cell = summary["scores"]["mean"]["Toy"]
+    seeds = [
+        json.loads((out / f"runs/mean/seed-{s}/run.json").read_text())["tasks"]["Toy"]["main_score"] for s in (0, 1)
+    ]
+    assert cell["n"] == 2 and cell["values"] == seeds and cell["mean"] == pytest.approx(sum(seeds) / 2)
+    assert summary["scores"]["untrained"]["Toy"]["n"] == 1 and summary["scores"]["untrained"]["Toy"]["std"] == 0.0
+    compared = {(c["a"], c["b"], c["task"]): c for c in summary["comparisons"]}
+    assert set(compared) == {
+        ("mean", "cls", "Toy"),
+        ("mean", "cls", "ToySTS"),
+        ("mean", "cls", "train loss"),
+        ("mean", "untrained", "Toy"),
+        ("mean", "untrained", "ToySTS"),
+    }
+    toy_pair = compared[("mean", "cls", "Toy")]
+    assert toy_pair["items"] == 6 and toy_pair["low"] <= toy_pair["difference"] <= toy_pair["high"]
+    assert toy_pair["verdict"] in ("holds", "reversed", "not distinguishable") and 0 < toy_pair["p_value"] <= 1
+    assert toy_pair["difference"] == pytest.approx(cell["mean"] - summary["scores"]["cls"]["Toy"]["mean"], abs=1e-5)
+    assert compared[("mean", "untrained", "Toy")]["claim"] == "none"
+    assert summary["runs"]["missing"] == [] and len(summary["runs"]["finished"]) == 5
+    markdown = (out / "summary.md").read_text()
+    assert "## Comparisons" in markdown and "mean ± sample std" in markdown and (out / "summary.png").stat().st_size > 0
+
+    # `lmembed report` renders an experiment folder too
+    report = render_report(out, workspace / "rendered")
+    assert report.markdown == markdown
+    assert (workspace / "rendered/summary.png").is_file() and (workspace / "rendered/summary.json").is_file()
+    assert report.table.scores[("mean", "2 run(s)")]["Toy"] == pytest.approx(cell["mean"])
+    cli = CliRunner().invoke(app, ["report", str(out)])
+    assert cli.exit_code == 0 and "Experiment: tiny" in cli.output
+
+
+def test_resume_after_a_kill_skips_finished_runs(workspace: Path, monkeypatch: pytest.MonkeyPatch):
+    spec = load_spec(_spec(workspace, seeds=[0, 1], arms={"base": {}, "tuned": {"train": {}}}))
+    out = workspace / "out"
+    real = runner_module.execute_run
+    calls: list[str] = []
+
+    def killed_during_third(spec_, run, tasks, output):
+        calls.append(run.id)
+        if len(calls) == 3:  # the third run dies part way: its folder is half written, no run.json
+            run.folder.mkdir(parents=True, exist_ok=True)
+            (run.folder / "train").mkdir()
+            raise KeyboardInterrupt
+        return real(spec_, run, tasks, output)
+
+    monkeypatch.setattr(runner_module, "execute_run", killed_during_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(spec, out)
+    assert calls == ["base/eval", "tuned/seed-0", "tuned/seed-1"]
+    finished = {run.id: run.run_file.stat().st_mtime_ns for run in plan_runs(spec, out) if run.finished}
+    assert set(finished) == {"base/eval", "tuned/seed-0"}
+
+    with pytest.raises(ExperimentError, match="--resume"):  # a folder in use is not overwritten silently
+        run_experiment(spec, out)
+
+    calls.clear()
+    outcome = run_experiment(spec, out, resume=True)
+    assert calls == ["tuned/seed-1"]  # only the unfinished run, started over
+    assert outcome.reused == ["base/eval", "tuned/seed-0"] and outcome.finished == ["tuned/seed-1"]
+    assert {run.id: run.run_file.stat().st_mtime_ns for run in plan_runs(spec, out) if run.id in finished} == finished
+    assert all(run.finished for run in plan_runs(spec, out))
+    assert json.loads((out / "summary.json").read_text())["scores"]["tuned"]["Toy"]["n"] == 2
+
+    # a changed setting makes the affected runs stale: they run again, the others are kept
+    calls.clear()
+    changed = load_spec(_spec(workspace, seeds=[0, 1], arms={"base": {}, "tuned": {"train": {"steps": 2}}}))
+    run_experiment(changed, out, resume=True)
+    assert calls == ["tuned/seed-0", "tuned/seed-1"]
+
+
+def test_budget_skips_runs_that_do_not_fit(workspace: Path):
+    spec = load_spec(_spec(workspace, seeds=[0, 1, 2], arms={"tuned": {"train": {}}}))
+    lines: list[str] = []
+    outcome = run_experiment(spec, workspace / "out", budget_minutes=0.0, progress=lines.append)
+    assert outcome.finished == ["tuned/seed-0"]  # the first run is timed; nothing else fits in no time
+    assert set(outcome.skipped) == {"tuned/seed-1", "tuned/seed-2"}
+    assert "needs ~" in outcome.skipped["tuned/seed-1"]
+    assert any(line.startswith("budget: will not fit: tuned/seed-1") for line in lines)
+    assert json.loads((workspace / "out/summary.json").read_text())["runs"]["missing"] == sorted(outcome.skipped)
+
+
+def test_only_runs_the_named_arms(workspace: Path):
+    spec = load_spec(_spec(workspace))
+    outcome = run_experiment(spec, workspace / "out", only=["untrained"])
+    assert outcome.finished == ["untrained/eval"]
+    with pytest.raises(ExperimentError, match="no such arm"):
+        run_experiment(spec, workspace / "out2", only=["nope"])
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), start=1) if text in line)
+
+
+def test_spec_errors_name_file_and_line(tmp_path: Path):
+    good = {
+        "model": "minilm",
+        "evaluate": {"tasks": ["scifact"]},
+        "arms": {"a": {"strategy": {"pooling": "mean"}}, "b": {"strategy": {"pooling": "cls"}}},
+    }
+
+    def write(data: dict) -> Path:
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    cases = [
+        ({**good, "arms": {"a": {"strategy": {"pooing": "mean"}}}}, "pooing", "unknown strategy key 'pooing'"),
+        ({**good, "arms": {"a": {"strategy": {"pooling": "max"}}}}, "pooling: max", "pooling='max' is unknown"),
+        ({**good, "arms": {"a": {"strategy": {"layer": "top"}}}}, "layer: top", "layer 'top'"),
+        ({**good, "arms": {"a": {"train": {"steps": 0, "data": ["x"]}}}}, "steps: 0", "steps=0 must be >= 1"),
+        ({**good, "arms": {"a": {"train": {"steps": 5}}}}, "train:", "needs 'data'"),
+        ({**good, "compare": [{"a": "a", "b": "zz"}]}, "b: zz", "'zz' is not an arm"),
+        ({**good, "seeds": [1, 1]}, "seeds:", "listed twice"),
+        ({**good, "evaluate": {"task": ["scifact"]}}, "task:", "unknown evaluate key 'task'"),
+        (
+            {**good, "arms": {"a": {"model_from": {"arm": "b", "stage": "s"}}, "b": {}}},
+            "model_from:",
+            "not a recipe arm",
+        ),
+    ]
+    for data, marker, message in cases:
+        path = write(data)
+        with pytest.raises(ExperimentSpecError) as info:
+            load_spec(path)
+        assert f"{path}:{_line_of(path, marker)}:" in str(info.value), (marker, str(info.value))
+        assert message in str(info.value), str(info.value)
+
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: minilm\narms:\n  a: {strategy: [\n")
+    with pytest.raises(ExperimentSpecError, match=rf"{path}:\d+: invalid YAML"):
+        load_spec(path)
+    spec = load_spec(write(good), ["seeds=[3, 4]", "arms.b.strategy.max_length=64", "device=cuda"])
+    assert spec.seeds == (3, 4) and spec.arm("b").strategy["max_length"] == 64 and spec.device == "cuda"
+    with pytest.raises(ExperimentSpecError, match="--set 'seeds'"):
+        load_spec(write(good), ["seeds"])
+    assert [(c.a, c.b, c.expected) for c in spec.compare] == [("b", "a", 0)]  # default: each arm vs the first
+    result = CliRunner().invoke(app, ["experiment", str(write({**good, "arms": {}}))])
+    assert result.exit_code == 2 and "arms: must be a mapping" in result.output

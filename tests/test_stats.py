@@ -1,0 +1,131 @@
+"""Experiment statistics on constructed per-item scores whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lmembed.experiments.stats import (
+    HOLDS,
+    NOT_DISTINGUISHABLE,
+    REVERSED,
+    bootstrap_interval,
+    compare,
+    fractional_ranks,
+    mean_std,
+    paired_bootstrap,
+    paired_randomization_test,
+    seed_average,
+    statistic_value,
+)
+
+
+def test_mean_and_sample_std_over_seeds():
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert mean_std([0.4]) == (0.4, 0.0)
+    assert all(math.isnan(v) for v in mean_std([]))
+
+
+def test_a_constant_gain_is_certain():
+    rng = np.random.default_rng(0)
+    b = rng.random(50)
+    a = b + 0.1  # every query gains exactly 0.1
+    interval = paired_bootstrap(a, b)
+    assert interval.difference == pytest.approx(0.1)
+    assert interval.low == pytest.approx(0.1) and interval.high == pytest.approx(0.1)
+    # only the all-kept and all-swapped patterns are as extreme: 2 / 2**50, so no draw of 5000 reaches it
+    assert paired_randomization_test(a, b, permutations=5000) == pytest.approx(1 / 5001)
+    assert compare(a, b, expected=+1).verdict == HOLDS
+    assert compare(a, b, expected=-1).verdict == REVERSED
+    assert compare(b, a, expected=+1).verdict == REVERSED
+
+
+def test_exact_randomization_test_by_enumeration():
+    # five items: all 32 swap patterns are enumerated; |mean| >= 3 only for all-kept and all-swapped
+    a, b = np.array([1.0, 2.0, 3.0, 4.0, 5.0]), np.zeros(5)
+    assert paired_randomization_test(a, b) == 2 / 32
+    # differences that cancel: every pattern is at least as extreme as an observed 0
+    assert paired_randomization_test([1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]) == 1.0
+    # with p = 0.0625 five items can never be distinguishable at alpha 0.05
+    assert compare(a, b, expected=+1).verdict == NOT_DISTINGUISHABLE
+
+
+def test_identical_arms_are_not_distinguishable():
+    a = np.random.default_rng(1).random(40)
+    result = compare(a, a.copy(), expected=+1)
+    assert result.difference == 0.0 and result.low == 0.0 and result.high == 0.0
+    assert result.p_value == 1.0 and result.verdict == NOT_DISTINGUISHABLE
+
+
+def test_interval_matches_the_normal_approximation():
+    rng = np.random.default_rng(2)
+    differences = rng.normal(0.05, 0.1, size=400)
+    b = rng.random(400)
+    a = b + differences
+    interval = paired_bootstrap(a, b, resamples=4000, seed=3)
+    half_width = 1.96 * differences.std(ddof=1) / math.sqrt(400)
+    assert interval.difference == pytest.approx(differences.mean())
+    assert interval.low == pytest.approx(differences.mean() - half_width, abs=0.15 * half_width)
+    assert interval.high == pytest.approx(differences.mean() + half_width, abs=0.15 * half_width)
+    # t = 0.05 / (0.1 / 20) = 10: no random sign pattern of 5000 comes close
+    assert paired_randomization_test(a, b, seed=3) < 0.001
+    assert compare(a, b, expected=+1, seed=3).verdict == HOLDS
+
+
+def test_a_small_noisy_difference_is_not_distinguishable():
+    rng = np.random.default_rng(4)
+    b = rng.random(30)
+    a = b + rng.normal(0.0, 0.2, size=30)  # no real difference, much noise
+    result = compare(a, b, expected=+1)
+    assert result.low < 0 < result.high and result.p_value > 0.05
+    assert result.verdict == NOT_DISTINGUISHABLE
+
+
+def test_spearman_statistic_and_paired_tests():
+    gold = np.arange(40, dtype=float)
+    noise = np.random.default_rng(5).normal(0, 0.01, 40)
+    right, wrong = gold + noise, -gold + noise  # rho = +1 and -1
+    assert statistic_value("spearman", right, gold) == pytest.approx(1.0)
+    assert statistic_value("spearman", wrong, gold) == pytest.approx(-1.0)
+    result = compare(right, wrong, "spearman", gold, expected=+1)
+    assert result.difference == pytest.approx(2.0)
+    assert result.low > 1.5 and result.p_value < 0.001 and result.verdict == HOLDS
+    # scores on another scale but in the same order are the same prediction
+    same = compare(right, 100 * right + 7, "spearman", gold, expected=+1)
+    assert same.difference == 0.0 and same.verdict == NOT_DISTINGUISHABLE
+
+
+def test_average_precision_statistic():
+    labels = np.array([1, 1, 0, 0, 1, 0], dtype=float)
+    perfect = np.array([0.9, 0.8, 0.1, 0.2, 0.7, 0.3])
+    assert statistic_value("ap", perfect, labels) == pytest.approx(1.0)
+    inverted = -perfect
+    assert statistic_value("ap", inverted, labels) == pytest.approx((1 / 4 + 2 / 5 + 3 / 6) / 3)
+
+
+def test_seed_average():
+    assert seed_average([[0.2, 0.4], [0.4, 0.8]]).tolist() == pytest.approx([0.3, 0.6])
+    # rank statistics average each run's fractional ranks, so scales do not matter
+    assert fractional_ranks([3.0, 1.0, 2.0]).tolist() == [1.0, 0.0, 0.5]
+    averaged = seed_average([[0.1, 0.2, 0.3], [100.0, 300.0, 200.0]], "spearman")
+    assert averaged.tolist() == pytest.approx([0.0, 0.75, 0.75])
+    with pytest.raises(ValueError):
+        seed_average([[1.0]], "median")  # type: ignore[arg-type]
+
+
+def test_single_arm_interval_and_determinism():
+    values = np.random.default_rng(6).random(200)
+    low, high = bootstrap_interval(values, seed=1)
+    assert low < values.mean() < high
+    assert (low, high) == bootstrap_interval(values, seed=1)
+    a, b = values, values[::-1].copy()
+    assert compare(a, b, seed=9) == compare(a, b, seed=9)
+
+
+def test_mismatched_lengths_are_refused():
+    with pytest.raises(ValueError, match="equally long"):
+        paired_bootstrap([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="reference"):
+        paired_bootstrap([1.0, 2.0], [1.0, 2.0], "spearman", [1.0])
