@@ -4,11 +4,12 @@ One run, in this order:
 
 1. baseline: sentence-transformers ``encode`` of the request texts at batch 32, in this process (the
    server is up but idle), in texts/s;
-2. load: ``--clients`` (64) closed-loop clients, each sending ``--texts-per-request`` texts per request and
+2. load: ``--clients`` (64) closed-loop clients, each sending ``--texts-per-request`` (1) texts per request and
    the next request as soon as it has the answer, for ``--duration`` (60) seconds: errors (anything but
    200 and 429), 429s, timeouts, p50/p99 latency, throughput in texts/s as a ratio to the baseline, the
-   server's RSS growth from 5 s into the run to its end, and what the batcher did (texts and tokens per
-   forward pass, from /metrics);
+   server's RSS growth from a quarter into the run (once the largest forward passes have been allocated
+   for) to its end, and from its start, and what the batcher did (texts and padded tokens per forward
+   pass, from /metrics);
 3. overload: 4x the server's ``--max-concurrent-requests`` (``--limit``, 64) clients for
    ``--overload-duration`` (20) seconds: the excess must get 429 at once (clients back off 20-50 ms and
    retry), with no timeouts and no other errors.
@@ -17,7 +18,7 @@ The texts: half STS-benchmark sentences, half SciFact abstracts (as bench/encode
 The server runs as its own process (``python -m lmembed.cli serve minilm``); the clients share the
 machine with it, so the HTTP overhead of both sides is in the figures.
 
-    python bench/serve_load.py [--clients 64] [--duration 60] [--texts-per-request 4] [--limit 64]
+    python bench/serve_load.py [--clients 64] [--duration 60] [--texts-per-request 1] [--limit 64] [--texts 2000]
 
 Results: bench/results/serve_load/result.json and table.txt.
 """
@@ -203,8 +204,10 @@ def table(result: dict) -> str:
         f"429s {load['refused_429']}, timeouts {load['timeouts']}",
         f"          batcher: {result['batches']['passes']} passes, {result['batches']['texts_per_pass']:.1f} texts and "
         f"{result['batches']['padded_tokens_per_pass']:.0f} padded tokens per pass",
-        f"          server RSS {result['rss']['start_mb']:.0f} -> {result['rss']['end_mb']:.0f} MB "
-        f"(growth {result['rss']['growth_pct']:+.1f} %, peak {result['rss']['peak_mb']:.0f} MB)",
+        f"          server RSS {result['rss']['start_mb']:.0f} MB a quarter into the run -> "
+        f"{result['rss']['end_mb']:.0f} MB at its end ({result['rss']['growth_pct']:+.1f} %); "
+        f"{result['rss']['run_start_mb']:.0f} MB at its start ({result['rss']['growth_from_run_start_pct']:+.1f} %), "
+        f"peak {result['rss']['peak_mb']:.0f} MB",
         f"overload  {result['overload_clients']} clients (4x the limit of {result['limit']}), {over['seconds']:.0f} s: "
         f"{over['ok_requests']} answered, {over['refused_429']} refused with 429, errors {over['error_count']}, "
         f"timeouts {over['timeouts']}; p99 latency of the answered {over['p99_ms']:.0f} ms",
@@ -217,12 +220,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--texts-per-request", type=int, default=4)
+    parser.add_argument("--texts-per-request", type=int, default=1)
     parser.add_argument("--limit", type=int, default=64, help="the server's --max-concurrent-requests")
     parser.add_argument("--overload-duration", type=float, default=20.0)
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
     parser.add_argument("--texts", type=int, default=2000, help="size of the text pool (and of the baseline)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="client timeout per request, seconds")
+    parser.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
     args = parser.parse_args()
 
     texts = load_texts(args.texts)
@@ -249,12 +252,14 @@ def main() -> None:
 
         load = asyncio.run(load_with_rss())
         batches = server_batches(url)
-        start_rss = samples[min(5, len(samples) - 1)]
+        settled = samples[len(samples) // 4]  # once the largest passes have been allocated for
         rss = {
-            "start_mb": start_rss,
+            "run_start_mb": samples[0],
+            "start_mb": settled,
             "end_mb": samples[-1],
             "peak_mb": max(samples),
-            "growth_pct": 100 * (samples[-1] - start_rss) / start_rss,
+            "growth_pct": 100 * (samples[-1] - settled) / settled,
+            "growth_from_run_start_pct": 100 * (samples[-1] - samples[0]) / samples[0],
         }
         print(f"load: {load['texts_per_s']:.1f} texts/s, p50 {load['p50_ms']:.0f} ms, p99 {load['p99_ms']:.0f} ms")
         overload_clients = 4 * args.limit
@@ -273,7 +278,10 @@ def main() -> None:
 
         infinity = "installed, but the comparison run is not implemented in this script"
     except ImportError:
-        infinity = "not measured: infinity-emb is not installed here (see the report)"
+        infinity = (
+            "not measured: infinity-emb 0.0.78 installs (it pins numpy<2, transformers<5, sentence-transformers<4) "
+            "but does not start beside this environment's pandas/pyarrow (numpy>=2); not installed here"
+        )
     result = {
         "command": "python bench/serve_load.py " + " ".join(sys.argv[1:]),
         "server": f"lmembed serve {MODEL} --max-concurrent-requests {args.limit} "

@@ -5,6 +5,7 @@ a kill, and file:line errors for a bad experiment file."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,60 @@ def test_spec_errors_name_file_and_line(tmp_path: Path):
     assert [(c.a, c.b, c.expected) for c in spec.compare] == [("b", "a", 0)]  # default: each arm vs the first
     result = CliRunner().invoke(app, ["experiment", str(write({**good, "arms": {}}))])
     assert result.exit_code == 2 and "arms: must be a mapping" in result.output
+
+
+def test_arms_without_training_share_forward_passes(workspace: Path, monkeypatch: pytest.MonkeyPatch):
+    from lmembed.encoding.engine import EncodingEngine
+
+    passes = []
+    real = EncodingEngine.forward_pool
+
+    def counted(self, *args, **kwargs):
+        passes.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(EncodingEngine, "forward_pool", counted)
+    layers = {
+        "last": {"strategy": {"layer": -1}},
+        "mid": {"strategy": {"layer": "mid"}},
+        "first": {"strategy": {"layer": 0}},
+    }
+    one = run_experiment(load_spec(_spec(workspace, arms={"mid": layers["mid"]})), workspace / "one")
+    single = len(passes)
+    passes.clear()
+    three = run_experiment(load_spec(_spec(workspace, arms=layers)), workspace / "three")
+    assert single > 0 and len(passes) == single  # three strategies, one set of forward passes
+    assert three.summary["scores"]["mid"]["Toy"]["mean"] == one.summary["scores"]["mid"]["Toy"]["mean"]
+    strategies = {a: json.loads((workspace / f"three/runs/{a}/eval/run.json").read_text())["strategy"] for a in layers}
+    assert [strategies[a]["layer"] for a in ("last", "mid", "first")] == [-1, 1, 0]  # two layers: "mid" is 1
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_in_another_process(workspace: Path):
+    """The same as the in-process interruption above, with a real `kill -9` of the running experiment."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec_file = _spec(workspace, seeds=[0, 1, 2, 3], arms={"tuned": {"train": {"steps": 40}}})
+    out = workspace / "out"
+    code = (
+        "from lmembed.experiments.runner import run_experiment\n"
+        "from lmembed.experiments.spec import load_spec\n"
+        f"run_experiment(load_spec({str(spec_file)!r}), {str(out)!r})\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    first = out / "runs/tuned/seed-0/run.json"
+    deadline = time.time() + 300
+    while not first.exists() and child.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), "the first run never finished"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    spec = load_spec(spec_file)
+    finished = {run.id: run.run_file.stat().st_mtime_ns for run in plan_runs(spec, out) if run.finished}
+    assert "tuned/seed-0" in finished and len(finished) < 4
+    outcome = run_experiment(spec, out, resume=True)
+    assert sorted(outcome.reused) == sorted(finished) and len(outcome.finished) == 4 - len(finished)
+    assert {run.id: run.run_file.stat().st_mtime_ns for run in plan_runs(spec, out) if run.id in finished} == finished

@@ -307,6 +307,21 @@ def test_over_the_concurrency_limit_is_refused_at_once(make_embedder):
         assert post(server, {"input": "room again"}).status_code == 200
 
 
+def test_a_caller_that_hangs_up_takes_no_forward_pass(make_embedder):
+    with serving(make_embedder("bert")) as (server, state), gated(state) as gate, ThreadPoolExecutor(2) as pool:
+        blocker = pool.submit(post, server, {"input": ["held"]})
+        wait_until(gate.entered.is_set)
+        passes = state.batcher.passes
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/embeddings", json={"input": MIXED}, timeout=0.5)
+        wait_until(lambda: 'code="client_closed_request",status="499"} 1.0' in httpx.get(server.url + "/metrics").text)
+        gate.set()
+        assert blocker.result().status_code == 200
+        assert post(server, {"input": "after"}).status_code == 200
+        assert state.batcher.passes == passes + 2  # the held pass and the last request's: none for the caller gone
+        assert state.batcher.waiting == 0
+
+
 # ---------------------------------------------------------------------------------------------- lifecycle
 def test_health_waits_for_warm_up_and_metrics_report(make_embedder):
     emb = make_embedder("bert")

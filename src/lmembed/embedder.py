@@ -23,6 +23,7 @@ from torch import nn
 
 from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
+from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import wants_eos
 from lmembed.errors import ConfigError, ModelLoadError
@@ -90,6 +91,10 @@ class Embedder:
         use_cache: bool = True,
         cache_dir: str | Path | None = None,
         show_progress: bool = True,
+        backend: str | Backend | None = None,
+        precision: str | None = None,
+        threads: int | None = None,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.backbone = backbone
         self.config = config or EmbeddingConfig()
@@ -104,12 +109,16 @@ class Embedder:
             pooling_head = LatentAttentionPooling(backbone.hidden_size, self.config.latent)
             pooling_head.to(device=backbone.device, dtype=backbone.dtype)
         self.pooling_head = pooling_head
+        if not isinstance(backend, Backend):
+            backend = make_backend(backbone, backend, precision, threads=threads)
         self.engine = EncodingEngine(
             backbone,
             pooling_head=pooling_head,
             cache_dir=cache_dir,
             use_cache=use_cache,
             show_progress=show_progress,
+            backend=backend,
+            max_batch_tokens=max_batch_tokens,
         )
 
     # ------------------------------------------------------------------ construction
@@ -132,11 +141,24 @@ class Embedder:
         show_progress: bool = True,
         attn_implementation: str | None = "sdpa",
         quantize: str | None = None,
+        backend: str | None = None,
+        precision: str | None = None,
+        threads: int | None = None,
+        max_batch_tokens: int | None = None,
         config: EmbeddingConfig | None = None,
         **strategy: Any,
     ) -> Embedder:
         """Load a bundled name (``minilm``, ``smollm2-135m``, ``gemma3-270m``), a directory (a saved
         Embedder or any transformers checkpoint) or a Hub id.
+
+        ``backend`` runs the transformer: ``"torch"`` (default; the reference, CPU or GPU) or ``"onnx"`` (ONNX
+        Runtime on the CPU: the model is exported once, cached, and run as a fused graph; vectors agree with
+        torch's to cosine >= 0.9999). ``precision="int8"`` quantises (on ONNX Runtime unless ``backend="torch"``,
+        which uses torch's dynamic int8): it is calibrated on the first texts encoded (or on
+        :meth:`calibrate`'s) and checked by a quality gate that warns with the gap when int8 vectors drift from
+        float32 ones. ``quantize="int8"`` is the older spelling of ``precision="int8"``. ``threads`` sets the
+        ONNX Runtime threads (default: torch's); ``max_batch_tokens`` bounds batches by padded tokens as well as
+        by ``batch_size``.
 
         Strategy options left as ``None`` come from a saved Embedder's ``lmembed.json`` when there
         is one, else from :class:`EmbeddingConfig`'s defaults (mean pooling, last layer, causal,
@@ -145,12 +167,17 @@ class Embedder:
         if name_or_path not in BUNDLED and Path(name_or_path).expanduser().exists():
             name_or_path = str(find_model_dir(Path(name_or_path).expanduser()))  # a run folder → its model
         saved = _read_saved(name_or_path)
+        if quantize is not None:
+            if quantize != "int8":
+                raise ConfigError(f"quantize={quantize!r} is unknown; the only scheme is 'int8'")
+            precision = precision or "int8"
+        torch_int8 = precision == "int8" and backend == "torch"
         backbone = load_backbone(
             name_or_path,
             dtype=dtype,
             device=device,
             attn_implementation=attn_implementation,
-            quantize=quantize,
+            quantize="int8" if torch_int8 else None,
             exact_tokenizer=saved is not None,
         )
         if saved:
@@ -177,6 +204,10 @@ class Embedder:
             use_cache=cache,
             cache_dir=cache_dir,
             show_progress=show_progress,
+            backend=backend,
+            precision=precision,
+            threads=threads,
+            max_batch_tokens=max_batch_tokens,
         )
 
     @classmethod
@@ -187,6 +218,19 @@ class Embedder:
         return cls(backbone_from_model(model, tokenizer), config, **kwargs)
 
     # ------------------------------------------------------------------ encoding
+    @property
+    def backend(self) -> Backend:
+        """What runs the transformer (``backend.name``, ``backend.precision``; int8's ``backend.quality``)."""
+        return self.engine.backend
+
+    def calibrate(self, texts: Sequence[str]) -> Embedder:
+        """Calibrate an int8 Embedder on ``texts`` (a few hundred of your own; a quarter is held out for the
+        quality gate) instead of on the first texts it encodes. No effect at other precisions."""
+        set_calibration = getattr(self.engine.backend, "set_calibration", None)
+        if set_calibration is not None:
+            set_calibration(list(texts))
+        return self
+
     @property
     def dim(self) -> int:
         return self.config.dim or self.backbone.hidden_size

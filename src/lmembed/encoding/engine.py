@@ -5,6 +5,11 @@ One call can serve several strategies at once. Strategies that share their forwa
 and each strategy pools the layers it wants. Texts are sorted by length and padded per batch, so
 little compute goes to padding; results come back in input order as float32 numpy arrays.
 
+The transformer itself runs on a backend (:mod:`lmembed.encoding.backends`: torch, or ONNX Runtime in float32 or
+int8); the engine tokenises (in batches), batches, pools and caches, the same for every backend. Batches are
+bounded by ``batch_size`` texts and, when ``max_batch_tokens`` is given, by that many padded tokens (texts x
+the longest of them), so short texts share large batches and long ones small ones.
+
 Finished batches go to the embedding cache while the call is still running (a shard at least every
 :data:`CACHE_FLUSH_ROWS` texts or :data:`CACHE_FLUSH_SECONDS` seconds, each written atomically), so a
 run that is killed part-way keeps most of its work: the next call computes only what was not written.
@@ -12,7 +17,6 @@ run that is killed part-way keeps most of its work: the next call computes only 
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
@@ -28,11 +32,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 
 from lmembed.config import EmbeddingConfig
-from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, text_key
+from lmembed.encoding.backends import Backend, TorchBackend
+from lmembed.encoding.backends.graph import position_ids_from_mask
+from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, model_key, text_key
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
-from lmembed.models.attention import configure_attention, configured_mode, mask_for
+from lmembed.models.attention import configure_attention, configured_mode
 from lmembed.models.loading import Backbone, weights_fingerprint
-from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
 from lmembed.pooling.poolers import STATELESS_POOLERS
 
 log = logging.getLogger(__name__)
@@ -65,9 +70,28 @@ def collate(features: Sequence[Features], pad_id: int, side: str, device: torch.
     return ids.to(device), attn.to(device), pool.to(device)
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that count real tokens only, so left padding does not shift them."""
-    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+__all__ = ["Batch", "EncodingEngine", "collate", "plan_batches", "position_ids_from_mask", "resolve_max_length"]
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices of ``lengths`` grouped into batches: longest first (an out-of-memory error shows early), at most
+    ``batch_size`` per batch and, with ``max_batch_tokens``, at most that many padded tokens (a text longer
+    than the budget goes alone)."""
+    order = sorted(range(len(lengths)), key=lambda j: -lengths[j])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for j in order:
+        width = lengths[current[0]] if current else lengths[j]
+        full = len(current) >= batch_size or (
+            max_batch_tokens is not None and current and (len(current) + 1) * width > max_batch_tokens
+        )
+        if full:
+            batches.append(current)
+            current = []
+        current.append(j)
+    if current:
+        batches.append(current)
+    return batches
 
 
 class _CacheWriter:
@@ -127,8 +151,14 @@ class EncodingEngine:
         use_cache: bool = True,
         padding_side: str | None = None,
         show_progress: bool = True,
+        backend: Backend | None = None,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.backbone = backbone
+        self.backend = backend or TorchBackend(backbone)
+        # training's differentiable path (forward_pool) is always torch, whatever runs encode
+        self.torch_backend = self.backend if isinstance(self.backend, TorchBackend) else TorchBackend(backbone)
+        self.max_batch_tokens = max_batch_tokens
         self.pooling_head = pooling_head
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.use_cache = use_cache
@@ -136,9 +166,6 @@ class EncodingEngine:
         self.show_progress = show_progress
         self.cache_flush_rows = CACHE_FLUSH_ROWS
         self.cache_flush_seconds = CACHE_FLUSH_SECONDS
-        forward_params = inspect.signature(backbone.model.forward).parameters
-        self._accepts_positions = "position_ids" in forward_params
-        self._accepts_cache_flag = "use_cache" in forward_params
         tok = backbone.tokenizer
         self.pad_id = next((t for t in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) if t is not None), 0)
 
@@ -161,6 +188,9 @@ class EncodingEngine:
         outputs = [np.empty((len(texts), dim), dtype=np.float32) for _ in configs]
         if not texts:
             return outputs
+        ensure_calibration = getattr(self.backend, "ensure_calibration", None)
+        if ensure_calibration is not None:  # int8: calibrated on the first texts it sees unless told otherwise
+            ensure_calibration(texts)
         keys = [text_key(t, instruction) for t in texts]
         # A text that occurs several times is computed once, so its copies get identical vectors
         # (batch padding could otherwise make them differ in the last bits, and break score ties).
@@ -207,7 +237,7 @@ class EncodingEngine:
         model_fp = self.backbone.fingerprint()
         if config.pooling == "latent_attention" and self.pooling_head is not None:
             model_fp += "-" + weights_fingerprint(self.pooling_head)
-        return EmbeddingCache(self.cache_dir, model_fp, config.fingerprint())
+        return EmbeddingCache(self.cache_dir, model_key(model_fp, self.backend.cache_tag()), config.fingerprint())
 
     @staticmethod
     def _fill_from_cache(out: np.ndarray, cache: EmbeddingCache | None, keys: list[bytes]) -> list[int]:
@@ -228,13 +258,19 @@ class EncodingEngine:
         return list(groups.values())
 
     def _batches(self, features: list[Features], rows: list[int], batch_size: int) -> Iterator[Batch]:
-        order = sorted(range(len(rows)), key=lambda j: -len(features[j]))  # longest first: OOM shows early
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
+        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens):
             ids, attn, pool = collate(
                 [features[j] for j in chunk], self.pad_id, self.padding_side, self.backbone.device
             )
             yield Batch(ids, attn, pool, [rows[j] for j in chunk])
+
+    def _numpy_batches(self, builder: InputBuilder, texts: Sequence[str], batch_size: int) -> list[tuple]:
+        """Padded numpy batches (ids, attention mask, pool mask) of ``texts``: calibration input for backends."""
+        features = builder.build_all(texts)
+        return [
+            tuple(t.cpu().numpy() for t in collate([features[j] for j in chunk], self.pad_id, self.padding_side, "cpu"))
+            for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens)
+        ]
 
     # ------------------------------------------------------------------ compute
     def _compute(
@@ -255,11 +291,18 @@ class EncodingEngine:
             is_decoder=self.backbone.is_decoder,
             max_length=resolve_max_length(self.backbone, lead.max_length),
         )
-        features = [builder.build(texts[i], instruction) for i in rows]
-        self._prepare_attention(lead.attention)
+        features = builder.build_all([texts[i] for i in rows], instruction)
+        mode = lead.attention if self.backbone.is_decoder else "bidirectional"
+        if self.backend is self.torch_backend:
+            self._prepare_attention(lead.attention)
+        else:
+            self.backend.prepare(
+                configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
+            )
         with self._progress(len(rows), configs) as advance, torch.inference_mode():
             for batch in self._batches(features, rows, batch_size):
-                pooled = self.forward_pool(batch.input_ids, batch.attention_mask, batch.pool_mask, configs)
+                states = self.backend.states(batch.input_ids, batch.attention_mask, configs, mode)
+                pooled = [self._pool(st, batch.pool_mask, cfg) for st, cfg in zip(states, configs, strict=True)]
                 for out, vectors in zip(outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
                 advance(len(batch.rows))
@@ -281,18 +324,8 @@ class EncodingEngine:
     ) -> list[torch.Tensor]:
         """One forward pass, pooled once per config (differentiable: used by training too)."""
         mode = configs[0].attention if self.backbone.is_decoder else "bidirectional"
-        need_raw_last = self.backbone.is_decoder and any(
-            c.final_norm is False
-            and self.backbone.num_layers in {normalize_layer(x, self.backbone.num_layers) for x in c.layers}
-            for c in configs
-        )
-        hidden_states, raw_last = self._run_model(input_ids, attention_mask, mode, need_raw_last)
-        norm = find_final_norm(self.backbone.model) if self.backbone.is_decoder else None
-        results = []
-        for cfg in configs:
-            states = select_states(hidden_states, cfg.layers, final_norm=cfg.final_norm, norm=norm, raw_last=raw_last)
-            results.append(self._pool(states, pool_mask, cfg))
-        return results
+        states = self.torch_backend.states(input_ids, attention_mask, configs, mode)
+        return [self._pool(st, pool_mask, cfg) for st, cfg in zip(states, configs, strict=True)]
 
     def _pool(self, states: torch.Tensor, pool_mask: torch.Tensor, cfg: EmbeddingConfig) -> torch.Tensor:
         if cfg.pooling == "latent_attention":
@@ -300,32 +333,6 @@ class EncodingEngine:
                 raise ValueError("pooling='latent_attention' needs a pooling head (Embedder creates one)")
             return self.pooling_head(states, pool_mask)
         return STATELESS_POOLERS[cfg.pooling](states, pool_mask)
-
-    def _run_model(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode: str, need_raw_last: bool
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-        model = self.backbone.model
-        kwargs: dict = {"input_ids": input_ids, "output_hidden_states": True}
-        if self.backbone.is_decoder:
-            kwargs["attention_mask"] = mask_for(mode, attention_mask, self.backbone.dtype)
-        else:
-            kwargs["attention_mask"] = attention_mask
-        if self._accepts_positions:
-            kwargs["position_ids"] = position_ids_from_mask(attention_mask)
-        if self._accepts_cache_flag and self.backbone.is_decoder:
-            kwargs["use_cache"] = False
-        captured: dict[str, torch.Tensor] = {}
-        handle = None
-        if need_raw_last:
-            handle = _last_layer(model).register_forward_hook(
-                lambda _m, _i, out: captured.__setitem__("raw", out[0] if isinstance(out, tuple) else out)
-            )
-        try:
-            out = model(**kwargs)
-        finally:
-            if handle is not None:
-                handle.remove()
-        return tuple(out.hidden_states), captured.get("raw")
 
     @contextmanager
     def _progress(self, total: int, configs: Sequence[EmbeddingConfig]):
@@ -351,10 +358,3 @@ def _flush_quietly(writers: Sequence[_CacheWriter]) -> None:
             writer.flush()
         except Exception as exc:  # the original error matters more than a failed cache write
             log.warning("could not write finished embeddings to the cache: %s", exc)
-
-
-def _last_layer(model: nn.Module) -> nn.Module:
-    layers = getattr(model, "layers", None)
-    if layers is None or len(layers) == 0:
-        raise ValueError("final_norm=False on the last layer needs a decoder with a `layers` module list")
-    return layers[-1]

@@ -110,25 +110,34 @@ class InputBuilder:
         return text[: enc["offset_mapping"][budget - 1][1]]
 
     # -------------------------------------------------------------- building
-    def build(self, text: str, instruction: str | None = None) -> Features:
+    def _budget(self, instruction: str | None) -> tuple[int, int]:
+        """(tokens left for the text itself, the tokenizer's length limit for the whole wrapped string)."""
         room = self.max_length - self.num_special - (1 if self.eos_id is not None else 0)
         wrapper, copies = self._prefix("", instruction)
         budget = (room - self._count(wrapper)) // copies
         if budget < 1:
             raise InputError(f"max_length={self.max_length} leaves no room for the text after the instruction/template")
+        return budget, room + self.num_special
+
+    def build(self, text: str, instruction: str | None = None) -> Features:
+        budget, limit = self._budget(instruction)
         text = self._truncate_text(text, budget)
         prefix, _ = self._prefix(text, instruction)
-        full = prefix + text
         enc = self.tokenizer(
-            full,
+            prefix + text,
             add_special_tokens=True,
             truncation=True,
-            max_length=room + self.num_special,
+            max_length=limit,
             return_offsets_mapping=True,
             return_special_tokens_mask=True,
         )
-        pool_mask = self._pool_mask(enc["offset_mapping"], enc["special_tokens_mask"], len(prefix))
-        ids = list(enc["input_ids"])
+        return self._features(enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], len(prefix))
+
+    def _features(
+        self, input_ids: Sequence[int], offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int
+    ) -> Features:
+        pool_mask = self._pool_mask(offsets, special, start)
+        ids = list(input_ids)
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)
             pool_mask.append(1)
@@ -153,4 +162,28 @@ class InputBuilder:
         return mask
 
     def build_all(self, texts: Sequence[str], instruction: str | None = None) -> list[Features]:
-        return [self.build(t, instruction) for t in texts]
+        """``[build(t, instruction) for t in texts]``, with two batched tokenizer calls instead of three per text
+        (the fast tokenizer encodes a batch in Rust, each text exactly as it would alone)."""
+        if not texts:
+            return []
+        budget, limit = self._budget(instruction)
+        plain = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        cut = [
+            text if len(ids) <= budget else text[: offsets[budget - 1][1]]
+            for text, ids, offsets in zip(texts, plain["input_ids"], plain["offset_mapping"], strict=True)
+        ]
+        prefixes = [self._prefix(text, instruction)[0] for text in cut]
+        enc = self.tokenizer(
+            [prefix + text for prefix, text in zip(prefixes, cut, strict=True)],
+            add_special_tokens=True,
+            truncation=True,
+            max_length=limit,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        return [
+            self._features(ids, offsets, special, len(prefix))
+            for ids, offsets, special, prefix in zip(
+                enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], prefixes, strict=True
+            )
+        ]

@@ -50,7 +50,7 @@ def _cell(cell: Mapping[str, Any] | None, scale: float) -> str:
     digits = 2 if scale == 100.0 else 3
     text = f"{_number(cell['mean'], scale, digits)} ± {_number(cell['std'], scale, digits)} (n={cell['n']})"
     interval = cell.get("interval")
-    if interval:
+    if interval and None not in interval:
         text += f" [{_number(interval[0], scale, digits)}, {_number(interval[1], scale, digits)}]"
     return text
 
@@ -181,7 +181,10 @@ def plot_experiment(summary: Mapping[str, Any], path: str | Path) -> Path:
             if not cell:
                 continue
             mean = 100 * cell["mean"]
-            low, high = cell.get("interval") or (cell["mean"] - cell["std"], cell["mean"] + cell["std"])
+            interval = cell.get("interval")
+            if not interval or None in interval:  # no items: the spread over seeds instead
+                interval = (cell["mean"] - (cell["std"] or 0.0), cell["mean"] + (cell["std"] or 0.0))
+            low, high = interval
             xs.append(j - 0.4 + width * (i + 0.5))
             heights.append(mean)
             low_err.append(max(0.0, mean - 100 * low))

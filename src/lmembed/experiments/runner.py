@@ -40,7 +40,7 @@ from lmembed.errors import LmembedError
 from lmembed.evaluation.base import Task
 from lmembed.evaluation.runner import parse_layer_value
 from lmembed.experiments.plan import RUNS_DIR, PlannedRun, plan_runs, source_run
-from lmembed.experiments.scoring import build_suite, score_task
+from lmembed.experiments.scoring import build_suite, score_task, suite_texts
 from lmembed.experiments.spec import ExperimentSpec
 from lmembed.experiments.summary import write_summary
 from lmembed.training.recipes import parse_recipe, resolve_input, run_recipe
@@ -211,6 +211,36 @@ def execute_run(spec: ExperimentSpec, run: PlannedRun, tasks: Sequence[Task], ou
     return record
 
 
+# ---------------------------------------------------------------------------------------------- shared passes
+def warm_cache(
+    spec: ExperimentSpec, runs: Sequence[PlannedRun], tasks: Sequence[Task], say: Progress | None = None
+) -> int:
+    """Embed the suite's texts once for all runs without training that read the same model, with every
+    such arm's strategy at once (:meth:`~lmembed.embedder.Embedder.encode_strategies` shares the forward
+    passes between strategies that only pool differently, e.g. layers), filling the embedding cache so
+    that scoring each arm afterwards computes nothing. Returns the number of strategies warmed."""
+    groups: dict[str, list[PlannedRun]] = {}
+    for run in runs:
+        if not run.arm.per_seed:
+            groups.setdefault(run.arm.model, []).append(run)
+    warmed = 0
+    for model, group in groups.items():
+        if len(group) < 2:
+            continue
+        configs = []
+        for run in group:  # each arm's exact strategy, as its own load resolves it (then the model is freed)
+            configs.append(load_arm_model(spec, run, model).config)
+        shared = load_arm_model(spec, group[0], model)
+        if say is not None:
+            say(f"shared forward passes: {len(configs)} strategies of {model} ({', '.join(r.arm.name for r in group)})")
+        for task in tasks:
+            for texts, instruction in suite_texts(task):
+                shared.encode_strategies(texts, configs, instruction=instruction, batch_size=spec.evaluation.batch_size)
+        warmed += len(configs)
+        del shared
+    return warmed
+
+
 # ---------------------------------------------------------------------------------------------- budget
 def _planned_steps(run: PlannedRun) -> int:
     """The optimisation steps a run will take (0 without training)."""
@@ -280,6 +310,7 @@ def run_experiment(
     tasks = build_suite(spec.evaluation) if pending else []
     if tasks:
         say(f"suite: {', '.join(task.name for task in tasks)}")
+        warm_cache(spec, pending, tasks, say)
     started = time.perf_counter()
     budget = None if budget_minutes is None else 60.0 * budget_minutes
     announced = False

@@ -20,6 +20,7 @@ values use exactly the vectors the task scored, and the embedding cache makes ev
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -208,6 +209,43 @@ class RecordingEncoder:
 
     def matrix(self, texts: Sequence[str]) -> np.ndarray:
         return np.stack([self.vectors[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
+
+
+class _TextCollector:
+    """An encoder that returns random unit vectors and notes which texts (with which instruction) it was
+    asked for: running a task on it lists what the task will embed, cheaply."""
+
+    model_name = "text-collector"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], str | None]] = []
+        self._rng = np.random.default_rng(0)
+
+    def _vectors(self, texts: Sequence[str], instruction: str | None) -> np.ndarray:
+        self.calls.append((list(texts), instruction))
+        return _unit(self._rng.normal(size=(len(texts), 8)).astype(np.float32))
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32, *, instruction: str | None = None) -> np.ndarray:
+        return self._vectors(texts, instruction)
+
+    def encode_queries(
+        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32
+    ) -> np.ndarray:
+        return self._vectors(texts, instruction)
+
+    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+        return self._vectors(texts, None)
+
+
+def suite_texts(task: Task) -> list[tuple[list[str], str | None]]:
+    """What scoring ``task`` embeds: (texts, instruction) per encoder call."""
+    if isinstance(task, RetrievalTask):
+        return [(list(task.data.query_texts), task.instruction), (list(task.data.corpus_texts), None)]
+    collector = _TextCollector()
+    # scoring random vectors may fail (a constant prediction); the calls made are what matter
+    with contextlib.suppress(Exception):
+        task.evaluate(collector, batch_size=1024)
+    return collector.calls
 
 
 def _unit(matrix: np.ndarray) -> np.ndarray:

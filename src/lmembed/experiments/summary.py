@@ -260,12 +260,23 @@ def build_summary(
     }
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by ``None`` (plain JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_summary(
     spec: ExperimentSpec, runs: Sequence[PlannedRun], output: str | Path, *, skipped: Mapping[str, str] | None = None
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Build the summary and write ``summary.json``, ``summary.md`` and ``summary.png`` into ``output``."""
     output = Path(output)
-    summary = build_summary(spec, runs, skipped=skipped)
+    summary = _finite(build_summary(spec, runs, skipped=skipped))
     files = {"json": atomic_write_json(output / SUMMARY_FILE, summary)}
     files.update(write_experiment_report(summary, output))
     return summary, files

@@ -35,6 +35,7 @@ class Backbone:
     dtype: torch.dtype
     device: torch.device
     _fingerprint: str | None = field(default=None, repr=False)
+    quantization: str | None = None  # "int8": torch's dynamic int8 Linear modules (``quantize="int8"``)
 
     @property
     def num_layers(self) -> int:
@@ -151,8 +152,11 @@ def load_backbone(
 ) -> Backbone:
     """Load model and tokenizer; the model is the base transformer (no LM head), in eval mode.
 
-    ``quantize="int8"`` applies PyTorch dynamic int8 quantisation to every Linear layer (CPU
-    inference only): weights are stored in int8 and activations quantised on the fly.
+    ``quantize="int8"`` applies PyTorch's dynamic int8 quantisation to the Linear layers except the FFN output
+    projections (CPU inference only): weights are stored in int8, activations quantised on the fly. This is the
+    torch backend's int8 (``Embedder.from_pretrained(..., backend="torch", precision="int8")``); the default int8
+    path runs on ONNX Runtime (:mod:`lmembed.encoding.backends.int8`), which measured faster and closer to
+    float32 here.
 
     ``exact_tokenizer=True`` (for directories lmembed saved itself) loads the tokenizer class recorded in
     ``tokenizer_config.json`` rather than the one transformers associates with the model type.
@@ -191,6 +195,7 @@ def load_backbone(
         dtype=torch_dtype,
         device=torch_device,
         _fingerprint=fingerprint,
+        quantization=quantize,
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -36,6 +37,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
+from lmembed.models.loading import weights_fingerprint
 from lmembed.scale.errors import ScaleError, WorkerLostError
 from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource, SourcePart
 from lmembed.scale.work import (
@@ -45,7 +47,7 @@ from lmembed.scale.work import (
     PlanSettings,
     ShardEncoder,
     ShardSettings,
-    move_to,
+    Snapshot,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,18 @@ LOST = (
 
 def _read_part(part: SourcePart) -> Iterator[pa.Table]:
     yield from part.read_arrow()
+
+
+_planners: dict[str, Planner] = {}
+
+
+def plan_block(block: pa.Table, settings: PlanSettings) -> pa.Table:
+    """The plan pass as a Ray task: one :class:`Planner` per worker process and job, reused across blocks."""
+    planner = _planners.get(settings.staging_dir)
+    if planner is None:
+        _planners.clear()
+        planner = _planners[settings.staging_dir] = Planner(settings)
+    return planner(block)
 
 
 class CorpusDatasource(Datasource):
@@ -93,12 +107,13 @@ class CorpusDatasource(Datasource):
 
 @dataclass
 class Shipped:
-    """An Embedder put in Ray's object store once; each worker takes its own copy onto its device."""
+    """A :class:`~lmembed.scale.work.Snapshot` of an Embedder put in Ray's object store once; each worker
+    rebuilds its own copy on its device."""
 
     ref: Any  # ray.ObjectRef
 
     def load(self, device: str) -> Embedder:
-        return move_to(ray.get(self.ref), device)
+        return ray.get(self.ref).load(device)
 
 
 class RayEngine:
@@ -129,7 +144,7 @@ class RayEngine:
         self.num_cpus = num_cpus
         self.worker_restarts = worker_restarts
         self.started_here = False
-        self._shipped: dict[int, Shipped] = {}
+        self._shipped: dict[str, Shipped] = {}
 
     # ------------------------------------------------------------------ cluster
     def start(self) -> None:
@@ -185,24 +200,25 @@ class RayEngine:
         if spec is not None:
             return spec
         self.start()
-        shipped = self._shipped.get(id(embedder))
+        head = embedder.pooling_head
+        key = embedder.backbone.fingerprint() + ("" if head is None else "-" + weights_fingerprint(head))
+        shipped = self._shipped.get(key)
         if shipped is None:
-            shipped = self._shipped[id(embedder)] = Shipped(ray.put(embedder))
+            shipped = self._shipped[key] = Shipped(ray.put(Snapshot.of(embedder)))
         return shipped
 
     def plan(self, source: CorpusSource, settings: PlanSettings) -> Iterator[pa.Table]:
         self.start()
         if not source.parts:
             return
-        dataset = ray.data.read_datasource(CorpusDatasource(source))
-        planned = dataset.map_batches(
-            Planner,
-            fn_constructor_args=(settings,),
+        # Plain tasks, fused with the read tasks by Ray Data: planning needs only the tokenizer, and an
+        # actor pool holding every CPU would starve the read tasks that feed it.
+        planned = ray.data.read_datasource(CorpusDatasource(source)).map_batches(
+            plan_block,
+            fn_args=(settings,),
             batch_size=None,  # whole blocks: one staging file per block
             batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=self.worker_count()),
-            num_cpus=self.threads_per_worker if not self.uses_gpus() else 1,
-            **self._restarts(),
+            num_cpus=1,
         )
         with _translated_errors("plan pass"):
             yield from planned.iter_batches(batch_size=None, batch_format="pyarrow")
@@ -214,15 +230,18 @@ class RayEngine:
         if not shards:
             return
         dataset = ray.data.from_items([{"shard": int(s)} for s in shards], override_num_blocks=len(shards))
-        encoded = dataset.map_batches(
-            ShardEncoder,
-            fn_constructor_args=(model, settings),
-            batch_size=1,
-            batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=min(self.worker_count(), len(shards))),
-            **self._resources(),
-            **self._restarts(),
-        )
+        with warnings.catch_warnings():
+            # Ray 2.60 takes max_restarts / max_task_retries only as (deprecated) ray_remote_args.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            encoded = dataset.map_batches(
+                ShardEncoder,
+                fn_constructor_args=(model, settings),
+                batch_size=1,
+                batch_format="numpy",
+                compute=ray.data.ActorPoolStrategy(size=min(self.worker_count(), len(shards))),
+                **self._resources(),
+                **self._restarts(),
+            )
         with _translated_errors("encode pass", restarts=self.worker_restarts):
             yield from encoded.iter_batches(batch_size=1, batch_format="numpy")
 

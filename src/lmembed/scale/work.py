@@ -16,6 +16,7 @@ the Ray engine hands them to Ray Data's ``map_batches`` as callable classes.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections import OrderedDict
@@ -91,6 +92,55 @@ class InProcess:
 
     def load(self, device: str) -> Embedder:
         return self.embedder
+
+
+@dataclass
+class Snapshot:
+    """A picklable copy of an in-memory Embedder: model class, config and weights, tokenizer, strategy and
+    pooling head. (transformers models themselves do not pickle: they carry local hook functions.) A
+    worker rebuilds the model from it with the same weights, which the job checks by fingerprint."""
+
+    model_class: type
+    model_config: Any
+    state: dict[str, torch.Tensor]
+    dtype: torch.dtype
+    tokenizer: Any
+    config: EmbeddingConfig
+    pooling_head: torch.nn.Module | None
+    name: str
+
+    @classmethod
+    def of(cls, embedder: Embedder) -> Snapshot:
+        model = embedder.backbone.model
+        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        head = embedder.pooling_head
+        return cls(
+            model_class=type(model),
+            model_config=model.config,
+            state=state,
+            dtype=embedder.backbone.dtype,
+            tokenizer=embedder.backbone.tokenizer,
+            config=embedder.config,
+            pooling_head=None if head is None else copy.deepcopy(head).to("cpu"),
+            name=embedder.backbone.name,
+        )
+
+    def load(self, device: str) -> Embedder:
+        model = self.model_class(self.model_config)
+        try:
+            model.load_state_dict(self.state, strict=True)
+        except RuntimeError as exc:
+            raise ScaleError(
+                f"the in-memory model ({self.model_class.__name__}) cannot be rebuilt on a worker from its config "
+                "and weights (injected adapters?): save it (Embedder.save, or train with --keep-adapter) and pass "
+                f"spec=EmbedderSpec(<folder>) so that workers load it themselves ({str(exc).splitlines()[0]})"
+            ) from None
+        model.to(dtype=self.dtype).eval()
+        embedder = Embedder.from_model(
+            model, self.tokenizer, self.config, pooling_head=self.pooling_head, use_cache=False, show_progress=False
+        )
+        embedder.backbone.name = self.name
+        return move_to(embedder, device)
 
 
 def move_to(embedder: Embedder, device: str) -> Embedder:

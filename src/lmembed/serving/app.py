@@ -124,7 +124,8 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     watch = asyncio.ensure_future(request.receive())  # the body is read: the next message is the disconnect
     try:
         done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if task not in done and watch.result().get("type") == "http.disconnect":
+        gone = task not in done and watch.exception() is None and watch.result().get("type") == "http.disconnect"
+        if gone:
             task.cancel()
             raise ApiError(499, "the client closed the connection before the answer", "client_closed_request")
         return await task

@@ -162,7 +162,10 @@ def export_onnx(graph: StateGraph, path: Path) -> Path:
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # a padded row, so no mask branch is traced away as constant
     names = [f"states_{i}" for i in range(len(graph.readouts))]
-    axes: dict[str, dict[int, str]] = {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"}}
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "tokens"},
+        "attention_mask": {0: "batch", 1: "tokens"},
+    }
     axes.update({name: {0: "batch", 1: "tokens"} for name in names})
     implementation = "sdpa" if graph.is_decoder else "eager"
     with (

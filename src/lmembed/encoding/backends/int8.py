@@ -1,24 +1,24 @@
-"""int8 graphs: per-channel int8 weights, activations smoothed with ranges calibrated on the user's texts.
+"""int8 graphs: per-channel int8 weights, activations quantised per call, lossy products left in float32.
 
-Why this recipe (measured with ``bench/profile_encode.py --int8-variants`` on ``minilm``, cosine to float32 over
-250 real texts): static int8 (QDQ, ranges fixed at calibration, per-tensor activations) lost the most (mean
-cosine 0.93, min 0.82) and was not faster here, because ONNX Runtime cannot fuse attention around
-quantise/dequantise pairs; dynamic int8 on the fused graph ran 1.5x the float32 graph but a few hidden
-channels with outlier values (BERT's LayerNorm outputs, GELU outputs) set every token's quantisation step
-(mean 0.993, min 0.975 with per-channel weights). So the quantised graph is the fused float32 one with:
+Chosen from measurements on ``minilm`` (cosine of mean-pooled vectors to the float32 graph over 250 real
+texts, speed relative to the fused float32 graph, one run each, this 2-core AVX2 CPU; the commands are in
+``bench/profile_encode.py``'s docstring):
 
-1. **smoothing** (SmoothQuant, Xiao et al. 2023): for each quantised product ``X @ W`` the calibration texts
-   give each input channel's largest magnitude ``max|X_k|``; with ``s_k = max|X_k|^a / max|W_k|^(1-a)``
-   the graph computes ``(X / s) @ (s W)``, the same product with the outlier channels shrunk and the
-   weights, which quantise per output channel, absorbing them. ``X / s`` is one multiplication inserted
-   in front of the product only (the residual stream keeps ``X``);
-2. **dynamic int8** products (``MatMulInteger``/``QAttention`` in ONNX Runtime: per-channel int8 weights,
-   activations quantised per call) for every weight product except those the calibration measurement finds
-   too lossy (:func:`sensitive_nodes`).
+* static int8 (QDQ, activation ranges fixed at calibration, per-tensor): mean cosine 0.926, min 0.830, and no
+  faster (0.8-1.0x): ONNX Runtime cannot fuse attention around quantise/dequantise pairs;
+* dynamic int8 on the fused graph, per-tensor weights: 1.5x, mean 0.947, min 0.800;
+* the same with per-channel weights: 1.5-1.9x, mean 0.993, min 0.975;
+* per-channel, FFN output products kept float32: 1.26x, mean 0.996, min 0.986;
+* SmoothQuant-style smoothing (activations divided per channel by ``max|X|^a / max|W|^(1-a)``, weights
+  multiplied) before dynamic int8 made it worse here (a = 0.5: mean 0.969; a = 0.75: mean 0.989), so it is
+  not used.
 
-The calibration texts are the caller's own (the first texts an int8 Embedder encodes, or those passed to
-``Embedder.calibrate``); the quality gate (:mod:`lmembed.encoding.backends.quality`) checks the result on
-texts held out from them.
+So the graph is the fused float32 one with dynamic int8 products (``MatMulInteger``/``QAttention``:
+per-output-channel int8 weights, activations quantised per call over the batch) except those whose int8
+error, measured on activations recorded while running the user's calibration texts, exceeds
+:data:`MAX_NODE_ERROR` (:func:`sensitive_nodes`). Because activations are quantised per call, an int8 vector
+depends slightly on which texts share its batch (within the quality gate, never bit for bit). The quality gate
+(:mod:`lmembed.encoding.backends.quality`) checks the result on calibration texts held out from the measurement.
 """
 
 from __future__ import annotations
@@ -34,10 +34,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-#: SmoothQuant's migration strength: 0 leaves activations as they are, 1 moves all their range to the weights.
-SMOOTH_ALPHA = 0.5
-#: A product whose smoothed int8 output error (relative RMS, on calibration activations) exceeds this stays float32.
-MAX_NODE_ERROR = 0.05
+#: A product whose int8 output error (relative RMS on calibration activations) exceeds this stays float32.
+MAX_NODE_ERROR = 0.06
 #: Calibration rows kept per product for the error measurement.
 ERROR_SAMPLE_ROWS = 2048
 
@@ -95,13 +93,6 @@ def activation_stats(
     return absmax, {n: np.concatenate(s)[:ERROR_SAMPLE_ROWS] for n, s in samples.items()}
 
 
-def smoothing_scales(act_absmax: np.ndarray, weight: np.ndarray, alpha: float = SMOOTH_ALPHA) -> np.ndarray:
-    """SmoothQuant's per-input-channel scales ``s`` (``weight`` is ``[in, out]``)."""
-    w_absmax = np.abs(weight).max(axis=1)
-    scales = np.power(np.maximum(act_absmax, 1e-5), alpha) / np.power(np.maximum(w_absmax, 1e-5), 1 - alpha)
-    return np.clip(scales, 1e-2, 1e3).astype(np.float32)
-
-
 def int8_error(x: np.ndarray, weight: np.ndarray) -> float:
     """Relative RMS error of ``x @ weight`` computed the way the int8 graph does (per-tensor asymmetric uint8
     activations, per-output-channel symmetric int8 weights)."""
@@ -115,93 +106,57 @@ def int8_error(x: np.ndarray, weight: np.ndarray) -> float:
     return float(np.linalg.norm(xq @ wq - exact) / max(np.linalg.norm(exact), 1e-12))
 
 
-def smooth(
-    model: Any, products: Sequence[Product], absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA
-) -> dict[str, np.ndarray]:
-    """Apply smoothing in place: weights' input rows times ``s``, a ``Mul`` by ``1/s`` in front of each product.
-    Returns the scales per node name."""
-    # lazy: onnx is an optional extra
-    import onnx
-    from onnx import numpy_helper
-
-    initializers = {init.name: init for init in model.graph.initializer}
-    scales_by_node = {}
-    for i, product in enumerate(products):
-        init = initializers[product.weight]
-        weight = numpy_helper.to_array(init)
-        scales = smoothing_scales(absmax[product.activation], weight, alpha)
-        init.CopyFrom(numpy_helper.from_array((weight * scales[:, None]).astype(np.float32), product.weight))
-        inverse = f"lmembed_smooth_{i}_inv"
-        smoothed = f"lmembed_smooth_{i}_out"
-        model.graph.initializer.append(numpy_helper.from_array((1.0 / scales).astype(np.float32), inverse))
-        mul = onnx.helper.make_node("Mul", [product.activation, inverse], [smoothed], name=f"lmembed_smooth_{i}")
-        position = list(model.graph.node).index(product.node)
-        model.graph.node.insert(position, mul)
-        product.node.input[0] = smoothed
-        scales_by_node[product.node.name] = scales
-    return scales_by_node
-
-
 def sensitive_nodes(
-    products: Sequence[Product],
-    model: Any,
-    samples: dict[str, np.ndarray],
-    scales: dict[str, np.ndarray],
-    max_error: float = MAX_NODE_ERROR,
+    products: Sequence[Product], model: Any, samples: dict[str, np.ndarray], max_error: float = MAX_NODE_ERROR
 ) -> dict[str, float]:
-    """The products whose smoothed int8 error on calibration activations exceeds ``max_error``
-    (node name -> error); they stay float32."""
+    """Every product's int8 error on calibration activations (node name -> relative RMS error) and, as the
+    second result, those above ``max_error``, which stay float32."""
     # lazy: onnx is an optional extra
     from onnx import numpy_helper
 
     initializers = {init.name: init for init in model.graph.initializer}
     errors = {}
     for product in products:
-        weight = numpy_helper.to_array(initializers[product.weight])  # already multiplied by s
-        x = samples[product.activation] / scales[product.node.name]
-        errors[product.node.name] = int8_error(x, weight)
+        weight = numpy_helper.to_array(initializers[product.weight])
+        errors[product.node.name] = int8_error(samples[product.activation], weight)
     return {name: err for name, err in errors.items() if err > max_error}
 
 
 def quantize_graph(
     source: Path, target: Path, batches: Sequence[tuple[np.ndarray, np.ndarray]], *, threads: int
 ) -> dict[str, Any]:
-    """Smooth and quantise the float32 graph at ``source`` into ``target``; returns what was done (for the
-    export's manifest)."""
+    """Quantise the fused float32 graph at ``source`` into ``target``, measuring on ``batches`` (calibration
+    token ids and masks) which products stay float32; returns what was done (for the export's manifest)."""
     # lazy: onnx and onnxruntime are optional extras
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(source))
     products = weight_products(model)
-    absmax, samples = activation_stats(model, batches, products, threads)
-    scales = smooth(model, products, absmax)
-    skipped = sensitive_nodes(products, model, samples, scales)
-    smoothed = target.with_name("smoothed.onnx")
-    onnx.save_model(model, str(smoothed))
+    _, samples = activation_stats(model, batches, products, threads)
+    skipped = sensitive_nodes(products, model, samples)
+    root = logging.getLogger()
+    previous = root.disabled
+    root.disabled = True  # the quantiser logs "consider pre-processing" warnings on the root logger
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            logging.getLogger().disabled = True  # the quantiser logs "consider pre-processing" on the root logger
-            try:
-                quantize_dynamic(
-                    str(smoothed),
-                    str(target),
-                    per_channel=True,
-                    weight_type=QuantType.QInt8,
-                    op_types_to_quantize=["MatMul", "Attention"],
-                    nodes_to_exclude=sorted(skipped),
-                    extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
-                )
-            finally:
-                logging.getLogger().disabled = False
+            quantize_dynamic(
+                str(source),
+                str(target),
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul", "Attention"],
+                nodes_to_exclude=sorted(skipped),
+                extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
     finally:
-        smoothed.unlink(missing_ok=True)
+        root.disabled = previous
     log.info("int8: %d of %d weight products quantised", len(products) - len(skipped), len(products))
     return {
         "int8": {
-            "recipe": "smoothquant+dynamic-per-channel",
-            "smooth_alpha": SMOOTH_ALPHA,
+            "recipe": "dynamic int8, per-channel weights, lossy products kept float32",
+            "max_node_error": MAX_NODE_ERROR,
             "products": len(products),
             "kept_float32": {k: round(v, 4) for k, v in sorted(skipped.items())},
             "calibration_batches": len(batches),

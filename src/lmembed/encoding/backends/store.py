@@ -42,7 +42,11 @@ def runtime_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
 
 
 def export_key(parts: dict[str, Any]) -> str:

@@ -1,0 +1,49 @@
+"""Backends that run the transformer for the encoding engine, behind one small interface (``base.Backend``).
+
+* ``torch`` (``base.TorchBackend``): the transformers model in PyTorch, CPU or GPU, at the backbone's dtype; the
+  reference, and the only differentiable one (training uses it);
+* ``onnx`` (``onnx_backend.OnnxBackend``): an exported graph (``graph``) run by ONNX Runtime on the CPU, float32
+  with fused attention/LayerNorm/GELU, or int8 (``int8``) checked by a quality gate (``quality``); exports are
+  cached on disk (``store``).
+
+Pooling is never part of a backend: each returns the token states a strategy pools, and the engine pools them.
+"""
+
+from __future__ import annotations
+
+from lmembed.encoding.backends.base import BACKENDS, PRECISIONS, Backend, BackendError, TorchBackend
+from lmembed.models.loading import Backbone
+
+__all__ = ["BACKENDS", "PRECISIONS", "Backend", "BackendError", "TorchBackend", "make_backend"]
+
+
+def make_backend(
+    backbone: Backbone, backend: str | None = None, precision: str | None = None, *, threads: int | None = None
+) -> Backend:
+    """The backend named ``backend`` at ``precision``. Defaults: torch at the backbone's own dtype; int8 without a
+    backend named runs on ONNX Runtime."""
+    if backend is not None and backend not in BACKENDS:
+        raise BackendError(f"backend={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    if precision is not None and precision not in PRECISIONS:
+        raise BackendError(f"precision={precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
+    backend = backend or ("onnx" if precision == "int8" and not _torch_int8(backbone) else "torch")
+    if backend == "onnx":
+        # lazy: keeps onnxruntime out of `import lmembed` and of the torch-only path
+        from lmembed.encoding.backends.onnx_backend import OnnxBackend
+
+        return OnnxBackend(backbone, precision or "float32", threads=threads)
+    native = TorchBackend(backbone)
+    if precision not in (None, native.precision) and not (precision == "int8" and _torch_int8(backbone)):
+        raise BackendError(
+            f"backend='torch' runs the model at its loaded dtype ({native.precision}); load it with "
+            f"dtype={precision!r} instead, or use backend='onnx' for int8"
+        )
+    if _torch_int8(backbone):
+        native.precision = "int8"
+    return native
+
+
+def _torch_int8(backbone: Backbone) -> bool:
+    """True when the backbone was loaded with torch's own dynamic int8 modules (``quantize='int8'`` with the
+    torch backend)."""
+    return backbone.quantization == "int8"

@@ -1,0 +1,142 @@
+"""The backend interface, and the torch backend (the reference every other backend is compared with).
+
+A backend runs the transformer: given a padded batch (token ids, attention mask) and the strategies of one
+forward group, it returns, per strategy, the token states that strategy pools (its layers, averaged, through
+the final norm or not). The engine pools them, so pooling is the same code on every backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lmembed.config import EmbeddingConfig
+from lmembed.errors import ConfigError
+from lmembed.models.attention import mask_for
+from lmembed.models.families import forward_parameters
+from lmembed.models.loading import Backbone
+from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
+
+#: Backends lmembed can run a model on.
+BACKENDS = ("torch", "onnx")
+#: Precisions: the backbone's own floating types, and int8 (quantised, quality-gated).
+PRECISIONS = ("float32", "bfloat16", "float16", "int8")
+
+#: ``batches_for(texts)``: the engine's tokenisation of calibration texts into padded numpy batches
+#: (input_ids, attention_mask, pool_mask).
+BatchMaker = Callable[[Sequence[str]], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]
+#: ``pool(states, pool_mask, config)``: the engine's pooling.
+Pooler = Callable[[torch.Tensor, torch.Tensor, EmbeddingConfig], torch.Tensor]
+
+
+class BackendError(ConfigError):
+    """A backend/precision combination this installation or model cannot run."""
+
+
+class Backend(ABC):
+    """Runs a backbone's forward pass and returns the states each strategy pools."""
+
+    name: str = ""
+    precision: str = "float32"
+
+    def __init__(self, backbone: Backbone) -> None:
+        self.backbone = backbone
+
+    def cache_tag(self) -> str:
+        """What, besides the weights and the strategy, decides this backend's vectors ('' = the torch
+        reference at the backbone's own dtype). Part of the embedding-cache key."""
+        return f"{self.name}-{self.precision}"
+
+    @abstractmethod
+    def states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, configs: Sequence[EmbeddingConfig], mode: str
+    ) -> list[torch.Tensor]:
+        """One (batch, tokens, dim) tensor per config: the states it pools."""
+
+    def prepare(  # noqa: B027
+        self,
+        configs: Sequence[EmbeddingConfig],
+        mode: str,
+        batches_for: BatchMaker | None = None,
+        pool: Pooler | None = None,
+    ) -> None:
+        """Get ready to run ``configs`` in ``mode`` (export, calibrate); called before each forward group with
+        the engine's tokenisation and pooling, for backends that calibrate."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "precision": self.precision}
+
+
+class TorchBackend(Backend):
+    """The transformers model itself, in PyTorch (CPU or GPU, at the backbone's dtype; differentiable)."""
+
+    name = "torch"
+
+    def __init__(self, backbone: Backbone, precision: str | None = None) -> None:
+        super().__init__(backbone)
+        self.precision = precision or _dtype_name(backbone.dtype)
+        params = forward_parameters(backbone.model)
+        self._accepts_positions = "position_ids" in params
+        self._accepts_cache_flag = "use_cache" in params
+
+    def cache_tag(self) -> str:
+        # The weights fingerprint already covers dtype and torch's own int8 modules: the reference adds nothing.
+        return ""
+
+    def states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, configs: Sequence[EmbeddingConfig], mode: str
+    ) -> list[torch.Tensor]:
+        backbone = self.backbone
+        need_raw_last = backbone.is_decoder and any(
+            c.final_norm is False and backbone.num_layers in {normalize_layer(x, backbone.num_layers) for x in c.layers}
+            for c in configs
+        )
+        hidden_states, raw_last = self.run_model(input_ids, attention_mask, mode, need_raw_last)
+        norm = find_final_norm(backbone.model) if backbone.is_decoder else None
+        return [
+            select_states(hidden_states, cfg.layers, final_norm=cfg.final_norm, norm=norm, raw_last=raw_last)
+            for cfg in configs
+        ]
+
+    def run_model(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode: str, need_raw_last: bool
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        model = self.backbone.model
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "output_hidden_states": True}
+        if self.backbone.is_decoder:
+            kwargs["attention_mask"] = mask_for(mode, attention_mask, self.backbone.dtype)
+        else:
+            kwargs["attention_mask"] = attention_mask
+        if self._accepts_positions:
+            kwargs["position_ids"] = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        if self._accepts_cache_flag and self.backbone.is_decoder:
+            kwargs["use_cache"] = False
+        captured: dict[str, torch.Tensor] = {}
+        handle = None
+        if need_raw_last:
+            handle = _last_layer(model).register_forward_hook(
+                lambda _m, _i, out: captured.__setitem__("raw", out[0] if isinstance(out, tuple) else out)
+            )
+        try:
+            out = model(**kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        return tuple(out.hidden_states), captured.get("raw")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return names.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _last_layer(model: nn.Module) -> nn.Module:
+    layers = getattr(model, "layers", None)
+    if layers is None or len(layers) == 0:
+        raise ValueError("final_norm=False on the last layer needs a decoder with a `layers` module list")
+    return layers[-1]

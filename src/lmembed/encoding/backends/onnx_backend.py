@@ -1,0 +1,320 @@
+"""The ONNX Runtime backend: float32 (fused graph) and int8 (quantised, quality-gated), CPU.
+
+For each forward group (readouts + attention mode) the backbone is exported once to an ONNX graph that returns
+exactly the states the group's strategies pool (:mod:`lmembed.encoding.backends.graph`), optimised (fused
+attention, skip-LayerNorm and bias-GELU for encoders) and kept in the export cache
+(:mod:`lmembed.encoding.backends.store`); later runs load it from there.
+
+int8 needs calibration texts: those given to :meth:`OnnxBackend.set_calibration` (``Embedder.calibrate``), else a
+spread sample of the first texts encoded. Three quarters of them measure which products quantise well
+(:mod:`lmembed.encoding.backends.int8`); the last quarter is held out for the quality gate
+(:mod:`lmembed.encoding.backends.quality`), whose report goes into the export's manifest and
+``OnnxBackend.quality``, and a warning when it fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmembed.config import EmbeddingConfig
+from lmembed.encoding.backends.base import Backend, BackendError, BatchMaker, Pooler
+from lmembed.encoding.backends.graph import (
+    Readout,
+    StateGraph,
+    export_onnx,
+    fuse_onnx,
+    readout_of,
+    readouts_of,
+)
+from lmembed.encoding.backends.int8 import quantize_graph, session_options
+from lmembed.encoding.backends.quality import GateReport, gate
+from lmembed.encoding.backends.store import GRAPH_FILE, cached_export, runtime_versions, update_manifest
+from lmembed.models.attention import AttentionError, check_bidirectional_supported
+from lmembed.models.families import CAUSAL_TOLERANCE, probe_ids
+from lmembed.models.loading import Backbone
+
+log = logging.getLogger(__name__)
+
+#: Bumped whenever the exported graph changes for the same inputs (keeps old cached exports from being reused).
+GRAPH_FORMAT = 1
+#: Calibration texts sampled from the first encode call when none were given.
+CALIBRATION_TEXTS = 256
+#: Share of the calibration texts held out for the quality gate.
+HELD_OUT_EVERY = 4
+INSTALL_HINT = "pip install 'lmembed[onnx]'"
+
+Batches = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def require_onnxruntime() -> None:
+    """Raise :class:`BackendError` with the install command when ONNX Runtime or onnx is missing."""
+    try:
+        # lazy: optional extra, checked only when an ONNX backend is asked for
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise BackendError(
+            f"backend='onnx' needs onnxruntime and onnx ({exc.name} is missing): {INSTALL_HINT}"
+        ) from None
+
+
+def text_fingerprint(texts: Sequence[str]) -> str:
+    digest = hashlib.blake2b(digest_size=8)
+    for text in texts:
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def spread_sample(texts: Sequence[str], size: int) -> list[str]:
+    """``size`` distinct texts spread evenly over ``texts`` (all of them when there are fewer)."""
+    unique = list(dict.fromkeys(texts))
+    if len(unique) <= size:
+        return unique
+    step = len(unique) / size
+    return [unique[int(i * step)] for i in range(size)]
+
+
+@dataclass
+class _Graph:
+    session: Any
+    index: dict[Readout, int]
+    folder: Path
+
+
+class OnnxBackend(Backend):
+    """Runs exported graphs with ONNX Runtime on the CPU."""
+
+    name = "onnx"
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        precision: str = "float32",
+        *,
+        threads: int | None = None,
+        export_root: Path | None = None,
+    ) -> None:
+        super().__init__(backbone)
+        require_onnxruntime()
+        if precision not in ("float32", "int8"):
+            raise BackendError(f"backend='onnx' runs precision 'float32' or 'int8', not {precision!r}")
+        if backbone.device.type != "cpu" or backbone.dtype != torch.float32:
+            raise BackendError(
+                "backend='onnx' exports a float32 CPU model: load it with device='cpu', dtype='float32' "
+                f"(got {backbone.device.type}, {backbone.dtype})"
+            )
+        self.precision = precision
+        self.threads = threads or torch.get_num_threads()
+        self.export_root = export_root
+        self.calibration_texts: list[str] | None = None
+        self.quality: dict[str, GateReport] = {}
+        self._graphs: dict[tuple[tuple[Readout, ...], str, str], _Graph] = {}
+
+    # ------------------------------------------------------------------ keys and calibration
+    def cache_tag(self) -> str:
+        if self.precision != "int8":
+            return "onnx-float32"
+        if self.calibration_texts is None:
+            raise BackendError("an int8 backend needs its calibration texts before its vectors can be keyed")
+        return f"onnx-int8-{text_fingerprint(self.calibration_texts)}"
+
+    def set_calibration(self, texts: Sequence[str]) -> None:
+        """Calibrate int8 graphs on ``texts`` (a few hundred of the user's own texts)."""
+        if self.precision != "int8":
+            return
+        sample = spread_sample(texts, len(texts))
+        if len(sample) < 8:
+            raise BackendError(f"int8 calibration needs at least 8 distinct texts, got {len(sample)}")
+        self.calibration_texts = sample
+        self._graphs = {k: v for k, v in self._graphs.items() if k[2] != "int8"}
+        self.quality = {}
+
+    def ensure_calibration(self, texts: Sequence[str]) -> None:
+        """Before the first int8 encode: calibrate on a spread sample of ``texts`` unless texts were given."""
+        if self.precision == "int8" and self.calibration_texts is None:
+            self.set_calibration(spread_sample(texts, CALIBRATION_TEXTS))
+            log.info("int8: calibrating on %d of the texts being encoded", len(self.calibration_texts or []))
+
+    # ------------------------------------------------------------------ running
+    def states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, configs: Sequence[EmbeddingConfig], mode: str
+    ) -> list[torch.Tensor]:
+        graph = self._graphs.get(self._key(configs, mode, self.precision))
+        if graph is None:
+            raise BackendError("the ONNX graph for these strategies was not prepared (call prepare first)")
+        feeds = {"input_ids": input_ids.cpu().numpy(), "attention_mask": attention_mask.cpu().numpy()}
+        outputs = graph.session.run(None, feeds)
+        bb = self.backbone
+        return [torch.from_numpy(outputs[graph.index[readout_of(c, bb.num_layers, bb.is_decoder)]]) for c in configs]
+
+    def prepare(
+        self,
+        configs: Sequence[EmbeddingConfig],
+        mode: str,
+        batches_for: BatchMaker | None = None,
+        pool: Pooler | None = None,
+    ) -> None:
+        if self._key(configs, mode, self.precision) in self._graphs:
+            return
+        if self.backbone.is_decoder and mode == "bidirectional":
+            check_bidirectional_supported(self.backbone.model)
+        readouts = tuple(readouts_of(configs, self.backbone.num_layers, self.backbone.is_decoder))
+        fp32 = self._graph(readouts, mode)
+        self._verify_attention(fp32, mode)
+        if self.precision == "int8":
+            if batches_for is None or pool is None:
+                raise BackendError("int8 graphs are calibrated through the encoding engine")
+            self._int8_graph(readouts, mode, fp32, configs, batches_for, pool)
+            self._verify_attention(self._graphs[(readouts, mode, "int8")], mode)
+
+    def _verify_attention(self, graph: _Graph, mode: str) -> None:
+        """The attention probe of :mod:`lmembed.models.attention`, run on the graph that will execute: change the
+        last token, and the first token's state must move (bidirectional) or stay put (causal)."""
+        if not self.backbone.is_decoder:
+            return
+        ids = probe_ids(self.backbone.model, torch.device("cpu")).numpy().astype(np.int64)
+        deepest = max(graph.index, key=lambda r: max(r.layers))
+        if max(deepest.layers) == 0:
+            return  # the embeddings alone: no attention to probe
+        outputs = graph.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        states = outputs[graph.index[deepest]]
+        first = states[:, 0].astype(np.float64)
+        delta = float(np.abs(first[0] - first[1]).max()) / max(1.0, float(np.abs(first).max()))
+        if mode == "bidirectional" and delta <= CAUSAL_TOLERANCE:
+            raise AttentionError(
+                f"the exported graph attends causally although bidirectional attention was asked for ({delta:.2e})"
+            )
+        if mode == "causal" and delta > CAUSAL_TOLERANCE:
+            raise AttentionError(f"the exported graph lets the first token see later ones ({delta:.2e})")
+
+    def graph_folder(self, configs: Sequence[EmbeddingConfig], mode: str) -> Path:
+        """The export folder of the prepared graph for ``configs``."""
+        return self._graphs[self._key(configs, mode, self.precision)].folder
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        if self.quality:
+            out["quality_gate"] = {label: report.to_dict() for label, report in self.quality.items()}
+        return out
+
+    # ------------------------------------------------------------------ building
+    def _key(
+        self, configs: Sequence[EmbeddingConfig], mode: str, precision: str
+    ) -> tuple[tuple[Readout, ...], str, str]:
+        readouts = tuple(readouts_of(configs, self.backbone.num_layers, self.backbone.is_decoder))
+        return readouts, mode, precision
+
+    def _parts(self, readouts: Sequence[Readout], mode: str) -> dict[str, Any]:
+        bb = self.backbone
+        return {
+            "format": GRAPH_FORMAT,
+            "weights": bb.fingerprint(),
+            "decoder": bb.is_decoder,
+            "mode": mode if bb.is_decoder else "bidirectional",
+            "readouts": [r.label() for r in readouts],
+            "precision": "float32",
+            "versions": runtime_versions(),
+        }
+
+    def _graph(self, readouts: tuple[Readout, ...], mode: str) -> _Graph:
+        key = (readouts, mode, "float32")
+        if key not in self._graphs:
+            folder, _ = cached_export(
+                self._parts(readouts, mode), lambda tmp: self._export_float32(tmp, readouts, mode), self.export_root
+            )
+            self._graphs[key] = self._load(folder, readouts)
+        return self._graphs[key]
+
+    def _export_float32(self, folder: Path, readouts: Sequence[Readout], mode: str) -> dict[str, Any]:
+        log.info("exporting %s to ONNX (%s)", self.backbone.name, ", ".join(r.label() for r in readouts))
+        graph = StateGraph(self.backbone, readouts, mode)
+        if self.backbone.is_decoder:
+            export_onnx(graph, folder / GRAPH_FILE)
+            return {"fused": False}
+        raw = folder / "traced.onnx"
+        export_onnx(graph, raw)
+        fuse_onnx(raw, folder / GRAPH_FILE, self.backbone)
+        raw.unlink()
+        return {"fused": True}
+
+    def _int8_graph(
+        self,
+        readouts: tuple[Readout, ...],
+        mode: str,
+        fp32: _Graph,
+        configs: Sequence[EmbeddingConfig],
+        batches_for: BatchMaker,
+        pool: Pooler,
+    ) -> None:
+        texts = self.calibration_texts
+        if texts is None:
+            raise BackendError("int8 needs calibration texts: Embedder.calibrate(texts) or encode some texts first")
+        held_out = texts[HELD_OUT_EVERY - 1 :: HELD_OUT_EVERY]
+        measured = [t for i, t in enumerate(texts) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
+        parts = {**self._parts(readouts, mode), "precision": "int8", "calibration": text_fingerprint(texts)}
+
+        def build(tmp: Path) -> dict[str, Any]:
+            batches = [(ids, mask) for ids, mask, _ in batches_for(measured)]
+            return quantize_graph(fp32.folder / GRAPH_FILE, tmp / GRAPH_FILE, batches, threads=self.threads)
+
+        folder, manifest = cached_export(parts, build, self.export_root)
+        graph = self._load(folder, readouts)
+        self._graphs[(readouts, mode, "int8")] = graph
+        if "quality_gate" in manifest:
+            self.quality = {
+                k: GateReport(**{f: v[f] for f in GateReport.__dataclass_fields__})
+                for k, v in manifest["quality_gate"].items()
+            }
+        else:
+            self.quality = self._measure_gate(graph, fp32, configs, mode, batches_for(held_out), pool)
+            update_manifest(folder, quality_gate={k: r.to_dict() for k, r in self.quality.items()})
+        for label, report in self.quality.items():
+            if report.passed:
+                log.info("int8 quality gate passed for %s: %s", label, report.summary())
+            else:
+                warnings.warn(
+                    f"int8 quality gate failed for {label}: {'; '.join(report.shortfalls())} ({report.summary()}); "
+                    "use precision='float32' where this matters",
+                    stacklevel=2,
+                )
+
+    def _measure_gate(
+        self,
+        int8: _Graph,
+        fp32: _Graph,
+        configs: Sequence[EmbeddingConfig],
+        mode: str,
+        batches: Batches,
+        pool: Pooler,
+    ) -> dict[str, GateReport]:
+        bb = self.backbone
+        vectors: dict[str, list[list[np.ndarray]]] = {c.label(): [[], []] for c in configs}
+        for ids, mask, pool_mask in batches:
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            for slot, graph in enumerate((fp32, int8)):
+                outputs = graph.session.run(None, feeds)
+                for cfg in configs:
+                    states = torch.from_numpy(outputs[graph.index[readout_of(cfg, bb.num_layers, bb.is_decoder)]])
+                    with torch.inference_mode():
+                        pooled = pool(states, torch.from_numpy(pool_mask), cfg)
+                    vectors[cfg.label()][slot].append(pooled.float().numpy())
+        return {label: gate(np.concatenate(ref), np.concatenate(cand)) for label, (ref, cand) in vectors.items()}
+
+    def _load(self, folder: Path, readouts: Sequence[Readout]) -> _Graph:
+        # lazy: onnxruntime is an optional extra
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(
+            str(folder / GRAPH_FILE), session_options(self.threads), providers=["CPUExecutionProvider"]
+        )
+        return _Graph(session, {r: i for i, r in enumerate(readouts)}, folder)

@@ -1,0 +1,93 @@
+"""The int8 quality gate: does a quantised model still give the float32 model's vectors and rankings?
+
+Measured on calibration texts held out from the int8 measurement (the user's own texts), per strategy:
+
+* per-vector cosine between the int8 and the float32 vector of each text (minimum and mean);
+* neighbour nDCG@10: each held-out text is a query over the others, the float32 model's ten nearest
+  neighbours are the relevant documents (graded by their rank), and the int8 model's ranking is scored
+  against them; 1.0 means the same ten neighbours in the same order.
+
+The gate passes when the minimum cosine is at least :data:`MIN_COSINE` and the neighbour nDCG@10 at least
+:data:`MIN_NEIGHBOUR_NDCG`; otherwise a warning says which number fell short and by how much. Retrieval
+nDCG@10 against human judgements needs judged data: ``bench/encode_throughput.py`` measures it on BEIR sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+MIN_COSINE = 0.99
+MIN_NEIGHBOUR_NDCG = 0.95
+NEIGHBOURS = 10
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """Agreement of int8 vectors with float32 ones on held-out texts."""
+
+    texts: int
+    min_cosine: float
+    mean_cosine: float
+    neighbour_ndcg_at_10: float
+
+    @property
+    def passed(self) -> bool:
+        return self.min_cosine >= MIN_COSINE and self.neighbour_ndcg_at_10 >= MIN_NEIGHBOUR_NDCG
+
+    def shortfalls(self) -> list[str]:
+        """What fell below the gate, with the gap."""
+        out = []
+        if self.min_cosine < MIN_COSINE:
+            out.append(f"min cosine {self.min_cosine:.4f} < {MIN_COSINE} (by {MIN_COSINE - self.min_cosine:.4f})")
+        if self.neighbour_ndcg_at_10 < MIN_NEIGHBOUR_NDCG:
+            gap = MIN_NEIGHBOUR_NDCG - self.neighbour_ndcg_at_10
+            out.append(f"neighbour nDCG@10 {self.neighbour_ndcg_at_10:.4f} < {MIN_NEIGHBOUR_NDCG} (by {gap:.4f})")
+        return out
+
+    def summary(self) -> str:
+        return (
+            f"{self.texts} held-out texts: cosine to float32 min {self.min_cosine:.4f} mean {self.mean_cosine:.5f}, "
+            f"neighbour nDCG@10 {self.neighbour_ndcg_at_10:.4f}"
+        )
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def neighbour_ndcg(reference: np.ndarray, candidate: np.ndarray, k: int = NEIGHBOURS) -> float:
+    """Mean nDCG@k of ``candidate``'s neighbour rankings, the reference's top k being relevant (gain k - rank)."""
+    ref, cand = _unit(reference), _unit(candidate)
+    n = len(ref)
+    k = min(k, n - 1)
+    if k < 1:
+        return 1.0
+    ref_sim, cand_sim = ref @ ref.T, cand @ cand.T
+    np.fill_diagonal(ref_sim, -np.inf)
+    np.fill_diagonal(cand_sim, -np.inf)
+    discounts = 1.0 / np.log2(np.arange(2, k + 2))
+    scores = []
+    for i in range(n):
+        top_ref = np.argsort(-ref_sim[i], kind="stable")[:k]
+        gains = np.zeros(n)
+        gains[top_ref] = np.arange(k, 0, -1)
+        top_cand = np.argsort(-cand_sim[i], kind="stable")[:k]
+        ideal = float((np.arange(k, 0, -1) * discounts).sum())
+        scores.append(float((gains[top_cand] * discounts).sum()) / ideal)
+    return float(np.mean(scores))
+
+
+def gate(reference: np.ndarray, candidate: np.ndarray) -> GateReport:
+    """Compare int8 vectors ``candidate`` with float32 vectors ``reference`` (same texts, same order)."""
+    cos = (_unit(reference) * _unit(candidate)).sum(axis=1)
+    return GateReport(
+        texts=len(reference),
+        min_cosine=float(cos.min()) if len(cos) else 1.0,
+        mean_cosine=float(cos.mean()) if len(cos) else 1.0,
+        neighbour_ndcg_at_10=neighbour_ndcg(reference, candidate),
+    )
