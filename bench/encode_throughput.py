@@ -62,13 +62,14 @@ def worker(model_dir: str, n: int, batch_size: int) -> None:
     base.save(str(local))  # keeps onnx/model.onnx beside the weights
     export_optimized_onnx_model(base, "O3", str(local))
     export_dynamic_quantized_onnx_model(base, "avx2", str(local))
+    quantized = next((local / "onnx").glob("model_*int8_avx2.onnx")).relative_to(local)
     models = {
         "st-onnx": base,
         "st-onnx-O3": SentenceTransformer(
             str(local), device="cpu", backend="onnx", model_kwargs={"file_name": "onnx/model_O3.onnx"}
         ),
         "st-onnx-int8": SentenceTransformer(
-            str(local), device="cpu", backend="onnx", model_kwargs={"file_name": "onnx/model_qint8_avx2.onnx"}
+            str(local), device="cpu", backend="onnx", model_kwargs={"file_name": str(quantized)}
         ),
     }
     for model in models.values():
@@ -289,9 +290,8 @@ def table(result: dict) -> str:
         ]
         for name, rate in m["texts_per_s"].items():
             c = m["min_cosine"].get(name)
-            lines.append(
-                f"| {name} | {rate:.1f} | {rate / m['texts_per_s']['st-torch']:.2f}x | {'' if c is None else f'{c:.6f}'} |"
-            )
+            cell = "" if c is None else f"{c:.6f}"
+            lines.append(f"| {name} | {rate:.1f} | {rate / m['texts_per_s']['st-torch']:.2f}x | {cell} |")
         lines += ["", *(f"- {k}: {v:.2f}x" for k, v in m["ratios"].items())]
         if not m["st_onnx_rows"]:
             lines.append("- sentence-transformers ONNX rows not measured (no --st-onnx-python)")

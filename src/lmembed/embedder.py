@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -277,6 +279,23 @@ class Embedder:
         return clone
 
     # ------------------------------------------------------------------ saving
+    def export(self, directory: str | Path, format: str = "onnx", *, calibration: Sequence[str] | None = None) -> Path:
+        """Write a deployable graph of this Embedder's strategy to ``directory``: ``model.onnx`` returns exactly the
+        hidden states the strategy pools (pooling stays in lmembed), with ``manifest.json`` (what it was built from;
+        for int8 the quality-gate report), the tokenizer and ``lmembed.json`` (the strategy). The graph comes from
+        the export cache (built there first if absent), so ``backend="onnx"`` runs this very graph. ``directory``
+        is filled under a temporary name and renamed into place. int8 needs ``calibration`` texts (or a
+        previous :meth:`calibrate`)."""
+        if format != "onnx":
+            raise ConfigError(f"format={format!r} is unknown; the only export format is 'onnx'")
+        backend = self.engine.backend
+        if backend.name != "onnx":
+            raise ConfigError("export needs an Embedder loaded with backend='onnx' (or precision='int8')")
+        if calibration is not None:
+            self.calibrate(calibration)
+        source = self.engine.prepare_backend([self.config])
+        return _copy_export(source, Path(directory), self)
+
     def save(self, directory: str | Path) -> Path:
         """Write everything needed to reload this Embedder exactly (see the module doc)."""
         directory = Path(directory)
@@ -338,6 +357,37 @@ class Embedder:
             files["config_sentence_transformers.json"] = {"prompts": {"query": prompt, "document": ""}}
         for name, content in files.items():
             atomic_write_text(directory / name, json.dumps(content, indent=2))
+
+
+def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
+    """Fill ``directory`` with the export folder ``source`` + tokenizer + strategy, atomically (temporary sibling,
+    then one rename; an existing ``directory`` is replaced only once the new one is complete)."""
+    directory = directory.expanduser().resolve()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}-", dir=directory.parent))
+    try:
+        for item in source.iterdir():
+            shutil.copy2(item, tmp / item.name)
+        embedder.backbone.tokenizer.save_pretrained(tmp)
+        meta = {
+            "format": FORMAT_VERSION,
+            "base_model": embedder.backbone.name,
+            "is_decoder": embedder.backbone.is_decoder,
+            "strategy": embedder.config.to_dict(),
+            "backend": embedder.backend.describe(),
+        }
+        atomic_write_text(tmp / STRATEGY_FILE, json.dumps(meta, indent=2))
+        if directory.exists():
+            old = directory.with_name(f".old-{directory.name}-{tmp.name[-8:]}")
+            directory.rename(old)
+            tmp.rename(directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
 
 
 def _read_saved(name_or_path: str) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from lmembed.cli import cache, encode, evaluate, experiment, index, mine, models, serve, train
+from lmembed.cli import cache, encode, evaluate, experiment, export, index, mine, models, serve, train
 from lmembed.cli.boundary import GuardedGroup
 from lmembed.paths import DEBUG_ENV_VAR
 
@@ -39,6 +39,7 @@ app.command("mine")(mine.mine)
 app.add_typer(index.app, name="index")
 app.command("search")(index.search)
 app.command("serve")(serve.serve)
+app.command("export")(export.export)
 
 
 def main() -> None:  # pragma: no cover - the console-script entry point

@@ -309,6 +309,25 @@ class EncodingEngine:
                 if on_batch is not None:
                     on_batch(batch.rows)
 
+    def prepare_backend(self, configs: Sequence[EmbeddingConfig], instruction: str | None = None) -> Path:
+        """Build (or load) the backend's graph for ``configs`` without encoding anything; returns its export
+        folder (ONNX backend only)."""
+        folder = getattr(self.backend, "graph_folder", None)
+        if folder is None:
+            raise ValueError(f"the {self.backend.name} backend has no exported graph")
+        lead = configs[0]
+        builder = InputBuilder(
+            self.backbone.tokenizer,
+            lead,
+            is_decoder=self.backbone.is_decoder,
+            max_length=resolve_max_length(self.backbone, lead.max_length),
+        )
+        mode = lead.attention if self.backbone.is_decoder else "bidirectional"
+        self.backend.prepare(
+            configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=32), pool=self._pool
+        )
+        return folder(configs, mode)
+
     def _prepare_attention(self, mode: str) -> None:
         # The mode lives on the model: several engines (Embedders) may share one model and switch it.
         if not self.backbone.is_decoder or configured_mode(self.backbone.model) == mode:

@@ -17,35 +17,43 @@ back in input order with their ids, bit for bit those of ``Embedder.encode`` wit
 Training does not go through here: it stays on ``accelerate``/torchrun (``configs/accelerate/``).
 """
 
-from lmembed.scale.engines import ENGINES, Engine, LocalEngine, make_engine
-from lmembed.scale.errors import BadRowError, EngineUnavailableError, ScaleError, WorkerLostError
-from lmembed.scale.job import DEFAULT_SHARD_ROWS, EncodeJob, JobReport
-from lmembed.scale.progress import Progress
-from lmembed.scale.sharded import EncodedCorpus, ShardedEmbedder, as_source, encode_corpus, scaled
-from lmembed.scale.sources import CorpusSource, memory_source, open_source, parquet_source
-from lmembed.scale.work import EmbedderSpec
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_SHARD_ROWS",
-    "ENGINES",
-    "BadRowError",
-    "CorpusSource",
-    "EmbedderSpec",
-    "EncodeJob",
-    "EncodedCorpus",
-    "Engine",
-    "EngineUnavailableError",
-    "JobReport",
-    "LocalEngine",
-    "Progress",
-    "ScaleError",
-    "ShardedEmbedder",
-    "WorkerLostError",
-    "as_source",
-    "encode_corpus",
-    "make_engine",
-    "memory_source",
-    "open_source",
-    "parquet_source",
-    "scaled",
-]
+import importlib
+from typing import Any
+
+#: Public names and the module that defines each. They load on first use, so that a worker process that
+#: only plans (:mod:`lmembed.scale.planning`) never imports torch.
+_EXPORTS = {
+    "ENGINES": "engines",
+    "Engine": "engines",
+    "LocalEngine": "engines",
+    "make_engine": "engines",
+    "BadRowError": "errors",
+    "EngineUnavailableError": "errors",
+    "ScaleError": "errors",
+    "WorkerLostError": "errors",
+    "DEFAULT_SHARD_ROWS": "job",
+    "EncodeJob": "job",
+    "JobReport": "job",
+    "Progress": "progress",
+    "EncodedCorpus": "sharded",
+    "ShardedEmbedder": "sharded",
+    "as_source": "sharded",
+    "encode_corpus": "sharded",
+    "scaled": "sharded",
+    "CorpusSource": "sources",
+    "memory_source": "sources",
+    "open_source": "sources",
+    "parquet_source": "sources",
+    "EmbedderSpec": "work",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:  # lazy: see _EXPORTS
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lmembed.scale' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"lmembed.scale.{module}"), name)

@@ -16,8 +16,9 @@ import pyarrow as pa
 
 from lmembed.embedder import Embedder
 from lmembed.scale.errors import EngineUnavailableError
+from lmembed.scale.planning import Planner, PlanSettings
 from lmembed.scale.sources import CorpusSource
-from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, Planner, PlanSettings, ShardEncoder, ShardSettings
+from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, ShardEncoder, ShardSettings
 
 ENGINES = ("local", "ray")
 

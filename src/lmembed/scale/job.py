@@ -36,19 +36,14 @@ import pyarrow as pa
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder, check_strategy, postprocess
 from lmembed.encoding.cache import EmbeddingCache, read_shard
+from lmembed.encoding.engine import resolve_max_length
 from lmembed.scale.engines import Engine, describe
 from lmembed.scale.errors import ScaleError
 from lmembed.scale.plan import ShardPlan, build_plan
+from lmembed.scale.planning import STAGING_DIR, PlanSettings
 from lmembed.scale.progress import ProgressCallback, ProgressTracker
 from lmembed.scale.sources import CorpusSource
-from lmembed.scale.work import (
-    STAGING_DIR,
-    EmbedderSpec,
-    PlanSettings,
-    ShardSettings,
-    model_fingerprint,
-    shard_name,
-)
+from lmembed.scale.work import EmbedderSpec, ShardSettings, model_fingerprint, shard_name
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +212,15 @@ class EncodeJob:
         if self.staging.exists():
             shutil.rmtree(self.staging)
         self.staging.mkdir(parents=True)
-        settings = PlanSettings.for_embedder(self.embedder, self.configs[0], self.instruction, self.staging)
+        backbone = self.embedder.backbone
+        settings = PlanSettings(
+            tokenizer=backbone.tokenizer,
+            config=self.configs[0],
+            is_decoder=backbone.is_decoder,
+            max_length=resolve_max_length(backbone, self.configs[0].max_length),
+            instruction=self.instruction,
+            staging_dir=str(self.staging),
+        )
         tables = list(engine.plan(self.source, settings))
         table = pa.concat_tables(tables) if tables else _empty_plan_table()
         plan = build_plan(table, self.shard_rows, unique_ids=self.source.unique_ids)
@@ -274,7 +277,8 @@ class EncodeJob:
             out = np.empty((plan.n_rows, self._dim(config)), dtype=STORAGE_DTYPES[dtype])
             self._fill(out, plan, index)
             return out
-        target = Path(output) if output is not None else self.folder / f"vectors-{config.fingerprint()[:16]}-{dtype}.npy"
+        name = f"vectors-{config.fingerprint()[:16]}-{dtype}.npy"
+        target = Path(output) if output is not None else self.folder / name
         if output is not None or not target.is_file():
             self._write_matrix(target, plan, index, dtype)
         return np.load(target, mmap_mode="r")

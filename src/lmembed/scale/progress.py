@@ -28,7 +28,8 @@ class Progress:
         """A one-line summary, e.g. ``encode: 5/12 shards, 20,480/49,152 texts, 812 texts/s, ETA 35 s, 2 workers``."""
         eta = "-" if self.eta_s is None else f"{self.eta_s:,.0f} s"
         return (
-            f"{self.stage}: {self.shards_done}/{self.shards_total} shards, {self.rows_done:,}/{self.rows_total:,} texts, "
+            f"{self.stage}: {self.shards_done}/{self.shards_total} shards, "
+            f"{self.rows_done:,}/{self.rows_total:,} texts, "
             f"{self.rows_per_s:,.0f} texts/s, ETA {eta}, {self.workers} worker{'s' if self.workers != 1 else ''}"
         )
 

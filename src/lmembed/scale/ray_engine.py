@@ -25,7 +25,6 @@ import os
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -39,16 +38,9 @@ from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
 from lmembed.models.loading import weights_fingerprint
 from lmembed.scale.errors import ScaleError, WorkerLostError
-from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource, SourcePart
-from lmembed.scale.work import (
-    EmbedderSpec,
-    ModelProvider,
-    Planner,
-    PlanSettings,
-    ShardEncoder,
-    ShardSettings,
-    Snapshot,
-)
+from lmembed.scale.planning import PlanSettings, plan_block
+from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource
+from lmembed.scale.work import EmbedderSpec, ModelProvider, ShardEncoder, ShardSettings, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +52,6 @@ LOST = (
     ray.exceptions.NodeDiedError,
     ray.exceptions.OutOfMemoryError,
 )
-
-
-def _read_part(part: SourcePart) -> Iterator[pa.Table]:
-    yield from part.read_arrow()
-
-
-_planners: dict[str, Planner] = {}
-
-
-def plan_block(block: pa.Table, settings: PlanSettings) -> pa.Table:
-    """The plan pass as a Ray task: one :class:`Planner` per worker process and job, reused across blocks."""
-    planner = _planners.get(settings.staging_dir)
-    if planner is None:
-        _planners.clear()
-        planner = _planners[settings.staging_dir] = Planner(settings)
-    return planner(block)
 
 
 class CorpusDatasource(Datasource):
@@ -96,7 +72,7 @@ class CorpusDatasource(Datasource):
     ) -> list[ReadTask]:
         return [
             ReadTask(
-                partial(_read_part, part),
+                part.read_arrow,  # a method of a torch-free module: read tasks start fast
                 BlockMetadata(num_rows=part.row_count, size_bytes=None, input_files=part.files, exec_stats=None),
                 schema=BLOCK_SCHEMA,
                 per_task_row_limit=per_task_row_limit,
@@ -261,7 +237,7 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
                 stack.append(inner)
 
 
-class _translated_errors:  # noqa: N801 - used as a context manager, reads as a phrase
+class _translated_errors:
     """Turn what Ray raises into one lmembed error: the error our code raised on a worker (a bad row,
     a changed model ...), or :class:`WorkerLostError` when a worker died too often."""
 

@@ -255,7 +255,9 @@ class ParquetPart(SourcePart):
             for i, text in enumerate(texts):
                 if not isinstance(text, str):
                     raise DataFormatError(
-                        self.path, None, f"row {in_file + i}: column {self.text_column!r} is not a string ({text!r:.40})"
+                        self.path,
+                        None,
+                        f"row {in_file + i}: column {self.text_column!r} is not a string ({text!r:.40})",
                     )
             if titles is not None:
                 texts = [((t or "") + " " + x).strip() for t, x in zip(titles, texts, strict=True)]
@@ -294,7 +296,11 @@ class MemoryPart(SourcePart):
         for start in range(0, len(self.texts), BLOCK_ROWS):
             texts = self.texts[start : start + BLOCK_ROWS]
             first = self.first_row + start
-            ids = self.ids[start : start + BLOCK_ROWS] if self.ids is not None else [str(first + i) for i in range(len(texts))]
+            ids = (
+                self.ids[start : start + BLOCK_ROWS]
+                if self.ids is not None
+                else [str(first + i) for i in range(len(texts))]
+            )
             yield RowBlock(
                 rows=np.arange(first, first + len(texts), dtype=np.int64),
                 lines=np.full(len(texts), -1, dtype=np.int64),
@@ -397,7 +403,9 @@ def parquet_source(
             groups.append(group)
             rows_in_groups += meta.row_group(group).num_rows
             if rows_in_groups >= 4 * BLOCK_ROWS:
-                parts.append(ParquetPart(str(file), groups, first, rows_before, rows_in_groups, text_column, title, ident))
+                parts.append(
+                    ParquetPart(str(file), groups, first, rows_before, rows_in_groups, text_column, title, ident)
+                )
                 first += rows_in_groups
                 rows_before += rows_in_groups
                 groups, rows_in_groups = [], 0

@@ -1,17 +1,16 @@
-"""The unit of work, the same on every engine: *plan a block of rows*, and *encode shard i of n into the cache*.
+"""The encode pass's unit of work, the same on every engine: *encode shard i of n into the cache*.
 
-:class:`Planner` (the plan pass, one call per block of rows): checks every text, computes its cache key
-and token count, and stages the texts in an Arrow file under the job folder, from which any worker can
-later read any row without reading the corpus again.
+(The plan pass's unit, :class:`~lmembed.scale.planning.Planner`, lives in :mod:`lmembed.scale.planning`,
+which does not import torch, so planning workers start fast.)
 
-:class:`ShardEncoder` (the encode pass, one call per shard): loads the Embedder once (per actor on Ray,
+:class:`ShardEncoder` (one call per shard): loads the Embedder once (per actor on Ray,
 once in-process locally), reads the shard's texts from the staging files in plan order, encodes them
 with the engine's public ``encode_raw`` (no cache of its own), and writes one named cache shard per
 strategy, atomically (:meth:`lmembed.encoding.cache.EmbeddingCache.store_shard`). A shard that is on disk
 is complete; a job that resumes skips it.
 
-Both are plain callables over Arrow tables / NumPy batches, so the local engine calls them directly and
-the Ray engine hands them to Ray Data's ``map_batches`` as callable classes.
+It is a plain callable over NumPy batches, so the local engine calls it directly and the Ray engine hands
+it to Ray Data's ``map_batches`` as a callable class (an actor pool).
 """
 
 from __future__ import annotations
@@ -29,19 +28,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from lmembed.atomic import atomic_write
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
-from lmembed.encoding.engine import EncodingEngine, resolve_max_length
-from lmembed.encoding.inputs import InputBuilder, check_encodable
-from lmembed.errors import LmembedError
+from lmembed.encoding.engine import EncodingEngine
 from lmembed.models.loading import weights_fingerprint
 from lmembed.scale.errors import BadRowError, ScaleError
-from lmembed.scale.plan import ShardPlan, halves_from_key
+from lmembed.scale.plan import ShardPlan
+from lmembed.scale.planning import describe_error, staging_file
 from lmembed.scale.sources import locate
 
-STAGING_DIR = "staging"
 OPEN_STAGING_FILES = 64
 
 
@@ -57,10 +53,6 @@ def model_fingerprint(embedder: Embedder, config: EmbeddingConfig) -> str:
 def shard_name(job_id: str, shard: int) -> str:
     """The cache-file name (without ``.npz``) of shard ``shard`` of job ``job_id``."""
     return f"shard-{job_id}-{shard:06d}"
-
-
-def staging_file(folder: str | Path, stage: int) -> Path:
-    return Path(folder) / f"{stage:012d}.arrow"
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -155,90 +147,6 @@ def move_to(embedder: Embedder, device: str) -> Embedder:
     return embedder
 
 
-# ---------------------------------------------------------------------------------------------- plan pass
-@dataclass(frozen=True)
-class PlanSettings:
-    """What the plan pass needs (small and picklable: the tokenizer, not the model)."""
-
-    tokenizer: Any
-    config: EmbeddingConfig
-    is_decoder: bool
-    max_length: int
-    instruction: str | None
-    staging_dir: str
-
-    @classmethod
-    def for_embedder(
-        cls, embedder: Embedder, config: EmbeddingConfig, instruction: str | None, staging_dir: str | Path
-    ) -> PlanSettings:
-        return cls(
-            tokenizer=embedder.backbone.tokenizer,
-            config=config,
-            is_decoder=embedder.backbone.is_decoder,
-            max_length=resolve_max_length(embedder.backbone, config.max_length),
-            instruction=instruction,
-            staging_dir=str(staging_dir),
-        )
-
-
-class Planner:
-    """Plan-pass callable: one block of rows (Arrow: row, line, id, text, origin) in, its plan columns out."""
-
-    def __init__(self, settings: PlanSettings) -> None:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.settings = settings
-        self.builder = InputBuilder(
-            settings.tokenizer, settings.config, is_decoder=settings.is_decoder, max_length=settings.max_length
-        )
-
-    def __call__(self, block: pa.Table) -> pa.Table:
-        rows = block.column("row").to_numpy()
-        lines = block.column("line").to_numpy()
-        texts = block.column("text").to_pylist()
-        ids = block.column("id").to_pylist()
-        origins = block.column("origin").to_pylist()
-        n = len(texts)
-        k0 = np.empty(n, dtype=np.uint64)
-        k1 = np.empty(n, dtype=np.uint64)
-        lengths = np.empty(n, dtype=np.int32)
-        instruction = self.settings.instruction
-        for i, text in enumerate(texts):
-            try:
-                if not isinstance(text, str):
-                    raise TypeError(f"text is {type(text).__name__}, not a str")
-                check_encodable(text, "text")
-                k0[i], k1[i] = halves_from_key(text_key(text, instruction))
-                lengths[i] = len(self.builder.build(text, instruction))
-            except Exception as exc:
-                place = locate(origins[i], int(rows[i]), int(lines[i]))
-                raise BadRowError(f"{place} (row {int(rows[i])}, id {ids[i]!r}): {_describe(exc)}") from None
-        stage = int(rows.min()) if n else 0
-        staged = block.select(["row", "line", "id", "text", "origin"])
-        atomic_write(staging_file(self.settings.staging_dir, stage), lambda handle: _write_ipc(handle, staged))
-        return pa.table(
-            {
-                "row": pa.array(rows, pa.int64()),
-                "k0": pa.array(k0, pa.uint64()),
-                "k1": pa.array(k1, pa.uint64()),
-                "length": pa.array(lengths, pa.int32()),
-                "stage": pa.array(np.full(n, stage, dtype=np.int64), pa.int64()),
-                "offset": pa.array(np.arange(n, dtype=np.int32), pa.int32()),
-                "id": pa.array(ids, pa.string()),
-                "line": pa.array(lines, pa.int64()),
-                "origin": block.column("origin"),
-            }
-        )
-
-
-def _write_ipc(handle, table: pa.Table) -> None:
-    with pa.ipc.new_file(handle, table.schema) as writer:
-        writer.write_table(table)
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, LmembedError) else f"{type(exc).__name__}: {exc}"
-
-
 # ---------------------------------------------------------------------------------------------- encode pass
 @dataclass(frozen=True)
 class ShardSettings:
@@ -268,8 +176,8 @@ class ShardEncoder:
         found = tuple(model_fingerprint(embedder, cfg) for cfg in settings.configs)
         if found != settings.model_fingerprints:
             raise ScaleError(
-                f"this worker loaded weights {found[0][:16]} but the job was planned for {settings.model_fingerprints[0][:16]}: "
-                "the model changed on disk, or workers see another copy of it"
+                f"this worker loaded weights {found[0][:16]} but the job was planned for "
+                f"{settings.model_fingerprints[0][:16]}: the model changed on disk, or workers see another copy of it"
             )
         self.engine = EncodingEngine(
             embedder.backbone, pooling_head=embedder.pooling_head, use_cache=False, show_progress=False
@@ -326,8 +234,12 @@ class ShardEncoder:
             try:
                 self.engine.encode_raw([text], self.settings.configs, instruction=self.settings.instruction)
             except Exception as exc:
-                raise BadRowError(f"{place} (row {int(row)}, id {doc_id!r}): encoding failed: {_describe(exc)}") from None
-        raise ScaleError(f"shard {shard} failed ({_describe(error)}), though each of its rows encodes on its own") from None
+                raise BadRowError(
+                    f"{place} (row {int(row)}, id {doc_id!r}): encoding failed: {describe_error(exc)}"
+                ) from None
+        raise ScaleError(
+            f"shard {shard} failed ({describe_error(error)}), though each of its rows encodes on its own"
+        ) from None
 
     def _texts(self, rows: np.ndarray) -> tuple[list[str], list[str], list[str]]:
         stages = np.asarray(self.plan.stage_of_row[rows])
@@ -339,7 +251,9 @@ class ShardEncoder:
             where = np.flatnonzero(stages == stage)
             taken = self._staging(int(stage)).take(pa.array(offsets[where]))
             if not np.array_equal(taken.column("row").to_numpy(), rows[where]):
-                raise ScaleError(f"staging file {staging_file(self.settings.staging_dir, int(stage))} does not match the plan")
+                raise ScaleError(
+                    f"staging file {staging_file(self.settings.staging_dir, int(stage))} does not match the plan"
+                )
             lines = taken.column("line").to_pylist()
             origins = taken.column("origin").to_pylist()
             for j, text, doc_id, line, origin in zip(
@@ -355,7 +269,9 @@ class ShardEncoder:
         if table is None:
             path = staging_file(self.settings.staging_dir, stage)
             if not path.is_file():
-                raise ScaleError(f"staging file {path} is missing: plan the job again (delete {self.settings.plan_dir})")
+                raise ScaleError(
+                    f"staging file {path} is missing: plan the job again (delete {self.settings.plan_dir})"
+                )
             table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
             while len(self._staged) >= OPEN_STAGING_FILES:
                 self._staged.popitem(last=False)

@@ -6,14 +6,18 @@ up, so the next pass takes everything that fits. A pass is bounded by ``max_batc
 tokens (texts x the longest of them), not by a number of requests or texts.
 
 Which texts form the next pass: the oldest waiting text always goes (so none waits forever), with the
-group's other texts closest to it in length, as many as the budget allows (similar lengths waste little
-compute on padding). A single text longer than the budget goes alone.
+group's other texts closest to it in length, as many as the budget allows while at least ``MIN_FILL``
+(3/4) of the pass's padded tokens are real ones: texts of very different lengths go to different passes,
+so little compute goes to padding. A single text longer than the budget goes alone.
 
 Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=...)`` with the
-pass's texts in arrival order, the call ``Embedder.encode`` makes: a served vector is the vector
-``Embedder.encode`` gives for the same texts in the same pass, bit for bit (for a request alone in its
-pass, that is ``Embedder.encode`` of the request's texts). Vectors are returned raw (before
-normalisation and Matryoshka truncation), so requests asking for different ``dimensions`` share passes.
+pass's texts in arrival order and one forward batch, the call ``Embedder.encode`` makes: a served vector
+is, bit for bit, the vector ``Embedder.encode(texts_of_its_pass, batch_size=len(texts_of_its_pass))``
+gives (for a request whose texts form a pass alone, that is ``Embedder.encode`` of the request). Against
+the same text encoded in another batch it differs by float rounding only: CPU and GPU matrix kernels are
+not batch-invariant (a row's result depends on how many rows share the multiplication), so no server that
+shares passes can promise more. Vectors are returned raw (before normalisation and Matryoshka
+truncation), so requests asking for different ``dimensions`` share passes.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from lmembed.serving.errors import ApiError
 from lmembed.serving.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
+
+#: A pass keeps at least this share of its padded tokens real (texts of very different lengths go to
+#: different passes: the compute of a pass grows with texts x longest, padding included).
+MIN_FILL = 0.75
 
 
 @dataclass(eq=False)
@@ -62,23 +70,32 @@ class _Group:
     items: list[_Item] = field(default_factory=list)
 
 
-def select_window(lengths: Sequence[int], oldest: int, budget: int) -> list[int]:
-    """Positions (into ``lengths``) of the next pass: ``oldest`` plus the texts nearest to it in length,
-    as many as fit ``len(chosen) * max(length) <= budget``; ``oldest`` alone if even that does not fit."""
+def select_window(lengths: Sequence[int], oldest: int, budget: int, min_fill: float = MIN_FILL) -> list[int]:
+    """Positions (into ``lengths``) of the next pass: ``oldest`` plus the texts nearest to it in length, as
+    many as keep ``len(chosen) * max(length) <= budget`` (the token budget) and ``sum(length) >= min_fill *
+    len(chosen) * max(length)`` (little padding); ``oldest`` alone if nothing else fits."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    pos = order.index(oldest)
-    lo = hi = pos
+    lo = hi = order.index(oldest)
     target = lengths[oldest]
+    total = target
+
+    def fits(count: int, longest: int, tokens: int) -> bool:
+        return count * longest <= budget and tokens >= min_fill * count * longest
+
     while True:
-        size = hi - lo + 2
-        left = lo - 1 if lo > 0 and size * lengths[order[hi]] <= budget else None
-        right = hi + 1 if hi + 1 < len(order) and size * lengths[order[hi + 1]] <= budget else None
+        count, longest = hi - lo + 2, lengths[order[hi]]
+        left = lo - 1 if lo > 0 and fits(count, longest, total + lengths[order[lo - 1]]) else None
+        right = None
+        if hi + 1 < len(order) and fits(count, lengths[order[hi + 1]], total + lengths[order[hi + 1]]):
+            right = hi + 1
         if left is None and right is None:
             break
         if right is None or (left is not None and target - lengths[order[left]] <= lengths[order[right]] - target):
             lo = left
+            total += lengths[order[lo]]
         else:
             hi = right
+            total += lengths[order[hi]]
     return order[lo : hi + 1]
 
 

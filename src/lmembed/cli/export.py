@@ -1,0 +1,60 @@
+"""``lmembed export``: write a deployable ONNX graph of a model and strategy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from lmembed.cli.options import (
+    AttentionOpt,
+    EchoOpt,
+    LayerOpt,
+    MaxLenOpt,
+    ModelOpt,
+    PoolingOpt,
+    check_input_file,
+    check_writable,
+    load_embedder,
+    model_options,
+)
+from lmembed.io import read_text_lines
+
+console = Console(stderr=True)
+FORMATS = ("onnx",)
+PRECISIONS = ("float32", "int8")
+
+
+def export(
+    directory: Annotated[Path, typer.Argument(help="Folder to write (replaced atomically if it exists).")],
+    model: ModelOpt = "minilm",
+    format: Annotated[str, typer.Option("--format", help="Graph format: onnx.")] = "onnx",
+    precision: Annotated[
+        str, typer.Option("--precision", help="float32, or int8 (needs --calibration; quality-gated).")
+    ] = "float32",
+    calibration: Annotated[
+        Path | None,
+        typer.Option("--calibration", help="Text file, one text per line: int8 calibration texts (a few hundred)."),
+    ] = None,
+    pooling: PoolingOpt = None,
+    layer: LayerOpt = None,
+    attention: AttentionOpt = None,
+    echo: EchoOpt = None,
+    max_length: MaxLenOpt = None,
+) -> None:
+    """Export MODEL with its strategy: model.onnx returns exactly the hidden states the strategy pools (pooling stays
+    in lmembed), beside manifest.json, the tokenizer and lmembed.json. Exports are cached by weights, strategy and
+    runtime versions; `backend="onnx"` in Python runs the same graph."""
+    if format not in FORMATS:
+        raise typer.BadParameter(f"{format!r}: the only format is {', '.join(FORMATS)}", param_hint="--format")
+    if precision not in PRECISIONS:
+        raise typer.BadParameter(f"{precision!r}: choose {' or '.join(PRECISIONS)}", param_hint="--precision")
+    if precision == "int8" and calibration is None:
+        raise typer.BadParameter("int8 needs calibration texts: --calibration FILE", param_hint="--calibration")
+    texts = read_text_lines(check_input_file(calibration, "--calibration")) if calibration is not None else None
+    check_writable(directory, "DIRECTORY", folder=True)
+    emb = load_embedder(model, backend="onnx", precision=precision, **model_options(locals()))
+    out = emb.export(directory, format, calibration=texts)
+    console.print(f"exported {emb.name} ({emb.config.label()}, {precision}) to {out}")

@@ -1,0 +1,201 @@
+"""Backends: ONNX Runtime gives the torch vectors for every strategy, exports are cached and keyed, the embedding
+cache keeps backends apart, token-budget batching and batched tokenisation change no vector."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.encoding.backends import BackendError, make_backend
+from lmembed.encoding.engine import plan_batches
+from lmembed.encoding.inputs import InputBuilder
+
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (pip install 'lmembed[onnx]')")
+
+from conftest import tiny_model
+
+TEXTS = [
+    "the cat sat on the mat",
+    "hello",
+    "a much longer text that forces padding of the first one and more words here",
+    "",
+    "protein gene study result",
+    "the dog was riding a horse in the movie",
+]
+DECODER_STRATEGIES = [
+    {"pooling": "mean"},
+    {"pooling": "last"},
+    {"pooling": "weighted_mean", "layer": (1, 2), "final_norm": True},
+    {"pooling": "mean", "layer": -1, "final_norm": False},
+    {"pooling": "cls", "layer": 1},
+    {"pooling": "mean", "echo": True},
+]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_exports(tmp_path, monkeypatch, one_torch_thread):
+    monkeypatch.setenv("LMEMBED_HOME", str(tmp_path / "home"))
+
+
+def _pair(family, tokenizer, **strategy):
+    model = tiny_model(family, len(tokenizer))
+    config = EmbeddingConfig(**strategy)
+    kwargs = {"use_cache": False, "show_progress": False}
+    ref = Embedder.from_model(model, tokenizer, config, **kwargs)
+    onnx = Embedder.from_model(model, tokenizer, config, backend="onnx", threads=1, **kwargs)
+    return ref, onnx
+
+
+def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float((a * b).sum(1).min())
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_onnx_encoder_matches_torch(tokenizer, pooling):
+    ref, onnx = _pair("bert", tokenizer, pooling=pooling)
+    assert onnx.backend.name == "onnx"
+    assert _min_cos(ref.encode(TEXTS, batch_size=4), onnx.encode(TEXTS, batch_size=4)) >= 0.9999
+
+
+@pytest.mark.parametrize("attention", ["causal", "bidirectional"])
+@pytest.mark.parametrize("strategy", DECODER_STRATEGIES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_onnx_decoder_matches_torch_for_every_strategy(tokenizer, attention, strategy):
+    ref, onnx = _pair("llama", tokenizer, attention=attention, **strategy)
+    for instruction in (None, "retrieve a document"):
+        want = ref.encode(TEXTS, batch_size=3, instruction=instruction)
+        got = onnx.encode(TEXTS, batch_size=3, instruction=instruction)
+        assert _min_cos(want, got) >= 0.9999, (strategy, attention, instruction)
+
+
+def test_bidirectional_graph_differs_from_causal_and_is_probed(tokenizer):
+    _, causal = _pair("qwen2", tokenizer, attention="causal")
+    _, bidir = _pair("qwen2", tokenizer, attention="bidirectional")
+    assert _min_cos(causal.encode(TEXTS[:3]), bidir.encode(TEXTS[:3])) < 0.999
+
+
+def test_one_forward_group_exports_one_graph_with_every_readout(tokenizer, tmp_path):
+    ref, onnx = _pair("llama", tokenizer)
+    configs = [EmbeddingConfig(pooling=p, layer=layer) for p in ("mean", "last") for layer in (-1, 1)]
+    want = ref.encode_strategies(TEXTS, configs)
+    got = onnx.encode_strategies(TEXTS, configs)
+    for w, g in zip(want, got, strict=True):
+        assert _min_cos(w, g) >= 0.9999
+    folders = [p for p in (tmp_path / "home" / "exports").iterdir() if not p.name.startswith(".")]
+    assert len(folders) == 1  # two readouts (layers -1 and 1), one graph
+    assert json.loads((folders[0] / "manifest.json").read_text())["parts"]["readouts"] == ["L2", "L1"]
+
+
+def test_exports_are_cached_and_keyed(tokenizer, tmp_path):
+    model = tiny_model("bert", len(tokenizer))
+    first = Embedder.from_model(model, tokenizer, backend="onnx", use_cache=False, show_progress=False)
+    first.encode(TEXTS)
+    root = tmp_path / "home" / "exports"
+    (folder,) = list(root.iterdir())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert {"torch", "transformers", "onnxruntime"} <= set(manifest["parts"]["versions"])
+    assert manifest["parts"]["weights"] == first.backbone.fingerprint()
+    stamp = (folder / "model.onnx").stat().st_mtime_ns
+    again = Embedder.from_model(model, tokenizer, backend="onnx", use_cache=False, show_progress=False)
+    again.encode(TEXTS)
+    assert (folder / "model.onnx").stat().st_mtime_ns == stamp  # loaded, not exported again
+    other = Embedder.from_model(model, tokenizer, EmbeddingConfig(layer=1), backend="onnx", use_cache=False)
+    other.encode(TEXTS)
+    assert len(list(root.iterdir())) == 2  # another readout, another graph; no temporary folder left behind
+
+
+def test_embedding_cache_keeps_backends_apart(tokenizer, tmp_path):
+    model = tiny_model("bert", len(tokenizer))
+    cache = tmp_path / "cache"
+    torch_emb = Embedder.from_model(model, tokenizer, cache_dir=cache, show_progress=False)
+    onnx_emb = Embedder.from_model(model, tokenizer, cache_dir=cache, backend="onnx", show_progress=False)
+    torch_emb.encode(TEXTS)
+    onnx_emb.encode(TEXTS)
+    keys = sorted(p.name for p in cache.iterdir())
+    fingerprint = torch_emb.backbone.fingerprint()
+    assert keys == sorted([fingerprint, f"{fingerprint}-onnx-float32"])
+
+
+def test_unknown_backend_and_precision_are_refused(tokenizer):
+    model = tiny_model("bert", len(tokenizer))
+    emb = Embedder.from_model(model, tokenizer, use_cache=False)
+    with pytest.raises(BackendError, match="backend='tpu' is unknown"):
+        make_backend(emb.backbone, "tpu")
+    with pytest.raises(BackendError, match="precision='int4' is unknown"):
+        make_backend(emb.backbone, "onnx", "int4")
+    with pytest.raises(BackendError, match="loaded dtype"):
+        make_backend(emb.backbone, "torch", "bfloat16")
+
+
+def test_plan_batches_respects_count_and_token_budget():
+    lengths = [5, 40, 7, 7, 12, 3, 40, 9, 100]
+    batches = plan_batches(lengths, batch_size=4, max_batch_tokens=60)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) <= 4
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 60
+    assert batches[0] == [8]  # longest first; longer than the budget, so alone
+    assert plan_batches(lengths, batch_size=4) == [[8, 1, 6, 4], [7, 2, 3, 0], [5]]
+
+
+def test_token_budget_batches_give_the_same_vectors(tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    plain = Embedder.from_model(model, tokenizer, use_cache=False, show_progress=False)
+    budget = Embedder.from_model(model, tokenizer, use_cache=False, show_progress=False, max_batch_tokens=24)
+    np.testing.assert_allclose(plain.encode(TEXTS, batch_size=8), budget.encode(TEXTS, batch_size=8), atol=2e-6)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+@pytest.mark.parametrize("instruction", [None, "retrieve a document"])
+def test_batched_tokenisation_equals_one_by_one(tokenizer, echo, instruction):
+    cfg = EmbeddingConfig(pooling="last", echo=echo)
+    builder = InputBuilder(tokenizer, cfg, is_decoder=True, max_length=24)
+    texts = [*TEXTS, " ".join(["protein"] * 60)]  # the last one is truncated
+    assert builder.build_all(texts, instruction) == [builder.build(t, instruction) for t in texts]
+
+
+def test_export_command_writes_a_graph_that_gives_the_torch_vectors(tokenizer, tmp_path):
+    # lazy: onnxruntime is optional (the module is skipped without it)
+    import onnxruntime as ort
+    from typer.testing import CliRunner
+
+    from lmembed.cli.app import app
+    from lmembed.pooling.poolers import mean_pool
+
+    saved = tmp_path / "model"
+    Embedder.from_model(tiny_model("bert", len(tokenizer)), tokenizer, use_cache=False).save(saved)
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(out), "--model", str(saved), "--format", "onnx", "--no-cache"])
+    assert result.exit_code != 0 and "--no-cache" in result.output  # export has no cache option
+    result = CliRunner().invoke(app, ["export", str(out), "--model", str(saved), "--format", "onnx"])
+    assert result.exit_code == 0, result.output
+    assert {"model.onnx", "manifest.json", "lmembed.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    ref = Embedder.from_pretrained(str(saved), cache=False, show_progress=False)
+    features = InputBuilder(tokenizer, ref.config, is_decoder=False, max_length=64).build_all(TEXTS[:3])
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    for text, feat in zip(TEXTS[:3], features, strict=True):
+        ids = np.array([feat.input_ids], dtype=np.int64)
+        (states,) = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        vec = mean_pool(torch.from_numpy(states), torch.tensor([feat.pool_mask])).numpy()
+        assert _min_cos(vec, ref.encode([text], batch_size=1)) >= 0.9999
+    bad = CliRunner().invoke(app, ["export", str(out), "--model", str(saved), "--format", "tflite"])
+    assert bad.exit_code == 2 and "the only format is onnx" in bad.output
+
+
+@pytest.mark.gpu
+def test_gpu_half_precision_sdpa_agrees_with_cpu_float32(tokenizer):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = tiny_model("llama", len(tokenizer))
+    ref = Embedder.from_model(model, tokenizer, EmbeddingConfig(attention="bidirectional"), use_cache=False)
+    want = ref.encode(TEXTS)
+    for dtype in (torch.bfloat16, torch.float16):
+        gpu_model = tiny_model("llama", len(tokenizer)).to("cuda", dtype)
+        emb = Embedder.from_model(gpu_model, tokenizer, EmbeddingConfig(attention="bidirectional"), use_cache=False)
+        assert emb.backend.precision == str(dtype).removeprefix("torch.")
+        assert _min_cos(want, emb.encode(TEXTS)) >= 0.99

@@ -1,0 +1,119 @@
+"""int8: calibrated on the user's texts, keyed apart from float32 in the embedding cache, checked by a quality gate
+that warns with the gap; torch's own dynamic int8 stays available."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.encoding.backends import BackendError, quality
+from lmembed.encoding.backends.int8 import int8_error
+from lmembed.encoding.backends.quality import gate, neighbour_ndcg
+from lmembed.models.loading import quantize_int8
+
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (pip install 'lmembed[onnx]')")
+
+from conftest import WORDS, tiny_model
+
+RNG = np.random.default_rng(0)
+TEXTS = [" ".join(RNG.choice(WORDS, size=int(RNG.integers(3, 20)))) for _ in range(48)]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_exports(tmp_path, monkeypatch, one_torch_thread):
+    monkeypatch.setenv("LMEMBED_HOME", str(tmp_path / "home"))
+
+
+def test_gate_of_identical_vectors_passes():
+    x = RNG.normal(size=(20, 8))
+    report = gate(x, x.copy())
+    assert report.passed and report.min_cosine == pytest.approx(1.0) and report.neighbour_ndcg_at_10 == 1.0
+
+
+def test_gate_reports_shortfall_with_the_gap():
+    x = RNG.normal(size=(30, 8))
+    noisy = x + RNG.normal(scale=0.5, size=x.shape)
+    report = gate(x, noisy)
+    assert not report.passed
+    (cos_line, *_) = report.shortfalls()
+    assert f"by {quality.MIN_COSINE - report.min_cosine:.4f}" in cos_line
+
+
+def test_neighbour_ndcg_drops_when_rankings_change():
+    x = RNG.normal(size=(25, 6))
+    assert neighbour_ndcg(x, x) == 1.0
+    assert neighbour_ndcg(x, RNG.normal(size=x.shape)) < 0.6
+
+
+def test_int8_error_is_small_for_plain_and_large_for_outlier_activations():
+    w = RNG.normal(size=(64, 32)).astype(np.float32)
+    x = RNG.normal(size=(256, 64)).astype(np.float32)
+    assert int8_error(x, w) < 0.02
+    x[:, 3] *= 300  # one outlier channel sets the quantisation step of all the others
+    assert int8_error(x, w) > int8_error(x / np.r_[np.ones(3), 300, np.ones(60)], w)
+
+
+def test_int8_encodes_close_to_float32_and_records_the_gate(tokenizer, tmp_path):
+    model = tiny_model("bert", len(tokenizer))
+    ref = Embedder.from_model(model, tokenizer, use_cache=False, show_progress=False)
+    int8 = Embedder.from_model(model, tokenizer, precision="int8", threads=1, use_cache=False, show_progress=False)
+    assert int8.backend.name == "onnx" and int8.backend.precision == "int8"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a random tiny model may or may not pass the gate
+        got = int8.encode(TEXTS)
+    want = ref.encode(TEXTS)
+    assert float((got * want).sum(1).mean()) > 0.95
+    report = int8.backend.describe()["quality_gate"][ref.config.label()]
+    assert report["texts"] == len(set(TEXTS)) // 4
+    exports = [p for p in (tmp_path / "home" / "exports").iterdir()]
+    manifests = [json.loads((p / "manifest.json").read_text()) for p in exports]
+    (int8_manifest,) = [m for m in manifests if m["parts"]["precision"] == "int8"]
+    assert int8_manifest["quality_gate"][ref.config.label()]["min_cosine"] == pytest.approx(report["min_cosine"])
+    assert int8_manifest["int8"]["products"] == 2 * 4  # QKV (fused) + attention output + FFN in + FFN out
+
+
+def test_failing_gate_warns_with_the_gap(tokenizer, monkeypatch):
+    monkeypatch.setattr(quality, "MIN_COSINE", 1.01)  # unreachable: the gate must fail and say by how much
+    emb = Embedder.from_model(
+        tiny_model("llama", len(tokenizer)), tokenizer, precision="int8", threads=1, use_cache=False
+    )
+    with pytest.warns(UserWarning, match=r"int8 quality gate failed .*min cosine .* < 1\.01 \(by "):
+        emb.encode(TEXTS[:20])
+
+
+def test_int8_vectors_are_cached_apart_and_keyed_by_calibration(tokenizer, tmp_path):
+    model = tiny_model("bert", len(tokenizer))
+    cache = tmp_path / "cache"
+    kwargs = {"cache_dir": cache, "show_progress": False, "threads": 1}
+    fp32 = Embedder.from_model(model, tokenizer, **kwargs)
+    a = Embedder.from_model(model, tokenizer, precision="int8", **kwargs).calibrate(TEXTS[:24])
+    b = Embedder.from_model(model, tokenizer, precision="int8", **kwargs).calibrate(TEXTS[24:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for emb in (fp32, a, b):
+            emb.encode(TEXTS[:10])
+    names = sorted(p.name for p in cache.iterdir())
+    fingerprint = fp32.backbone.fingerprint()
+    assert fingerprint in names
+    int8_keys = [n for n in names if n.startswith(f"{fingerprint}-onnx-int8-")]
+    assert len(int8_keys) == 2  # two calibrations, two keys: never mixed, never served as float32
+
+
+def test_calibration_needs_enough_texts(tokenizer):
+    emb = Embedder.from_model(tiny_model("bert", len(tokenizer)), tokenizer, precision="int8", use_cache=False)
+    with pytest.raises(BackendError, match="at least 8 distinct texts"):
+        emb.calibrate(["one", "two", "two"])
+
+
+def test_torch_dynamic_int8_is_still_available(tokenizer):
+    model = tiny_model("bert", len(tokenizer))
+    ref = Embedder.from_model(model, tokenizer, EmbeddingConfig(), use_cache=False, show_progress=False)
+    want = ref.encode(TEXTS[:8])
+    qmodel, _ = quantize_int8(tiny_model("bert", len(tokenizer)), "int8", torch.device("cpu"))
+    emb = Embedder.from_model(qmodel, tokenizer, use_cache=False, show_progress=False)
+    assert float((emb.encode(TEXTS[:8]) * want).sum(1).mean()) > 0.95
