@@ -240,10 +240,7 @@ def main() -> None:
     args = parser.parse_args()
     import faiss
 
-    # sections run separately (the synthetic one takes long) accumulate in one result file
-    result: dict = json.loads((OUT / "result.json").read_text()) if (OUT / "result.json").exists() else {}
-    result["machine"] = f"{faiss.omp_get_max_threads()} FAISS threads"
-    result.setdefault("commands", []).append("python bench/index_recall.py " + " ".join(sys.argv[1:]))
+    result: dict = {"machine": f"{faiss.omp_get_max_threads()} FAISS threads"}
     if not (args.skip_exactness and args.skip_real):
         from lmembed import Embedder
 
@@ -255,7 +252,11 @@ def main() -> None:
             result["real"] = real_corpus(emb)
     if not args.skip_synthetic:
         result["synthetic"] = synthetic(args.n)
+    # sections run separately (the synthetic one takes long) accumulate in one result file
     OUT.mkdir(parents=True, exist_ok=True)
+    earlier = json.loads((OUT / "result.json").read_text()) if (OUT / "result.json").exists() else {}
+    commands = [*earlier.get("commands", []), "python bench/index_recall.py " + " ".join(sys.argv[1:])]
+    result = {**earlier, **result, "commands": commands}
     (OUT / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     text = table(result)
     (OUT / "table.txt").write_text(text + "\n")

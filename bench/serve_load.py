@@ -2,8 +2,9 @@
 
 One run, in this order:
 
-1. baseline: sentence-transformers ``encode`` of the request texts at batch 32, in this process (the
-   server is up but idle), in texts/s;
+1. baseline: sentence-transformers ``encode`` of the same texts at batch 32, in this process (the server
+   is up but idle), in texts/s, for ``--baseline-seconds`` (30) before the load and again after it (the
+   machine is shared: the mean of both is the baseline);
 2. load: ``--clients`` (64) closed-loop clients, each sending ``--texts-per-request`` (1) texts per request and
    the next request as soon as it has the answer, for ``--duration`` (60) seconds: errors (anything but
    200 and 429), 429s, timeouts, p50/p99 latency, throughput in texts/s as a ratio to the baseline, the
@@ -155,17 +156,26 @@ def server_batches(url: str) -> dict:
     }
 
 
-def baseline(texts: list[str], batch_size: int) -> dict:
+def load_baseline_model():
     from sentence_transformers import SentenceTransformer
 
     from lmembed.models.loading import resolve_model_path
 
-    model = SentenceTransformer(resolve_model_path(MODEL), device="cpu")
-    model.encode(texts[:64], batch_size=batch_size)  # warm-up
+    return SentenceTransformer(resolve_model_path(MODEL), device="cpu")
+
+
+def baseline(model, texts: list[str], batch_size: int, seconds: float) -> dict:
+    """sentence-transformers ``encode`` over the text pool, 4 batches per call, for about ``seconds``."""
+    model.encode(texts[:batch_size], batch_size=batch_size)  # warm-up
+    done, cursor = 0, 0
     start = time.perf_counter()
-    model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
-    seconds = time.perf_counter() - start
-    return {"texts": len(texts), "batch_size": batch_size, "seconds": seconds, "texts_per_s": len(texts) / seconds}
+    while time.perf_counter() - start < seconds:
+        chunk = [texts[(cursor + i) % len(texts)] for i in range(4 * batch_size)]
+        model.encode(chunk, batch_size=batch_size, normalize_embeddings=True)
+        cursor += len(chunk)
+        done += len(chunk)
+    elapsed = time.perf_counter() - start
+    return {"texts": done, "batch_size": batch_size, "seconds": elapsed, "texts_per_s": done / elapsed}
 
 
 def start_server(port: int, limit: int, max_batch_tokens: int) -> subprocess.Popen:
@@ -195,7 +205,8 @@ def table(result: dict) -> str:
         f"machine: {os.cpu_count()} cores (shared); server: {result['server']}",
         "",
         f"baseline  sentence-transformers encode, batch {base['batch_size']}, in-process: "
-        f"{base['texts_per_s']:.1f} texts/s",
+        f"{base['texts_per_s']:.1f} texts/s (mean of {base['before']['texts_per_s']:.1f} before the load and "
+        f"{base['after']['texts_per_s']:.1f} after it)",
         f"load      {result['clients']} clients x {result['texts_per_request']} texts/request, "
         f"{load['seconds']:.0f} s: "
         f"{load['texts_per_s']:.1f} texts/s = {result['throughput_ratio']:.2f}x baseline; "
@@ -224,7 +235,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=64, help="the server's --max-concurrent-requests")
     parser.add_argument("--overload-duration", type=float, default=20.0)
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
-    parser.add_argument("--texts", type=int, default=2000, help="size of the text pool (and of the baseline)")
+    parser.add_argument("--texts", type=int, default=2000, help="size of the text pool")
+    parser.add_argument("--baseline-seconds", type=float, default=30.0, help="each baseline measurement")
     parser.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
     args = parser.parse_args()
 
@@ -234,8 +246,9 @@ def main() -> None:
     proc = start_server(port, args.limit, args.max_batch_tokens)
     try:
         print(f"server ready on {url} (pid {proc.pid}); baseline ...", flush=True)
-        base = baseline(texts, 32)
-        print(f"baseline: {base['texts_per_s']:.1f} texts/s; load: {args.clients} clients for {args.duration:.0f} s")
+        model = load_baseline_model()
+        before = baseline(model, texts, 32, args.baseline_seconds)
+        print(f"baseline: {before['texts_per_s']:.1f} texts/s; load: {args.clients} clients for {args.duration:.0f} s")
         samples: list[float] = []
 
         async def load_with_rss() -> dict:
@@ -262,6 +275,14 @@ def main() -> None:
             "growth_from_run_start_pct": 100 * (samples[-1] - samples[0]) / samples[0],
         }
         print(f"load: {load['texts_per_s']:.1f} texts/s, p50 {load['p50_ms']:.0f} ms, p99 {load['p99_ms']:.0f} ms")
+        after = baseline(model, texts, 32, args.baseline_seconds)  # the machine is shared: measured on both sides
+        base = {
+            "batch_size": 32,
+            "before": before,
+            "after": after,
+            "texts_per_s": (before["texts_per_s"] + after["texts_per_s"]) / 2,
+        }
+        print(f"baseline after: {after['texts_per_s']:.1f} texts/s")
         overload_clients = 4 * args.limit
         over = asyncio.run(
             run_load(url, texts, overload_clients, args.overload_duration, args.texts_per_request, args.timeout)

@@ -15,22 +15,28 @@ from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_ENGINE,
     AttentionOpt,
     BatchSizeOpt,
     DeviceOpt,
     DimOpt,
     DtypeOpt,
     EchoOpt,
+    EngineOpt,
     InstructionOpt,
     LayerOpt,
     MaxLenOpt,
     ModelOpt,
     NoCacheOpt,
     PoolingOpt,
+    RayAddressOpt,
+    WorkersOpt,
+    check_engine,
     check_input_file,
     check_writable,
     load_embedder,
     model_options,
+    worker_spec,
 )
 from lmembed.io import read_text_lines, read_texts_field
 
@@ -70,13 +76,55 @@ def encode(
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = DEFAULT_DEVICE,
     no_cache: NoCacheOpt = False,
+    engine: EngineOpt = DEFAULT_ENGINE,
+    ray_address: RayAddressOpt = None,
+    workers: WorkersOpt = None,
 ) -> None:
-    """Embed texts from a file and write the vectors (float32, one row per input, in order)."""
+    """Embed texts from a file and write the vectors (float32, one row per input, in order).
+
+    With --engine ray the file is streamed (also .parquet: column FIELD) and encoded as a resumable sharded
+    job: run the same command again after an interruption and only the missing shards are encoded."""
     if output.suffix not in OUTPUT_SUFFIXES:
         raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
     check_writable(output, "--output")
+    check_engine(engine, ray_address, workers)
+    if engine == "ray":
+        _encode_on_ray(check_input_file(input, "INPUT"), output, model, field, instruction, batch_size, locals())
+        return
     texts = read_texts(check_input_file(input, "INPUT"), field)
     emb = load_embedder(model, **model_options(locals()))
     vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction)
     write_vectors(vectors, texts, output)
     console.print(f"wrote {vectors.shape[0]} × {vectors.shape[1]} vectors ({emb.config.label()}) to {output}")
+
+
+def _encode_on_ray(
+    input: Path, output: Path, model: str, field: str, instruction: str | None, batch_size: int, values: dict
+) -> None:
+    """``lmembed encode --engine ray``: a sharded job streamed from the file; vectors written as they are assembled."""
+    from lmembed.scale import encode_corpus, open_texts  # lazy: Ray Data is optional and heavy
+
+    options = model_options(values)
+    emb = load_embedder(model, **options)
+    done = encode_corpus(
+        emb,
+        open_texts(input, field=field),
+        engine="ray",
+        instruction=instruction,
+        batch_size=batch_size,
+        output=output if output.suffix == ".npy" else None,
+        memory_map=output.suffix != ".npy",
+        spec=worker_spec(model, options),
+        ray_address=values["ray_address"],
+        workers=values["workers"],
+        on_progress=lambda progress: console.print(progress.line()),
+    )
+    if output.suffix == ".jsonl":
+        done.write_jsonl(output)
+    if values["no_cache"]:
+        done.job.remove()  # resumable while it runs; nothing left in the cache once the output is written
+    report = done.report
+    console.print(
+        f"wrote {done.vectors.shape[0]} × {done.vectors.shape[1]} vectors ({emb.config.label()}) to {output} "
+        f"[ray: {report.shards} shards, {len(report.shards_encoded)} encoded now, {len(report.shards_skipped)} resumed]"
+    )

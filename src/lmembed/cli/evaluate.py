@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -12,19 +12,25 @@ from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_ENGINE,
     AttentionOpt,
     BatchSizeOpt,
     DeviceOpt,
     DimOpt,
     DtypeOpt,
     EchoOpt,
+    EngineOpt,
     LayerOpt,
     MaxLenOpt,
     NoCacheOpt,
     PoolingOpt,
+    RayAddressOpt,
+    WorkersOpt,
+    check_engine,
     check_writable,
     load_embedder,
     model_options,
+    scale_out,
 )
 from lmembed.evaluation.main_job import MAIN_JOB_METRICS, resolve_eval_tasks, run_main_job, suite_summary_lines
 from lmembed.evaluation.report import render_report
@@ -70,10 +76,19 @@ def eval_command(
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = DEFAULT_DEVICE,
     no_cache: NoCacheOpt = False,
+    engine: EngineOpt = DEFAULT_ENGINE,
+    ray_address: RayAddressOpt = None,
+    workers: WorkersOpt = None,
 ) -> None:
-    """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job."""
+    """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job.
+
+    With --engine ray every encoding runs as a sharded job on Ray (workers load the model themselves) and
+    retrieval corpora are searched memory-mapped from the embedding cache; scores equal --engine local's."""
     check_writable(output, "--output", folder=True)
+    check_engine(engine, ray_address, workers)
     if not model and not data and not suite:
+        if engine != "local":
+            raise typer.BadParameter("the main job runs locally; give --model/--data to evaluate on Ray", "--engine")
         _main_job(output, batch_size)
         return
     options = model_options(locals())
@@ -81,6 +96,9 @@ def eval_command(
     results = []
     for name in model or ["minilm"]:
         emb = load_embedder(name, **options)
+        emb = scale_out(
+            emb, engine, name, options, ray_address=ray_address, workers=workers, on_progress=_progress, memory_map=True
+        )
         configs = expand_grid(emb.config, parse_grid(grid or [], emb.backbone.num_layers))
         console.print(f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)")
         results += evaluate_strategies(emb, tasks, configs, batch_size=batch_size)
@@ -92,6 +110,11 @@ def eval_command(
     if missing:
         console.print(f"[yellow]not scored (data absent)[/]: {', '.join(missing)}")
     console.print(f"results written under {output}/")
+
+
+def _progress(progress: Any) -> None:
+    """--engine ray: one line per finished shard (shards done, texts/s, ETA)."""
+    console.print(progress.line())
 
 
 def _main_job(output: Path, batch_size: int) -> None:

@@ -50,11 +50,32 @@ BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Texts pe
 InstructionOpt = Annotated[
     str | None, typer.Option("--instruction", help="Task instruction for queries (kept out of pooling).")
 ]
+ENGINES = ("local", "ray")
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="Where encoding runs: 'local' (this process) or 'ray' (resumable sharded jobs on Ray Data: one worker "
+        "per GPU, or per CPU; vectors identical to 'local'; needs pip install 'lmembed[scale]').",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="--engine ray: join this running cluster ('auto', 'ray://head:10001'); default: start a local one.",
+    ),
+]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option("--workers", min=1, help="--engine ray: number of workers (default: one per GPU, else per CPU)."),
+]
 
 #: Defaults every command shares, so ``--device`` means the same thing everywhere.
 DEFAULT_DEVICE = "cpu"
 DEFAULT_DTYPE = "float32"
 DEFAULT_BATCH_SIZE = 32
+DEFAULT_ENGINE = "local"
 
 MODEL_OPTIONS = ("pooling", "layer", "attention", "echo", "dim", "max_length", "dtype", "device", "no_cache")
 
@@ -107,6 +128,56 @@ def load_embedder(
         cache=not no_cache,
         **strategy,
     )
+
+
+def check_engine(engine: str, ray_address: str | None, workers: int | None = None) -> str:
+    """Refuse an unknown engine, or Ray options given to the local engine, before any work starts."""
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"{engine!r}: choose one of {', '.join(ENGINES)}", param_hint="--engine")
+    if engine == "local" and (ray_address is not None or workers is not None):
+        option = "--ray-address" if ray_address is not None else "--workers"
+        raise typer.BadParameter(f"{option} needs --engine ray", param_hint=option)
+    return engine
+
+
+def scale_out(
+    embedder: Embedder,
+    engine: str,
+    model: str,
+    options: dict[str, Any],
+    *,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    on_progress: Any = None,
+    memory_map: bool = False,
+) -> Embedder:
+    """``embedder`` for ``--engine local``; for ``--engine ray`` the same Embedder encoding through sharded jobs,
+    whose workers load ``model`` themselves with the command's model options (device chosen per worker);
+    ``memory_map``: results are read-only memory maps of ``.npy`` files in the embedding cache."""
+    if engine == "local":
+        return embedder
+    from lmembed.scale import scaled  # lazy: Ray Data is optional and slow to import
+
+    return scaled(
+        embedder,
+        "ray",
+        ray_address=ray_address,
+        workers=workers,
+        spec=worker_spec(model, options),
+        on_progress=on_progress,
+        memory_map=memory_map,
+    )
+
+
+def worker_spec(model: str, options: dict[str, Any]) -> Any:
+    """How Ray workers load ``model`` with a command's model options (an ``lmembed.scale.EmbedderSpec``); each
+    worker picks its own device (its GPU, or the CPU)."""
+    from lmembed.scale import EmbedderSpec  # lazy: Ray Data is optional and slow to import
+
+    loading = {k: v for k, v in options.items() if k not in ("device", "no_cache") and v is not None}
+    if "layer" in loading:
+        loading["layer"] = parse_layer(loading["layer"])
+    return EmbedderSpec(model, loading)
 
 
 def check_input_file(path: Path, option: str) -> Path:

@@ -301,8 +301,7 @@ class EncodingEngine:
             )
         with self._progress(len(rows), configs) as advance, torch.inference_mode():
             for batch in self._batches(features, rows, batch_size):
-                states = self.backend.states(batch.input_ids, batch.attention_mask, configs, mode)
-                pooled = [self._pool(st, batch.pool_mask, cfg) for st, cfg in zip(states, configs, strict=True)]
+                pooled = self._forward_batch(batch, configs, mode)
                 for out, vectors in zip(outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
                 advance(len(batch.rows))
@@ -327,6 +326,12 @@ class EncodingEngine:
             configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=32), pool=self._pool
         )
         return folder(configs, mode)
+
+    def _forward_batch(self, batch: Batch, configs: Sequence[EmbeddingConfig], mode: str) -> list[torch.Tensor]:
+        if self.backend is self.torch_backend:
+            return self.forward_pool(batch.input_ids, batch.attention_mask, batch.pool_mask, configs)
+        states = self.backend.states(batch.input_ids, batch.attention_mask, configs, mode)
+        return [self._pool(st, batch.pool_mask, cfg) for st, cfg in zip(states, configs, strict=True)]
 
     def _prepare_attention(self, mode: str) -> None:
         # The mode lives on the model: several engines (Embedders) may share one model and switch it.

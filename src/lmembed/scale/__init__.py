@@ -45,6 +45,7 @@ _EXPORTS = {
     "CorpusSource": "sources",
     "memory_source": "sources",
     "open_source": "sources",
+    "open_texts": "sources",
     "parquet_source": "sources",
     "EmbedderSpec": "work",
 }

@@ -189,7 +189,9 @@ class RayEngine:
             return
         # Plain tasks, fused with the read tasks by Ray Data: planning needs only the tokenizer, and an
         # actor pool holding every CPU would starve the read tasks that feed it.
-        planned = ray.data.read_datasource(CorpusDatasource(source)).map_batches(
+        # One block per part as the parts yield them (Ray would otherwise split the read into ~200 blocks).
+        dataset = ray.data.read_datasource(CorpusDatasource(source), override_num_blocks=len(source.parts))
+        planned = dataset.map_batches(
             plan_block,
             fn_args=(settings,),
             batch_size=None,  # whole blocks: one staging file per block

@@ -25,7 +25,7 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -414,6 +414,20 @@ def parquet_source(
             first += rows_in_groups
     identity = _file_identity(files, "parquet", text=text_column, title=title_column, id=id_column)
     return CorpusSource(parts, identity, f"{path} ({first} rows)", unique_ids=chosen_id is not None)
+
+
+def open_texts(path: str | Path, *, field: str = "text") -> CorpusSource:
+    """``lmembed encode``'s rule: a ``.jsonl`` file gives the string ``field`` of each row, a ``.parquet`` file
+    its column ``field``, any other file its lines (every line, blank ones too). Ids are row numbers."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return CorpusSource(
+            [JsonlFieldPart(str(path), field)], _file_identity([path], "jsonl-field", field=field), str(path)
+        )
+    if path.suffix == PARQUET_SUFFIX:
+        source = parquet_source(path, text_column=field, title_column=None, id_column=None)
+        return replace(source, unique_ids=False)
+    return CorpusSource([TextLinesPart(str(path))], _file_identity([path], "lines"), str(path))
 
 
 def open_source(path: str | Path, *, field: str | None = None) -> CorpusSource:

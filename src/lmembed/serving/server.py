@@ -14,6 +14,10 @@ from typing import Any
 
 import uvicorn
 
+#: Idle keep-alive connections stay open this long (uvicorn's 5 s default races busy clients that reuse
+#: a pooled connection just as the server closes it).
+KEEP_ALIVE_S = 75
+
 
 def _config(app: Any, *, graceful_timeout: float, log_level: str, access_log: bool, **options: Any) -> uvicorn.Config:
     return uvicorn.Config(
@@ -22,6 +26,7 @@ def _config(app: Any, *, graceful_timeout: float, log_level: str, access_log: bo
         log_level=log_level,
         access_log=access_log,
         timeout_graceful_shutdown=graceful_timeout,
+        timeout_keep_alive=KEEP_ALIVE_S,
         **options,
     )
 

@@ -70,12 +70,16 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def four_d_mask(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive (batch, 1, query, key) mask hiding padded keys, and later keys too when ``mode`` is causal."""
+def four_d_mask(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+    """Additive (batch, 1, query, key) mask hiding padded keys, and later keys too when ``mode`` is causal (and,
+    with ``window``, keys ``window`` or more positions back: a sliding-window layer's causal mask)."""
     keep = attention_mask[:, None, None, :].to(torch.bool)
     if mode == "causal":
         positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-        keep = keep & (positions[None, :] <= positions[:, None])[None, None]
+        allowed = positions[None, :] <= positions[:, None]
+        if window is not None:
+            allowed = allowed & (positions[None, :] > positions[:, None] - window)
+        keep = keep & allowed[None, None]
     else:
         keep = keep.expand(-1, 1, attention_mask.shape[1], -1)
     zeros = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
@@ -96,11 +100,22 @@ class StateGraph(nn.Module):
         self.needs_raw_last = backbone.is_decoder and any(
             r.final_norm is False and backbone.num_layers in r.layers for r in self.readouts
         )
+        config = backbone.model.config
+        layer_types = getattr(config, "layer_types", None) or ()
+        window = getattr(config, "sliding_window", None)
+        # Causal Gemma 3 / Qwen2-style models mix full and sliding-window layers: each kind gets its own mask
+        # (the torch path lets transformers build both); a bidirectional mask is one padding-only mask for all.
+        self.sliding_window = window if "sliding_attention" in layer_types and isinstance(window, int) else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         kwargs: dict[str, Any] = {"input_ids": input_ids, "output_hidden_states": True}
         if self.is_decoder:
-            kwargs["attention_mask"] = four_d_mask(self.mode, attention_mask, self.dtype)
+            mask = four_d_mask(self.mode, attention_mask, self.dtype)
+            if self.mode == "causal" and self.sliding_window is not None:
+                sliding = four_d_mask(self.mode, attention_mask, self.dtype, self.sliding_window)
+                kwargs["attention_mask"] = {"full_attention": mask, "sliding_attention": sliding}
+            else:
+                kwargs["attention_mask"] = mask
             kwargs["position_ids"] = position_ids_from_mask(attention_mask)
             kwargs["use_cache"] = False
         else:

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Literal, Self
 import numpy as np
 
 from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.large_corpus import SearchMethod, corpus_matrix, is_large_corpus, search_corpus, storage_of
 from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, evaluate_run
 from lmembed.evaluation.retrieval_data import RetrievalData, load_beir
 from lmembed.evaluation.search import Similarity, exact_search, identical_id_positions
@@ -73,6 +74,7 @@ class ScoredRun:
     scores: RetrievalScores
     run: dict[str, dict[str, float]]
     timings: dict[str, float] = field(default_factory=dict)
+    corpus_storage: dict[str, Any] | None = None  # set for memory-mapped / float16 corpora (large_corpus)
 
 
 def score_embeddings(
@@ -86,6 +88,7 @@ def score_embeddings(
     k_values: Sequence[int] = K_VALUES,
     exclude_before_top_k: bool = False,
     chunk_size: int | None = None,
+    search_method: SearchMethod = "exact",
 ) -> ScoredRun:
     """Search with precomputed embeddings (rows in ``data``'s query/corpus order) and score.
 
@@ -93,19 +96,30 @@ def score_embeddings(
     happens after the top-``top_k`` search, which is what MTEB's code does (so such a query is
     scored on ``top_k - 1`` hits); ``exclude_before_top_k=True`` removes it during the search
     instead, as BEIR's original search did. Metrics at k < ``top_k`` are the same either way.
+
+    Corpus embeddings that are memory-mapped or float16 (a large corpus, :mod:`~lmembed.evaluation.large_corpus`)
+    are searched in chunks without being loaded, as is any corpus with ``search_method="faiss"``.
     """
     q = _as_embeddings(query_embeddings, len(data.query_ids), "query embeddings")
-    c = _as_embeddings(corpus_embeddings, len(data.corpus_ids), "corpus embeddings")
+    large = is_large_corpus(corpus_embeddings)
+    if large:
+        c = corpus_matrix(corpus_embeddings, len(data.corpus_ids), "corpus embeddings")
+    else:
+        c = _as_embeddings(corpus_embeddings, len(data.corpus_ids), "corpus embeddings")
     exclude = None
     if ignore_identical_ids and exclude_before_top_k:
         exclude = identical_id_positions(data.query_ids, data.corpus_ids)
     start = time.perf_counter()
-    result = exact_search(q, c, top_k=top_k, similarity=similarity, exclude=exclude, chunk_size=chunk_size)
+    if large or search_method != "exact":
+        result = search_corpus(q, c, top_k=top_k, similarity=similarity, exclude=exclude, method=search_method)
+    else:
+        result = exact_search(q, c, top_k=top_k, similarity=similarity, exclude=exclude, chunk_size=chunk_size)
     run = result.to_run(data.query_ids, data.corpus_ids)
     searched = time.perf_counter()
     scores = evaluate_run(data.qrels, run, k_values, ignore_identical_ids=ignore_identical_ids)
     done = time.perf_counter()
-    return ScoredRun(scores, run, {"search_s": searched - start, "metrics_s": done - searched})
+    storage = storage_of(c) if large or search_method != "exact" else None
+    return ScoredRun(scores, run, {"search_s": searched - start, "metrics_s": done - searched}, storage)
 
 
 # ---------------------------------------------------------------------------------------------- subsampling
@@ -227,6 +241,7 @@ class RetrievalTask:
     languages: Sequence[str] = ("eng-Latn",)
     dataset_revision: str = ""
     mteb_dataset_revision: str | None = None
+    search_method: SearchMethod = "exact"  # "faiss": FAISS's kernel, chunk by chunk (large_corpus)
     task_type: ClassVar[str] = "Retrieval"
     main_metric: ClassVar[str] = MAIN_METRIC
 
@@ -290,7 +305,10 @@ class RetrievalTask:
         c = encoder.encode_corpus(self.data.corpus_texts, batch_size=batch_size)
         end = time.perf_counter()
         q = _as_embeddings(q, len(self.data.query_ids), "encode_queries output")
-        c = _as_embeddings(c, len(self.data.corpus_ids), "encode_corpus output")
+        if is_large_corpus(c):  # memory-mapped / float16: searched in chunks, never loaded whole
+            c = corpus_matrix(c, len(self.data.corpus_ids), "encode_corpus output")
+        else:
+            c = _as_embeddings(c, len(self.data.corpus_ids), "encode_corpus output")
         return q, c, {"encode_queries_s": mid - start, "encode_corpus_s": end - mid}
 
     def _score(self, query_embeddings: np.ndarray, corpus_embeddings: np.ndarray) -> ScoredRun:
@@ -302,6 +320,7 @@ class RetrievalTask:
             similarity=self.similarity,
             ignore_identical_ids=self.ignore_identical_ids,
             k_values=self.k_values,
+            search_method=self.search_method,
         )
 
     def score_embeddings(
@@ -341,6 +360,8 @@ class RetrievalTask:
             "data": self.data.summary(),
             "num_scored_queries": scored.scores.num_queries,
         }
+        if scored.corpus_storage is not None:  # a large corpus: how its embeddings were stored and searched
+            extra["corpus_embeddings"] = {**scored.corpus_storage, "search": self.search_method}
         return TaskResult(
             task_name=self.name,
             task_type=self.task_type,

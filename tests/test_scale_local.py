@@ -1,0 +1,341 @@
+"""Sharded encoding without Ray: the plan, the units of work, resume, sources, assembly and large-corpus search.
+
+The unit of work (shard i of n → the cache) is the same on every engine, so what is checked here on the local
+engine (exact vectors for every strategy and any sharding, resume, ids and order) holds for the Ray engine too;
+tests/test_scale.py repeats the essentials on a real Ray cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import WORDS, build_tokenizer, tiny_model
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.evaluation.large_corpus import search_corpus, storage_of
+from lmembed.evaluation.retrieval_data import RetrievalData
+from lmembed.evaluation.search import exact_search
+from lmembed.evaluation.tasks.retrieval import RetrievalTask
+from lmembed.io import DataFormatError, read_corpus, read_text_lines, read_texts_field
+from lmembed.scale import (
+    BadRowError,
+    EncodeJob,
+    LocalEngine,
+    ScaleError,
+    ShardedEmbedder,
+    encode_corpus,
+    memory_source,
+    open_source,
+    open_texts,
+)
+from lmembed.scale.progress import ProgressTracker
+from lmembed.scale.work import Snapshot, shard_name
+from lmembed.training.trainable import LoraSettings, TrainableEmbedder
+
+INSTRUCTION = "Given a query, retrieve documents"
+
+
+def corpus_texts(n: int = 150, seed: int = 0) -> list[str]:
+    """Texts of 0-40 words (an empty one too), with repeats, so lengths tie and batches pad."""
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+    texts[7] = ""
+    return [*texts, texts[3], texts[10], texts[3]]
+
+
+def cached(emb: Embedder, cache_dir) -> Embedder:
+    """The same model and strategy, with an embedding cache in ``cache_dir``."""
+    return Embedder.from_model(
+        emb.backbone.model, emb.backbone.tokenizer, emb.config, pooling_head=emb.pooling_head, cache_dir=cache_dir
+    )
+
+
+def uncached(family: str = "llama", **strategy) -> Embedder:
+    tok = build_tokenizer()
+    return Embedder.from_model(
+        tiny_model(family, len(tok)), tok, EmbeddingConfig(**strategy), use_cache=False, show_progress=False
+    )
+
+
+def lora_embedder(**strategy) -> Embedder:
+    """A tiny decoder with injected LoRA adapters whose weights are not zero (so they change the vectors)."""
+    trainable = TrainableEmbedder(uncached("llama", **strategy), lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    with torch.no_grad():
+        for name, param in trainable.named_trainable_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    trainable.eval()
+    return trainable.embedder
+
+
+STRATEGIES = {
+    "mean": ("llama", {}),
+    "last+bidirectional": ("qwen2", {"pooling": "last", "attention": "bidirectional"}),
+    "weighted_mean+fused+final_norm": ("llama", {"pooling": "weighted_mean", "layer": (1, 2), "final_norm": True}),
+    "echo": ("mistral", {"echo": True}),
+    "cls+encoder+dim": ("bert", {"pooling": "cls", "dim": 16}),
+    "latent_attention": ("qwen2", {"pooling": "latent_attention", "latent": {"num_latents": 8, "num_heads": 4}}),
+}
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_vectors_equal_single_process_whatever_the_sharding(name, tmp_path, one_torch_thread):
+    family, strategy = STRATEGIES[name]
+    emb = uncached(family, **strategy)
+    texts = corpus_texts()
+    for instruction in (None, INSTRUCTION):
+        expected = emb.encode(texts, batch_size=8, instruction=instruction)
+        for shard_rows in (8, 24, 1000):  # a shard per batch, three batches, one shard for all
+            done = encode_corpus(
+                cached(emb, tmp_path / f"cache-{shard_rows}"),
+                texts,
+                instruction=instruction,
+                batch_size=8,
+                shard_rows=shard_rows,
+            )
+            assert np.array_equal(done.vectors, expected), f"{name}, shard_rows={shard_rows}, {instruction=}"
+            assert done.ids == [str(i) for i in range(len(texts))]
+
+
+def test_lora_adapters_in_memory_give_the_same_vectors(tmp_path, one_torch_thread):
+    emb = lora_embedder()
+    texts = corpus_texts(60)
+    expected = emb.encode(texts, batch_size=4)
+    assert not np.array_equal(expected, uncached().encode(texts, batch_size=4))  # the adapters matter
+    done = encode_corpus(cached(emb, tmp_path), texts, batch_size=4, shard_rows=12)
+    assert np.array_equal(done.vectors, expected)
+
+
+def test_several_strategies_share_one_job_per_forward_group(tmp_path, one_torch_thread):
+    emb = uncached("llama")
+    configs = [
+        emb.config,
+        emb.config.with_options(pooling="last"),
+        emb.config.with_options(layer=1, final_norm=True),
+        emb.config.with_options(echo=True),
+    ]
+    texts = corpus_texts(40)
+    expected = emb.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
+    sharded = ShardedEmbedder(cached(emb, tmp_path), LocalEngine(), shard_rows=16)
+    got = sharded.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    # mean and layer 1 share forward passes (one job); last-token pooling (an EOS is appended) and echo do not
+    assert len(sharded.reports) == 3
+
+
+def test_snapshot_rebuilds_the_same_model_and_refuses_injected_adapters(tmp_path, one_torch_thread):
+    emb = uncached("qwen2", pooling="latent_attention", latent={"num_latents": 8, "num_heads": 4})
+    copy = pickle.loads(pickle.dumps(Snapshot.of(emb))).load("cpu")
+    texts = corpus_texts(30)
+    assert np.array_equal(copy.encode(texts), emb.encode(texts))
+    with pytest.raises(ScaleError, match="EmbedderSpec"):
+        Snapshot.of(lora_embedder()).load("cpu")
+
+
+# ---------------------------------------------------------------------------------------------- plan and cache
+def test_plan_follows_the_engine_order_and_shares_repeated_texts(tmp_path):
+    emb = uncached("llama")
+    texts = corpus_texts(40)
+    job = EncodeJob(cached(emb, tmp_path), memory_source(texts), batch_size=4, shard_rows=10)
+    assert job.shard_rows == 12  # rounded up to whole batches
+    job.run(LocalEngine())
+    plan = job.plan()
+    assert plan.n_rows == len(texts) and plan.n_unique == len(set(texts))
+    lengths = plan.lengths
+    assert np.all(lengths[:-1] >= lengths[1:])  # longest first
+    ties = lengths[:-1] == lengths[1:]
+    assert np.all(plan.order[:-1][ties] < plan.order[1:][ties])  # ties in input order
+    assert plan.slot_of_row[40] == plan.slot_of_row[3] == plan.slot_of_row[42]  # repeats share a vector
+    assert not (job.folder / "staging").exists()  # staged texts are gone once every shard is written
+
+
+def test_shards_are_ordinary_cache_entries(tmp_path, monkeypatch, one_torch_thread):
+    emb = cached(uncached("llama"), tmp_path)
+    texts = corpus_texts(40)
+    done = encode_corpus(emb, texts, batch_size=8, shard_rows=16)
+    batches: list[int] = []
+    forward = emb.engine.forward_pool
+    monkeypatch.setattr(emb.engine, "forward_pool", lambda *a, **k: batches.append(1) or forward(*a, **k))
+    assert np.array_equal(emb.encode(texts, batch_size=8), done.vectors)
+    assert batches == []  # Embedder.encode found every text in the job's shards
+
+
+def test_a_rerun_encodes_only_missing_shards(tmp_path, one_torch_thread):
+    emb = cached(uncached("llama"), tmp_path)
+    texts = corpus_texts(60)
+    first = encode_corpus(emb, texts, batch_size=4, shard_rows=8)
+    job = first.job
+    plan = job.plan()
+    for shard in (1, 4):
+        for cache in job.caches:
+            cache.shard_path(shard_name(job.job_id, shard)).unlink()
+    kept = {s: job.caches[0].shard_path(shard_name(job.job_id, s)).stat().st_ino for s in (0, 2, 3)}
+    again = encode_corpus(emb, texts, batch_size=4, shard_rows=8)
+    assert again.report.planned  # the staged texts were gone, so the job planned again ...
+    assert again.report.shards_encoded == [1, 4]  # ... and encoded only what was missing
+    assert len(again.report.shards_skipped) == plan.n_shards - 2
+    assert all(job.caches[0].shard_path(shard_name(job.job_id, s)).stat().st_ino == i for s, i in kept.items())
+    assert np.array_equal(again.vectors, first.vectors)
+    third = encode_corpus(emb, texts, batch_size=4, shard_rows=8)
+    assert not third.report.planned and third.report.shards_encoded == []
+
+
+def test_memory_mapped_and_float16_outputs(tmp_path, one_torch_thread):
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    texts = corpus_texts(30)
+    expected = emb.encode(texts, batch_size=8)
+    out = encode_corpus(emb, texts, batch_size=8, output=tmp_path / "vectors.npy").vectors
+    assert isinstance(out, np.memmap) and np.array_equal(out, expected)
+    assert np.array_equal(np.load(tmp_path / "vectors.npy"), expected)
+    half = encode_corpus(emb, texts, batch_size=8, memory_map=True, dtype="float16").vectors
+    assert half.dtype == np.float16 and np.array_equal(half, expected.astype(np.float16))
+    assert storage_of(half)["memory_mapped"] and storage_of(half)["dtype"] == "float16"
+
+
+def test_uncached_embedder_leaves_nothing_behind(tmp_path, one_torch_thread):
+    emb = uncached("llama")
+    emb.engine.cache_dir = tmp_path  # where an uncached Embedder's jobs would go
+    sharded = ShardedEmbedder(emb, LocalEngine(), shard_rows=8)
+    assert np.array_equal(sharded.encode(corpus_texts(20)), emb.encode(corpus_texts(20)))
+    assert not any(tmp_path.rglob("*.npz"))
+
+
+def test_progress_counts_resumed_shards_as_done():
+    seen = []
+    tracker = ProgressTracker(
+        shards_total=4, rows_total=400, shards_done=1, rows_done=100, workers=2, callback=seen.append
+    )
+    tracker.shard_finished(100, worker=7)
+    snap = seen[-1]
+    assert (snap.shards_done, snap.rows_done, snap.workers) == (2, 200, 2)
+    assert snap.eta_s is not None and snap.rows_per_s > 0
+    assert "2/4 shards" in snap.line() and "200/400 texts" in snap.line() and "ETA" in snap.line()
+
+
+# ---------------------------------------------------------------------------------------------- sources
+def write_beir(folder, rows: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_beir_source_reads_what_read_corpus_reads(tmp_path):
+    rows = [{"_id": f"d{i}", "title": "T" if i % 2 else "", "text": f"text {i}"} for i in range(9)]
+    rows.append({"_id": 42, "text": "numeric id"})
+    write_beir(tmp_path, rows)
+    (tmp_path / "corpus.jsonl").write_text((tmp_path / "corpus.jsonl").read_text().replace("\n", "\n\n", 1))
+    ids, texts = read_corpus(tmp_path / "corpus.jsonl")
+    blocks = list(open_source(tmp_path).iter_blocks())
+    assert [i for b in blocks for i in b.ids] == ids and [t for b in blocks for t in b.texts] == texts
+    assert [int(x) for b in blocks for x in b.lines][:3] == [1, 3, 4]  # file lines (a blank one skipped)
+
+
+def test_encode_sources_match_the_encode_command_rules(tmp_path):
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"text": "a b"}\n\n{"text": "c", "x": 1}\n')
+    lines = tmp_path / "t.txt"
+    lines.write_text("one\n\nthree\r\n")
+    assert [t for b in open_texts(jsonl).iter_blocks() for t in b.texts] == read_texts_field(jsonl, "text")
+    assert [t for b in open_texts(lines).iter_blocks() for t in b.texts] == read_text_lines(lines)
+    jsonl.write_text('{"text": "a"}\n{"body": "b"}\n')
+    with pytest.raises(DataFormatError, match=r"t\.jsonl:2"):
+        list(open_texts(jsonl).iter_blocks())
+
+
+def test_parquet_source_reads_row_groups_in_parts(tmp_path, monkeypatch):
+    monkeypatch.setattr("lmembed.scale.sources.BLOCK_ROWS", 5)
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for part in range(2):
+        table = pa.table(
+            {
+                "_id": [f"p{part}-{i}" for i in range(30)],
+                "title": ["t"] * 30,
+                "text": [f"row {i}" for i in range(30)],
+            }
+        )
+        pq.write_table(table, folder / f"part-{part}.parquet", row_group_size=10)
+    source = open_source(folder)
+    assert len(source.parts) == 4 and source.row_count == 60 and source.unique_ids
+    assert [p.first_row for p in source.parts] == [0, 20, 30, 50]
+    blocks = list(source.iter_blocks())
+    rows = np.concatenate([b.rows for b in blocks])
+    assert np.array_equal(rows, np.arange(60))
+    assert blocks[0].texts[0] == "t row 0" and blocks[-1].ids[-1] == "p1-29"
+
+
+def test_bad_rows_are_named(tmp_path):
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    write_beir(tmp_path / "beir", [{"_id": "a", "text": "fine"}, {"_id": "b", "text": "bad \ud800 text"}])
+    with pytest.raises(BadRowError, match=r"corpus\.jsonl:2 \(row 1, id 'b'\)"):
+        encode_corpus(emb, tmp_path / "beir")
+    write_beir(tmp_path / "dup", [{"_id": "a", "text": "x"}, {"_id": "b", "text": "y"}, {"_id": "a", "text": "z"}])
+    with pytest.raises(BadRowError, match=r"corpus\.jsonl:3: duplicate document id 'a' \(first at .*corpus\.jsonl:1\)"):
+        encode_corpus(emb, tmp_path / "dup")
+
+
+def test_empty_corpus(tmp_path):
+    done = encode_corpus(cached(uncached("llama"), tmp_path), [])
+    assert done.vectors.shape == (0, 32) and done.ids == [] and done.report.shards == 0
+
+
+# ---------------------------------------------------------------------------------------------- large corpus
+@pytest.fixture
+def retrieval_data() -> RetrievalData:
+    rng = np.random.default_rng(0)
+    n_docs, n_queries = 900, 40
+    qrels = {f"q{i}": {f"d{j}": 1 for j in rng.choice(n_docs, 3, replace=False)} for i in range(n_queries)}
+    return RetrievalData(
+        name="toy",
+        split="test",
+        query_ids=[f"q{i}" for i in range(n_queries)],
+        query_texts=[""] * n_queries,
+        corpus_ids=[f"d{j}" for j in range(n_docs)],
+        corpus_texts=[""] * n_docs,
+        qrels=qrels,
+    )
+
+
+def test_memory_mapped_corpus_scores_equal_the_in_memory_path(retrieval_data, tmp_path):
+    rng = np.random.default_rng(1)
+    corpus = rng.standard_normal((900, 24)).astype(np.float32)
+    corpus[5] = corpus[9]  # an exact tie
+    queries = rng.standard_normal((40, 24)).astype(np.float32)
+    np.save(tmp_path / "c.npy", corpus)
+    mapped = np.load(tmp_path / "c.npy", mmap_mode="r")
+    task = RetrievalTask(retrieval_data, top_k=50)
+    in_memory = task.score_embeddings(queries, corpus)
+    large = task.score_embeddings(queries, mapped)
+    assert large.scores == in_memory.scores
+    assert large.extra["corpus_embeddings"]["memory_mapped"] and "corpus_embeddings" not in in_memory.extra
+    reference = exact_search(queries, corpus, top_k=50)
+    chunked = search_corpus(queries, mapped, top_k=50, chunk_bytes=24 * 4 * 64)  # 64 rows per chunk
+    assert np.array_equal(chunked.indices, reference.indices) and np.array_equal(chunked.scores, reference.scores)
+    with_faiss = search_corpus(queries, mapped, top_k=50, method="faiss", chunk_bytes=24 * 4 * 64)
+    np.testing.assert_allclose(with_faiss.scores, reference.scores, rtol=0, atol=1e-6)
+    assert (with_faiss.indices[:, :10] == reference.indices[:, :10]).mean() > 0.99
+    excluded = np.arange(40)
+    a = search_corpus(queries, mapped, top_k=5, exclude=excluded, method="faiss", chunk_bytes=24 * 4 * 64)
+    b = exact_search(queries, corpus, top_k=5, exclude=excluded)
+    assert not (a.indices == excluded[:, None]).any()
+    np.testing.assert_allclose(a.scores, b.scores, atol=1e-6)
+
+
+def test_float16_storage_is_stated_and_close(retrieval_data, tmp_path):
+    rng = np.random.default_rng(2)
+    corpus = rng.standard_normal((900, 24)).astype(np.float32)
+    queries = rng.standard_normal((40, 24)).astype(np.float32)
+    np.save(tmp_path / "c16.npy", corpus.astype(np.float16))
+    task = RetrievalTask(retrieval_data, top_k=100, search_method="faiss")
+    result = task.score_embeddings(queries, np.load(tmp_path / "c16.npy", mmap_mode="r"))
+    stated = result.extra["corpus_embeddings"]
+    assert stated["dtype"] == "float16" and stated["memory_mapped"] and stated["search"] == "faiss"
+    exact = RetrievalTask(retrieval_data, top_k=100).score_embeddings(queries, corpus)
+    assert abs(result.scores["ndcg_at_10"] - exact.scores["ndcg_at_10"]) < 0.02
