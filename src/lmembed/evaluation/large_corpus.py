@@ -2,15 +2,19 @@
 
 A corpus embedding matrix may be a read-only memory map of an ``.npy`` file (what a sharded job of
 :mod:`lmembed.scale` writes into the embedding cache), stored as float32 or float16. Nothing here reads
-it whole: both search methods walk the corpus in chunks of at most ``chunk_bytes`` (each chunk converted
-to float32 and, for cosine, normalised) and keep a running top-k, so memory holds one chunk, the
-queries and ``queries × top_k`` candidates, whatever the corpus size.
+it whole: both search methods walk the corpus in chunks (each converted to float32 and, for cosine,
+normalised) and keep a running top-k, so memory holds one chunk, the queries and ``queries × top_k``
+candidates, whatever the corpus size.
 
-* ``method="exact"``: :func:`lmembed.evaluation.search.exact_search` over the memory map; its scores are
-  the in-memory path's, bit for bit, with float32 storage.
+* ``method="exact"``: :func:`lmembed.evaluation.search.exact_search` over the memory map. By default it
+  cuts the corpus exactly as the in-memory path does (chunks of ``2**24 / min(queries, 1024)`` rows: 16,384
+  rows from 1,024 queries up), so its scores are the in-memory path's, bit for bit, with float32
+  storage (BLAS results depend on the shape of each product, so any other chunking moves scores in
+  the last bit). ``chunk_bytes`` caps the chunk instead, for few queries and wide vectors: scores
+  then agree to float32 rounding (about 1e-7).
 * ``method="faiss"``: FAISS's exact inner-product kernel (``faiss.knn``) per chunk, the chunks' top-k
   merged with the same order (score descending, then corpus row ascending). Scores agree with the
-  exact path to float32 rounding (about 1e-7); candidates tied at the cut-off may differ.
+  exact path to float32 rounding; candidates tied at the cut-off may differ.
 
 float16 storage halves the disk and the reads, and rounds every component to 11 significant bits:
 scores move by about 1e-3, enough to swap near-ties. :func:`storage_of` describes what was used, and
@@ -27,7 +31,7 @@ from lmembed.evaluation.search import SearchResult, Similarity, exact_search
 
 SearchMethod = Literal["exact", "faiss"]
 SEARCH_METHODS = ("exact", "faiss")
-#: Largest float32 corpus chunk scored at once.
+#: Largest float32 corpus chunk scored at once by ``method="faiss"``.
 DEFAULT_CHUNK_BYTES = 256 << 20
 STORAGE_DTYPES = (np.float32, np.float16)
 
@@ -140,20 +144,24 @@ def search_corpus(
     similarity: Similarity = "cosine",
     exclude: np.ndarray | None = None,
     method: SearchMethod = "exact",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> SearchResult:
     """Top-``top_k`` of every query over a corpus matrix that may be memory-mapped and float16 (see the
-    module doc). ``exclude``: per query, one corpus row to leave out before the top-k (``-1`` for none)."""
+    module doc). ``exclude``: per query, one corpus row to leave out before the top-k (``-1`` for none).
+    ``chunk_bytes``: the largest float32 chunk (default: the in-memory path's chunking for ``exact``,
+    :data:`DEFAULT_CHUNK_BYTES` for ``faiss``)."""
     if method not in SEARCH_METHODS:
         raise ValueError(f"unknown search method {method!r}; use one of {', '.join(SEARCH_METHODS)}")
     queries = np.asarray(query_embeddings, dtype=np.float32)
     if queries.ndim != 2 or corpus_embeddings.ndim != 2 or queries.shape[1] != corpus_embeddings.shape[1]:
         raise ValueError(f"shapes do not match: queries {queries.shape}, corpus {corpus_embeddings.shape}")
-    rows_per_chunk = chunk_rows(corpus_embeddings.shape[1], chunk_bytes)
+    dim = corpus_embeddings.shape[1]
     if method == "faiss":
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
+        rows_per_chunk = chunk_rows(dim, chunk_bytes or DEFAULT_CHUNK_BYTES)
         return _faiss_search(queries, corpus_embeddings, top_k, similarity, exclude, rows_per_chunk)
+    chunk_size = None if chunk_bytes is None else chunk_rows(dim, chunk_bytes)
     return exact_search(
-        queries, corpus_embeddings, top_k=top_k, similarity=similarity, exclude=exclude, chunk_size=rows_per_chunk
+        queries, corpus_embeddings, top_k=top_k, similarity=similarity, exclude=exclude, chunk_size=chunk_size
     )

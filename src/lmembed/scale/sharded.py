@@ -195,7 +195,7 @@ def as_source(corpus: CorpusLike, *, field: str | None = None) -> CorpusSource:
         return corpus
     if isinstance(corpus, str | Path):
         return open_source(corpus, field=field)
-    return memory_source(validate_texts(corpus, "corpus"))
+    return memory_source(list(corpus))
 
 
 def encode_corpus(

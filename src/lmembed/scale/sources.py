@@ -33,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lmembed.encoding.inputs import check_encodable
+from lmembed.errors import InputError
 from lmembed.io import CORPUS_FILE, DataFormatError, find_file, iter_jsonl, iter_lines
 from lmembed.scale.errors import BadRowError
 
@@ -51,6 +53,15 @@ BLOCK_SCHEMA = pa.schema(
         ("origin", pa.string()),
     ]
 )
+
+
+def check_text(text: str, where: str, row: int, doc_id: str) -> None:
+    """Refuse, naming the row, a text that cannot be encoded as UTF-8 (a lone surrogate): no tokenizer,
+    and no Arrow column, can hold it."""
+    try:
+        check_encodable(text, "text")
+    except InputError as exc:
+        raise BadRowError(f"{where} (row {row}, id {doc_id!r}): {exc}") from None
 
 
 def locate(origin: str, row: int, line: int) -> str:
@@ -120,8 +131,11 @@ class _Blocks:
         self.texts: list[str] = []
 
     def add(self, line: int, doc_id: str | None, text: str) -> RowBlock | None:
+        row = self.next_row + len(self.texts)
+        doc_id = str(row) if doc_id is None else doc_id
+        check_text(text, locate(self.origin, row, line), row, doc_id)
         self.lines.append(line)
-        self.ids.append(str(self.next_row + len(self.texts)) if doc_id is None else doc_id)
+        self.ids.append(doc_id)
         self.texts.append(text)
         return self.flush() if len(self.texts) >= BLOCK_ROWS else None
 
@@ -355,7 +369,8 @@ def memory_source(texts: Sequence[str], ids: Sequence[str] | None = None) -> Cor
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise BadRowError(f"texts[{i}] is {type(text).__name__} ({text!r:.40}); every item must be a str")
-        digest.update(text.encode("utf-8", "surrogatepass"))
+        check_text(text, f"texts[{i}]", i, str(i) if ids is None else ids[i])
+        digest.update(text.encode())
         digest.update(b"\x00")
     if ids is not None:
         digest.update("\x00".join(ids).encode("utf-8", "surrogatepass"))

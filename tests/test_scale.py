@@ -1,0 +1,248 @@
+"""Sharded encoding on a real local Ray cluster (2 CPUs, started once for this module) with tiny models.
+
+Checked here: workers give the vectors of one process bit for bit (several strategies, echo, instructions,
+a saved model with a LoRA adapter and a latent-attention head loaded by each worker); a job killed mid-way
+resumes and encodes only the missing shards; order and ids are kept; a bad row, a row that makes the model
+fail, and a worker that dies for good each end in one clear error; ``lmembed encode --engine ray``.
+The reference vectors are computed with one torch thread, as each Ray worker runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lmembed import Embedder
+from lmembed.cli import app
+from lmembed.io import read_corpus
+from lmembed.scale import (
+    BadRowError,
+    EmbedderSpec,
+    ShardedEmbedder,
+    WorkerLostError,
+    encode_corpus,
+    make_engine,
+)
+from lmembed.scale.work import Snapshot, shard_name
+from lmembed.training.trainable import LoraSettings, TrainableEmbedder
+from test_scale_local import INSTRUCTION, cached, corpus_texts, uncached
+
+ray = pytest.importorskip("ray", reason="the Ray engine needs Ray Data: pip install 'lmembed[scale]'")
+TESTS = Path(__file__).resolve().parent
+
+# Workers unpickle the model providers below; they cannot import this test module, so it travels by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster with 2 CPUs for the whole module (Ray takes seconds to start)."""
+    engine = make_engine("ray", num_cpus=2)
+    engine.start()
+    yield ray.get_runtime_context().gcs_address
+    engine.shutdown()
+
+
+class Poisoned:
+    """Rebuilds the model from a snapshot, then fails on any batch that holds ``token``: raises, or (``die``)
+    kills the worker process."""
+
+    def __init__(self, snapshot: Snapshot, token: int, die: bool = False) -> None:
+        self.snapshot, self.token, self.die = snapshot, token, die
+
+    def load(self, device: str) -> Embedder:
+        emb = self.snapshot.load(device)
+        forward, token, die = emb.backbone.model.forward, self.token, self.die
+
+        def poisoned(*args, input_ids=None, **kwargs):
+            if input_ids is not None and bool((input_ids == token).any()):
+                if die:
+                    os._exit(3)
+                raise RuntimeError("the model cannot take this token")
+            return forward(*args, input_ids=input_ids, **kwargs)
+
+        emb.backbone.model.forward = poisoned
+        return emb
+
+
+def write_beir(folder: Path, texts: list[str]) -> list[str]:
+    """A BEIR corpus whose ids are not row numbers (and whose texts repeat); returns the ids."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = [f"doc-{(7 * i) % 1000:03d}" for i in range(len(texts))]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in zip(ids, texts)))
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+def test_ray_workers_give_the_vectors_of_one_process(cluster, tmp_path, one_torch_thread):
+    emb = uncached("llama")
+    configs = [
+        emb.config,
+        emb.config.with_options(pooling="weighted_mean", layer=(1, 2), final_norm=True),
+        emb.config.with_options(echo=True),
+    ]
+    texts = corpus_texts(120)
+    expected = emb.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
+    sharded = ShardedEmbedder(cached(emb, tmp_path), make_engine("ray", workers=2), shard_rows=16)
+    got = sharded.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
+    for config, a, b in zip(configs, got, expected, strict=True):
+        assert np.array_equal(a, b), config.label()
+    assert len(sharded.reports) == 2 and all(r.engine["engine"] == "ray" for r in sharded.reports)
+    assert sharded.reports[0].shards == 8 and sharded.reports[0].engine["workers"] == 2
+
+
+def test_workers_load_a_saved_model_with_lora_adapter_and_latent_head(cluster, tmp_path, one_torch_thread):
+    base = uncached("qwen2", pooling="latent_attention", latent={"num_latents": 8, "num_heads": 4})
+    trainable = TrainableEmbedder(base, lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    with torch.no_grad():
+        for name, param in trainable.named_trainable_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    folder = trainable.save(tmp_path / "model", merge_lora=False)
+    assert (folder / "adapter_config.json").exists() and (folder / "pooling_head.safetensors").exists()
+    texts = corpus_texts(60)
+    expected = Embedder.from_pretrained(str(folder), cache=False, show_progress=False).encode(texts, batch_size=8)
+    driver = Embedder.from_pretrained(str(folder), cache_dir=tmp_path / "cache", show_progress=False)
+    done = encode_corpus(
+        driver, texts, engine=make_engine("ray", workers=1), spec=EmbedderSpec(str(folder)), batch_size=8, shard_rows=24
+    )
+    assert np.array_equal(done.vectors, expected)
+
+
+# ---------------------------------------------------------------------------------------------- resume
+CHILD = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from test_scale_local import cached, uncached
+from lmembed.scale import encode_corpus, make_engine
+from lmembed.scale.work import Snapshot
+
+class Slow:  # defined in __main__, so it travels to the workers by value
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
+    def load(self, device):
+        emb = self.snapshot.load(device)
+        forward = emb.backbone.model.forward
+        def slow(*args, **kwargs):
+            time.sleep(0.4)
+            return forward(*args, **kwargs)
+        emb.backbone.model.forward = slow
+        return emb
+
+address, cache, corpus = sys.argv[2:5]
+emb = cached(uncached("llama"), cache)
+engine = make_engine("ray", ray_address=address, workers=1)
+encode_corpus(emb, corpus, engine=engine, batch_size=8, shard_rows=16, spec=Slow(Snapshot.of(emb)),
+              on_progress=lambda p: print(p.line(), flush=True))
+print("finished", flush=True)
+"""
+
+
+def _shard_files(cache: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_ino for p in cache.rglob("shard-*.npz")}
+
+
+def test_killed_job_resumes_with_only_the_missing_shards(cluster, tmp_path, one_torch_thread):
+    texts = corpus_texts(120)
+    ids = write_beir(tmp_path / "beir", texts)
+    cache = tmp_path / "cache"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(TESTS), cluster, str(cache), str(tmp_path / "beir")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    lines = []
+    for line in child.stdout:  # a driver on the same cluster, slowed down to 0.4 s per batch
+        lines.append(line)
+        if line.startswith("encode: 2/"):
+            break
+    child.kill()
+    _, errors = child.communicate(timeout=60)
+    assert lines and lines[-1].startswith("encode: 2/"), "".join(lines) + errors[-3000:]
+    before = _shard_files(cache)
+    for _ in range(40):  # Ray stops the dead driver's worker; wait until no shard appears any more
+        time.sleep(0.5)
+        if (now := _shard_files(cache)) == before:
+            break
+        before = now
+
+    emb = cached(uncached("llama"), cache)
+    done = encode_corpus(emb, tmp_path / "beir", engine=make_engine("ray", workers=2), batch_size=8, shard_rows=16)
+    report = done.report
+    assert not report.planned  # the plan (and the staged texts) of the killed run were reused
+    assert 2 <= len(report.shards_skipped) < report.shards
+    assert report.shards_encoded == sorted(set(range(report.shards)) - set(report.shards_skipped))
+    after = _shard_files(cache)
+    for shard in report.shards_skipped:  # finished shards were not written again
+        name = shard_name(report.job_id, shard) + ".npz"
+        assert after[name] == before[name]
+    assert done.ids == ids == read_corpus(tmp_path / "beir" / "corpus.jsonl")[0]  # input order, with ids
+    assert np.array_equal(done.vectors, uncached("llama").encode(texts, batch_size=8))
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_a_bad_row_read_on_a_worker_is_one_error_naming_it(cluster, tmp_path):
+    texts = ["fine", "also fine", "bad \ud800 text", "fine again"]
+    write_beir(tmp_path / "beir", texts)
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    with pytest.raises(BadRowError) as caught:
+        encode_corpus(emb, tmp_path / "beir", engine=make_engine("ray", workers=1))
+    assert type(caught.value) is BadRowError  # not a Ray wrapper
+    assert str(caught.value).startswith(f"{tmp_path / 'beir' / 'corpus.jsonl'}:3 (row 2, id 'doc-014'): text contains")
+
+
+def test_a_row_the_model_fails_on_is_named(cluster, tmp_path):
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    texts = corpus_texts(60)
+    texts[33] = "the padding"
+    token = emb.backbone.tokenizer.convert_tokens_to_ids("padding")
+    provider = Poisoned(Snapshot.of(emb), token)
+    engine = make_engine("ray", workers=1)
+    with pytest.raises(
+        BadRowError, match=r"^texts\[33\] \(row 33, id '33'\): encoding failed: RuntimeError: the model"
+    ):
+        encode_corpus(emb, texts, engine=engine, spec=provider, batch_size=8, shard_rows=16)
+
+
+def test_a_worker_that_dies_for_good_fails_the_job_which_then_resumes(cluster, tmp_path, one_torch_thread):
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    texts = corpus_texts(80)
+    texts[50] = "padding"  # the shortest text: planned into the last shard
+    token = emb.backbone.tokenizer.convert_tokens_to_ids("padding")
+    dying = Poisoned(Snapshot.of(emb), token, die=True)
+    with pytest.raises(WorkerLostError, match=r"died and did not come back after 0 restart\(s\).*run the same job"):
+        encode_corpus(
+            emb, texts, engine=make_engine("ray", workers=1, worker_restarts=0), spec=dying, batch_size=8, shard_rows=8
+        )
+    done = encode_corpus(emb, texts, engine=make_engine("ray", workers=1), batch_size=8, shard_rows=8)
+    assert done.report.shards_skipped and done.report.shards - 1 in done.report.shards_encoded
+    assert np.array_equal(done.vectors, uncached("llama").encode(texts, batch_size=8))
+
+
+# ---------------------------------------------------------------------------------------------- command line
+def test_encode_command_on_ray_writes_the_local_vectors(cluster, tmp_path, monkeypatch, one_torch_thread):
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    model = str(uncached("llama").save(tmp_path / "model"))
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(corpus_texts(50)) + "\n")
+    runner = CliRunner()
+    local = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "local.npy"), "--model", model])
+    assert local.exit_code == 0, local.output
+    args = ["encode", str(source), "-o", str(tmp_path / "ray.npy"), "--model", model, "--batch-size", "32"]
+    on_ray = runner.invoke(app, [*args, "--engine", "ray", "--ray-address", cluster, "--workers", "1"])
+    assert on_ray.exit_code == 0, on_ray.output
+    assert "encode: 1/1 shards" in on_ray.output and "[ray: 1 shards, 1 encoded now, 0 resumed]" in on_ray.output
+    assert np.array_equal(np.load(tmp_path / "ray.npy"), np.load(tmp_path / "local.npy"))
+    refused = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "x.npy"), "--ray-address", cluster])
+    assert refused.exit_code == 2 and "--ray-address needs --engine ray" in refused.output
