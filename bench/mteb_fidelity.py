@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from _common import REPO, published_scores, save_json, shared_or_exit
+from lmembed.evaluation.tasks.clustering import cluster_v_measure
 
 TASKS = (
     "STSBenchmark",
@@ -52,8 +53,6 @@ NOTES = {
 
 def kmeans_spread(task, embedder, seeds: int) -> dict[str, float]:
     """The task's clustering score re-computed with ``seeds`` other k-means seeds on the same embeddings."""
-    from lmembed.evaluation.tasks.clustering import cluster_v_measure
-
     embedded = [embedder.encode(s.sentences) for s in task.sets]  # cached: the task embedded them already
     means = [
         float(np.mean([cluster_v_measure(e, s.labels, seed=seed) for s, e in zip(task.sets, embedded, strict=True)]))

@@ -117,14 +117,16 @@ def _encode_on_ray(
         spec=worker_spec(model, options),
         ray_address=values["ray_address"],
         workers=values["workers"],
-        on_progress=lambda progress: console.print(progress.line()),
+        on_progress=lambda progress: console.print(progress.line(), markup=False),
     )
     if output.suffix == ".jsonl":
         done.write_jsonl(output)
     if values["no_cache"]:
         done.job.remove()  # resumable while it runs; nothing left in the cache once the output is written
     report = done.report
+    counts = f"{report.shards} shards, {len(report.shards_encoded)} encoded now, {len(report.shards_skipped)} resumed"
     console.print(
         f"wrote {done.vectors.shape[0]} × {done.vectors.shape[1]} vectors ({emb.config.label()}) to {output} "
-        f"[ray: {report.shards} shards, {len(report.shards_encoded)} encoded now, {len(report.shards_skipped)} resumed]"
+        f"[ray: {counts}]",
+        markup=False,
     )

@@ -134,8 +134,6 @@ class RayEngine:
         else:
             ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False, **options)
             self.started_here = True
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # the job reports its own progress (shards, texts/s, ETA)
 
     def shutdown(self) -> None:
         """Stop the local cluster this engine started (a joined cluster is left running)."""
@@ -199,7 +197,7 @@ class RayEngine:
             num_cpus=1,
         )
         with _translated_errors("plan pass"):
-            yield from planned.iter_batches(batch_size=None, batch_format="pyarrow")
+            yield from _configured(planned).iter_batches(batch_size=None, batch_format="pyarrow")
 
     def encode(
         self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
@@ -221,7 +219,17 @@ class RayEngine:
                 **self._restarts(),
             )
         with _translated_errors("encode pass", restarts=self.worker_restarts):
-            yield from encoded.iter_batches(batch_size=1, batch_format="numpy")
+            yield from _configured(encoded).iter_batches(batch_size=1, batch_format="numpy")
+
+
+def _configured(dataset: ray.data.Dataset) -> ray.data.Dataset:
+    """This job's Ray Data settings, on the dataset's own copy of the context (the global one is left alone)."""
+    context = dataset.context
+    context.enable_progress_bars = False  # the job reports its own progress (shards, texts/s, ETA)
+    # Our errors (a bad row ...) must reach the driver as themselves, not as a UserCodeException whose cause
+    # is lost in pickling.
+    context.raise_original_map_exception = True
+    return dataset
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -251,8 +259,10 @@ class _translated_errors:
         return None
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or not isinstance(exc, Exception) or isinstance(exc, LmembedError):
+        if exc is None or not isinstance(exc, Exception):
             return False
+        if isinstance(exc, LmembedError) and not isinstance(exc, ray.exceptions.RayError):
+            return False  # already ours (raised in this process)
         causes = list(_causes(exc))
         ours = [c for c in causes if isinstance(c, LmembedError) and not isinstance(c, ray.exceptions.RayError)]
         if ours:
