@@ -1,6 +1,6 @@
 """Encoding throughput: lmembed's backends vs sentence-transformers' on the same real texts, in one run.
 
-Contenders (all on the CPU, ``--batch-size`` texts per batch, vectors L2-normalised):
+Contenders (all on the CPU, ``--batch-size`` texts per batch, vectors L2-normalised; ``--tag`` names the result files):
 
 * sentence-transformers: ``st-torch`` (its default backend) in this environment; ``st-onnx``, ``st-onnx-O3``
   (graph optimisation level O3) and ``st-onnx-int8`` (``export_dynamic_quantized_onnx_model(..., "avx2")``) from
@@ -319,6 +319,7 @@ def main() -> None:
     parser.add_argument("--st-onnx-python", default=None, help="a Python with sentence-transformers[onnx]")
     parser.add_argument("--decoder-texts", type=int, default=0, help="also time smollm2-135m on this many texts")
     parser.add_argument("--skip-minilm", action="store_true")
+    parser.add_argument("--tag", default="", help="suffix of the result files (result-TAG.json, table-TAG.md)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -329,17 +330,22 @@ def main() -> None:
     from lmembed.atomic import atomic_write_json, atomic_write_text
 
     result: dict = {"cpu_threads": torch.get_num_threads(), "load_average_at_start": os.getloadavg()}
+    OUT.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.tag}" if args.tag else ""
+
+    def save() -> None:  # after each section, so a later failure keeps what was measured
+        result["load_average_at_end"] = os.getloadavg()
+        atomic_write_json(OUT / f"result{suffix}.json", result)
+        atomic_write_text(OUT / f"table{suffix}.md", table(result))
+
     if not args.skip_minilm:
         result["minilm"] = minilm_section(args)
+        save()
     if args.decoder_texts:
         result["decoder"] = decoder_section(args)
-    result["load_average_at_end"] = os.getloadavg()
-    OUT.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(OUT / "result.json", result)
-    text = table(result)
-    atomic_write_text(OUT / "table.md", text)
-    print(text)
-    print(f"saved {OUT / 'result.json'}")
+        save()
+    print(table(result))
+    print(f"saved {OUT / f'result{suffix}.json'}")
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def _encode_on_ray(
         spec=worker_spec(model, options),
         ray_address=values["ray_address"],
         workers=values["workers"],
-        on_progress=lambda progress: console.print(progress.line(), markup=False),
+        on_progress=lambda progress: console.print(progress.line(), markup=False, soft_wrap=True),
     )
     if output.suffix == ".jsonl":
         done.write_jsonl(output)
@@ -129,4 +129,5 @@ def _encode_on_ray(
         f"wrote {done.vectors.shape[0]} × {done.vectors.shape[1]} vectors ({emb.config.label()}) to {output} "
         f"[ray: {counts}]",
         markup=False,
+        soft_wrap=True,
     )

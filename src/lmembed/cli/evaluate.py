@@ -114,7 +114,7 @@ def eval_command(
 
 def _progress(progress: Any) -> None:
     """--engine ray: one line per finished shard (shards done, texts/s, ETA)."""
-    console.print(progress.line(), markup=False)
+    console.print(progress.line(), markup=False, soft_wrap=True)
 
 
 def _main_job(output: Path, batch_size: int) -> None:

@@ -67,6 +67,7 @@ class JobReport:
     engine: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
     workers_seen: int = 0
+    busy_s: float = 0.0  # seconds workers spent inside shards (the rest of encode_s is start-up and overhead)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +81,7 @@ class JobReport:
             "engine": self.engine,
             "timings": self.timings,
             "workers_seen": self.workers_seen,
+            "busy_s": self.busy_s,
         }
 
 
@@ -172,12 +174,16 @@ class EncodeJob:
         )
         mark = time.perf_counter()
         encoded: list[int] = []
+        busy = 0.0
         if pending:
             settings = self._shard_settings(engine)
             provider = engine.model_provider(self.embedder, spec)
             for record in engine.encode(pending, provider, settings):
-                for shard, rows, worker in zip(record["shard"], record["rows"], record["worker"], strict=True):
+                for shard, rows, worker, seconds in zip(
+                    record["shard"], record["rows"], record["worker"], record["seconds"], strict=True
+                ):
                     encoded.append(int(shard))
+                    busy += float(seconds)
                     tracker.shard_finished(int(rows), int(worker))
         timings["encode_s"] = time.perf_counter() - mark
         still = self.pending(plan)
@@ -197,6 +203,7 @@ class EncodeJob:
             engine=describe(engine),
             timings=timings,
             workers_seen=len(tracker.worker_ids),
+            busy_s=busy,
         )
 
     def pending(self, plan: ShardPlan) -> list[int]:

@@ -44,6 +44,9 @@ from lmembed.scale.work import EmbedderSpec, ModelProvider, ShardEncoder, ShardS
 
 log = logging.getLogger(__name__)
 
+#: The start of what Ray Data appends to the message of an exception raised in a map function.
+RAY_RETRY_NOTE = "\nFailed to apply UDF transform"
+
 #: Ray's own errors that mean a process or its objects are gone (as opposed to an error raised by our code).
 LOST = (
     ray.exceptions.RayActorError,
@@ -232,6 +235,15 @@ def _configured(dataset: ray.data.Dataset) -> ray.data.Dataset:
     return dataset
 
 
+def _without_ray_notes(error: BaseException) -> BaseException:
+    """Our error as we raised it: Ray Data appends retry advice to the message of a failed map's exception."""
+    message = str(error)
+    cut = message.find(RAY_RETRY_NOTE)
+    if cut > 0:
+        error.args = (message[:cut].rstrip(),)
+    return error
+
+
 def _causes(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and everything it wraps (``cause`` of Ray task errors, ``__cause__``, ``__context__``)."""
     seen: set[int] = set()
@@ -266,7 +278,7 @@ class _translated_errors:
         causes = list(_causes(exc))
         ours = [c for c in causes if isinstance(c, LmembedError) and not isinstance(c, ray.exceptions.RayError)]
         if ours:
-            raise ours[-1] from None
+            raise _without_ray_notes(ours[-1]) from None
         lost = next((c for c in causes if isinstance(c, LOST)), None)
         if lost is not None:
             reason = str(lost).strip().splitlines()[0] if str(lost).strip() else type(lost).__name__

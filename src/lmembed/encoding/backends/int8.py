@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 MAX_NODE_ERROR = 0.06
 #: Calibration rows kept per product for the error measurement.
 ERROR_SAMPLE_ROWS = 2048
+#: Padded tokens per calibration run: every product's input is recorded at once, so this bounds the memory used
+#: (a 30-layer decoder records ~100k floats per token).
+CALIBRATION_TOKENS = 1024
 
 
 @dataclass
@@ -81,16 +84,25 @@ def activation_stats(
     absmax: dict[str, np.ndarray] = {}
     samples: dict[str, list[np.ndarray]] = {n: [] for n in names}
     rng = np.random.default_rng(0)
-    for ids, mask in batches:
+    for ids, mask in _small(batches):
         outputs = session.run(names, {"input_ids": ids, "attention_mask": mask})
         real = mask.reshape(-1).astype(bool)
         for name, value in zip(names, outputs, strict=True):
             rows = value.reshape(-1, value.shape[-1])[real]
             peak = np.abs(rows).max(axis=0)
             absmax[name] = peak if name not in absmax else np.maximum(absmax[name], peak)
-            take = rng.choice(len(rows), size=min(len(rows), ERROR_SAMPLE_ROWS // 4), replace=False)
+            take = rng.choice(len(rows), size=min(len(rows), ERROR_SAMPLE_ROWS // 16), replace=False)
             samples[name].append(rows[take])
+        del outputs
     return absmax, {n: np.concatenate(s)[:ERROR_SAMPLE_ROWS] for n, s in samples.items()}
+
+
+def _small(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterable[tuple[np.ndarray, np.ndarray]]:
+    """``batches`` cut into runs of at most :data:`CALIBRATION_TOKENS` padded tokens (one row at least)."""
+    for ids, mask in batches:
+        rows = max(1, CALIBRATION_TOKENS // max(1, ids.shape[1]))
+        for start in range(0, len(ids), rows):
+            yield ids[start : start + rows], mask[start : start + rows]
 
 
 def int8_error(x: np.ndarray, weight: np.ndarray) -> float:
