@@ -18,7 +18,7 @@
 
     python bench/scale_encode.py [--docs 5183] [--rows 1000000] [--skip-scifact] [--skip-large]
 
-Results: bench/results/scale_encode/result.json and table.txt.
+Results: bench/results/scale_encode/result.json and table.txt (a part skipped keeps its last figures).
 """
 
 from __future__ import annotations
@@ -345,7 +345,9 @@ def main() -> None:
         child(*args.child)
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result: dict = {"machine": f"{os.cpu_count()} CPUs (shared)"}
+    previous = OUT / "result.json"
+    result: dict = json.loads(previous.read_text()) if previous.exists() else {}  # a part skipped keeps its figures
+    result["machine"] = f"{os.cpu_count()} CPUs (shared)"
     if not args.skip_scifact:
         result["scifact"] = scifact(args.docs)
     if not args.skip_large:

@@ -22,7 +22,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from lmembed import Embedder
+from conftest import build_tokenizer, tiny_model
+from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli import app
 from lmembed.io import read_corpus
 from lmembed.scale import (
@@ -246,3 +247,63 @@ def test_encode_command_on_ray_writes_the_local_vectors(cluster, tmp_path, monke
     assert np.array_equal(np.load(tmp_path / "ray.npy"), np.load(tmp_path / "local.npy"))
     refused = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "x.npy"), "--ray-address", cluster])
     assert refused.exit_code == 2 and "--ray-address needs --engine ray" in refused.output
+
+
+def test_index_build_on_ray_holds_the_local_vectors(cluster, tmp_path, monkeypatch, one_torch_thread):
+    from lmembed.index import Index
+
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    emb = uncached("llama")
+    model = str(emb.save(tmp_path / "model"))
+    texts = corpus_texts(40)
+    write_beir(tmp_path / "beir", texts)
+    runner = CliRunner()
+    for engine in ("local", "ray"):
+        args = ["index", "build", str(tmp_path / "beir"), "-o", str(tmp_path / engine), "--model", model]
+        result = runner.invoke(app, [*args, "--engine", engine, *(["--workers", "1"] if engine == "ray" else [])])
+        assert result.exit_code == 0, result.output
+    queries = emb.encode(["the cat sat", "protein gene study"])
+    local, on_ray = (Index.open(tmp_path / name).search_vectors(queries, k=5) for name in ("local", "ray"))
+    assert all(np.array_equal(a, b) for a, b in zip(local, on_ray, strict=True))
+
+
+@pytest.mark.slow
+def test_eval_command_on_ray_scores_as_local(cluster, tmp_path, monkeypatch, one_torch_thread):
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    model = str(uncached("llama").save(tmp_path / "model"))
+    folder = tmp_path / "toy"
+    write_beir(folder, corpus_texts(60))
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": f"cat {i}"}) + "\n" for i in range(6))
+    )
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("".join(f"q{i}\tdoc-{7 * i:03d}\t1\n" for i in range(6)))
+    runner = CliRunner()
+    scores = {}
+    for engine in ("local", "ray"):
+        args = ["eval", "--model", model, "--data", str(folder), "-o", str(tmp_path / engine), "--engine", engine]
+        result = runner.invoke(app, [*args, *(["--workers", "1"] if engine == "ray" else [])])
+        assert result.exit_code == 0, result.output
+        (written,) = (tmp_path / engine).rglob("toy*.json")
+        scores[engine] = json.loads(written.read_text())
+    local, on_ray = scores["local"], scores["ray"]
+    assert json.dumps(on_ray["scores"]) == json.dumps(local["scores"])
+    stated = json.dumps(on_ray["lmembed"])  # the result says the corpus was memory-mapped from the cache
+    assert '"corpus_embeddings"' in stated and '"memory_mapped": true' in stated
+    assert '"corpus_embeddings"' not in json.dumps(local)
+
+
+@pytest.mark.gpu
+def test_gpu_workers_give_the_vectors_of_one_gpu_process(cluster, tmp_path):
+    """One actor per GPU (num_gpus=1), bfloat16: the vectors of a single process on the same kind of GPU."""
+    if not torch.cuda.is_available() or ray.cluster_resources().get("GPU", 0) < 1:
+        pytest.skip("needs a CUDA GPU visible to the Ray cluster")
+    tokenizer = build_tokenizer()
+    model = tiny_model("llama", len(tokenizer)).to("cuda", torch.bfloat16)
+    single = Embedder.from_model(model, tokenizer, EmbeddingConfig(), use_cache=False, show_progress=False)
+    texts = corpus_texts(200)
+    expected = single.encode(texts, batch_size=16)
+    emb = Embedder.from_model(model, tokenizer, EmbeddingConfig(), cache_dir=tmp_path, show_progress=False)
+    done = encode_corpus(emb, texts, engine=make_engine("ray", gpus_per_worker=1), batch_size=16, shard_rows=32)
+    assert done.report.engine["gpus"] and done.report.engine["threads_per_worker"] is None
+    assert np.array_equal(done.vectors, expected)

@@ -21,6 +21,7 @@ from conftest import WORDS, build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.evaluation.large_corpus import search_corpus, storage_of
 from lmembed.evaluation.retrieval_data import RetrievalData
+from lmembed.evaluation.runner import evaluate_strategies
 from lmembed.evaluation.search import exact_search
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.io import DataFormatError, read_corpus, read_text_lines, read_texts_field
@@ -349,3 +350,21 @@ def test_float16_storage_is_stated_and_close(retrieval_data, tmp_path):
     assert stated["dtype"] == "float16" and stated["memory_mapped"] and stated["search"] == "faiss"
     exact = RetrievalTask(retrieval_data, top_k=100).score_embeddings(queries, corpus)
     assert abs(result.scores["ndcg_at_10"] - exact.scores["ndcg_at_10"]) < 0.02
+
+
+def test_evaluation_through_sharded_jobs_scores_as_in_memory(tmp_path, one_torch_thread):
+    folder = tmp_path / "toy"
+    write_beir(folder, [{"_id": f"d{i}", "text": t} for i, t in enumerate(corpus_texts(60))])
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": WORDS[i]}) + "\n" for i in range(9))
+    )
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("".join(f"q{i}\td{3 * i}\t1\n" for i in range(9)))
+    task = RetrievalTask.from_path(folder, name="toy")
+    emb = uncached("llama")
+    plain = evaluate_strategies(emb, [task], [emb.config])[0].result
+    sharded = ShardedEmbedder(cached(emb, tmp_path / "cache"), LocalEngine(), shard_rows=16, memory_map=True)
+    scaled = evaluate_strategies(sharded, [task], [emb.config])[0].result
+    assert same_scores(scaled.scores, plain.scores)
+    stated = scaled.extra["corpus_embeddings"]
+    assert stated["memory_mapped"] and stated["dtype"] == "float32" and stated["file"].endswith(".npy")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,21 +23,27 @@ from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_ENGINE,
     AttentionOpt,
     BatchSizeOpt,
     DeviceOpt,
     DimOpt,
     DtypeOpt,
     EchoOpt,
+    EngineOpt,
     InstructionOpt,
     LayerOpt,
     MaxLenOpt,
     ModelOpt,
     NoCacheOpt,
     PoolingOpt,
+    RayAddressOpt,
+    WorkersOpt,
+    check_engine,
     check_writable,
     load_embedder,
     model_options,
+    scale_out,
 )
 
 if TYPE_CHECKING:  # lmembed.index imports FAISS; commands import it only when they run
@@ -122,8 +128,14 @@ def build(
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = DEFAULT_DEVICE,
     no_cache: NoCacheOpt = False,
+    engine: EngineOpt = DEFAULT_ENGINE,
+    ray_address: RayAddressOpt = None,
+    workers: WorkersOpt = None,
 ) -> None:
-    """Embed a corpus and write a searchable index folder (a re-run after an interruption reuses the cache)."""
+    """Embed a corpus and write a searchable index folder (a re-run after an interruption reuses the cache).
+
+    With --engine ray the corpus is embedded as one resumable sharded job on Ray (workers load the model
+    themselves); the vectors, and so the index, are the same as with --engine local."""
     from lmembed.index import Index, IndexParams, load_corpus  # lazy: FAISS loads only when a command runs
 
     params = IndexParams(
@@ -138,8 +150,13 @@ def build(
         rescore_multiplier=rescore_multiplier,
     )
     check_writable(output, "--output", folder=True)
+    check_engine(engine, ray_address, workers)
     docs = load_corpus(data)
-    emb = load_embedder(model, **model_options(locals()))
+    options = model_options(locals())
+    emb = load_embedder(model, **options)
+    if engine == "ray":  # one job for the whole corpus: the job resumes by itself, shard by shard
+        emb = scale_out(emb, engine, model, options, ray_address=ray_address, workers=workers, on_progress=_ray_line)
+        chunk_size = max(1, len(docs))
     with _ProgressBar(f"indexing [{emb.config.label()}]") as bar:
         index = Index.build(
             emb,
@@ -154,6 +171,11 @@ def build(
     console.print(
         f"indexed {index.count} documents ({index.kind}, dim {index.dim}, {emb.config.label()}) into {output}"
     )
+
+
+def _ray_line(progress: Any) -> None:
+    """--engine ray: one line per finished shard (shards done, texts/s, ETA)."""
+    console.print(progress.line(), markup=False, soft_wrap=True)
 
 
 def add(

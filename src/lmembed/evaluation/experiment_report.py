@@ -136,7 +136,7 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
             *_table(["a", "b", "task", "claim (a vs b)", "a − b", "95 % interval", "p", "items", "verdict"], rows)
         ]
         lines.append("")
-    trained = [a for a in summary["arms"] if a.get("train_seconds")]
+    trained = [a for a in summary["arms"] if a["kind"] in ("train", "recipe") and a.get("train_seconds") is not None]
     if trained:
         lines += ["## Training", ""]
         rows = [

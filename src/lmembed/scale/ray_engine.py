@@ -44,6 +44,10 @@ from lmembed.scale.work import EmbedderSpec, ModelProvider, ShardEncoder, ShardS
 
 log = logging.getLogger(__name__)
 
+#: Largest block of the plan pass (about a few thousand passages).
+PLAN_BLOCK_BYTES = 2 << 20
+#: CPU share of a read task (reading is light next to tokenising; see RayEngine.plan).
+READ_CPUS = 0.5
 #: The start of what Ray Data appends to the message of an exception raised in a map function.
 RAY_RETRY_NOTE = "\nFailed to apply UDF transform"
 
@@ -188,10 +192,13 @@ class RayEngine:
         self.start()
         if not source.parts:
             return
-        # Plain tasks, fused with the read tasks by Ray Data: planning needs only the tokenizer, and an
-        # actor pool holding every CPU would starve the read tasks that feed it.
-        # One block per part as the parts yield them (Ray would otherwise split the read into ~200 blocks).
-        dataset = ray.data.read_datasource(CorpusDatasource(source), override_num_blocks=len(source.parts))
+        # Reading (one task per part, streaming blocks of BLOCK_ROWS rows) and planning (plain tasks: planning
+        # needs only the tokenizer) run as separate operators: their different CPU requests keep Ray Data from
+        # fusing them, so the blocks of one large JSON-lines file are tokenised on every worker, not on the
+        # one that reads. override_num_blocks: one read task per part (Ray would split small reads further).
+        dataset = ray.data.read_datasource(
+            CorpusDatasource(source), override_num_blocks=len(source.parts), num_cpus=READ_CPUS
+        )
         planned = dataset.map_batches(
             plan_block,
             fn_args=(settings,),
@@ -199,8 +206,12 @@ class RayEngine:
             batch_format="pyarrow",
             num_cpus=1,
         )
+        planned = _configured(planned)
+        # Ray Data merges what a read task yields into blocks of up to 128 MiB; smaller blocks keep the plan
+        # tasks (and the staging files) small and many, so that every worker has some to take.
+        planned.context.target_max_block_size = PLAN_BLOCK_BYTES
         with _translated_errors("plan pass"):
-            yield from _configured(planned).iter_batches(batch_size=None, batch_format="pyarrow")
+            yield from planned.iter_batches(batch_size=None, batch_format="pyarrow")
 
     def encode(
         self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
