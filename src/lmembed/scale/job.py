@@ -68,6 +68,7 @@ class JobReport:
     timings: dict[str, float] = field(default_factory=dict)
     workers_seen: int = 0
     busy_s: float = 0.0  # seconds workers spent inside shards (the rest of encode_s is start-up and overhead)
+    startup_s: float | None = None  # encode pass start → first shard done, less that shard's own time
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +83,7 @@ class JobReport:
             "timings": self.timings,
             "workers_seen": self.workers_seen,
             "busy_s": self.busy_s,
+            "startup_s": self.startup_s,
         }
 
 
@@ -175,6 +177,7 @@ class EncodeJob:
         mark = time.perf_counter()
         encoded: list[int] = []
         busy = 0.0
+        startup = None
         if pending:
             settings = self._shard_settings(engine)
             provider = engine.model_provider(self.embedder, spec)
@@ -184,6 +187,8 @@ class EncodeJob:
                 ):
                     encoded.append(int(shard))
                     busy += float(seconds)
+                    if startup is None:  # worker start-up (model load) and scheduling before the first result
+                        startup = time.perf_counter() - mark - float(seconds)
                     tracker.shard_finished(int(rows), int(worker))
         timings["encode_s"] = time.perf_counter() - mark
         still = self.pending(plan)
@@ -204,6 +209,7 @@ class EncodeJob:
             timings=timings,
             workers_seen=len(tracker.worker_ids),
             busy_s=busy,
+            startup_s=startup,
         )
 
     def pending(self, plan: ShardPlan) -> list[int]:
