@@ -56,7 +56,7 @@ EngineOpt = Annotated[
     typer.Option(
         "--engine",
         help="Where encoding runs: 'local' (this process) or 'ray' (resumable sharded jobs on Ray Data: one worker "
-        "per GPU, or per CPU; vectors identical to 'local'; needs pip install 'lmembed[scale]').",
+        "per GPU, or per CPU; vectors identical to 'local'; needs pip install 'lmembed\\[scale]').",
     ),
 ]
 RayAddressOpt = Annotated[
