@@ -2,13 +2,17 @@
 
 * DDP (``ddp.yaml``): ``accelerate launch`` with the file starts two CPU processes (gloo) that train a tiny model
   with full fine-tuning; the saved weights equal those of one process on the same global batches.
-* FSDP (``fsdp.yaml``): lmembed's training step with FSDP2 (``fully_shard`` on each decoder layer, then on the
-  whole model: parameters, gradients and optimizer state sharded over two CPU processes, in-batch negatives
-  gathered across them), LoRA off, equals the single-process step. The Trainer does not read accelerate's FSDP
-  settings yet, so the test shards the model where the Trainer would (before its optimizer is built).
+* FSDP (``fsdp.yaml``): ``accelerate launch`` with the file starts two CPU processes whose Trainer shards the model
+  with FSDP2 (``fully_shard`` on each decoder layer, then on the whole model: parameters, gradients and optimizer
+  state sharded, in-batch negatives gathered across processes), LoRA off; the weights and checkpoint it saves
+  equal one process's and the saved model loads and encodes. In-process, one Trainer step under FSDP equals the
+  single-process step, and LoRA is refused.
 * DeepSpeed ZeRO-2 (``deepspeed-zero2.yaml``): only its content is checked here. DeepSpeed is not installed on
   this machine, its CPU accelerator needs oneCCL, and no GPU was lent; besides, the Trainer steps its own
   optimizer, which ZeRO-2 must do itself (engine backward/step), so there is no path to test yet.
+
+The launches leave out accelerate's ``--cpu``: with it accelerate starts a single process (several CPU processes
+need MPI). Without a GPU (or with ``--device cpu``) the two processes torchrun starts train on the CPU with gloo.
 """
 
 from __future__ import annotations
@@ -20,15 +24,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
 
 from conftest import build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
+from lmembed.errors import ConfigError
+from lmembed.training.distributed import FsdpSettings
 from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import Trainer
 from test_trainer import ROWS
@@ -63,98 +71,172 @@ def test_each_configuration_names_its_mode():
         assert f"accelerate launch --config_file configs/accelerate/{name}" in (CONFIGS / name).read_text()
 
 
-# ---------------------------------------------------------------------------------------------- DDP
-def _train(command: list[str], output: Path, data_file: str, model: str) -> dict[str, torch.Tensor]:
+# ---------------------------------------------------------------------------------------------- launches
+def _train(command: list[str], output: Path, data_file: str, model: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """Train 2 steps (checkpoint at step 2); the saved weights and the checkpoint's state.json."""
     args = ["--model", model, "--data", data_file, "--steps", "2", "--batch-size", str(GLOBAL_BATCH), "--no-lora"]
     args += ["--lr", "1e-2", "--warmup-steps", "0", "--pooling", "mean", "--device", "cpu", "--output", str(output)]
+    args += ["--save-every", "2", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     run = subprocess.run([*command, "-m", "lmembed.cli.train", *args], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    return load_file(str(output / "model" / "model.safetensors"))
+    state = json.loads((output / "checkpoints" / "step-0000002" / "state.json").read_text())
+    return load_file(str(output / "model" / "model.safetensors")), state
 
 
-@pytest.mark.slow
-def test_ddp_configuration_launches_processes_that_take_the_single_process_steps(tmp_path, data_file):
+def _accelerate(config: str) -> list[str]:
+    """``accelerate launch`` of two processes with configs/accelerate/<config> (no ``--cpu``: see the module doc)."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config)]
+    return [*launch, "--num_processes", "2", "--main_process_port", str(_free_port())]
+
+
+def _tiny_llama(folder: Path) -> str:
     tokenizer = build_tokenizer()
     model = Embedder.from_model(
         tiny_model("llama", len(tokenizer)), tokenizer, EmbeddingConfig(attention="bidirectional"), use_cache=False
     )
-    saved = str(model.save(tmp_path / "tiny"))
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "ddp.yaml")]
-    launch += ["--cpu", "--num_processes", "2"]
-    two = _train(launch, tmp_path / "ddp", data_file, saved)
-    one = _train([sys.executable], tmp_path / "single", data_file, saved)
-    assert two.keys() == one.keys()
-    for name, tensor in one.items():
-        torch.testing.assert_close(two[name], tensor, atol=2e-6, rtol=1e-4, msg=name)
+    return str(model.save(folder))
 
 
-# ---------------------------------------------------------------------------------------------- FSDP
-def shard_with_fsdp2(trainable: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2 over all processes: one unit per decoder layer, then the rest of the model (embeddings, norm)."""
-    from torch.distributed.device_mesh import init_device_mesh  # lazy: only the FSDP processes need it
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    for layer in trainable.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(trainable, mesh=mesh)
-    return trainable
+def _assert_same_weights(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, atol=2e-6, rtol=1e-4, msg=name)
 
 
-def _one_step(data: str, output: Path) -> tuple[float, dict[str, torch.Tensor]]:
-    tokenizer = build_tokenizer()
-    config = EmbeddingConfig(pooling="mean", attention="bidirectional")
-    embedder = Embedder.from_model(tiny_model("llama", len(tokenizer)), tokenizer, config, use_cache=False)
+@pytest.fixture
+def single_run(tmp_path, data_file) -> tuple[str, dict[str, torch.Tensor], dict]:
+    """The tiny model's folder, and the weights and checkpoint state of one process training it as ``_train``
+    does (in this process, which saves a second of imports per launch)."""
+    saved = _tiny_llama(tmp_path / "tiny")
+    output = tmp_path / "single"
     cfg = TrainConfig(
-        data=[data],
+        model=saved,
+        data=[data_file],
         output=str(output),
         batch_size=GLOBAL_BATCH,
-        steps=1,
+        steps=2,
         lr=1e-2,
         warmup_steps=0,
         lora=False,
+        pooling="mean",
         device="cpu",
+        save_every=2,
         progress=False,
-        seed=3,
     )
-    trainer = Trainer(cfg, model=embedder)
-    record = trainer.train_step()
-    state = {}
-    for name, param in trainer.model.named_parameters():
-        full = param.full_tensor() if hasattr(param, "full_tensor") else param  # DTensor shards → whole tensor
-        state[name] = full.detach().clone()
-    return record["loss"], state
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        Trainer(cfg).train()
+    finally:
+        torch.set_num_threads(previous)
+    state = json.loads((output / "checkpoints" / "step-0000002" / "state.json").read_text())
+    return saved, load_file(str(output / "model" / "model.safetensors")), state
+
+
+# ---------------------------------------------------------------------------------------------- DDP
+@pytest.mark.slow
+def test_ddp_configuration_launches_processes_that_take_the_single_process_steps(tmp_path, data_file, single_run):
+    saved, one, single_state = single_run
+    two, state = _train(_accelerate("ddp.yaml"), tmp_path / "ddp", data_file, saved)
+    assert (state["world_size"], state["parallelism"]) == (2, "ddp")
+    assert (single_state["world_size"], single_state["parallelism"]) == (1, "single")
+    _assert_same_weights(two, one)
+
+
+# ---------------------------------------------------------------------------------------------- FSDP
+def test_fsdp_configuration_launches_processes_that_shard_and_save_whole_tensors(tmp_path, data_file, single_run):
+    saved, one, _ = single_run
+    two, state = _train(_accelerate("fsdp.yaml"), tmp_path / "fsdp", data_file, saved)
+    assert (state["world_size"], state["parallelism"]) == (2, "fsdp")
+    _assert_same_weights(two, one)
+    checkpoint = load_file(str(tmp_path / "fsdp" / "checkpoints" / "step-0000002" / "trainable.safetensors"))
+    expected = load_file(str(tmp_path / "single" / "checkpoints" / "step-0000002" / "trainable.safetensors"))
+    _assert_same_weights(checkpoint, expected)
+    folder = tmp_path / "fsdp" / "model"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (tmp_path / "single" / "model").iterdir())
+    vectors = Embedder.from_pretrained(str(folder), device="cpu").encode(["a query about cats", "dogs"])
+    reference = Embedder.from_pretrained(str(tmp_path / "single" / "model"), device="cpu").encode(
+        ["a query about cats", "dogs"]
+    )
+    assert vectors.shape == reference.shape
+    np.testing.assert_allclose(vectors, reference, atol=1e-4)
+
+
+FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "true"}  # as accelerate
+
+
+def _trainer(data: str, output: Path, **options) -> Trainer:
+    tokenizer = build_tokenizer()
+    config = EmbeddingConfig(pooling="mean", attention="bidirectional")
+    embedder = Embedder.from_model(tiny_model("llama", len(tokenizer)), tokenizer, config, use_cache=False)
+    settings = dict(batch_size=GLOBAL_BATCH, steps=2, lr=1e-2, warmup_steps=0, lora=False, progress=False, seed=3)
+    cfg = TrainConfig(data=[data], output=str(output), device="cpu", **{**settings, **options})
+    return Trainer(cfg, model=embedder)
+
+
+def _step(trainer: Trainer) -> tuple[float, dict[str, torch.Tensor], bool]:
+    """The next step's loss, the whole parameters after it, and whether they are sharded (DTensors)."""
+    loss = trainer.train_step()["loss"]
+    params = dict(trainer.model.named_parameters())
+    sharded = all(isinstance(param, DTensor) for param in params.values())
+    return loss, {name: (p.full_tensor() if sharded else p).detach().clone() for name, p in params.items()}, sharded
 
 
 def _fsdp_rank(rank: int, world: int, port: int, data: str, folder: str) -> None:
-    """One FSDP process: the Trainer builds its model, which is sharded before the optimizer is made."""
-    import lmembed.training.trainer as trainer_module
-
+    """One process under accelerate's FSDP settings (the Trainer shards the model itself): a step, a checkpoint,
+    the next step; a Trainer resumed from the checkpoint takes that next step too; LoRA is refused."""
     torch.set_num_threads(1)
+    os.environ.update(FSDP_ENV)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    build = trainer_module.build_trainable
-    trainer_module.build_trainable = lambda *args, **kwargs: shard_with_fsdp2(build(*args, **kwargs))
-    trainer_module.Trainer._wrap = lambda self, model: model  # FSDP replaces DDP
     try:
-        result = _one_step(data, Path(folder) / "fsdp")
+        trainer = _trainer(data, Path(folder) / "fsdp")
+        first = _step(trainer)
+        trainer.save_checkpoint()
+        second = _step(trainer)
+        resumed = _trainer(data, Path(folder) / "fsdp", resume=True)
+        assert resumed.resume() and resumed.step == 1
+        again = _step(resumed)
+        try:
+            _trainer(data, Path(folder) / "lora", lora=True)
+            refusal = ""
+        except ConfigError as error:
+            refusal = str(error)
         if rank == 0:
-            torch.save(result, Path(folder) / "fsdp.pt")
+            torch.save((first, second, again, refusal), Path(folder) / "fsdp.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def test_fsdp2_step_equals_the_single_process_step(tmp_path, data_file):
+def test_fsdp_trainer_step_equals_the_single_process_step_and_resumes(tmp_path, data_file):
     mp.spawn(_fsdp_rank, args=(2, _free_port(), data_file, str(tmp_path)), nprocs=2, join=True)
-    fsdp_loss, fsdp_state = torch.load(tmp_path / "fsdp.pt", weights_only=False)
+    first, second, again, refusal = torch.load(tmp_path / "fsdp.pt", weights_only=False)
+    assert "--no-lora" in refusal
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        loss, state = _one_step(data_file, tmp_path / "single")
+        loss, state, sharded = _step(_trainer(data_file, tmp_path / "single"))
     finally:
         torch.set_num_threads(previous)
-    assert fsdp_loss == pytest.approx(loss, rel=1e-5)
-    assert state.keys() == fsdp_state.keys()
-    for name, tensor in state.items():
-        torch.testing.assert_close(fsdp_state[name], tensor, atol=2e-6, rtol=1e-4, msg=name)
+    assert first[2] and not sharded
+    assert first[0] == pytest.approx(loss, rel=1e-5)
+    _assert_same_weights(first[1], state)
+    assert again[0] == pytest.approx(second[0], rel=1e-6)  # resuming continues the run exactly
+    _assert_same_weights(again[1], second[1])
+
+
+def test_fsdp_settings_come_from_accelerates_environment(monkeypatch):
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "FSDP_OFFLOAD_PARAMS", "FSDP_TRANSFORMER_CLS_TO_WRAP"):
+        monkeypatch.delenv(name, raising=False)
+    assert FsdpSettings.from_environment() is None
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ConfigError, match="fsdp_version: 2"):
+        FsdpSettings.from_environment()
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "LlamaDecoderLayer, BertLayer")
+    assert FsdpSettings.from_environment() == FsdpSettings(False, ("LlamaDecoderLayer", "BertLayer"))
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    with pytest.raises(ConfigError, match="fsdp_offload_params"):
+        FsdpSettings.from_environment()

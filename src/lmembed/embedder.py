@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 from safetensors.torch import load_file, save_file
-from torch import nn
+from torch import Tensor, nn
 
 from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
@@ -296,15 +296,26 @@ class Embedder:
         source = self.engine.prepare_backend([self.config])
         return _copy_export(source, Path(directory), self)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write everything needed to reload this Embedder exactly (see the module doc)."""
+    def save(
+        self,
+        directory: str | Path,
+        *,
+        backbone_state: dict[str, Tensor] | None = None,
+        head_state: dict[str, Tensor] | None = None,
+    ) -> Path:
+        """Write everything needed to reload this Embedder exactly (see the module doc).
+
+        ``backbone_state`` and ``head_state`` are whole tensors to write instead of the modules' own state
+        dicts (a model sharded over processes is saved from its gathered state this way).
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         model = self.backbone.model
-        model.save_pretrained(directory)
+        model.save_pretrained(directory, state_dict=backbone_state)
         self.backbone.tokenizer.save_pretrained(directory)
         if self.pooling_head is not None:
-            state = {k: v.detach().cpu().contiguous() for k, v in self.pooling_head.state_dict().items()}
+            head = self.pooling_head.state_dict() if head_state is None else head_state
+            state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
             save_file(state, str(directory / HEAD_FILE))
         meta = {
             "format": FORMAT_VERSION,

@@ -186,7 +186,7 @@ def is_beir_folder(folder: str | Path) -> bool:
     return True
 
 
-def _string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, required: bool = True) -> str:
+def string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, required: bool = True) -> str:
     """``row[key]`` as a string; ids may be given as JSON numbers."""
     value = row.get(key)
     if value is None:
@@ -198,6 +198,13 @@ def _string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, re
     return str(value)
 
 
+def corpus_text(row: dict[str, Any], path: Path, line_no: int) -> str:
+    """The text a BEIR corpus row is embedded as: ``(title + " " + text).strip()``, both optional."""
+    title = string_field(row, "title", path, line_no, required=False)
+    text = string_field(row, "text", path, line_no, required=False)
+    return (title + " " + text).strip()
+
+
 def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
     """A BEIR corpus file as parallel lists of ids and texts (``(title + " " + text).strip()``)."""
     path = Path(path)
@@ -205,14 +212,12 @@ def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
     texts: list[str] = []
     seen: set[str] = set()
     for line_no, row in iter_jsonl(path):
-        doc_id = _string_field(row, "_id", path, line_no)
+        doc_id = string_field(row, "_id", path, line_no)
         if doc_id in seen:
             raise DataFormatError(path, line_no, f"duplicate document id {doc_id!r}")
         seen.add(doc_id)
-        title = _string_field(row, "title", path, line_no, required=False)
-        text = _string_field(row, "text", path, line_no, required=False)
         ids.append(doc_id)
-        texts.append((title + " " + text).strip())
+        texts.append(corpus_text(row, path, line_no))
     return ids, texts
 
 
@@ -221,10 +226,10 @@ def read_queries(path: str | Path) -> dict[str, str]:
     path = Path(path)
     queries: dict[str, str] = {}
     for line_no, row in iter_jsonl(path):
-        query_id = _string_field(row, "_id", path, line_no)
+        query_id = string_field(row, "_id", path, line_no)
         if query_id in queries:
             raise DataFormatError(path, line_no, f"duplicate query id {query_id!r}")
-        queries[query_id] = _string_field(row, "text", path, line_no)
+        queries[query_id] = string_field(row, "text", path, line_no)
     return queries
 
 

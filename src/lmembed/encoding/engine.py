@@ -273,6 +273,17 @@ class EncodingEngine:
         ]
 
     # ------------------------------------------------------------------ compute
+    def _reading(self, lead: EmbeddingConfig) -> tuple[InputBuilder, str]:
+        """How texts are read for a group of strategies that share forward passes (``lead`` is the first):
+        the input builder, and the attention mode of the forward pass."""
+        builder = InputBuilder(
+            self.backbone.tokenizer,
+            lead,
+            is_decoder=self.backbone.is_decoder,
+            max_length=resolve_max_length(self.backbone, lead.max_length),
+        )
+        return builder, lead.attention if self.backbone.is_decoder else "bidirectional"
+
     def _compute(
         self,
         texts: Sequence[str],
@@ -284,17 +295,10 @@ class EncodingEngine:
         on_batch: Callable[[list[int]], None] | None = None,
     ) -> None:
         """Fill ``outputs`` at ``rows``; ``on_batch(rows)`` is called after each batch is written there."""
-        lead = configs[0]
-        builder = InputBuilder(
-            self.backbone.tokenizer,
-            lead,
-            is_decoder=self.backbone.is_decoder,
-            max_length=resolve_max_length(self.backbone, lead.max_length),
-        )
+        builder, mode = self._reading(configs[0])
         features = builder.build_all([texts[i] for i in rows], instruction)
-        mode = lead.attention if self.backbone.is_decoder else "bidirectional"
         if self.backend is self.torch_backend:
-            self._prepare_attention(lead.attention)
+            self._prepare_attention(configs[0].attention)
         else:
             self.backend.prepare(
                 configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
@@ -314,14 +318,7 @@ class EncodingEngine:
         folder = getattr(self.backend, "graph_folder", None)
         if folder is None:
             raise ValueError(f"the {self.backend.name} backend has no exported graph")
-        lead = configs[0]
-        builder = InputBuilder(
-            self.backbone.tokenizer,
-            lead,
-            is_decoder=self.backbone.is_decoder,
-            max_length=resolve_max_length(self.backbone, lead.max_length),
-        )
-        mode = lead.attention if self.backbone.is_decoder else "bidirectional"
+        builder, mode = self._reading(configs[0])
         self.backend.prepare(
             configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=32), pool=self._pool
         )

@@ -43,7 +43,7 @@ from lmembed.experiments.plan import RUNS_DIR, PlannedRun, plan_runs, source_run
 from lmembed.experiments.scoring import build_suite, score_task, suite_texts
 from lmembed.experiments.spec import ExperimentSpec
 from lmembed.experiments.summary import write_summary
-from lmembed.training.recipes import parse_recipe, resolve_input, run_recipe
+from lmembed.training.recipes import parse_recipe, resolve_data, run_recipe
 from lmembed.training.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -69,18 +69,6 @@ class ExperimentOutcome:
 
 
 # ---------------------------------------------------------------------------------------------- training
-def _data_sources(data: Sequence[Any]) -> list[Any]:
-    """Training data made concrete the way recipes do: paths, or dataset names found locally."""
-    out = []
-    for item in data:
-        if isinstance(item, str):
-            item = str(resolve_input(item))
-        elif isinstance(item, dict) and isinstance(item.get("path"), str):
-            item = {**item, "path": str(resolve_input(item["path"]))}
-        out.append(item)
-    return out
-
-
 def _read_losses(folder: Path) -> list[float]:
     """The ``loss`` of every step record in a training folder's ``metrics.jsonl``."""
     path = folder / "metrics.jsonl"
@@ -101,7 +89,7 @@ def _train_contrastive(spec: ExperimentSpec, run: PlannedRun) -> tuple[Path, dic
     from lmembed.training.trainer import Trainer  # lazy: torch loads only when a run trains
 
     options = copy.deepcopy(dict(run.arm.train or {}))
-    options["data"] = _data_sources(options.get("data") or [])
+    options["data"] = resolve_data(options.get("data") or [])
     for key in ("pooling", "attention", "max_length"):
         if key in run.arm.strategy and key not in options:
             options[key] = run.arm.strategy[key]

@@ -96,6 +96,24 @@ def _pick(values: Sequence[Any], index: list[int]) -> list[Any]:
     return [values[i] for i in index]
 
 
+#: Task types shrunk by sampling items: the fields that hold one value per item (the first one's length counts).
+_ITEM_FIELDS: tuple[tuple[Any, tuple[str, ...]], ...] = (
+    (STSTask, ("scores", "sentence1", "sentence2")),
+    (PairClassificationTask, ("labels", "sentence1", "sentence2")),
+    (SummarizationTask | RerankingTask, ("samples",)),
+    (ClassificationTask, ("test_labels", "test_texts")),
+)
+
+
+def _shrink_items(task: Task, fields: tuple[str, ...], keep: int | None, rng: np.random.Generator) -> Task:
+    """``task`` keeping the same ``keep`` sampled items of each of ``fields`` (unchanged when all are kept)."""
+    index = _sample(len(getattr(task, fields[0])), keep, rng)
+    if index is None:
+        return task
+    picked = {name: _pick(getattr(task, name), index) for name in fields}
+    return dataclasses.replace(task, name=f"{task.name}[{len(index)} items]", **picked)
+
+
 def shrink(task: Task, evaluation: EvalSpec) -> Task:
     """``task`` reduced as the module docstring says (unchanged when no limit applies)."""
     rng = np.random.default_rng(evaluation.sample_seed)
@@ -109,33 +127,9 @@ def shrink(task: Task, evaluation: EvalSpec) -> Task:
             policy="relevant-first",
         )
     keep = evaluation.max_items
-    if isinstance(task, STSTask):
-        index = _sample(len(task.scores), keep, rng)
-        if index is None:
-            return task
-        return dataclasses.replace(
-            task,
-            name=f"{task.name}[{len(index)} items]",
-            sentence1=_pick(task.sentence1, index),
-            sentence2=_pick(task.sentence2, index),
-            scores=_pick(task.scores, index),
-        )
-    if isinstance(task, PairClassificationTask):
-        index = _sample(len(task.labels), keep, rng)
-        if index is None:
-            return task
-        return dataclasses.replace(
-            task,
-            name=f"{task.name}[{len(index)} items]",
-            sentence1=_pick(task.sentence1, index),
-            sentence2=_pick(task.sentence2, index),
-            labels=_pick(task.labels, index),
-        )
-    if isinstance(task, SummarizationTask | RerankingTask):
-        index = _sample(len(task.samples), keep, rng)
-        if index is None:
-            return task
-        return dataclasses.replace(task, name=f"{task.name}[{len(index)} items]", samples=_pick(task.samples, index))
+    for kind, fields in _ITEM_FIELDS:
+        if isinstance(task, kind):
+            return _shrink_items(task, fields, keep, rng)
     if isinstance(task, ClusteringTask):
         if keep is None or all(len(s.sentences) <= keep for s in task.sets):
             return task
@@ -144,16 +138,6 @@ def shrink(task: Task, evaluation: EvalSpec) -> Task:
             index = _sample(len(cluster_set.sentences), keep, rng) or list(range(len(cluster_set.sentences)))
             sets.append(ClusterSet(_pick(cluster_set.sentences, index), _pick(cluster_set.labels, index)))
         return dataclasses.replace(task, name=f"{task.name}[{keep} per set]", sets=sets)
-    if isinstance(task, ClassificationTask):
-        index = _sample(len(task.test_labels), keep, rng)
-        if index is None:
-            return task
-        return dataclasses.replace(
-            task,
-            name=f"{task.name}[{len(index)} items]",
-            test_texts=_pick(task.test_texts, index),
-            test_labels=_pick(task.test_labels, index),
-        )
     return task
 
 

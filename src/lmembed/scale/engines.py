@@ -21,6 +21,9 @@ from lmembed.scale.sources import CorpusSource
 from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, ShardEncoder, ShardSettings
 
 ENGINES = ("local", "ray")
+#: The keyword options of :func:`make_engine`, which :func:`~lmembed.scale.sharded.scaled` and
+#: :func:`~lmembed.scale.sharded.encode_corpus` pass on to it.
+ENGINE_OPTIONS = ("ray_address", "workers", "threads_per_worker", "gpus_per_worker", "num_cpus", "worker_restarts")
 
 
 class Engine(Protocol):
@@ -112,14 +115,13 @@ def make_engine(
         raise EngineUnavailableError(
             f"--engine ray needs Ray Data ({exc.name or exc}): pip install 'lmembed[scale]'"
         ) from exc
-    return RayEngine(
-        ray_address,
-        workers=workers,
-        threads_per_worker=threads_per_worker,
-        gpus_per_worker=gpus_per_worker,
-        num_cpus=num_cpus,
-        worker_restarts=worker_restarts,
-    )
+    options = engine_options(locals())
+    return RayEngine(options.pop("ray_address"), **options)
+
+
+def engine_options(values: dict[str, Any]) -> dict[str, Any]:
+    """The engine options among a function's arguments (pass ``locals()``), for :func:`make_engine`."""
+    return {name: values[name] for name in ENGINE_OPTIONS}
 
 
 def describe(engine: Engine) -> dict[str, Any]:

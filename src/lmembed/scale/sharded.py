@@ -29,7 +29,7 @@ from lmembed.atomic import atomic_write
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.inputs import validate_texts
-from lmembed.scale.engines import Engine, make_engine
+from lmembed.scale.engines import Engine, engine_options, make_engine
 from lmembed.scale.job import DEFAULT_SHARD_ROWS, STORAGE_DTYPES, EncodeJob, JobReport
 from lmembed.scale.progress import ProgressCallback
 from lmembed.scale.sources import CorpusSource, memory_source, open_source
@@ -153,15 +153,7 @@ def scaled(
     if engine == "local":
         make_engine("local", ray_address=ray_address)  # refuses Ray options given to the local engine
         return embedder
-    chosen = make_engine(
-        engine,
-        ray_address=ray_address,
-        workers=workers,
-        threads_per_worker=threads_per_worker,
-        gpus_per_worker=gpus_per_worker,
-        num_cpus=num_cpus,
-        worker_restarts=worker_restarts,
-    )
+    chosen = make_engine(engine, **engine_options(locals()))
     return ShardedEmbedder(embedder, chosen, spec=spec, **options)
 
 
@@ -224,15 +216,7 @@ def encode_corpus(
     comes as a list of texts; ``output`` (``.npy``) receives the matrix, written atomically, and the
     result is its memory map; ``memory_map`` keeps a ``.npy`` in the cache instead. Killed or failed,
     the same call resumes where it stopped."""
-    chosen = make_engine(
-        engine,
-        ray_address=ray_address,
-        workers=workers,
-        threads_per_worker=threads_per_worker,
-        gpus_per_worker=gpus_per_worker,
-        num_cpus=num_cpus,
-        worker_restarts=worker_restarts,
-    )
+    chosen = make_engine(engine, **engine_options(locals()))
     job = EncodeJob(
         embedder,
         as_source(corpus, field=field),

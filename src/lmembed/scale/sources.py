@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
-from lmembed.io import CORPUS_FILE, DataFormatError, find_file, iter_jsonl, iter_lines
+from lmembed.io import CORPUS_FILE, DataFormatError, corpus_text, find_file, iter_jsonl, iter_lines, string_field
 from lmembed.scale.errors import BadRowError
 
 #: Rows per block read from a part (and per staging file written by the plan pass).
@@ -156,100 +156,80 @@ class _Blocks:
 
 
 def _id_of(row: dict[str, Any], path: Path, line_no: int) -> str:
-    for key in ID_FIELDS:
-        value = row.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise DataFormatError(path, line_no, f"field {key!r} must be a string, got {type(value).__name__}")
-        return str(value)
-    raise DataFormatError(path, line_no, "missing field '_id'")
-
-
-def _optional_string(row: dict[str, Any], key: str, path: Path, line_no: int) -> str:
-    value = row.get(key)
-    if value is None:
-        return ""
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise DataFormatError(path, line_no, f"field {key!r} must be a string, got {type(value).__name__}")
-    return str(value)
+    """The row's ``_id`` (else its ``id``); a string or a JSON number."""
+    key = next((k for k in ID_FIELDS if row.get(k) is not None), ID_FIELDS[0])
+    return string_field(row, key, path, line_no)
 
 
 @dataclass
-class BeirPart(SourcePart):
-    """A BEIR corpus file: ``(title + " " + text).strip()`` per row, ids from ``_id``."""
+class _FilePart(SourcePart):
+    """A part that reads one whole file."""
 
     path: str
-    first_row: int = 0
-
-    def read(self) -> Iterator[RowBlock]:
-        path = Path(self.path)
-        blocks = _Blocks(f"{path}:{{line}}", self.first_row)
-        for line_no, row in iter_jsonl(path):
-            doc_id = _id_of(row, path, line_no)
-            title = _optional_string(row, "title", path, line_no)
-            text = _optional_string(row, "text", path, line_no)
-            if (block := blocks.add(line_no, doc_id, (title + " " + text).strip())) is not None:
-                yield block
-        if (block := blocks.flush()) is not None:
-            yield block
 
     @property
     def files(self) -> list[str]:
         return [self.path]
 
 
-@dataclass
-class JsonlFieldPart(SourcePart):
-    """One string field of every row of a JSON-lines file (ids are row numbers)."""
+class _TextFilePart(_FilePart):
+    """A text-format file read row by row into blocks; a subclass says what each row of the file gives."""
 
-    path: str
-    field: str = "text"
-    first_row: int = 0
+    @abstractmethod
+    def _rows(self, path: Path) -> Iterator[tuple[int, str | None, str]]:
+        """``(line, id or None for the row number, text)`` for every row of the file, in order."""
 
     def read(self) -> Iterator[RowBlock]:
         path = Path(self.path)
         blocks = _Blocks(f"{path}:{{line}}", self.first_row)
+        for line_no, doc_id, text in self._rows(path):
+            if (block := blocks.add(line_no, doc_id, text)) is not None:
+                yield block
+        if (block := blocks.flush()) is not None:
+            yield block
+
+
+@dataclass
+class BeirPart(_TextFilePart):
+    """A BEIR corpus file: ``(title + " " + text).strip()`` per row, ids from ``_id``."""
+
+    first_row: int = 0
+
+    def _rows(self, path: Path) -> Iterator[tuple[int, str | None, str]]:
+        for line_no, row in iter_jsonl(path):
+            yield line_no, _id_of(row, path, line_no), corpus_text(row, path, line_no)
+
+
+@dataclass
+class JsonlFieldPart(_TextFilePart):
+    """One string field of every row of a JSON-lines file (ids are row numbers)."""
+
+    field: str = "text"
+    first_row: int = 0
+
+    def _rows(self, path: Path) -> Iterator[tuple[int, str | None, str]]:
         for line_no, row in iter_jsonl(path):
             value = row.get(self.field)
             if not isinstance(value, str):
                 raise DataFormatError(path, line_no, f"expected an object with a string field {self.field!r}")
-            if (block := blocks.add(line_no, None, value)) is not None:
-                yield block
-        if (block := blocks.flush()) is not None:
-            yield block
-
-    @property
-    def files(self) -> list[str]:
-        return [self.path]
+            yield line_no, None, value
 
 
 @dataclass
-class TextLinesPart(SourcePart):
+class TextLinesPart(_TextFilePart):
     """Every line of a text file, blank lines included (ids are row numbers)."""
 
-    path: str
     first_row: int = 0
 
-    def read(self) -> Iterator[RowBlock]:
-        path = Path(self.path)
-        blocks = _Blocks(f"{path}:{{line}}", self.first_row)
+    def _rows(self, path: Path) -> Iterator[tuple[int, str | None, str]]:
         for line_no, line in iter_lines(path):
-            if (block := blocks.add(line_no, None, line)) is not None:
-                yield block
-        if (block := blocks.flush()) is not None:
-            yield block
-
-    @property
-    def files(self) -> list[str]:
-        return [self.path]
+            yield line_no, None, line
 
 
 @dataclass
-class ParquetPart(SourcePart):
+class ParquetPart(_FilePart):
     """Row groups of one Parquet file."""
 
-    path: str
     row_groups: list[int]
     first_row: int
     rows_before: int  # rows of this file before the first of these row groups
@@ -292,10 +272,6 @@ class ParquetPart(SourcePart):
     @property
     def row_count(self) -> int:
         return self.num_rows
-
-    @property
-    def files(self) -> list[str]:
-        return [self.path]
 
 
 @dataclass

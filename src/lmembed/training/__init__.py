@@ -13,7 +13,7 @@ module                  holds
 :mod:`.recipes`         YAML recipes: data preparation and a sequence of stages
 :mod:`.optim`           AdamW, the warm-up/decay schedule and ``OptimisationStep`` (shared by all loops)
 :mod:`.gradcache`       ``GradCache``: large contrastive batches in bounded memory
-:mod:`.distributed`     ``setup_distributed``, ``DistContext`` and the cross-process gather for losses
+:mod:`.distributed`     ``setup_distributed``, ``DistContext``, the cross-process gather for losses, FSDP2 sharding
 :mod:`.checkpoint`      crash-safe checkpoints and RNG state for exact resumption
 :mod:`.metrics_log`     ``metrics.jsonl``, the loss-curve PNG and the progress bar
 :mod:`.dev_eval`        nDCG@10 on dev retrieval sets during training

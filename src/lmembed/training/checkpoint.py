@@ -135,10 +135,13 @@ def save_checkpoint(
     rank: int = 0,
     barrier: Callable[[], None] = _no_barrier,
     keep: int = 0,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and return its final path.
 
-    Every process must call this (with its own ``rank``); ``model_state`` is only used on rank 0.
+    Every process must call this (with its own ``rank``); ``model_state`` is only used on rank 0, and so is
+    ``optimizer_state`` (written instead of ``optimizer.state_dict()`` when given: a sharded optimizer's
+    gathered state).
     ``keep > 0`` deletes all but the newest ``keep`` checkpoints afterwards.
     """
     root = checkpoint_dir(output)
@@ -155,7 +158,7 @@ def save_checkpoint(
         tensors = {name: t.contiguous() for name, t in model_state.items()}
         payload = safetensors_bytes(tensors)
         atomic_write(scratch / WEIGHTS_FILE, lambda handle: handle.write(payload))
-        _save_torch(scratch / OPTIMIZER_FILE, optimizer.state_dict())
+        _save_torch(scratch / OPTIMIZER_FILE, optimizer.state_dict() if optimizer_state is None else optimizer_state)
         _save_torch(scratch / SCHEDULER_FILE, scheduler.state_dict())
         atomic_write_json(scratch / STATE_FILE, {"step": step, **(info or {})})
         _fsync_dir(scratch)

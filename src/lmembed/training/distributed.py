@@ -19,26 +19,45 @@ exactly the gradient of the global-batch mean loss (with equal local batch sizes
 
 Everything degrades to the identity when ``torch.distributed`` is not initialised, so single-process
 code can call these helpers unconditionally.
+
+Fully sharded data parallel: under ``accelerate launch`` with an FSDP configuration (accelerate exports
+``ACCELERATE_USE_FSDP=true`` and ``FSDP_*`` settings to the processes it starts), :func:`setup_distributed`
+records the settings in :attr:`DistContext.fsdp`. The trainer then shards the model with PyTorch's FSDP2
+(:func:`shard_model`: ``fully_shard`` on each transformer layer, then on the whole model) instead of wrapping
+it in DDP; the losses gather in-batch negatives exactly as under DDP (FSDP reduce-scatters the averaged
+gradients, which is the same bookkeeping). :func:`full_model_state` and :func:`full_optimizer_state` gather
+whole tensors on the CPU of rank 0 for saving; :func:`load_full_state` shards them back on resume.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+
+from lmembed.errors import ConfigError
 
 __all__ = [
     "DistContext",
+    "FsdpSettings",
+    "full_model_state",
+    "full_optimizer_state",
     "gather_with_grad",
     "global_batch_offset",
     "is_distributed",
+    "load_full_state",
     "rank",
     "setup_distributed",
+    "shard_model",
     "world_size",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def is_distributed() -> bool:
@@ -65,13 +84,62 @@ def _collective_device(hint: torch.device | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def _env_flag(name: str, default: str = "false") -> bool:
+    return os.environ.get(name, default).strip().lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class FsdpSettings:
+    """The FSDP settings accelerate passes to the processes it launches (``fsdp_config`` of its config file).
+
+    ``layer_classes`` names the transformer layer classes that become FSDP units
+    (``fsdp_transformer_layer_cls_to_wrap``); empty means the model's own ``_no_split_modules``.
+    """
+
+    reshard_after_forward: bool = True
+    layer_classes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_environment(cls) -> FsdpSettings | None:
+        """The settings when accelerate asked for FSDP (``ACCELERATE_USE_FSDP``), else ``None``.
+
+        Only FSDP2 is implemented; settings lmembed cannot honour are refused rather than ignored.
+        """
+        if not _env_flag("ACCELERATE_USE_FSDP"):
+            return None
+        version = os.environ.get("FSDP_VERSION", "1")
+        if version != "2":
+            raise ConfigError(
+                f"lmembed trains with FSDP2 only: set fsdp_version: 2 in the accelerate config (got {version})"
+            )
+        refused = {
+            "FSDP_OFFLOAD_PARAMS": ("fsdp_offload_params", "CPU offload is not supported yet"),
+            "FSDP_ACTIVATION_CHECKPOINTING": ("fsdp_activation_checkpointing", "use --gradient-checkpointing instead"),
+        }
+        for name, (key, why) in refused.items():
+            if _env_flag(name):
+                raise ConfigError(f"set {key}: false in the accelerate config ({why})")
+        reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower()
+        if reshard not in ("true", "false"):  # FSDP1 strategy names (FULL_SHARD, ...): FSDP2 takes a boolean
+            raise ConfigError(f"fsdp_reshard_after_forward must be true or false with FSDP2 (got {reshard})")
+        classes = os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "")
+        return cls(
+            reshard_after_forward=reshard == "true",
+            layer_classes=tuple(name.strip() for name in classes.split(",") if name.strip()),
+        )
+
+
 @dataclass
 class DistContext:
-    """This process's place in a (possibly single-process) run."""
+    """This process's place in a (possibly single-process) run.
+
+    ``fsdp`` holds the FSDP settings when the model is to be sharded (FSDP2) rather than wrapped in DDP.
+    """
 
     rank: int = 0
     world_size: int = 1
     device: str = "cpu"
+    fsdp: FsdpSettings | None = None
 
     @property
     def is_main(self) -> bool:
@@ -94,8 +162,10 @@ def setup_distributed(device: str = "auto") -> DistContext:
     """Join the process group that ``accelerate launch``/``torchrun`` describe in the environment, if any.
 
     ``device`` is ``auto`` (this process's GPU when there is one, else the CPU), ``cpu``, ``cuda``
-    (this process's GPU) or an explicit ``cuda:N``.
+    (this process's GPU) or an explicit ``cuda:N``. Under an FSDP configuration of accelerate (several
+    processes), the context's ``fsdp`` carries its settings.
     """
+    fsdp = FsdpSettings.from_environment()
     if not is_distributed() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from accelerate import PartialState  # lazy: accelerate is slow to import and only multi-process runs need it
 
@@ -107,7 +177,81 @@ def setup_distributed(device: str = "auto") -> DistContext:
         device = f"cuda:{local_rank}"
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    return DistContext(rank(), world_size(), device)
+    if fsdp is not None and world_size() == 1:
+        log.warning("FSDP was requested for a single process: training without sharding")
+        fsdp = None
+    return DistContext(rank(), world_size(), device, fsdp)
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2
+def _transformer_layers(model: nn.Module, class_names: tuple[str, ...]) -> list[nn.Module]:
+    """The submodules that become FSDP units: instances of ``class_names``, or of the ``_no_split_modules``
+    that Hugging Face models declare (their decoder/encoder layer classes)."""
+    names = set(class_names)
+    if not names:
+        for module in model.modules():
+            names.update(getattr(module, "_no_split_modules", None) or ())
+    return [module for module in model.modules() if module is not model and type(module).__name__ in names]
+
+
+def shard_model(model: nn.Module, settings: FsdpSettings, device: str) -> nn.Module:
+    """Shard ``model`` in place over all processes with FSDP2: each transformer layer, then the whole model.
+
+    Call it before the optimizer is built (it must see the sharded parameters). Returns ``model``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh  # lazy: only FSDP runs need these
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(torch.device(device).type, (world_size(),))
+    layers = _transformer_layers(model, settings.layer_classes)
+    if not layers:
+        log.warning("no transformer layers found to shard one by one: the model is one FSDP unit")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=settings.reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=settings.reshard_after_forward)
+    log.info("FSDP2: %d layers and the model sharded over %d processes", len(layers), world_size())
+    return model
+
+
+def _full_options(**extra: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **extra)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Tensor]:
+    """Whole tensors of a sharded model's state dict, on the CPU of rank 0 (empty on the others).
+
+    A collective: every process must call it.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state of a sharded model as whole tensors keyed by parameter name, on rank 0's CPU.
+
+    A collective: every process must call it.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+
+
+def load_full_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, Tensor],
+    optimizer_state: dict[str, Any],
+) -> None:
+    """Shard whole tensors (as :func:`full_model_state` and :func:`full_optimizer_state` wrote them) back into
+    a sharded model and its optimizer; ``model_state`` may hold a subset of the parameters (the trained ones).
+    Every process passes the full state."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, model_state, options=_full_options(strict=False))
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=_full_options())
 
 
 def _gather_row_counts(local_rows: int, device: torch.device | None = None) -> list[int]:

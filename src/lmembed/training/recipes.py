@@ -48,7 +48,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -266,6 +266,19 @@ def resolve_input(spec: str) -> Path:
         raise RecipeError(f"input {spec!r} is neither a path nor a dataset lmembed can find locally") from exc
 
 
+def resolve_data(data: Sequence[Any]) -> list[Any]:
+    """Data-source paths made concrete: existing paths stay, dataset names / shared paths resolve (a plain
+    string, or the ``path`` of a source given as a mapping)."""
+    out = []
+    for item in data:
+        if isinstance(item, str):
+            item = str(resolve_input(item))
+        elif isinstance(item, dict) and isinstance(item.get("path"), str):
+            item = {**item, "path": str(resolve_input(item["path"]))}
+        out.append(item)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- prepare
 def _spec_hash(step: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(step, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -401,23 +414,11 @@ def stage_options(recipe: Recipe, stage: Mapping[str, Any], model: str, output: 
     return options
 
 
-def _resolve_data(data: list[Any]) -> list[Any]:
-    """Data-source paths made concrete: existing paths stay, dataset names / shared paths resolve."""
-    out = []
-    for item in data:
-        if isinstance(item, str):
-            item = str(resolve_input(item))
-        elif isinstance(item, dict) and isinstance(item.get("path"), str):
-            item = {**item, "path": str(resolve_input(item["path"]))}
-        out.append(item)
-    return out
-
-
 def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
     from lmembed.training.trainer import Trainer  # lazy: keeps `lmembed --help` free of torch
 
     options = dict(options)
-    options["data"] = _resolve_data(list(options.get("data") or []))
+    options["data"] = resolve_data(options.get("data") or [])
     try:
         config = TrainConfig.from_dict(options)
     except (TrainConfigError, TypeError, ValueError) as exc:
@@ -432,7 +433,7 @@ def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple
 def _run_objective(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
     from lmembed.training.stages import run_objective  # lazy: keeps `lmembed --help` free of torch
 
-    options = {**options, "data": _resolve_data(list(options.get("data") or []))}
+    options = {**options, "data": resolve_data(options.get("data") or [])}
     try:
         config = ObjectiveConfig.from_dict(options)
     except (ObjectiveConfigError, TypeError) as exc:
@@ -527,6 +528,7 @@ __all__ = [
     "parse_recipe",
     "plan_recipe",
     "prepare_data",
+    "resolve_data",
     "resolve_input",
     "run_recipe",
     "run_stage",

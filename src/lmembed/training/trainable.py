@@ -281,6 +281,7 @@ class TrainableEmbedder(nn.Module):
         merge_lora: bool = True,
         in_place: bool = False,
         adapter_base: str | Path | None = None,
+        full_state: dict[str, torch.Tensor] | None = None,
     ) -> Path:
         """Write an Embedder directory that ``Embedder.from_pretrained(directory)`` loads.
 
@@ -290,10 +291,18 @@ class TrainableEmbedder(nn.Module):
         memory, but the adapters are gone afterwards). The folder is self-contained and may be moved:
         the base weights sit beside the adapter, and both lmembed and transformers load them from the
         folder itself. The adapter's ``base_model_name_or_path`` (read by tools that load the adapter
-        alone) records ``directory``, or ``adapter_base`` when given.
+        alone) records ``directory``, or ``adapter_base`` when given. ``full_state`` (this module's state dict
+        with whole tensors, as gathered from a model sharded with FSDP; full fine-tuning only) is written
+        instead of the live parameters.
         """
         directory = Path(directory)
         self.weights_changed()
+        if full_state is not None:
+            if self.uses_lora:
+                raise ValueError("full_state is for full fine-tuning; a LoRA model saves its own adapters")
+            backbone = {k.removeprefix("model."): v for k, v in full_state.items() if k.startswith("model.")}
+            head = {k.removeprefix("head."): v for k, v in full_state.items() if k.startswith("head.")}
+            return self._clone_embedder(self.model).save(directory, backbone_state=backbone, head_state=head or None)
         if not self.uses_lora:
             return self._clone_embedder(self.model).save(directory)
         peft_model = self._peft[0]

@@ -18,6 +18,11 @@ optimizer, scheduler and RNG state, so the loss sequence continues as if never i
 process group comes from :func:`~lmembed.training.distributed.setup_distributed` and the loss from
 :func:`~lmembed.training.losses.factory.build_training_loss`.
 
+Several processes train data-parallel: with DDP by default, or with FSDP2 when accelerate's FSDP configuration
+launched them (``configs/accelerate/fsdp.yaml``; full fine-tuning only). Under FSDP the model is sharded
+before the optimizer is built, and checkpoints and the saved model hold whole tensors gathered on rank 0,
+so the model folder is the same as a single process writes.
+
 Output folder layout::
 
     <output>/train_config.yaml   the run's settings
@@ -43,9 +48,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lmembed.atomic import atomic_write_text
 from lmembed.embedder import Embedder
+from lmembed.errors import ConfigError
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.dev_eval import evaluate_retrieval, load_eval_tasks
-from lmembed.training.distributed import setup_distributed
+from lmembed.training.distributed import (
+    full_model_state,
+    full_optimizer_state,
+    load_full_state,
+    setup_distributed,
+    shard_model,
+)
 from lmembed.training.gradcache import GradCache
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
@@ -61,6 +73,10 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "train_config.yaml"
 MODEL_DIR = "model"
+FSDP_NEEDS_FULL_FINE_TUNING = (
+    "FSDP (accelerate's FSDP configuration) trains the whole model: pass --no-lora (lora: false); "
+    "LoRA adapters are not supported under FSDP yet (use the DDP configuration for LoRA)"
+)
 CURVE_INTERVAL_S = 120.0  # at checkpoints, redraw the loss curve at most this often (drawing takes ~1 s)
 # Options that decide the data order and the optimisation path; resuming with other values is reported.
 RUN_IDENTITY = ("model", "data", "seed", "batch_size", "num_negatives", "mixing", "loss", "lr", "steps", "warmup_steps")
@@ -105,9 +121,15 @@ class Trainer:
             raise TrainConfigError(
                 f"batch_size={config.batch_size} must be divisible by the number of processes ({self.dist.world_size})"
             )
+        if self.dist.fsdp is not None:
+            self._check_fsdp_options(config)
         set_seed(config.seed)
         self.model = build_trainable(config, model, self.dist.device)
         self.dist.device = str(self.model.device)  # a model given ready-made stays where it is
+        if self.dist.fsdp is not None:
+            if self.model.uses_lora:
+                raise ConfigError(FSDP_NEEDS_FULL_FINE_TUNING)
+            shard_model(self.model, self.dist.fsdp, self.dist.device)  # before the optimizer sees the parameters
         set_seed(config.seed + self.dist.rank)  # per-process randomness (dropout) from here on
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
         sampler_class = TaskHomogeneousSampler if config.batching == "homogeneous" else MixtureSampler
@@ -136,8 +158,26 @@ class Trainer:
         self.step = 0
         self._eval_tasks: list[Any] | None = None
 
-    def _wrap(self, model: TrainableEmbedder) -> nn.Module:
+    @staticmethod
+    def _check_fsdp_options(config: TrainConfig) -> None:
+        """What FSDP mode cannot do yet is refused before the model is loaded."""
+        if config.lora:
+            raise ConfigError(FSDP_NEEDS_FULL_FINE_TUNING)
+        if config.eval_data and config.eval_every:
+            raise ConfigError(
+                "dev evaluation during training (eval_every) is not supported under FSDP yet: "
+                "evaluate the saved model afterwards"
+            )
+
+    @property
+    def parallelism(self) -> str:
+        """How the processes share the work: ``single``, ``ddp`` or ``fsdp``."""
         if self.dist.world_size == 1:
+            return "single"
+        return "fsdp" if self.dist.fsdp is not None else "ddp"
+
+    def _wrap(self, model: TrainableEmbedder) -> nn.Module:
+        if self.parallelism != "ddp":  # one process, or FSDP (the sharded model is called as it is)
             return model
         device_ids = [torch.device(self.dist.device).index] if self.dist.device.startswith("cuda") else None
         # find_unused_parameters: parts of a backbone may not feed the pooled vector (BERT's pooler, layers
@@ -225,14 +265,23 @@ class Trainer:
         """Write a checkpoint of the current step (every process must call this)."""
         info = {
             "world_size": self.dist.world_size,
+            "parallelism": self.parallelism,
             "lora": self.model.uses_lora,
             "run": {k: self.config.to_dict()[k] for k in RUN_IDENTITY},
         }
+        optimizer_state = None
+        if self.dist.fsdp is not None:  # gather whole tensors on rank 0 (collectives: every process)
+            full = full_model_state(self.model)
+            model_state = {name: full[name] for name, _ in self.model.named_trainable_parameters()} if full else {}
+            optimizer_state = full_optimizer_state(self.model, self.optimizer)
+        else:
+            model_state = self.model.trainable_state_dict() if self.dist.is_main else {}
         path = ckpt.save_checkpoint(
             self.output,
             self.step,
-            model_state=self.model.trainable_state_dict() if self.dist.is_main else {},
+            model_state=model_state,
             optimizer=self.optimizer,
+            optimizer_state=optimizer_state,
             scheduler=self.scheduler,
             info=info,
             rank=self.dist.rank,
@@ -249,8 +298,18 @@ class Trainer:
             log.info("no checkpoint in %s: starting from step 0", self.output)
             return False
         state = ckpt.load_checkpoint(path, rank=self.dist.rank, map_location=self.dist.device)
-        self.model.load_trainable_state_dict(state.model_state)
-        self.optimizer.load_state_dict(state.optimizer_state)
+        saved_fsdp = state.info.get("parallelism") == "fsdp"
+        if saved_fsdp != (self.dist.fsdp is not None):
+            raise TrainConfigError(
+                f"{path} was written {'with' if saved_fsdp else 'without'} FSDP: resume it the same way "
+                "(its optimizer state is keyed differently)"
+            )
+        if self.dist.fsdp is not None:
+            load_full_state(self.model, self.optimizer, state.model_state, state.optimizer_state)
+            self.model.weights_changed()
+        else:
+            self.model.load_trainable_state_dict(state.model_state)
+            self.optimizer.load_state_dict(state.optimizer_state)
         self.scheduler.load_state_dict(state.scheduler_state)
         if state.rng_state is not None:
             ckpt.restore_rng(state.rng_state)
@@ -325,15 +384,17 @@ class Trainer:
     def save_model(self, directory: str | Path | None = None) -> Path | None:
         """Write the trained Embedder atomically (main process) to ``<output>/model`` by default.
 
-        LoRA is merged in place unless ``merge_lora`` is off: call this once training is over.
+        LoRA is merged in place unless ``merge_lora`` is off: call this once training is over. Under FSDP every
+        process must call it (whole tensors are gathered on rank 0, which writes them).
         """
         target = Path(directory) if directory else self.output / MODEL_DIR
+        full = full_model_state(self.model) if self.dist.fsdp is not None else None
         if self.dist.is_main:
             scratch = target.with_name(f".tmp-{target.name}")
             shutil.rmtree(scratch, ignore_errors=True)
             self.model.eval()
             merge = self.config.merge_lora
-            self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target)
+            self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target, full_state=full)
             if target.exists():
                 ckpt.discard_dir(target)
             os.replace(scratch, target)
