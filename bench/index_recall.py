@@ -269,7 +269,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     earlier = json.loads((OUT / "result.json").read_text()) if (OUT / "result.json").exists() else {}
     if "synthetic" in earlier:  # results from before sizes were kept apart
-        earlier[f"synthetic_{earlier['synthetic']['documents']}"] = earlier.pop("synthetic")
+        old = earlier.pop("synthetic")
+        earlier[f"synthetic_{old['documents']}"] = old
     commands = [*earlier.get("commands", []), "python bench/index_recall.py " + " ".join(sys.argv[1:])]
     result = {**earlier, **result, "commands": commands}
     (OUT / "result.json").write_text(json.dumps(result, indent=2) + "\n")
