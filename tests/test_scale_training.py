@@ -7,9 +7,10 @@
   state sharded, in-batch negatives gathered across processes), LoRA off; the weights and checkpoint it saves
   equal one process's and the saved model loads and encodes. In-process, one Trainer step under FSDP equals the
   single-process step, and LoRA is refused.
-* DeepSpeed ZeRO-2 (``deepspeed-zero2.yaml``): only its content is checked here. DeepSpeed is not installed on
-  this machine, its CPU accelerator needs oneCCL, and no GPU was lent; besides, the Trainer steps its own
-  optimizer, which ZeRO-2 must do itself (engine backward/step), so there is no path to test yet.
+* DeepSpeed ZeRO-2 (``deepspeed-zero2.yaml``): ``accelerate launch`` with the file starts two CPU processes (gloo)
+  whose Trainer hands the model and AdamW to ``deepspeed.initialize`` (optimizer state and gradients partitioned,
+  in-batch negatives gathered across processes), LoRA off; the saved weights equal one process's and the saved
+  model loads and encodes. Skipped when DeepSpeed (the optional ``deepspeed`` extra) is not installed.
 
 The launches leave out accelerate's ``--cpu``: with it accelerate starts a single process (several CPU processes
 need MPI). Without a GPU (or with ``--device cpu``) the two processes torchrun starts train on the CPU with gloo.
@@ -36,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from conftest import build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.errors import ConfigError
-from lmembed.training.distributed import FsdpSettings
+from lmembed.training.distributed import DeepSpeedSettings, FsdpSettings
 from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import Trainer
 from test_trainer import ROWS
@@ -72,15 +73,21 @@ def test_each_configuration_names_its_mode():
 
 
 # ---------------------------------------------------------------------------------------------- launches
-def _train(command: list[str], output: Path, data_file: str, model: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """Train 2 steps (checkpoint at step 2); the saved weights and the checkpoint's state.json."""
+def _train(
+    command: list[str], output: Path, data_file: str, model: str, *, checkpoint: bool = True
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """Train 2 steps (with ``checkpoint``, one at step 2); the saved weights and the checkpoint's state.json
+    (without one: the launch's stdout and stderr, as ``{"log": ...}``)."""
     args = ["--model", model, "--data", data_file, "--steps", "2", "--batch-size", str(GLOBAL_BATCH), "--no-lora"]
     args += ["--lr", "1e-2", "--warmup-steps", "0", "--pooling", "mean", "--device", "cpu", "--output", str(output)]
-    args += ["--save-every", "2", "--no-progress"]
+    args += ["--save-every", "2" if checkpoint else "0", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     run = subprocess.run([*command, "-m", "lmembed.cli.train", *args], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    state = json.loads((output / "checkpoints" / "step-0000002" / "state.json").read_text())
+    if checkpoint:
+        state = json.loads((output / "checkpoints" / "step-0000002" / "state.json").read_text())
+    else:
+        state = {"log": run.stdout + run.stderr}
     return load_file(str(output / "model" / "model.safetensors")), state
 
 
@@ -153,14 +160,7 @@ def test_fsdp_configuration_launches_processes_that_shard_and_save_whole_tensors
     checkpoint = load_file(str(tmp_path / "fsdp" / "checkpoints" / "step-0000002" / "trainable.safetensors"))
     expected = load_file(str(tmp_path / "single" / "checkpoints" / "step-0000002" / "trainable.safetensors"))
     _assert_same_weights(checkpoint, expected)
-    folder = tmp_path / "fsdp" / "model"
-    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (tmp_path / "single" / "model").iterdir())
-    vectors = Embedder.from_pretrained(str(folder), device="cpu").encode(["a query about cats", "dogs"])
-    reference = Embedder.from_pretrained(str(tmp_path / "single" / "model"), device="cpu").encode(
-        ["a query about cats", "dogs"]
-    )
-    assert vectors.shape == reference.shape
-    np.testing.assert_allclose(vectors, reference, atol=1e-4)
+    _assert_same_model_folder(tmp_path / "fsdp" / "model", tmp_path / "single" / "model")
 
 
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "true"}  # as accelerate
@@ -181,6 +181,16 @@ def _step(trainer: Trainer) -> tuple[float, dict[str, torch.Tensor], bool]:
     params = dict(trainer.model.named_parameters())
     sharded = all(isinstance(param, DTensor) for param in params.values())
     return loss, {name: (p.full_tensor() if sharded else p).detach().clone() for name, p in params.items()}, sharded
+
+
+def _assert_same_model_folder(folder: Path, reference: Path) -> None:
+    """Same files as ``reference``, and the model loads and encodes as it does."""
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in reference.iterdir())
+    texts = ["a query about cats", "dogs"]
+    vectors = Embedder.from_pretrained(str(folder), device="cpu").encode(texts)
+    expected = Embedder.from_pretrained(str(reference), device="cpu").encode(texts)
+    assert vectors.shape == expected.shape
+    np.testing.assert_allclose(vectors, expected, atol=1e-4)
 
 
 def _fsdp_rank(rank: int, world: int, port: int, data: str, folder: str) -> None:
@@ -240,3 +250,46 @@ def test_fsdp_settings_come_from_accelerates_environment(monkeypatch):
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
     with pytest.raises(ConfigError, match="fsdp_offload_params"):
         FsdpSettings.from_environment()
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+@pytest.mark.slow  # DeepSpeed is an optional extra, and its first run compiles a CPU communication op (minutes)
+def test_deepspeed_zero2_configuration_launches_processes_that_take_the_single_process_steps(
+    tmp_path, data_file, single_run
+):
+    """Run with ``pip install 'lmembed[deepspeed]'`` and ``pytest -m slow``."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install lmembed[deepspeed])")
+    saved, one, _ = single_run
+    two, state = _train(_accelerate("deepspeed-zero2.yaml"), tmp_path / "zero2", data_file, saved, checkpoint=False)
+    # DeepSpeed's CPU communication op loads when deepspeed.initialize joins the process group: the engine ran
+    assert "deepspeed_shm_comm_op" in state["log"]
+    _assert_same_weights(two, one)
+    single_model = tmp_path / "single" / "model"
+    _assert_same_model_folder(tmp_path / "zero2" / "model", single_model)
+
+
+def test_deepspeed_settings_come_from_accelerates_environment(monkeypatch):
+    names = ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    names += ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    for name in (*names, "ACCELERATE_GRADIENT_CLIPPING", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+    assert DeepSpeedSettings.from_environment() is None
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_CLIPPING", "1.0")
+    assert DeepSpeedSettings.from_environment() == DeepSpeedSettings(2, 1.0)
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ConfigError, match=r"fsdp\.yaml"):
+        DeepSpeedSettings.from_environment()
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu")
+    with pytest.raises(ConfigError, match="offload_optimizer_device"):
+        DeepSpeedSettings.from_environment()
+
+
+def test_deepspeed_refuses_lora_and_checkpoints_before_loading_the_model(tmp_path, data_file):
+    common = dict(data=[data_file], output=str(tmp_path), device="cpu", batch_size=GLOBAL_BATCH, steps=2)
+    with pytest.raises(ConfigError, match="--no-lora"):
+        Trainer._check_deepspeed_options(TrainConfig(lora=True, **common))
+    with pytest.raises(ConfigError, match="save_every"):
+        Trainer._check_deepspeed_options(TrainConfig(lora=False, save_every=1, **common))
+    Trainer._check_deepspeed_options(TrainConfig(lora=False, **common))

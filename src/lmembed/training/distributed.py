@@ -27,6 +27,12 @@ records the settings in :attr:`DistContext.fsdp`. The trainer then shards the mo
 it in DDP; the losses gather in-batch negatives exactly as under DDP (FSDP reduce-scatters the averaged
 gradients, which is the same bookkeeping). :func:`full_model_state` and :func:`full_optimizer_state` gather
 whole tensors on the CPU of rank 0 for saving; :func:`load_full_state` shards them back on resume.
+
+DeepSpeed ZeRO stage 1/2: under ``accelerate launch`` with a DeepSpeed configuration (accelerate exports
+``ACCELERATE_USE_DEEPSPEED=true`` and ``ACCELERATE_DEEPSPEED_*`` settings), :func:`setup_distributed` records the
+settings in :attr:`DistContext.deepspeed`. The trainer then hands the model and its AdamW to
+:func:`deepspeed_engine` (``deepspeed.initialize``), which shards the optimizer state and gradients and keeps whole
+parameters on every process; the losses gather in-batch negatives as under DDP (ZeRO averages the gradients).
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ from torch import Tensor, nn
 from lmembed.errors import ConfigError
 
 __all__ = [
+    "DeepSpeedSettings",
     "DistContext",
     "FsdpSettings",
+    "deepspeed_engine",
     "full_model_state",
     "full_optimizer_state",
     "gather_with_grad",
@@ -129,17 +137,63 @@ class FsdpSettings:
         )
 
 
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """The DeepSpeed settings accelerate passes to the processes it launches (``deepspeed_config`` of its config
+    file). ``gradient_clipping`` is accelerate's value (None when unset); lmembed clips to its own max_grad_norm."""
+
+    zero_stage: int = 2
+    gradient_clipping: float | None = None
+
+    @classmethod
+    def from_environment(cls) -> DeepSpeedSettings | None:
+        """The settings when accelerate asked for DeepSpeed (``ACCELERATE_USE_DEEPSPEED``), else ``None``.
+
+        ZeRO stages 1 and 2 without offload are implemented (whole parameters on every process); settings lmembed
+        cannot honour are refused rather than ignored.
+        """
+        if not _env_flag("ACCELERATE_USE_DEEPSPEED"):
+            return None
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2").strip()
+        if stage not in ("1", "2"):
+            raise ConfigError(
+                f"lmembed trains with DeepSpeed ZeRO stage 1 or 2 only (got zero_stage: {stage}); "
+                "to shard the parameters too, use configs/accelerate/fsdp.yaml"
+            )
+        if os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+            raise ConfigError(
+                "lmembed builds the DeepSpeed configuration itself: set zero_stage in the accelerate config "
+                "instead of deepspeed_config_file"
+            )
+        for name, key in (
+            ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "offload_optimizer_device"),
+            ("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "offload_param_device"),
+        ):
+            if os.environ.get(name, "none").strip().lower() != "none":
+                raise ConfigError(f"set {key}: none in the accelerate config (offload is not supported yet)")
+        accumulation = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1").strip()
+        if accumulation != "1":
+            raise ConfigError(
+                f"set gradient_accumulation_steps: 1 in the accelerate config (got {accumulation}); "
+                "for bigger batches use --grad-cache-chunk under DDP or more processes"
+            )
+        clipping = os.environ.get("ACCELERATE_GRADIENT_CLIPPING", "").strip().lower()
+        return cls(zero_stage=int(stage), gradient_clipping=float(clipping) if clipping not in ("", "none") else None)
+
+
 @dataclass
 class DistContext:
     """This process's place in a (possibly single-process) run.
 
-    ``fsdp`` holds the FSDP settings when the model is to be sharded (FSDP2) rather than wrapped in DDP.
+    ``fsdp`` holds the FSDP settings when the model is to be sharded (FSDP2) rather than wrapped in DDP;
+    ``deepspeed`` the DeepSpeed settings when ``deepspeed.initialize`` is to own the model and optimizer.
     """
 
     rank: int = 0
     world_size: int = 1
     device: str = "cpu"
     fsdp: FsdpSettings | None = None
+    deepspeed: DeepSpeedSettings | None = None
 
     @property
     def is_main(self) -> bool:
@@ -163,9 +217,10 @@ def setup_distributed(device: str = "auto") -> DistContext:
 
     ``device`` is ``auto`` (this process's GPU when there is one, else the CPU), ``cpu``, ``cuda``
     (this process's GPU) or an explicit ``cuda:N``. Under an FSDP configuration of accelerate (several
-    processes), the context's ``fsdp`` carries its settings.
+    processes), the context's ``fsdp`` carries its settings; under a DeepSpeed one, its ``deepspeed``.
     """
     fsdp = FsdpSettings.from_environment()
+    deepspeed = DeepSpeedSettings.from_environment()
     if not is_distributed() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from accelerate import PartialState  # lazy: accelerate is slow to import and only multi-process runs need it
 
@@ -180,7 +235,52 @@ def setup_distributed(device: str = "auto") -> DistContext:
     if fsdp is not None and world_size() == 1:
         log.warning("FSDP was requested for a single process: training without sharding")
         fsdp = None
-    return DistContext(rank(), world_size(), device, fsdp)
+    if deepspeed is not None and world_size() == 1:
+        log.warning("DeepSpeed was requested for a single process: training without it")
+        deepspeed = None
+    return DistContext(rank(), world_size(), device, fsdp, deepspeed)
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+def deepspeed_engine(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    settings: DeepSpeedSettings,
+    *,
+    micro_batch_size: int,
+    max_grad_norm: float | None,
+) -> Any:
+    """``deepspeed.initialize`` of ``model`` with ``optimizer`` (lmembed's AdamW, whose param groups the caller's
+    learning-rate schedule keeps driving) under ZeRO ``settings.zero_stage``; returns the engine, which runs the
+    forward pass, ``backward`` (gradient reduce-scatter) and ``step`` (clipping to ``max_grad_norm``, the update,
+    and the all-gather that leaves whole parameters in ``model`` on every process).
+
+    The process group must be initialised already (DeepSpeed joins it, gloo on CPU included).
+    """
+    # Lazy: DeepSpeed is an optional extra (pip install lmembed[deepspeed]); only DeepSpeed runs import it.
+    import deepspeed
+
+    dtypes = {param.dtype for param in model.parameters() if param.requires_grad}
+    if torch.float16 in dtypes:
+        raise ConfigError("DeepSpeed training of float16 weights is not supported: use --dtype bfloat16 or float32")
+    if max_grad_norm is not None and settings.gradient_clipping not in (None, max_grad_norm):
+        log.warning(
+            "accelerate's gradient_clipping (%s) is not read: lmembed clips to max_grad_norm=%s",
+            settings.gradient_clipping,
+            max_grad_norm,
+        )
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": settings.zero_stage},
+        "gradient_clipping": max_grad_norm or 0.0,
+        "bf16": {"enabled": torch.bfloat16 in dtypes},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    log.info("DeepSpeed ZeRO stage %d over %d processes", settings.zero_stage, world_size())
+    return engine
 
 
 # ---------------------------------------------------------------------------------------------- FSDP2

@@ -4,6 +4,7 @@
 * :func:`build_scheduler`: linear warm-up then linear decay to zero (:class:`WarmupLinearDecay`);
 * :class:`OptimisationStep`: one step (zero the gradients, forward and backward, clip, step the
   optimiser and the schedule, tell the model its weights changed) and its ``metrics.jsonl`` record.
+* :class:`EngineOptimisationStep`: the same through a DeepSpeed engine (which zeroes, clips and steps).
 
 The config passed in needs ``lr``, ``weight_decay``, ``warmup_steps`` and ``steps``.
 """
@@ -19,7 +20,14 @@ import torch
 
 from lmembed.training.metrics_log import MetricsLog
 
-__all__ = ["ForwardBackward", "OptimisationStep", "WarmupLinearDecay", "build_optimizer", "build_scheduler"]
+__all__ = [
+    "EngineOptimisationStep",
+    "ForwardBackward",
+    "OptimisationStep",
+    "WarmupLinearDecay",
+    "build_optimizer",
+    "build_scheduler",
+]
 
 # Computes the step's loss and back-propagates it; returns the loss (detached) and extra metrics to log.
 ForwardBackward = Callable[[], tuple[torch.Tensor, dict[str, float]]]
@@ -100,11 +108,10 @@ class OptimisationStep:
         processes); with ``rows`` (rows in the step's batch) the record also gives ``rows_per_s``.
         """
         started = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         loss, extra = forward_backward()
-        grad_norm = self.clip_gradients()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        grad_norm = self.clip_and_step()
         self.scheduler.step()
         self.model.weights_changed()
         seconds = time.perf_counter() - started
@@ -116,6 +123,15 @@ class OptimisationStep:
             self.metrics.write(record)
         return record
 
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def clip_and_step(self) -> float:
+        """Clip the gradients and update the parameters; returns the gradient norm before clipping."""
+        grad_norm = self.clip_gradients()
+        self.optimizer.step()
+        return grad_norm
+
     def clip_gradients(self) -> float:
         """Clip the gradient norm to ``max_grad_norm`` (no limit when unset); returns the norm before clipping."""
         params = [p for _, p in self.model.named_trainable_parameters() if p.grad is not None]
@@ -123,3 +139,22 @@ class OptimisationStep:
             return 0.0
         limit = self.max_grad_norm if self.max_grad_norm else math.inf
         return float(torch.nn.utils.clip_grad_norm_(params, limit))
+
+
+class EngineOptimisationStep(OptimisationStep):
+    """:class:`OptimisationStep` through a DeepSpeed engine, which zeroes the gradients, clips them (to the
+    ``gradient_clipping`` of its configuration) and updates the parameters in ``engine.step()``. The
+    ``forward_backward`` callable must back-propagate with ``engine.backward``. ``optimizer`` is the client
+    optimizer the engine was given: the schedule keeps driving its learning rates."""
+
+    def __init__(self, engine: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine = engine
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def clip_and_step(self) -> float:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else 0.0

@@ -21,7 +21,11 @@ process group comes from :func:`~lmembed.training.distributed.setup_distributed`
 Several processes train data-parallel: with DDP by default, or with FSDP2 when accelerate's FSDP configuration
 launched them (``configs/accelerate/fsdp.yaml``; full fine-tuning only). Under FSDP the model is sharded
 before the optimizer is built, and checkpoints and the saved model hold whole tensors gathered on rank 0,
-so the model folder is the same as a single process writes.
+so the model folder is the same as a single process writes. Under accelerate's DeepSpeed configuration
+(``configs/accelerate/deepspeed-zero2.yaml``; ZeRO stage 1 or 2, full fine-tuning only) ``deepspeed.initialize``
+owns the model and the AdamW (the engine back-propagates, clips and steps; the schedule is lmembed's); ZeRO-2
+keeps whole parameters on every process, so rank 0 saves the model as a single process does. Checkpoints and
+resuming are refused under DeepSpeed for now.
 
 Output folder layout::
 
@@ -52,6 +56,7 @@ from lmembed.errors import ConfigError
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.dev_eval import evaluate_retrieval, load_eval_tasks
 from lmembed.training.distributed import (
+    deepspeed_engine,
     full_model_state,
     full_optimizer_state,
     load_full_state,
@@ -61,7 +66,7 @@ from lmembed.training.distributed import (
 from lmembed.training.gradcache import GradCache
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
-from lmembed.training.optim import OptimisationStep, build_optimizer, build_scheduler
+from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, build_optimizer, build_scheduler
 from lmembed.training.rows import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
 from lmembed.training.seeding import set_seed
 from lmembed.training.train_config import TrainConfig, TrainConfigError
@@ -76,6 +81,10 @@ MODEL_DIR = "model"
 FSDP_NEEDS_FULL_FINE_TUNING = (
     "FSDP (accelerate's FSDP configuration) trains the whole model: pass --no-lora (lora: false); "
     "LoRA adapters are not supported under FSDP yet (use the DDP configuration for LoRA)"
+)
+DEEPSPEED_NEEDS_FULL_FINE_TUNING = (
+    "DeepSpeed (accelerate's DeepSpeed configuration) trains the whole model: pass --no-lora (lora: false); "
+    "LoRA adapters are not supported under DeepSpeed yet (use the DDP configuration for LoRA)"
 )
 CURVE_INTERVAL_S = 120.0  # at checkpoints, redraw the loss curve at most this often (drawing takes ~1 s)
 # Options that decide the data order and the optimisation path; resuming with other values is reported.
@@ -123,6 +132,8 @@ class Trainer:
             )
         if self.dist.fsdp is not None:
             self._check_fsdp_options(config)
+        if self.dist.deepspeed is not None:
+            self._check_deepspeed_options(config)
         set_seed(config.seed)
         self.model = build_trainable(config, model, self.dist.device)
         self.dist.device = str(self.model.device)  # a model given ready-made stays where it is
@@ -130,6 +141,8 @@ class Trainer:
             if self.model.uses_lora:
                 raise ConfigError(FSDP_NEEDS_FULL_FINE_TUNING)
             shard_model(self.model, self.dist.fsdp, self.dist.device)  # before the optimizer sees the parameters
+        if self.dist.deepspeed is not None and self.model.uses_lora:
+            raise ConfigError(DEEPSPEED_NEEDS_FULL_FINE_TUNING)
         set_seed(config.seed + self.dist.rank)  # per-process randomness (dropout) from here on
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
         sampler_class = TaskHomogeneousSampler if config.batching == "homogeneous" else MixtureSampler
@@ -143,17 +156,29 @@ class Trainer:
         self.loss_fn = build_training_loss(config, distributed=self.dist.world_size > 1)
         self.optimizer = build_optimizer(self.model, config, TrainConfigError)
         self.scheduler = build_scheduler(self.optimizer, config)
+        self.engine: Any = None  # the DeepSpeed engine, which owns the model and optimizer under DeepSpeed
+        if self.dist.deepspeed is not None:
+            self.engine = deepspeed_engine(
+                self.model,
+                self.optimizer,
+                self.dist.deepspeed,
+                micro_batch_size=config.batch_size // self.dist.world_size,
+                max_grad_norm=config.max_grad_norm,
+            )
         self.module: nn.Module = self._wrap(self.model)
         self.output = Path(config.output)
         self.metrics = MetricsLog(self.output / METRICS_FILE, enabled=self.dist.is_main)
-        self.optimisation_step = OptimisationStep(
-            self.model,
-            self.optimizer,
-            self.scheduler,
+        step_args = (self.model, self.optimizer, self.scheduler)
+        step_options = dict(
             max_grad_norm=config.max_grad_norm,
             metrics=self.metrics,
             log_every=config.log_every,
             total_steps=config.steps,
+        )
+        self.optimisation_step = (
+            EngineOptimisationStep(self.engine, *step_args, **step_options)
+            if self.engine is not None
+            else OptimisationStep(*step_args, **step_options)
         )
         self.step = 0
         self._eval_tasks: list[Any] | None = None
@@ -169,14 +194,31 @@ class Trainer:
                 "evaluate the saved model afterwards"
             )
 
+    @staticmethod
+    def _check_deepspeed_options(config: TrainConfig) -> None:
+        """What DeepSpeed mode cannot do yet is refused before the model is loaded."""
+        if config.lora:
+            raise ConfigError(DEEPSPEED_NEEDS_FULL_FINE_TUNING)
+        if config.grad_cache_chunk:
+            raise ConfigError("grad_cache_chunk (GradCache) is not supported under DeepSpeed yet: leave it unset")
+        if config.save_every or config.resume:
+            raise ConfigError(
+                "checkpoints (save_every) and resuming are not supported under DeepSpeed yet (ZeRO partitions the "
+                "optimizer state): set save_every: 0, or use the DDP or FSDP configuration"
+            )
+
     @property
     def parallelism(self) -> str:
-        """How the processes share the work: ``single``, ``ddp`` or ``fsdp``."""
+        """How the processes share the work: ``single``, ``ddp``, ``fsdp`` or ``deepspeed``."""
         if self.dist.world_size == 1:
             return "single"
+        if self.dist.deepspeed is not None:
+            return "deepspeed"
         return "fsdp" if self.dist.fsdp is not None else "ddp"
 
     def _wrap(self, model: TrainableEmbedder) -> nn.Module:
+        if self.engine is not None:  # DeepSpeed: the engine runs the forward pass and reduces the gradients
+            return self.engine
         if self.parallelism != "ddp":  # one process, or FSDP (the sharded model is called as it is)
             return model
         device_ids = [torch.device(self.dist.device).index] if self.dist.device.startswith("cuda") else None
@@ -220,7 +262,10 @@ class Trainer:
         query, positive = embeddings[:rows], embeddings[rows : 2 * rows]
         negative = embeddings[2 * rows :].reshape(rows, negatives, -1) if negatives else None
         loss = self.loss_fn(query, positive, negative)
-        loss.backward()
+        if self.engine is not None:
+            self.engine.backward(loss)
+        else:
+            loss.backward()
         return loss.detach()
 
     def _grad_cache_backward(self, batch: TrainBatch) -> torch.Tensor:
@@ -262,7 +307,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
-        """Write a checkpoint of the current step (every process must call this)."""
+        """Write a checkpoint of the current step (every process must call this). Not under DeepSpeed."""
+        if self.engine is not None:
+            raise ConfigError("checkpoints are not supported under DeepSpeed yet")
         info = {
             "world_size": self.dist.world_size,
             "parallelism": self.parallelism,
@@ -293,6 +340,8 @@ class Trainer:
 
     def resume(self, path: str | Path | None = None) -> bool:
         """Continue from ``path`` or the newest checkpoint in the output folder; False when there is none."""
+        if self.engine is not None:
+            raise ConfigError("resuming is not supported under DeepSpeed yet")
         path = Path(path) if path else ckpt.latest_checkpoint(self.output)
         if path is None:
             log.info("no checkpoint in %s: starting from step 0", self.output)
@@ -385,7 +434,8 @@ class Trainer:
         """Write the trained Embedder atomically (main process) to ``<output>/model`` by default.
 
         LoRA is merged in place unless ``merge_lora`` is off: call this once training is over. Under FSDP every
-        process must call it (whole tensors are gathered on rank 0, which writes them).
+        process must call it (whole tensors are gathered on rank 0, which writes them). Under DeepSpeed ZeRO-2
+        every process holds whole parameters: rank 0 writes them as a single process does.
         """
         target = Path(directory) if directory else self.output / MODEL_DIR
         full = full_model_state(self.model) if self.dist.fsdp is not None else None
