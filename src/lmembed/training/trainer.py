@@ -78,14 +78,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "train_config.yaml"
 MODEL_DIR = "model"
-FSDP_NEEDS_FULL_FINE_TUNING = (
-    "FSDP (accelerate's FSDP configuration) trains the whole model: pass --no-lora (lora: false); "
-    "LoRA adapters are not supported under FSDP yet (use the DDP configuration for LoRA)"
-)
-DEEPSPEED_NEEDS_FULL_FINE_TUNING = (
-    "DeepSpeed (accelerate's DeepSpeed configuration) trains the whole model: pass --no-lora (lora: false); "
-    "LoRA adapters are not supported under DeepSpeed yet (use the DDP configuration for LoRA)"
-)
+
 CURVE_INTERVAL_S = 120.0  # at checkpoints, redraw the loss curve at most this often (drawing takes ~1 s)
 # Options that decide the data order and the optimisation path; resuming with other values is reported.
 RUN_IDENTITY = ("model", "data", "seed", "batch_size", "num_negatives", "mixing", "loss", "lr", "steps", "warmup_steps")
@@ -101,6 +94,14 @@ class TrainResult:
     end_step: int
     losses: list[float] = field(default_factory=list)
     evaluations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def full_fine_tuning_only(mode: str) -> ConfigError:
+    """The error for LoRA under a sharded mode (``FSDP`` or ``DeepSpeed``), which trains the whole model."""
+    return ConfigError(
+        f"{mode} (accelerate's {mode} configuration) trains the whole model: pass --no-lora (lora: false); "
+        f"LoRA adapters are not supported under {mode} yet (use the DDP configuration for LoRA)"
+    )
 
 
 class Trainer:
@@ -137,12 +138,11 @@ class Trainer:
         set_seed(config.seed)
         self.model = build_trainable(config, model, self.dist.device)
         self.dist.device = str(self.model.device)  # a model given ready-made stays where it is
+        sharded_mode = self._sharded_mode()
+        if sharded_mode and self.model.uses_lora:  # a ready-made model may carry adapters the config did not ask for
+            raise full_fine_tuning_only(sharded_mode)
         if self.dist.fsdp is not None:
-            if self.model.uses_lora:
-                raise ConfigError(FSDP_NEEDS_FULL_FINE_TUNING)
             shard_model(self.model, self.dist.fsdp, self.dist.device)  # before the optimizer sees the parameters
-        if self.dist.deepspeed is not None and self.model.uses_lora:
-            raise ConfigError(DEEPSPEED_NEEDS_FULL_FINE_TUNING)
         set_seed(config.seed + self.dist.rank)  # per-process randomness (dropout) from here on
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
         sampler_class = TaskHomogeneousSampler if config.batching == "homogeneous" else MixtureSampler
@@ -187,7 +187,7 @@ class Trainer:
     def _check_fsdp_options(config: TrainConfig) -> None:
         """What FSDP mode cannot do yet is refused before the model is loaded."""
         if config.lora:
-            raise ConfigError(FSDP_NEEDS_FULL_FINE_TUNING)
+            raise full_fine_tuning_only("FSDP")
         if config.eval_data and config.eval_every:
             raise ConfigError(
                 "dev evaluation during training (eval_every) is not supported under FSDP yet: "
@@ -198,7 +198,7 @@ class Trainer:
     def _check_deepspeed_options(config: TrainConfig) -> None:
         """What DeepSpeed mode cannot do yet is refused before the model is loaded."""
         if config.lora:
-            raise ConfigError(DEEPSPEED_NEEDS_FULL_FINE_TUNING)
+            raise full_fine_tuning_only("DeepSpeed")
         if config.grad_cache_chunk:
             raise ConfigError("grad_cache_chunk (GradCache) is not supported under DeepSpeed yet: leave it unset")
         if config.save_every or config.resume:
@@ -206,6 +206,12 @@ class Trainer:
                 "checkpoints (save_every) and resuming are not supported under DeepSpeed yet (ZeRO partitions the "
                 "optimizer state): set save_every: 0, or use the DDP or FSDP configuration"
             )
+
+    def _sharded_mode(self) -> str | None:
+        """``FSDP`` or ``DeepSpeed`` when the processes shard the training state, else None."""
+        if self.dist.fsdp is not None:
+            return "FSDP"
+        return "DeepSpeed" if self.dist.deepspeed is not None else None
 
     @property
     def parallelism(self) -> str:
