@@ -264,6 +264,10 @@ def main() -> None:
             result["real"] = real_corpus(emb)
     if not args.skip_synthetic:
         only = args.kinds.split(",") if args.kinds else None
+        from lmembed.index.kinds import KINDS
+
+        if only and not set(only) <= set(KINDS):
+            parser.error(f"--kinds: unknown kind(s) {sorted(set(only) - set(KINDS))}; choose from {', '.join(KINDS)}")
         result[f"synthetic_{args.n}"] = synthetic(args.n, only, args.hnsw_m, args.ef_construction)
     # sections run separately (the synthetic one takes long) accumulate in one result file
     OUT.mkdir(parents=True, exist_ok=True)
