@@ -250,6 +250,11 @@ def main() -> None:
     parser.add_argument("--hnsw-m", type=int, help="synthetic part: hnsw links per node (default 32)")
     parser.add_argument("--ef-construction", type=int, help="synthetic part: hnsw build beam (default 200/100)")
     args = parser.parse_args()
+    from lmembed.index.kinds import KINDS
+
+    only = args.kinds.split(",") if args.kinds else None
+    if only and not set(only) <= set(KINDS):  # refused before the slow sections run
+        parser.error(f"--kinds: unknown kind(s) {sorted(set(only) - set(KINDS))}; choose from {', '.join(KINDS)}")
     import faiss
 
     result: dict = {"machine": f"{faiss.omp_get_max_threads()} FAISS threads"}
@@ -263,11 +268,6 @@ def main() -> None:
         if not args.skip_real:
             result["real"] = real_corpus(emb)
     if not args.skip_synthetic:
-        only = args.kinds.split(",") if args.kinds else None
-        from lmembed.index.kinds import KINDS
-
-        if only and not set(only) <= set(KINDS):
-            parser.error(f"--kinds: unknown kind(s) {sorted(set(only) - set(KINDS))}; choose from {', '.join(KINDS)}")
         result[f"synthetic_{args.n}"] = synthetic(args.n, only, args.hnsw_m, args.ef_construction)
     # sections run separately (the synthetic one takes long) accumulate in one result file
     OUT.mkdir(parents=True, exist_ok=True)

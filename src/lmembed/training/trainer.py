@@ -78,7 +78,6 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "train_config.yaml"
 MODEL_DIR = "model"
-
 CURVE_INTERVAL_S = 120.0  # at checkpoints, redraw the loss curve at most this often (drawing takes ~1 s)
 # Options that decide the data order and the optimisation path; resuming with other values is reported.
 RUN_IDENTITY = ("model", "data", "seed", "batch_size", "num_negatives", "mixing", "loss", "lr", "steps", "warmup_steps")
