@@ -117,3 +117,15 @@ def test_torch_dynamic_int8_is_still_available(tokenizer):
     qmodel, _ = quantize_int8(tiny_model("bert", len(tokenizer)), "int8", torch.device("cpu"))
     emb = Embedder.from_model(qmodel, tokenizer, use_cache=False, show_progress=False)
     assert float((emb.encode(TEXTS[:8]) * want).sum(1).mean()) > 0.95
+
+
+def test_per_row_int8_error_beats_per_tensor_when_token_scales_differ():
+    rng = np.random.default_rng(1)
+    # tokens whose magnitudes differ by 100x: one range for all of them wastes the small ones' resolution
+    x = rng.normal(size=(128, 64)) * np.geomspace(0.05, 5.0, 128)[:, None]
+    w = rng.normal(size=(64, 32))
+    assert int8_error(x, w, per_row=True) < 0.5 * int8_error(x, w)
+    # equal per-row ranges: both recipes agree closely
+    same = rng.uniform(-1, 1, size=(128, 64))
+    same[:, 0] = np.where(np.arange(128) % 2, 1.0, -1.0)
+    assert abs(int8_error(same, w, per_row=True) - int8_error(same, w)) < 0.003

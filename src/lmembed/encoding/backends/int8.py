@@ -105,11 +105,15 @@ def _small(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterable[tuple[n
             yield ids[start : start + rows], mask[start : start + rows]
 
 
-def int8_error(x: np.ndarray, weight: np.ndarray) -> float:
+def int8_error(x: np.ndarray, weight: np.ndarray, *, per_row: bool = False) -> float:
     """Relative RMS error of ``x @ weight`` computed the way the int8 graph does (per-tensor asymmetric uint8
-    activations, per-output-channel symmetric int8 weights)."""
-    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    step = (hi - lo) / 255 or 1.0
+    activations, per-output-channel symmetric int8 weights); ``per_row`` gives each activation row (token) its
+    own range instead, the candidate recipe measured by ``bench/int8_products.py``."""
+    axis = 1 if per_row else None
+    lo = np.minimum(x.min(axis=axis, keepdims=True), 0.0)
+    hi = np.maximum(x.max(axis=axis, keepdims=True), 0.0)
+    step = (hi - lo) / 255
+    step[step == 0] = 1.0
     zero = np.round(-lo / step)
     xq = (np.clip(np.round(x / step) + zero, 0, 255) - zero) * step
     wstep = np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127
