@@ -222,11 +222,13 @@ def minilm_section(args: argparse.Namespace) -> dict:
     }
 
 
-def _features(embedder, texts: list[str]):
+def _features(embedder, texts: list[str], max_length: int = 256):
     from lmembed.encoding.inputs import InputBuilder
 
     cfg = embedder.config
-    builder = InputBuilder(embedder.backbone.tokenizer, cfg, is_decoder=embedder.backbone.is_decoder, max_length=256)
+    builder = InputBuilder(
+        embedder.backbone.tokenizer, cfg, is_decoder=embedder.backbone.is_decoder, max_length=max_length
+    )
     return builder.build_all(texts)
 
 

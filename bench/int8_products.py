@@ -18,9 +18,10 @@ import json
 import numpy as np
 
 from _common import REPO
-from encode_throughput import load_texts
+from encode_throughput import _features, load_texts
 from lmembed import Embedder
 from lmembed.encoding.backends import int8 as I8
+from lmembed.errors import LmembedError
 
 OUT = REPO / "bench" / "results" / "int8-products"
 
@@ -31,27 +32,29 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=192)
     parser.add_argument("--max-length", type=int, default=256)
     args = parser.parse_args()
+    for option in ("n", "max_length"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')}: must be at least 1, got {getattr(args, option)}")
     # lazy: onnx is an optional extra
     import onnx
     from onnx import numpy_helper
 
+    from lmembed.encoding.backends.store import GRAPH_FILE
+    from lmembed.encoding.engine import collate, plan_batches
+
     texts = load_texts(args.n)
-    embedder = Embedder.from_pretrained(args.model, cache=False, show_progress=False, backend="onnx")
-    embedder.encode(texts[:2])
-    graph = next(iter(embedder.backend._graphs.values()))  # the one graph the call above prepared
-    model = onnx.load(str(graph.folder / "model.onnx"))
-    tokenizer = embedder.backbone.tokenizer
-    order = np.argsort([len(t) for t in texts])
-    batches = []
-    for start in range(0, len(texts), 32):
-        enc = tokenizer(
-            [texts[i] for i in order[start : start + 32]],
-            padding=True,
-            truncation=True,
-            max_length=args.max_length,
-            return_tensors="np",
-        )
-        batches.append((enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)))
+    try:
+        embedder = Embedder.from_pretrained(args.model, cache=False, show_progress=False, backend="onnx")
+    except LmembedError as err:
+        parser.error(f"--model: {err}")
+    engine = embedder.engine
+    model = onnx.load(str(engine.prepare_backend([embedder.config]) / GRAPH_FILE))
+    # the engine's own reading of the texts (instructions, special tokens, padding side), length-sorted batches of 32
+    features = _features(embedder, texts, args.max_length)
+    batches = [
+        tuple(t.numpy() for t in collate([features[j] for j in chunk], engine.pad_id, engine.padding_side, "cpu")[:2])
+        for chunk in plan_batches([len(f) for f in features], 32)
+    ]
     products = I8.weight_products(model)
     _, samples = I8.activation_stats(model, batches, products, threads=2)
     weights = {i.name: i for i in model.graph.initializer}
