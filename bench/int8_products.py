@@ -1,24 +1,38 @@
-"""Which int8 recipe loses least, product by product: per-tensor vs per-row (per-token) activation ranges.
+"""Which int8 recipe loses least: one activation range per call vs one per token row, per product and end to end.
 
 Runs ``--model``'s fused float32 ONNX graph (the one ``backend="onnx"`` uses) over ``--n`` real calibration texts
 (the encode_throughput mix), records every weight product's input activations, and reports each product's
-relative RMS output error with per-channel int8 weights and (a) one activation range per call, the recipe the
-int8 backend runs today, or (b) one range per token row. The baseline is (a): the ratio column is b / a.
+relative RMS output error under (a) one asymmetric activation range per call with 8-bit per-channel weights
+(ONNX Runtime's dynamic quantisation, the int8 backend's recipe until stop 18: the baseline) and (b) one symmetric
+range per token row with 7-bit per-channel weights (the int8 backend's recipe now,
+:func:`lmembed.encoding.backends.int8.int8_error`). The ratio column is b / a.
+
+With ``--graphs`` it then builds both as whole graphs: (a) with ``onnxruntime.quantization.quantize_dynamic``
+(the products whose (a) error exceeds ``MAX_NODE_ERROR`` kept float32, as the backend did), (b) with the backend's
+own :func:`~lmembed.encoding.backends.int8.quantize_graph`, and (b) again with 8-bit weights (without VNNI, ONNX
+Runtime's uint8 x int8 kernel sums pairs of products in 16 bits, which full-range weights can saturate). Each
+runs over the texts interleaved with the float32 graph (the baseline, best of ``--repeats``): speed relative to
+float32, cosine of mean-pooled vectors to float32, and the largest change of a text's vector when the texts are
+re-batched (reverse order, other batch sizes).
 
 Results: ``bench/results/int8-products/<model>.json`` and ``.md``.
 
     python bench/int8_products.py --n 192
+    python bench/int8_products.py --n 400 --graphs      # + the whole graphs (about 5 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from _common import REPO
-from encode_throughput import _features, load_texts
+from encode_throughput import _features, interleave, load_texts, timed
 from lmembed import Embedder
 from lmembed.encoding.backends import int8 as I8
 from lmembed.errors import LmembedError
@@ -31,8 +45,10 @@ def main() -> None:
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--n", type=int, default=192)
     parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--graphs", action="store_true", help="also run both recipes as whole graphs")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    for option in ("n", "max_length"):
+    for option in ("n", "max_length", "repeats"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')}: must be at least 1, got {getattr(args, option)}")
     # lazy: onnx is an optional extra
@@ -48,7 +64,8 @@ def main() -> None:
     except LmembedError as err:
         parser.error(f"--model: {err}")
     engine = embedder.engine
-    model = onnx.load(str(engine.prepare_backend([embedder.config]) / GRAPH_FILE))
+    source = engine.prepare_backend([embedder.config]) / GRAPH_FILE
+    model = onnx.load(str(source))
     # the engine's own reading of the texts (instructions, special tokens, padding side), length-sorted batches of 32
     features = _features(embedder, texts, args.max_length)
     batches = [
@@ -62,7 +79,7 @@ def main() -> None:
     for product in products:
         w = numpy_helper.to_array(weights[product.weight])
         x = samples[product.activation]
-        per_tensor, per_row = I8.int8_error(x, w), I8.int8_error(x, w, per_row=True)
+        per_tensor, per_row = I8.int8_error(x, w, per_row=False), I8.int8_error(x, w)
         rows.append(
             {
                 "node": product.node.name,
@@ -81,13 +98,16 @@ def main() -> None:
         "max_per_tensor": max(r["per_tensor"] for r in rows),
         "max_per_row": max(r["per_row"] for r in rows),
     }
+    per_call_float32 = {r["node"] for r in rows if r["per_tensor"] > I8.MAX_NODE_ERROR}
+    graphs = graph_section(source, batches, args.repeats, per_call_float32) if args.graphs else None
     OUT.mkdir(parents=True, exist_ok=True)
     name = args.model.replace("/", "_")
-    (OUT / f"{name}.json").write_text(json.dumps({"summary": summary, "products": rows}, indent=2))
+    result = {"summary": summary, "products": rows, **({"graphs": graphs} if graphs else {})}
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
     lines = [
         f"# int8 error per product: {args.model}, {args.n} texts",
         "",
-        "| product | op | per-tensor (today) | per-row | per-row / per-tensor |",
+        "| product | op | (a) per call | (b) per row | b / a |",
         "|---|---|---|---|---|",
     ]
     lines += [
@@ -95,11 +115,104 @@ def main() -> None:
     ]
     lines += [
         "",
-        f"Median ratio per-row / per-tensor: **{summary['median_ratio_per_row_vs_per_tensor']:.2f}x**; "
-        f"worst product {summary['max_per_tensor']:.4f} (per-tensor) vs {summary['max_per_row']:.4f} (per-row).",
+        f"Median ratio b / a: **{summary['median_ratio_per_row_vs_per_tensor']:.2f}x**; "
+        f"worst product {summary['max_per_tensor']:.4f} (a) vs {summary['max_per_row']:.4f} (b).",
     ]
+    if graphs:
+        lines += [
+            "",
+            f"## Whole graphs, {args.n} texts, best of {args.repeats} interleaved runs (baseline: the float32 graph)",
+            "",
+            "| graph | speed vs float32 | mean cosine | min cosine | max change when re-batched |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g} | {r['speed_vs_float32']:.2f}x | {r['mean_cos']:.5f} | {r['min_cos']:.5f} "
+            f"| {r['rebatch_max_abs']:.2e} |"
+            for g, r in graphs.items()
+        ]
     (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def graph_section(source: Path, batches: list, repeats: int, per_call_float32: set[str]) -> dict:
+    """Recipes (a) and (b) as whole graphs against the float32 graph at ``source``: speed, cosine, re-batching."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    def pooled(session: Any, batch_list: list) -> np.ndarray:
+        out = []
+        for ids, mask in batch_list:
+            states = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+            weight = mask[..., None].astype(np.float32)
+            vectors = (states * weight).sum(1) / weight.sum(1)
+            out.append(vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+        return np.concatenate(out)
+
+    def rebatched() -> list:
+        """The same rows, in reverse order and cut into batches of other sizes (then put back in order)."""
+        ids = [row for b_ids, _ in batches for row in b_ids]
+        masks = [row for _, b_mask in batches for row in b_mask]
+        order = list(range(len(ids)))[::-1]
+        out, size = [], 0
+        while order:
+            size = size % 31 + 7
+            chunk, order = order[:size], order[size:]
+            width = max(int(masks[i].sum()) for i in chunk)  # right padding (minilm), with pad id 0 here
+
+            def fit(row: np.ndarray, width: int = width) -> np.ndarray:
+                return np.pad(row[:width], (0, max(0, width - len(row))))
+
+            out.append((chunk, np.stack([fit(ids[i]) for i in chunk]), np.stack([fit(masks[i]) for i in chunk])))
+        return out
+
+    with tempfile.TemporaryDirectory() as tmp:
+        per_call, per_row = Path(tmp) / "per_call.onnx", Path(tmp) / "per_row.onnx"
+        quantize_dynamic(
+            str(source),
+            str(per_call),
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Attention"],
+            nodes_to_exclude=sorted(per_call_float32),
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        I8.quantize_graph(source, per_row, batches[::3], threads=2)
+        full_weights, levels = Path(tmp) / "per_row_8bit.onnx", I8.WEIGHT_LEVELS
+        I8.WEIGHT_LEVELS = 127  # (b) with 8-bit weights: what the 7-bit choice is measured against
+        try:
+            I8.quantize_graph(source, full_weights, batches[::3], threads=2)
+        finally:
+            I8.WEIGHT_LEVELS = levels
+        graphs = [
+            ("float32", source),
+            ("(a) int8 per call", per_call),
+            ("(b) int8 per row", per_row),
+            ("(b) with 8-bit weights", full_weights),
+        ]
+        sessions = {
+            name: ort.InferenceSession(str(path), I8.session_options(2), providers=["CPUExecutionProvider"])
+            for name, path in graphs
+        }
+        reshuffled = rebatched()
+        seconds, vectors = interleave(
+            {name: (lambda s=s: timed(lambda: pooled(s, batches))) for name, s in sessions.items()}, repeats
+        )
+        result = {}
+        for name, session in sessions.items():
+            again = np.empty_like(vectors[name])
+            for rows, ids, mask in reshuffled:
+                again[rows] = pooled(session, [(ids, mask)])
+            cos = (vectors[name] * vectors["float32"]).sum(1)
+            result[name] = {
+                "seconds": min(seconds[name]),
+                "speed_vs_float32": min(seconds["float32"]) / min(seconds[name]),
+                "mean_cos": float(cos.mean()),
+                "min_cos": float(cos.min()),
+                "rebatch_max_abs": float(np.abs(again - vectors[name]).max()),
+            }
+    return result
 
 
 if __name__ == "__main__":

@@ -155,12 +155,13 @@ class Embedder:
 
         ``backend`` runs the transformer: ``"torch"`` (default; the reference, CPU or GPU) or ``"onnx"`` (ONNX
         Runtime on the CPU: the model is exported once, cached, and run as a fused graph; vectors agree with
-        torch's to cosine >= 0.9999). ``precision="int8"`` quantises (on ONNX Runtime unless ``backend="torch"``,
-        which uses torch's dynamic int8): it is calibrated on the first texts encoded (or on
-        :meth:`calibrate`'s) and checked by a quality gate that warns with the gap when int8 vectors drift from
-        float32 ones. ``quantize="int8"`` is the older spelling of ``precision="int8"``. ``threads`` sets the
-        ONNX Runtime threads (default: torch's); ``max_batch_tokens`` bounds batches by padded tokens as well as
-        by ``batch_size``.
+        torch's to cosine >= 0.9999). ``precision="int8"`` quantises (on ONNX Runtime unless
+        ``backend="torch"``, which uses torch's dynamic int8): it is calibrated on the first texts encoded (or
+        on :meth:`calibrate`'s) and checked by a quality gate that warns with the gap when int8 vectors drift
+        from float32 ones; on ONNX Runtime each token row is quantised on its own range, so an int8 vector, like a
+        float32 one, does not depend on which texts share its batch. ``quantize="int8"`` is the older spelling of
+        ``precision="int8"``. ``threads`` sets the ONNX Runtime threads (default: torch's); ``max_batch_tokens``
+        bounds batches by padded tokens as well as by ``batch_size``.
 
         Strategy options left as ``None`` come from a saved Embedder's ``lmembed.json`` when there
         is one, else from :class:`EmbeddingConfig`'s defaults (mean pooling, last layer, causal,

@@ -1,30 +1,42 @@
-"""int8 graphs: per-channel int8 weights, activations quantised per call, lossy products left in float32.
+"""int8 graphs: per-row int8 activations, 7-bit per-column weights, lossy products left in float32.
 
-Chosen from measurements on ``minilm`` (cosine of mean-pooled vectors to the float32 graph over 250 real
-texts, speed relative to the fused float32 graph, one run each, this 2-core AVX2 CPU; the commands are in
-``bench/profile_encode.py``'s docstring):
+Every weight product ``X @ W`` of the fused float32 graph becomes: each row (token) of ``X`` scaled by its own
+``max|x| / 127`` and quantised to uint8 at zero point 128 (``QuantizeLinear`` with a per-row scale), an integer
+product with int8 weights quantised per output column (``MatMulIntegerToFloat``), and the result multiplied back by
+the row scale. Rows sharing one input are quantised once (the three attention projections, a decoder's
+gate/up projections). The fused ``Attention`` nodes of an encoder become three such products feeding
+``MultiHeadAttention``. Because every row is quantised on its own, **a text's int8 vector does not depend on which
+texts share its batch** (the float32 graph's property, kept): a served vector never changes with the requests that
+arrive beside it.
+
+Chosen from measurements on ``minilm`` (cosine of mean-pooled vectors to the float32 graph over real texts, speed
+relative to the fused float32 graph in the same run, this 2-core AVX2 CPU without VNNI). Earlier recipes
+(``bench/profile_encode.py``'s docstring):
 
 * static int8 (QDQ, activation ranges fixed at calibration, per-tensor): mean cosine 0.926, min 0.830, and no
   faster (0.8-1.0x): ONNX Runtime cannot fuse attention around quantise/dequantise pairs;
-* dynamic int8 on the fused graph, per-tensor weights: 1.5x, mean 0.947, min 0.800;
-* the same with per-channel weights: 1.5-1.9x, mean 0.993, min 0.975;
-* per-channel, FFN output products kept float32: 1.26x, mean 0.996, min 0.986;
-* SmoothQuant-style smoothing (activations divided per channel by ``max|X|^a / max|W|^(1-a)``, weights
-  multiplied) before dynamic int8 made it worse here (a = 0.5: mean 0.969; a = 0.75: mean 0.989), so it is
-  not used.
+* dynamic int8 (one activation range per call, over the whole batch), per-tensor weights: 1.5x, mean 0.947;
+* the same with per-channel weights: 1.5-1.9x, mean 0.993, min 0.975; keeping the products whose error exceeds
+  :data:`MAX_NODE_ERROR` in float32 (the FFN outputs of layers 0-2): mean 0.996, min 0.990; but a vector then
+  moved by up to 0.035 when its batch changed;
+* SmoothQuant-style smoothing made it worse (a = 0.5: mean 0.969; a = 0.75: mean 0.989).
 
-So the graph is the fused float32 one with dynamic int8 products (``MatMulInteger``/``QAttention``:
-per-output-channel int8 weights, activations quantised per call over the batch) except those whose int8
-error, measured on activations recorded while running the user's calibration texts, exceeds
-:data:`MAX_NODE_ERROR` (:func:`sensitive_nodes`). Because activations are quantised per call, an int8 vector
-depends slightly on which texts share its batch (within the quality gate, never bit for bit). The quality gate
-(:mod:`lmembed.encoding.backends.quality`) checks the result on calibration texts held out from the measurement.
+``python bench/int8_products.py --n 400 --graphs`` measures per product and end to end. One range per token row
+halves the per-product error (median 0.46x; the worst product 0.091 -> 0.022), so no ``minilm`` product needs to
+stay float32, and the graph runs as fast as the per-call recipe (the extra row reductions cost what the three
+float32 products did). Weights use 7 bits (+-63): without VNNI, ONNX Runtime's uint8 x int8 kernel adds pairs of
+products in 16 bits, which full-range weights can saturate; the bench builds the graph with 8-bit weights as well
+to check that 7 bits lose less. (A prototype with 7-bit activations and 8-bit weights did worse.)
+
+A product whose int8 error (relative RMS on activations recorded while running the user's calibration texts, the
+recipe modelled exactly by :func:`int8_error`) exceeds :data:`MAX_NODE_ERROR` stays float32
+(:func:`sensitive_nodes`). The quality gate (:mod:`lmembed.encoding.backends.quality`) checks the result on
+calibration texts held out from the measurement.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +50,10 @@ log = logging.getLogger(__name__)
 MAX_NODE_ERROR = 0.06
 #: Calibration rows kept per product for the error measurement.
 ERROR_SAMPLE_ROWS = 2048
+#: Largest weight magnitude in quantisation steps: 7 bits, so that uint8 x int8 pair sums fit 16 bits (AVX2).
+WEIGHT_LEVELS = 63
+#: Recorded in the int8 export's key: a graph built by another recipe is never loaded for this one.
+RECIPE = "per-row activations, 7-bit per-column weights"
 #: Padded tokens per calibration run: every product's input is recorded at once, so this bounds the memory used
 #: (a 30-layer decoder records ~100k floats per token).
 CALIBRATION_TOKENS = 1024
@@ -105,19 +121,24 @@ def _small(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterable[tuple[n
             yield ids[start : start + rows], mask[start : start + rows]
 
 
-def int8_error(x: np.ndarray, weight: np.ndarray, *, per_row: bool = False) -> float:
-    """Relative RMS error of ``x @ weight`` computed the way the int8 graph does (per-tensor asymmetric uint8
-    activations, per-output-channel symmetric int8 weights); ``per_row`` gives each activation row (token) its
-    own range instead, the candidate recipe measured by ``bench/int8_products.py``."""
-    axis = 1 if per_row else None
-    lo = np.minimum(x.min(axis=axis, keepdims=True), 0.0)
-    hi = np.maximum(x.max(axis=axis, keepdims=True), 0.0)
-    step = (hi - lo) / 255
-    step[step == 0] = 1.0
-    zero = np.round(-lo / step)
-    xq = (np.clip(np.round(x / step) + zero, 0, 255) - zero) * step
-    wstep = np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127
-    wq = np.clip(np.round(weight / wstep), -127, 127) * wstep
+def int8_error(x: np.ndarray, weight: np.ndarray, *, per_row: bool = True, weight_levels: int | None = None) -> float:
+    """Relative RMS error of ``x @ weight`` computed the way the int8 graph does: each activation row quantised
+    symmetrically on its own range, weights per output column to :data:`WEIGHT_LEVELS`. ``per_row=False`` models
+    the per-call recipe it replaced (one asymmetric uint8 range over all rows, 8-bit weights), for comparison
+    (``bench/int8_products.py``); ``weight_levels`` overrides either recipe's weight levels."""
+    if per_row:
+        step = np.abs(x).max(axis=1, keepdims=True) / 127
+        step[step == 0] = 1.0
+        xq = np.clip(np.round(x / step), -127, 127) * step
+        levels = weight_levels or WEIGHT_LEVELS
+    else:
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        step = (hi - lo) / 255 or 1.0
+        zero = np.round(-lo / step)
+        xq = (np.clip(np.round(x / step) + zero, 0, 255) - zero) * step
+        levels = weight_levels or 127
+    wstep = np.maximum(np.abs(weight).max(axis=0), 1e-12) / levels
+    wq = np.clip(np.round(weight / wstep), -levels, levels) * wstep
     exact = x @ weight
     return float(np.linalg.norm(xq @ wq - exact) / max(np.linalg.norm(exact), 1e-12))
 
@@ -125,8 +146,8 @@ def int8_error(x: np.ndarray, weight: np.ndarray, *, per_row: bool = False) -> f
 def sensitive_nodes(
     products: Sequence[Product], model: Any, samples: dict[str, np.ndarray], max_error: float = MAX_NODE_ERROR
 ) -> dict[str, float]:
-    """Every product's int8 error on calibration activations (node name -> relative RMS error) and, as the
-    second result, those above ``max_error``, which stay float32."""
+    """The products whose int8 error on calibration activations exceeds ``max_error`` (node name -> relative RMS
+    error): they stay float32."""
     # lazy: onnx is an optional extra
     from onnx import numpy_helper
 
@@ -143,41 +164,157 @@ def quantize_graph(
 ) -> dict[str, Any]:
     """Quantise the fused float32 graph at ``source`` into ``target``, measuring on ``batches`` (calibration
     token ids and masks) which products stay float32; returns what was done (for the export's manifest)."""
-    # lazy: onnx and onnxruntime are optional extras
+    # lazy: onnx is an optional extra
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(source))
     products = weight_products(model)
     _, samples = activation_stats(model, batches, products, threads)
     skipped = sensitive_nodes(products, model, samples)
-    root = logging.getLogger()
-    previous = root.disabled
-    root.disabled = True  # the quantiser logs "consider pre-processing" warnings on the root logger
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            quantize_dynamic(
-                str(source),
-                str(target),
-                per_channel=True,
-                weight_type=QuantType.QInt8,
-                op_types_to_quantize=["MatMul", "Attention"],
-                nodes_to_exclude=sorted(skipped),
-                extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
-            )
-    finally:
-        root.disabled = previous
-    log.info("int8: %d of %d weight products quantised", len(products) - len(skipped), len(products))
+    kept_float32 = set(skipped)
+    kept_float32 |= per_row_int8(model, [p for p in products if p.node.name not in skipped])
+    large = model.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go beside the graph
+    onnx.save(model, str(target), save_as_external_data=large, location=target.name + ".data" if large else None)
+    log.info("int8: %d of %d weight products quantised", len(products) - len(kept_float32), len(products))
     return {
         "int8": {
-            "recipe": "dynamic int8, per-channel weights, lossy products kept float32",
+            "recipe": RECIPE,
             "max_node_error": MAX_NODE_ERROR,
             "products": len(products),
-            "kept_float32": {k: round(v, 4) for k, v in sorted(skipped.items())},
+            "kept_float32": {
+                k: round(skipped[k], 4) if k in skipped else "unsupported attention" for k in sorted(kept_float32)
+            },
             "calibration_batches": len(batches),
         }
     }
+
+
+class _Rewriter:
+    """Builds the per-row int8 nodes and initializers that replace weight products."""
+
+    def __init__(self, weights: dict[str, np.ndarray]) -> None:
+        # lazy: onnx is an optional extra
+        from onnx import helper, numpy_helper
+
+        self.node, self.tensor = helper.make_node, numpy_helper.from_array
+        self.weights = weights
+        self.initializers = [
+            self.tensor(np.array(1.0, np.float32), "i8_one"),
+            self.tensor(np.array(128, np.uint8), "i8_zero"),
+            self.tensor(np.array(0, np.int8), "i8_wzero"),
+            self.tensor(np.array(1 / 127, np.float32), "i8_step"),
+            self.tensor(np.array(1e-12, np.float32), "i8_tiny"),
+            self.tensor(np.array([0], np.int64), "i8_0"),
+            self.tensor(np.array([-1], np.int64), "i8_last"),
+            self.tensor(np.array([-1, 1], np.int64), "i8_column"),
+        ]
+        self.quantised: dict[str, str] = {}  # activation name -> prefix of its quantised rows
+        self.shapes: set[tuple[str, int]] = set()
+
+    def quantise_rows(self, x: str, width: int) -> list[Any]:
+        """Nodes quantising each row of ``x`` (last dimension ``width``) once: ``<p>q`` uint8 rows of a 2-D view,
+        ``<p>scale`` their scales as a column, ``<p>lead`` the leading dimensions of ``x``."""
+        if x in self.quantised:
+            return []
+        p = self.quantised[x] = f"i8_{len(self.quantised)}_"
+        node = self.node
+        self.initializers.append(self.tensor(np.array([-1, width], np.int64), p + "view"))
+        return [
+            node("ReduceMax", [x], [p + "hi"], axes=[-1], keepdims=1),
+            node("ReduceMin", [x], [p + "lo"], axes=[-1], keepdims=1),
+            node("Neg", [p + "lo"], [p + "neg_lo"]),
+            node("Max", [p + "hi", p + "neg_lo", "i8_tiny"], [p + "peak"]),
+            node("Mul", [p + "peak", "i8_step"], [p + "rs"]),
+            node("Reshape", [p + "rs", "i8_last"], [p + "flat_scale"]),
+            node("Reshape", [p + "rs", "i8_column"], [p + "scale"]),
+            node("Shape", [p + "flat_scale"], [p + "rows"]),
+            node("ConstantOfShape", [p + "rows"], [p + "zeros"], value=self.tensor(np.array([128], np.uint8))),
+            node("Shape", [x], [p + "shape"]),
+            node("Slice", [p + "shape", "i8_0", "i8_last"], [p + "lead"]),
+            node("Reshape", [x, p + "view"], [p + "x2"]),
+            node("QuantizeLinear", [p + "x2", p + "flat_scale", p + "zeros"], [p + "q"], axis=0),
+        ]
+
+    def product(self, x: str, weight: np.ndarray, out: str, name: str) -> list[Any]:
+        """Nodes computing ``out = x @ weight`` from the quantised rows of ``x``."""
+        nodes = self.quantise_rows(x, weight.shape[0])
+        p, w = self.quantised[x], f"i8w_{name}"
+        step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / WEIGHT_LEVELS
+        quantised = np.clip(np.round(weight / step), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
+        self.initializers += [self.tensor(quantised, w + "_q"), self.tensor(step.astype(np.float32), w + "_step")]
+        shape = f"{p}out{weight.shape[1]}"
+        if (p, weight.shape[1]) not in self.shapes:
+            self.shapes.add((p, weight.shape[1]))
+            self.initializers.append(self.tensor(np.array([weight.shape[1]], np.int64), shape + "_width"))
+            nodes.append(self.node("Concat", [p + "lead", shape + "_width"], [shape], axis=0))
+        return [
+            *nodes,
+            self.node(
+                "MatMulIntegerToFloat",
+                [p + "q", w + "_q", "i8_one", w + "_step", "i8_zero", "i8_wzero"],
+                [w + "_int"],
+                domain="com.microsoft",
+            ),
+            self.node("Mul", [w + "_int", p + "scale"], [w + "_rows"]),
+            self.node("Reshape", [w + "_rows", shape], [out]),
+        ]
+
+    def attention(self, node: Any) -> list[Any] | None:
+        """A fused ``Attention`` node as three int8 products and ``MultiHeadAttention``, or None where the node
+        uses more than input, packed weights, bias and a mask."""
+        # lazy: onnx is an optional extra
+        from onnx import helper
+
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if len(node.input) > 4 or set(attributes) - {"num_heads", "mask_filter_value"}:
+            return None
+        x, w, b = node.input[:3]
+        weight, hidden = self.weights[w], self.weights[w].shape[1] // 3
+        nodes, parts = [], []
+        for j, part in enumerate("qkv"):
+            parts.append(f"i8a_{node.name}_{part}")
+            nodes += self.product(x, weight[:, j * hidden : (j + 1) * hidden], parts[-1], f"{node.name}_{part}")
+        mask = node.input[3] if len(node.input) > 3 else ""
+        attention = self.node(
+            "MultiHeadAttention", [*parts, b, mask], list(node.output), domain="com.microsoft", **attributes
+        )
+        return [*nodes, attention]
+
+
+def per_row_int8(model: Any, products: Sequence[Product]) -> set[str]:
+    """Replace ``products`` in ``model`` (in place) by per-row int8 products; returns the names of those left in
+    float32 because their form is not supported (attention with past state or rotary embeddings)."""
+    # lazy: onnx is an optional extra
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    chosen = {p.node.name for p in products}
+    weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name in {p.weight for p in products}}
+    rewriter = _Rewriter(weights)
+    nodes, replaced, unsupported = [], set(), set()
+    for node in graph.node:
+        new = None
+        if node.name in chosen and node.op_type == "Attention":
+            new = rewriter.attention(node)
+            if new is None:
+                unsupported.add(node.name)
+        elif node.name in chosen:
+            new = rewriter.product(node.input[0], weights[node.input[1]], node.output[0], node.name)
+        if new is None:
+            nodes.append(node)
+        else:
+            nodes += new
+            replaced.add(node.input[1])
+    still_used = {name for node in nodes for name in node.input}
+    kept = [i for i in graph.initializer if i.name not in replaced or i.name in still_used]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + rewriter.initializers)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return unsupported
 
 
 _CPU = ["CPUExecutionProvider"]

@@ -35,7 +35,7 @@ from lmembed.encoding.backends.graph import (
     readout_of,
     readouts_of,
 )
-from lmembed.encoding.backends.int8 import quantize_graph, session_options
+from lmembed.encoding.backends.int8 import RECIPE, quantize_graph, session_options
 from lmembed.encoding.backends.quality import GateReport, gate
 from lmembed.encoding.backends.store import GRAPH_FILE, cached_export, runtime_versions, update_manifest
 from lmembed.models.attention import AttentionError, check_bidirectional_supported
@@ -261,7 +261,12 @@ class OnnxBackend(Backend):
             raise BackendError("int8 needs calibration texts: Embedder.calibrate(texts) or encode some texts first")
         held_out = texts[HELD_OUT_EVERY - 1 :: HELD_OUT_EVERY]
         measured = [t for i, t in enumerate(texts) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
-        parts = {**self._parts(readouts, mode), "precision": "int8", "calibration": text_fingerprint(texts)}
+        parts = {
+            **self._parts(readouts, mode),
+            "precision": "int8",
+            "recipe": RECIPE,
+            "calibration": text_fingerprint(texts),
+        }
 
         def build(tmp: Path) -> dict[str, Any]:
             batches = [(ids, mask) for ids, mask, _ in batches_for(measured)]
