@@ -21,12 +21,13 @@ relative to the fused float32 graph in the same run, this 2-core AVX2 CPU withou
   moved by up to 0.035 when its batch changed;
 * SmoothQuant-style smoothing made it worse (a = 0.5: mean 0.969; a = 0.75: mean 0.989).
 
-``python bench/int8_products.py --n 400 --graphs`` measures per product and end to end. One range per token row
-halves the per-product error (median 0.46x; the worst product 0.091 -> 0.022), so no ``minilm`` product needs to
-stay float32, and the graph runs as fast as the per-call recipe (the extra row reductions cost what the three
-float32 products did). Weights use 7 bits (+-63): without VNNI, ONNX Runtime's uint8 x int8 kernel adds pairs of
-products in 16 bits, which full-range weights can saturate; the bench builds the graph with 8-bit weights as well
-to check that 7 bits lose less. (A prototype with 7-bit activations and 8-bit weights did worse.)
+``python bench/int8_products.py --n 400 --graphs`` measures per product and end to end, against the per-call
+recipe in the same run. Per-row ranges with 7-bit weights give 0.73x its per-product error (median; the worst
+product 0.091 -> 0.041), so no ``minilm`` product needs to stay float32; end to end the minimum cosine rises from
+0.9904 to 0.9933 and re-batching moves no vector, but the graph is slower: 1.21x float32 against 1.50x (the row
+reductions and rescaling are extra element-wise passes). Weights use 7 bits (+-63): without VNNI, ONNX Runtime's
+uint8 x int8 kernel adds pairs of products in 16 bits, which full-range weights can saturate; with 8-bit weights
+the bench measured a lower minimum cosine (0.9928).
 
 A product whose int8 error (relative RMS on activations recorded while running the user's calibration texts, the
 recipe modelled exactly by :func:`int8_error`) exceeds :data:`MAX_NODE_ERROR` stays float32
@@ -144,7 +145,11 @@ def int8_error(x: np.ndarray, weight: np.ndarray, *, per_row: bool = True, weigh
 
 
 def sensitive_nodes(
-    products: Sequence[Product], model: Any, samples: dict[str, np.ndarray], max_error: float = MAX_NODE_ERROR
+    products: Sequence[Product],
+    model: Any,
+    samples: dict[str, np.ndarray],
+    max_error: float = MAX_NODE_ERROR,
+    weight_levels: int = WEIGHT_LEVELS,
 ) -> dict[str, float]:
     """The products whose int8 error on calibration activations exceeds ``max_error`` (node name -> relative RMS
     error): they stay float32."""
@@ -155,30 +160,38 @@ def sensitive_nodes(
     errors = {}
     for product in products:
         weight = numpy_helper.to_array(initializers[product.weight])
-        errors[product.node.name] = int8_error(samples[product.activation], weight)
+        errors[product.node.name] = int8_error(samples[product.activation], weight, weight_levels=weight_levels)
     return {name: err for name, err in errors.items() if err > max_error}
 
 
 def quantize_graph(
-    source: Path, target: Path, batches: Sequence[tuple[np.ndarray, np.ndarray]], *, threads: int
+    source: Path,
+    target: Path,
+    batches: Sequence[tuple[np.ndarray, np.ndarray]],
+    *,
+    threads: int,
+    weight_levels: int = WEIGHT_LEVELS,
 ) -> dict[str, Any]:
     """Quantise the fused float32 graph at ``source`` into ``target``, measuring on ``batches`` (calibration
-    token ids and masks) which products stay float32; returns what was done (for the export's manifest)."""
+    token ids and masks) which products stay float32; returns what was done (for the export's manifest).
+    ``weight_levels`` other than :data:`WEIGHT_LEVELS` is for measuring the choice (``bench/int8_products.py``)."""
     # lazy: onnx is an optional extra
     import onnx
 
     model = onnx.load(str(source))
     products = weight_products(model)
     _, samples = activation_stats(model, batches, products, threads)
-    skipped = sensitive_nodes(products, model, samples)
+    skipped = sensitive_nodes(products, model, samples, weight_levels=weight_levels)
     kept_float32 = set(skipped)
-    kept_float32 |= per_row_int8(model, [p for p in products if p.node.name not in skipped])
+    chosen = [p for p in products if p.node.name not in skipped]
+    kept_float32 |= per_row_int8(model, chosen, weight_levels=weight_levels)
     large = model.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go beside the graph
     onnx.save(model, str(target), save_as_external_data=large, location=target.name + ".data" if large else None)
     log.info("int8: %d of %d weight products quantised", len(products) - len(kept_float32), len(products))
     return {
         "int8": {
             "recipe": RECIPE,
+            "weight_levels": weight_levels,
             "max_node_error": MAX_NODE_ERROR,
             "products": len(products),
             "kept_float32": {
@@ -192,12 +205,12 @@ def quantize_graph(
 class _Rewriter:
     """Builds the per-row int8 nodes and initializers that replace weight products."""
 
-    def __init__(self, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, weights: dict[str, np.ndarray], weight_levels: int) -> None:
         # lazy: onnx is an optional extra
         from onnx import helper, numpy_helper
 
         self.node, self.tensor = helper.make_node, numpy_helper.from_array
-        self.weights = weights
+        self.weights, self.levels = weights, weight_levels
         self.initializers = [
             self.tensor(np.array(1.0, np.float32), "i8_one"),
             self.tensor(np.array(128, np.uint8), "i8_zero"),
@@ -239,8 +252,8 @@ class _Rewriter:
         """Nodes computing ``out = x @ weight`` from the quantised rows of ``x``."""
         nodes = self.quantise_rows(x, weight.shape[0])
         p, w = self.quantised[x], f"i8w_{name}"
-        step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / WEIGHT_LEVELS
-        quantised = np.clip(np.round(weight / step), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
+        step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / self.levels
+        quantised = np.clip(np.round(weight / step), -self.levels, self.levels).astype(np.int8)
         self.initializers += [self.tensor(quantised, w + "_q"), self.tensor(step.astype(np.float32), w + "_step")]
         shape = f"{p}out{weight.shape[1]}"
         if (p, weight.shape[1]) not in self.shapes:
@@ -281,9 +294,10 @@ class _Rewriter:
         return [*nodes, attention]
 
 
-def per_row_int8(model: Any, products: Sequence[Product]) -> set[str]:
-    """Replace ``products`` in ``model`` (in place) by per-row int8 products; returns the names of those left in
-    float32 because their form is not supported (attention with past state or rotary embeddings)."""
+def per_row_int8(model: Any, products: Sequence[Product], *, weight_levels: int = WEIGHT_LEVELS) -> set[str]:
+    """Replace ``products`` in ``model`` (in place) by per-row int8 products with weights quantised to
+    ``weight_levels``; returns the names of those left in float32 because their form is not supported (attention
+    with past state or rotary embeddings)."""
     # lazy: onnx is an optional extra
     import onnx
     from onnx import numpy_helper
@@ -291,7 +305,7 @@ def per_row_int8(model: Any, products: Sequence[Product]) -> set[str]:
     graph = model.graph
     chosen = {p.node.name for p in products}
     weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name in {p.weight for p in products}}
-    rewriter = _Rewriter(weights)
+    rewriter = _Rewriter(weights, weight_levels)
     nodes, replaced, unsupported = [], set(), set()
     for node in graph.node:
         new = None
