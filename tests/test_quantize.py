@@ -147,3 +147,12 @@ def test_int8_vector_does_not_depend_on_its_batch(tokenizer, family):
         reversed_small = emb.encode(TEXTS[5::-1], batch_size=4)[::-1]
     np.testing.assert_allclose(together, alone, atol=1e-5)
     np.testing.assert_allclose(reversed_small, alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("levels", [0, 128])
+def test_weight_levels_outside_int8_are_refused(tmp_path, levels):
+    from lmembed.encoding.backends.int8 import quantize_graph
+
+    with pytest.raises(ValueError, match=rf"weight_levels: must be 1 to 127 .*got {levels}"):
+        quantize_graph(tmp_path / "in.onnx", tmp_path / "out.onnx", [], threads=1, weight_levels=levels)
+    assert not (tmp_path / "out.onnx").exists()

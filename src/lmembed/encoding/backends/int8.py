@@ -175,6 +175,8 @@ def quantize_graph(
     """Quantise the fused float32 graph at ``source`` into ``target``, measuring on ``batches`` (calibration
     token ids and masks) which products stay float32; returns what was done (for the export's manifest).
     ``weight_levels`` other than :data:`WEIGHT_LEVELS` is for measuring the choice (``bench/int8_products.py``)."""
+    if not 1 <= weight_levels <= 127:
+        raise ValueError(f"weight_levels: must be 1 to 127 (int8 weights), got {weight_levels}")
     # lazy: onnx is an optional extra
     import onnx
 
