@@ -16,8 +16,11 @@ from lmembed.cli.options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_ENGINE,
+    DEFAULT_PRECISION,
     AttentionOpt,
+    BackendOpt,
     BatchSizeOpt,
+    CalibrationOpt,
     DeviceOpt,
     DimOpt,
     DtypeOpt,
@@ -29,6 +32,7 @@ from lmembed.cli.options import (
     ModelOpt,
     NoCacheOpt,
     PoolingOpt,
+    PrecisionOpt,
     RayAddressOpt,
     WorkersOpt,
     check_engine,
@@ -75,6 +79,9 @@ def encode(
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = DEFAULT_DEVICE,
+    backend: BackendOpt = None,
+    precision: PrecisionOpt = DEFAULT_PRECISION,
+    calibration: CalibrationOpt = None,
     no_cache: NoCacheOpt = False,
     engine: EngineOpt = DEFAULT_ENGINE,
     ray_address: RayAddressOpt = None,
@@ -87,7 +94,7 @@ def encode(
     if output.suffix not in OUTPUT_SUFFIXES:
         raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
     check_writable(output, "--output")
-    check_engine(engine, ray_address, workers)
+    check_engine(engine, ray_address, workers, precision)
     if engine == "ray":
         _encode_on_ray(check_input_file(input, "INPUT"), output, model, field, instruction, batch_size, locals())
         return

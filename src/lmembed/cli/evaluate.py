@@ -13,8 +13,11 @@ from lmembed.cli.options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_ENGINE,
+    DEFAULT_PRECISION,
     AttentionOpt,
+    BackendOpt,
     BatchSizeOpt,
+    CalibrationOpt,
     DeviceOpt,
     DimOpt,
     DtypeOpt,
@@ -24,8 +27,10 @@ from lmembed.cli.options import (
     MaxLenOpt,
     NoCacheOpt,
     PoolingOpt,
+    PrecisionOpt,
     RayAddressOpt,
     WorkersOpt,
+    check_backend,
     check_engine,
     check_writable,
     load_embedder,
@@ -75,6 +80,9 @@ def eval_command(
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = DEFAULT_DEVICE,
+    backend: BackendOpt = None,
+    precision: PrecisionOpt = DEFAULT_PRECISION,
+    calibration: CalibrationOpt = None,
     no_cache: NoCacheOpt = False,
     engine: EngineOpt = DEFAULT_ENGINE,
     ray_address: RayAddressOpt = None,
@@ -85,11 +93,18 @@ def eval_command(
     With --engine ray every encoding runs as a sharded job on Ray (workers load the model themselves) and
     retrieval corpora are searched memory-mapped from the embedding cache; scores equal --engine local's."""
     check_writable(output, "--output", folder=True)
-    check_engine(engine, ray_address, workers)
+    check_engine(engine, ray_address, workers, precision)
     if not model and not data and not suite:
         if engine != "local":
-            raise typer.BadParameter("the main job runs locally; give --model/--data to evaluate on Ray", "--engine")
-        _main_job(output, batch_size)
+            raise typer.BadParameter(
+                "the main job runs locally; give --model/--data to evaluate on Ray", param_hint="--engine"
+            )
+        if calibration is not None:
+            raise typer.BadParameter(
+                "the main job calibrates int8 on the texts it scores; --calibration is for --model/--data",
+                param_hint="--calibration",
+            )
+        _main_job(output, batch_size, backend, precision)
         return
     options = model_options(locals())
     tasks, missing = resolve_eval_tasks(data, suite, task_type, instructions)  # tasks carry their instructions
@@ -117,9 +132,16 @@ def _progress(progress: Any) -> None:
     console.print(progress.line(), markup=False, soft_wrap=True)
 
 
-def _main_job(output: Path, batch_size: int) -> None:
+def _main_job(output: Path, batch_size: int, backend: str | None, precision: str) -> None:
+    check_backend(backend, precision, None)
     console.print("[bold]lmembed main job[/]: bundled models on SciFact (cached embeddings make re-runs fast)")
-    results = run_main_job(output, batch_size, progress=console.print)
+    results = run_main_job(
+        output,
+        batch_size,
+        progress=console.print,
+        backend=backend,
+        precision=None if precision == DEFAULT_PRECISION else precision,
+    )
     out_console.print(results_table(results, metrics=MAIN_JOB_METRICS))
     console.print(f"results written under {output}/ (render with `lmembed report {output}`)")
     console.print("evaluate your own BEIR folder: lmembed eval --model minilm --data path/to/folder")

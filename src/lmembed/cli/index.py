@@ -24,8 +24,11 @@ from lmembed.cli.options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_ENGINE,
+    DEFAULT_PRECISION,
     AttentionOpt,
+    BackendOpt,
     BatchSizeOpt,
+    CalibrationOpt,
     DeviceOpt,
     DimOpt,
     DtypeOpt,
@@ -37,6 +40,7 @@ from lmembed.cli.options import (
     ModelOpt,
     NoCacheOpt,
     PoolingOpt,
+    PrecisionOpt,
     RayAddressOpt,
     WorkersOpt,
     check_engine,
@@ -127,6 +131,9 @@ def build(
     chunk_size: ChunkOpt = 2048,
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = DEFAULT_DEVICE,
+    backend: BackendOpt = None,
+    precision: PrecisionOpt = DEFAULT_PRECISION,
+    calibration: CalibrationOpt = None,
     no_cache: NoCacheOpt = False,
     engine: EngineOpt = DEFAULT_ENGINE,
     ray_address: RayAddressOpt = None,
@@ -150,7 +157,7 @@ def build(
         rescore_multiplier=rescore_multiplier,
     )
     check_writable(output, "--output", folder=True)
-    check_engine(engine, ray_address, workers)
+    check_engine(engine, ray_address, workers, precision)
     docs = load_corpus(data)
     options = model_options(locals())
     emb = load_embedder(model, **options)

@@ -17,7 +17,10 @@ import typer
 from lmembed.cli.options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_PRECISION,
     AttentionOpt,
+    BackendOpt,
+    CalibrationOpt,
     DeviceOpt,
     DimOpt,
     DtypeOpt,
@@ -25,6 +28,7 @@ from lmembed.cli.options import (
     LayerOpt,
     MaxLenOpt,
     PoolingOpt,
+    PrecisionOpt,
     load_embedder,
 )
 
@@ -66,6 +70,9 @@ def serve(
     max_length: MaxLenOpt = None,
     dtype: DtypeOpt = DEFAULT_DTYPE,
     device: DeviceOpt = DEFAULT_DEVICE,
+    backend: BackendOpt = None,
+    precision: PrecisionOpt = DEFAULT_PRECISION,
+    calibration: CalibrationOpt = None,
     graceful_timeout: Annotated[
         float, typer.Option("--graceful-timeout", min=0, help="Seconds requests in flight get to finish on shutdown.")
     ] = 30.0,
@@ -90,6 +97,13 @@ def serve(
         api_key=api_key,
     )
     index = Index.open(index_dir) if index_dir is not None else None  # a broken index fails before the model loads
+    # an int8 model is calibrated before it serves: else the first request's texts would decide every vector
+    recorded = index.manifest.model.calibration if index is not None and calibration is None else None
+    if precision == "int8" and calibration is None and not recorded:
+        raise typer.BadParameter(
+            "a served int8 model needs calibration texts: --calibration FILE (or an int8 --index)",
+            param_hint="--calibration",
+        )
     embedder = load_embedder(
         model,
         pooling=pooling,
@@ -101,6 +115,11 @@ def serve(
         dtype=dtype,
         device=device,
         no_cache=True,
+        backend=backend,
+        precision=precision,
+        calibration=calibration,
     )
+    if precision == "int8" and recorded:
+        embedder.calibrate(recorded)  # as the index was built
     app = create_app(embedder, model_name=served_model_name or model, index=index, limits=limits)
     run(app, host=host, port=port, graceful_timeout=graceful_timeout, log_level=log_level, access_log=access_log)

@@ -72,13 +72,15 @@ def run_main_job(
     batch_size: int,
     *,
     progress: Callable[[str], None] | None = None,
-    backend: str = "torch",
+    backend: str | None = None,
+    precision: str | None = None,
 ) -> list[StrategyResult]:
     """Run :func:`main_job_plan` and write every result under ``output``; return the results.
 
-    ``progress`` receives one line per (model, corpus) step before it runs. ``backend`` runs the models
-    (float32): torch by default, the path whose scores are checked against MTEB's; ``"onnx"`` is faster where
-    the onnx extra is installed, but its effect on the main job's scores has not been checked yet.
+    ``progress`` receives one line per (model, corpus) step before it runs. ``backend`` and ``precision`` run
+    the models: torch float32 by default, the path whose scores are checked against MTEB's; ``backend="onnx"``
+    (float32) is faster where the onnx extra is installed; ``precision="int8"`` quantises, each model calibrated
+    on a spread of the queries and documents it scores (``bench/main_job_time.py`` measures both against torch).
     """
     from lmembed import Embedder  # lazy: torch loads only when the main job runs
 
@@ -89,7 +91,9 @@ def run_main_job(
         if progress is not None:
             progress(f"• {model} on {task.name}: {', '.join(c.label() for c in configs)}")
         max_length = MAIN_JOB_DECODER_MAX_LENGTH if model != "minilm" else None
-        embedder = Embedder.from_pretrained(model, config=configs[0], max_length=max_length, backend=backend)
+        embedder = Embedder.from_pretrained(
+            model, config=configs[0], max_length=max_length, backend=backend, precision=precision
+        )
         configs = [dataclasses.replace(c, max_length=embedder.config.max_length) for c in configs]
         results += evaluate_strategies(embedder, [task], configs, batch_size=batch_size)
     write_all(results, output)

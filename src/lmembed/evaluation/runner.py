@@ -131,9 +131,13 @@ def evaluate_retrieval_strategies(
 ) -> list[StrategyResult]:
     """Score every strategy on one retrieval task, sharing forward passes between strategies.
 
-    The queries get the task's ``instruction``; documents get none."""
+    The queries get the task's ``instruction``; documents get none. An int8 embedder not yet calibrated is
+    calibrated on a spread of the task's queries and documents (not on the queries alone, which come first)."""
     start = time.perf_counter()
     data = task.data
+    calibrate = getattr(getattr(embedder, "backend", None), "ensure_calibration", None)
+    if calibrate is not None:
+        calibrate([*data.query_texts, *data.corpus_texts])
     queries = embedder.encode_strategies(data.query_texts, configs, instruction=task.instruction, batch_size=batch_size)
     corpus = embedder.encode_strategies(data.corpus_texts, configs, batch_size=batch_size)
     encode_s = time.perf_counter() - start

@@ -236,9 +236,12 @@ class Index:
                 f"index {self.path} was built with an in-memory model ({self.manifest.model.name}); "
                 "pass that Embedder to Index.open"
             )
-        loaded = Embedder.from_pretrained(
-            source, dtype=self.manifest.model.dtype, device=device, cache=cache, **options
-        )
+        record = self.manifest.model
+        options.setdefault("backend", record.backend)
+        options.setdefault("precision", record.precision)
+        loaded = Embedder.from_pretrained(source, dtype=record.dtype, device=device, cache=cache, **options)
+        if record.calibration:  # an int8 index: quantised exactly as at build time
+            loaded.calibrate(record.calibration)
         embedder = loaded.with_config(self.manifest.config)
         check_embedder(self.manifest, embedder, self.path or "(in memory)")
         self.embedder = embedder

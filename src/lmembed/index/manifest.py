@@ -41,7 +41,9 @@ class ModelRecord:
 
     ``source`` reloads it (a bundled name, an absolute folder, a Hub id); ``None`` for a model built in
     memory, whose index can only be searched with the Embedder passed in. ``fingerprint`` hashes every
-    weight (and a trained pooling head's), as the embedding cache keys them.
+    weight (and a trained pooling head's), as the embedding cache keys them. ``backend`` and ``precision`` say
+    what ran it (an int8 index is reloaded as int8, never as float32); ``calibration`` holds an int8 ONNX
+    model's calibration texts, so a reload quantises exactly as the build did (and finds its cached graph).
     """
 
     source: str | None
@@ -49,6 +51,9 @@ class ModelRecord:
     fingerprint: str
     is_decoder: bool
     dtype: str
+    backend: str = "torch"
+    precision: str = "float32"
+    calibration: list[str] | None = None
 
 
 def model_fingerprint(embedder: Embedder) -> str:
@@ -71,12 +76,17 @@ def describe_model(embedder: Embedder) -> ModelRecord:
         source = None
     elif Path(backbone.name).is_dir():
         source = str(Path(backbone.name).resolve())
+    runner = embedder.backend
+    calibration = getattr(runner, "calibration_texts", None) if runner.precision == "int8" else None
     return ModelRecord(
         source=source,
         name=backbone.name,
         fingerprint=model_fingerprint(embedder),
         is_decoder=bool(backbone.is_decoder),
         dtype=str(backbone.dtype).removeprefix("torch."),
+        backend=runner.name,
+        precision=runner.precision,
+        calibration=list(calibration) if calibration is not None else None,
     )
 
 
@@ -180,6 +190,13 @@ def strategy_differences(expected: dict[str, Any], actual: dict[str, Any]) -> li
 def check_embedder(manifest: Manifest, embedder: Embedder, where: str | Path) -> None:
     """Refuse an Embedder that would embed queries differently from the index's documents."""
     problems = strategy_differences(manifest.strategy, embedder.config.to_dict())
+    record, runner = manifest.model, embedder.backend
+    # float32 on torch and on ONNX Runtime agree to cosine 0.9999; int8 vectors depend on who quantised them
+    same_runner = record.backend == runner.name or record.precision != "int8"
+    if record.precision != runner.precision or not same_runner:
+        problems.insert(
+            0, f"backend: index={record.backend} {record.precision} embedder={runner.name} {runner.precision}"
+        )
     fingerprint = model_fingerprint(embedder)
     if fingerprint != manifest.model.fingerprint:
         problems.insert(

@@ -1,0 +1,143 @@
+"""--backend / --precision / --calibration on the command line, and int8 indexes that reload as int8."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import WORDS
+from lmembed import Embedder
+from lmembed.cli import app
+from lmembed.cli.options import CLI_PRECISIONS
+from lmembed.encoding.backends.base import BACKENDS, PRECISIONS
+from lmembed.index import Index, IndexMismatchError
+
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (pip install 'lmembed[onnx]')")
+
+TEXTS = [" ".join(WORDS[i : i + 3 + i % 5]) for i in range(24)]
+
+
+@pytest.fixture
+def saved_model(make_embedder, tmp_path):
+    return str(make_embedder("bert", pooling="mean").save(tmp_path / "tiny"))
+
+
+@pytest.fixture
+def files(tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n")
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("\n".join(reversed(TEXTS)) + "\n")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    return texts, calibration, corpus
+
+
+def _encode(saved_model, texts, out, *options):
+    result = CliRunner().invoke(
+        app, ["encode", str(texts), "-o", str(out), "--model", saved_model, "--no-cache", *options]
+    )
+    assert result.exit_code == 0, result.output
+    return np.load(out)
+
+
+def test_cli_precisions_are_library_precisions():
+    assert set(CLI_PRECISIONS) <= set(PRECISIONS) and BACKENDS == ("torch", "onnx")
+
+
+def test_encode_on_onnx_and_int8_from_the_command_line(saved_model, files, tmp_path):
+    texts, calibration, _ = files
+    torch_vectors = _encode(saved_model, texts, tmp_path / "t.npy")
+    onnx_vectors = _encode(saved_model, texts, tmp_path / "o.npy", "--backend", "onnx")
+    assert (torch_vectors * onnx_vectors).sum(1).min() >= 0.9999
+    int8 = _encode(saved_model, texts, tmp_path / "i.npy", "--precision", "int8", "--calibration", str(calibration))
+    cos = (int8 * torch_vectors).sum(1)
+    assert cos.min() > 0.9 and np.abs(int8 - torch_vectors).max() > 0  # quantised, and close
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--backend", "tensorrt"], "--backend"),
+        (["--precision", "bfloat16"], "--precision"),
+        (["--calibration", "{calibration}"], "--calibration"),  # calibration without int8
+        (["--backend", "torch", "--precision", "int8", "--calibration", "{calibration}"], "--calibration"),
+        (["--precision", "int8", "--calibration", "{missing}"], "--calibration"),
+        (["--precision", "int8", "--engine", "ray"], "--precision"),  # each Ray worker would calibrate on its own
+    ],
+)
+def test_bad_backend_options_are_refused_naming_the_option(saved_model, files, tmp_path, options, named):
+    texts, calibration, _ = files
+    filled = [o.format(calibration=calibration, missing=tmp_path / "nope.txt") for o in options]
+    result = CliRunner().invoke(
+        app, ["encode", str(texts), "-o", str(tmp_path / "v.npy"), "--model", saved_model, *filled]
+    )
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert not (tmp_path / "v.npy").exists()
+
+
+def test_served_int8_needs_its_calibration_up_front(saved_model):
+    result = CliRunner().invoke(app, ["serve", saved_model, "--precision", "int8", "--port", "0"])
+    assert result.exit_code == 2 and "--calibration" in result.output, result.output
+
+
+def test_an_int8_index_reloads_as_the_same_int8_model(saved_model, files, tmp_path, monkeypatch):
+    _, calibration, corpus = files
+    int8_options = ["--precision", "int8", "--calibration", str(calibration)]
+    folder = tmp_path / "index"
+    built = CliRunner().invoke(
+        app,
+        ["index", "build", str(corpus), "-o", str(folder), "--model", saved_model, "--no-cache", *int8_options],
+    )
+    assert built.exit_code == 0, built.output
+    manifest = Index.open(folder).manifest.model
+    assert (manifest.backend, manifest.precision) == ("onnx", "int8")
+    assert manifest.calibration == list(reversed(TEXTS))
+    index = Index.open(folder)
+    index.load_embedder()
+    assert index.embedder is not None and index.embedder.backend.precision == "int8"
+    for i in (0, 7, 19):  # a document's own text is quantised as at build time: it finds itself at cosine 1
+        top = index.search(TEXTS[i], k=1)[0]
+        assert top.id == f"d{i}" and top.score == pytest.approx(1.0, abs=1e-5)
+    float32 = Embedder.from_pretrained(saved_model, cache=False, show_progress=False)
+    with pytest.raises(IndexMismatchError, match="backend: index=onnx int8 embedder=torch float32"):
+        Index.open(folder, float32)
+
+    served = {}  # serve --index: the int8 model is calibrated as the index was, before the server starts
+    monkeypatch.setattr("lmembed.serving.server.run", lambda app, **_: served.setdefault("app", app))
+    result = CliRunner().invoke(app, ["serve", saved_model, "--index", str(folder), "--precision", "int8"])
+    assert result.exit_code == 0, result.output
+    backend = served["app"].state.lmembed.embedder.backend
+    assert backend.precision == "int8" and backend.calibration_texts == index.embedder.backend.calibration_texts
+    refused = CliRunner().invoke(app, ["serve", saved_model, "--index", str(folder)])  # float32 for an int8 index
+    assert refused.exit_code != 0 and "backend: index=onnx int8" in refused.output
+
+
+def test_main_job_refuses_ray_naming_the_engine(tmp_path):
+    result = CliRunner().invoke(app, ["eval", "--engine", "ray", "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "--engine" in result.output and "main job runs locally" in result.output
+
+
+def test_int8_evaluation_calibrates_on_queries_and_documents(tokenizer, tmp_path):
+    from conftest import tiny_model
+    from lmembed.evaluation.runner import evaluate_retrieval_strategies
+    from lmembed.evaluation.tasks.retrieval import RetrievalTask
+
+    folder = tmp_path / "toy"
+    (folder / "qrels").mkdir(parents=True)
+    docs = {f"d{i}": t for i, t in enumerate(TEXTS)}
+    queries = {f"q{i}": " ".join(WORDS[i : i + 2]) for i in range(4)}
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": t}) + "\n" for k, t in docs.items()))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": t}) + "\n" for k, t in queries.items()))
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(4))
+    )
+    emb = Embedder.from_model(
+        tiny_model("bert", len(tokenizer)), tokenizer, precision="int8", use_cache=False, show_progress=False
+    )
+    evaluate_retrieval_strategies(emb, RetrievalTask.from_path(folder, name="toy"), [emb.config])
+    seen = set(emb.backend.calibration_texts)
+    assert seen & set(docs.values()) and seen <= set(docs.values()) | set(queries.values())
