@@ -106,6 +106,10 @@ def test_an_int8_index_reloads_as_the_same_int8_model(saved_model, files, tmp_pa
     with pytest.raises(IndexMismatchError, match="backend: index=onnx int8 embedder=torch float32"):
         Index.open(folder, float32)
 
+    for extra in ([], ["--model", saved_model]):  # searched with the model it records, or the one named
+        found = CliRunner().invoke(app, ["search", str(folder), TEXTS[7], "-k", "1", *extra])
+        assert found.exit_code == 0 and "d7" in found.output, found.output
+
     served = {}  # serve --index: the int8 model is calibrated as the index was, before the server starts
     monkeypatch.setattr("lmembed.serving.server.run", lambda app, **_: served.setdefault("app", app))
     result = CliRunner().invoke(app, ["serve", saved_model, "--index", str(folder), "--precision", "int8"])
