@@ -1,24 +1,27 @@
-"""Which int8 recipe loses least: one activation range per call vs one per token row, per product and end to end.
+"""Which int8 recipe loses least: one activation range per call, one per token row, and one per token row with
+outlier channels in float32; per product and end to end.
 
 Runs ``--model``'s fused float32 ONNX graph (the one ``backend="onnx"`` uses) over ``--n`` real calibration texts
 (the encode_throughput mix), records every weight product's input activations, and reports each product's
 relative RMS output error under (a) one asymmetric activation range per call with 8-bit per-channel weights
-(ONNX Runtime's dynamic quantisation, the int8 backend's recipe until stop 18: the baseline) and (b) one symmetric
-range per token row with 7-bit per-channel weights (the int8 backend's recipe now,
-:func:`lmembed.encoding.backends.int8.int8_error`). The ratio column is b / a.
+(ONNX Runtime's dynamic quantisation, the int8 backend's recipe until stop 18: the baseline), (b) one symmetric
+range per token row with 7-bit per-channel weights (stops 18-19), and (c) the same with each input's outlier
+channels (calibration max|x| over 6x the median channel's) multiplied in float32 and left out of the rows'
+ranges (the int8 backend's recipe now; all modelled by :func:`lmembed.encoding.backends.int8.int8_error`).
 
-With ``--graphs`` it then builds both as whole graphs: (a) with ``onnxruntime.quantization.quantize_dynamic``
-(the products whose (a) error exceeds ``MAX_NODE_ERROR`` kept float32, as the backend did), (b) with the backend's
-own :func:`~lmembed.encoding.backends.int8.quantize_graph`, and (b) again with 8-bit weights (without VNNI, ONNX
-Runtime's uint8 x int8 kernel sums pairs of products in 16 bits, which full-range weights can saturate). Each
-runs over the texts interleaved with the float32 graph (the baseline, best of ``--repeats``): speed relative to
-float32, cosine of mean-pooled vectors to float32, and the largest change of a text's vector when the texts are
-re-batched (reverse order, other batch sizes).
+With ``--graphs`` it then builds them as whole graphs: (a) with ``onnxruntime.quantization.quantize_dynamic``
+(the products whose (a) error exceeds ``MAX_NODE_ERROR`` kept float32, as the backend did), (b) and (c) with
+the backend's own :func:`~lmembed.encoding.backends.int8.quantize_graph`, and with ``--eight-bit`` (c) again with
+8-bit weights (without VNNI, ONNX Runtime's uint8 x int8 kernel sums pairs of products in 16 bits, which
+full-range weights can saturate). Each runs over the texts interleaved with the float32 graph (the baseline, best
+of ``--repeats``): speed relative to float32, cosine of mean-pooled vectors to float32, and the largest change of
+a text's vector when the texts are re-batched (reverse order, other batch sizes).
 
 Results: ``bench/results/int8-products/<model>.json`` and ``.md``.
 
     python bench/int8_products.py --n 192
     python bench/int8_products.py --n 400 --graphs      # + the whole graphs (about 5 minutes)
+    python bench/int8_products.py --model smollm2-135m --n 128 --max-length 128 --graphs --repeats 2
 """
 
 from __future__ import annotations
@@ -47,13 +50,13 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--graphs", action="store_true", help="also run both recipes as whole graphs")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--eight-bit", action="store_true", help="with --graphs: also the recipe with 8-bit weights")
     args = parser.parse_args()
     for option in ("n", "max_length", "repeats"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')}: must be at least 1, got {getattr(args, option)}")
     # lazy: onnx is an optional extra
     import onnx
-    from onnx import numpy_helper
 
     from lmembed.encoding.backends.store import GRAPH_FILE
     from lmembed.encoding.engine import collate, plan_batches
@@ -73,13 +76,14 @@ def main() -> None:
         for chunk in plan_batches([len(f) for f in features], 32)
     ]
     products = I8.weight_products(model)
-    _, samples = I8.activation_stats(model, batches, products, threads=2)
-    weights = {i.name: i for i in model.graph.initializer}
+    absmax, samples = I8.activation_stats(model, batches, products, threads=2)
+    weights = I8.product_weights(model, products)
+    splits = I8.choose_splits(products, weights, absmax, samples)
     rows = []
     for product in products:
-        w = numpy_helper.to_array(weights[product.weight])
-        x = samples[product.activation]
+        w, x = weights[product.weight], samples[product.activation]
         per_tensor, per_row = I8.int8_error(x, w, per_row=False), I8.int8_error(x, w)
+        split = splits.get(product.activation)
         rows.append(
             {
                 "node": product.node.name,
@@ -87,6 +91,8 @@ def main() -> None:
                 "per_tensor": per_tensor,
                 "per_row": per_row,
                 "ratio": per_row / per_tensor,
+                "outlier_channels": 0 if split is None else len(split),
+                "per_row_outliers": I8.int8_error(x, w, split=split),
             }
         )
     ratios = np.array([r["ratio"] for r in rows])
@@ -97,9 +103,18 @@ def main() -> None:
         "median_ratio_per_row_vs_per_tensor": float(np.median(ratios)),
         "max_per_tensor": max(r["per_tensor"] for r in rows),
         "max_per_row": max(r["per_row"] for r in rows),
+        "max_per_row_outliers": max(r["per_row_outliers"] for r in rows),
+        "over_max_node_error": {
+            recipe: sum(r[recipe] > I8.MAX_NODE_ERROR for r in rows)
+            for recipe in ("per_tensor", "per_row", "per_row_outliers")
+        },
+        "inputs_with_outlier_channels": len(splits),
     }
     per_call_float32 = {r["node"] for r in rows if r["per_tensor"] > I8.MAX_NODE_ERROR}
-    graphs = graph_section(source, batches, args.repeats, per_call_float32) if args.graphs else None
+    padding = (engine.padding_side, engine.pad_id)
+    graphs = (
+        graph_section(source, batches, args.repeats, per_call_float32, args.eight_bit, padding) if args.graphs else None
+    )
     OUT.mkdir(parents=True, exist_ok=True)
     name = args.model.replace("/", "_")
     result = {"summary": summary, "products": rows, **({"graphs": graphs} if graphs else {})}
@@ -107,16 +122,22 @@ def main() -> None:
     lines = [
         f"# int8 error per product: {args.model}, {args.n} texts",
         "",
-        "| product | op | (a) per call | (b) per row | b / a |",
-        "|---|---|---|---|---|",
+        "| product | op | (a) per call | (b) per row | b / a | (c) per row, outlier channels float32 | channels |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r['node']} | {r['op']} | {r['per_tensor']:.4f} | {r['per_row']:.4f} | {r['ratio']:.2f}x |" for r in rows
+        f"| {r['node']} | {r['op']} | {r['per_tensor']:.4f} | {r['per_row']:.4f} | {r['ratio']:.2f}x "
+        f"| {r['per_row_outliers']:.4f} | {r['outlier_channels']} |"
+        for r in rows
     ]
+    over = summary["over_max_node_error"]
     lines += [
         "",
         f"Median ratio b / a: **{summary['median_ratio_per_row_vs_per_tensor']:.2f}x**; "
-        f"worst product {summary['max_per_tensor']:.4f} (a) vs {summary['max_per_row']:.4f} (b).",
+        f"worst product {summary['max_per_tensor']:.4f} (a) vs {summary['max_per_row']:.4f} (b) vs "
+        f"{summary['max_per_row_outliers']:.4f} (c). Products above MAX_NODE_ERROR ({I8.MAX_NODE_ERROR}), which "
+        f"stay float32: (a) {over['per_tensor']}, (b) {over['per_row']}, (c) {over['per_row_outliers']}; "
+        f"inputs with outlier channels: {summary['inputs_with_outlier_channels']}.",
     ]
     if graphs:
         lines += [
@@ -135,8 +156,17 @@ def main() -> None:
     print("\n".join(lines))
 
 
-def graph_section(source: Path, batches: list, repeats: int, per_call_float32: set[str]) -> dict:
-    """Recipes (a) and (b) as whole graphs against the float32 graph at ``source``: speed, cosine, re-batching."""
+def graph_section(
+    source: Path,
+    batches: list,
+    repeats: int,
+    per_call_float32: set[str],
+    eight_bit: bool,
+    padding: tuple[str, int],
+) -> dict:
+    """The recipes as whole graphs against the float32 graph at ``source``: speed, cosine, re-batching
+    (``padding``: the engine's padding side and pad id)."""
+    padding_side, pad_id = padding
     import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -151,20 +181,23 @@ def graph_section(source: Path, batches: list, repeats: int, per_call_float32: s
         return np.concatenate(out)
 
     def rebatched() -> list:
-        """The same rows, in reverse order and cut into batches of other sizes (then put back in order)."""
-        ids = [row for b_ids, _ in batches for row in b_ids]
-        masks = [row for _, b_mask in batches for row in b_mask]
-        order = list(range(len(ids)))[::-1]
+        """The same rows, in reverse order and cut into batches of other sizes (then put back in order), padded
+        again to each new batch's longest text on the engine's side with its pad id."""
+        real = [ids[mask.astype(bool)] for b_ids, b_mask in batches for ids, mask in zip(b_ids, b_mask, strict=True)]
+        order = list(range(len(real)))[::-1]
         out, size = [], 0
         while order:
             size = size % 31 + 7
             chunk, order = order[:size], order[size:]
-            width = max(int(masks[i].sum()) for i in chunk)  # right padding (minilm), with pad id 0 here
+            width = max(len(real[i]) for i in chunk)
 
-            def fit(row: np.ndarray, width: int = width) -> np.ndarray:
-                return np.pad(row[:width], (0, max(0, width - len(row))))
+            def fit(row: np.ndarray, value: int, width: int = width) -> np.ndarray:
+                pad = (width - len(row), 0) if padding_side == "left" else (0, width - len(row))
+                return np.pad(row, pad, constant_values=value)
 
-            out.append((chunk, np.stack([fit(ids[i]) for i in chunk]), np.stack([fit(masks[i]) for i in chunk])))
+            ids = np.stack([fit(real[i], pad_id) for i in chunk])
+            mask = np.stack([fit(np.ones(len(real[i]), dtype=real[i].dtype), 0) for i in chunk])
+            out.append((chunk, ids, mask))
         return out
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,15 +211,19 @@ def graph_section(source: Path, batches: list, repeats: int, per_call_float32: s
             nodes_to_exclude=sorted(per_call_float32),
             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-        I8.quantize_graph(source, per_row, batches[::3], threads=2)
-        full_weights = Path(tmp) / "per_row_8bit.onnx"  # what the 7-bit choice is measured against
-        I8.quantize_graph(source, full_weights, batches[::3], threads=2, weight_levels=127)
+        I8.quantize_graph(source, per_row, batches[::3], threads=2, split_outliers=False)
+        outliers = Path(tmp) / "per_row_outliers.onnx"  # the backend's recipe
+        I8.quantize_graph(source, outliers, batches[::3], threads=2)
         graphs = [
             ("float32", source),
             ("(a) int8 per call", per_call),
             ("(b) int8 per row", per_row),
-            ("(b) with 8-bit weights", full_weights),
+            ("(c) per row, outlier channels float32", outliers),
         ]
+        if eight_bit:
+            full_weights = Path(tmp) / "per_row_8bit.onnx"  # what the 7-bit choice is measured against
+            I8.quantize_graph(source, full_weights, batches[::3], threads=2, weight_levels=127)
+            graphs.append(("(c) with 8-bit weights", full_weights))
         sessions = {
             name: ort.InferenceSession(str(path), I8.session_options(2), providers=["CPUExecutionProvider"])
             for name, path in graphs

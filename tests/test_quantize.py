@@ -134,9 +134,14 @@ def test_per_row_int8_error_beats_per_tensor_when_token_scales_differ():
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
-def test_int8_vector_does_not_depend_on_its_batch(tokenizer, family):
+@pytest.mark.parametrize("outliers", [False, True])
+def test_int8_vector_does_not_depend_on_its_batch(tokenizer, tmp_path, monkeypatch, family, outliers):
     """Every activation row is quantised on its own range, so a text's int8 vector is the same whichever texts
-    share its batch (a per-call range moved minilm's vectors by up to 0.035: bench/int8_products.py --graphs)."""
+    share its batch (a per-call range moved minilm's vectors by up to 0.035: bench/int8_products.py --graphs);
+    outlier channels, fixed at calibration, keep it so (a low ratio makes the tiny model have some)."""
+    from lmembed.encoding.backends import int8 as int8_module
+
+    monkeypatch.setattr(int8_module, "OUTLIER_RATIO", 1.5 if outliers else 1e9)
     emb = Embedder.from_model(
         tiny_model(family, len(tokenizer)), tokenizer, precision="int8", threads=1, use_cache=False
     ).calibrate(TEXTS)
@@ -147,6 +152,9 @@ def test_int8_vector_does_not_depend_on_its_batch(tokenizer, family):
         reversed_small = emb.encode(TEXTS[5::-1], batch_size=4)[::-1]
     np.testing.assert_allclose(together, alone, atol=1e-5)
     np.testing.assert_allclose(reversed_small, alone, atol=1e-5)
+    manifests = [json.loads(m.read_text()) for m in (tmp_path / "home" / "exports").glob("*/manifest.json")]
+    (int8_manifest,) = [m for m in manifests if m["parts"]["precision"] == "int8"]
+    assert bool(int8_manifest["int8"]["outlier_channels"]) == outliers
 
 
 @pytest.mark.parametrize("levels", [0, 128])
@@ -156,3 +164,45 @@ def test_weight_levels_outside_int8_are_refused(tmp_path, levels):
     with pytest.raises(ValueError, match=rf"weight_levels: must be 1 to 127 .*got {levels}"):
         quantize_graph(tmp_path / "in.onnx", tmp_path / "out.onnx", [], threads=1, weight_levels=levels)
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_outlier_channels_are_multiplied_in_float32_exactly_as_modelled():
+    """A few input channels far above the rest (a decoder's massive activations) take the int8 resolution of
+    every row they appear in; multiplied in float32 instead, the product's error falls, and the graph computes
+    exactly what ``int8_error`` models."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from lmembed.encoding.backends.int8 import outlier_channels, per_row_int8, session_options, weight_products
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 40, 64)).astype(np.float32)
+    x[..., [5, 17]] *= 40.0  # two outlier channels
+    w = rng.normal(size=(64, 24)).astype(np.float32)
+    absmax = np.abs(x).reshape(-1, 64).max(axis=0)
+    split = outlier_channels(absmax)
+    assert split.tolist() == [5, 17]
+    rows = x.reshape(-1, 64)
+    plain, with_split = int8_error(rows, w), int8_error(rows, w, split=split)
+    assert with_split < 0.3 * plain
+
+    def graph() -> onnx.ModelProto:
+        node = helper.make_node("MatMul", ["x", "w"], ["y"], name="product")
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, 64])]
+        outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+        body = helper.make_graph([node], "g", inputs, outputs, [numpy_helper.from_array(w, "w")])
+        return helper.make_model(body, opset_imports=[helper.make_opsetid("", 17)])
+
+    exact = rows @ w
+    for splits, expected in (({}, plain), ({"x": split}, with_split)):
+        model = graph()
+        assert per_row_int8(model, weight_products(model), splits=splits) == set()
+        session = ort.InferenceSession(
+            model.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"]
+        )
+        got = session.run(None, {"x": x})[0].reshape(-1, 24)
+        error = np.linalg.norm(got - exact) / np.linalg.norm(exact)
+        assert error == pytest.approx(expected, rel=0.02)
+        one = session.run(None, {"x": x[1:, :7]})[0]  # and a row's result does not depend on the others
+        np.testing.assert_allclose(one, got.reshape(2, 40, 24)[1:, :7], atol=1e-5)

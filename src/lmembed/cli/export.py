@@ -55,6 +55,7 @@ def export(
         raise typer.BadParameter("int8 needs calibration texts: --calibration FILE", param_hint="--calibration")
     texts = read_text_lines(check_input_file(calibration, "--calibration")) if calibration is not None else None
     check_writable(directory, "DIRECTORY", folder=True)
-    emb = load_embedder(model, backend="onnx", precision=precision, **model_options(locals()))
+    options = {**model_options(locals()), "backend": "onnx", "calibration": None}  # calibrated by export() itself
+    emb = load_embedder(model, **options)
     out = emb.export(directory, format, calibration=texts)
     console.print(f"exported {emb.name} ({emb.config.label()}, {precision}) to {out}")

@@ -1,33 +1,36 @@
-"""int8 graphs: per-row int8 activations, 7-bit per-column weights, lossy products left in float32.
+"""int8 graphs: per-row int8 activations, outlier channels in float32, 7-bit per-column weights, lossy products
+left in float32.
 
 Every weight product ``X @ W`` of the fused float32 graph becomes: each row (token) of ``X`` scaled by its own
 ``max|x| / 127`` and quantised to uint8 at zero point 128 (``QuantizeLinear`` with a per-row scale), an integer
 product with int8 weights quantised per output column (``MatMulIntegerToFloat``), and the result multiplied back by
 the row scale. Rows sharing one input are quantised once (the three attention projections, a decoder's
 gate/up projections). The fused ``Attention`` nodes of an encoder become three such products feeding
-``MultiHeadAttention``. Because every row is quantised on its own, **a text's int8 vector does not depend on which
-texts share its batch** (the float32 graph's property, kept): a served vector never changes with the requests that
-arrive beside it.
+``MultiHeadAttention``. Because every row is quantised on its own, a text's int8 vector does not depend on which
+texts share its batch beyond what float32 rounding already does (none for ``minilm``; a decoder's left padding
+changes float32 by ~1e-7 between batch shapes, which int8 rounding can amplify to ~1e-2).
 
-Chosen from measurements on ``minilm`` (cosine of mean-pooled vectors to the float32 graph over real texts, speed
-relative to the fused float32 graph in the same run, this 2-core AVX2 CPU without VNNI). Earlier recipes
-(``bench/profile_encode.py``'s docstring):
+**Outlier channels.** A few input channels of a decoder (its "massive activations") reach tens of times the
+others' magnitude; in a per-row range they leave the other channels a few levels each. An input channel whose
+calibration ``max|x|`` exceeds :data:`OUTLIER_RATIO` times the median channel's (at most
+:data:`MAX_OUTLIER_CHANNELS`) is zeroed before the row's range is taken and multiplied in float32 instead (the
+decomposition of LLM.int8(), with the channels fixed at calibration rather than found per call), where that
+lowers the error of the products reading the input (:func:`choose_splits`).
 
-* static int8 (QDQ, activation ranges fixed at calibration, per-tensor): mean cosine 0.926, min 0.830, and no
-  faster (0.8-1.0x): ONNX Runtime cannot fuse attention around quantise/dequantise pairs;
-* dynamic int8 (one activation range per call, over the whole batch), per-tensor weights: 1.5x, mean 0.947;
-* the same with per-channel weights: 1.5-1.9x, mean 0.993, min 0.975; keeping the products whose error exceeds
-  :data:`MAX_NODE_ERROR` in float32 (the FFN outputs of layers 0-2): mean 0.996, min 0.990; but a vector then
-  moved by up to 0.035 when its batch changed;
-* SmoothQuant-style smoothing made it worse (a = 0.5: mean 0.969; a = 0.75: mean 0.989).
+Measured with ``python bench/int8_products.py --graphs`` (cosine of mean-pooled vectors to the float32 graph over
+real texts, speed relative to the fused float32 graph in the same run, this 2-core AVX2 CPU without VNNI):
 
-``python bench/int8_products.py --n 400 --graphs`` measures per product and end to end, against the per-call
-recipe in the same run. Per-row ranges with 7-bit weights give 0.73x its per-product error (median; the worst
-product 0.091 -> 0.041), so no ``minilm`` product needs to stay float32; end to end the minimum cosine rises from
-0.9904 to 0.9933 and re-batching moves no vector, but the graph is slower: 1.21x float32 against 1.50x (the row
-reductions and rescaling are extra element-wise passes). Weights use 7 bits (+-63): without VNNI, ONNX Runtime's
-uint8 x int8 kernel adds pairs of products in 16 bits, which full-range weights can saturate; with 8-bit weights
-the bench measured a lower minimum cosine (0.9928).
+* ``minilm`` (400 texts): one range per call (ONNX Runtime's dynamic quantisation, per-channel weights, the
+  lossiest products kept float32): min cosine 0.9904, vectors move by up to 0.035 when re-batched; per row: 0.9933;
+  per row with outlier channels: 0.9944, re-batching moves nothing; speed 1.40x / 1.42x / 1.37x;
+* ``smollm2-135m`` (128 texts, 128 tokens): 58 / 19 / 0 of 210 products too lossy for int8 (worst relative error
+  0.24 / 0.12 / 0.045); min cosine 0.919 / 0.988 / 0.994; speed 1.37x / 1.67x / 1.59x.
+
+Earlier recipes (``bench/profile_encode.py``'s docstring): static int8 (QDQ, per-tensor ranges fixed at
+calibration) reached mean cosine 0.926 and was no faster, as ONNX Runtime cannot fuse attention around
+quantise/dequantise pairs; SmoothQuant-style smoothing made the dynamic recipe worse (a = 0.5: mean 0.969).
+Weights use 7 bits (+-63): without VNNI, ONNX Runtime's uint8 x int8 kernel adds pairs of products in 16 bits,
+which full-range weights can saturate (8-bit weights measured min cosine 0.9928 against 0.9933 for 7-bit).
 
 A product whose int8 error (relative RMS on activations recorded while running the user's calibration texts, the
 recipe modelled exactly by :func:`int8_error`) exceeds :data:`MAX_NODE_ERROR` stays float32
@@ -54,7 +57,13 @@ ERROR_SAMPLE_ROWS = 2048
 #: Largest weight magnitude in quantisation steps: 7 bits, so that uint8 x int8 pair sums fit 16 bits (AVX2).
 WEIGHT_LEVELS = 63
 #: Recorded in the int8 export's key: a graph built by another recipe is never loaded for this one.
-RECIPE = "per-row activations, 7-bit per-column weights"
+RECIPE = "per-row activations with outlier channels in float32, 7-bit per-column weights"
+#: An input channel whose calibration max|x| exceeds this many times the median channel's is an outlier channel:
+#: it is multiplied in float32, and left out of its row's int8 range (LLM.int8()'s decomposition, with the
+#: channels fixed at calibration so that a row's quantisation never depends on the other rows).
+OUTLIER_RATIO = 6.0
+#: At most this many outlier channels per product input.
+MAX_OUTLIER_CHANNELS = 8
 #: Padded tokens per calibration run: every product's input is recorded at once, so this bounds the memory used
 #: (a 30-layer decoder records ~100k floats per token).
 CALIBRATION_TOKENS = 1024
@@ -79,6 +88,15 @@ def weight_products(model: Any) -> list[Product]:
             if weight in initializers and len(initializers[weight].dims) == 2:
                 products.append(Product(node, weight, node.input[0]))
     return products
+
+
+def product_weights(model: Any, products: Sequence[Product]) -> dict[str, np.ndarray]:
+    """The weight arrays of ``products`` (initializer name -> array)."""
+    # lazy: onnx is an optional extra
+    from onnx import numpy_helper
+
+    wanted = {p.weight for p in products}
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in wanted}
 
 
 def activation_stats(
@@ -122,45 +140,101 @@ def _small(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterable[tuple[n
             yield ids[start : start + rows], mask[start : start + rows]
 
 
-def int8_error(x: np.ndarray, weight: np.ndarray, *, per_row: bool = True, weight_levels: int | None = None) -> float:
+def outlier_channels(absmax: np.ndarray) -> np.ndarray:
+    """The input channels whose calibration ``max|x|`` exceeds :data:`OUTLIER_RATIO` times the median channel's
+    (the largest :data:`MAX_OUTLIER_CHANNELS`), sorted."""
+    limit = OUTLIER_RATIO * max(float(np.median(absmax)), 1e-12)
+    candidates = np.flatnonzero(absmax > limit)
+    largest = candidates[np.argsort(-absmax[candidates])][:MAX_OUTLIER_CHANNELS]
+    return np.sort(largest).astype(np.int64)
+
+
+def int8_error(
+    x: np.ndarray,
+    weight: np.ndarray,
+    *,
+    per_row: bool = True,
+    weight_levels: int | None = None,
+    split: np.ndarray | None = None,
+) -> float:
     """Relative RMS error of ``x @ weight`` computed the way the int8 graph does: each activation row quantised
-    symmetrically on its own range, weights per output column to :data:`WEIGHT_LEVELS`. ``per_row=False`` models
-    the per-call recipe it replaced (one asymmetric uint8 range over all rows, 8-bit weights), for comparison
+    symmetrically on its own range, weights per output column to :data:`WEIGHT_LEVELS`; the input channels in
+    ``split`` are multiplied in float32 and left out of the rows' ranges. ``per_row=False`` models the per-call
+    recipe it replaced (one asymmetric uint8 range over all rows, 8-bit weights), for comparison
     (``bench/int8_products.py``); ``weight_levels`` overrides either recipe's weight levels."""
-    if per_row:
-        step = np.abs(x).max(axis=1, keepdims=True) / 127
-        step[step == 0] = 1.0
-        xq = np.clip(np.round(x / step), -127, 127) * step
-        levels = weight_levels or WEIGHT_LEVELS
-    else:
+    exact = x @ weight
+    if not per_row:
         lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
         step = (hi - lo) / 255 or 1.0
         zero = np.round(-lo / step)
         xq = (np.clip(np.round(x / step) + zero, 0, 255) - zero) * step
-        levels = weight_levels or 127
-    wstep = np.maximum(np.abs(weight).max(axis=0), 1e-12) / levels
-    wq = np.clip(np.round(weight / wstep), -levels, levels) * wstep
-    exact = x @ weight
-    return float(np.linalg.norm(xq @ wq - exact) / max(np.linalg.norm(exact), 1e-12))
+        approx = xq @ _quantise_columns(weight, weight_levels or 127)
+    elif split is not None and len(split):
+        keep = np.ones(x.shape[1], dtype=bool)
+        keep[split] = False
+        inliers = _quantise_rows(np.where(keep, x, 0)) @ _quantise_columns(weight * keep[:, None], weight_levels)
+        approx = inliers + x[:, split] @ weight[split]
+    else:
+        approx = _quantise_rows(x) @ _quantise_columns(weight, weight_levels)
+    return float(np.linalg.norm(approx - exact) / max(np.linalg.norm(exact), 1e-12))
+
+
+def _quantise_rows(x: np.ndarray) -> np.ndarray:
+    """Each row of ``x`` rounded to 255 symmetric levels of its own range (as values, not codes)."""
+    step = np.abs(x).max(axis=1, keepdims=True) / 127
+    step[step == 0] = 1.0
+    return np.clip(np.round(x / step), -127, 127) * step
+
+
+def _quantise_columns(weight: np.ndarray, levels: int | None) -> np.ndarray:
+    """Each column of ``weight`` rounded to ``2 * levels + 1`` symmetric levels of its own range."""
+    levels = levels or WEIGHT_LEVELS
+    step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / levels
+    return np.clip(np.round(weight / step), -levels, levels) * step
+
+
+def choose_splits(
+    products: Sequence[Product],
+    weights: dict[str, np.ndarray],
+    absmax: dict[str, np.ndarray],
+    samples: dict[str, np.ndarray],
+    weight_levels: int = WEIGHT_LEVELS,
+) -> dict[str, np.ndarray]:
+    """For each product input with outlier channels (:func:`outlier_channels`), those channels, where taking them
+    out of the int8 product lowers the worst error of the products that read the input (activation name ->
+    channel indices)."""
+    readers: dict[str, list[np.ndarray]] = {}
+    for product in products:
+        readers.setdefault(product.activation, []).append(weights[product.weight])
+    splits = {}
+    for name, group in readers.items():
+        split = outlier_channels(absmax[name])
+        if not len(split):
+            continue
+        x = samples[name]
+        plain = max(int8_error(x, w, weight_levels=weight_levels) for w in group)
+        if max(int8_error(x, w, weight_levels=weight_levels, split=split) for w in group) < plain:
+            splits[name] = split
+    return splits
 
 
 def sensitive_nodes(
     products: Sequence[Product],
-    model: Any,
+    weights: dict[str, np.ndarray],
     samples: dict[str, np.ndarray],
     max_error: float = MAX_NODE_ERROR,
     weight_levels: int = WEIGHT_LEVELS,
+    splits: dict[str, np.ndarray] | None = None,
 ) -> dict[str, float]:
-    """The products whose int8 error on calibration activations exceeds ``max_error`` (node name -> relative RMS
-    error): they stay float32."""
-    # lazy: onnx is an optional extra
-    from onnx import numpy_helper
-
-    initializers = {init.name: init for init in model.graph.initializer}
-    errors = {}
-    for product in products:
-        weight = numpy_helper.to_array(initializers[product.weight])
-        errors[product.node.name] = int8_error(samples[product.activation], weight, weight_levels=weight_levels)
+    """The products whose int8 error on calibration activations (with the outlier channels of ``splits`` in
+    float32) exceeds ``max_error`` (node name -> relative RMS error): they stay float32."""
+    splits = splits or {}
+    errors = {
+        p.node.name: int8_error(
+            samples[p.activation], weights[p.weight], weight_levels=weight_levels, split=splits.get(p.activation)
+        )
+        for p in products
+    }
     return {name: err for name, err in errors.items() if err > max_error}
 
 
@@ -171,10 +245,12 @@ def quantize_graph(
     *,
     threads: int,
     weight_levels: int = WEIGHT_LEVELS,
+    split_outliers: bool = True,
 ) -> dict[str, Any]:
     """Quantise the fused float32 graph at ``source`` into ``target``, measuring on ``batches`` (calibration
-    token ids and masks) which products stay float32; returns what was done (for the export's manifest).
-    ``weight_levels`` other than :data:`WEIGHT_LEVELS` is for measuring the choice (``bench/int8_products.py``)."""
+    token ids and masks) which inputs have outlier channels to multiply in float32 and which products stay
+    float32; returns what was done (for the export's manifest). ``weight_levels`` other than
+    :data:`WEIGHT_LEVELS` and ``split_outliers=False`` are for measuring the choices (``bench/int8_products.py``)."""
     if not 1 <= weight_levels <= 127:
         raise ValueError(f"weight_levels: must be 1 to 127 (int8 weights), got {weight_levels}")
     # lazy: onnx is an optional extra
@@ -182,11 +258,13 @@ def quantize_graph(
 
     model = onnx.load(str(source))
     products = weight_products(model)
-    _, samples = activation_stats(model, batches, products, threads)
-    skipped = sensitive_nodes(products, model, samples, weight_levels=weight_levels)
+    absmax, samples = activation_stats(model, batches, products, threads)
+    weights = product_weights(model, products)
+    splits = choose_splits(products, weights, absmax, samples, weight_levels) if split_outliers else {}
+    skipped = sensitive_nodes(products, weights, samples, weight_levels=weight_levels, splits=splits)
     kept_float32 = set(skipped)
     chosen = [p for p in products if p.node.name not in skipped]
-    kept_float32 |= per_row_int8(model, chosen, weight_levels=weight_levels)
+    kept_float32 |= per_row_int8(model, chosen, weight_levels=weight_levels, splits=splits)
     large = model.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go beside the graph
     onnx.save(model, str(target), save_as_external_data=large, location=target.name + ".data" if large else None)
     log.info("int8: %d of %d weight products quantised", len(products) - len(kept_float32), len(products))
@@ -196,6 +274,7 @@ def quantize_graph(
             "weight_levels": weight_levels,
             "max_node_error": MAX_NODE_ERROR,
             "products": len(products),
+            "outlier_channels": {name: [int(c) for c in split] for name, split in sorted(splits.items())},
             "kept_float32": {
                 k: round(skipped[k], 4) if k in skipped else "unsupported attention" for k in sorted(kept_float32)
             },
@@ -207,12 +286,14 @@ def quantize_graph(
 class _Rewriter:
     """Builds the per-row int8 nodes and initializers that replace weight products."""
 
-    def __init__(self, weights: dict[str, np.ndarray], weight_levels: int) -> None:
+    def __init__(
+        self, weights: dict[str, np.ndarray], weight_levels: int, splits: dict[str, np.ndarray] | None = None
+    ) -> None:
         # lazy: onnx is an optional extra
         from onnx import helper, numpy_helper
 
         self.node, self.tensor = helper.make_node, numpy_helper.from_array
-        self.weights, self.levels = weights, weight_levels
+        self.weights, self.levels, self.splits = weights, weight_levels, splits or {}
         self.initializers = [
             self.tensor(np.array(1.0, np.float32), "i8_one"),
             self.tensor(np.array(128, np.uint8), "i8_zero"),
@@ -234,9 +315,22 @@ class _Rewriter:
         p = self.quantised[x] = f"i8_{len(self.quantised)}_"
         node = self.node
         self.initializers.append(self.tensor(np.array([-1, width], np.int64), p + "view"))
+        nodes, inliers = [], x
+        split = self.splits.get(x)
+        if split is not None:  # outlier channels: zeroed for the int8 rows, gathered for a float32 product
+            keep = np.ones(width, np.float32)
+            keep[split] = 0
+            self.initializers += [self.tensor(keep, p + "keep"), self.tensor(split.astype(np.int64), p + "split")]
+            inliers = p + "inliers"
+            nodes += [
+                node("Mul", [x, p + "keep"], [inliers]),
+                node("Reshape", [x, p + "view"], [p + "raw2"]),
+                node("Gather", [p + "raw2", p + "split"], [p + "outliers"], axis=1),
+            ]
         return [
-            node("ReduceMax", [x], [p + "hi"], axes=[-1], keepdims=1),
-            node("ReduceMin", [x], [p + "lo"], axes=[-1], keepdims=1),
+            *nodes,
+            node("ReduceMax", [inliers], [p + "hi"], axes=[-1], keepdims=1),
+            node("ReduceMin", [inliers], [p + "lo"], axes=[-1], keepdims=1),
             node("Neg", [p + "lo"], [p + "neg_lo"]),
             node("Max", [p + "hi", p + "neg_lo", "i8_tiny"], [p + "peak"]),
             node("Mul", [p + "peak", "i8_step"], [p + "rs"]),
@@ -246,7 +340,7 @@ class _Rewriter:
             node("ConstantOfShape", [p + "rows"], [p + "zeros"], value=self.tensor(np.array([128], np.uint8))),
             node("Shape", [x], [p + "shape"]),
             node("Slice", [p + "shape", "i8_0", "i8_last"], [p + "lead"]),
-            node("Reshape", [x, p + "view"], [p + "x2"]),
+            node("Reshape", [inliers, p + "view"], [p + "x2"]),
             node("QuantizeLinear", [p + "x2", p + "flat_scale", p + "zeros"], [p + "q"], axis=0),
         ]
 
@@ -254,8 +348,13 @@ class _Rewriter:
         """Nodes computing ``out = x @ weight`` from the quantised rows of ``x``."""
         nodes = self.quantise_rows(x, weight.shape[0])
         p, w = self.quantised[x], f"i8w_{name}"
-        step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / self.levels
-        quantised = np.clip(np.round(weight / step), -self.levels, self.levels).astype(np.int8)
+        split = self.splits.get(x)
+        inlier_weight = weight
+        if split is not None:
+            inlier_weight = weight.copy()
+            inlier_weight[split] = 0
+        step = np.maximum(np.abs(inlier_weight).max(axis=0), 1e-12) / self.levels
+        quantised = np.clip(np.round(inlier_weight / step), -self.levels, self.levels).astype(np.int8)
         self.initializers += [self.tensor(quantised, w + "_q"), self.tensor(step.astype(np.float32), w + "_step")]
         shape = f"{p}out{weight.shape[1]}"
         if (p, weight.shape[1]) not in self.shapes:
@@ -271,7 +370,18 @@ class _Rewriter:
                 domain="com.microsoft",
             ),
             self.node("Mul", [w + "_int", p + "scale"], [w + "_rows"]),
-            self.node("Reshape", [w + "_rows", shape], [out]),
+            *self._outlier_product(p, w, weight, split),
+            self.node("Reshape", [w + "_rows" if split is None else w + "_sum", shape], [out]),
+        ]
+
+    def _outlier_product(self, p: str, w: str, weight: np.ndarray, split: np.ndarray | None) -> list[Any]:
+        """Nodes adding the outlier channels' float32 product to the int8 one (``<w>_sum``); none without."""
+        if split is None:
+            return []
+        self.initializers.append(self.tensor(weight[split].astype(np.float32), w + "_outlier"))
+        return [
+            self.node("MatMul", [p + "outliers", w + "_outlier"], [w + "_float"]),
+            self.node("Add", [w + "_rows", w + "_float"], [w + "_sum"]),
         ]
 
     def attention(self, node: Any) -> list[Any] | None:
@@ -296,10 +406,17 @@ class _Rewriter:
         return [*nodes, attention]
 
 
-def per_row_int8(model: Any, products: Sequence[Product], *, weight_levels: int = WEIGHT_LEVELS) -> set[str]:
+def per_row_int8(
+    model: Any,
+    products: Sequence[Product],
+    *,
+    weight_levels: int = WEIGHT_LEVELS,
+    splits: dict[str, np.ndarray] | None = None,
+) -> set[str]:
     """Replace ``products`` in ``model`` (in place) by per-row int8 products with weights quantised to
-    ``weight_levels``; returns the names of those left in float32 because their form is not supported (attention
-    with past state or rotary embeddings)."""
+    ``weight_levels`` and the input channels of ``splits`` (activation name -> channels) multiplied in float32;
+    returns the names of those left in float32 because their form is not supported (attention with past state or
+    rotary embeddings)."""
     # lazy: onnx is an optional extra
     import onnx
     from onnx import numpy_helper
@@ -307,7 +424,7 @@ def per_row_int8(model: Any, products: Sequence[Product], *, weight_levels: int 
     graph = model.graph
     chosen = {p.node.name for p in products}
     weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name in {p.weight for p in products}}
-    rewriter = _Rewriter(weights, weight_levels)
+    rewriter = _Rewriter(weights, weight_levels, splits)
     nodes, replaced, unsupported = [], set(), set()
     for node in graph.node:
         new = None
