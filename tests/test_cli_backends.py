@@ -66,12 +66,15 @@ def test_encode_on_onnx_and_int8_from_the_command_line(saved_model, files, tmp_p
         (["--calibration", "{calibration}"], "--calibration"),  # calibration without int8
         (["--backend", "torch", "--precision", "int8", "--calibration", "{calibration}"], "--calibration"),
         (["--precision", "int8", "--calibration", "{missing}"], "--calibration"),
+        (["--precision", "int8", "--calibration", "{few}"], "--calibration"),  # fewer than 8 distinct texts
         (["--precision", "int8", "--engine", "ray"], "--precision"),  # each Ray worker would calibrate on its own
     ],
 )
 def test_bad_backend_options_are_refused_naming_the_option(saved_model, files, tmp_path, options, named):
     texts, calibration, _ = files
-    filled = [o.format(calibration=calibration, missing=tmp_path / "nope.txt") for o in options]
+    few = tmp_path / "few.txt"
+    few.write_text("one\ntwo\none\n")
+    filled = [o.format(calibration=calibration, missing=tmp_path / "nope.txt", few=few) for o in options]
     result = CliRunner().invoke(
         app, ["encode", str(texts), "-o", str(tmp_path / "v.npy"), "--model", saved_model, *filled]
     )
