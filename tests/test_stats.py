@@ -129,3 +129,19 @@ def test_mismatched_lengths_are_refused():
         paired_bootstrap([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="reference"):
         paired_bootstrap([1.0, 2.0], [1.0, 2.0], "spearman", [1.0])
+
+
+def test_rank_statistics_do_not_depend_on_each_arms_similarity_scale():
+    """Spearman and AP see each arm's ordering only, so the p-value must not change when one arm's similarities
+    are shifted and squeezed (one model's cosines sit in [0.2, 0.9], another's in [0.95, 1]). Swapping raw values
+    between such arms scrambled both orderings: the same comparison went from p 0.0002 to 0.012."""
+    rng = np.random.default_rng(0)
+    gold = rng.normal(size=400)
+    a = gold + 0.3 * rng.normal(size=400)
+    b = gold + 1.0 * rng.normal(size=400)
+    same_scale = compare(a, b, "spearman", gold, expected=1)
+    squeezed = compare(a, 100 + 0.01 * b, "spearman", gold, expected=1)
+    assert same_scale.verdict == squeezed.verdict == "holds"
+    assert squeezed.p_value == pytest.approx(same_scale.p_value) and squeezed.p_value < 0.001
+    labels = (gold > 0).astype(float)
+    assert compare(a, 100 + 0.01 * b, "ap", labels).p_value == pytest.approx(compare(a, b, "ap", labels).p_value)

@@ -14,7 +14,8 @@ difference between arms) cancels out.
 * :func:`paired_bootstrap`: a percentile 95 % interval of ``statistic(a) - statistic(b)``, resampling
   items with replacement (the same resample for both arms);
 * :func:`paired_randomization_test`: a two-sided p-value for "no difference", swapping each item's two
-  values at random (for a mean, flipping the sign of its difference). Exact (every swap pattern) when
+  values at random (for a mean, flipping the sign of its difference; for Spearman and AP, swapping each arm's
+  fractional ranks, so arms on different similarity scales stay comparable). Exact (every swap pattern) when
   there are few items, Monte Carlo with the (count + 1) / (draws + 1) estimate otherwise;
 * :func:`compare`: both, and a verdict. A difference is *distinguishable* when the interval excludes 0
   **and** p < alpha; then the verdict is ``holds`` when its sign is the one the claim expects and
@@ -73,9 +74,9 @@ def seed_average(runs: Sequence[Sequence[float]], statistic: Statistic = "mean")
     matrix = np.asarray(runs, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] == 0:
         raise ValueError("seed_average needs one row of item values per run")
-    if statistic == "mean" or matrix.shape[0] == 1:
+    if statistic == "mean":
         return matrix.mean(axis=0)
-    return np.mean([fractional_ranks(row) for row in matrix], axis=0)
+    return np.mean([fractional_ranks(row) for row in matrix], axis=0)  # one run too: every arm on one scale
 
 
 def _spearman_rows(values: np.ndarray, reference_ranks: np.ndarray) -> np.ndarray:
@@ -193,6 +194,11 @@ def paired_randomization_test(
     """Two-sided p-value of ``statistic(a) - statistic(b)`` under "the arms are exchangeable per item"."""
     _check(statistic)
     x, y, ref = _as_pair(a, b, reference)
+    if statistic != "mean":
+        # Spearman and AP see only each arm's ordering; swapping raw values between arms on different similarity
+        # scales (one model's cosines in [0.2, 0.9], another's in [0.7, 1]) would scramble both orderings and
+        # inflate p. Each arm's fractional ranks leave its statistic unchanged and put both on one scale.
+        x, y = fractional_ranks(x), fractional_ranks(y)
     observed = abs(statistic_value(statistic, x, ref) - statistic_value(statistic, y, ref))
     if not np.isfinite(observed):
         return float("nan")
