@@ -158,8 +158,9 @@ class Embedder:
         torch's to cosine >= 0.9999). ``precision="int8"`` quantises (on ONNX Runtime unless
         ``backend="torch"``, which uses torch's dynamic int8): it is calibrated on the first texts encoded (or
         on :meth:`calibrate`'s) and checked by a quality gate that warns with the gap when int8 vectors drift
-        from float32 ones; on ONNX Runtime each token row is quantised on its own range, so an int8 vector, like a
-        float32 one, does not depend on which texts share its batch. ``quantize="int8"`` is the older spelling of
+        from float32 ones; on ONNX Runtime each token row is quantised on its own range, so an int8 vector does not
+        depend on which texts share its batch beyond float32's own rounding (none for minilm; up to ~1e-2 for a
+        left-padded decoder, ``bench/int8_products.py --graphs``). ``quantize="int8"`` is the older spelling of
         ``precision="int8"``. ``threads`` sets the ONNX Runtime threads (default: torch's); ``max_batch_tokens``
         bounds batches by padded tokens as well as by ``batch_size``.
 

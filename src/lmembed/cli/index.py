@@ -250,18 +250,8 @@ def _open_for_search(
     from lmembed.index import Index  # lazy: FAISS loads only when a command runs
 
     index = Index.open(index_dir, ef_search=ef_search, nprobe=nprobe, rescore_multiplier=mult)
-    if model is None:
-        index.load_embedder(device=device)
-        return index
-    record = index.manifest.model
-    int8 = record.precision == "int8"  # the index's own int8 model: same backend, same calibration
-    options = {"backend": record.backend, "precision": "int8"} if int8 else {}
-    emb = load_embedder(model, device=device, dtype=record.dtype, no_cache=True, **options)
-    if int8 and record.calibration:
-        emb.calibrate(record.calibration)
-    return Index.open(
-        index_dir, emb.with_config(index.manifest.config), ef_search=ef_search, nprobe=nprobe, rescore_multiplier=mult
-    )
+    index.load_embedder(device=device, source=model)  # the index's model, or MODEL checked against it
+    return index
 
 
 def _print_hits(query: str, hits: list[Hit]) -> None:

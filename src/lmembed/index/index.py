@@ -223,14 +223,17 @@ class Index:
             check_embedder(manifest, embedder, path)
         return cls(manifest, vectors, store, path=path, embedder=embedder)
 
-    def load_embedder(self, *, device: str = "cpu", cache: bool = False, **options: Any) -> Embedder:
-        """Load the model the index was built with, read out with the index's strategy, and bind it.
+    def load_embedder(
+        self, *, device: str = "cpu", cache: bool = False, source: str | None = None, **options: Any
+    ) -> Embedder:
+        """Load the model the index was built with (from ``source`` when given, else the recorded one), read out
+        with the index's strategy, backend, precision and int8 calibration, and bind it.
 
         ``cache=False`` by default: queries are not worth caching. Raises :class:`IndexMismatchError`
-        if the model at the recorded source has changed since the build."""
+        if the model at that source differs from the one the index was built with."""
         from lmembed.embedder import Embedder  # lazy: torch loads only when a model is needed
 
-        source = self.manifest.model.source
+        source = source or self.manifest.model.source
         if source is None:
             raise IndexFormatError(
                 f"index {self.path} was built with an in-memory model ({self.manifest.model.name}); "
