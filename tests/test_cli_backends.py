@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -148,3 +149,27 @@ def test_int8_evaluation_calibrates_on_queries_and_documents(tokenizer, tmp_path
     evaluate_retrieval_strategies(emb, RetrievalTask.from_path(folder, name="toy"), [emb.config])
     seen = set(emb.backend.calibration_texts)
     assert seen & set(docs.values()) and seen <= set(docs.values()) | set(queries.values())
+
+
+def test_verbose_logs_each_step_with_its_time(saved_model, files, tmp_path, monkeypatch):
+    """``lmembed --verbose`` says how long loading, the export, int8 calibration and each encode took (the lines
+    ``bench/main_job_time.py`` splits a cold run's time with)."""
+    texts, calibration, _ = files
+    monkeypatch.setenv("LMEMBED_HOME", str(tmp_path / "home"))  # cold: nothing exported yet
+    out = tmp_path / "v.npy"
+    options = ["--precision", "int8", "--calibration", str(calibration), "--no-cache"]
+    result = CliRunner().invoke(
+        app, ["--verbose", "encode", str(texts), "-o", str(out), "--model", saved_model, *options]
+    )
+    assert result.exit_code == 0, result.output
+    for pattern in (
+        r"lmembed\.models\.loading: loaded .* in [\d.]+ s",
+        r"exported .* to ONNX in [\d.]+ s",
+        r"quantised .* to int8 in [\d.]+ s",
+        r"int8 quality gate measured in [\d.]+ s",
+        rf"encoded {len(TEXTS)} texts \(\d+ tokens, \d+% padding\) on onnx int8 in [\d.]+ s .*; tokenised in [\d.]+ s, "
+        r"backend prepared in [\d.]+ s",
+    ):
+        assert re.search(pattern, result.output), (pattern, result.output)
+    quiet = CliRunner().invoke(app, ["encode", str(texts), "-o", str(out), "--model", saved_model, "--no-cache"])
+    assert quiet.exit_code == 0 and "lmembed.encoding.engine: encoded" not in quiet.output

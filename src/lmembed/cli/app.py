@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import typer
 
 from lmembed.cli import cache, encode, evaluate, experiment, export, index, mine, models, serve, train
 from lmembed.cli.boundary import GuardedGroup
-from lmembed.paths import DEBUG_ENV_VAR
+from lmembed.paths import DEBUG_ENV_VAR, VERBOSE_ENV_VAR
 
 app = typer.Typer(
     cls=GuardedGroup,
@@ -18,13 +19,41 @@ app = typer.Typer(
 )
 
 
+#: the name of the handler ``--verbose`` adds
+STEP_LOG = "lmembed-step-log"
+
+
+def show_step_log(verbose: bool) -> None:
+    """With ``verbose``, lmembed's INFO log on stderr, each line stamped with the wall-clock time; without, none
+    (a command run after a verbose one in the same process, as in tests, is quiet again)."""
+    root = logging.getLogger("lmembed")
+    for old in [h for h in root.handlers if h.get_name() == STEP_LOG]:
+        root.removeHandler(old)
+    root.setLevel(logging.INFO if verbose else logging.NOTSET)
+    if verbose:
+        handler = logging.StreamHandler()  # bound to the current stderr
+        handler.set_name(STEP_LOG)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+        root.addHandler(handler)
+
+
 @app.callback()
 def root(
     debug: Annotated[
         bool, typer.Option("--debug", envvar=DEBUG_ENV_VAR, help="Show the full traceback when a command fails.")
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            envvar=VERBOSE_ENV_VAR,
+            help="Log each step with its time (model loading, exports, int8 calibration, each encode's texts/s).",
+        ),
+    ] = False,
 ) -> None:
     """lmembed: turn language models into text-embedding models; extract, train, evaluate."""
+    show_step_log(verbose)
 
 
 app.command("encode")(encode.encode)

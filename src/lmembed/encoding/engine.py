@@ -296,21 +296,41 @@ class EncodingEngine:
     ) -> None:
         """Fill ``outputs`` at ``rows``; ``on_batch(rows)`` is called after each batch is written there."""
         builder, mode = self._reading(configs[0])
+        start = time.perf_counter()
         features = builder.build_all([texts[i] for i in rows], instruction)
+        tokenised = time.perf_counter()
         if self.backend is self.torch_backend:
             self._prepare_attention(configs[0].attention)
         else:
             self.backend.prepare(
                 configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
             )
+        prepared = time.perf_counter()
+        tokens = padded = 0
         with self._progress(len(rows), configs) as advance, torch.inference_mode():
             for batch in self._batches(features, rows, batch_size):
                 pooled = self._forward_batch(batch, configs, mode)
                 for out, vectors in zip(outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
+                tokens += int(batch.attention_mask.sum())
+                padded += batch.attention_mask.numel()
                 advance(len(batch.rows))
                 if on_batch is not None:
                     on_batch(batch.rows)
+        seconds = time.perf_counter() - prepared
+        log.info(
+            "encoded %d texts (%d tokens, %.0f%% padding) on %s %s in %.1f s (%.1f texts/s); tokenised in %.1f s, "
+            "backend prepared in %.1f s",
+            len(rows),
+            tokens,
+            100 * (1 - tokens / max(padded, 1)),
+            self.backend.name,
+            self.backend.precision,
+            seconds,
+            len(rows) / max(seconds, 1e-9),
+            tokenised - start,
+            prepared - tokenised,
+        )
 
     def prepare_backend(self, configs: Sequence[EmbeddingConfig], instruction: str | None = None) -> Path:
         """Build (or load) the backend's graph for ``configs`` without encoding anything; returns its export

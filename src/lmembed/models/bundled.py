@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,7 @@ def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.warning("converting %s/%s to float32 safetensors (once; takes ~20-80 s)", directory, gguf_file)
+    start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     # The dequantised weights are plain float32 now; drop the GGUF quantiser so they can be saved.
@@ -136,6 +138,7 @@ def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converted %s in %.1f s", gguf_file, time.perf_counter() - start)
 
 
 def list_bundled() -> list[dict[str, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,7 @@ def load_backbone(
     ``exact_tokenizer=True`` (for directories lmembed saved itself) loads the tokenizer class recorded in
     ``tokenizer_config.json`` rather than the one transformers associates with the model type.
     """
+    start = time.perf_counter()
     path = resolve_model_path(name_or_path)
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
@@ -186,6 +188,7 @@ def load_backbone(
     fingerprint = None
     if quantize is not None:
         model, fingerprint = quantize_int8(model, quantize, torch_device)
+    log.info("loaded %s in %.1f s", name_or_path, time.perf_counter() - start)
     return Backbone(
         model=model,
         tokenizer=tokenizer,

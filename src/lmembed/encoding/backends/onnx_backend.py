@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -237,15 +238,19 @@ class OnnxBackend(Backend):
 
     def _export_float32(self, folder: Path, readouts: Sequence[Readout], mode: str) -> dict[str, Any]:
         log.info("exporting %s to ONNX (%s)", self.backbone.name, ", ".join(r.label() for r in readouts))
+        start = time.perf_counter()
         graph = StateGraph(self.backbone, readouts, mode)
         if self.backbone.is_decoder:
             export_onnx(graph, folder / GRAPH_FILE)
-            return {"fused": False}
-        raw = folder / "traced.onnx"
-        export_onnx(graph, raw)
-        fuse_onnx(raw, folder / GRAPH_FILE, self.backbone)
-        raw.unlink()
-        return {"fused": True}
+            fused = False
+        else:
+            raw = folder / "traced.onnx"
+            export_onnx(graph, raw)
+            fuse_onnx(raw, folder / GRAPH_FILE, self.backbone)
+            raw.unlink()
+            fused = True
+        log.info("exported %s to ONNX in %.1f s", self.backbone.name, time.perf_counter() - start)
+        return {"fused": fused}
 
     def _int8_graph(
         self,
@@ -269,8 +274,11 @@ class OnnxBackend(Backend):
         }
 
         def build(tmp: Path) -> dict[str, Any]:
+            start = time.perf_counter()
             batches = [(ids, mask) for ids, mask, _ in batches_for(measured)]
-            return quantize_graph(fp32.folder / GRAPH_FILE, tmp / GRAPH_FILE, batches, threads=self.threads)
+            manifest = quantize_graph(fp32.folder / GRAPH_FILE, tmp / GRAPH_FILE, batches, threads=self.threads)
+            log.info("quantised %s to int8 in %.1f s", self.backbone.name, time.perf_counter() - start)
+            return manifest
 
         folder, manifest = cached_export(parts, build, self.export_root)
         graph = self._load(folder, readouts)
@@ -281,7 +289,9 @@ class OnnxBackend(Backend):
                 for k, v in manifest["quality_gate"].items()
             }
         else:
+            start = time.perf_counter()
             self.quality = self._measure_gate(graph, fp32, configs, mode, batches_for(held_out), pool)
+            log.info("int8 quality gate measured in %.1f s", time.perf_counter() - start)
             update_manifest(folder, quality_gate={k: r.to_dict() for k, r in self.quality.items()})
         for label, report in self.quality.items():
             if report.passed:
