@@ -9,6 +9,12 @@ torch's. The arms run one after another on the same machine; ``--repeats`` alter
 backend preparation (ONNX export, int8 calibration and quality gate), the forward passes, and the rest (imports,
 scoring, writing), so the table says where a cold run's minutes go.
 
+It also puts a floor under the torch arm: the float32 arithmetic of its forward passes (the real tokens each model
+encoded, from the step log, times that model's FLOPs per token: 2 per weight of its linear layers plus the
+attention products at the mean text length) divided by this machine's float32 matrix-product peak, measured in the
+same run with ``torch.mm``. No float32 backend can run the main job's forward passes faster than that floor; the
+table adds the arm's measured load, tokenisation and other time to it.
+
     python bench/main_job_time.py                      # torch, onnx, int8 (about 20 minutes here)
     python bench/main_job_time.py --arms torch,int8
 
@@ -53,6 +59,8 @@ def run_arm(name: str, options: list[str]) -> dict:
         if done.returncode != 0:
             sys.exit(f"[{name}] failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         phases = split_phases(done.stderr, seconds)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"log-{name}.txt").write_text(step_lines(done.stderr))
         rows = {
             f"{r.model_name} | {r.extra.get('strategy_label', '')} | {r.task_name}": 100 * r.main_score
             for r in load_results(out)
@@ -75,6 +83,11 @@ PHASE_LINES = {
 WALL_PHASES = ("load", "tokenise", "prepare", "encode")
 
 
+def step_lines(log: str) -> str:
+    """The timed step-log lines of a run (progress bars and warnings left out)."""
+    return "".join(line + "\n" for line in log.splitlines() if re.match(r"\d\d:\d\d:\d\d lmembed", line))
+
+
 def split_phases(log: str, seconds: float) -> dict[str, float]:
     """Seconds per phase from a ``--verbose`` step log; ``other`` is the wall time the log does not account for."""
     phases = dict.fromkeys(PHASE_LINES, 0.0)
@@ -84,6 +97,69 @@ def split_phases(log: str, seconds: float) -> dict[str, float]:
                 phases[phase] += float(found.group(1))
     phases["other"] = seconds - sum(phases[p] for p in WALL_PHASES)
     return phases
+
+
+#: "loaded NAME in" opens a model's steps; its encode lines follow
+LOADED = re.compile(r"lmembed\.models\.loading: loaded (\S+) in")
+ENCODED = re.compile(r"encoded (\d+) texts \((\d+) tokens")
+
+
+def matmul_peak_gflops(seconds: float = 3.0) -> float:
+    """The best float32 ``torch.mm`` rate over a few square sizes, in GFLOP/s (torch's default threads)."""
+    import torch
+
+    best = 0.0
+    for size in (768, 1536, 2048):
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        out = torch.empty(size, size)
+        torch.mm(a, b, out=out)  # warm-up
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / 3:
+            torch.mm(a, b, out=out)
+            count += 1
+        best = max(best, 2 * size**3 * count / elapsed / 1e9)
+    return best
+
+
+def encodes_per_model(log: str) -> dict[str, dict[str, float]]:
+    """Texts, real tokens and forward seconds each model encoded, from a ``--verbose`` step log."""
+    totals: dict[str, dict[str, float]] = {}
+    model = None
+    for line in log.splitlines():
+        if found := LOADED.search(line):
+            model = found.group(1)
+        elif (found := ENCODED.search(line)) and model is not None:
+            seconds = PHASE_LINES["encode"].search(line)
+            row = totals.setdefault(model, {"texts": 0, "tokens": 0, "seconds": 0.0})
+            row["texts"] += int(found.group(1))
+            row["tokens"] += int(found.group(2))
+            row["seconds"] += float(seconds.group(1)) if seconds else 0.0
+    return totals
+
+
+def float32_floor(log: str, peak_gflops: float) -> dict[str, dict[str, float]]:
+    """Per model: texts, tokens, GFLOP per token and the seconds its forward passes need at ``peak_gflops``."""
+    from torch import nn
+
+    from lmembed.models.loading import load_backbone
+
+    floors = {}
+    for model, done in encodes_per_model(log).items():
+        texts, tokens = int(done["texts"]), int(done["tokens"])
+        backbone = load_backbone(model)
+        linear = sum(m.weight.numel() for m in backbone.model.modules() if isinstance(m, nn.Linear))
+        config = backbone.model.config
+        mean_length = tokens / max(texts, 1)
+        attention = 4 * config.num_hidden_layers * config.hidden_size * mean_length  # QK^T and AV, per token
+        per_token = 2 * linear + attention
+        floors[model] = {
+            "texts": texts,
+            "tokens": tokens,
+            "gflop_per_token": per_token / 1e9,
+            "seconds": tokens * per_token / (peak_gflops * 1e9),
+            "measured_seconds": done["seconds"],
+        }
+    return floors
 
 
 def main() -> None:
@@ -115,8 +191,20 @@ def main() -> None:
             "max_abs_diff_vs_torch": max(abs(scores[k] - reference[k]) for k in reference),
             "phases": min(results, key=lambda r: r["seconds"])["phases"],
         }
+    peak = matmul_peak_gflops()
+    floors = float32_floor((OUT / "log-torch.txt").read_text(), peak)
+    torch_phases = summary["torch"]["phases"]
+    overhead = sum(torch_phases[p] for p in ("load", "tokenise", "prepare", "other"))
+    floor = {
+        "matmul_peak_gflops": peak,
+        "models": floors,
+        "forward_seconds": sum(f["seconds"] for f in floors.values()),
+        "torch_overhead_seconds": overhead,
+    }
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "table.json").write_text(json.dumps({"repeats": args.repeats, "arms": summary}, indent=2) + "\n")
+    (OUT / "table.json").write_text(
+        json.dumps({"repeats": args.repeats, "arms": summary, "float32_floor": floor}, indent=2) + "\n"
+    )
     lines = [
         f"# Main job, cold (empty LMEMBED_HOME), best of {args.repeats}; baseline: torch float32 in the same run",
         "",
@@ -136,6 +224,24 @@ def main() -> None:
         "|---|" + "---:|" * len(names),
     ]
     lines += [f"| {arm} | " + " | ".join(f"{s['phases'][n]:.0f}" for n in names) + " |" for arm, s in summary.items()]
+    lines += [
+        "",
+        f"Float32 floor (torch arm's tokens at this machine's measured matmul peak, {peak:.0f} GFLOP/s):",
+        "",
+        "| model | texts | tokens | GFLOP/token | forward floor (s) | torch arm encode (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {m} | {f['texts']} | {f['tokens']} | {f['gflop_per_token']:.4f} | {f['seconds']:.0f} | "
+        f"{f['measured_seconds']:.0f} |"
+        for m, f in floors.items()
+    ]
+    lines += [
+        "",
+        f"Forward floor {floor['forward_seconds']:.0f} s + the torch arm's load, tokenisation and other time "
+        f"{overhead:.0f} s = {floor['forward_seconds'] + overhead:.0f} s: no float32 run of this main job on this "
+        "machine can be faster.",
+    ]
     lines += ["", "| model \\| strategy \\| task | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
     for key in reference:
         cells = " | ".join(f"{summary[a]['ndcg_at_10'].get(key, float('nan')):.2f}" for a in arms)
