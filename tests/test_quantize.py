@@ -12,7 +12,7 @@ import torch
 
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.encoding.backends import BackendError, quality
-from lmembed.encoding.backends.int8 import int8_error
+from lmembed.encoding.backends.int8 import int8_error, within_budget
 from lmembed.encoding.backends.quality import gate, neighbour_ndcg
 from lmembed.models.loading import quantize_int8
 
@@ -206,3 +206,24 @@ def test_outlier_channels_are_multiplied_in_float32_exactly_as_modelled():
         assert error == pytest.approx(expected, rel=0.02)
         one = session.run(None, {"x": x[1:, :7]})[0]  # and a row's result does not depend on the others
         np.testing.assert_allclose(one, got.reshape(2, 40, 24)[1:, :7], atol=1e-5)
+
+
+def test_calibration_is_thinned_to_its_token_budget_keeping_every_length():
+    """A large calibration set is cut to about the budget's real tokens by taking the same share of every
+    (length-sorted) batch, so short and long texts stay in the mix; a small one is left whole."""
+    batches = []
+    for length in (8, 32, 128, 512):  # one batch of 40 texts per length
+        mask = np.zeros((40, length), dtype=np.int64)
+        mask[:, : length // 2 + 1] = 1
+        batches.append((np.arange(40 * length).reshape(40, length), mask))
+    total = sum(int(m.sum()) for _, m in batches)
+    thinned = within_budget(batches, budget=total // 10)
+    kept = sum(int(m.sum()) for _, m in thinned)
+    assert 0.08 * total <= kept <= 0.12 * total
+    assert [len(ids) for ids, _ in thinned] == [4, 4, 4, 4]  # the same share of each length
+    for (ids, mask), (kept_ids, kept_mask) in zip(batches, thinned, strict=True):
+        rows = [int(np.flatnonzero((ids == row).all(1))[0]) for row in kept_ids]
+        assert rows == sorted(rows) and rows[0] == 0 and rows[-1] == len(ids) - 1  # spread, first to last
+        assert (mask[rows] == kept_mask).all()
+    whole = within_budget(batches, budget=total)
+    assert all((a == b).all() for (a, _), (b, _) in zip(batches, whole, strict=True))

@@ -86,16 +86,22 @@ def run_main_job(
 
     tasks = main_job_tasks()
     results: list[StrategyResult] = []
-    for model, configs, corpus in main_job_plan():
+    embedders: dict[str, Embedder] = {}  # one per model: an int8 model is calibrated once, and its cache reused
+    plan = main_job_plan()
+    for step, (model, configs, corpus) in enumerate(plan):
         task = tasks[corpus]
         if progress is not None:
             progress(f"• {model} on {task.name}: {', '.join(c.label() for c in configs)}")
-        max_length = MAIN_JOB_DECODER_MAX_LENGTH if model != "minilm" else None
-        embedder = Embedder.from_pretrained(
-            model, config=configs[0], max_length=max_length, backend=backend, precision=precision
-        )
+        if model not in embedders:
+            max_length = MAIN_JOB_DECODER_MAX_LENGTH if model != "minilm" else None
+            embedders[model] = Embedder.from_pretrained(
+                model, config=configs[0], max_length=max_length, backend=backend, precision=precision
+            )
+        embedder = embedders[model]
         configs = [dataclasses.replace(c, max_length=embedder.config.max_length) for c in configs]
         results += evaluate_strategies(embedder, [task], configs, batch_size=batch_size)
+        if all(later != model for later, _, _ in plan[step + 1 :]):
+            del embedders[model]  # frees the model once no later step needs it
     write_all(results, output)
     return results
 

@@ -36,7 +36,7 @@ from lmembed.encoding.backends.graph import (
     readout_of,
     readouts_of,
 )
-from lmembed.encoding.backends.int8 import RECIPE, quantize_graph, session_options
+from lmembed.encoding.backends.int8 import CALIBRATION_MAX_TOKENS, RECIPE, quantize_graph, session_options
 from lmembed.encoding.backends.quality import GateReport, gate
 from lmembed.encoding.backends.store import GRAPH_FILE, cached_export, runtime_versions, update_manifest
 from lmembed.models.attention import AttentionError, check_bidirectional_supported
@@ -271,6 +271,7 @@ class OnnxBackend(Backend):
             "precision": "int8",
             "recipe": RECIPE,
             "calibration": text_fingerprint(texts),
+            "calibration_tokens": CALIBRATION_MAX_TOKENS,
         }
 
         def build(tmp: Path) -> dict[str, Any]:
