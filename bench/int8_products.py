@@ -78,7 +78,7 @@ def main() -> None:
     products = I8.weight_products(model)
     absmax, samples = I8.activation_stats(model, batches, products, threads=2)
     weights = I8.product_weights(model, products)
-    splits = I8.choose_splits(products, weights, absmax, samples)
+    splits, _ = I8.choose_splits(products, weights, absmax, samples)
     rows = []
     for product in products:
         w, x = weights[product.weight], samples[product.activation]

@@ -33,9 +33,9 @@ Weights use 7 bits (+-63): without VNNI, ONNX Runtime's uint8 x int8 kernel adds
 which full-range weights can saturate (8-bit weights measured min cosine 0.9928 against 0.9933 for 7-bit).
 
 A product whose int8 error (relative RMS on activations recorded while running the user's calibration texts, the
-recipe modelled exactly by :func:`int8_error`) exceeds :data:`MAX_NODE_ERROR` stays float32
-(:func:`sensitive_nodes`). The quality gate (:mod:`lmembed.encoding.backends.quality`) checks the result on
-calibration texts held out from the measurement.
+recipe modelled exactly by :func:`int8_error`, measured once by :func:`choose_splits`) exceeds
+:data:`MAX_NODE_ERROR` stays float32. The quality gate (:mod:`lmembed.encoding.backends.quality`) checks the result
+on calibration texts held out from the measurement.
 """
 
 from __future__ import annotations
@@ -218,43 +218,29 @@ def choose_splits(
     absmax: dict[str, np.ndarray],
     samples: dict[str, np.ndarray],
     weight_levels: int = WEIGHT_LEVELS,
-) -> dict[str, np.ndarray]:
+    split_outliers: bool = True,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """For each product input with outlier channels (:func:`outlier_channels`), those channels, where taking them
     out of the int8 product lowers the worst error of the products that read the input (activation name ->
-    channel indices)."""
-    readers: dict[str, list[np.ndarray]] = {}
+    channel indices); and every product's int8 error under that choice (node name -> relative RMS error).
+    ``split_outliers=False`` splits nothing (for measuring the choice, ``bench/int8_products.py``)."""
+    readers: dict[str, list[Product]] = {}
     for product in products:
-        readers.setdefault(product.activation, []).append(weights[product.weight])
-    splits = {}
+        readers.setdefault(product.activation, []).append(product)
+    splits: dict[str, np.ndarray] = {}
+    errors: dict[str, float] = {}
     for name, group in readers.items():
-        split = outlier_channels(absmax[name])
-        if not len(split):
-            continue
         x = samples[name]
-        plain = max(int8_error(x, w, weight_levels=weight_levels) for w in group)
-        if max(int8_error(x, w, weight_levels=weight_levels, split=split) for w in group) < plain:
-            splits[name] = split
-    return splits
-
-
-def sensitive_nodes(
-    products: Sequence[Product],
-    weights: dict[str, np.ndarray],
-    samples: dict[str, np.ndarray],
-    max_error: float = MAX_NODE_ERROR,
-    weight_levels: int = WEIGHT_LEVELS,
-    splits: dict[str, np.ndarray] | None = None,
-) -> dict[str, float]:
-    """The products whose int8 error on calibration activations (with the outlier channels of ``splits`` in
-    float32) exceeds ``max_error`` (node name -> relative RMS error): they stay float32."""
-    splits = splits or {}
-    errors = {
-        p.node.name: int8_error(
-            samples[p.activation], weights[p.weight], weight_levels=weight_levels, split=splits.get(p.activation)
-        )
-        for p in products
-    }
-    return {name: err for name, err in errors.items() if err > max_error}
+        chosen = {p.node.name: int8_error(x, weights[p.weight], weight_levels=weight_levels) for p in group}
+        split = outlier_channels(absmax[name]) if split_outliers else np.zeros(0, dtype=np.int64)
+        if len(split):
+            with_split = {
+                p.node.name: int8_error(x, weights[p.weight], weight_levels=weight_levels, split=split) for p in group
+            }
+            if max(with_split.values()) < max(chosen.values()):
+                splits[name], chosen = split, with_split
+        errors.update(chosen)
+    return splits, errors
 
 
 def quantize_graph(
@@ -280,8 +266,8 @@ def quantize_graph(
     batches = within_budget(batches)
     absmax, samples = activation_stats(model, batches, products, threads)
     weights = product_weights(model, products)
-    splits = choose_splits(products, weights, absmax, samples, weight_levels) if split_outliers else {}
-    skipped = sensitive_nodes(products, weights, samples, weight_levels=weight_levels, splits=splits)
+    splits, errors = choose_splits(products, weights, absmax, samples, weight_levels, split_outliers)
+    skipped = {name: error for name, error in errors.items() if error > MAX_NODE_ERROR}  # these stay float32
     kept_float32 = set(skipped)
     chosen = [p for p in products if p.node.name not in skipped]
     kept_float32 |= per_row_int8(model, chosen, weight_levels=weight_levels, splits=splits)
