@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import numpy as np
@@ -156,6 +157,7 @@ def test_verbose_logs_each_step_with_its_time(saved_model, files, tmp_path, monk
     ``bench/main_job_time.py`` splits a cold run's time with)."""
     texts, calibration, _ = files
     monkeypatch.setenv("LMEMBED_HOME", str(tmp_path / "home"))  # cold: nothing exported yet
+    level_before = logging.getLogger("lmembed").level
     out = tmp_path / "v.npy"
     options = ["--precision", "int8", "--calibration", str(calibration), "--no-cache"]
     result = CliRunner().invoke(
@@ -173,3 +175,4 @@ def test_verbose_logs_each_step_with_its_time(saved_model, files, tmp_path, monk
         assert re.search(pattern, result.output), (pattern, result.output)
     quiet = CliRunner().invoke(app, ["encode", str(texts), "-o", str(out), "--model", saved_model, "--no-cache"])
     assert quiet.exit_code == 0 and "lmembed.encoding.engine: encoded" not in quiet.output
+    assert logging.getLogger("lmembed").level == level_before  # the verbose command's level is undone

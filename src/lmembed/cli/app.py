@@ -24,17 +24,22 @@ STEP_LOG = "lmembed-step-log"
 
 
 def show_step_log(verbose: bool) -> None:
-    """With ``verbose``, lmembed's INFO log on stderr, each line stamped with the wall-clock time; without, none
-    (a command run after a verbose one in the same process, as in tests, is quiet again)."""
+    """With ``verbose``, lmembed's INFO log on stderr, each line stamped with the wall-clock time. Without, a step log
+    left by an earlier command in the same process (as in tests) is taken down and the logger's level restored;
+    a logger nobody made verbose is left as it is."""
     root = logging.getLogger("lmembed")
-    for old in [h for h in root.handlers if h.get_name() == STEP_LOG]:
-        root.removeHandler(old)
-    root.setLevel(logging.INFO if verbose else logging.NOTSET)
+    ours = [h for h in root.handlers if h.get_name() == STEP_LOG]
+    for handler in ours:
+        root.removeHandler(handler)
+    if ours:
+        root.setLevel(getattr(ours[0], "level_before", logging.NOTSET))
     if verbose:
         handler = logging.StreamHandler()  # bound to the current stderr
         handler.set_name(STEP_LOG)
+        handler.level_before = root.level  # type: ignore[attr-defined]
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
         root.addHandler(handler)
+        root.setLevel(logging.INFO)
 
 
 @app.callback()
