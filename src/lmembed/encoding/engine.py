@@ -306,18 +306,18 @@ class EncodingEngine:
                 configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
             )
         prepared = time.perf_counter()
-        tokens = padded = 0
+        padded = 0
         with self._progress(len(rows), configs) as advance, torch.inference_mode():
             for batch in self._batches(features, rows, batch_size):
                 pooled = self._forward_batch(batch, configs, mode)
                 for out, vectors in zip(outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
-                tokens += int(batch.attention_mask.sum())
-                padded += batch.attention_mask.numel()
+                padded += batch.attention_mask.numel()  # a shape: no device sync in the loop
                 advance(len(batch.rows))
                 if on_batch is not None:
                     on_batch(batch.rows)
         seconds = time.perf_counter() - prepared
+        tokens = sum(len(f) for f in features)  # the attention mask's ones, counted without reading it
         log.info(
             "encoded %d texts (%d tokens, %.0f%% padding) on %s %s in %.1f s (%.1f texts/s); tokenised in %.1f s, "
             "backend prepared in %.1f s",
