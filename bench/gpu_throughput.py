@@ -71,8 +71,13 @@ def model_section(name: str, texts: list[str], args: argparse.Namespace) -> dict
 
     gpu = args.device != "cpu"
     dtypes = ("float16", "bfloat16") if gpu else ("float32",)
-    common = {"cache": False, "show_progress": False, "device": args.device, "max_length": args.max_length}
-    common["pooling"] = "mean"
+    common = {
+        "cache": False,
+        "show_progress": False,
+        "device": args.device,
+        "max_length": args.max_length,
+        "pooling": "mean",
+    }
     reference = Embedder.from_pretrained(name, **common)
     ours = {
         f"lmembed-{d}": Embedder.from_pretrained(name, dtype=d, max_batch_tokens=args.max_batch_tokens, **common)
