@@ -207,6 +207,9 @@ def main() -> None:
     if args.repeats < 1:
         parser.error(f"--repeats: must be at least 1, got {args.repeats}")
     if args.from_results:
+        missing = [f for f in (OUT / "table.json", OUT / "log-torch.txt") if not f.exists()]
+        if missing:
+            parser.error(f"--from-results: no earlier run to re-render ({', '.join(map(str, missing))} absent)")
         saved = json.loads((OUT / "table.json").read_text())
         summary, repeats = saved["arms"], saved["repeats"]
     else:

@@ -225,6 +225,14 @@ def test_debug_shows_the_traceback(workspace, monkeypatch):
     assert result.exit_code != 0 and isinstance(result.exception, ValueError)
 
 
+def test_a_bad_verbose_environment_value_names_the_variable(monkeypatch):
+    """``LMEMBED_VERBOSE`` that is not a boolean stops with exit 2, naming the option and the variable."""
+    monkeypatch.setenv("LMEMBED_VERBOSE", "maybe")
+    result = CliRunner().invoke(app, ["models"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--verbose" in result.output and "LMEMBED_VERBOSE" in result.output
+
+
 def test_an_internal_error_says_so(workspace, monkeypatch):
     """A bug (not a user mistake) exits 1 with 'internal error' and still no traceback."""
     import lmembed.cli.encode as encode_module
