@@ -1,5 +1,5 @@
-"""Which int8 recipe loses least: one activation range per call, one per token row, and one per token row with
-outlier channels in float32; per product and end to end.
+"""Which int8 recipe loses least: one activation range per call, one per token row, one per token row with
+outlier channels in float32, and that with compensated weight rounding; per product and end to end.
 
 Runs ``--model``'s fused float32 ONNX graph (the one ``backend="onnx"`` uses) over ``--n`` real calibration texts
 (the encode_throughput mix), records every weight product's input activations, and reports each product's
@@ -7,11 +7,17 @@ relative RMS output error under (a) one asymmetric activation range per call wit
 (ONNX Runtime's dynamic quantisation, the int8 backend's recipe until stop 18: the baseline), (b) one symmetric
 range per token row with 7-bit per-channel weights (stops 18-19), and (c) the same with each input's outlier
 channels (calibration max|x| over 6x the median channel's) multiplied in float32 and left out of the rows'
-ranges (the int8 backend's recipe now; all modelled by :func:`lmembed.encoding.backends.int8.int8_error`).
+ranges (stops 20-21), all with weights rounded to the nearest level, and (d) the same with weights rounded with
+compensation for the calibration activations (:func:`lmembed.encoding.backends.int8.compensated_weights`: the
+int8 backend's recipe now). All are modelled by :func:`lmembed.encoding.backends.int8.int8_error`. Besides each
+product's error token by token it reports the error of the products' mean over tokens (what mean pooling keeps)
+for (c) and (d), the weights of (d) fitted on the first half of the recorded rows and both measured on the
+second half (other texts: the rows come in length-sorted batches).
 
 With ``--graphs`` it then builds them as whole graphs: (a) with ``onnxruntime.quantization.quantize_dynamic``
 (the products whose (a) error exceeds ``MAX_NODE_ERROR`` kept float32, as the backend did), (b) and (c) with
-the backend's own :func:`~lmembed.encoding.backends.int8.quantize_graph`, and with ``--eight-bit`` (c) again with
+the backend's own :func:`~lmembed.encoding.backends.int8.quantize_graph`, (d) likewise, and with ``--eight-bit`` (d)
+again with
 8-bit weights (without VNNI, ONNX Runtime's uint8 x int8 kernel sums pairs of products in 16 bits, which
 full-range weights can saturate). Each runs over the texts interleaved with the float32 graph (the baseline, best
 of ``--repeats``): speed relative to float32, cosine of mean-pooled vectors to float32, and the largest change of
@@ -79,11 +85,15 @@ def main() -> None:
     absmax, samples = I8.activation_stats(model, batches, products, threads=2)
     weights = I8.product_weights(model, products)
     splits, _ = I8.choose_splits(products, weights, absmax, samples)
+    half = {name: len(x) // 2 for name, x in samples.items()}
+    fitted = I8.compensate(products, weights, {n: x[: half[n]] for n, x in samples.items()}, splits)
     rows = []
     for product in products:
         w, x = weights[product.weight], samples[product.activation]
         per_tensor, per_row = I8.int8_error(x, w, per_row=False), I8.int8_error(x, w)
         split = splits.get(product.activation)
+        held_out = x[half[product.activation] :]
+        nearest = I8.round_weights(_inliers(w, split))
         rows.append(
             {
                 "node": product.node.name,
@@ -93,6 +103,8 @@ def main() -> None:
                 "ratio": per_row / per_tensor,
                 "outlier_channels": 0 if split is None else len(split),
                 "per_row_outliers": I8.int8_error(x, w, split=split),
+                "pooled_nearest": pooled_error(held_out, w, split, nearest),
+                "pooled_compensated": pooled_error(held_out, w, split, fitted[product.node.name]),
             }
         )
     ratios = np.array([r["ratio"] for r in rows])
@@ -109,6 +121,8 @@ def main() -> None:
             for recipe in ("per_tensor", "per_row", "per_row_outliers")
         },
         "inputs_with_outlier_channels": len(splits),
+        "median_pooled_error_nearest": float(np.median([r["pooled_nearest"] for r in rows])),
+        "median_pooled_error_compensated": float(np.median([r["pooled_compensated"] for r in rows])),
     }
     per_call_float32 = {r["node"] for r in rows if r["per_tensor"] > I8.MAX_NODE_ERROR}
     padding = (engine.padding_side, engine.pad_id)
@@ -122,12 +136,14 @@ def main() -> None:
     lines = [
         f"# int8 error per product: {args.model}, {args.n} texts",
         "",
-        "| product | op | (a) per call | (b) per row | b / a | (c) per row, outlier channels float32 | channels |",
-        "|---|---|---|---|---|---|---|",
+        "| product | op | (a) per call | (b) per row | b / a | (c) per row, outlier channels float32 | channels "
+        "| mean over tokens: (c) | (d) compensated |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {r['node']} | {r['op']} | {r['per_tensor']:.4f} | {r['per_row']:.4f} | {r['ratio']:.2f}x "
-        f"| {r['per_row_outliers']:.4f} | {r['outlier_channels']} |"
+        f"| {r['per_row_outliers']:.4f} | {r['outlier_channels']} | {r['pooled_nearest']:.4f} "
+        f"| {r['pooled_compensated']:.4f} |"
         for r in rows
     ]
     over = summary["over_max_node_error"]
@@ -137,7 +153,9 @@ def main() -> None:
         f"worst product {summary['max_per_tensor']:.4f} (a) vs {summary['max_per_row']:.4f} (b) vs "
         f"{summary['max_per_row_outliers']:.4f} (c). Products above MAX_NODE_ERROR ({I8.MAX_NODE_ERROR}), which "
         f"stay float32: (a) {over['per_tensor']}, (b) {over['per_row']}, (c) {over['per_row_outliers']}; "
-        f"inputs with outlier channels: {summary['inputs_with_outlier_channels']}.",
+        f"inputs with outlier channels: {summary['inputs_with_outlier_channels']}. Error of the mean over held-out "
+        f"tokens, median over products: {summary['median_pooled_error_nearest']:.4f} with weights rounded to the "
+        f"nearest level (c), {summary['median_pooled_error_compensated']:.4f} with compensated rounding (d).",
     ]
     if graphs:
         lines += [
@@ -154,6 +172,23 @@ def main() -> None:
         ]
     (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _inliers(weight: np.ndarray, split: np.ndarray | None) -> np.ndarray:
+    """``weight`` with the rows of the outlier channels ``split`` zeroed (they are multiplied in float32)."""
+    if split is None:
+        return weight
+    out = weight.copy()
+    out[split] = 0
+    return out
+
+
+def pooled_error(x: np.ndarray, weight: np.ndarray, split: np.ndarray | None, codes: I8.Codes) -> float:
+    """Relative error of the mean over ``x``'s rows of the int8 product (rows rounded per row, the outlier channels
+    ``split`` in float32, weights as ``codes``): the part of the error that mean pooling does not average away."""
+    exact = (x @ weight).mean(axis=0)
+    approx = I8.int8_product(x, weight, codes, split).mean(axis=0)
+    return float(np.linalg.norm(approx - exact) / max(np.linalg.norm(exact), 1e-12))
 
 
 def graph_section(
@@ -211,19 +246,22 @@ def graph_section(
             nodes_to_exclude=sorted(per_call_float32),
             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-        I8.quantize_graph(source, per_row, batches[::3], threads=2, split_outliers=False)
-        outliers = Path(tmp) / "per_row_outliers.onnx"  # the backend's recipe
-        I8.quantize_graph(source, outliers, batches[::3], threads=2)
+        I8.quantize_graph(source, per_row, batches[::3], threads=2, split_outliers=False, compensated=False)
+        outliers = Path(tmp) / "per_row_outliers.onnx"
+        I8.quantize_graph(source, outliers, batches[::3], threads=2, compensated=False)
+        compensated = Path(tmp) / "compensated.onnx"  # the backend's recipe
+        I8.quantize_graph(source, compensated, batches[::3], threads=2)
         graphs = [
             ("float32", source),
             ("(a) int8 per call", per_call),
             ("(b) int8 per row", per_row),
             ("(c) per row, outlier channels float32", outliers),
+            ("(d) (c) with compensated weight rounding", compensated),
         ]
         if eight_bit:
             full_weights = Path(tmp) / "per_row_8bit.onnx"  # what the 7-bit choice is measured against
             I8.quantize_graph(source, full_weights, batches[::3], threads=2, weight_levels=127)
-            graphs.append(("(c) with 8-bit weights", full_weights))
+            graphs.append(("(d) with 8-bit weights", full_weights))
         sessions = {
             name: ort.InferenceSession(str(path), I8.session_options(2), providers=["CPUExecutionProvider"])
             for name, path in graphs

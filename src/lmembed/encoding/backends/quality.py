@@ -9,7 +9,14 @@ Measured on calibration texts held out from the int8 measurement (the user's own
 
 The gate passes when the minimum cosine is at least :data:`MIN_COSINE` and the neighbour nDCG@10 at least
 :data:`MIN_NEIGHBOUR_NDCG`; otherwise a warning says which number fell short and by how much. Retrieval
-nDCG@10 against human judgements needs judged data: ``bench/encode_throughput.py`` measures it on BEIR sets.
+nDCG@10 against human judgements needs judged data: ``bench/int8_retrieval.py`` and ``bench/main_job_time.py``
+measure it on BEIR sets.
+
+The neighbour threshold comes from those measurements. A decoder's vectors crowd into a narrow cone, so a mean
+cosine of 0.9988 to float32 still reordered neighbours: ``smollm2-135m``'s last-layer strategies with weights
+rounded to the nearest level scored 0.979 and 0.982 here and lost 1.3 and 0.5 nDCG@10 points on SciFact[500
+docs]; every strategy that stayed within 0.35 points (``minilm``, the middle layers, and the last layers with
+compensated rounding) scored 0.9878 or more. The cosine threshold alone passed them all.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 MIN_COSINE = 0.99
-MIN_NEIGHBOUR_NDCG = 0.95
+MIN_NEIGHBOUR_NDCG = 0.985
 NEIGHBOURS = 10
 
 
