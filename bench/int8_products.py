@@ -82,11 +82,17 @@ def main() -> None:
         for chunk in plan_batches([len(f) for f in features], 32)
     ]
     products = I8.weight_products(model)
+    backend_rows = I8.ERROR_SAMPLE_ROWS
+    I8.ERROR_SAMPLE_ROWS = 2 * backend_rows  # each half (fit, check) as many rows as the backend fits on
     absmax, samples = I8.activation_stats(model, batches, products, threads=2)
+    I8.ERROR_SAMPLE_ROWS = backend_rows
     weights = I8.product_weights(model, products)
     splits, _ = I8.choose_splits(products, weights, absmax, samples)
     half = {name: len(x) // 2 for name, x in samples.items()}
     fitted = I8.compensate(products, weights, {n: x[: half[n]] for n, x in samples.items()}, splits)
+    missing = sorted({p.node.name for p in products} - set(fitted))
+    if missing:
+        parser.error(f"too few calibration tokens to fit compensated rounding for {missing[0]}: raise --n")
     rows = []
     for product in products:
         w, x = weights[product.weight], samples[product.activation]

@@ -287,3 +287,21 @@ def test_compensated_codes_run_in_the_graph_exactly_as_modelled():
     error = np.linalg.norm(got - exact) / np.linalg.norm(exact)
     assert error == pytest.approx(int8_error(rows, w, codes=codes), rel=0.02)
     assert error != pytest.approx(int8_error(rows, w), rel=1e-4)  # the codes were used, not nearest rounding
+
+
+def test_compensation_needs_more_rows_than_channels():
+    """Fitted on fewer token rows than the input has channels, compensated rounding would follow the sample rather
+    than the inputs: such an input keeps rounding to the nearest level."""
+    from types import SimpleNamespace
+
+    from lmembed.encoding.backends.int8 import Product, compensate
+
+    rng = np.random.default_rng(2)
+    weights = {"w1": rng.normal(size=(32, 8)).astype(np.float32), "w2": rng.normal(size=(32, 8)).astype(np.float32)}
+    products = [
+        Product(SimpleNamespace(name="many"), "w1", "x_many"),
+        Product(SimpleNamespace(name="few"), "w2", "x_few"),
+    ]
+    samples = {"x_many": _correlated_rows(rng, 64, 32), "x_few": _correlated_rows(rng, 31, 32)}
+    codes = compensate(products, weights, samples, splits={})
+    assert set(codes) == {"many"}
