@@ -304,6 +304,14 @@ def compensated_weights(weights: Sequence[np.ndarray], rows: np.ndarray, levels:
     return [(c, s) for c, s in zip(np.split(codes, widths, axis=1), np.split(step, widths), strict=True)]
 
 
+def by_input(products: Sequence[Product]) -> dict[str, list[Product]]:
+    """``products`` grouped by the activation they read (activation name -> its readers, in graph order)."""
+    readers: dict[str, list[Product]] = {}
+    for product in products:
+        readers.setdefault(product.activation, []).append(product)
+    return readers
+
+
 def choose_splits(
     products: Sequence[Product],
     weights: dict[str, np.ndarray],
@@ -316,9 +324,7 @@ def choose_splits(
     out of the int8 product lowers the worst error of the products that read the input (activation name ->
     channel indices); and every product's int8 error under that choice (node name -> relative RMS error).
     ``split_outliers=False`` splits nothing (for measuring the choice, ``bench/int8_products.py``)."""
-    readers: dict[str, list[Product]] = {}
-    for product in products:
-        readers.setdefault(product.activation, []).append(product)
+    readers = by_input(products)
     splits: dict[str, np.ndarray] = {}
     errors: dict[str, float] = {}
     for name, group in readers.items():
@@ -346,9 +352,7 @@ def compensate(
     the input's outlier channels (``splits``) left out of both (node name -> codes); none for an input whose
     sample has fewer rows than it has channels (calibration on a handful of short texts), which keeps rounding
     to the nearest level."""
-    readers: dict[str, list[Product]] = {}
-    for product in products:
-        readers.setdefault(product.activation, []).append(product)
+    readers = by_input(products)
     out: dict[str, Codes] = {}
     for name, group in readers.items():
         if len(samples[name]) < samples[name].shape[1]:
