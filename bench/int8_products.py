@@ -16,10 +16,9 @@ second half (other texts: the rows come in length-sorted batches).
 
 With ``--graphs`` it then builds them as whole graphs: (a) with ``onnxruntime.quantization.quantize_dynamic``
 (the products whose (a) error exceeds ``MAX_NODE_ERROR`` kept float32, as the backend did), (b) and (c) with
-the backend's own :func:`~lmembed.encoding.backends.int8.quantize_graph`, (d) likewise, and with ``--eight-bit`` (d)
-again with
-8-bit weights (without VNNI, ONNX Runtime's uint8 x int8 kernel sums pairs of products in 16 bits, which
-full-range weights can saturate). Each runs over the texts interleaved with the float32 graph (the baseline, best
+the backend's own :func:`~lmembed.encoding.backends.int8.quantize_graph`, (d) likewise, and with ``--eight-bit``
+(d) again with 8-bit weights (without VNNI, ONNX Runtime's uint8 x int8 kernel sums pairs of products in 16 bits,
+which full-range weights can saturate). Each runs over the texts interleaved with the float32 graph (the baseline, best
 of ``--repeats``): speed relative to float32, cosine of mean-pooled vectors to float32, and the largest change of
 a text's vector when the texts are re-batched (reverse order, other batch sizes).
 
@@ -82,10 +81,8 @@ def main() -> None:
         for chunk in plan_batches([len(f) for f in features], 32)
     ]
     products = I8.weight_products(model)
-    backend_rows = I8.ERROR_SAMPLE_ROWS
-    I8.ERROR_SAMPLE_ROWS = 2 * backend_rows  # each half (fit, check) as many rows as the backend fits on
-    absmax, samples = I8.activation_stats(model, batches, products, threads=2)
-    I8.ERROR_SAMPLE_ROWS = backend_rows
+    # twice the backend's sample: each half (fit, check) has as many rows as the backend fits on
+    absmax, samples = I8.activation_stats(model, batches, products, threads=2, sample_rows=2 * I8.ERROR_SAMPLE_ROWS)
     weights = I8.product_weights(model, products)
     splits, _ = I8.choose_splits(products, weights, absmax, samples)
     half = {name: len(x) // 2 for name, x in samples.items()}
@@ -99,7 +96,7 @@ def main() -> None:
         per_tensor, per_row = I8.int8_error(x, w, per_row=False), I8.int8_error(x, w)
         split = splits.get(product.activation)
         held_out = x[half[product.activation] :]
-        nearest = I8.round_weights(_inliers(w, split))
+        nearest = I8.round_weights(I8.inlier_weight(w, split))
         rows.append(
             {
                 "node": product.node.name,
@@ -178,15 +175,6 @@ def main() -> None:
         ]
     (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _inliers(weight: np.ndarray, split: np.ndarray | None) -> np.ndarray:
-    """``weight`` with the rows of the outlier channels ``split`` zeroed (they are multiplied in float32)."""
-    if split is None:
-        return weight
-    out = weight.copy()
-    out[split] = 0
-    return out
 
 
 def pooled_error(x: np.ndarray, weight: np.ndarray, split: np.ndarray | None, codes: I8.Codes) -> float:

@@ -122,7 +122,11 @@ def product_weights(model: Any, products: Sequence[Product]) -> dict[str, np.nda
 
 
 def activation_stats(
-    model: Any, batches: Iterable[tuple[np.ndarray, np.ndarray]], products: Sequence[Product], threads: int
+    model: Any,
+    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    products: Sequence[Product],
+    threads: int,
+    sample_rows: int = ERROR_SAMPLE_ROWS,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Per input channel ``max|X|`` of every product's activation over the real (unpadded) tokens of
     ``batches``, and a sample of activation rows for the error measurement."""
@@ -143,12 +147,12 @@ def activation_stats(
     rng = np.random.default_rng(0)
     runs = list(_small(batches))
     # rows kept per run: a sixteenth of the sample, or more where the calibration texts have fewer tokens, so that
-    # short texts still give about ERROR_SAMPLE_ROWS rows (the compensated rounding is fitted on them)
-    share = ERROR_SAMPLE_ROWS / max(1, sum(int(mask.sum()) for _, mask in runs))
+    # short texts still give about ``sample_rows`` rows (the compensated rounding is fitted on them)
+    share = sample_rows / max(1, sum(int(mask.sum()) for _, mask in runs))
     for ids, mask in runs:
         outputs = session.run(names, {"input_ids": ids, "attention_mask": mask})
         real = mask.reshape(-1).astype(bool)
-        size = min(int(real.sum()), max(ERROR_SAMPLE_ROWS // 16, int(np.ceil(share * real.sum()))))
+        size = min(int(real.sum()), max(sample_rows // 16, int(np.ceil(share * real.sum()))))
         for name, value in zip(names, outputs, strict=True):
             rows = value.reshape(-1, value.shape[-1])[real]
             peak = np.abs(rows).max(axis=0)
@@ -156,7 +160,7 @@ def activation_stats(
             take = rng.choice(len(rows), size=size, replace=False)
             samples[name].append(rows[take])
         del outputs
-    return absmax, {n: np.concatenate(s)[:ERROR_SAMPLE_ROWS] for n, s in samples.items()}
+    return absmax, {n: np.concatenate(s)[:sample_rows] for n, s in samples.items()}
 
 
 def within_budget(
@@ -232,6 +236,15 @@ def int8_product(x: np.ndarray, weight: np.ndarray, codes: Codes, split: np.ndar
     if split is not None:
         keep[split] = False
     return _quantise_rows(np.where(keep, x, 0)) @ (codes[0] * codes[1]) + x[:, ~keep] @ weight[~keep]
+
+
+def inlier_weight(weight: np.ndarray, split: np.ndarray | None) -> np.ndarray:
+    """``weight`` with the rows of the outlier channels ``split`` zeroed (those are multiplied in float32)."""
+    if split is None:
+        return weight
+    out = weight.copy()
+    out[split] = 0
+    return out
 
 
 def _quantise_rows(x: np.ndarray) -> np.ndarray:
@@ -359,7 +372,7 @@ def compensate(
             continue  # fewer rows than channels: the fit would follow the sample, not the inputs (nearest rounding)
         keep = np.ones(samples[name].shape[1], dtype=bool)
         keep[splits.get(name, [])] = False
-        inliers = [weights[p.weight] * keep[:, None] for p in group]
+        inliers = [inlier_weight(weights[p.weight], splits.get(name)) for p in group]
         rounded = compensated_weights(inliers, np.where(keep, samples[name], 0), weight_levels)
         out.update({p.node.name: codes for p, codes in zip(group, rounded, strict=True)})
     return out
@@ -500,11 +513,7 @@ class _Rewriter:
         p, w = self.quantised[x], f"i8w_{name}"
         split = self.splits.get(x)
         if codes is None:
-            inlier_weight = weight
-            if split is not None:
-                inlier_weight = weight.copy()
-                inlier_weight[split] = 0
-            codes = round_weights(inlier_weight, self.levels)
+            codes = round_weights(inlier_weight(weight, split), self.levels)
         self.initializers += [self.tensor(codes[0], w + "_q"), self.tensor(codes[1], w + "_step")]
         shape = f"{p}out{weight.shape[1]}"
         if (p, weight.shape[1]) not in self.shapes:
@@ -588,7 +597,7 @@ def per_row_int8(
                 unsupported.add(node.name)
         elif node.name in chosen:
             new = rewriter.product(
-                node.input[0], weights[node.input[1]], node.output[0], node.name, rewriter.codes.get(node.name)
+                node.input[0], weights[node.input[1]], node.output[0], node.name, (codes or {}).get(node.name)
             )
         if new is None:
             nodes.append(node)
