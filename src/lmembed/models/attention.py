@@ -25,7 +25,7 @@ from torch import nn
 from lmembed.errors import LmembedError
 from lmembed.models.families import CAUSAL_TOLERANCE, PROBE_LENGTH, first_token_change
 
-# model_type values whose bidirectional path is tested (tests/test_attention.py).
+# model_type values whose bidirectional path is tested (tests/models/test_attention.py).
 BIDIRECTIONAL_FAMILIES: dict[str, str] = {
     "llama": "Llama / SmolLM",
     "mistral": "Mistral",

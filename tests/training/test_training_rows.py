@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from conftest import shared_or_skip
+from helpers import write_jsonl
 from lmembed.training.rows import (
     DataSource,
     MixtureSampler,
@@ -22,11 +22,6 @@ from lmembed.training.rows import (
     read_jsonl_examples,
 )
 from lmembed.training.train_config import TrainConfig, TrainConfigError
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
 
 
 def make_beir(folder: Path) -> Path:

@@ -42,7 +42,7 @@ from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import Trainer
 from test_trainer import ROWS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs" / "accelerate"
 GLOBAL_BATCH = 8
 

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, WORDS, bundled_or_skip, shared_or_skip, tiny_model
+from helpers import write_jsonl
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli import app
 from lmembed.index import (
@@ -37,11 +38,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def random_texts(n: int, seed: int, lo: int = 3, hi: int = 14) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=rng.integers(lo, hi))) for _ in range(n)]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ HANG_AT_BATCH = 6  # the child finishes 5 batches (20 texts), then hangs in the 
 
 CHILD = """
 import sys, time
-sys.path.insert(0, sys.argv[2])
+sys.path[:0] = [sys.argv[2], str(__import__('pathlib').Path(sys.argv[2]).parent)]  # this folder, then tests/ (conftest)
 from conftest import build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from test_encode_resume import BATCH, HANG_AT_BATCH, TEXTS

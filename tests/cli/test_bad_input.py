@@ -24,7 +24,7 @@ def workspace(tmp_path_factory):
     """A saved tiny model, a tiny BEIR folder, and input files of every broken kind."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, where conftest lives
     from conftest import build_tokenizer, tiny_model
     from lmembed import Embedder, EmbeddingConfig
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO, tiny_model
+from helpers import write_jsonl
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.training.dev_eval import subsample_retrieval
 from lmembed.training.distributed import setup_distributed
@@ -22,7 +23,7 @@ from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 from lmembed.training.trainable import LoraSettings, TrainableEmbedder, trim_padding
 from lmembed.training.trainer import Trainer
-from test_training_rows import make_beir, write_jsonl
+from test_training_rows import make_beir
 
 ROWS = [
     ("the cat sat on the mat", "a cat sat on a rug", "the dog was bad"),

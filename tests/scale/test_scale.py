@@ -125,7 +125,7 @@ def test_workers_load_a_saved_model_with_lora_adapter_and_latent_head(cluster, t
 # ---------------------------------------------------------------------------------------------- resume
 CHILD = """
 import functools, sys, time
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1], str(__import__('pathlib').Path(sys.argv[1]).parent)]  # this folder, then tests/ (conftest)
 from test_scale_local import cached, uncached
 from lmembed.scale import encode_corpus, make_engine
 from lmembed.scale.work import Snapshot

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from helpers import write_jsonl
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.models.attention import first_token_sensitivity
 from lmembed.training.gradcache import GradCache
@@ -24,7 +25,6 @@ from lmembed.training.trainer import Trainer
 from test_gradcache import CHUNK, _features, _grads, _model, _reference_step, _retrieval_loss
 from test_gradcache import _embedder as embed_fn
 from test_trainer import ROWS, make_config
-from test_training_rows import write_jsonl
 
 pytestmark = [
     pytest.mark.gpu,
