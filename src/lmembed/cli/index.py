@@ -1,7 +1,8 @@
-"""``lmembed index build|add|info`` and ``lmembed search``: persistent FAISS indexes over an Embedder's vectors.
+"""``lmembed index build|add|info|verify|restore`` and ``lmembed search``: persistent FAISS indexes of vectors.
 
     lmembed index build ../shared/datasets/beir/scifact -o scifact.index --model minilm --kind hnsw
     lmembed index info scifact.index
+    lmembed index verify scifact.index          # each data file against its sha256 in the manifest
     lmembed search scifact.index "what causes cancer?" -k 5
     lmembed search scifact.index --queries ../shared/datasets/beir/scifact -o run.jsonl   # + run.trec
 
@@ -238,9 +239,34 @@ def info(
     Console().print(table)
 
 
+def verify(index_dir: IndexDirArg) -> None:
+    """Check every data file of an index against the sha256 its manifest recorded, and that each reads back.
+
+    Exit 0 when it is whole; exit 2 naming the damaged file and what to do (rebuild, or `lmembed index restore`)."""
+    from lmembed.index import Index  # lazy: FAISS loads only when a command runs
+
+    manifest = Index.verify(index_dir)
+    checked = "no checksums recorded (written before lmembed kept them)" if manifest.checksums is None else "sha256 ok"
+    console.print(
+        f"{index_dir}: generation {manifest.generation}, {manifest.count} documents, "
+        f"{len(manifest.files)} data files, {checked}; every file reads back",
+        markup=False,
+    )
+
+
+def restore(index_dir: IndexDirArg) -> None:
+    """Go back to the previous generation kept by the last `index add` (documents added since are dropped)."""
+    from lmembed.index import Index  # lazy: FAISS loads only when a command runs
+
+    manifest = Index.restore_previous(index_dir)
+    console.print(f"{index_dir}: restored generation {manifest.generation} ({manifest.count} documents)", markup=False)
+
+
 app.command("build")(build)
 app.command("add")(add)
 app.command("info")(info)
+app.command("verify")(verify)
+app.command("restore")(restore)
 
 
 # ---------------------------------------------------------------------------------------------- search

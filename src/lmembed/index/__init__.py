@@ -8,13 +8,14 @@ module          holds
 ``kinds``       the FAISS index kinds (``flat``, ``hnsw``, ``ivf-pq``, ``binary``) and their parameters
 ``store``       the documents of an index: ids, texts and metadata, row-aligned with the vectors
 ``manifest``    the manifest: strategy, weights fingerprint, build parameters; the mismatch check
+``integrity``   each data file's sha256, verified on open; the previous generation kept for a restore
 ``corpus``      reading documents and queries (BEIR folder, JSON lines, text file)
 ``errors``      the index's error classes
 =============== =====================================================================
 """
 
 from lmembed.index.corpus import Document, load_corpus, load_queries
-from lmembed.index.errors import DuplicateIdError, IndexFormatError, IndexMismatchError
+from lmembed.index.errors import DuplicateIdError, IndexFormatError, IndexIntegrityError, IndexMismatchError
 from lmembed.index.index import Hit, Index
 from lmembed.index.kinds import KINDS, IndexParams
 
@@ -25,6 +26,7 @@ __all__ = [
     "Hit",
     "Index",
     "IndexFormatError",
+    "IndexIntegrityError",
     "IndexMismatchError",
     "IndexParams",
     "load_corpus",

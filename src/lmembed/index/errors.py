@@ -15,3 +15,7 @@ class IndexMismatchError(LmembedError, ValueError):
 
 class DuplicateIdError(LmembedError, ValueError):
     """A document id given twice, or one that the index already holds."""
+
+
+class IndexIntegrityError(IndexFormatError):
+    """An index data file whose sha256 differs from the one its manifest recorded (damaged or changed)."""

@@ -19,6 +19,7 @@ Index read it.
 from __future__ import annotations
 
 import fcntl
+import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmembed.index import kinds
+from lmembed.atomic import atomic_write_text
+from lmembed.index import integrity, kinds
 from lmembed.index.corpus import Document, load_corpus
-from lmembed.index.errors import IndexFormatError
+from lmembed.index.errors import IndexFormatError, IndexIntegrityError
 from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
@@ -197,22 +199,25 @@ class Index:
         ef_search: int | None = None,
         nprobe: int | None = None,
         rescore_multiplier: int | None = None,
+        verify: bool = True,
     ) -> Index:
         """Reopen a saved index. An ``embedder`` is checked against the manifest (a mismatch is an
         :class:`IndexMismatchError`); without one, :meth:`load_embedder` loads the index's own. The
-        query-time parameters may be changed here."""
+        query-time parameters may be changed here. ``verify`` checks each data file's sha256 against the
+        manifest first (an :class:`~lmembed.index.errors.IndexIntegrityError` names a damaged one)."""
         path = Path(path)
         manifest = Manifest.read(path)
         manifest.params = manifest.params.with_search(
             ef_search=ef_search, nprobe=nprobe, rescore_multiplier=rescore_multiplier
         )
-        missing = [name for name in manifest.files.values() if not (path / name).is_file()]
-        if missing:
-            raise IndexFormatError(f"{path}: data file(s) missing: {', '.join(missing)}")
+        if verify:
+            integrity.verify(path, manifest)
         try:
             vectors = kinds.load(path, manifest.files, manifest.params, manifest.dim)
+        except IndexFormatError as exc:
+            raise IndexFormatError(f"{exc}; {integrity.remedy(path)}") from exc
         except (RuntimeError, ValueError, OSError) as exc:
-            raise IndexFormatError(f"{path}: cannot read the vectors ({exc})") from exc
+            raise IndexFormatError(f"{path}: cannot read the vectors ({exc}); {integrity.remedy(path)}") from exc
         store = DocumentStore.load(path / manifest.files["documents"])
         if len(store) != manifest.count or vectors.ntotal != manifest.count:
             raise IndexFormatError(
@@ -332,15 +337,54 @@ class Index:
             generation = (on_disk.generation if on_disk else 0) + 1
             stem = f"g{generation:06d}"
             files = {**self.vectors.save(folder, stem), **self.store.save(folder, stem)}
-            manifest = Manifest(**{**self.manifest.__dict__, "generation": generation, "files": files})
+            sums = integrity.checksums(folder, list(files.values()))
+            manifest = Manifest(
+                **{**self.manifest.__dict__, "generation": generation, "files": files, "checksums": sums}
+            )
+            if on_disk is not None:
+                integrity.keep_previous(folder, folder / MANIFEST_FILE)
             manifest.write(folder)
+            kept = set(files.values()) | (set(on_disk.files.values()) if on_disk is not None else set())
             for stale in folder.iterdir():
-                if (GENERATION_FILE.match(stale.name) and stale.name not in files.values()) or stale.name.startswith(
-                    ".tmp-"
-                ):
+                if (GENERATION_FILE.match(stale.name) and stale.name not in kept) or stale.name.startswith(".tmp-"):
                     stale.unlink(missing_ok=True)
         self.manifest = manifest
         self.path = folder
+
+    # ------------------------------------------------------------------ integrity
+    @staticmethod
+    def verify(path: str | Path) -> Manifest:
+        """Check every data file of the index at ``path`` against its manifest's sha256, then read them all
+        back; returns the manifest, or raises an :class:`IndexFormatError` naming the file and what to do."""
+        path = Path(path)
+        manifest = Manifest.read(path)
+        integrity.verify(path, manifest)
+        Index.open(path, verify=False)  # the files hash right; they must also read back whole
+        return manifest
+
+    @staticmethod
+    def restore_previous(path: str | Path) -> Manifest:
+        """Make the previous generation (kept by the last save) current again; the newer one's additions are
+        dropped. Its files are verified first; returns its manifest."""
+        path = Path(path)
+        previous_file = path / integrity.PREVIOUS_MANIFEST
+        if not previous_file.is_file():
+            raise IndexFormatError(f"{path}: no previous generation is kept ({previous_file} is missing)")
+        with _locked(path):
+            data = previous_file.read_text(encoding="utf-8")
+            try:
+                previous = Manifest.from_dict(json.loads(data), str(previous_file))
+            except json.JSONDecodeError as exc:
+                raise IndexFormatError(f"{previous_file}: damaged manifest ({exc})") from exc
+            damaged = integrity.check_files(path, previous)
+            if damaged:
+                raise IndexIntegrityError(
+                    f"{', '.join(str(path / n) for n in damaged)}: the previous generation is damaged too; rebuild "
+                    f"the index (`lmembed index build ... -o {path} --overwrite`)"
+                )
+            atomic_write_text(path / MANIFEST_FILE, data)
+            previous_file.unlink()
+        return previous
 
     # ------------------------------------------------------------------ search
     def _require_embedder(self) -> Embedder:

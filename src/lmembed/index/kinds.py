@@ -33,6 +33,7 @@ import faiss
 import numpy as np
 
 from lmembed.errors import ConfigError
+from lmembed.index.errors import IndexFormatError
 
 KINDS = ("flat", "hnsw", "ivf-pq", "binary")
 RESCORE_MODES = ("float", "int8", "none")
@@ -164,6 +165,28 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _faiss_reason(exc: BaseException) -> str:
+    """FAISS's own reason, without the C++ function signature and source location it starts with."""
+    text = str(exc).strip()
+    return text.rsplit("Error: ", 1)[-1].strip() or type(exc).__name__
+
+
+def read_faiss(path: Path, *, binary: bool = False) -> Any:
+    """``faiss.read_index`` (or ``read_index_binary``), its errors turned into one that names the file."""
+    try:
+        return faiss.read_index_binary(str(path)) if binary else faiss.read_index(str(path))
+    except RuntimeError as exc:
+        raise IndexFormatError(f"{path}: not a readable FAISS index ({_faiss_reason(exc)})") from exc
+
+
+def read_array(path: Path, *, mmap: bool = False) -> np.ndarray:
+    """``np.load`` of an ``.npy`` file (no pickles), its errors turned into one that names the file."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise IndexFormatError(f"{path}: not a readable NumPy array file ({exc})") from exc
+
+
 def _save_array(path: Path, array: np.ndarray) -> None:
     with path.open("wb") as handle:
         np.save(handle, np.ascontiguousarray(array))
@@ -280,7 +303,7 @@ class FaissIndex(VectorIndex):
     def load(cls, folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> FaissIndex:
         if "vectors" not in files:
             return cls(params, dim)
-        index = faiss.read_index(str(folder / files["vectors"]))
+        index = read_faiss(folder / files["vectors"])
         if index.d != dim:
             raise ValueError(f"{folder / files['vectors']}: holds {index.d}-dimensional vectors, expected {dim}")
         return cls(params, dim, index)
@@ -368,9 +391,9 @@ class BinaryIndex(VectorIndex):
 
     @classmethod
     def load(cls, folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> BinaryIndex:
-        codes = faiss.read_index_binary(str(folder / files["codes"]))
-        rescore = np.load(folder / files["rescore"], mmap_mode="r") if "rescore" in files else None
-        ranges = np.load(folder / files["ranges"]) if "ranges" in files else None
+        codes = read_faiss(folder / files["codes"], binary=True)
+        rescore = read_array(folder / files["rescore"], mmap=True) if "rescore" in files else None
+        ranges = read_array(folder / files["ranges"]) if "ranges" in files else None
         if rescore is not None and len(rescore) != codes.ntotal:
             raise ValueError(f"{folder / files['rescore']}: {len(rescore)} rows for {codes.ntotal} codes")
         return cls(params, dim, codes, rescore, ranges)

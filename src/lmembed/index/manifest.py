@@ -3,9 +3,11 @@
 ``manifest.json`` records the Embedder the vectors came from (where to reload it, the fingerprint of its
 weights, its dtype), its extraction strategy (``EmbeddingConfig.to_dict()``), the index kind and the
 build parameters actually used, the dimension and the count, and the names of the data files of the
-current *generation*. It is the folder's commit point: data files are written first under new
-generation names, then the manifest is replaced atomically, then the previous generation's files are
-removed. A crash at any moment leaves the folder at the old generation or the new one, never between.
+current *generation* with the sha256 of each (checked on open, see :mod:`lmembed.index.integrity`). It is
+the folder's commit point: data files are written first under new generation names, then the manifest is
+replaced atomically (the one it replaces is kept as ``manifest.previous.json``), then the files of
+generations older than the previous one are removed. A crash at any moment leaves the folder at the old
+generation or the new one, never between.
 
 :func:`check_embedder` compares an Embedder with the manifest (weights fingerprint and the whole
 strategy) and refuses a mismatch with an :class:`IndexMismatchError` that names what differs.
@@ -106,6 +108,7 @@ class Manifest:
     strategy: dict[str, Any]
     generation: int = 0
     files: dict[str, str] = field(default_factory=dict)
+    checksums: dict[str, str] | None = None  # {file name: sha256}; None in an index written before they existed
     created: str = ""
     updated: str = ""
     similarity: str = SIMILARITY
@@ -129,6 +132,7 @@ class Manifest:
             "strategy_label": self.config.label(),
             "generation": self.generation,
             "files": dict(self.files),
+            **({"checksums": dict(self.checksums)} if self.checksums is not None else {}),
             "created": self.created,
             "updated": self.updated,
             "lmembed_version": self.lmembed_version,
@@ -147,6 +151,7 @@ class Manifest:
                 strategy=_plain(data["strategy"]),
                 generation=int(data["generation"]),
                 files=dict(data["files"]),
+                checksums=dict(data["checksums"]) if data.get("checksums") is not None else None,
                 created=str(data.get("created", "")),
                 updated=str(data.get("updated", "")),
                 similarity=str(data.get("similarity", SIMILARITY)),
