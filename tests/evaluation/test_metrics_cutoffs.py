@@ -16,6 +16,7 @@ from lmembed.evaluation.metrics import (
     NAUC_METRICS,
     abstention_curve,
     confidence_scores,
+    cutoff_auc,
     evaluate_run,
     nauc_scores,
     normalised_auc,
@@ -46,6 +47,8 @@ def test_twenty_cutoffs_include_mtebs_and_the_papers():
 def test_existing_keys_and_values_are_unchanged():
     qrels, run = _random_run(3)
     before = evaluate_run(qrels, run, MTEB_K_VALUES, nauc=False).scores  # what a result held before
+    # the cut-off curve areas are newer than those keys, and an area depends on the cut-offs it is drawn over
+    before = {k: v for k, v in before.items() if not k.startswith("cutoff_auc_")}
     now = evaluate_run(qrels, run).scores
     assert set(before) < set(now)
     assert {k: now[k] for k in before} == before
@@ -127,3 +130,44 @@ def test_identical_ids_are_dropped_before_confidences():
     plain = evaluate_run(qrels, run, (1,), ignore_identical_ids=True)
     expected = nauc_scores({"q": {"a": 0.5, "c": 0.1}, "r": {"b": 0.9, "c": 0.8}}, plain.per_query, (1, 10))
     assert {k: v for k, v in plain.scores.items() if k.startswith("nauc_")} == pytest.approx(expected, nan_ok=True)
+
+
+def test_cutoff_auc_of_a_hand_made_run():
+    """One relevant document at rank 3: hit rate is 0 below k = 3 and 1 from there on, nDCG 0 then 1/log2(4);
+    the areas against log k are worked out by hand."""
+    ks = list(K_VALUES)
+    s = evaluate_run({"q": {"a": 1}}, {"q": {"b": 0.9, "c": 0.8, "a": 0.7, "d": 0.1}}, ks).scores
+    span = math.log(1000)
+    expected_hit = (0.5 * (math.log(3) - math.log(2)) + (math.log(1000) - math.log(3))) / span
+    assert s["cutoff_auc_hit_rate"] == pytest.approx(expected_hit, abs=1e-5)
+    assert s["cutoff_auc_ndcg"] == pytest.approx(0.5 * expected_hit, abs=1e-5)
+    assert s["cutoff_auc_mrr"] == pytest.approx(expected_hit / 3, abs=1e-12)
+    assert cutoff_auc([1.0] * len(ks), ks) == pytest.approx(1.0)
+    assert cutoff_auc([0.0] * len(ks), ks) == 0.0
+
+
+def test_cutoff_auc_is_the_mean_of_the_per_query_areas_and_needs_two_cutoffs():
+    qrels, run = _random_run(3)
+    result = evaluate_run(qrels, run, round_digits=None)
+    per_query = [row["cutoff_auc_ndcg"] for row in result.per_query.values()]
+    assert result.scores["cutoff_auc_ndcg"] == pytest.approx(sum(per_query) / len(per_query), abs=1e-12)
+    assert 0.0 < result.scores["cutoff_auc_ndcg"] < 1.0
+    assert "cutoff_auc_ndcg" not in evaluate_run(qrels, run, [10]).scores  # one cut-off: no curve
+    with pytest.raises(ValueError, match="two cut-offs"):
+        cutoff_auc([0.5], [10])
+
+
+def test_report_draws_the_cutoff_curves(tmp_path):
+    from lmembed.evaluation.base import TaskResult
+    from lmembed.evaluation.cutoff_curves import cutoff_curves
+    from lmembed.evaluation.report import render_report
+    from lmembed.evaluation.results import write_result
+
+    qrels, run = _random_run(4)
+    scores = evaluate_run(qrels, run).scores
+    result = TaskResult("Toy", "Retrieval", "test", scores, "ndcg_at_10", model_name="m", strategy={"pooling": "mean"})
+    write_result(result, tmp_path / "results")
+    report = render_report(tmp_path / "results", tmp_path / "out")
+    assert report.files["cutoffs"].stat().st_size > 0
+    (curve,) = cutoff_curves([result])["Toy"].values()
+    assert curve[0] == sorted(K_VALUES) and curve[1] == [scores[f"ndcg_at_{k}"] for k in sorted(K_VALUES)]

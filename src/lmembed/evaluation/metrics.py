@@ -31,6 +31,18 @@ recall, precision and MRR at every cut-off (:func:`nauc_scores`); a group of que
 confidence counts with its mean metric, so the value does not depend on the order of the queries
 (mteb's current rule). Not rounded, as in MTEB; ``NaN`` where every query has the same metric value.
 
+Two different "AUC"s, never to be confused:
+
+* ``nauc_<metric>_at_<k>_<confidence>`` (MTEB's, above): the area under an *abstention* curve, one per
+  cut-off, which measures whether the retriever's own scores know which queries it gets right;
+* ``cutoff_auc_<metric>`` (the decoder-vs-encoder paper's): the area under the *metric@k curve* over the
+  cut-offs themselves (:func:`cutoff_auc`), one number per metric that summarises how the metric grows
+  from k = 1 to the retrieval depth. The curve is drawn against log k (the cut-offs are spaced roughly
+  logarithmically, so every decade of k weighs the same) and the area is divided by the width of that
+  log range, so it lies in [0, 1]: 1 means the metric is 1 at every cut-off. It is computed per query and
+  averaged like the other metrics, and it is only present where there are at least two cut-offs.
+  ``lmembed report`` draws the curves (``cutoffs.png``).
+
 ``main_score`` is ``ndcg_at_10``.
 """
 
@@ -50,6 +62,8 @@ K_VALUES: tuple[int, ...] = (1, 2, 3, 5, 7, 10, 15, 20, 25, 30, 40, 50, 70, 100,
 NAUC_METRICS: tuple[str, ...] = ("ndcg", "map", "recall", "precision", "mrr")
 #: The confidence functions of the abstention curves.
 CONFIDENCES: tuple[str, ...] = ("max", "std", "diff1")
+#: The metrics that get a metric@k curve and its area (:func:`cutoff_auc`).
+CURVE_METRICS: tuple[str, ...] = ("ndcg", "map", "recall", "precision", "mrr", "hit_rate")
 #: Abstention rates at which the curve is sampled: MTEB's ``numpy.linspace(0, 1, 11)[:-1]``, bit for bit
 #: (``0.30000000000000004`` rather than ``0.3`` decides how a count such as 4.5 rounds).
 ABSTENTION_RATES: tuple[float, ...] = tuple(float(x) for x in np.linspace(0.0, 1.0, 11)[:-1])
@@ -146,13 +160,34 @@ def per_query_scores(qrels: QrelsLike, run: Run, k_values: Sequence[int] = K_VAL
         row = {_mteb_key(key): float(v) for key, v in values.items()}
         mrr = mrr_at_k(run[query_id], qrels[query_id], k_values)
         row.update({f"mrr_at_{k}": v for k, v in mrr.items()})
+        row.update(cutoff_aucs(row, k_values))
         out[query_id] = row
     return out
 
 
+def cutoff_auc(values: Sequence[float], k_values: Sequence[int]) -> float:
+    """Normalised area under the curve ``metric@k`` against ``log k`` (see the module docstring): the
+    trapezoid area divided by ``log(max k / min k)``, so a metric of 1 at every cut-off gives 1."""
+    if len(k_values) < 2:
+        raise ValueError("a metric@k curve needs at least two cut-offs")
+    x = np.log(np.asarray(k_values, dtype=np.float64))
+    return _trapezoid(np.asarray(values, dtype=np.float64), x) / float(x[-1] - x[0])
+
+
+def cutoff_aucs(row: Mapping[str, float], k_values: Sequence[int]) -> dict[str, float]:
+    """``cutoff_auc_<metric>`` for every curve metric of one query's (or an average's) row; empty with fewer
+    than two cut-offs."""
+    ks = sorted(set(k_values))
+    if len(ks) < 2:
+        return {}
+    return {f"cutoff_auc_{m}": cutoff_auc([row[f"{m}_at_{k}"] for k in ks], ks) for m in CURVE_METRICS}
+
+
 def _ordered_keys(k_values: Sequence[int]) -> list[str]:
-    prefixes = ["ndcg", "map", "recall", "precision", "mrr", "hit_rate"]
-    return [f"{p}_at_{k}" for p in prefixes for k in k_values]
+    keys = [f"{p}_at_{k}" for p in CURVE_METRICS for k in k_values]
+    if len(set(k_values)) >= 2:
+        keys += [f"cutoff_auc_{p}" for p in CURVE_METRICS]
+    return keys
 
 
 def average_scores(
@@ -166,7 +201,7 @@ def average_scores(
     scores: dict[str, float] = {}
     for key in _ordered_keys(k_values):
         mean = sum(row[key] for row in per_query.values()) / n if n else 0.0
-        if round_digits is not None and not key.startswith("mrr_"):
+        if round_digits is not None and not key.startswith(("mrr_", "cutoff_auc_mrr")):
             mean = round(mean, round_digits)
         scores[key] = mean
     scores["main_score"] = scores[MAIN_METRIC]

@@ -3,8 +3,10 @@
 :func:`render_report` reads every task result under a folder (any task type; only each task's
 ``main_score`` is used), builds one row per model/strategy and one column per task, grouped by
 task type, with per-type means and overall means, and writes ``report.md``, ``report.png`` and
-``report.json`` into an output folder. A folder written by ``lmembed experiment`` (it holds a
-``summary.json``) is rendered as an experiment instead: ``summary.md`` and ``summary.png``
+``report.json`` into an output folder, plus ``cutoffs.png`` (nDCG@k over the cut-offs, with each curve's
+normalised area, :mod:`lmembed.evaluation.cutoff_curves`) where retrieval results hold several cut-offs.
+A folder written by ``lmembed experiment`` (it holds a ``summary.json``) is rendered as an experiment
+instead: ``summary.md`` and ``summary.png``
 (:mod:`lmembed.evaluation.experiment_report`), with the arms as rows of the score table.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
 from lmembed.evaluation.experiment_report import is_experiment_folder, render_experiment
 from lmembed.evaluation.results import load_results, strategy_slug
 
@@ -212,6 +215,8 @@ def render_report(
     atomic_write_text(files["markdown"], markdown)
     atomic_write_text(files["json"], json.dumps(_table_json(table), indent=2) + "\n")
     plot_table(table, files["png"], title=title)
+    if plot_cutoff_curves(results, out / "cutoffs.png") is not None:
+        files["cutoffs"] = out / "cutoffs.png"
     if echo:
         print(markdown)
     return Report(markdown=markdown, table=table, files=files)
