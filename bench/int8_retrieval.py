@@ -34,7 +34,7 @@ def main() -> None:
 
     from lmembed import Embedder
     from lmembed.atomic import atomic_write_json, atomic_write_text
-    from lmembed.encoding.backends.onnx_backend import spread_sample
+    from lmembed.encoding.backends.base import spread_sample
     from lmembed.evaluation.runner import evaluate_strategies
     from lmembed.evaluation.suites import resolve_task
 

@@ -230,9 +230,7 @@ class Embedder:
     def calibrate(self, texts: Sequence[str]) -> Embedder:
         """Calibrate an int8 Embedder on ``texts`` (a few hundred of your own; a quarter is held out for the
         quality gate) instead of on the first texts it encodes. No effect at other precisions."""
-        set_calibration = getattr(self.engine.backend, "set_calibration", None)
-        if set_calibration is not None:
-            set_calibration(list(texts))
+        self.engine.backend.calibrate(list(texts))
         return self
 
     @property

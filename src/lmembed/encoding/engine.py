@@ -36,7 +36,6 @@ from lmembed.encoding.backends import Backend, TorchBackend
 from lmembed.encoding.backends.graph import position_ids_from_mask
 from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, model_key, text_key
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
-from lmembed.models.attention import configure_attention, configured_mode
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
 
@@ -188,9 +187,7 @@ class EncodingEngine:
         outputs = [np.empty((len(texts), dim), dtype=np.float32) for _ in configs]
         if not texts:
             return outputs
-        ensure_calibration = getattr(self.backend, "ensure_calibration", None)
-        if ensure_calibration is not None:  # int8: calibrated on the first texts it sees unless told otherwise
-            ensure_calibration(texts)
+        self.backend.ensure_calibration(texts)  # int8: calibrated on the first texts it sees unless told otherwise
         keys = [text_key(t, instruction) for t in texts]
         # A text that occurs several times is computed once, so its copies get identical vectors
         # (batch padding could otherwise make them differ in the last bits, and break score ties).
@@ -299,17 +296,16 @@ class EncodingEngine:
         start = time.perf_counter()
         features = builder.build_all([texts[i] for i in rows], instruction)
         tokenised = time.perf_counter()
-        if self.backend is self.torch_backend:
-            self._prepare_attention(configs[0].attention)
-        else:
-            self.backend.prepare(
-                configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
-            )
+        self.backend.prepare(
+            configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
+        )
         prepared = time.perf_counter()
         padded = 0
         with self._progress(len(rows), configs) as advance, torch.inference_mode():
             for batch in self._batches(features, rows, batch_size):
-                pooled = self._forward_batch(batch, configs, mode)
+                pooled = self.forward_pool(
+                    batch.input_ids, batch.attention_mask, batch.pool_mask, configs, backend=self.backend
+                )
                 for out, vectors in zip(outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
                 padded += batch.attention_mask.numel()  # a shape: no device sync in the loop
@@ -334,27 +330,15 @@ class EncodingEngine:
 
     def prepare_backend(self, configs: Sequence[EmbeddingConfig], instruction: str | None = None) -> Path:
         """Build (or load) the backend's graph for ``configs`` without encoding anything; returns its export
-        folder (ONNX backend only)."""
-        folder = getattr(self.backend, "graph_folder", None)
-        if folder is None:
-            raise ValueError(f"the {self.backend.name} backend has no exported graph")
+        folder (a backend that exports one: ONNX)."""
         builder, mode = self._reading(configs[0])
         self.backend.prepare(
             configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=32), pool=self._pool
         )
-        return folder(configs, mode)
-
-    def _forward_batch(self, batch: Batch, configs: Sequence[EmbeddingConfig], mode: str) -> list[torch.Tensor]:
-        if self.backend is self.torch_backend:
-            return self.forward_pool(batch.input_ids, batch.attention_mask, batch.pool_mask, configs)
-        states = self.backend.states(batch.input_ids, batch.attention_mask, configs, mode)
-        return [self._pool(st, batch.pool_mask, cfg) for st, cfg in zip(states, configs, strict=True)]
-
-    def _prepare_attention(self, mode: str) -> None:
-        # The mode lives on the model: several engines (Embedders) may share one model and switch it.
-        if not self.backbone.is_decoder or configured_mode(self.backbone.model) == mode:
-            return
-        configure_attention(self.backbone.model, mode, verify=True)
+        folder = self.backend.graph_folder(configs, mode)
+        if folder is None:
+            raise ValueError(f"the {self.backend.name} backend has no exported graph")
+        return folder
 
     def forward_pool(
         self,
@@ -362,10 +346,13 @@ class EncodingEngine:
         attention_mask: torch.Tensor,
         pool_mask: torch.Tensor,
         configs: Sequence[EmbeddingConfig],
+        *,
+        backend: Backend | None = None,
     ) -> list[torch.Tensor]:
-        """One forward pass, pooled once per config (differentiable: used by training too)."""
+        """One forward pass on ``backend``, pooled once per config. The default, torch, is differentiable: training
+        uses it whatever backend encodes."""
         mode = configs[0].attention if self.backbone.is_decoder else "bidirectional"
-        states = self.torch_backend.states(input_ids, attention_mask, configs, mode)
+        states = (backend or self.torch_backend).states(input_ids, attention_mask, configs, mode)
         return [self._pool(st, pool_mask, cfg) for st, cfg in zip(states, configs, strict=True)]
 
     def _pool(self, states: torch.Tensor, pool_mask: torch.Tensor, cfg: EmbeddingConfig) -> torch.Tensor:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from lmembed.evaluation.base import Task, TaskResult
 from lmembed.evaluation.results import write_result
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.protocols import RetrievalEncoder
+
+if TYPE_CHECKING:  # the backend interface imports torch, which the CLI's help must not load
+    from lmembed.encoding.backends import Backend
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,11 @@ class StrategyEncoder(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def backend(self) -> Backend:
+        """What runs the transformer (calibrated here before a retrieval task is encoded)."""
+        ...
+
     def encode_strategies(
         self,
         texts: Sequence[str],
@@ -135,9 +143,7 @@ def evaluate_retrieval_strategies(
     calibrated on a spread of the task's queries and documents (not on the queries alone, which come first)."""
     start = time.perf_counter()
     data = task.data
-    calibrate = getattr(getattr(embedder, "backend", None), "ensure_calibration", None)
-    if calibrate is not None:
-        calibrate([*data.query_texts, *data.corpus_texts])
+    embedder.backend.ensure_calibration([*data.query_texts, *data.corpus_texts])
     queries = embedder.encode_strategies(data.query_texts, configs, instruction=task.instruction, batch_size=batch_size)
     corpus = embedder.encode_strategies(data.corpus_texts, configs, batch_size=batch_size)
     encode_s = time.perf_counter() - start

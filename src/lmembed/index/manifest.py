@@ -79,7 +79,7 @@ def describe_model(embedder: Embedder) -> ModelRecord:
     elif Path(backbone.name).is_dir():
         source = str(Path(backbone.name).resolve())
     runner = embedder.backend
-    calibration = getattr(runner, "calibration_texts", None) if runner.precision == "int8" else None
+    calibration = runner.calibration_texts if runner.precision == "int8" else None
     return ModelRecord(
         source=source,
         name=backbone.name,

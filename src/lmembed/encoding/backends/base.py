@@ -3,12 +3,21 @@
 A backend runs the transformer: given a padded batch (token ids, attention mask) and the strategies of one
 forward group, it returns, per strategy, the token states that strategy pools (its layers, averaged, through
 the final norm or not). The engine pools them, so pooling is the same code on every backend.
+
+What a backend can do beyond that is declared here, with defaults for a backend that has no such step, so the
+engine, the Embedder and the evaluation runner ask every backend the same questions and never probe for
+attributes: :meth:`Backend.prepare` (configure, export, calibrate before a forward group),
+:attr:`Backend.needs_calibration`, :meth:`Backend.calibrate` and :meth:`Backend.ensure_calibration` (int8's
+calibration texts; no-ops at float precisions), :attr:`Backend.calibration_texts` and
+:meth:`Backend.graph_folder` (the exported graph, None where nothing is exported).
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,10 +26,12 @@ from torch import nn
 
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
-from lmembed.models.attention import mask_for
+from lmembed.models.attention import configure_attention, configured_mode, mask_for
 from lmembed.models.families import forward_parameters
 from lmembed.models.loading import Backbone
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
+
+log = logging.getLogger(__name__)
 
 #: Backends lmembed can run a model on.
 BACKENDS = ("torch", "onnx")
@@ -32,10 +43,21 @@ PRECISIONS = ("float32", "bfloat16", "float16", "int8")
 BatchMaker = Callable[[Sequence[str]], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]
 #: ``pool(states, pool_mask, config)``: the engine's pooling.
 Pooler = Callable[[torch.Tensor, torch.Tensor, EmbeddingConfig], torch.Tensor]
+#: Calibration texts sampled from the first encode call when none were given.
+CALIBRATION_TEXTS = 256
 
 
 class BackendError(ConfigError):
     """A backend/precision combination this installation or model cannot run."""
+
+
+def spread_sample(texts: Sequence[str], size: int) -> list[str]:
+    """``size`` distinct texts spread evenly over ``texts`` (all of them when there are fewer)."""
+    unique = list(dict.fromkeys(texts))
+    if len(unique) <= size:
+        return unique
+    step = len(unique) / size
+    return [unique[int(i * step)] for i in range(size)]
 
 
 class Backend(ABC):
@@ -43,9 +65,28 @@ class Backend(ABC):
 
     name: str = ""
     precision: str = "float32"
+    #: The texts this backend is calibrated on; None where it has none (not calibrated yet, or nothing to calibrate).
+    calibration_texts: list[str] | None = None
 
     def __init__(self, backbone: Backbone) -> None:
         self.backbone = backbone
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True while the backend must be calibrated before it can encode (int8 without calibration texts)."""
+        return False
+
+    def calibrate(self, texts: Sequence[str]) -> None:  # noqa: B027
+        """Calibrate on ``texts`` (a few hundred of the user's own); a backend with nothing to calibrate ignores
+        them."""
+
+    def ensure_calibration(self, texts: Sequence[str]) -> None:
+        """Before an encode: where :attr:`needs_calibration`, calibrate on a spread sample of ``texts`` (at most
+        :data:`CALIBRATION_TEXTS`)."""
+        if self.needs_calibration:
+            self.calibrate(spread_sample(texts, CALIBRATION_TEXTS))
+            calibrated = len(self.calibration_texts or [])
+            log.info("%s: calibrating on %d of the texts being encoded", self.precision, calibrated)
 
     def cache_tag(self) -> str:
         """What, besides the weights and the strategy, decides this backend's vectors ('' = the torch
@@ -65,8 +106,13 @@ class Backend(ABC):
         batches_for: BatchMaker | None = None,
         pool: Pooler | None = None,
     ) -> None:
-        """Get ready to run ``configs`` in ``mode`` (export, calibrate); called before each forward group with
-        the engine's tokenisation and pooling, for backends that calibrate."""
+        """Get ready to run ``configs`` in ``mode`` (set the attention, export, calibrate); called before each
+        forward group with the engine's tokenisation and pooling, for backends that calibrate."""
+
+    def graph_folder(self, configs: Sequence[EmbeddingConfig], mode: str) -> Path | None:
+        """The export folder of the prepared graph that runs ``configs`` in ``mode``; None for a backend that runs
+        no exported graph."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "precision": self.precision}
@@ -87,6 +133,19 @@ class TorchBackend(Backend):
     def cache_tag(self) -> str:
         # The weights fingerprint already covers dtype and torch's own int8 modules: the reference adds nothing.
         return ""
+
+    def prepare(
+        self,
+        configs: Sequence[EmbeddingConfig],
+        mode: str,
+        batches_for: BatchMaker | None = None,
+        pool: Pooler | None = None,
+    ) -> None:
+        """Switch a decoder's attention to ``mode``. The mode lives on the model, which several engines
+        (Embedders) may share and switch in turn."""
+        model = self.backbone.model
+        if self.backbone.is_decoder and configured_mode(model) != mode:
+            configure_attention(model, mode, verify=True)
 
     def states(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, configs: Sequence[EmbeddingConfig], mode: str

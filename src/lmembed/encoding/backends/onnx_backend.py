@@ -5,9 +5,9 @@ exactly the states the group's strategies pool (:mod:`lmembed.encoding.backends.
 attention, skip-LayerNorm and bias-GELU for encoders) and kept in the export cache
 (:mod:`lmembed.encoding.backends.store`); later runs load it from there.
 
-int8 needs calibration texts: those given to :meth:`OnnxBackend.set_calibration` (``Embedder.calibrate``), else a
-spread sample of the first texts encoded. Three quarters of them measure which products quantise well
-(:mod:`lmembed.encoding.backends.int8`); the last quarter is held out for the quality gate
+int8 needs calibration texts: those given to :meth:`OnnxBackend.calibrate` (``Embedder.calibrate``), else a
+spread sample of the first texts encoded (``Backend.ensure_calibration``). Three quarters of them measure which
+products quantise well (:mod:`lmembed.encoding.backends.int8`); the last quarter is held out for the quality gate
 (:mod:`lmembed.encoding.backends.quality`), whose report goes into the export's manifest and
 ``OnnxBackend.quality``, and a warning when it fails.
 """
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from lmembed.config import EmbeddingConfig
-from lmembed.encoding.backends.base import Backend, BackendError, BatchMaker, Pooler
+from lmembed.encoding.backends.base import Backend, BackendError, BatchMaker, Pooler, spread_sample
 from lmembed.encoding.backends.graph import (
     Readout,
     StateGraph,
@@ -47,8 +47,6 @@ log = logging.getLogger(__name__)
 
 #: Bumped whenever the exported graph changes for the same inputs (keeps old cached exports from being reused).
 GRAPH_FORMAT = 1
-#: Calibration texts sampled from the first encode call when none were given.
-CALIBRATION_TEXTS = 256
 #: Share of the calibration texts held out for the quality gate.
 HELD_OUT_EVERY = 4
 INSTALL_HINT = "pip install 'lmembed[onnx]'"
@@ -74,15 +72,6 @@ def text_fingerprint(texts: Sequence[str]) -> str:
         digest.update(text.encode("utf-8", "surrogatepass"))
         digest.update(b"\x00")
     return digest.hexdigest()
-
-
-def spread_sample(texts: Sequence[str], size: int) -> list[str]:
-    """``size`` distinct texts spread evenly over ``texts`` (all of them when there are fewer)."""
-    unique = list(dict.fromkeys(texts))
-    if len(unique) <= size:
-        return unique
-    step = len(unique) / size
-    return [unique[int(i * step)] for i in range(size)]
 
 
 @dataclass
@@ -117,7 +106,7 @@ class OnnxBackend(Backend):
         self.precision = precision
         self.threads = threads or torch.get_num_threads()
         self.export_root = export_root
-        self.calibration_texts: list[str] | None = None
+        self.calibration_texts = None
         self.quality: dict[str, GateReport] = {}
         self._graphs: dict[tuple[tuple[Readout, ...], str, str], _Graph] = {}
 
@@ -129,8 +118,13 @@ class OnnxBackend(Backend):
             raise BackendError("an int8 backend needs its calibration texts before its vectors can be keyed")
         return f"onnx-int8-{text_fingerprint(self.calibration_texts)}"
 
-    def set_calibration(self, texts: Sequence[str]) -> None:
-        """Calibrate int8 graphs on ``texts`` (a few hundred of the user's own texts)."""
+    @property
+    def needs_calibration(self) -> bool:
+        return self.precision == "int8" and self.calibration_texts is None
+
+    def calibrate(self, texts: Sequence[str]) -> None:
+        """Calibrate int8 graphs on ``texts`` (a few hundred of the user's own texts); float32 has nothing to
+        calibrate."""
         if self.precision != "int8":
             return
         sample = spread_sample(texts, len(texts))
@@ -139,12 +133,6 @@ class OnnxBackend(Backend):
         self.calibration_texts = sample
         self._graphs = {k: v for k, v in self._graphs.items() if k[2] != "int8"}
         self.quality = {}
-
-    def ensure_calibration(self, texts: Sequence[str]) -> None:
-        """Before the first int8 encode: calibrate on a spread sample of ``texts`` unless texts were given."""
-        if self.precision == "int8" and self.calibration_texts is None:
-            self.set_calibration(spread_sample(texts, CALIBRATION_TEXTS))
-            log.info("int8: calibrating on %d of the texts being encoded", len(self.calibration_texts or []))
 
     # ------------------------------------------------------------------ running
     def states(
@@ -198,9 +186,10 @@ class OnnxBackend(Backend):
         if mode == "causal" and delta > CAUSAL_TOLERANCE:
             raise AttentionError(f"the exported graph lets the first token see later ones ({delta:.2e})")
 
-    def graph_folder(self, configs: Sequence[EmbeddingConfig], mode: str) -> Path:
-        """The export folder of the prepared graph for ``configs``."""
-        return self._graphs[self._key(configs, mode, self.precision)].folder
+    def graph_folder(self, configs: Sequence[EmbeddingConfig], mode: str) -> Path | None:
+        """The export folder of the prepared graph for ``configs`` (None before :meth:`prepare`)."""
+        graph = self._graphs.get(self._key(configs, mode, self.precision))
+        return None if graph is None else graph.folder
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
