@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+import lmembed
 from conftest import tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.encoding.backends import Backend, TorchBackend, make_backend
 from lmembed.encoding.backends.base import CALIBRATION_TEXTS
 from lmembed.models.loading import backbone_from_model
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "lmembed"
+SRC = Path(lmembed.__file__).resolve().parent
 TEXTS = [f"text number {i} about {word}" for i, word in enumerate(["cats", "dogs", "proteins", "rivers"] * 80)]
 
 
