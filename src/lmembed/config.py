@@ -80,7 +80,10 @@ class EmbeddingConfig:
     echo_template: str = DEFAULT_ECHO_TEMPLATE
     instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE
     query_instruction: str | None = None
+    plain_prefix: str = ""  # put before a text embedded without an instruction, kept out of pooling (GritLM)
+    pool_special_tokens: bool = True  # False: special tokens (BOS, ...) never pooled, as LLM2Vec's embed mask
     add_eos: bool | None = None
+    eos_token: str | None = None  # the token appended for last-token pooling; None: the tokenizer's EOS
     max_length: int | None = None  # None: the model's own limit (at most 512), resolved on load
     normalize: bool = True
     dim: int | None = None
@@ -118,7 +121,7 @@ class EmbeddingConfig:
     # ------------------------------------------------------------------ groups
     def forward_key(self) -> dict[str, Any]:
         """Fields that change the transformer's input or mask."""
-        return {
+        key: dict[str, Any] = {
             "attention": self.attention,
             "echo": self.echo,
             "echo_template": self.echo_template if self.echo else None,
@@ -127,6 +130,10 @@ class EmbeddingConfig:
             "max_length": self.max_length,
             "last": self.pooling == "last",  # decides whether an EOS token is appended
         }
+        # fields added later enter the key only when set, so earlier strategies keep their fingerprints
+        optional = {"plain_prefix": "", "pool_special_tokens": True, "eos_token": None}
+        key.update({name: getattr(self, name) for name, default in optional.items() if getattr(self, name) != default})
+        return key
 
     def pooling_key(self) -> dict[str, Any]:
         """Fields that only read hidden states."""

@@ -16,6 +16,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import wants_eos
 from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.models import presets
+from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.attention import check_bidirectional_supported
 from lmembed.models.bundled import BUNDLED
 from lmembed.models.loading import Backbone, backbone_from_model, find_model_dir, load_backbone
@@ -83,6 +86,8 @@ def default_max_length(path: str, requested: int | None) -> int:
 
 class Embedder:
     """A text-embedding model: a transformer backbone read out with one extraction strategy."""
+
+    published: presets.Resolution | None = None  # the published family it was loaded as (from_pretrained)
 
     def __init__(
         self,
@@ -168,15 +173,22 @@ class Embedder:
         is one, else from :class:`EmbeddingConfig`'s defaults (mean pooling, last layer, causal,
         normalised, the model's own max length).
         """
-        if name_or_path not in BUNDLED and Path(name_or_path).expanduser().exists():
+        adapters = name_or_path not in BUNDLED and presets.is_adapter_stack(name_or_path)  # LLM2Vec: no config.json
+        if name_or_path not in BUNDLED and Path(name_or_path).expanduser().exists() and not adapters:
             name_or_path = str(find_model_dir(Path(name_or_path).expanduser()))  # a run folder → its model
         saved = _read_saved(name_or_path)
+        published = None if saved else presets.resolve(name_or_path)  # a published family's conventions
+        if published:
+            published.preset.check_reproducible(name_or_path)
         if quantize is not None:
             if quantize != "int8":
                 raise ConfigError(f"quantize={quantize!r} is unknown; the only scheme is 'int8'")
             precision = precision or "int8"
         torch_int8 = precision == "int8" and backend == "torch"
-        backbone = load_backbone(
+        load = load_backbone
+        if published and published.preset.loader == "llm2vec":
+            load = partial(_load_llm2vec, quantize=torch_int8)
+        backbone = load(
             name_or_path,
             dtype=dtype,
             device=device,
@@ -186,7 +198,7 @@ class Embedder:
         )
         if saved:
             _check_saved_kind(name_or_path, saved, backbone)
-        options = dict(saved["strategy"]) if saved else {}
+        options = dict(saved["strategy"]) if saved else dict(published.preset.strategy) if published else {}
         given = {
             "pooling": pooling,
             "layer": tuple(layer) if isinstance(layer, list | tuple) else layer,
@@ -197,11 +209,14 @@ class Embedder:
             "max_length": max_length,
             **strategy,
         }
-        options.update({k: v for k, v in given.items() if v is not None})
+        given = {k: v for k, v in given.items() if v is not None}
+        if published:
+            presets.warn_overrides(published, given)
+        options.update(given)
         base = config.to_dict() if config else {}
         base.update(options)
         head = _load_head(name_or_path, backbone, base) if saved else None
-        return cls(
+        embedder = cls(
             backbone,
             EmbeddingConfig.from_dict(base),
             pooling_head=head,
@@ -213,6 +228,8 @@ class Embedder:
             threads=threads,
             max_batch_tokens=max_batch_tokens,
         )
+        embedder.published = published
+        return embedder
 
     @classmethod
     def from_model(
@@ -340,6 +357,8 @@ class Embedder:
             and not (self.backbone.is_decoder and cfg.attention == "bidirectional")
             and not uses_eos
             and cfg.dim is None
+            and not cfg.plain_prefix
+            and cfg.pool_special_tokens
         )
 
     def _write_sentence_transformers_files(self, directory: Path) -> None:
@@ -427,6 +446,14 @@ def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone)
 
 def _kind(is_decoder: bool) -> str:
     return "a decoder (causal attention)" if is_decoder else "an encoder (bidirectional attention)"
+
+
+def _load_llm2vec(name_or_path: str, *, quantize: bool, **kwargs: Any) -> Backbone:
+    """An LLM2Vec checkpoint: base model + MNTP adapter + supervised adapter (:mod:`lmembed.models.adapters`)."""
+    if quantize:
+        raise ConfigError("torch int8 is not available for an adapter stack (LLM2Vec); use backend='onnx'")
+    keep = {k: kwargs[k] for k in ("dtype", "device", "attn_implementation")}
+    return load_adapter_stack(name_or_path, **keep)
 
 
 def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:

@@ -37,7 +37,14 @@ from lmembed.cli.options import (
     model_options,
     scale_out,
 )
-from lmembed.evaluation.main_job import MAIN_JOB_METRICS, resolve_eval_tasks, run_main_job, suite_summary_lines
+from lmembed.evaluation.instructions import published_instructions
+from lmembed.evaluation.main_job import (
+    MAIN_JOB_METRICS,
+    instruction_lookup,
+    resolve_eval_tasks,
+    run_main_job,
+    suite_summary_lines,
+)
 from lmembed.evaluation.report import render_report
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
 from lmembed.evaluation.sweep import run_sweep
@@ -74,7 +81,10 @@ def eval_command(
     task_type: Annotated[str | None, typer.Option(help="Force the task type of --data directories.")] = None,
     instructions: Annotated[
         str | None,
-        typer.Option(help="Per-task instructions from a named table: 'nv-embed' or 'e5-mistral' (default: none)."),
+        typer.Option(
+            help="Per-task instructions from a named table: 'nv-embed', 'e5-mistral', 'mteb' or 'mteb-llm2vec' "
+            "(default: a published model's own, as on the MTEB leaderboard; none for other models)."
+        ),
     ] = None,
     output: OutputDirOpt = Path("results"),
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
@@ -116,7 +126,9 @@ def eval_command(
         )
         configs = expand_grid(emb.config, parse_grid(grid or [], emb.backbone.num_layers))
         console.print(f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)")
-        results += evaluate_strategies(emb, tasks, configs, batch_size=batch_size)
+        own = None if instructions else published_instructions(getattr(emb, "published", None))
+        published = instruction_lookup(own)  # a published model's own per-task instructions
+        results += evaluate_strategies(emb, tasks, configs, batch_size=batch_size, instruction_for=published)
     write_all(results, output)
     out_console.print(results_table(results))
     if suite:

@@ -8,6 +8,11 @@ character offsets on the whole string, so the token ids are exactly those of a p
 
 Truncation shortens the text itself, never the instruction or template; with echo both copies are
 shortened alike.
+
+A published model may fix more of this (:mod:`lmembed.models.presets`): a prefix for texts embedded without an
+instruction (``plain_prefix``, GritLM's ``<|embed|>\n``), special tokens kept out of pooling even where no prefix
+is (``pool_special_tokens=False``, LLM2Vec's embed mask) and which token ends a text read by last-token pooling
+(``eos_token``, Qwen3-Embedding's ``<|endoftext|>``).
 """
 
 from __future__ import annotations
@@ -71,6 +76,16 @@ def wants_eos(config: EmbeddingConfig, is_decoder: bool) -> bool:
     return is_decoder and config.pooling == "last"
 
 
+def eos_id(tokenizer: Any, config: EmbeddingConfig) -> int | None:
+    """The id of the token appended for last-token pooling: ``config.eos_token`` if set, else the tokenizer's EOS."""
+    if config.eos_token is None:
+        return tokenizer.eos_token_id
+    token_id = tokenizer.convert_tokens_to_ids(config.eos_token)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise InputError(f"eos_token={config.eos_token!r} is not a token of this tokenizer's vocabulary")
+    return token_id
+
+
 class InputBuilder:
     """Tokenises texts for one forward configuration."""
 
@@ -80,7 +95,7 @@ class InputBuilder:
         self.tokenizer = tokenizer
         self.config = config
         self.max_length = max_length
-        self.eos_id = tokenizer.eos_token_id if wants_eos(config, is_decoder) else None
+        self.eos_id = eos_id(tokenizer, config) if wants_eos(config, is_decoder) else None
         if wants_eos(config, is_decoder) and self.eos_id is None:
             raise InputError("pooling='last' with add_eos needs a tokenizer with an EOS token")
         self.num_special = len(tokenizer("", add_special_tokens=True)["input_ids"])
@@ -93,6 +108,8 @@ class InputBuilder:
         prefix = ""
         if instruction:
             prefix += self.config.instruction_template.format(instruction=instruction)
+        else:
+            prefix += self.config.plain_prefix
         if self.config.echo:
             prefix += self.config.echo_template.format(text=text)
         return prefix, 2 if self.config.echo else 1
@@ -136,7 +153,7 @@ class InputBuilder:
     def _features(
         self, input_ids: Sequence[int], offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int
     ) -> Features:
-        pool_mask = self._pool_mask(offsets, special, start)
+        pool_mask = self._pool_mask(offsets, special, start, self.config.pool_special_tokens)
         ids = list(input_ids)
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)
@@ -147,14 +164,16 @@ class InputBuilder:
         return Features(ids, pool_mask)
 
     @staticmethod
-    def _pool_mask(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int) -> list[int]:
+    def _pool_mask(
+        offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, pool_special: bool = True
+    ) -> list[int]:
         """1 on tokens of the text proper; special tokens count when no prefix is excluded or
-        when they come after the text has started (e.g. a closing [SEP]/EOS)."""
+        when they come after the text has started (e.g. a closing [SEP]/EOS), unless ``pool_special`` is False."""
         mask = []
         seen_text = False
         for (_, end), is_special in zip(offsets, special, strict=True):
             if is_special:
-                mask.append(1 if (start == 0 or seen_text) else 0)
+                mask.append(1 if pool_special and (start == 0 or seen_text) else 0)
                 continue
             inside = end > start
             seen_text = seen_text or inside

@@ -1,0 +1,367 @@
+"""Published LLM embedders as presets: how each family's authors turn a text into a vector.
+
+One :class:`Preset` per family, declarative: the Hub ids it covers, the strategy as
+:class:`~lmembed.config.EmbeddingConfig` options (pooling, attention, instruction format, EOS, pooling mask,
+max length, normalisation), the padding side of the reference code (lmembed's vectors do not depend on it,
+``lmembed doctor`` checks that), the per-task instruction table its MTEB scores were produced with, the
+reference it was read from (model card or code, with revision) and how lmembed's reproduction was checked.
+A family lmembed cannot reproduce carries ``refused``: loading it raises
+:class:`~lmembed.errors.ModelLoadError` with that reason instead of producing approximate vectors.
+
+Resolution is pure (no network, no model loaded): :func:`preset_for_id` matches a Hub id, :func:`recognise`
+a local folder by its files (a Hub cache path, ``llm2vec_config.json``, an adapter whose base is a known id,
+``config.json``'s ``architectures`` or recorded name). A folder lmembed saved (``lmembed.json``) is never
+matched: its own strategy wins.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Literal
+
+from lmembed.config import EmbeddingConfig
+from lmembed.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+SAVED_STRATEGY_FILE = "lmembed.json"  # a folder lmembed saved carries its own strategy
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One published family's conventions (see the module doc)."""
+
+    family: str
+    hub_ids: tuple[str, ...]  # exact ids or shell patterns, matched case-insensitively
+    strategy: Mapping[str, Any]
+    source: str
+    verified: str
+    padding_side: Literal["left", "right"] = "left"
+    instructions: str | None = None  # a table of evaluation.instructions
+    loader: Literal["transformers", "llm2vec"] = "transformers"
+    architectures: tuple[str, ...] = ()  # config.json architectures that identify the family on their own
+    limits: str = ""  # what differs from the reference, and when
+    refused: str | None = None
+
+    def config(self, **overrides: Any) -> EmbeddingConfig:
+        """The preset's strategy as an :class:`EmbeddingConfig` (``overrides`` replace fields)."""
+        return EmbeddingConfig.from_dict({**self.strategy, **overrides})
+
+    def matches(self, hub_id: str) -> bool:
+        name = hub_id.strip().lower()
+        return any(fnmatchcase(name, pattern.lower()) for pattern in self.hub_ids)
+
+    def check_reproducible(self, where: str) -> None:
+        """Raise :class:`ModelLoadError` when lmembed cannot reproduce this family."""
+        if self.refused:
+            raise ModelLoadError(f"{where} is a {self.family} model, which lmembed cannot reproduce: {self.refused}")
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Which preset a name or folder resolved to, and what decided it."""
+
+    preset: Preset
+    hub_id: str | None
+    reason: str  # e.g. "hub id", "adapter_config.json base_model_name_or_path"
+    files: dict[str, str] = field(default_factory=dict)
+
+
+E5_TEMPLATE = "Instruct: {instruction}\nQuery: "
+
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        family="e5-mistral-7b-instruct",
+        hub_ids=("intfloat/e5-mistral-7b-instruct",),
+        strategy={
+            "pooling": "last",
+            "attention": "causal",
+            "instruction_template": E5_TEMPLATE,
+            "add_eos": True,
+            "max_length": 4096,
+            "normalize": True,
+        },
+        padding_side="right",
+        instructions="mteb",
+        source="model card 'Transformers' usage (rev 07163b72): tokenise to max_length-1 without padding, append "
+        "</s>, pad, last_token_pool, L2-normalise; queries get 'Instruct: {task}\\nQuery: ', documents nothing",
+        verified="tests/models/test_presets.py: the card's steps re-implemented on a tiny MistralModel saved in the "
+        "checkpoint's layout, cosine >= 0.9999",
+        limits="a text longer than max_length is cut before its end (the card cuts the whole string, so a very "
+        "long query keeps its instruction either way)",
+    ),
+    Preset(
+        family="SFR-Embedding-Mistral",
+        hub_ids=("salesforce/sfr-embedding-mistral", "salesforce/sfr-embedding-2_r"),
+        strategy={
+            "pooling": "last",
+            "attention": "causal",
+            "instruction_template": E5_TEMPLATE,
+            "add_eos": False,
+            "max_length": 4096,
+            "normalize": True,
+        },
+        padding_side="right",
+        instructions="mteb",
+        source="model card usage (rev 938c560d): tokenizer(..., max_length=4096, padding, truncation) with no EOS "
+        "appended, last_token_pool, L2-normalise; mteb's Salesforce wrapper: the instruction on queries only",
+        verified="tests/models/test_presets.py: the card's steps re-implemented on a tiny MistralModel, cosine >= "
+        "0.9999",
+        limits="the card appends no </s> by hand, so whether one ends a text is the tokenizer's own post-processor's "
+        "call (transformers >= 5 no longer applies a tokenizer_config add_eos_token); `lmembed doctor` shows the "
+        "token ids",
+    ),
+    Preset(
+        family="gte-Qwen2-instruct",
+        hub_ids=("alibaba-nlp/gte-qwen2-*-instruct", "alibaba-nlp/gte-qwen1.5-*-instruct"),
+        strategy={
+            "pooling": "last",
+            "attention": "bidirectional",
+            "instruction_template": E5_TEMPLATE,
+            "add_eos": True,
+            "eos_token": "<|endoftext|>",
+            "max_length": 8192,
+            "normalize": True,
+        },
+        padding_side="right",
+        instructions="mteb",
+        source="model card (last_token_pool, 'Instruct: {task}\\nQuery: ', max_length 8192, normalised); its "
+        "config.json is_causal=false and modeling_qwen.py (commit 2c527fb: SDPA attention is_causal=False) run "
+        "it bidirectionally; mteb's gte wrapper appends the EOS (add_eos_token=True)",
+        verified="tests/models/test_presets.py: the steps re-implemented on a tiny Qwen2Model with an eager "
+        "padding-only mask, cosine >= 0.9999",
+        limits="earlier revisions of modeling_qwen.py (and mteb's first gte wrapper, attn='cccc') ran it causally; "
+        "pass attention='causal' to reproduce those",
+    ),
+    Preset(
+        family="Qwen3-Embedding",
+        hub_ids=("qwen/qwen3-embedding-*",),
+        strategy={
+            "pooling": "last",
+            "attention": "causal",
+            "instruction_template": "Instruct: {instruction}\nQuery:",
+            "add_eos": True,
+            "eos_token": "<|endoftext|>",
+            "max_length": 8192,
+            "normalize": True,
+        },
+        padding_side="left",
+        instructions="mteb",
+        source="model card 'Transformers usage' (Qwen3-Embedding, June 2025): left padding, '<|endoftext|>' "
+        "ends every text (appended by hand in the first card, by tokenizer.json's post-processor since), "
+        "last-token pooling, 'Instruct: {task}\\nQuery:' (no space) on queries, max_length 8192, normalised",
+        verified="tests/models/test_presets.py: the card's steps re-implemented on a tiny Qwen3Model, cosine >= 0.9999",
+    ),
+    Preset(
+        family="GritLM",
+        hub_ids=("gritlm/gritlm-*",),
+        strategy={
+            "pooling": "mean",
+            "attention": "bidirectional",
+            "instruction_template": "<|user|>\n{instruction}\n<|embed|>\n",
+            "plain_prefix": "<|embed|>\n",
+            "max_length": 512,
+            "normalize": True,
+        },
+        padding_side="right",
+        instructions="mteb",
+        source="gritlm 1.0.2 (gritlm/gritlm.py GritLM.encode) and the GritLM README: text = "
+        "'<|user|>\\n{instruction}\\n<|embed|>\\n' (or '<|embed|>\\n' alone) + text, BOS and that prefix masked out "
+        "of the mean, is_causal=False for embedding (attn='bbcc'), max_length 512, normalised",
+        verified="tests/models/test_presets.py: GritLM.encode of the gritlm package itself (its model's forward "
+        "made bidirectional with an eager padding-only mask) and an independent re-implementation, cosine >= 0.9999",
+    ),
+    Preset(
+        family="LLM2Vec",
+        hub_ids=("mcgill-nlp/llm2vec-*",),
+        strategy={
+            "pooling": "mean",
+            "attention": "bidirectional",
+            "instruction_template": "{instruction} ",
+            "pool_special_tokens": False,
+            "max_length": 512,
+            "normalize": True,
+        },
+        padding_side="left",
+        instructions="mteb-llm2vec",
+        loader="llm2vec",
+        source="llm2vec 0.2.3 (llm2vec/llm2vec.py from_pretrained, tokenize, get_pooling): base model, MNTP LoRA "
+        "merged, supervised LoRA on top; bidirectional; '{instruction} ' + text with the embed mask on the text's "
+        "own tokens only (no BOS, no instruction); mean pooling, max_length 512; mteb normalises the instruction "
+        "to end in ':'",
+        verified="tests/models/test_presets.py: base + MNTP + supervised adapters saved with peft in the "
+        "checkpoints' layout, llm2vec's steps re-implemented (peft merge, eager padding-only mask, embed mask), "
+        "cosine >= 0.9999 (llm2vec itself pins transformers<=4.44.2 and cannot be installed beside lmembed)",
+        limits="llm2vec cuts a text over 400 tokens (doc_max_length) by a word ratio before tokenising; lmembed "
+        "cuts at max_length tokens, so texts over 400 tokens differ; the chat wrappers llm2vec adds when a base "
+        "model is loaded under its original name from a local folder are not applied (MTEB loads it by Hub id, "
+        "where llm2vec applies none)",
+    ),
+    Preset(
+        family="NV-Embed",
+        hub_ids=("nvidia/nv-embed-v1", "nvidia/nv-embed-v2"),
+        strategy={
+            "pooling": "latent_attention",
+            "attention": "bidirectional",
+            "instruction_template": E5_TEMPLATE,
+            "add_eos": True,
+            "max_length": 32768,
+        },
+        architectures=("NVEmbedModel",),
+        instructions="nv-embed",
+        source="NV-Embed-v2 modeling_nvembed.py (hub card code): LatentAttentionModel = PreNorm(LayerNorm on "
+        "token states and latents) cross-attention with 8 heads of width 4096 and no biases, then a PreNorm GEGLU "
+        "feed-forward, each with a residual, then a mean over the non-instruction tokens",
+        verified="refused: lmembed's latent-attention head (pooling/latent_attention.py) has no LayerNorms, uses "
+        "nn.MultiheadAttention (head width hidden/heads, with biases) and a GELU MLP, so NV-Embed's weights do not "
+        "map onto it",
+        refused="its latent-attention pooling (LayerNorm'd cross-attention with 8 heads of width 4096, a GEGLU "
+        "feed-forward) is not the head lmembed implements (nn.MultiheadAttention with biases, a GELU MLP, no "
+        "norms), so its checkpoint's weights cannot be read into it; vectors would be wrong",
+    ),
+    Preset(
+        family="bge-en-icl",
+        hub_ids=("baai/bge-en-icl",),
+        strategy={"pooling": "last", "attention": "causal", "max_length": 512},
+        instructions=None,
+        source="FlagEmbedding BGE-EN-ICL (model card): queries are '<instruct>{task}\\n<query>{query}\\n<response>' "
+        "after few-shot examples, last-token pooling, left padding",
+        verified="refused: the query format puts fixed text after the query ('\\n<response>'), which lmembed's "
+        "input builder (prefix instructions only) cannot express",
+        refused="its queries end with a fixed suffix after the text ('\\n<response>', after few-shot examples "
+        "'<instruct>…\\n<query>…\\n<response>…'), and lmembed only puts instructions before a text",
+    ),
+)
+
+_HUB_CACHE = re.compile(r"models--([^/\\]+?)--([^/\\]+)")
+
+
+def preset_for_id(hub_id: str) -> Preset | None:
+    """The preset whose Hub ids match ``hub_id`` (``org/name``), or None."""
+    return next((preset for preset in PRESETS if preset.matches(hub_id)), None)
+
+
+def is_adapter_stack(name_or_path: str) -> bool:
+    """True for an adapter folder (peft ``adapter_config.json``, no ``config.json``) of a family whose loader
+    stacks adapters on their base (LLM2Vec), and for such a family's Hub id."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and ((path / "config.json").exists() or not (path / "adapter_config.json").exists()):
+        return False
+    found = resolve(name_or_path) if path.is_dir() or "/" in name_or_path else None
+    return bool(found and found.preset.loader == "llm2vec")
+
+
+def preset_named(family: str) -> Preset:
+    """The preset of a family by name (``"GritLM"``, ``"e5-mistral-7b-instruct"`` ...)."""
+    for preset in PRESETS:
+        if preset.family.lower() == family.lower():
+            return preset
+    raise KeyError(f"no preset {family!r}; known: {', '.join(p.family for p in PRESETS)}")
+
+
+def resolve(name_or_path: str) -> Resolution | None:
+    """The preset of a Hub id or a local folder (see the module doc); None for anything else."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return recognise(path)
+    preset = preset_for_id(name_or_path)
+    return Resolution(preset, name_or_path, "hub id") if preset else None
+
+
+def recognise(folder: Path) -> Resolution | None:
+    """Recognise a published family from a folder's files; None when nothing identifies one."""
+    if (folder / SAVED_STRATEGY_FILE).exists():
+        return None
+    cached = _HUB_CACHE.search(str(folder.resolve()))
+    if cached:
+        hub_id = f"{cached.group(1)}/{cached.group(2)}"
+        preset = preset_for_id(hub_id)
+        if preset:
+            return Resolution(preset, hub_id, "Hugging Face cache path")
+    for step in (_from_llm2vec_files, _from_adapter, _from_config):
+        found = step(folder)
+        if found:
+            return found
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def adapter_base(folder: Path) -> str | None:
+    """``base_model_name_or_path`` of a folder's peft ``adapter_config.json``; None without one."""
+    config = folder / "adapter_config.json"
+    if not config.exists():
+        return None
+    base = _read_json(config).get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise ModelLoadError(f"{config}: no base_model_name_or_path (which model does this adapter extend?)")
+    return base
+
+
+def _from_llm2vec_files(folder: Path) -> Resolution | None:
+    marker = folder / "llm2vec_config.json"
+    if not marker.exists() and not (adapter_base(folder) and "llm2vec" in (adapter_base(folder) or "").lower()):
+        return None
+    preset = preset_named("LLM2Vec")
+    files = {"llm2vec_config.json": "present"} if marker.exists() else {}
+    base = adapter_base(folder)
+    if base:
+        files["adapter_config.json"] = f"base_model_name_or_path={base}"
+    return Resolution(preset, None, "llm2vec_config.json" if marker.exists() else "adapter base", files)
+
+
+def _from_adapter(folder: Path) -> Resolution | None:
+    base = adapter_base(folder)
+    preset = preset_for_id(base) if base else None
+    if preset is None:
+        return None
+    return Resolution(preset, base, "adapter_config.json base_model_name_or_path", {"adapter_config.json": base})
+
+
+def _from_config(folder: Path) -> Resolution | None:
+    config_file = folder / "config.json"
+    if not config_file.exists():
+        return None
+    config = _read_json(config_file)
+    architectures = config.get("architectures") or []
+    for preset in PRESETS:
+        hit = next((a for a in architectures if a in preset.architectures), None)
+        if hit:
+            return Resolution(preset, None, f"config.json architectures={hit}", {"config.json": hit})
+    recorded = config.get("_name_or_path")
+    preset = preset_for_id(recorded) if isinstance(recorded, str) else None
+    if preset:
+        return Resolution(preset, recorded, "config.json _name_or_path", {"config.json": recorded})
+    return None
+
+
+def warn_overrides(resolution: Resolution, given: Mapping[str, Any]) -> list[str]:
+    """Log one warning per option in ``given`` that overrides a different value of the preset; returns them."""
+    strategy = resolution.preset.strategy
+    messages = [
+        f"{key}={value!r} overrides {resolution.preset.family}'s published {key}={strategy[key]!r}; "
+        "its vectors will not match the reference"
+        for key, value in given.items()
+        if key in strategy and _normal(strategy[key]) != _normal(value)
+    ]
+    for message in messages:
+        log.warning(message)
+    return messages
+
+
+def _normal(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
