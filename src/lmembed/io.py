@@ -99,6 +99,27 @@ def iter_lines(path: str | Path, *, on_error: OnError | None = None) -> Iterator
         yield line_no, text.rstrip("\r\n")
 
 
+def read_text(path: str | Path) -> str:
+    """The whole of a UTF-8 text file (a byte-order mark dropped), for readers of YAML and JSON documents.
+
+    Bytes that are not UTF-8 (a binary file, another encoding) are a :class:`DataFormatError` naming the file,
+    the line and the column, never a bare ``UnicodeDecodeError``."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM) :]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        line_no = raw.count(b"\n", 0, exc.start) + 1
+        reason = (
+            f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start - line_start + 1}); "
+            "is this a text file?"
+        )
+        raise DataFormatError(path, line_no, reason) from None
+
+
 def read_text_lines(path: str | Path, *, strip: bool = False) -> list[str]:
     """The lines of a text file (one text per line). With ``strip``, each line is stripped of
     surrounding whitespace and blank lines are left out; without it every line is kept as it is."""

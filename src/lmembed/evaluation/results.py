@@ -26,6 +26,7 @@ from typing import Any
 from lmembed import __version__
 from lmembed.atomic import atomic_write_text
 from lmembed.evaluation.base import TaskResult
+from lmembed.io import DataFormatError, read_text
 from lmembed.task_registry import task_type_of
 
 logger = logging.getLogger(__name__)
@@ -166,7 +167,10 @@ def _numeric(entry: Mapping[str, Any]) -> dict[str, float]:
 def read_result(path: str | Path) -> TaskResult:
     """Load one result file (ours or MTEB's) as a :class:`TaskResult`."""
     path = Path(path)
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, exc.lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
     if not isinstance(data, dict) or "task_name" not in data or not isinstance(data.get("scores"), dict):
         raise ValueError(f"{path} is not a task result file")
     meta: Mapping[str, Any] = data.get(LMEMBED_KEY) or {}

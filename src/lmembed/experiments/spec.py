@@ -52,6 +52,7 @@ import yaml
 
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import LmembedError
+from lmembed.io import read_text
 from lmembed.training.recipes import RecipeError, apply_overrides, load_recipe, parse_recipe
 from lmembed.training.train_config import TrainConfig
 
@@ -443,7 +444,7 @@ def _recipe(where: _Where, path: Path_, value: Any, base: Path) -> tuple[dict[st
             if not file.is_absolute() and not file.exists() and (base / file).exists():
                 file = base / file
             load_recipe(file)  # checks the structure, naming the recipe file
-            return yaml.safe_load(file.read_text(encoding="utf-8")), str(file)
+            return yaml.safe_load(read_text(file)), str(file)
         if isinstance(value, dict):
             parse_recipe(value)
             return value, None
@@ -604,7 +605,7 @@ def load_spec(path: str | Path, settings: Sequence[str] = ()) -> ExperimentSpec:
     if not path.is_file():
         raise ExperimentSpecError(f"{path}: no such experiment file")
     try:
-        data, lines = load_yaml_with_lines(path.read_text(encoding="utf-8"))
+        data, lines = load_yaml_with_lines(read_text(path))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -58,6 +58,7 @@ import yaml
 
 from lmembed.datasets import resolve_local
 from lmembed.errors import LmembedError
+from lmembed.io import read_text
 from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
 from lmembed.training import converters as conv
 from lmembed.training.rows import BATCHING_MODES
@@ -139,7 +140,7 @@ class Recipe:
 # ---------------------------------------------------------------------------------------------- loading
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text(path))
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: invalid YAML ({exc})") from exc
     if not isinstance(data, dict):

@@ -35,6 +35,7 @@ import yaml
 
 from lmembed.config import unknown_options
 from lmembed.errors import LmembedError
+from lmembed.io import read_text
 from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
@@ -198,7 +199,7 @@ class TrainConfig(ModelOptions):
     def from_yaml(cls, path: str | Path) -> TrainConfig:
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(read_text(path)) or {}
         except yaml.YAMLError as exc:
             raise TrainConfigError(f"{path}: invalid YAML ({exc})") from exc
         if not isinstance(data, dict):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.io import iter_jsonl
+from lmembed.io import iter_jsonl, read_text_lines
 from lmembed.training.rows import DataSource, TrainExample, load_source
 from lmembed.training.train_config import ObjectiveConfigError
 
@@ -69,7 +69,7 @@ def load_items(kind: str, sources: Sequence[Any], *, max_items: int | None = Non
         if kind == "scored_pairs":
             items += _read_scored_pairs(path)
         elif kind == "texts" and path.suffix == ".txt":
-            items += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            items += read_text_lines(path, strip=True)
         elif kind == "texts":
             items += [t for ex in _examples(spec) for t in (ex.query, *ex.positives)]
         else:
