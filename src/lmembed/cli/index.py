@@ -5,6 +5,7 @@
     lmembed index verify scifact.index          # each data file against its sha256 in the manifest
     lmembed search scifact.index "what causes cancer?" -k 5
     lmembed search scifact.index --queries ../shared/datasets/beir/scifact -o run.jsonl   # + run.trec
+    lmembed search scifact.index "what causes cancer?" --mode hybrid --rerank my-cross-encoder --rerank-top-k 100
 
 The index remembers its model and strategy; ``search`` and ``add`` load them from its manifest.
 """
@@ -49,6 +50,16 @@ from lmembed.cli.options import (
     load_embedder,
     model_options,
     scale_out,
+)
+from lmembed.cli.rerank import (
+    CandidatesOpt,
+    FusionOpt,
+    ModeOpt,
+    RerankBatchTokensOpt,
+    RerankOpt,
+    RerankTopKOpt,
+    check_stage_options,
+    open_reranker,
 )
 
 if TYPE_CHECKING:  # lmembed.index imports FAISS; commands import it only when they run
@@ -271,12 +282,20 @@ app.command("restore")(restore)
 
 # ---------------------------------------------------------------------------------------------- search
 def _open_for_search(
-    index_dir: Path, model: str | None, device: str, ef_search: int | None, nprobe: int | None, mult: int | None
+    index_dir: Path,
+    model: str | None,
+    device: str,
+    ef_search: int | None,
+    nprobe: int | None,
+    mult: int | None,
+    *,
+    needs_model: bool = True,
 ) -> Index:
     from lmembed.index import Index  # lazy: FAISS loads only when a command runs
 
     index = Index.open(index_dir, ef_search=ef_search, nprobe=nprobe, rescore_multiplier=mult)
-    index.load_embedder(device=device, source=model)  # the index's model, or MODEL checked against it
+    if needs_model:  # BM25 alone needs no model
+        index.load_embedder(device=device, source=model)  # the index's model, or MODEL checked against it
     return index
 
 
@@ -348,8 +367,16 @@ def search(
     rescore_multiplier: RescoreMultOpt = None,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     device: DeviceOpt = DEFAULT_DEVICE,
+    mode: ModeOpt = "dense",
+    fusion: FusionOpt = "rrf",
+    candidates: CandidatesOpt = 100,
+    rerank: RerankOpt = None,
+    rerank_top_k: RerankTopKOpt = 100,
+    rerank_batch_tokens: RerankBatchTokensOpt = 16384,
 ) -> None:
-    """Search an index with a query (a readable table) or a file of queries (a run file)."""
+    """Search an index with a query (a readable table) or a file of queries (a run file): by the model's vectors,
+    BM25 or both fused (--mode), optionally reranked (--rerank)."""
+    check_stage_options(mode, fusion)
     if (query is None) == (queries is None):
         raise typer.BadParameter("give a QUERY or --queries FILE (one of them)", param_hint="QUERY")
     if queries is not None and output is None:
@@ -363,10 +390,20 @@ def search(
     from lmembed.index import load_queries  # lazy: FAISS loads only when a command runs
 
     batch = load_queries(queries) if queries is not None else None
-    index = _open_for_search(index_dir, model, device, ef_search, nprobe, rescore_multiplier)
+    index = _open_for_search(
+        index_dir, model, device, ef_search, nprobe, rescore_multiplier, needs_model=mode != "bm25"
+    )
+    texts = [query] if batch is None else [text for _, text in batch]
+    depth = max(k, rerank_top_k) if rerank else k
+    how = {"mode": mode, "fusion": fusion, "candidates": candidates}
+    results = index.search_batch(texts, depth, instruction=instruction, batch_size=batch_size, **how)
+    if rerank:
+        from lmembed.index.second_stage import rerank_hits  # lazy: torch
+
+        reranker = open_reranker(rerank, device=device, max_batch_tokens=rerank_batch_tokens)
+        results = rerank_hits(reranker, texts, results, k)
     if batch is None:
-        _print_hits(query, index.search(query, k, instruction=instruction))
+        _print_hits(query, results[0])
         return
-    results = index.search_batch([text for _, text in batch], k, instruction=instruction, batch_size=batch_size)
     written = write_run(output, batch, results)
     console.print(f"searched {len(batch)} queries (top {k}); wrote {', '.join(map(str, written))}")

@@ -30,12 +30,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmembed.atomic import atomic_write_text
+from lmembed.errors import ConfigError
 from lmembed.index import integrity, kinds
 from lmembed.index.corpus import Document, load_corpus
 from lmembed.index.errors import IndexFormatError, IndexIntegrityError
 from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
+from lmembed.lexical.bm25 import LexicalIndex, open_lexical
+from lmembed.lexical.fusion import fuse_rows
 
 if TYPE_CHECKING:  # the Embedder pulls in torch
     from lmembed.embedder import Embedder
@@ -43,6 +46,10 @@ if TYPE_CHECKING:  # the Embedder pulls in torch
 DEFAULT_CHUNK_SIZE = 2048
 LOCK_FILE = ".lock"
 GENERATION_FILE = re.compile(r"^g\d{6}\.")
+#: How documents are found: by the Embedder's vectors, by BM25 (:mod:`lmembed.lexical.bm25`), or both fused
+#: (:mod:`lmembed.lexical.fusion`) from the ``candidates`` best of each.
+SEARCH_MODES = ("dense", "bm25", "hybrid")
+DEFAULT_CANDIDATES = 100
 
 #: Receives (documents encoded so far, documents to encode) after each chunk.
 Progress = Callable[[int, int], None]
@@ -136,6 +143,7 @@ class Index:
         self.store = store
         self.path = path
         self.embedder = embedder
+        self._lexical: LexicalIndex | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -307,6 +315,7 @@ class Index:
         )
         self.vectors.add(vectors)
         self.store.extend(docs)
+        self._lexical = None  # rebuilt over every document at the next BM25 search
         self.manifest.params = self.vectors.params
         self.manifest.count = self.count
         if self.path is not None:
@@ -396,18 +405,61 @@ class Index:
         """Query vectors, embedded as the index's strategy embeds queries (``encode_queries``)."""
         return self._require_embedder().encode_queries(list(queries), instruction=instruction, batch_size=batch_size)
 
-    def search(self, query: str, k: int = 10, *, instruction: str | None = None) -> list[Hit]:
-        """The ``k`` documents most similar to one query."""
+    def search(self, query: str, k: int = 10, *, instruction: str | None = None, **how: Any) -> list[Hit]:
+        """The ``k`` documents most similar to one query (``mode=``, ``fusion=``, ``candidates=``: see
+        :meth:`search_rows`)."""
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}; use search_batch for several")
-        return self.search_batch([query], k, instruction=instruction)[0]
+        return self.search_batch([query], k, instruction=instruction, **how)[0]
 
     def search_batch(
-        self, queries: Sequence[str], k: int = 10, *, instruction: str | None = None, batch_size: int = 32
+        self,
+        queries: Sequence[str],
+        k: int = 10,
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+        **how: Any,
     ) -> list[list[Hit]]:
-        """The ``k`` best documents of each query, in query order."""
-        vectors = self.embed_queries(queries, instruction=instruction, batch_size=batch_size)
-        return self.hits(*self.search_vectors(vectors, k))
+        """The ``k`` best documents of each query, in query order (see :meth:`search_rows` for ``how``)."""
+        return self.hits(*self.search_rows(queries, k, instruction=instruction, batch_size=batch_size, **how))
+
+    @property
+    def lexical(self) -> LexicalIndex:
+        """The BM25 index of the same documents (loaded from the folder, or built on first use)."""
+        if self._lexical is None or self._lexical.count != self.count:
+            self._lexical = open_lexical(self.path, self.store.texts, self.store.ids)
+        return self._lexical
+
+    def search_rows(
+        self,
+        queries: Sequence[str],
+        k: int = 10,
+        *,
+        mode: str = "dense",
+        fusion: str = "rrf",
+        candidates: int = DEFAULT_CANDIDATES,
+        vectors: np.ndarray | None = None,
+        instruction: str | None = None,
+        batch_size: int = 32,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, rows)`` of each query's ``k`` best documents. ``mode``: ``dense`` (cosine of the Embedder's
+        vectors), ``bm25``, or ``hybrid``: the ``max(k, candidates)`` best of each, fused by ``fusion`` (``rrf`` or
+        ``minmax``; the score is then the fused one). ``vectors``: the queries' vectors, if already embedded."""
+        if mode not in SEARCH_MODES:
+            raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(SEARCH_MODES)}")
+        if k < 1 or candidates < 1:
+            raise ValueError(f"k={k} and candidates={candidates} must be >= 1")
+        queries = list(queries)
+        if mode == "bm25":
+            return self.lexical.search(queries, k)
+        if vectors is None:
+            vectors = self.embed_queries(queries, instruction=instruction, batch_size=batch_size)
+        depth = k if mode == "dense" else max(k, candidates)
+        dense = self.search_vectors(vectors, depth)
+        if mode == "dense":
+            return dense
+        return fuse_rows([dense, self.lexical.search(queries, depth)], k, fusion)
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, rows)`` for query vectors embedded elsewhere (they must be this index's kind of vector)."""

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from conftest import build_tokenizer
+from helpers import save_tiny_cross_encoder
 from lmembed.errors import ConfigError, InputError, ModelLoadError
 from lmembed.rerank import CrossEncoderReranker, LLMReranker, load_reranker
 from lmembed.rerank.batching import token_batches
@@ -26,31 +27,12 @@ PAIRS = [
 ]
 
 
-def save_tiny_classifier(folder, num_labels: int = 1, seed: int = 0):
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(seed)
-    tok = build_tokenizer()
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=num_labels,
-    )
-    BertForSequenceClassification(config).eval().save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def st_folder(tmp_path_factory):
     """A tiny random cross-encoder saved by sentence-transformers itself."""
     from sentence_transformers import CrossEncoder
 
-    raw = save_tiny_classifier(tmp_path_factory.mktemp("raw"))
+    raw = save_tiny_cross_encoder(tmp_path_factory.mktemp("raw"))
     folder = tmp_path_factory.mktemp("st")
     CrossEncoder(str(raw)).save(str(folder))
     return folder
@@ -75,7 +57,7 @@ def test_cross_encoder_several_labels_and_recorded_activation(tmp_path):
     """num_labels > 1 → Identity and an (n, labels) array; an activation recorded by sentence-transformers is used."""
     from sentence_transformers import CrossEncoder
 
-    raw = save_tiny_classifier(tmp_path / "raw3", num_labels=3, seed=1)
+    raw = save_tiny_cross_encoder(tmp_path / "raw3", num_labels=3, seed=1)
     ce = CrossEncoder(str(raw))
     ce.save(str(tmp_path / "st3"))
     ours = load_reranker(str(tmp_path / "st3"))
@@ -84,7 +66,7 @@ def test_cross_encoder_several_labels_and_recorded_activation(tmp_path):
     with pytest.raises(ConfigError, match="3 labels"):
         ours.rank("cat", ["the cat"])
 
-    raw1 = save_tiny_classifier(tmp_path / "raw1", seed=2)
+    raw1 = save_tiny_cross_encoder(tmp_path / "raw1", seed=2)
     tanh = CrossEncoder(str(raw1), activation_fn=nn.Tanh())
     tanh.save(str(tmp_path / "tanh"))
     ours = load_reranker(str(tmp_path / "tanh"))

@@ -1,0 +1,153 @@
+"""``LexicalIndex``: BM25 over an index's documents, through ``bm25s``, row-aligned with the vectors.
+
+Texts are lower-cased, split into words of two or more characters and stripped of English stop words (bm25s'
+tokenizer; no stemming), and scored with Lucene's BM25 (``k1=1.5``, ``b=0.75``): the scores are bm25s' own.
+A query word the corpus never holds is ignored; a document that shares no word with the query is not a hit.
+
+Persisted in ``bm25/`` inside an index folder (:class:`lmembed.index.Index` keeps it beside the vectors), with
+``lexical.json`` recording which documents it covers (their count and a digest of their ids). :func:`open_lexical`
+reuses it while the index holds exactly those documents, and rebuilds it (and saves it, when it can) after
+documents were added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmembed.atomic import atomic_write_text
+from lmembed.errors import LmembedError
+
+log = logging.getLogger(__name__)
+
+LEXICAL_DIR = "bm25"
+LEXICAL_FILE = "lexical.json"
+FORMAT_VERSION = 1
+
+
+class LexicalIndexError(LmembedError, ValueError):
+    """A saved BM25 index cannot be read."""
+
+
+@dataclass(frozen=True)
+class LexicalParams:
+    """BM25's parameters and the tokenizer's stop words (bm25s' names)."""
+
+    k1: float = 1.5
+    b: float = 0.75
+    method: str = "lucene"
+    stopwords: str = "en"
+
+
+def ids_digest(ids: Sequence[str]) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for doc_id in ids:
+        digest.update(doc_id.encode("utf-8", "surrogatepass") + b"\0")
+    return digest.hexdigest()
+
+
+class LexicalIndex:
+    """BM25 over ``count`` documents; :meth:`search` returns rows into the index."""
+
+    def __init__(self, retriever: Any, tokenizer: Any, params: LexicalParams, count: int, digest: str) -> None:
+        self.retriever = retriever
+        self.tokenizer = tokenizer
+        self.params = params
+        self.count = count
+        self.digest = digest
+
+    @classmethod
+    def build(cls, texts: Sequence[str], ids: Sequence[str], params: LexicalParams | None = None) -> LexicalIndex:
+        import bm25s  # lazy: an optional extra (``pip install lmembed[hybrid]``), only needed for BM25
+        from bm25s.tokenization import Tokenizer
+
+        params = params or LexicalParams()
+        tokenizer = Tokenizer(stopwords=params.stopwords)
+        tokens = tokenizer.tokenize(list(texts), return_as="tuple", show_progress=False)
+        retriever = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
+        retriever.index(tokens, show_progress=False)
+        return cls(retriever, tokenizer, params, len(texts), ids_digest(ids))
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, rows)`` of shape ``(len(queries), k)``, best first; misses (no shared word, or fewer
+        documents than ``k``) are row ``-1`` with score ``0``."""
+        scores = np.zeros((len(queries), k), dtype=np.float32)
+        rows = np.full((len(queries), k), -1, dtype=np.int64)
+        if not queries or self.count == 0:
+            return scores, rows
+        depth = min(k, self.count)
+        tokens = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
+        found, found_scores = self.retriever.retrieve(tokens, k=depth, show_progress=False)
+        hit = found_scores > 0
+        scores[:, :depth] = np.where(hit, found_scores, 0)
+        rows[:, :depth] = np.where(hit, found, -1)
+        return scores, rows
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, folder: Path) -> Path:
+        """Write ``folder/bm25`` (filled under a temporary name, then renamed into place)."""
+        target = folder / LEXICAL_DIR
+        tmp = Path(tempfile.mkdtemp(prefix=f".{LEXICAL_DIR}-tmp-", dir=folder))
+        try:
+            self.retriever.save(str(tmp), show_progress=False)
+            self.tokenizer.save_vocab(str(tmp))
+            self.tokenizer.save_stopwords(str(tmp))
+            record = {"format": FORMAT_VERSION, "count": self.count, "ids": self.digest, "params": asdict(self.params)}
+            atomic_write_text(tmp / LEXICAL_FILE, json.dumps(record, indent=2))
+            if target.exists():
+                old = folder / f".{LEXICAL_DIR}-old-{tmp.name[-8:]}"
+                target.rename(old)
+                tmp.rename(target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    @classmethod
+    def load(cls, folder: Path) -> LexicalIndex | None:
+        """The BM25 index saved in ``folder/bm25``, or None when there is none."""
+        import bm25s  # lazy: optional extra
+        from bm25s.tokenization import Tokenizer
+
+        source = folder / LEXICAL_DIR
+        record_file = source / LEXICAL_FILE
+        if not record_file.is_file():
+            return None
+        try:
+            record = json.loads(record_file.read_text(encoding="utf-8"))
+            params = LexicalParams(**record["params"])
+            retriever = bm25s.BM25.load(str(source), show_progress=False)
+            tokenizer = Tokenizer(stopwords=params.stopwords)
+            tokenizer.load_vocab(str(source))
+            tokenizer.load_stopwords(str(source))
+            return cls(retriever, tokenizer, params, int(record["count"]), str(record["ids"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as exc:
+            raise LexicalIndexError(
+                f"{source}: cannot read the BM25 index ({exc}); delete the folder to rebuild it"
+            ) from exc
+
+
+def open_lexical(folder: Path | None, texts: Sequence[str], ids: Sequence[str]) -> LexicalIndex:
+    """The BM25 index of these documents: the one saved in ``folder`` if it covers exactly them, else a new one
+    (saved in ``folder`` when there is one)."""
+    digest = ids_digest(ids)
+    saved = LexicalIndex.load(folder) if folder is not None else None
+    if saved is not None and saved.count == len(ids) and saved.digest == digest:
+        return saved
+    log.info("building the BM25 index of %d documents", len(ids))
+    built = LexicalIndex.build(texts, ids, saved.params if saved is not None else None)
+    if folder is not None:
+        built.save(folder)
+    return built

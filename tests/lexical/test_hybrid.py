@@ -1,0 +1,117 @@
+"""Hybrid retrieval: BM25 scores equal bm25s's own, fusion of a hand-made pair of runs (RRF and min-max, worked
+out by hand), and Index's bm25/hybrid modes (persisted beside the vectors, reused, rebuilt after an add)."""
+
+from __future__ import annotations
+
+import bm25s
+import numpy as np
+import pytest
+
+from lmembed.errors import ConfigError
+from lmembed.index import Index
+from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex
+from lmembed.lexical.fusion import fuse, fuse_rows
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+DOCS = [
+    "the cat sat on the mat",
+    "a dog and a cat on the rug",
+    "protein folding in the cell",
+    "gene expression study of the cell and the protein",
+    "a man was riding a horse",
+    "the movie was great",
+    "language model embedding vector search",
+    "retrieval with a language model",
+]
+QUERIES = ["cat on a mat", "protein cell", "language model retrieval", "zebra", "horse riding movie"]
+
+
+def test_bm25_scores_equal_bm25s():
+    ours = LexicalIndex.build(DOCS, [f"d{i}" for i in range(len(DOCS))])
+    scores, rows = ours.search(QUERIES, k=len(DOCS))
+    reference = bm25s.BM25()
+    reference.index(bm25s.tokenize(DOCS, stopwords="en", show_progress=False), show_progress=False)
+    for q, query in enumerate(QUERIES):
+        expected = reference.get_scores(bm25s.tokenize(query, stopwords="en", return_ids=False, show_progress=False)[0])
+        hits = rows[q] >= 0
+        assert set(rows[q][hits]) == set(np.flatnonzero(expected > 0))  # every matching document, no other
+        np.testing.assert_allclose(scores[q][hits], expected[rows[q][hits]], rtol=1e-6)
+        assert np.all(np.diff(scores[q][hits]) <= 0)
+    assert np.all(rows[3] == -1)  # "zebra": no document shares a word
+
+
+# a hand-made pair of runs for one query: dense cosines and BM25 scores
+DENSE = {"a": 0.9, "b": 0.8, "c": 0.1}
+LEXICAL = {"c": 12.0, "d": 7.0, "a": 3.0}
+
+
+def test_reciprocal_rank_fusion_by_hand():
+    fused = fuse([DENSE, LEXICAL], "rrf")
+    # a: 1/(60+1) + 1/(60+3); c: 1/(60+3) + 1/(60+1); b: 1/62; d: 1/62 — ties go to the first seen
+    assert [key for key, _ in fused] == ["a", "c", "b", "d"]
+    np.testing.assert_allclose([s for _, s in fused], [1 / 61 + 1 / 63, 1 / 61 + 1 / 63, 1 / 62, 1 / 62])
+    weighted = dict(fuse([DENSE, LEXICAL], "rrf", weights=[1.0, 0.0]))
+    assert weighted["d"] == 0.0 and weighted["a"] == pytest.approx(1 / 61)
+
+
+def test_minmax_fusion_by_hand():
+    fused = fuse([DENSE, LEXICAL], "minmax")
+    # dense → a 1, b (0.8-0.1)/0.8 = 0.875, c 0; BM25 → c 1, d (7-3)/9, a 0
+    assert [key for key, _ in fused] == ["a", "c", "b", "d"]
+    np.testing.assert_allclose([s for _, s in fused], [1.0, 1.0, 0.875, 4 / 9])
+    weighted = fuse([DENSE, LEXICAL], "minmax", weights=[0.7, 0.3])
+    assert [key for key, _ in weighted] == ["a", "b", "c", "d"]
+    np.testing.assert_allclose([s for _, s in weighted], [0.7, 0.6125, 0.3, 0.3 * 4 / 9])
+    assert fuse([{"x": 2.0, "y": 2.0}], "minmax") == [("x", 1.0), ("y", 1.0)]  # one score: all map to 1
+    with pytest.raises(ConfigError, match="fusion='max'"):
+        fuse([DENSE], "max")
+    with pytest.raises(ConfigError, match="weights"):
+        fuse([DENSE, LEXICAL], "rrf", weights=[1.0])
+
+
+def test_fuse_rows_pads_misses():
+    dense = (np.array([[0.9, 0.5, 0.0]], dtype=np.float32), np.array([[3, 1, -1]]))
+    lexical = (np.array([[4.0, 0.0, 0.0]], dtype=np.float32), np.array([[1, -1, -1]]))
+    scores, rows = fuse_rows([dense, lexical], k=4)
+    assert rows.tolist() == [[1, 3, -1, -1]]
+    np.testing.assert_allclose(scores[0, :2], [1 / 62 + 1 / 61, 1 / 61])
+
+
+@pytest.fixture
+def bert(make_embedder):
+    return make_embedder("bert")
+
+
+def test_index_bm25_and_hybrid_modes(bert, tmp_path, monkeypatch):
+    folder = tmp_path / "idx"
+    index = Index.build(bert, [(f"d{i}", t) for i, t in enumerate(DOCS)], folder)
+    bm25 = index.search_batch(QUERIES, k=3, mode="bm25")
+    expected_scores, expected_rows = LexicalIndex.build(DOCS, [f"d{i}" for i in range(len(DOCS))]).search(QUERIES, 3)
+    for hits, rows, scores in zip(bm25, expected_rows, expected_scores, strict=True):
+        assert [h.id for h in hits] == [f"d{r}" for r in rows if r >= 0]
+        np.testing.assert_allclose([h.score for h in hits], scores[: len(hits)], rtol=1e-6)
+    assert (folder / LEXICAL_DIR).is_dir()
+
+    hybrid = index.search_batch(QUERIES, k=4, mode="hybrid", fusion="minmax", candidates=5)
+    dense = index.search_rows(QUERIES, 5)
+    lexical = index.lexical.search(QUERIES, 5)
+    for q, hits in enumerate(hybrid):
+        runs = [
+            {f"d{r}": float(s) for s, r in zip(run[0][q], run[1][q], strict=True) if r >= 0} for run in (dense, lexical)
+        ]
+        by_hand = fuse(runs, "minmax")[:4]
+        assert [(h.id, pytest.approx(h.score)) for h in hits] == by_hand
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the saved BM25 index should have been reused")
+
+    monkeypatch.setattr(LexicalIndex, "build", no_rebuild)
+    reopened = Index.open(folder, bert)
+    assert [h.id for h in reopened.search("protein cell", 3, mode="bm25")] == [h.id for h in bm25[1]]
+    monkeypatch.undo()
+    reopened.add([("new", "zebra zebra crossing")])
+    assert [h.id for h in reopened.search("zebra", 3, mode="bm25")] == ["new"]  # rebuilt over every document
+    assert [h.id for h in Index.open(folder, bert).search("zebra", 3, mode="bm25")] == ["new"]
+    with pytest.raises(ConfigError, match="mode='sparse'"):
+        index.search("cat", mode="sparse")
