@@ -13,36 +13,18 @@ from rich.console import Console
 from lmembed.atomic import atomic_write, atomic_write_text
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
-    DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
-    DEFAULT_ENGINE,
-    DEFAULT_PRECISION,
-    AttentionOpt,
-    BackendOpt,
     BatchSizeOpt,
-    CalibrationOpt,
-    DeviceOpt,
-    DimOpt,
-    DtypeOpt,
-    EchoOpt,
-    EngineOpt,
     InstructionOpt,
-    LayerOpt,
-    MaxLenOpt,
     ModelOpt,
-    NoCacheOpt,
-    PoolingOpt,
-    PrecisionOpt,
-    RayAddressOpt,
-    WorkersOpt,
     check_engine,
     check_input_file,
     check_writable,
     load_embedder,
-    model_options,
+    options_command,
     worker_spec,
 )
 from lmembed.io import read_text_lines, read_texts_field
+from lmembed.options import EngineOptions, ModelOptions
 
 console = Console(stderr=True)
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
@@ -64,28 +46,16 @@ def write_vectors(vectors: np.ndarray, texts: list[str], output: Path) -> None:
         atomic_write_text(output, "\n".join(lines) + "\n")
 
 
+@options_command
 def encode(
     input: Annotated[Path, typer.Argument(help="A text file (one text per line) or a .jsonl file.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write: .npy or .jsonl.")],
     model: ModelOpt = "minilm",
     field: Annotated[str, typer.Option(help="Text field of .jsonl rows.")] = "text",
-    pooling: PoolingOpt = None,
-    layer: LayerOpt = None,
-    attention: AttentionOpt = None,
-    echo: EchoOpt = None,
-    dim: DimOpt = None,
-    max_length: MaxLenOpt = None,
     instruction: InstructionOpt = None,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    device: DeviceOpt = DEFAULT_DEVICE,
-    backend: BackendOpt = None,
-    precision: PrecisionOpt = DEFAULT_PRECISION,
-    calibration: CalibrationOpt = None,
-    no_cache: NoCacheOpt = False,
-    engine: EngineOpt = DEFAULT_ENGINE,
-    ray_address: RayAddressOpt = None,
-    workers: WorkersOpt = None,
+    options: ModelOptions = ModelOptions(),
+    engine: EngineOptions = EngineOptions(),
 ) -> None:
     """Embed texts from a file and write the vectors (float32, one row per input, in order).
 
@@ -94,41 +64,45 @@ def encode(
     if output.suffix not in OUTPUT_SUFFIXES:
         raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
     check_writable(output, "--output")
-    check_engine(engine, ray_address, workers, precision)
-    if engine == "ray":
-        _encode_on_ray(check_input_file(input, "INPUT"), output, model, field, instruction, batch_size, locals())
+    check_engine(engine, options)
+    if engine.engine == "ray":
+        _encode_on_ray(check_input_file(input, "INPUT"), output, model, field, instruction, batch_size, options, engine)
         return
     texts = read_texts(check_input_file(input, "INPUT"), field)
-    emb = load_embedder(model, **model_options(locals()))
+    emb = load_embedder(model, options)
     vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction)
     write_vectors(vectors, texts, output)
     console.print(f"wrote {vectors.shape[0]} × {vectors.shape[1]} vectors ({emb.config.label()}) to {output}")
 
 
 def _encode_on_ray(
-    input: Path, output: Path, model: str, field: str, instruction: str | None, batch_size: int, values: dict
+    input: Path,
+    output: Path,
+    model: str,
+    field: str,
+    instruction: str | None,
+    batch_size: int,
+    options: ModelOptions,
+    engine: EngineOptions,
 ) -> None:
     """``lmembed encode --engine ray``: a sharded job streamed from the file; vectors written as they are assembled."""
     from lmembed.scale import encode_corpus, open_texts  # lazy: Ray Data is optional and heavy
 
-    options = model_options(values)
-    emb = load_embedder(model, **options)
+    emb = load_embedder(model, options)
     done = encode_corpus(
         emb,
         open_texts(input, field=field),
-        engine="ray",
+        engine=engine,
         instruction=instruction,
         batch_size=batch_size,
         output=output if output.suffix == ".npy" else None,
         memory_map=output.suffix != ".npy",
         spec=worker_spec(model, options),
-        ray_address=values["ray_address"],
-        workers=values["workers"],
         on_progress=lambda progress: console.print(progress.line(), markup=False, soft_wrap=True),
     )
     if output.suffix == ".jsonl":
         done.write_jsonl(output)
-    if values["no_cache"]:
+    if options.no_cache:
         done.job.remove()  # resumable while it runs; nothing left in the cache once the output is written
     report = done.report
     counts = f"{report.shards} shards, {len(report.shards_encoded)} encoded now, {len(report.shards_skipped)} resumed"

@@ -10,31 +10,14 @@ from rich.console import Console
 
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
-    DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
-    DEFAULT_ENGINE,
     DEFAULT_PRECISION,
-    AttentionOpt,
-    BackendOpt,
     BatchSizeOpt,
-    CalibrationOpt,
-    DeviceOpt,
-    DimOpt,
-    DtypeOpt,
-    EchoOpt,
-    EngineOpt,
-    LayerOpt,
     MaxLenOpt,
-    NoCacheOpt,
-    PoolingOpt,
-    PrecisionOpt,
-    RayAddressOpt,
-    WorkersOpt,
     check_backend,
     check_engine,
     check_writable,
     load_embedder,
-    model_options,
+    options_command,
     scale_out,
 )
 from lmembed.evaluation.instructions import published_instructions
@@ -48,6 +31,7 @@ from lmembed.evaluation.main_job import (
 from lmembed.evaluation.report import render_report
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
 from lmembed.evaluation.sweep import run_sweep
+from lmembed.options import EngineOptions, ModelOptions
 
 console = Console(stderr=True)
 out_console = Console()
@@ -67,17 +51,12 @@ GridOpt = Annotated[
 OutputDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Results directory.")]
 
 
+@options_command
 def eval_command(
     model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s); repeatable.")] = None,
     data: DataOpt = None,
     suite: Annotated[str | None, typer.Option(help="A named suite, e.g. mteb-lite, sts, retrieval.")] = None,
     grid: GridOpt = None,
-    pooling: PoolingOpt = None,
-    layer: LayerOpt = None,
-    attention: AttentionOpt = None,
-    echo: EchoOpt = None,
-    dim: DimOpt = None,
-    max_length: MaxLenOpt = None,
     task_type: Annotated[str | None, typer.Option(help="Force the task type of --data directories.")] = None,
     instructions: Annotated[
         str | None,
@@ -88,42 +67,32 @@ def eval_command(
     ] = None,
     output: OutputDirOpt = Path("results"),
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    device: DeviceOpt = DEFAULT_DEVICE,
-    backend: BackendOpt = None,
-    precision: PrecisionOpt = DEFAULT_PRECISION,
-    calibration: CalibrationOpt = None,
-    no_cache: NoCacheOpt = False,
-    engine: EngineOpt = DEFAULT_ENGINE,
-    ray_address: RayAddressOpt = None,
-    workers: WorkersOpt = None,
+    options: ModelOptions = ModelOptions(),
+    engine: EngineOptions = EngineOptions(),
 ) -> None:
     """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job.
 
     With --engine ray every encoding runs as a sharded job on Ray (workers load the model themselves) and
     retrieval corpora are searched memory-mapped from the embedding cache; scores equal --engine local's."""
     check_writable(output, "--output", folder=True)
-    check_engine(engine, ray_address, workers, precision)
+    check_engine(engine, options)
     if not model and not data and not suite:
-        if engine != "local":
+        if engine.engine != "local":
             raise typer.BadParameter(
                 "the main job runs locally; give --model/--data to evaluate on Ray", param_hint="--engine"
             )
-        if calibration is not None:
+        if options.calibration is not None:
             raise typer.BadParameter(
                 "the main job calibrates int8 on the texts it scores; --calibration is for --model/--data",
                 param_hint="--calibration",
             )
-        _main_job(output, batch_size, backend, precision)
+        _main_job(output, batch_size, options.backend, options.precision)
         return
-    options = model_options(locals())
     tasks, missing = resolve_eval_tasks(data, suite, task_type, instructions)  # tasks carry their instructions
     results = []
     for name in model or ["minilm"]:
-        emb = load_embedder(name, **options)
-        emb = scale_out(
-            emb, engine, name, options, ray_address=ray_address, workers=workers, on_progress=_progress, memory_map=True
-        )
+        emb = load_embedder(name, options)
+        emb = scale_out(emb, engine, name, options, on_progress=_progress, memory_map=True)
         configs = expand_grid(emb.config, parse_grid(grid or [], emb.backbone.num_layers))
         console.print(f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)")
         own = None if instructions else published_instructions(getattr(emb, "published", None))

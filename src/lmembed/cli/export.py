@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -9,24 +10,25 @@ import typer
 from rich.console import Console
 
 from lmembed.cli.options import (
-    AttentionOpt,
-    EchoOpt,
-    LayerOpt,
-    MaxLenOpt,
+    Exclude,
     ModelOpt,
-    PoolingOpt,
     check_input_file,
     check_writable,
     load_embedder,
-    model_options,
+    options_command,
 )
 from lmembed.io import read_text_lines
+from lmembed.options import ModelOptions
+
+#: Export offers the strategy options; the runtime ones are its own (--precision, --calibration) or fixed.
+EXPORTED = Exclude("dim", "dtype", "device", "backend", "precision", "calibration", "no_cache")
 
 console = Console(stderr=True)
 FORMATS = ("onnx",)
 PRECISIONS = ("float32", "int8")
 
 
+@options_command
 def export(
     directory: Annotated[Path, typer.Argument(help="Folder to write (replaced atomically if it exists).")],
     model: ModelOpt = "minilm",
@@ -38,11 +40,7 @@ def export(
         Path | None,
         typer.Option("--calibration", help="Text file, one text per line: int8 calibration texts (a few hundred)."),
     ] = None,
-    pooling: PoolingOpt = None,
-    layer: LayerOpt = None,
-    attention: AttentionOpt = None,
-    echo: EchoOpt = None,
-    max_length: MaxLenOpt = None,
+    options: Annotated[ModelOptions, EXPORTED] = ModelOptions(backend="onnx"),
 ) -> None:
     """Export MODEL with its strategy: model.onnx returns exactly the hidden states the strategy pools (pooling stays
     in lmembed), beside manifest.json, the tokenizer and lmembed.json. Exports are cached by weights, strategy and
@@ -55,7 +53,6 @@ def export(
         raise typer.BadParameter("int8 needs calibration texts: --calibration FILE", param_hint="--calibration")
     texts = read_text_lines(check_input_file(calibration, "--calibration")) if calibration is not None else None
     check_writable(directory, "DIRECTORY", folder=True)
-    options = {**model_options(locals()), "backend": "onnx", "calibration": None}  # calibrated by export() itself
-    emb = load_embedder(model, **options)
+    emb = load_embedder(model, replace(options, precision=precision))  # calibrated by export() itself
     out = emb.export(directory, format, calibration=texts)
     console.print(f"exported {emb.name} ({emb.config.label()}, {precision}) to {out}")

@@ -24,31 +24,15 @@ from lmembed.atomic import atomic_write_text
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
-    DEFAULT_ENGINE,
-    DEFAULT_PRECISION,
-    AttentionOpt,
-    BackendOpt,
     BatchSizeOpt,
-    CalibrationOpt,
     DeviceOpt,
-    DimOpt,
-    DtypeOpt,
-    EchoOpt,
-    EngineOpt,
     InstructionOpt,
-    LayerOpt,
-    MaxLenOpt,
     ModelOpt,
     NoCacheOpt,
-    PoolingOpt,
-    PrecisionOpt,
-    RayAddressOpt,
-    WorkersOpt,
     check_engine,
     check_writable,
     load_embedder,
-    model_options,
+    options_command,
     scale_out,
 )
 from lmembed.cli.rerank import (
@@ -61,6 +45,7 @@ from lmembed.cli.rerank import (
     check_stage_options,
     open_reranker,
 )
+from lmembed.options import EngineOptions, ModelOptions
 
 if TYPE_CHECKING:  # lmembed.index imports FAISS; commands import it only when they run
     from lmembed.index import Hit, Index
@@ -117,17 +102,12 @@ class _ProgressBar:
         self.progress.update(self.task, completed=done)
 
 
+@options_command
 def build(
     data: DataArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="The index folder to create.")],
     model: ModelOpt = "minilm",
     kind: Annotated[str, typer.Option("--kind", help=KIND_DOC)] = "flat",
-    dim: DimOpt = None,
-    pooling: PoolingOpt = None,
-    layer: LayerOpt = None,
-    attention: AttentionOpt = None,
-    echo: EchoOpt = None,
-    max_length: MaxLenOpt = None,
     hnsw_m: Annotated[int, typer.Option("--hnsw-m", min=2, help="hnsw: links per node.")] = 32,
     ef_construction: Annotated[int, typer.Option("--ef-construction", min=1, help="hnsw: build beam width.")] = 200,
     ef_search: Annotated[int, typer.Option("--ef-search", min=1, help="hnsw: search beam width.")] = 128,
@@ -141,15 +121,8 @@ def build(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an index already in OUTPUT.")] = False,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     chunk_size: ChunkOpt = 2048,
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    device: DeviceOpt = DEFAULT_DEVICE,
-    backend: BackendOpt = None,
-    precision: PrecisionOpt = DEFAULT_PRECISION,
-    calibration: CalibrationOpt = None,
-    no_cache: NoCacheOpt = False,
-    engine: EngineOpt = DEFAULT_ENGINE,
-    ray_address: RayAddressOpt = None,
-    workers: WorkersOpt = None,
+    options: ModelOptions = ModelOptions(),
+    engine: EngineOptions = EngineOptions(),
 ) -> None:
     """Embed a corpus and write a searchable index folder (a re-run after an interruption reuses the cache).
 
@@ -169,12 +142,11 @@ def build(
         rescore_multiplier=rescore_multiplier,
     )
     check_writable(output, "--output", folder=True)
-    check_engine(engine, ray_address, workers, precision)
+    check_engine(engine, options)
     docs = load_corpus(data)
-    options = model_options(locals())
-    emb = load_embedder(model, **options)
-    if engine == "ray":  # one job for the whole corpus: the job resumes by itself, shard by shard
-        emb = scale_out(emb, engine, model, options, ray_address=ray_address, workers=workers, on_progress=_ray_line)
+    emb = load_embedder(model, options)
+    if engine.engine == "ray":  # one job for the whole corpus: the job resumes by itself, shard by shard
+        emb = scale_out(emb, engine, model, options, on_progress=_ray_line)
         chunk_size = max(1, len(docs))
     with _ProgressBar(f"indexing [{emb.config.label()}]") as bar:
         index = Index.build(

@@ -1,6 +1,19 @@
 """Options shared by several commands, defined once: their help text, their validation, and the helpers
 that turn them into library objects.
 
+Model and engine options are the fields of :class:`~lmembed.options.ModelOptions` and
+:class:`~lmembed.options.EngineOptions` (each field carries its flag and help). A command takes a whole group
+as one parameter, ``options: ModelOptions = ModelOptions()``, and :func:`options_command` shows typer that
+parameter as the group's flags, building the frozen object from them before the command runs; so a new field
+is a new flag of every command that takes the group, and a command's signature holds only what is its own.
+
+Why a decorator: typer 0.29 has no option groups built from a dataclass (each parameter of the command's
+signature is one option), and a shared callback belongs to a command *group*, so its options would go before
+the command name (``lmembed --pooling mean encode``) and change every command line. Rewriting the signature
+typer reads (``__signature__``) keeps each flag, its help, its default and its place after the command name
+exactly as they were, and needs nothing from typer beyond ``inspect.signature``. ``Exclude`` in the
+annotation leaves out the fields a command does not offer (they keep the default's values).
+
 Every command that takes ``--batch-size``, ``--device``, ``--pooling`` ... uses the type defined here, so
 the same value is accepted or refused with the same message everywhere (``min=1`` ranges are checked by
 typer before any work starts).
@@ -8,168 +21,174 @@ typer before any work starts).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin, get_type_hints
 
 import typer
 
-from lmembed.config import ATTENTION_HELP, POOLING_HELP
+from lmembed.errors import LmembedError
+from lmembed.options import (
+    ATTENTION_DOC,
+    BACKEND_DOC,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_ENGINE,
+    DEFAULT_PRECISION,
+    DEVICE_DOC,
+    DTYPE_DOC,
+    LAYER_DOC,
+    POOLING_DOC,
+    PRECISION_DOC,
+    EngineOptions,
+    Flag,
+    ModelOptions,
+    flags_of,
+)
 
 if TYPE_CHECKING:  # the Embedder pulls in torch; commands import it only when they run
     from lmembed.embedder import Embedder
 
-POOLING_DOC = "Pooling strategy (default: the model's own). " + " ".join(
-    f"'{name}': {text}" for name, text in POOLING_HELP.items()
-)
-ATTENTION_DOC = "Attention for decoders. " + " ".join(f"'{name}': {text}" for name, text in ATTENTION_HELP.items())
-LAYER_DOC = (
-    "Hidden layer(s) to read: an index (0 = embeddings, -1 = final output, -2 = penultimate ...) "
-    "or a comma list averaged together, e.g. '15,16'."
-)
-DEVICE_DOC = "cpu, cuda, cuda:N or auto (a GPU when there is one)."
-BACKEND_DOC = (
-    "What runs the model: 'torch' (the reference; CPU or GPU; the default for float32) or 'onnx' (ONNX Runtime on "
-    "the CPU: exported once, cached, run as a fused graph; vectors within cosine 0.9999 of torch's; the default for "
-    "int8; needs pip install 'lmembed\\[onnx]')."
-)
-PRECISION_DOC = (
-    "float32 (default), or int8: quantised (per-row activations, per-column weights on --backend onnx), "
-    "calibrated on --calibration texts and checked against float32 by a quality gate that warns with the gap."
-)
-DTYPE_DOC = "float32, bfloat16 or float16."
+__all__ = [  # the help texts and defaults, re-exported for the commands that take one option alone
+    "ATTENTION_DOC",
+    "BACKEND_DOC",
+    "DEFAULT_DEVICE",
+    "DEFAULT_DTYPE",
+    "DEFAULT_ENGINE",
+    "DEFAULT_PRECISION",
+    "DEVICE_DOC",
+    "DTYPE_DOC",
+    "LAYER_DOC",
+    "POOLING_DOC",
+    "PRECISION_DOC",
+]
+
+#: The attribute of a command made by :func:`options_command`: its option groups, by parameter name.
+GROUPS_ATTR = "__option_groups__"
+
+
+class Exclude:
+    """In ``Annotated[ModelOptions, Exclude("dim", ...)]``: fields of the group the command does not offer."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = frozenset(names)
+
+
+def option_type(group: type, name: str) -> Any:
+    """The ``Annotated`` type typer reads for field ``name`` of an options dataclass (its flag and help)."""
+    spec = flags_of(group)[name]
+    kind = spec.cli_type if spec.cli_type is not None else get_type_hints(group)[name]
+    extra = {} if spec.min is None else {"min": spec.min}
+    return Annotated[kind, typer.Option(*spec.decls, help=spec.help, **extra)]
+
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Bundled name, local directory or Hub id.")]
-PoolingOpt = Annotated[str | None, typer.Option("--pooling", help=POOLING_DOC)]
-LayerOpt = Annotated[str | None, typer.Option("--layer", help=LAYER_DOC)]
-AttentionOpt = Annotated[str | None, typer.Option("--attention", help=ATTENTION_DOC)]
-EchoOpt = Annotated[
-    bool | None, typer.Option("--echo/--no-echo", help="Echo embeddings: feed the text twice, pool the 2nd copy.")
-]
-DimOpt = Annotated[
-    int | None, typer.Option("--dim", min=1, help="Matryoshka: keep the first DIM dimensions (then normalise).")
-]
-MaxLenOpt = Annotated[
-    int | None, typer.Option("--max-length", min=1, help="Truncate texts to this many tokens (default: model's own).")
-]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help=DTYPE_DOC)]
-BackendOpt = Annotated[str | None, typer.Option("--backend", help=BACKEND_DOC)]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help=PRECISION_DOC)]
-CalibrationOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--calibration",
-        help="--precision int8: a text file, one text per line, a few hundred of your own texts to calibrate on "
-        "(default: a sample of the first texts encoded).",
-    ),
-]
-DeviceOpt = Annotated[str, typer.Option("--device", help=DEVICE_DOC)]
-NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the embedding cache.")]
+PoolingOpt = option_type(ModelOptions, "pooling")
+LayerOpt = option_type(ModelOptions, "layer")
+AttentionOpt = option_type(ModelOptions, "attention")
+EchoOpt = option_type(ModelOptions, "echo")
+DimOpt = option_type(ModelOptions, "dim")
+MaxLenOpt = option_type(ModelOptions, "max_length")
+DtypeOpt = option_type(ModelOptions, "dtype")
+BackendOpt = option_type(ModelOptions, "backend")
+PrecisionOpt = option_type(ModelOptions, "precision")
+CalibrationOpt = option_type(ModelOptions, "calibration")
+DeviceOpt = option_type(ModelOptions, "device")
+NoCacheOpt = option_type(ModelOptions, "no_cache")
+EngineOpt = option_type(EngineOptions, "engine")
+RayAddressOpt = option_type(EngineOptions, "ray_address")
+WorkersOpt = option_type(EngineOptions, "workers")
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
 InstructionOpt = Annotated[
     str | None, typer.Option("--instruction", help="Task instruction for queries (kept out of pooling).")
 ]
 ENGINES = ("local", "ray")
-EngineOpt = Annotated[
-    str,
-    typer.Option(
-        "--engine",
-        help="Where encoding runs: 'local' (this process) or 'ray' (resumable sharded jobs on Ray Data: one worker "
-        "per GPU, or per CPU; vectors identical to 'local'; needs pip install 'lmembed\\[scale]').",
-    ),
-]
-RayAddressOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--ray-address",
-        help="--engine ray: join this running cluster ('auto', 'ray://head:10001'); default: start a local one.",
-    ),
-]
-WorkersOpt = Annotated[
-    int | None,
-    typer.Option("--workers", min=1, help="--engine ray: number of workers (default: one per GPU, else per CPU)."),
-]
 
-#: Defaults every command shares, so ``--device`` means the same thing everywhere.
-DEFAULT_DEVICE = "cpu"
-DEFAULT_DTYPE = "float32"
 DEFAULT_BATCH_SIZE = 32
-DEFAULT_ENGINE = "local"
-DEFAULT_PRECISION = "float32"
 #: What --precision accepts: the torch backend's other float types are chosen with --dtype.
 CLI_PRECISIONS = ("float32", "int8")
-
-MODEL_OPTIONS = (
-    "pooling",
-    "layer",
-    "attention",
-    "echo",
-    "dim",
-    "max_length",
-    "dtype",
-    "device",
-    "no_cache",
-    "backend",
-    "precision",
-    "calibration",
-)
+#: The flags of ModelOptions, by field name.
+MODEL_OPTIONS = tuple(flags_of(ModelOptions))
 
 
-def parse_layer(value: str | None) -> int | tuple[int, ...] | None:
-    """'-1' → -1; '15,16' → (15, 16); None stays None."""
-    if value is None:
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """One options-group parameter of a command: its dataclass, the fields offered as flags, the base value."""
+
+    kind: type
+    offered: dict[str, Flag]
+    base: Any
+
+    def build(self, values: dict[str, Any]) -> Any:
+        for name, spec in self.offered.items():
+            if spec.parse is not None:
+                try:
+                    values[name] = spec.parse(values[name])
+                except (LmembedError, ValueError) as exc:
+                    raise typer.BadParameter(str(exc), param_hint=spec.name) from None
+        return dataclasses.replace(self.base, **values)
+
+
+def _group_of(param: inspect.Parameter) -> _Group | None:
+    """The options group a parameter stands for (annotated with an options dataclass), or None."""
+    annotation, excluded = param.annotation, frozenset()
+    if get_origin(annotation) is Annotated:
+        annotation, *extras = get_args(annotation)
+        excluded = frozenset().union(*(e.names for e in extras if isinstance(e, Exclude)))
+    if not (isinstance(annotation, type) and dataclasses.is_dataclass(annotation) and flags_of(annotation)):
         return None
-    try:
-        parts = [int(p) for p in value.split(",") if p.strip()]
-    except ValueError as exc:
-        raise typer.BadParameter(f"{value!r}: expected an int or a comma list of ints", param_hint="--layer") from exc
-    if not parts:
-        raise typer.BadParameter("empty value", param_hint="--layer")
-    return parts[0] if len(parts) == 1 else tuple(parts)
+    offered = {name: spec for name, spec in flags_of(annotation).items() if name not in excluded}
+    base = annotation() if param.default is inspect.Parameter.empty else param.default
+    return _Group(annotation, offered, base)
 
 
-def model_options(values: dict[str, Any]) -> dict[str, Any]:
-    """The model/strategy options among a command's arguments (pass ``locals()``), for :func:`load_embedder`."""
-    return {name: values[name] for name in MODEL_OPTIONS if name in values}
+def options_command(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command`` as typer sees it: each parameter annotated with an options dataclass (``ModelOptions``,
+    ``EngineOptions``, optionally ``Annotated[..., Exclude(...)]``) becomes that group's flags, in field order
+    at its place; the command receives the frozen object built from them (see the module doc)."""
+    signature = inspect.signature(command, eval_str=True)
+    groups: dict[str, _Group] = {}
+    params: list[inspect.Parameter] = []
+    for param in signature.parameters.values():
+        group = _group_of(param)
+        if group is None:
+            params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        groups[param.name] = group
+        for name in group.offered:
+            default = getattr(group.base, name)
+            annotation = option_type(group.kind, name)
+            params.append(
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+            )
+    names = [p.name for p in params]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise TypeError(f"{command.__name__}: options offered twice: {', '.join(clashes)}")
+
+    @functools.wraps(command)
+    def run(**values: Any) -> Any:
+        for name, group in groups.items():
+            values[name] = group.build({field: values.pop(field) for field in group.offered})
+        return command(**values)
+
+    run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params} | {"return": signature.return_annotation}
+    setattr(run, GROUPS_ATTR, groups)
+    return run
 
 
-def load_embedder(
-    model: str,
-    *,
-    pooling: str | None = None,
-    layer: str | None = None,
-    attention: str | None = None,
-    echo: bool | None = None,
-    dim: int | None = None,
-    max_length: int | None = None,
-    dtype: str = DEFAULT_DTYPE,
-    device: str = DEFAULT_DEVICE,
-    no_cache: bool = False,
-    backend: str | None = None,
-    precision: str = DEFAULT_PRECISION,
-    calibration: Path | None = None,
-    **strategy: Any,
-) -> Embedder:
+def load_embedder(model: str, options: ModelOptions, **strategy: Any) -> Embedder:
     """An :class:`~lmembed.embedder.Embedder` from command-line option values (``backend``, ``precision`` and
     ``calibration`` checked first by :func:`check_backend`)."""
     from lmembed.embedder import Embedder  # lazy: torch loads only when a command runs, not for --help
 
-    texts = check_backend(backend, precision, calibration)
-    emb = Embedder.from_pretrained(
-        model,
-        pooling=pooling,
-        layer=parse_layer(layer),
-        attention=attention,
-        echo=echo,
-        dim=dim,
-        max_length=max_length,
-        dtype=dtype,
-        device=device,
-        cache=not no_cache,
-        backend=backend,
-        precision=None if precision == DEFAULT_PRECISION else precision,
-        **strategy,
-    )
+    texts = check_backend(options.backend, options.precision, options.calibration)
+    emb = Embedder.from_pretrained(model, **options.loading(), **strategy)
     return emb.calibrate(texts) if texts is not None else emb
 
 
@@ -200,63 +219,46 @@ def check_backend(backend: str | None, precision: str, calibration: Path | None)
     return texts
 
 
-def check_engine(
-    engine: str, ray_address: str | None, workers: int | None = None, precision: str = DEFAULT_PRECISION
-) -> str:
+def check_engine(engine: EngineOptions, model: ModelOptions | None = None) -> str:
     """Refuse an unknown engine, Ray options given to the local engine, or int8 on Ray, before any work starts."""
-    if engine not in ENGINES:
-        raise typer.BadParameter(f"{engine!r}: choose one of {', '.join(ENGINES)}", param_hint="--engine")
-    if engine == "ray" and precision == "int8":  # each worker would calibrate on its own shard: vectors would disagree
+    if engine.engine not in ENGINES:
+        raise typer.BadParameter(f"{engine.engine!r}: choose one of {', '.join(ENGINES)}", param_hint="--engine")
+    if engine.engine == "ray" and model is not None and model.precision == "int8":
+        # each worker would calibrate on its own shard: vectors would disagree
         raise typer.BadParameter(
             "int8 runs with --engine local (calibrated once, in one process)", param_hint="--precision"
         )
-    if engine == "local" and (ray_address is not None or workers is not None):
-        option = "--ray-address" if ray_address is not None else "--workers"
+    if engine.engine == "local" and (engine.ray_address is not None or engine.workers is not None):
+        option = "--ray-address" if engine.ray_address is not None else "--workers"
         raise typer.BadParameter(f"{option} needs --engine ray", param_hint=option)
-    return engine
+    return engine.engine
 
 
 def scale_out(
     embedder: Embedder,
-    engine: str,
+    engine: EngineOptions,
     model: str,
-    options: dict[str, Any],
+    options: ModelOptions,
     *,
-    ray_address: str | None = None,
-    workers: int | None = None,
     on_progress: Any = None,
     memory_map: bool = False,
 ) -> Embedder:
     """``embedder`` for ``--engine local``; for ``--engine ray`` the same Embedder encoding through sharded jobs,
     whose workers load ``model`` themselves with the command's model options (device chosen per worker);
     ``memory_map``: results are read-only memory maps of ``.npy`` files in the embedding cache."""
-    if engine == "local":
+    if engine.engine == "local":
         return embedder
     from lmembed.scale import scaled  # lazy: Ray Data is optional and slow to import
 
-    return scaled(
-        embedder,
-        "ray",
-        ray_address=ray_address,
-        workers=workers,
-        spec=worker_spec(model, options),
-        on_progress=on_progress,
-        memory_map=memory_map,
-    )
+    return scaled(embedder, engine, spec=worker_spec(model, options), on_progress=on_progress, memory_map=memory_map)
 
 
-def worker_spec(model: str, options: dict[str, Any]) -> Any:
+def worker_spec(model: str, options: ModelOptions) -> Any:
     """How Ray workers load ``model`` with a command's model options (an ``lmembed.scale.EmbedderSpec``); each
     worker picks its own device (its GPU, or the CPU)."""
     from lmembed.scale import EmbedderSpec  # lazy: Ray Data is optional and slow to import
 
-    skip = ("device", "no_cache", "calibration")
-    loading = {
-        k: v for k, v in options.items() if k not in skip and v is not None and (k, v) != ("precision", "float32")
-    }
-    if "layer" in loading:
-        loading["layer"] = parse_layer(loading["layer"])
-    return EmbedderSpec(model, loading)
+    return EmbedderSpec(model, options.portable())
 
 
 def check_input_file(path: Path, option: str) -> Path:

@@ -14,27 +14,15 @@ from typing import Annotated
 
 import typer
 
-from lmembed.cli.options import (
-    DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
-    DEFAULT_PRECISION,
-    AttentionOpt,
-    BackendOpt,
-    CalibrationOpt,
-    DeviceOpt,
-    DimOpt,
-    DtypeOpt,
-    EchoOpt,
-    LayerOpt,
-    MaxLenOpt,
-    PoolingOpt,
-    PrecisionOpt,
-    load_embedder,
-)
+from lmembed.cli.options import Exclude, load_embedder, options_command
+from lmembed.options import ModelOptions
 
+#: A server never caches what it embeds.
+SERVED = ModelOptions(no_cache=True)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
+@options_command
 def serve(
     model: Annotated[str, typer.Argument(help="Bundled name, saved Embedder folder or Hub id.")],
     index_dir: Annotated[
@@ -62,17 +50,7 @@ def serve(
         str | None,
         typer.Option("--api-key", envvar="LMEMBED_API_KEY", help="Require 'Authorization: Bearer KEY' (else 401)."),
     ] = None,
-    pooling: PoolingOpt = None,
-    layer: LayerOpt = None,
-    attention: AttentionOpt = None,
-    echo: EchoOpt = None,
-    dim: DimOpt = None,
-    max_length: MaxLenOpt = None,
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    device: DeviceOpt = DEFAULT_DEVICE,
-    backend: BackendOpt = None,
-    precision: PrecisionOpt = DEFAULT_PRECISION,
-    calibration: CalibrationOpt = None,
+    options: Annotated[ModelOptions, Exclude("no_cache")] = SERVED,
     graceful_timeout: Annotated[
         float, typer.Option("--graceful-timeout", min=0, help="Seconds requests in flight get to finish on shutdown.")
     ] = 30.0,
@@ -98,28 +76,14 @@ def serve(
     )
     index = Index.open(index_dir) if index_dir is not None else None  # a broken index fails before the model loads
     # an int8 model is calibrated before it serves: else the first request's texts would decide every vector
-    recorded = index.manifest.model.calibration if index is not None and calibration is None else None
-    if precision == "int8" and calibration is None and not recorded:
+    recorded = index.manifest.model.calibration if index is not None and options.calibration is None else None
+    if options.precision == "int8" and options.calibration is None and not recorded:
         raise typer.BadParameter(
             "a served int8 model needs calibration texts: --calibration FILE (or an int8 --index)",
             param_hint="--calibration",
         )
-    embedder = load_embedder(
-        model,
-        pooling=pooling,
-        layer=layer,
-        attention=attention,
-        echo=echo,
-        dim=dim,
-        max_length=max_length,
-        dtype=dtype,
-        device=device,
-        no_cache=True,
-        backend=backend,
-        precision=precision,
-        calibration=calibration,
-    )
-    if precision == "int8" and recorded:
+    embedder = load_embedder(model, options)
+    if options.precision == "int8" and recorded:
         embedder.calibrate(recorded)  # as the index was built
     app = create_app(embedder, model_name=served_model_name or model, index=index, limits=limits)
     run(app, host=host, port=port, graceful_timeout=graceful_timeout, log_level=log_level, access_log=access_log)

@@ -9,21 +9,20 @@ finished on the other.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from lmembed.embedder import Embedder
+from lmembed.options import EngineOptions
 from lmembed.scale.errors import EngineUnavailableError
 from lmembed.scale.planning import Planner, PlanSettings
 from lmembed.scale.sources import CorpusSource
 from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, ShardEncoder, ShardSettings
 
 ENGINES = ("local", "ray")
-#: The keyword options of :func:`make_engine`, which :func:`~lmembed.scale.sharded.scaled` and
-#: :func:`~lmembed.scale.sharded.encode_corpus` pass on to it.
-ENGINE_OPTIONS = ("ray_address", "workers", "threads_per_worker", "gpus_per_worker", "num_cpus", "worker_restarts")
 
 
 class Engine(Protocol):
@@ -83,45 +82,34 @@ class LocalEngine:
             yield encoder({"shard": np.asarray([shard], dtype=np.int64)})
 
 
-def make_engine(
-    engine: str | Engine = "local",
-    *,
-    ray_address: str | None = None,
-    workers: int | None = None,
-    threads_per_worker: int = 1,
-    gpus_per_worker: float | None = None,
-    num_cpus: int | None = None,
-    worker_restarts: int = 2,
-) -> Engine:
-    """An engine by name (``local`` or ``ray``), or ``engine`` itself when it is one already.
-
-    Ray options: ``ray_address`` joins a running cluster (``auto``, ``ray://host:10001``, ``host:6379``),
-    otherwise a local one is started with ``num_cpus`` CPUs (default: all of this machine's);
-    ``workers`` actors (default: one per GPU when ``gpus_per_worker`` is set or the cluster has GPUs,
-    else one per ``threads_per_worker`` CPUs); a worker that dies is restarted up to
-    ``worker_restarts`` times before the job fails.
-    """
-    if not isinstance(engine, str):
+def make_engine(engine: str | Engine | EngineOptions = "local", **options: Any) -> Engine:
+    """An engine from its :class:`~lmembed.options.EngineOptions` (or from a name, ``local`` or ``ray``, and
+    those options as keywords: ``make_engine("ray", workers=2)``), or ``engine`` itself when it is one already.
+    The options are described on :class:`~lmembed.options.EngineOptions`."""
+    if not isinstance(engine, str | EngineOptions):
         return engine
-    if engine == "local":
-        if ray_address is not None:
+    chosen = engine_options(engine, **options)
+    if chosen.engine == "local":
+        if chosen.ray_address is not None:
             raise EngineUnavailableError("--ray-address is an option of --engine ray; the local engine has no cluster")
         return LocalEngine()
-    if engine != "ray":
-        raise EngineUnavailableError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if chosen.engine != "ray":
+        raise EngineUnavailableError(f"unknown engine {chosen.engine!r}; choose one of {', '.join(ENGINES)}")
     try:
         from lmembed.scale.ray_engine import RayEngine  # lazy: ray is optional (the scale extra) and slow to import
     except ImportError as exc:
         raise EngineUnavailableError(
             f"--engine ray needs Ray Data ({exc.name or exc}): pip install 'lmembed[scale]'"
         ) from exc
-    options = engine_options(locals())
-    return RayEngine(options.pop("ray_address"), **options)
+    return RayEngine(chosen)
 
 
-def engine_options(values: dict[str, Any]) -> dict[str, Any]:
-    """The engine options among a function's arguments (pass ``locals()``), for :func:`make_engine`."""
-    return {name: values[name] for name in ENGINE_OPTIONS}
+def engine_options(engine: str | EngineOptions, **options: Any) -> EngineOptions:
+    """``engine`` with ``options`` as an :class:`~lmembed.options.EngineOptions` (a name and keywords, or
+    options with some replaced)."""
+    if isinstance(engine, EngineOptions):
+        return replace(engine, **options)
+    return EngineOptions(engine=engine, **options)
 
 
 def describe(engine: Engine) -> dict[str, Any]:

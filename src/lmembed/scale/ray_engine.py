@@ -37,6 +37,7 @@ from ray.data.datasource import Datasource, ReadTask
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
 from lmembed.models.loading import weights_fingerprint
+from lmembed.options import EngineOptions
 from lmembed.scale.errors import ScaleError, WorkerLostError
 from lmembed.scale.planning import PlanSettings, plan_block
 from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource
@@ -100,32 +101,19 @@ class Shipped:
 
 
 class RayEngine:
-    """See the module doc; options are those of :func:`lmembed.scale.engines.make_engine`."""
+    """See the module doc; ``options``: see :class:`~lmembed.options.EngineOptions`."""
 
     name = "ray"
 
-    def __init__(
-        self,
-        address: str | None = None,
-        *,
-        workers: int | None = None,
-        threads_per_worker: int = 1,
-        gpus_per_worker: float | None = None,
-        num_cpus: int | None = None,
-        worker_restarts: int = 2,
-    ) -> None:
-        if workers is not None and workers < 1:
-            raise ValueError(f"workers={workers} must be >= 1")
-        if threads_per_worker < 1:
-            raise ValueError(f"threads_per_worker={threads_per_worker} must be >= 1")
-        if worker_restarts < 0:
-            raise ValueError(f"worker_restarts={worker_restarts} must be >= 0")
-        self.address = address
-        self.workers = workers
-        self.threads_per_worker = threads_per_worker
-        self.gpus_per_worker = gpus_per_worker
-        self.num_cpus = num_cpus
-        self.worker_restarts = worker_restarts
+    def __init__(self, options: EngineOptions | None = None) -> None:
+        options = options or EngineOptions(engine=self.name)
+        if options.workers is not None and options.workers < 1:
+            raise ValueError(f"workers={options.workers} must be >= 1")
+        if options.threads_per_worker < 1:
+            raise ValueError(f"threads_per_worker={options.threads_per_worker} must be >= 1")
+        if options.worker_restarts < 0:
+            raise ValueError(f"worker_restarts={options.worker_restarts} must be >= 0")
+        self.options = options
         self.started_here = False
         self._shipped: dict[str, Shipped] = {}
 
@@ -135,11 +123,12 @@ class RayEngine:
         local cluster is real worker processes on this machine)."""
         if ray.is_initialized():
             return
-        options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
-        if self.address:
-            ray.init(address=self.address, **options)
+        logging_options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+        if self.options.ray_address:
+            ray.init(address=self.options.ray_address, **logging_options)
         else:
-            ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False, **options)
+            cpus = self.options.num_cpus or os.cpu_count() or 1
+            ray.init(num_cpus=cpus, include_dashboard=False, **logging_options)
             self.started_here = True
 
     def shutdown(self) -> None:
@@ -150,30 +139,30 @@ class RayEngine:
         self._shipped.clear()
 
     def uses_gpus(self) -> bool:
-        if self.gpus_per_worker is not None:
-            return self.gpus_per_worker > 0
+        if self.options.gpus_per_worker is not None:
+            return self.options.gpus_per_worker > 0
         self.start()
         return ray.cluster_resources().get("GPU", 0) >= 1
 
     def threads(self) -> int | None:
-        return None if self.uses_gpus() else self.threads_per_worker
+        return None if self.uses_gpus() else self.options.threads_per_worker
 
     def worker_count(self) -> int:
-        if self.workers is not None:
-            return self.workers
+        if self.options.workers is not None:
+            return self.options.workers
         self.start()
         resources = ray.cluster_resources()
         if self.uses_gpus():
-            return max(1, int(resources.get("GPU", 0) // (self.gpus_per_worker or 1)))
-        return max(1, int(resources.get("CPU", 1) // self.threads_per_worker))
+            return max(1, int(resources.get("GPU", 0) // (self.options.gpus_per_worker or 1)))
+        return max(1, int(resources.get("CPU", 1) // self.options.threads_per_worker))
 
     def _resources(self) -> dict[str, Any]:
         if self.uses_gpus():
-            return {"num_gpus": self.gpus_per_worker or 1, "num_cpus": 1}
-        return {"num_cpus": self.threads_per_worker}
+            return {"num_gpus": self.options.gpus_per_worker or 1, "num_cpus": 1}
+        return {"num_cpus": self.options.threads_per_worker}
 
     def _restarts(self) -> dict[str, int]:
-        return {"max_restarts": self.worker_restarts, "max_task_retries": self.worker_restarts}
+        return {"max_restarts": self.options.worker_restarts, "max_task_retries": self.options.worker_restarts}
 
     # ------------------------------------------------------------------ work
     def model_provider(self, embedder: Embedder, spec: EmbedderSpec | None) -> ModelProvider:
@@ -232,7 +221,7 @@ class RayEngine:
                 **self._resources(),
                 **self._restarts(),
             )
-        with _translated_errors("encode pass", restarts=self.worker_restarts):
+        with _translated_errors("encode pass", restarts=self.options.worker_restarts):
             yield from _configured(encoded).iter_batches(batch_size=1, batch_format="numpy")
 
 

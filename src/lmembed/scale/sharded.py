@@ -29,7 +29,8 @@ from lmembed.atomic import atomic_write
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.inputs import validate_texts
-from lmembed.scale.engines import Engine, engine_options, make_engine
+from lmembed.options import EngineOptions
+from lmembed.scale.engines import Engine, make_engine
 from lmembed.scale.job import DEFAULT_SHARD_ROWS, STORAGE_DTYPES, EncodeJob, JobReport
 from lmembed.scale.progress import ProgressCallback
 from lmembed.scale.sources import CorpusSource, memory_source, open_source
@@ -136,25 +137,31 @@ class ShardedEmbedder(Embedder):
 
 def scaled(
     embedder: Embedder,
-    engine: str | Engine = "ray",
+    engine: str | Engine | EngineOptions = "ray",
     *,
-    ray_address: str | None = None,
-    workers: int | None = None,
-    threads_per_worker: int = 1,
-    gpus_per_worker: float | None = None,
-    num_cpus: int | None = None,
-    worker_restarts: int = 2,
     spec: EmbedderSpec | None = None,
-    **options: Any,
+    shard_rows: int = DEFAULT_SHARD_ROWS,
+    memory_map: bool = False,
+    corpus_dtype: str = "float32",
+    on_progress: ProgressCallback | None = None,
+    **engine_options: Any,
 ) -> Embedder:
     """``embedder`` on ``engine``: ``"local"`` returns it unchanged (the ordinary single-process path);
-    ``"ray"`` (or an engine object) returns a :class:`ShardedEmbedder`. Engine options: see
-    :func:`~lmembed.scale.engines.make_engine`; other ``options`` go to :class:`ShardedEmbedder`."""
-    if engine == "local":
-        make_engine("local", ray_address=ray_address)  # refuses Ray options given to the local engine
+    ``"ray"`` (or an engine object) returns a :class:`ShardedEmbedder`. ``engine_options``: the fields of
+    :class:`~lmembed.options.EngineOptions` (``ray_address=``, ``workers=`` ...); the other options: see
+    :class:`ShardedEmbedder`."""
+    chosen = make_engine(engine, **engine_options)  # refuses Ray options given to the local engine
+    if isinstance(engine, str | EngineOptions) and chosen.name == "local":
         return embedder
-    chosen = make_engine(engine, **engine_options(locals()))
-    return ShardedEmbedder(embedder, chosen, spec=spec, **options)
+    return ShardedEmbedder(
+        embedder,
+        chosen,
+        spec=spec,
+        shard_rows=shard_rows,
+        memory_map=memory_map,
+        corpus_dtype=corpus_dtype,
+        on_progress=on_progress,
+    )
 
 
 @dataclass
@@ -194,7 +201,7 @@ def encode_corpus(
     embedder: Embedder,
     corpus: CorpusLike,
     *,
-    engine: str | Engine = "local",
+    engine: str | Engine | EngineOptions = "local",
     instruction: str | None = None,
     batch_size: int = 32,
     shard_rows: int = DEFAULT_SHARD_ROWS,
@@ -204,19 +211,15 @@ def encode_corpus(
     field: str | None = None,
     spec: EmbedderSpec | None = None,
     on_progress: ProgressCallback | None = None,
-    ray_address: str | None = None,
-    workers: int | None = None,
-    threads_per_worker: int = 1,
-    gpus_per_worker: float | None = None,
-    num_cpus: int | None = None,
-    worker_restarts: int = 2,
+    **engine_options: Any,
 ) -> EncodedCorpus:
-    """Encode a whole corpus as a sharded job on ``engine`` (``"local"`` or ``"ray"``) and return its ids
+    """Encode a whole corpus as a sharded job on ``engine`` (``"local"`` or ``"ray"``, an engine, or
+    :class:`~lmembed.options.EngineOptions`; ``engine_options``: its fields as keywords) and return its ids
     and vectors in input order. The corpus streams from disk (JSON lines, BEIR, text lines, Parquet) or
     comes as a list of texts; ``output`` (``.npy``) receives the matrix, written atomically, and the
     result is its memory map; ``memory_map`` keeps a ``.npy`` in the cache instead. Killed or failed,
     the same call resumes where it stopped."""
-    chosen = make_engine(engine, **engine_options(locals()))
+    chosen = make_engine(engine, **engine_options)
     job = EncodeJob(
         embedder,
         as_source(corpus, field=field),
