@@ -43,6 +43,7 @@ from _common import REPO
 from encode_throughput import _features, interleave, load_texts, timed
 from lmembed import Embedder
 from lmembed.encoding.backends import int8 as I8
+from lmembed.encoding.backends.runtime import session_options
 from lmembed.errors import LmembedError
 
 OUT = REPO / "bench" / "results" / "int8-products"
@@ -257,7 +258,7 @@ def graph_section(
             I8.quantize_graph(source, full_weights, batches[::3], threads=2, weight_levels=127)
             graphs.append(("(d) with 8-bit weights", full_weights))
         sessions = {
-            name: ort.InferenceSession(str(path), I8.session_options(2), providers=["CPUExecutionProvider"])
+            name: ort.InferenceSession(str(path), session_options(2), providers=["CPUExecutionProvider"])
             for name, path in graphs
         }
         reshuffled = rebatched()

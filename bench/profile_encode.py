@@ -143,7 +143,7 @@ def main() -> None:
     try:
         import onnxruntime as ort
 
-        from lmembed.encoding.backends.int8 import session_options
+        from lmembed.encoding.backends.runtime import session_options
     except ImportError:
         result["onnx"] = "onnxruntime not installed"
     else:

@@ -141,9 +141,9 @@ def test_int8_vector_does_not_depend_on_its_batch(tokenizer, tmp_path, monkeypat
     """Every activation row is quantised on its own range, so a text's int8 vector is the same whichever texts
     share its batch (a per-call range moved minilm's vectors by up to 0.035: bench/int8_products.py --graphs);
     outlier channels, fixed at calibration, keep it so (a low ratio makes the tiny model have some)."""
-    from lmembed.encoding.backends import int8 as int8_module
+    from lmembed.encoding.backends.int8 import calibration
 
-    monkeypatch.setattr(int8_module, "OUTLIER_RATIO", 1.5 if outliers else 1e9)
+    monkeypatch.setattr(calibration, "OUTLIER_RATIO", 1.5 if outliers else 1e9)
     emb = Embedder.from_model(
         tiny_model(family, len(tokenizer)), tokenizer, precision="int8", threads=1, use_cache=False
     ).calibrate(TEXTS)
@@ -176,7 +176,8 @@ def test_outlier_channels_are_multiplied_in_float32_exactly_as_modelled():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from lmembed.encoding.backends.int8 import outlier_channels, per_row_int8, session_options, weight_products
+    from lmembed.encoding.backends.int8 import outlier_channels, per_row_int8, weight_products
+    from lmembed.encoding.backends.runtime import session_options
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(2, 40, 64)).astype(np.float32)
@@ -269,7 +270,8 @@ def test_compensated_codes_run_in_the_graph_exactly_as_modelled():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from lmembed.encoding.backends.int8 import compensated_weights, per_row_int8, session_options, weight_products
+    from lmembed.encoding.backends.int8 import compensated_weights, per_row_int8, weight_products
+    from lmembed.encoding.backends.runtime import session_options
 
     rng = np.random.default_rng(5)
     rows = _correlated_rows(rng, 160, 48)
@@ -305,3 +307,21 @@ def test_compensation_needs_more_rows_than_channels():
     samples = {"x_many": _correlated_rows(rng, 64, 32), "x_few": _correlated_rows(rng, 31, 32)}
     codes = compensate(products, weights, samples, splits={})
     assert set(codes) == {"many"}
+
+
+def test_int8_rounding_is_numpy_arithmetic_apart_from_the_graph():
+    """The int8 package keeps its concerns apart: the rounding and error arithmetic imports neither onnx nor
+    onnxruntime nor the graph rewriting, so the recipe's numbers can be checked (and benchmarked) on arrays."""
+    import ast
+    import inspect
+
+    from lmembed.encoding.backends.int8 import rounding
+
+    imported = set()
+    for node in ast.walk(ast.parse(inspect.getsource(rounding))):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+    assert not {m for m in imported if m.split(".")[0] in {"onnx", "onnxruntime", "torch"}}, imported
+    assert not {m for m in imported if m.startswith("lmembed")}, imported

@@ -2,11 +2,14 @@
 
 * ``torch`` (``base.TorchBackend``): the transformers model in PyTorch, CPU or GPU, at the backbone's dtype; the
   reference, and the only differentiable one (training uses it);
-* ``onnx`` (``onnx_backend.OnnxBackend``): an exported graph (``graph``) run by ONNX Runtime on the CPU, float32
-  with fused attention/LayerNorm/GELU, or int8 (``int8``) checked by a quality gate (``quality``); exports are
-  cached on disk (``store``).
+* ``onnx`` (``onnx_backend.OnnxBackend``): an exported graph (``graph``) run by ONNX Runtime on the CPU
+  (``runtime``), float32 with fused attention/LayerNorm/GELU, or int8 (the ``int8`` package: rounding,
+  calibration, graph rewriting, the recipe) checked by a quality gate (``quality``); exports are cached on disk
+  (``store``).
 
 Pooling is never part of a backend: each returns the token states a strategy pools, and the engine pools them.
+What else a backend can do (calibrate, export a graph) is declared on ``base.Backend``; a new backend subclasses
+it and is named in :func:`make_backend`.
 """
 
 from __future__ import annotations

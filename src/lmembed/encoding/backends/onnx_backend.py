@@ -36,8 +36,9 @@ from lmembed.encoding.backends.graph import (
     readout_of,
     readouts_of,
 )
-from lmembed.encoding.backends.int8 import CALIBRATION_MAX_TOKENS, RECIPE, quantize_graph, session_options
+from lmembed.encoding.backends.int8 import CALIBRATION_MAX_TOKENS, RECIPE, quantize_graph
 from lmembed.encoding.backends.quality import GateReport, gate
+from lmembed.encoding.backends.runtime import CPU_PROVIDERS, session_options
 from lmembed.encoding.backends.store import GRAPH_FILE, cached_export, runtime_versions, update_manifest
 from lmembed.models.attention import AttentionError, check_bidirectional_supported
 from lmembed.models.families import CAUSAL_TOLERANCE, probe_ids
@@ -319,7 +320,5 @@ class OnnxBackend(Backend):
         # lazy: onnxruntime is an optional extra
         import onnxruntime as ort
 
-        session = ort.InferenceSession(
-            str(folder / GRAPH_FILE), session_options(self.threads), providers=["CPUExecutionProvider"]
-        )
+        session = ort.InferenceSession(str(folder / GRAPH_FILE), session_options(self.threads), providers=CPU_PROVIDERS)
         return _Graph(session, {r: i for i, r in enumerate(readouts)}, folder)
