@@ -7,6 +7,11 @@ kind of problem it is (``ValueError``, ``RuntimeError``, ...), so ``except Value
 
 Errors that belong to one subsystem live next to it (e.g. ``lmembed.models.attention.AttentionError``)
 and derive from :class:`LmembedError` too.
+
+The command line treats an ``LmembedError`` as the user's mistake (exit 2, one line) and any other
+exception as a bug (exit 1, "internal error"). So where a user's value or file can make a builtin or a
+library raise (``int()`` of an option, ``json``/``yaml`` parsing, a model config transformers refuses),
+catch it at that place and raise one of these, naming the file and line, the argument or the field.
 """
 
 from __future__ import annotations
@@ -28,4 +33,12 @@ class InputError(LmembedError, ValueError):
     """Texts given to encode are not usable (also ``lmembed.encoding.inputs.InputError``)."""
 
 
-__all__ = ["ConfigError", "InputError", "LmembedError", "ModelLoadError"]
+class UnknownNameError(LmembedError, KeyError):
+    """A name (a suite, a task type, a loss, an instruction set, an arm) is not among the known ones; the
+    message lists those."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
+
+__all__ = ["ConfigError", "InputError", "LmembedError", "ModelLoadError", "UnknownNameError"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from lmembed.errors import LmembedError
+from lmembed.errors import UnknownNameError
 from lmembed.io import CORPUS_FILE, QRELS_DIR, QUERIES_FILE
 
 #: NV-Embed / E5-mistral use one definition for every STS task (and training's STS converter uses it too).
@@ -34,7 +34,7 @@ STS_INSTRUCTION = "Retrieve semantically similar text."
 _TYPE_SUFFIXES = ("classification", "clustering", "retrieval")
 
 
-class UnknownTaskError(LmembedError, KeyError):
+class UnknownTaskError(UnknownNameError):
     """A task name is in no registry entry (or the entry has no data location)."""
 
 

@@ -4,9 +4,20 @@ Any error raised while a command runs ends here: the user sees one short message
 the file and line, or the HTTP field, as the library's error says) and a non-zero exit status, never a
 traceback. ``lmembed --debug ...`` or ``LMEMBED_DEBUG=1`` lets the exception through with its traceback.
 
-Exit status: 2 for a problem with the input (a bad option value, missing or malformed data, an unusable
-model, a missing file), 1 for anything else (a bug: the message says so and how to see the traceback),
-130 when interrupted.
+Exit status: 2 for a problem with the input, 1 for anything else (a bug: the message says so and how to see
+the traceback), 130 when interrupted. What counts as a problem with the input is :data:`USER_ERRORS`:
+
+- :class:`~lmembed.errors.LmembedError` and its subclasses: the library raises these on purpose for a bad
+  option value, missing or malformed data, an unusable model, naming the argument or the file and line;
+- the operating system's refusals of a path: a missing file, no permission, a file where a folder is
+  expected or the reverse, a name that already exists. They name the path, and a path comes from the user;
+- click's usage errors (an unknown option, a bad ``--x`` value) never reach this module: typer prints them
+  with the usage line and exits 2 itself.
+
+A builtin ``ValueError``, ``TypeError``, ``KeyError`` or ``RuntimeError`` is *not* a user error: where a
+user's mistake can surface as one (parsing a file, converting a value), the library catches it there and
+raises an ``LmembedError`` subclass that names the file, line or argument. One that arrives here unconverted
+is a bug and is reported as one.
 """
 
 from __future__ import annotations
@@ -26,7 +37,14 @@ from lmembed.paths import DEBUG_ENV_VAR, debug_from_env
 MAX_LINES = 12
 
 #: Errors that describe a problem with what the user gave (exit status 2); anything else is a bug (1).
-USER_ERRORS: tuple[type[BaseException], ...] = (LmembedError, ValueError, LookupError, OSError, TypeError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    LmembedError,
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+)
 
 _console = Console(stderr=True, highlight=False, soft_wrap=True)
 

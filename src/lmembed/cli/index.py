@@ -45,6 +45,7 @@ from lmembed.cli.rerank import (
     check_stage_options,
     open_reranker,
 )
+from lmembed.errors import ConfigError
 from lmembed.options import EngineOptions, ModelOptions
 
 if TYPE_CHECKING:  # lmembed.index imports FAISS; commands import it only when they run
@@ -290,7 +291,7 @@ def trec_lines(query_ids: list[str], results: list[list[Hit]], tag: str = "lmemb
         for hit in hits:
             for value in (query_id, hit.id):
                 if not value or any(c.isspace() for c in value):
-                    raise ValueError(f"id {value!r} contains whitespace; a TREC run cannot hold it (use .jsonl)")
+                    raise ConfigError(f"id {value!r} contains whitespace; a TREC run cannot hold it (use .jsonl)")
             lines.append(f"{query_id} Q0 {hit.id} {hit.rank} {hit.score:.6f} {tag}")
     return lines
 

@@ -31,7 +31,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
-from lmembed.config import EmbeddingConfig
+from lmembed.config import ConfigError, EmbeddingConfig
 from lmembed.encoding.backends import Backend, TorchBackend
 from lmembed.encoding.backends.graph import position_ids_from_mask
 from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, model_key, text_key
@@ -182,7 +182,7 @@ class EncodingEngine:
         if instruction is not None:
             check_encodable(instruction, "the instruction")
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
         dim = self.backbone.hidden_size
         outputs = [np.empty((len(texts), dim), dtype=np.float32) for _ in configs]
         if not texts:

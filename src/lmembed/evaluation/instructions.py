@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from lmembed.config import DEFAULT_INSTRUCTION_TEMPLATE as DEFAULT_TEMPLATE
-from lmembed.errors import ConfigError
+from lmembed.errors import ConfigError, UnknownNameError
 from lmembed.task_registry import STS_INSTRUCTION
 from lmembed.task_registry import instructions as task_instructions
 
@@ -152,7 +152,7 @@ def instruction_set(name_or_table: str | Mapping[str, str]) -> Mapping[str, str]
         return name_or_table
     key = name_or_table.strip().lower()
     if key not in INSTRUCTION_SETS:
-        raise KeyError(f"unknown instruction set {name_or_table!r}; known: {', '.join(INSTRUCTION_SETS)}")
+        raise UnknownNameError(f"unknown instruction set {name_or_table!r}; known: {', '.join(INSTRUCTION_SETS)}")
     return INSTRUCTION_SETS[key]
 
 
@@ -169,5 +169,5 @@ def instruction_sides(task_type: str) -> Literal["query", "both"]:
 def format_instruction(instruction: str, template: str = DEFAULT_TEMPLATE) -> str:
     """The prefix an encoder puts before a text: ``template`` with the definition filled in."""
     if "{instruction}" not in template:
-        raise ValueError("an instruction template must contain '{instruction}'")
+        raise ConfigError(f"instruction template {template!r} must contain '{{instruction}}'")
     return template.format(instruction=instruction)

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lmembed.errors import ConfigError
 from lmembed.evaluation.search import SearchResult, Similarity, exact_search
 
 SearchMethod = Literal["exact", "faiss"]
@@ -151,14 +152,14 @@ def search_corpus(
     ``chunk_bytes``: the largest float32 chunk (default: the in-memory path's chunking for ``exact``,
     :data:`DEFAULT_CHUNK_BYTES` for ``faiss``)."""
     if method not in SEARCH_METHODS:
-        raise ValueError(f"unknown search method {method!r}; use one of {', '.join(SEARCH_METHODS)}")
+        raise ConfigError(f"unknown search method {method!r}; use one of {', '.join(SEARCH_METHODS)}")
     queries = np.asarray(query_embeddings, dtype=np.float32)
     if queries.ndim != 2 or corpus_embeddings.ndim != 2 or queries.shape[1] != corpus_embeddings.shape[1]:
         raise ValueError(f"shapes do not match: queries {queries.shape}, corpus {corpus_embeddings.shape}")
     dim = corpus_embeddings.shape[1]
     if method == "faiss":
         if top_k < 1:
-            raise ValueError("top_k must be at least 1")
+            raise ConfigError(f"top_k={top_k} must be at least 1")
         rows_per_chunk = chunk_rows(dim, chunk_bytes or DEFAULT_CHUNK_BYTES)
         return _faiss_search(queries, corpus_embeddings, top_k, similarity, exclude, rows_per_chunk)
     chunk_size = None if chunk_bytes is None else chunk_rows(dim, chunk_bytes)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lmembed.errors import ConfigError
 from lmembed.evaluation.instructions import instruction_set
 from lmembed.evaluation.tasks._common import as_matrix, encode_symmetric
 from lmembed.protocols import RetrievalEncoder
@@ -45,7 +46,7 @@ _SIMILARITIES = {"cosine": ScoringFunction.COSINE, "dot": ScoringFunction.DOT_PR
 def _model_meta(name: str, revision: str, similarity: str) -> ModelMeta:
     """A minimal ModelMeta naming the model (mteb files its results under it)."""
     if similarity not in _SIMILARITIES:
-        raise ValueError(f"similarity must be one of {sorted(_SIMILARITIES)}, got {similarity!r}")
+        raise ConfigError(f"similarity must be one of {sorted(_SIMILARITIES)}, got {similarity!r}")
     return ModelMeta.create_empty(
         overwrites={"name": name, "revision": revision, "similarity_fn_name": _SIMILARITIES[similarity]}
     )

@@ -16,6 +16,8 @@ from typing import Literal
 
 import numpy as np
 
+from lmembed.errors import ConfigError
+
 Similarity = Literal["cosine", "dot"]
 Backend = Literal["numpy", "torch"]
 
@@ -194,9 +196,9 @@ def exact_search(
     if queries.shape[1] != corpus.shape[1]:
         raise ValueError(f"dimension mismatch: queries {queries.shape[1]}, corpus {corpus.shape[1]}")
     if top_k < 1:
-        raise ValueError("top_k must be at least 1")
+        raise ConfigError(f"top_k={top_k} must be at least 1")
     if similarity not in ("cosine", "dot"):
-        raise ValueError(f"unknown similarity {similarity!r}; use 'cosine' or 'dot'")
+        raise ConfigError(f"unknown similarity {similarity!r}; use 'cosine' or 'dot'")
     if exclude is not None and len(exclude) != len(queries):
         raise ValueError("exclude must hold one entry per query")
     k = min(top_k, len(corpus))

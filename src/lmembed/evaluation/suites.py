@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from lmembed import datasets, paths
+from lmembed.errors import UnknownNameError
 from lmembed.evaluation.base import Task, TaskResult
 from lmembed.evaluation.instructions import instruction_set
 from lmembed.evaluation.tasks import build_task as build_known_task
@@ -73,7 +74,7 @@ def suite_task_names(suite: str | Sequence[str]) -> list[str]:
     """The task names of a named suite, or the given names themselves."""
     if isinstance(suite, str):
         if suite not in SUITES:
-            raise KeyError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+            raise UnknownNameError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
         return list(SUITES[suite])
     return list(suite)
 
@@ -220,7 +221,7 @@ def run_suite(
     """
     root = Path(data_root) if data_root is not None else default_data_root()
     if root is None:
-        raise FileNotFoundError("no data root: pass data_root or set $LMEMBED_DATA")
+        raise datasets.DatasetNotFoundError("no data root: pass data_root or set $LMEMBED_DATA")
     table = instruction_set(instructions) if instructions is not None else {}
     results: list[TaskResult] = []
     missing: dict[str, list[str]] = {}

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.config import EmbeddingConfig
+from lmembed.errors import ConfigError
 from lmembed.evaluation.runner import StrategyResult, evaluate_strategies, sweep_configs, write_all
 from lmembed.evaluation.suites import resolve_task
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
@@ -98,7 +99,7 @@ def retrieval_task(data: str) -> RetrievalTask:
     """The retrieval task named by ``data`` (a known name or a BEIR folder); the sweep scores retrieval only."""
     task = resolve_task(data)
     if not isinstance(task, RetrievalTask):
-        raise ValueError(f"{data}: a layer sweep needs a retrieval task, this is {task.task_type}")
+        raise ConfigError(f"{data}: a layer sweep needs a retrieval task, this is {task.task_type}")
     return task
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmembed.errors import UnknownNameError
 from lmembed.experiments.spec import ArmSpec, ExperimentSpec
 
 RUN_FILE = "run.json"
@@ -97,7 +98,9 @@ def plan_runs(spec: ExperimentSpec, output: str | Path, only: Sequence[str] | No
     if wanted is not None:
         unknown = sorted(wanted - {arm.name for arm in spec.arms})
         if unknown:
-            raise KeyError(f"--only {', '.join(unknown)}: no such arm; arms: {', '.join(a.name for a in spec.arms)}")
+            raise UnknownNameError(
+                f"--only {', '.join(unknown)}: no such arm; arms: {', '.join(a.name for a in spec.arms)}"
+            )
         for arm in spec.arms:  # an arm evaluating another arm's model needs that arm's runs
             if arm.name in wanted and arm.model_from:
                 wanted.add(arm.model_from[0])

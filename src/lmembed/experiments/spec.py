@@ -51,7 +51,7 @@ from typing import Any
 import yaml
 
 from lmembed.config import EmbeddingConfig
-from lmembed.errors import LmembedError
+from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.io import read_text
 from lmembed.training.recipes import RecipeError, apply_overrides, load_recipe, parse_recipe
 from lmembed.training.train_config import TrainConfig
@@ -254,7 +254,7 @@ class ExperimentSpec:
         for arm in self.arms:
             if arm.name == name:
                 return arm
-        raise KeyError(f"no arm named {name!r}; arms: {', '.join(a.name for a in self.arms)}")
+        raise UnknownNameError(f"no arm named {name!r}; arms: {', '.join(a.name for a in self.arms)}")
 
     def header(self) -> dict[str, Any]:
         """What the summary repeats about the experiment."""

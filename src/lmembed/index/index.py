@@ -91,7 +91,7 @@ def encode_in_chunks(
     """``embedder.encode_corpus`` over ``chunk_size`` texts at a time (each chunk reaches the cache as soon
     as it is done, so an interrupted run loses at most one chunk)."""
     if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+        raise ConfigError(f"chunk_size={chunk_size} must be >= 1")
     out = np.empty((len(texts), embedder.dim), dtype=np.float32)
     for start in range(0, len(texts), chunk_size):
         stop = min(start + chunk_size, len(texts))
@@ -174,7 +174,7 @@ class Index:
             raise TypeError("give either params= or kind=/index parameters, not both")
         if dim is not None:
             if dim > embedder.backbone.hidden_size:
-                raise ValueError(f"dim={dim} is more than the model's {embedder.backbone.hidden_size} dimensions")
+                raise ConfigError(f"dim={dim} is more than the model's {embedder.backbone.hidden_size} dimensions")
             embedder = embedder.with_config(embedder.config.with_options(dim=dim))
         target = Path(path) if path is not None else None
         if target is not None:
@@ -464,7 +464,7 @@ class Index:
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, rows)`` for query vectors embedded elsewhere (they must be this index's kind of vector)."""
         if k < 1:
-            raise ValueError(f"k={k} must be >= 1")
+            raise ConfigError(f"k={k} must be >= 1")
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise ValueError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmembed.config import LatentAttentionConfig
+from lmembed.config import ConfigError, LatentAttentionConfig
 from lmembed.pooling.poolers import mean_pool
 
 
@@ -22,7 +22,7 @@ class LatentAttentionPooling(nn.Module):
         super().__init__()
         cfg = config or LatentAttentionConfig()
         if hidden_size % cfg.num_heads:
-            raise ValueError(f"hidden size {hidden_size} is not divisible by num_heads={cfg.num_heads}")
+            raise ConfigError(f"hidden size {hidden_size} is not divisible by num_heads={cfg.num_heads}")
         self.config = cfg
         self.latents = nn.Parameter(torch.randn(cfg.num_latents, hidden_size) * hidden_size**-0.5)
         self.attention = nn.MultiheadAttention(hidden_size, cfg.num_heads, batch_first=True)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from lmembed.errors import InputError
+
 
 def _check_nonempty(pool_mask: torch.Tensor) -> None:
     if bool((pool_mask.sum(dim=1) == 0).any()):
-        raise ValueError("a text has no poolable tokens (is it empty, or entirely cut by truncation?)")
+        raise InputError("a text has no poolable tokens (is it empty, or entirely cut by truncation?)")
 
 
 def first_index(pool_mask: torch.Tensor) -> torch.Tensor:

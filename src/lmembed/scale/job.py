@@ -37,6 +37,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder, check_strategy, postprocess
 from lmembed.encoding.cache import EmbeddingCache, read_shard
 from lmembed.encoding.engine import resolve_max_length
+from lmembed.errors import ConfigError
 from lmembed.scale.engines import Engine, describe
 from lmembed.scale.errors import ScaleError
 from lmembed.scale.plan import ShardPlan, build_plan
@@ -90,7 +91,7 @@ class JobReport:
 def round_shard_rows(shard_rows: int, batch_size: int) -> int:
     """``shard_rows`` rounded up to a multiple of ``batch_size`` (a shard is a run of whole batches)."""
     if shard_rows < 1 or batch_size < 1:
-        raise ValueError(f"shard_rows={shard_rows} and batch_size={batch_size} must be >= 1")
+        raise ConfigError(f"shard_rows={shard_rows} and batch_size={batch_size} must be >= 1")
     return -(-shard_rows // batch_size) * batch_size
 
 
@@ -110,10 +111,10 @@ class EncodeJob:
     ) -> None:
         configs = tuple(configs or (embedder.config,))
         if not configs:
-            raise ValueError("a job needs at least one strategy")
+            raise ConfigError("a job needs at least one strategy")
         forward = {json.dumps(c.forward_key(), sort_keys=True) for c in configs}
         if len(forward) > 1:
-            raise ValueError("the strategies of one job must share their forward passes (attention, echo, truncation)")
+            raise ConfigError("the strategies of one job must share their forward passes (attention, echo, truncation)")
         for config in configs:
             check_strategy(embedder.backbone, config)
         self.embedder = embedder
@@ -281,7 +282,7 @@ class EncodeJob:
         ``output``: write that ``.npy`` to ``output`` instead (atomically) and return its memory map.
         Otherwise an in-memory array."""
         if dtype not in STORAGE_DTYPES:
-            raise ValueError(f"dtype={dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+            raise ConfigError(f"dtype={dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
         config = self.configs[index]
         plan = self.plan()
         if self.pending(plan):

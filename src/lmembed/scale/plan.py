@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lmembed.atomic import atomic_write, atomic_write_json
+from lmembed.errors import ConfigError
 from lmembed.scale.errors import BadRowError, ScaleError
 from lmembed.scale.sources import locate
 
@@ -130,7 +131,7 @@ def build_plan(table: pa.Table, shard_rows: int, *, unique_ids: bool) -> ShardPl
     """The plan for the rows the plan pass returned (``PLAN_COLUMNS``, any order); ``unique_ids``: refuse
     a repeated id, naming both rows."""
     if shard_rows < 1:
-        raise ValueError(f"shard_rows={shard_rows} must be >= 1")
+        raise ConfigError(f"shard_rows={shard_rows} must be >= 1")
     table = table.sort_by("row")
     n = table.num_rows
     rows = table.column("row").to_numpy()

@@ -32,9 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from lmembed.errors import ConfigError
 from lmembed.evaluation.retrieval_data import load_beir
 from lmembed.mining import mine_hard_negatives, read_rows, write_rows
 from lmembed.task_registry import STS_INSTRUCTION
+from lmembed.training.rows import TrainingDataError
 
 CLASSIFICATION_MODES = ("auto", "example", "label")
 
@@ -78,7 +80,7 @@ def group_by_label(rows: Sequence[Mapping[str, Any]], text_key: str, label_key: 
     groups: dict[str, dict[str, None]] = {}
     for i, row in enumerate(rows):
         if text_key not in row or label_key not in row:
-            raise ValueError(f"row {i} lacks {text_key!r} or {label_key!r}: {dict(row)!r:.100}")
+            raise TrainingDataError(f"row {i} lacks {text_key!r} or {label_key!r}: {dict(row)!r:.100}")
         text = str(row[text_key]).strip()
         if text:
             groups.setdefault(str(row[label_key]), {}).setdefault(text, None)
@@ -227,11 +229,11 @@ def classification_rows(
     from the whole dataset). In example mode, examples of single-example classes cannot be queries.
     """
     if mode not in CLASSIFICATION_MODES:
-        raise ValueError(f"mode={mode!r} is unknown; choose one of {', '.join(CLASSIFICATION_MODES)}")
+        raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(CLASSIFICATION_MODES)}")
     rng = np.random.default_rng(seed)
     groups = group_by_label(_load(source), text_key, label_key)
     if len(groups) < 2:
-        raise ValueError(f"classification data needs at least 2 classes, found {len(groups)}")
+        raise TrainingDataError(f"classification data needs at least 2 classes, found {len(groups)}")
     if mode == "auto":
         mode = "label" if len(groups) == 2 else "example"
     queries = _queries(groups, max_rows, rng, 2 if mode == "example" else 1)

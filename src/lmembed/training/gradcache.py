@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lmembed.errors import ConfigError
+
 __all__ = ["EmbedFn", "Features", "GradCache", "RngSnapshot", "num_rows", "split_features"]
 
 Features = Tensor | Mapping[str, Any]
@@ -73,7 +75,7 @@ def split_features(features: Features, chunk_size: int) -> list[Features]:
     are shared by every chunk.
     """
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
     rows = num_rows(features)
     return [_slice_rows(features, start, min(start + chunk_size, rows), rows) for start in range(0, rows, chunk_size)]
 
@@ -133,7 +135,7 @@ class GradCache:
         no_sync: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
         if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+            raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
         self.embed_fn = embed_fn
         self.loss = loss
         self.chunk_size = chunk_size

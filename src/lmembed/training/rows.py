@@ -40,7 +40,7 @@ import numpy as np
 
 from lmembed.config import unknown_options
 from lmembed.datasets import resolve_local
-from lmembed.errors import LmembedError
+from lmembed.errors import ConfigError, LmembedError
 from lmembed.io import (
     CORPUS_FILE,
     QUERIES_FILE,
@@ -168,7 +168,7 @@ class TrainBatch:
     def shard(self, rank: int, world_size: int) -> TrainBatch:
         """The contiguous slice of rows that process ``rank`` of ``world_size`` works on."""
         if len(self) % world_size:
-            raise ValueError(f"batch of {len(self)} rows does not split evenly over {world_size} processes")
+            raise ConfigError(f"batch of {len(self)} rows does not split evenly over {world_size} processes")
         size = len(self) // world_size
         part = slice(rank * size, (rank + 1) * size)
         return TrainBatch(
@@ -394,18 +394,18 @@ def mixture_weights(datasets: Sequence[TrainDataset], mixing: str = "uniform") -
     Explicit weights win; datasets without one get 1 (``uniform``) or their size (``proportional``).
     """
     if mixing not in MIXING_MODES:
-        raise ValueError(f"mixing={mixing!r} is unknown; choose one of {', '.join(MIXING_MODES)}")
+        raise ConfigError(f"mixing={mixing!r} is unknown; choose one of {', '.join(MIXING_MODES)}")
     raw = []
     for ds in datasets:
         if ds.weight is not None:
             if ds.weight < 0:
-                raise ValueError(f"dataset {ds.name!r} has a negative weight {ds.weight}")
+                raise ConfigError(f"dataset {ds.name!r} has a negative weight {ds.weight}")
             raw.append(float(ds.weight))
         else:
             raw.append(1.0 if mixing == "uniform" else float(len(ds)))
     total = sum(raw)
     if total <= 0:
-        raise ValueError("the dataset weights sum to zero")
+        raise ConfigError("the dataset weights sum to zero")
     return np.asarray(raw, dtype=np.float64) / total
 
 
@@ -437,11 +437,11 @@ class MixtureSampler:
         mixing: str = "uniform",
     ) -> None:
         if not datasets:
-            raise ValueError("no training datasets")
+            raise ConfigError("no training datasets")
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
         if num_negatives < 0:
-            raise ValueError(f"num_negatives={num_negatives} must be >= 0")
+            raise ConfigError(f"num_negatives={num_negatives} must be >= 0")
         self.datasets = list(datasets)
         self.batch_size = batch_size
         self.num_negatives = num_negatives

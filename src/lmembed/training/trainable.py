@@ -37,6 +37,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.engine import collate, resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
+from lmembed.errors import ConfigError
 from lmembed.models.attention import configure_attention
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class TrainableEmbedder(nn.Module):
         elif hasattr(self.model, "gradient_checkpointing_enable"):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
         else:
-            raise ValueError(f"{type(self.model).__name__} does not support gradient checkpointing")
+            raise ConfigError(f"{type(self.model).__name__} does not support gradient checkpointing")
 
     # ------------------------------------------------------------------ facts
     @property
@@ -260,7 +261,7 @@ class TrainableEmbedder(nn.Module):
         params = dict(self.named_trainable_parameters())
         missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         if missing or unexpected:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]} "
                 "(was it written with other LoRA or pooling settings?)"
             )

@@ -197,5 +197,5 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _last_layer(model: nn.Module) -> nn.Module:
     layers = getattr(model, "layers", None)
     if layers is None or len(layers) == 0:
-        raise ValueError("final_norm=False on the last layer needs a decoder with a `layers` module list")
+        raise ConfigError("final_norm=False on the last layer needs a decoder with a `layers` module list")
     return layers[-1]

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lmembed.errors import UnknownNameError
 from lmembed.evaluation.base import Task, TaskType
 from lmembed.evaluation.tasks._common import TaskDataError, split_file
 from lmembed.evaluation.tasks.classification import ClassificationTask
@@ -82,7 +83,7 @@ def canonical_task_type(name: str) -> str:
     """Map spellings like ``pair-classification`` or ``sts`` to MTEB's type name."""
     key = name.strip().lower().replace("-", "").replace("_", "").replace(" ", "")
     if key not in _ALIASES:
-        raise KeyError(f"unknown task type {name!r}; known: {', '.join(sorted(TASK_TYPES))}")
+        raise UnknownNameError(f"unknown task type {name!r}; known: {', '.join(sorted(TASK_TYPES))}")
     return _ALIASES[key]
 
 

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 
+from lmembed.errors import ConfigError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.large_corpus import SearchMethod, corpus_matrix, is_large_corpus, search_corpus, storage_of
 from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, evaluate_run
@@ -215,11 +216,11 @@ def subsample_retrieval(
     """
     if policy == "all-judged":
         if max_queries is not None:
-            raise ValueError("subsample policy 'all-judged' keeps every query; max_queries is not supported")
+            raise ConfigError("subsample policy 'all-judged' keeps every query; max_queries is not supported")
         return _keep_all_judged(data, max_docs, seed)
     if policy == "relevant-first":
         return _keep_relevant_first(data, max_queries, max_docs, seed)
-    raise ValueError(f"unknown subsample policy {policy!r}; use 'relevant-first' or 'all-judged'")
+    raise ConfigError(f"unknown subsample policy {policy!r}; use 'relevant-first' or 'all-judged'")
 
 
 # ---------------------------------------------------------------------------------------------- the task

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmembed.errors import ConfigError
 from lmembed.training.distributed import global_batch_offset
 from lmembed.training.losses.infonce import (
     GatherFn,
@@ -80,7 +81,7 @@ class GTELoss(nn.Module):
         self.gather = gather
         check_similarity(similarity)
         if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+            raise ConfigError(f"temperature must be positive, got {temperature}")
         self.temperature = temperature
         self.similarity: Similarity = similarity
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmembed.errors import ConfigError
 from lmembed.training.distributed import global_batch_offset
 
 __all__ = [
@@ -47,7 +48,7 @@ _SIMILARITIES = ("cosine", "dot")
 def check_similarity(similarity: str) -> None:
     """Raise a clear error for an unknown similarity name."""
     if similarity not in _SIMILARITIES:
-        raise ValueError(f"similarity must be one of {_SIMILARITIES}, got {similarity!r}")
+        raise ConfigError(f"similarity must be one of {_SIMILARITIES}, got {similarity!r}")
 
 
 def similarity_matrix(a: Tensor, b: Tensor, similarity: Similarity = "cosine") -> Tensor:
@@ -112,7 +113,7 @@ class InfoNCELoss(nn.Module):
         super().__init__()
         check_similarity(similarity)
         if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+            raise ConfigError(f"temperature must be positive, got {temperature}")
         if symmetric and not in_batch_negatives:
             raise ValueError(
                 "symmetric=True needs in_batch_negatives=True (the reverse term contrasts against other queries)"

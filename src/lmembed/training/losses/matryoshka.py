@@ -19,6 +19,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lmembed.errors import ConfigError
+
 __all__ = ["MatryoshkaLoss", "truncate_embeddings"]
 
 
@@ -26,7 +28,7 @@ def truncate_embeddings(value: Any, dim: int) -> Any:
     """Keep the first ``dim`` coordinates of an embedding tensor; return anything else unchanged."""
     if isinstance(value, Tensor) and value.dim() >= 2:
         if value.size(-1) < dim:
-            raise ValueError(f"cannot truncate embeddings of size {value.size(-1)} to {dim}")
+            raise ConfigError(f"dims: cannot truncate embeddings of size {value.size(-1)} to {dim}")
         return value[..., :dim]
     return value
 
@@ -45,12 +47,12 @@ class MatryoshkaLoss(nn.Module):
     def __init__(self, loss: nn.Module, dims: Sequence[int], weights: Sequence[float] | None = None) -> None:
         super().__init__()
         if not dims:
-            raise ValueError("dims must list at least one embedding size")
+            raise ConfigError("dims must list at least one embedding size")
         if any(int(d) <= 0 for d in dims):
-            raise ValueError(f"dims must be positive, got {list(dims)}")
+            raise ConfigError(f"dims must be positive, got {list(dims)}")
         weights = [1.0] * len(dims) if weights is None else list(weights)
         if len(weights) != len(dims):
-            raise ValueError(f"got {len(weights)} weights for {len(dims)} dims")
+            raise ConfigError(f"got {len(weights)} weights for {len(dims)} dims")
         self.loss = loss
         self.dims = [int(d) for d in dims]
         self.weights = [float(w) for w in weights]

@@ -20,6 +20,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from lmembed.errors import ConfigError
 from lmembed.training.losses.infonce import normalize_negatives, pairwise_similarity
 
 __all__ = ["TripletDistance", "TripletLoss"]
@@ -49,7 +50,7 @@ class TripletLoss(nn.Module):
     def __init__(self, margin: float | None = None, distance: TripletDistance = "euclidean") -> None:
         super().__init__()
         if distance not in _DEFAULT_MARGINS:
-            raise ValueError(f"distance must be one of {tuple(_DEFAULT_MARGINS)}, got {distance!r}")
+            raise ConfigError(f"distance must be one of {tuple(_DEFAULT_MARGINS)}, got {distance!r}")
         self.distance: TripletDistance = distance
         self.margin = _DEFAULT_MARGINS[distance] if margin is None else float(margin)
 

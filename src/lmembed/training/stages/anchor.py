@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmembed.errors import ConfigError
 from lmembed.models.attention import mask_for
 from lmembed.training.stages.mntp import IGNORE, build_lm_head
 
@@ -39,7 +40,7 @@ DEFAULT_ALPHA = 0.2
 def combine_losses(q2d: Tensor, d2q: Tensor, alpha: float = DEFAULT_ALPHA) -> Tensor:
     """``alpha * L_Q2D + (1 - alpha) * L_D2Q``."""
     if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha={alpha} must be in [0, 1]")
+        raise ConfigError(f"alpha={alpha} must be in [0, 1]")
     return alpha * q2d + (1 - alpha) * d2q
 
 
@@ -84,9 +85,9 @@ class AnchorObjective:
     def __init__(self, model: Any, *, alpha: float = DEFAULT_ALPHA, max_target_length: int = 128) -> None:
         backbone = model.embedder.backbone
         if not backbone.is_decoder:
-            raise ValueError("anchor reconstruction needs a decoder LM (it generates text)")
+            raise ConfigError("anchor reconstruction needs a decoder LM (it generates text)")
         if model.config.attention != "causal":
-            raise ValueError("anchor reconstruction decodes with causal attention; use attention: causal")
+            raise ConfigError("anchor reconstruction decodes with causal attention; use attention: causal")
         combine_losses(torch.zeros(()), torch.zeros(()), alpha)  # validates alpha
         self.model = model
         self.alpha = alpha

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from lmembed.errors import ConfigError
 from lmembed.models.attention import mask_for
 
 log = logging.getLogger(__name__)
@@ -173,9 +174,9 @@ class MNTPObjective:
     ) -> None:
         backbone = model.embedder.backbone
         if not backbone.is_decoder:
-            raise ValueError("MNTP is for decoder LMs; train an encoder with its own MLM objective instead")
+            raise ConfigError("MNTP is for decoder LMs; train an encoder with its own MLM objective instead")
         if not 0 < mask_probability < 1:
-            raise ValueError(f"mask_probability={mask_probability} must be in (0, 1)")
+            raise ConfigError(f"mask_probability={mask_probability} must be in (0, 1)")
         self.model = model
         self.tokenizer = backbone.tokenizer
         self.head = build_lm_head(backbone.model, backbone.path)

@@ -17,13 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmembed.errors import ConfigError
 from lmembed.training.losses import InfoNCELoss
 
 
 def set_attention_dropout(model: nn.Module, rate: float) -> int:
     """Set ``attention_dropout`` on every module that has a float one; returns how many were set."""
     if not 0 <= rate < 1:
-        raise ValueError(f"dropout rate {rate} must be in [0, 1)")
+        raise ConfigError(f"dropout rate {rate} must be in [0, 1)")
     count = 0
     for module in model.modules():
         value = getattr(module, "attention_dropout", None)
@@ -60,13 +61,13 @@ class SimCSEObjective:
         if dropout is not None:
             set_attention_dropout(model.model, dropout)
         if not has_active_dropout(model):
-            raise ValueError("SimCSE needs dropout: both views would be identical (set dropout > 0)")
+            raise ConfigError("SimCSE needs dropout: both views would be identical (set dropout > 0)")
         self.criterion = InfoNCELoss(temperature=temperature, similarity="cosine", in_batch_negatives=True)
 
     def embed_views(self, texts: list[str]) -> tuple[Tensor, Tensor]:
         """Two dropout views of every text, from one forward pass over the doubled batch."""
         if len(texts) < 2:
-            raise ValueError("SimCSE needs at least 2 texts per batch (the others are the negatives)")
+            raise ConfigError("SimCSE needs at least 2 texts per batch (the others are its negatives)")
         vectors = self.model.embed(list(texts) + list(texts))
         return vectors[: len(texts)], vectors[len(texts) :]
 
