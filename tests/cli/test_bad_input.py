@@ -56,6 +56,7 @@ def workspace(tmp_path_factory):
         "nofield.jsonl": '{"text": "ok"}\n{"txt": "bad"}\n',
         "surrogate.jsonl": '{"text": "ok"}\n{"text": "bad \\udc80 text"}\n',
         "rows.jsonl": '{"query": "cat", "positive": "the cat"}\n' * 4,
+        "lossoption.yaml": "loss: gte\nloss_kwargs:\n  colour: red\n",
         "badrows.jsonl": '{"query": "cat", "positive": "the cat"}\n{"query": broken\n',
     }
     for name, text in files.items():
@@ -113,6 +114,43 @@ CASES = [
         "encode-dim-too-big",
         ["encode", "{tmp}/good", "-o", "{tmp}/v.npy", "--model", "{model}", "--dim", "4096"],
         ["4096", "32"],
+    ),
+    (
+        "train-unknown-loss",
+        [
+            "train",
+            "--model",
+            "{model}",
+            "--data",
+            "{tmp}/rows.jsonl",
+            "-o",
+            "{tmp}/run",
+            "--steps",
+            "1",
+            "--loss",
+            "nope",
+        ],
+        ["unknown loss 'nope'", "infonce"],
+    ),
+    (
+        "train-loss-option",
+        [
+            "train",
+            "--model",
+            "{model}",
+            "--data",
+            "{tmp}/rows.jsonl",
+            "-o",
+            "{tmp}/run",
+            "--config",
+            "{tmp}/lossoption.yaml",
+        ],
+        ["loss 'gte' has no option colour", "temperature"],
+    ),
+    (
+        "eval-instruction-set",
+        ["eval", "--model", "{model}", "--data", "{beir}", "--instructions", "nope"],
+        ["unknown instruction set 'nope'"],
     ),
     ("eval-grid-key", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "colour=red"], ["colour"]),
     (
@@ -210,7 +248,7 @@ def test_bad_input_gets_a_clean_error(workspace, argv, expected, monkeypatch, on
     monkeypatch.setenv("LMEMBED_CACHE", str(Path(workspace["tmp"]) / "cache"))
     result = CliRunner().invoke(app, fill(argv, workspace))
     output = result.output
-    assert result.exit_code not in (0, 1), f"exit {result.exit_code}:\n{output}"
+    assert result.exit_code == 2, f"exit {result.exit_code}:\n{output}"
     assert "Traceback" not in output and 'File "' not in output, output
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), output
     for text in expected:
@@ -243,6 +281,26 @@ def test_an_internal_error_says_so(workspace, monkeypatch):
     monkeypatch.setattr(encode_module, "read_texts", boom)
     result = CliRunner().invoke(app, fill(["encode", "{tmp}/good", "-o", "{tmp}/v.npy"], workspace))
     assert result.exit_code == 1 and "internal error" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("error", [TypeError, ValueError, KeyError, RuntimeError])
+def test_a_builtin_error_is_a_bug_not_a_user_error(workspace, monkeypatch, error):
+    """Only ``LmembedError`` (and the OS refusing a path) count as the user's mistake: a builtin ``TypeError``
+    or ``ValueError`` that reaches the boundary is a bug, exit 1, said to be internal; ``--debug`` shows it."""
+    import lmembed.cli.encode as encode_module
+
+    def boom(*args, **kwargs):
+        raise error("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.delenv("LMEMBED_DEBUG", raising=False)
+    monkeypatch.setattr(encode_module, "read_texts", boom)
+    argv = fill(["encode", "{tmp}/good", "-o", "{tmp}/v.npy"], workspace)
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 1, result.output
+    assert f"internal error ({error.__name__})" in result.output and "please report it" in result.output
+    assert "check your input" not in result.output and "Traceback" not in result.output
+    debug = CliRunner().invoke(app, ["--debug", *argv])
+    assert isinstance(debug.exception, error)
 
 
 def test_good_input_still_works(workspace, monkeypatch):

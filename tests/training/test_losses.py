@@ -327,3 +327,38 @@ def test_build_loss_registry():
     assert isinstance(build_loss("mrl", inner=TripletLoss(), dims=[4]).loss, TripletLoss)
     with pytest.raises(KeyError):
         build_loss("nope")
+
+
+def test_each_loss_declares_the_shared_options_its_class_takes():
+    """A ``LossSpec`` declares which of the trainer's shared settings its loss takes; the declaration names
+    real parameters, and leaves out none of the shared ones the class has (so it cannot drift)."""
+    import inspect
+
+    from lmembed.training.losses import LOSSES, SHARED_OPTIONS
+
+    for name, spec in LOSSES.items():
+        params = set(inspect.signature(spec.factory).parameters)
+        assert spec.takes == SHARED_OPTIONS & params, name
+    assert LOSSES["infonce"].takes == SHARED_OPTIONS and LOSSES["triplet"].takes == frozenset()
+    assert LOSSES["angle"].not_contrastive and not LOSSES["gte"].not_contrastive
+
+
+def test_loss_names_have_one_spelling_rule():
+    from lmembed.training.loss_names import canonical_loss_name
+    from lmembed.training.losses import loss_spec
+
+    assert canonical_loss_name(" Info-NCE ") == "infonce" and canonical_loss_name("MRL") == "matryoshka"
+    assert loss_spec("improved-contrastive").factory is GTELoss
+
+
+def test_bad_loss_settings_are_user_errors_naming_the_setting():
+    from lmembed.errors import ConfigError, UnknownNameError
+
+    with pytest.raises(ConfigError, match="has no option colour; it takes margin, distance"):
+        build_loss("triplet", colour="red")
+    with pytest.raises(UnknownNameError, match="unknown loss 'nope'; available: angle, gte"):
+        build_loss("nope")
+    with pytest.raises(ConfigError, match="temperature must be positive"):
+        build_loss("gte", temperature=0)
+    with pytest.raises(ConfigError, match="dims must be positive"):
+        build_loss("matryoshka", inner="infonce", dims=[0])

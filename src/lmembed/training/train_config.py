@@ -36,6 +36,7 @@ import yaml
 from lmembed.config import unknown_options
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
+from lmembed.training.loss_names import canonical_loss_name
 from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
@@ -170,7 +171,7 @@ class TrainConfig(ModelOptions):
             raise TrainConfigError(f"mixing={self.mixing!r} is unknown; choose one of {', '.join(MIXING_MODES)}")
         if self.batching not in BATCHING_MODES:
             raise TrainConfigError(f"batching={self.batching!r} is unknown; choose {' or '.join(BATCHING_MODES)}")
-        if self.loss.lower() == "triplet" and self.num_negatives < 1:
+        if canonical_loss_name(self.loss) == "triplet" and self.num_negatives < 1:
             raise TrainConfigError("loss=triplet needs num_negatives >= 1")
 
     def check_ready(self) -> None:

@@ -23,15 +23,24 @@ Embeddings arrive un-normalised; losses with a ``similarity`` option normalise i
 
     build_loss("infonce", temperature=0.02)
     build_loss("matryoshka", inner="gte", dims=[768, 256, 64], inner_kwargs={"temperature": 0.05})
+
+Each name is registered once, as a :class:`LossSpec` that declares what the loss is: its class (or factory),
+which of the trainer's shared settings (:data:`SHARED_OPTIONS`) it takes, and, for a loss the contrastive
+trainer cannot drive, why. Names are spelled by the one rule of :mod:`lmembed.training.loss_names`
+(case, ``-``/``_``, aliases), which every caller that compares loss names goes through.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+from lmembed.errors import ConfigError, UnknownNameError
+from lmembed.training.loss_names import MATRYOSHKA, canonical_loss_name
 from lmembed.training.losses.angle import AnglELoss, angle_similarity, cosent_loss
 from lmembed.training.losses.gte import GTELoss
 from lmembed.training.losses.infonce import InfoNCELoss, Similarity, pairwise_similarity, similarity_matrix
@@ -40,16 +49,21 @@ from lmembed.training.losses.triplet import TripletLoss
 
 __all__ = [
     "LOSSES",
+    "MATRYOSHKA",
+    "SHARED_OPTIONS",
     "AnglELoss",
     "GTELoss",
     "InfoNCELoss",
+    "LossSpec",
     "MatryoshkaLoss",
     "Similarity",
     "TripletLoss",
     "angle_similarity",
     "available_losses",
     "build_loss",
+    "canonical_loss_name",
     "cosent_loss",
+    "loss_spec",
     "pairwise_similarity",
     "register_loss",
     "similarity_matrix",
@@ -57,39 +71,66 @@ __all__ = [
 
 LossFactory = Callable[..., nn.Module]
 
-LOSSES: dict[str, LossFactory] = {
-    "infonce": InfoNCELoss,
-    "triplet": TripletLoss,
-    "gte": GTELoss,
-    "angle": AnglELoss,
+#: The settings a training config holds for every loss (``temperature``, ``similarity``,
+#: ``in_batch_negatives``) and the trainer's cross-process ``gather`` hook; a loss declares which it takes.
+SHARED_OPTIONS = frozenset({"temperature", "similarity", "in_batch_negatives", "gather"})
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One registered loss: how to build it and what it declares about itself.
+
+    ``takes``: the :data:`SHARED_OPTIONS` its factory accepts (the trainer passes exactly these);
+    ``not_contrastive``: why the contrastive trainer cannot use it (``None``: it can)."""
+
+    factory: LossFactory
+    takes: frozenset[str] = frozenset()
+    not_contrastive: str | None = None
+
+    def __post_init__(self) -> None:
+        if unknown := self.takes - SHARED_OPTIONS:
+            raise ValueError(f"takes: {sorted(unknown)} are not shared options ({', '.join(sorted(SHARED_OPTIONS))})")
+
+
+LOSSES: dict[str, LossSpec] = {
+    "infonce": LossSpec(InfoNCELoss, frozenset({"temperature", "similarity", "in_batch_negatives", "gather"})),
+    "gte": LossSpec(GTELoss, frozenset({"temperature", "similarity", "gather"})),
+    "triplet": LossSpec(TripletLoss),
+    "angle": LossSpec(
+        AnglELoss, not_contrastive="AnglE scores labelled text pairs, not (query, positive, negatives) rows"
+    ),
 }
-_ALIASES = {
-    "info_nce": "infonce",
-    "contrastive": "infonce",
-    "mnrl": "infonce",
-    "gte_icl": "gte",
-    "improved_contrastive": "gte",
-    "cosent_angle": "angle",
-    "mrl": "matryoshka",
-}
 
 
-def _canonical(name: str) -> str:
-    key = name.strip().lower().replace("-", "_")
-    return _ALIASES.get(key, key)
-
-
-def register_loss(name: str, factory: LossFactory) -> None:
-    """Make ``factory`` (a loss class or a function returning a module) reachable by ``build_loss``."""
-    key = _canonical(name)
-    if key == "matryoshka":
-        raise ValueError("'matryoshka' is reserved for the wrapper")
-    LOSSES[key] = factory
+def register_loss(name: str, factory: LossFactory | LossSpec) -> None:
+    """Make a loss reachable by ``build_loss``: a :class:`LossSpec`, or a bare factory (a loss class or a
+    function returning a module) that takes none of the shared options."""
+    key = canonical_loss_name(name)
+    if key == MATRYOSHKA:
+        raise ValueError(f"{MATRYOSHKA!r} is reserved for the wrapper")
+    LOSSES[key] = factory if isinstance(factory, LossSpec) else LossSpec(factory)
 
 
 def available_losses() -> list[str]:
     """Registered names, including the ``"matryoshka"`` wrapper."""
-    return sorted([*LOSSES, "matryoshka"])
+    return sorted([*LOSSES, MATRYOSHKA])
+
+
+def loss_spec(name: str) -> LossSpec:
+    """The registered :class:`LossSpec` for ``name`` (any spelling :func:`canonical_loss_name` accepts)."""
+    key = canonical_loss_name(name)
+    if key not in LOSSES:
+        raise UnknownNameError(f"unknown loss {name!r}; available: {', '.join(available_losses())}")
+    return LOSSES[key]
+
+
+def _check_options(name: str, factory: LossFactory, kwargs: Mapping[str, Any]) -> None:
+    """Refuse an option the factory has no parameter for, naming the ones it has."""
+    params = inspect.signature(factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    if unknown := sorted(set(kwargs) - set(params)):
+        raise ConfigError(f"loss {name!r} has no option {', '.join(unknown)}; it takes {', '.join(params) or 'none'}")
 
 
 def _build_matryoshka(
@@ -100,7 +141,7 @@ def _build_matryoshka(
 ) -> MatryoshkaLoss:
     if isinstance(inner, nn.Module):
         if inner_kwargs:
-            raise ValueError("inner_kwargs only apply when inner is given by name")
+            raise ConfigError("inner_kwargs only apply when inner is given by name")
         inner_loss = inner
     else:
         inner_loss = build_loss(inner, **dict(inner_kwargs or {}))
@@ -113,9 +154,9 @@ def build_loss(name: str, **kwargs: Any) -> nn.Module:
     ``"matryoshka"`` takes ``inner`` (a name or a module), ``dims``, optional ``weights`` and, when
     ``inner`` is a name, optional ``inner_kwargs``. Every other name passes ``kwargs`` to its class.
     """
-    key = _canonical(name)
-    if key == "matryoshka":
+    if canonical_loss_name(name) == MATRYOSHKA:
+        _check_options(MATRYOSHKA, _build_matryoshka, kwargs)
         return _build_matryoshka(**kwargs)
-    if key not in LOSSES:
-        raise KeyError(f"unknown loss {name!r}; available: {', '.join(available_losses())}")
-    return LOSSES[key](**kwargs)
+    factory = loss_spec(name).factory
+    _check_options(name, factory, kwargs)
+    return factory(**kwargs)

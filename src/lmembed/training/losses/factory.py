@@ -2,32 +2,44 @@
 
 :func:`build_loss` (the package's registry) builds a loss from a name and keyword arguments;
 :func:`build_training_loss` decides those arguments from a training config: the config's
-``temperature``, ``similarity`` and ``in_batch_negatives`` where the loss accepts them, then
-``loss_kwargs`` on top, and under several processes the :func:`gather_with_grad` hook.
+``temperature``, ``similarity`` and ``in_batch_negatives`` where the loss's :class:`LossSpec` says it
+takes them, then ``loss_kwargs`` on top, and under several processes the :func:`gather_with_grad` hook.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any
 
 from torch import nn
 
 from lmembed.training.distributed import gather_with_grad
-from lmembed.training.losses import build_loss
+from lmembed.training.loss_names import MATRYOSHKA, canonical_loss_name
+from lmembed.training.losses import build_loss, loss_spec
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
-__all__ = ["UNSUPPORTED_LOSSES", "build_training_loss"]
+__all__ = ["build_training_loss"]
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED_LOSSES = {"angle": "AnglE scores labelled text pairs, not (query, positive, negatives) rows"}
+
+def _shared_settings(config: TrainConfig, distributed: bool) -> dict[str, Any]:
+    """The config's settings every loss may take (each loss keeps those its spec declares)."""
+    settings: dict[str, Any] = {"similarity": config.similarity, "in_batch_negatives": config.in_batch_negatives}
+    if config.temperature is not None:
+        settings["temperature"] = config.temperature
+    if distributed:
+        settings["gather"] = gather_with_grad
+    return settings
 
 
-def _accepted(factory: Any, options: dict[str, Any]) -> dict[str, Any]:
-    params = inspect.signature(factory).parameters
-    return {k: v for k, v in options.items() if k in params}
+def _settings_for(name: str, settings: dict[str, Any], distributed: bool) -> dict[str, Any]:
+    spec = loss_spec(name)
+    if spec.not_contrastive:
+        raise TrainConfigError(f"loss={name!r} is not usable by the trainer: {spec.not_contrastive}")
+    if distributed and "gather" not in spec.takes:
+        log.warning("loss %s has no gather hook: in-batch negatives stay within each process", name)
+    return {key: value for key, value in settings.items() if key in spec.takes}
 
 
 def build_training_loss(config: TrainConfig, distributed: bool = False) -> nn.Module:
@@ -36,23 +48,11 @@ def build_training_loss(config: TrainConfig, distributed: bool = False) -> nn.Mo
     ``loss_kwargs`` override those defaults. Under several processes, losses that accept a ``gather``
     hook get :func:`gather_with_grad`, so in-batch negatives span the global batch.
     """
-    name = config.loss.strip().lower().replace("-", "_")
-    if name in UNSUPPORTED_LOSSES:
-        raise TrainConfigError(f"loss={config.loss!r} is not usable by the trainer: {UNSUPPORTED_LOSSES[name]}")
-    defaults: dict[str, Any] = {"similarity": config.similarity, "in_batch_negatives": config.in_batch_negatives}
-    if config.temperature is not None:
-        defaults["temperature"] = config.temperature
-    if distributed:
-        defaults["gather"] = gather_with_grad
+    settings = _shared_settings(config, distributed)
     kwargs = dict(config.loss_kwargs)
-    if name in ("matryoshka", "mrl"):
-        inner = kwargs.pop("inner", "infonce")
-        inner_class = type(build_loss(inner)) if isinstance(inner, str) else None
-        inner_defaults = _accepted(inner_class, defaults) if inner_class else {}
-        kwargs["inner_kwargs"] = {**inner_defaults, **kwargs.get("inner_kwargs", {})}
-        return build_loss(name, inner=inner, **kwargs)
-    probe = build_loss(name)
-    loss = build_loss(name, **{**_accepted(type(probe), defaults), **kwargs})
-    if distributed and "gather" not in inspect.signature(type(probe)).parameters:
-        log.warning("loss %s has no gather hook: in-batch negatives stay within each process", name)
-    return loss
+    if canonical_loss_name(config.loss) != MATRYOSHKA:
+        return build_loss(config.loss, **{**_settings_for(config.loss, settings, distributed), **kwargs})
+    inner = kwargs.pop("inner", "infonce")
+    if isinstance(inner, str):
+        kwargs["inner_kwargs"] = {**_settings_for(inner, settings, distributed), **kwargs.get("inner_kwargs", {})}
+    return build_loss(config.loss, inner=inner, **kwargs)
