@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmembed.config import EmbeddingConfig
-from lmembed.errors import ModelLoadError
+from lmembed.errors import ModelLoadError, UnknownNameError
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def preset_named(family: str) -> Preset:
     for preset in PRESETS:
         if preset.family.lower() == family.lower():
             return preset
-    raise KeyError(f"no preset {family!r}; known: {', '.join(p.family for p in PRESETS)}")
+    raise UnknownNameError(f"no preset {family!r}; known: {', '.join(p.family for p in PRESETS)}")
 
 
 def resolve(name_or_path: str) -> Resolution | None:

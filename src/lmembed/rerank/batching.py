@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lmembed.errors import ConfigError
+
 
 def token_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int) -> list[list[int]]:
     """Positions into ``lengths``, grouped into passes: sorted longest first (the first pass shows at once
     whether the longest inputs fit in memory), each pass as long as it stays within both bounds. A single
     input longer than the budget goes alone."""
     if max_batch_tokens < 1 or max_batch_size < 1:
-        raise ValueError(f"max_batch_tokens={max_batch_tokens} and max_batch_size={max_batch_size} must be >= 1")
+        raise ConfigError(f"max_batch_tokens={max_batch_tokens} and max_batch_size={max_batch_size} must be >= 1")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     current: list[int] = []
