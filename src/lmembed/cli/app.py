@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lmembed.cli import cache, encode, evaluate, experiment, export, index, mine, models, serve, train
+from lmembed.cli import cache, doctor, encode, evaluate, experiment, export, index, mine, models, serve, train
 from lmembed.cli.boundary import GuardedGroup
 from lmembed.paths import DEBUG_ENV_VAR, VERBOSE_ENV_VAR
 
@@ -63,6 +63,7 @@ def root(
 
 app.command("encode")(encode.encode)
 app.command("models")(models.models)
+app.command("doctor")(doctor.doctor)
 app.add_typer(cache.app, name="cache")
 app.command("eval")(evaluate.eval_command)
 app.command("sweep")(evaluate.sweep)

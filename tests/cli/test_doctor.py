@@ -1,0 +1,59 @@
+"""``lmembed doctor``: the resolved strategy with its sources, and checks that pass on a sound model and fail on
+a broken one (exit status 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import build_tokenizer, tiny_model
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.cli.app import app
+from lmembed.evaluation.doctor import provenance, run_checks
+
+
+def e5_snapshot(tmp_path: Path) -> Path:
+    """A tiny Mistral saved where huggingface_hub keeps intfloat/e5-mistral-7b-instruct."""
+    folder = tmp_path / "models--intfloat--e5-mistral-7b-instruct" / "snapshots" / "0123abc"
+    tok = build_tokenizer(bos=True)
+    tiny_model("mistral", len(tok)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_doctor_prints_sources_and_passes_on_a_published_model(tmp_path):
+    result = CliRunner().invoke(app, ["doctor", str(e5_snapshot(tmp_path))], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "preset e5-mistral-7b-instruct (Hugging Face cache path)" in result.output
+    assert "published family: e5-mistral-7b-instruct" in result.output
+    for name in ("attention", "padding", "truncation"):
+        assert f"pass  {name}:" in result.output
+    assert "skip  prompt-pooling" in result.output  # last-token pooling reads one token
+
+
+def test_provenance_names_option_preset_and_default(tmp_path):
+    emb = Embedder.from_pretrained(str(e5_snapshot(tmp_path)), cache=False, pooling="mean", show_progress=False)
+    sources = {f.name: f.source for f in provenance(emb, {"pooling": "mean"})}
+    assert sources["pooling"] == "option"
+    assert sources["add_eos"].startswith("preset e5-mistral-7b-instruct")
+    assert sources["layer"] == "lmembed default"
+    checks = {c.name: c for c in run_checks(emb)}
+    assert checks["prompt-pooling"].passed is True  # mean pooling: the instruction's tokens stay out
+
+
+def test_doctor_fails_when_sentence_transformers_disagrees(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    tok = build_tokenizer()
+    emb = Embedder.from_model(tiny_model("bert", len(tok)), tok, EmbeddingConfig(pooling="mean"), use_cache=False)
+    folder = emb.save(tmp_path / "saved")
+    pooling = folder / "1_Pooling" / "config.json"  # the ST files now say CLS while lmembed.json says mean
+    config = json.loads(pooling.read_text())
+    config.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+    pooling.write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["doctor", str(folder)], terminal_width=200)
+    assert result.exit_code == 1, result.output
+    assert "FAIL  sentence-transformers: lowest cosine" in result.output
+    assert "pass  padding" in result.output
