@@ -2,37 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lmembed.cli.options import (
-    DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
-    AttentionOpt,
-    DeviceOpt,
-    DtypeOpt,
-    LayerOpt,
-    MaxLenOpt,
-    PoolingOpt,
-    load_embedder,
-)
+from lmembed.cli.options import Exclude, load_embedder, options_command
+from lmembed.options import ModelOptions
 
 ModelArg = Annotated[str, typer.Argument(help="Bundled name, local directory or Hub id.")]
 MARKS = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}
 
 
+@options_command
 def doctor(
     model: ModelArg,
-    pooling: PoolingOpt = None,
-    layer: LayerOpt = None,
-    attention: AttentionOpt = None,
-    max_length: MaxLenOpt = None,
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    device: DeviceOpt = DEFAULT_DEVICE,
+    options: Annotated[ModelOptions, Exclude("backend", "precision", "calibration", "no_cache")] = ModelOptions(),
 ) -> None:
     """Print the strategy MODEL resolves to and what decided each field (option, lmembed.json, a published
     family's preset, the model, lmembed's default), then check it on the real model: attention mode, a text
@@ -42,8 +29,9 @@ def doctor(
     from lmembed.config import EmbeddingConfig
     from lmembed.evaluation.doctor import provenance, run_checks
 
-    given = {"pooling": pooling, "layer": layer, "attention": attention, "max_length": max_length}
-    emb = load_embedder(model, dtype=dtype, device=device, no_cache=True, **given)
+    options = replace(options, no_cache=True)  # every vector computed: a cached one would hide what is checked
+    given = {f.name: getattr(options, f.name) for f in fields(EmbeddingConfig) if hasattr(options, f.name)}
+    emb = load_embedder(model, options)
     out = Console(soft_wrap=True)
     out.print(f"[bold]{escape(model)}[/]: resolved strategy (field = value  <- decided by)")
     width = max(len(f.name) for f in fields(EmbeddingConfig))
