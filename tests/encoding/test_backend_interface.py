@@ -67,6 +67,19 @@ def test_no_backend_is_probed_with_getattr_or_hasattr():
 def test_engine_does_not_branch_on_which_backend_runs():
     engine = (SRC / "encoding" / "engine.py").read_text()
     assert not re.search(r"\bis (not )?self\.torch_backend\b", engine)
+    assert not re.search(r"isinstance\(self\.backend\b", engine)
+
+
+@pytest.mark.parametrize("name", ["torch", "onnx"])
+def test_training_runs_on_the_encoding_backend_only_where_it_is_differentiable(tokenizer, name):
+    from lmembed.encoding.engine import EncodingEngine
+
+    if name == "onnx":
+        pytest.importorskip("onnxruntime")
+    backbone = backbone_from_model(tiny_model("bert", len(tokenizer)), tokenizer)
+    engine = EncodingEngine(backbone, backend=make_backend(backbone, name, threads=1), use_cache=False)
+    assert engine.torch_backend.differentiable
+    assert (engine.torch_backend is engine.backend) == (name == "torch") == engine.backend.differentiable
 
 
 @pytest.mark.parametrize("name", ["torch", "onnx"])

@@ -155,8 +155,8 @@ class EncodingEngine:
     ) -> None:
         self.backbone = backbone
         self.backend = backend or TorchBackend(backbone)
-        # training's differentiable path (forward_pool) is always torch, whatever runs encode
-        self.torch_backend = self.backend if isinstance(self.backend, TorchBackend) else TorchBackend(backbone)
+        # training's path (forward_pool's default) needs gradients: torch, whatever runs encode
+        self.torch_backend = self.backend if self.backend.differentiable else TorchBackend(backbone)
         self.max_batch_tokens = max_batch_tokens
         self.pooling_head = pooling_head
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()

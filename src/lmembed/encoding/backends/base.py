@@ -6,10 +6,13 @@ the final norm or not). The engine pools them, so pooling is the same code on ev
 
 What a backend can do beyond that is declared here, with defaults for a backend that has no such step, so the
 engine, the Embedder and the evaluation runner ask every backend the same questions and never probe for
-attributes: :meth:`Backend.prepare` (configure, export, calibrate before a forward group),
-:attr:`Backend.needs_calibration`, :meth:`Backend.calibrate` and :meth:`Backend.ensure_calibration` (int8's
-calibration texts; no-ops at float precisions), :attr:`Backend.calibration_texts` and
-:meth:`Backend.graph_folder` (the exported graph, None where nothing is exported).
+attributes or branch on the backend's class:
+
+* :meth:`Backend.prepare`: get ready for a forward group (set the attention, export, calibrate);
+* :attr:`Backend.needs_calibration`, :meth:`Backend.calibrate`, :meth:`Backend.ensure_calibration` and
+  :attr:`Backend.calibration_texts`: int8's calibration texts (no-ops and None at float precisions);
+* :meth:`Backend.graph_folder`: the exported graph's folder (None where nothing is exported);
+* :attr:`Backend.differentiable`: whether training's forward pass can run on it.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class Backend(ABC):
     precision: str = "float32"
     #: The texts this backend is calibrated on; None where it has none (not calibrated yet, or nothing to calibrate).
     calibration_texts: list[str] | None = None
+    #: Whether gradients flow through :meth:`states` (training's forward pass runs on such a backend).
+    differentiable: bool = False
 
     def __init__(self, backbone: Backbone) -> None:
         self.backbone = backbone
@@ -122,6 +127,7 @@ class TorchBackend(Backend):
     """The transformers model itself, in PyTorch (CPU or GPU, at the backbone's dtype; differentiable)."""
 
     name = "torch"
+    differentiable = True
 
     def __init__(self, backbone: Backbone, precision: str | None = None) -> None:
         super().__init__(backbone)
