@@ -116,3 +116,22 @@ def test_encode_command_and_bad_input(saved_model, tmp_path):
     src.write_text('{"text": "ok"}\n{"txt": "bad"}\n')
     bad = CliRunner().invoke(app, ["encode", str(src), "-o", str(tmp_path / "w.npy"), "--model", saved_model])
     assert bad.exit_code != 0 and "texts.jsonl:2" in bad.output
+
+
+def test_eval_of_a_published_model_uses_its_mteb_instructions(beir, tmp_path):
+    """A tiny model in e5-mistral's Hub cache folder is evaluated with the instruction mteb gives e5-mistral."""
+    mteb = pytest.importorskip("mteb")
+    from conftest import build_tokenizer, tiny_model
+
+    folder = tmp_path / "models--intfloat--e5-mistral-7b-instruct" / "snapshots" / "0123abc"
+    tok = build_tokenizer(bos=True)
+    tiny_model("mistral", len(tok)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    data = beir.rename(beir.parent / "SciFact")  # a task mteb knows, by its name
+    out = tmp_path / "results"
+    result = CliRunner().invoke(
+        app, ["eval", "--model", str(folder), "--data", str(data), "-o", str(out), "--no-cache"]
+    )
+    assert result.exit_code == 0, result.output
+    written = json.loads(next(out.rglob("SciFact.json")).read_text())
+    assert mteb.get_task("SciFact").metadata.prompt["query"] in json.dumps(written)

@@ -119,7 +119,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         family="gte-Qwen2-instruct",
-        hub_ids=("alibaba-nlp/gte-qwen2-*-instruct", "alibaba-nlp/gte-qwen1.5-*-instruct"),
+        hub_ids=("alibaba-nlp/gte-qwen2-*-instruct",),
         strategy={
             "pooling": "last",
             "attention": "bidirectional",
