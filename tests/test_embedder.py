@@ -30,7 +30,7 @@ def test_config_json_round_trip():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"pooling": "max"}, "pooling='max' is unknown"),
+        ({"pooling": "median"}, "pooling='median' is unknown"),
         ({"attention": "sideways"}, "attention='sideways'"),
         ({"layer": "mid"}, "must be an int"),
         ({"dim": 0}, "dim=0"),

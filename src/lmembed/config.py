@@ -23,8 +23,17 @@ from typing import Any, Literal
 
 from lmembed.errors import ConfigError
 
-POOLINGS = ("cls", "mean", "last", "weighted_mean", "latent_attention")
+POOLINGS = ("cls", "mean", "last", "weighted_mean", "max", "mean_sqrt_len", "latent_attention")
 ATTENTIONS = ("causal", "bidirectional")
+PROMPT_STYLES = ("lmembed", "sentence_transformers")
+SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
+HEAD_LAYERS = {
+    # type -> (required keys, optional keys); the weights of dense/layer_norm live in the model folder at ``path``
+    "dense": ({"in_features", "out_features", "path"}, {"bias", "activation", "residual", "route"}),
+    "layer_norm": ({"dimension", "path"}, {"eps", "route"}),
+    "normalize": (set(), {"route"}),
+}
+ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
 
 POOLING_HELP = {
     "cls": "the first token's state (BERT's [CLS]); meaningful for encoders trained with it.",
@@ -32,6 +41,9 @@ POOLING_HELP = {
     "last": "the last real token's state (an EOS token is appended where the tokenizer adds none); "
     "the usual choice for causal decoders, correct under left and right padding.",
     "weighted_mean": "a position-weighted average, later tokens weigh more (SGPT); suits causal decoders.",
+    "max": "the element-wise maximum over the token states (sentence-transformers' max pooling).",
+    "mean_sqrt_len": "the sum of the token states divided by the square root of their number "
+    "(sentence-transformers' mean_sqrt_len_tokens).",
     "latent_attention": "NV-Embed's trainable head: token states attend to a learned latent array, "
     "then an MLP and a mean; untrained until you train it.",
 }
@@ -88,12 +100,24 @@ class EmbeddingConfig:
     normalize: bool = True
     dim: int | None = None
     latent: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)
+    # --- a published model's own conventions (read from its folder; see lmembed.models.sentence_transformers_folder)
+    prompt_style: str = "lmembed"
+    include_prompt: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    document_instruction: str | None = None
+    lowercase: bool = False
+    similarity: str = "cosine"
+    head: tuple[dict[str, Any], ...] = ()
+    route: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.layer, list):
             object.__setattr__(self, "layer", tuple(self.layer))
         if isinstance(self.latent, dict):
             object.__setattr__(self, "latent", LatentAttentionConfig(**self.latent))
+        if isinstance(self.head, list):
+            object.__setattr__(self, "head", tuple(dict(layer) for layer in self.head))
         self.validate()
 
     # ------------------------------------------------------------------ validation
@@ -113,6 +137,28 @@ class EmbeddingConfig:
             raise ConfigError("echo_template must contain '{text}' (the first copy of the input)")
         if "{instruction}" not in self.instruction_template:
             raise ConfigError("instruction_template must contain '{instruction}'")
+        self._validate_conventions()
+
+    def _validate_conventions(self) -> None:
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ConfigError(
+                f"prompt_style={self.prompt_style!r} is unknown; choose one of {', '.join(PROMPT_STYLES)}"
+            )
+        if self.similarity not in SIMILARITIES:
+            raise ConfigError(f"similarity={self.similarity!r} is unknown; choose one of {', '.join(SIMILARITIES)}")
+        if not isinstance(self.prompts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.prompts.items()
+        ):
+            raise ConfigError("prompts must map prompt names to prompt strings")
+        if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
+            raise ConfigError(
+                f"default_prompt_name={self.default_prompt_name!r} is not one of the prompts "
+                f"({', '.join(sorted(self.prompts)) or 'none'})"
+            )
+        for i, layer in enumerate(self.head):
+            validate_head_layer(layer, f"head[{i}]")
+        if self.head and self.pooling == "latent_attention":
+            raise ConfigError("a post-pooling head cannot follow pooling='latent_attention'")
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -129,10 +175,23 @@ class EmbeddingConfig:
             "add_eos": self.add_eos,
             "max_length": self.max_length,
             "last": self.pooling == "last",  # decides whether an EOS token is appended
+            **self._convention_key(),
         }
         # fields added later enter the key only when set, so earlier strategies keep their fingerprints
         optional = {"plain_prefix": "", "pool_special_tokens": True, "eos_token": None}
         key.update({name: getattr(self, name) for name, default in optional.items() if getattr(self, name) != default})
+        return key
+
+    def _convention_key(self) -> dict[str, Any]:
+        """The published-model fields that change the input or pool mask, only where they differ from the
+        defaults (so strategies without them keep their old fingerprints and cache entries)."""
+        key: dict[str, Any] = {}
+        if self.prompt_style != "lmembed":
+            key["prompt_style"] = self.prompt_style
+        if self.include_prompt:
+            key["include_prompt"] = True
+        if self.lowercase:
+            key["lowercase"] = True
         return key
 
     def pooling_key(self) -> dict[str, Any]:
@@ -140,6 +199,11 @@ class EmbeddingConfig:
         key: dict[str, Any] = {"pooling": self.pooling, "layer": list(self.layers), "final_norm": self.final_norm}
         if self.pooling == "latent_attention":
             key["latent"] = asdict(self.latent)
+        if self.head:
+            key["head"] = [dict(layer) for layer in self.head]
+            key["route"] = self.route
+        if self.pooling == "weighted_mean" and self.prompt_style != "lmembed":
+            key["positions"] = "sequence"
         return key
 
     def fingerprint(self) -> str:
@@ -151,6 +215,7 @@ class EmbeddingConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["layer"] = list(self.layers) if isinstance(self.layer, tuple) else self.layer
+        data["head"] = [dict(layer) for layer in self.head]
         return data
 
     @classmethod
@@ -183,9 +248,27 @@ class EmbeddingConfig:
             parts.append("bidir")
         if self.echo:
             parts.append("echo")
+        if self.head:
+            parts.append("head")
         if self.dim:
             parts.append(f"d{self.dim}")
         return "+".join(parts)
+
+
+def validate_head_layer(layer: Any, where: str) -> None:
+    """Refuse a post-pooling head layer description lmembed cannot run (``where`` names it in the message)."""
+    if not isinstance(layer, dict) or layer.get("type") not in HEAD_LAYERS:
+        kinds = ", ".join(HEAD_LAYERS)
+        raise ConfigError(f"{where} must be a dict whose 'type' is one of {kinds}, got {layer!r:.80}")
+    required, optional = HEAD_LAYERS[layer["type"]]
+    keys = set(layer) - {"type"}
+    if missing := required - keys:
+        raise ConfigError(f"{where} ({layer['type']}) lacks {', '.join(sorted(missing))}")
+    if unknown := keys - required - optional:
+        raise ConfigError(f"{where} ({layer['type']}) has unknown key(s) {', '.join(sorted(unknown))}")
+    activation = layer.get("activation", "identity")
+    if layer["type"] == "dense" and activation not in ACTIVATIONS:
+        raise ConfigError(f"{where}: activation={activation!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
 
 
 AttentionMode = Literal["causal", "bidirectional"]

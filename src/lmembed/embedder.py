@@ -33,8 +33,18 @@ from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.attention import check_bidirectional_supported
-from lmembed.models.bundled import BUNDLED
+from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.loading import Backbone, backbone_from_model, find_model_dir, load_backbone
+from lmembed.models.sentence_transformers_folder import (
+    ACTIVATION_PATHS,
+    PublishedModel,
+    apply_lowercase,
+    download_published_folder,
+    is_sentence_transformers_folder,
+    load_weights,
+    read_published_folder,
+)
+from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import LatentAttentionPooling
 
 log = logging.getLogger(__name__)
@@ -47,6 +57,8 @@ ST_POOLING_MODES = {
     "mean": "pooling_mode_mean_tokens",
     "last": "pooling_mode_lasttoken",
     "weighted_mean": "pooling_mode_weightedmean_tokens",
+    "max": "pooling_mode_max_tokens",
+    "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens",
 }
 
 
@@ -60,12 +72,14 @@ def postprocess(raw: np.ndarray, config: EmbeddingConfig) -> np.ndarray:
     return out.astype(np.float32, copy=False)
 
 
-def check_strategy(backbone: Backbone, config: EmbeddingConfig) -> None:
-    """Refuse a strategy this backbone cannot honour, before anything is encoded or labelled with it."""
-    hidden = backbone.hidden_size
+def check_strategy(backbone: Backbone, config: EmbeddingConfig, width: int | None = None) -> None:
+    """Refuse a strategy this backbone cannot honour, before anything is encoded or labelled with it (``width``:
+    the pooled vectors' width where a post-pooling head changes it)."""
+    hidden = width or backbone.hidden_size
     if config.dim is not None and config.dim > hidden:
+        what = "hidden size" if width is None else "vector width"
         raise ConfigError(
-            f"dim={config.dim} is larger than the model's hidden size ({hidden}); Matryoshka truncation can only "
+            f"dim={config.dim} is larger than the model's {what} ({hidden}); Matryoshka truncation can only "
             f"shorten vectors: choose dim <= {hidden} or leave it unset"
         )
     if backbone.is_decoder and config.attention == "bidirectional":
@@ -88,6 +102,7 @@ class Embedder:
     """A text-embedding model: a transformer backbone read out with one extraction strategy."""
 
     published: presets.Resolution | None = None  # the published family it was loaded as (from_pretrained)
+    published_folder: PublishedModel | None = None  # the sentence-transformers folder it was read from
 
     def __init__(
         self,
@@ -111,7 +126,9 @@ class Embedder:
         if not backbone.is_decoder and self.config.attention != "bidirectional":
             # Encoders always attend bidirectionally; record what really happens.
             self.config = self.config.with_options(attention="bidirectional")
-        check_strategy(backbone, self.config)
+        if self.config.head and pooling_head is None:
+            raise ConfigError("the strategy has a post-pooling head but no head weights were given (pooling_head)")
+        check_strategy(backbone, self.config, _head_width(pooling_head, backbone, self.config))
         if self.config.pooling == "latent_attention" and pooling_head is None:
             pooling_head = LatentAttentionPooling(backbone.hidden_size, self.config.latent)
             pooling_head.to(device=backbone.device, dtype=backbone.dtype)
@@ -180,6 +197,8 @@ class Embedder:
         published = None if saved else presets.resolve(name_or_path)  # a published family's conventions
         if published:
             published.preset.check_reproducible(name_or_path)
+        # a sentence-transformers folder's own files, where no preset describes the family
+        folder = None if saved or published else _read_local_published(name_or_path)
         if quantize is not None:
             if quantize != "int8":
                 raise ConfigError(f"quantize={quantize!r} is unknown; the only scheme is 'int8'")
@@ -189,7 +208,7 @@ class Embedder:
         if published and published.preset.loader == "llm2vec":
             load = partial(_load_llm2vec, quantize=torch_int8)
         backbone = load(
-            name_or_path,
+            str(folder.model_dir) if folder else name_or_path,
             dtype=dtype,
             device=device,
             attn_implementation=attn_implementation,
@@ -198,7 +217,11 @@ class Embedder:
         )
         if saved:
             _check_saved_kind(name_or_path, saved, backbone)
+        if not saved and not published and not folder and not Path(backbone.path).exists():
+            folder = _read_hub_published(backbone.path)
         options = dict(saved["strategy"]) if saved else dict(published.preset.strategy) if published else {}
+        if folder:
+            options = dict(folder.options)
         given = {
             "pooling": pooling,
             "layer": tuple(layer) if isinstance(layer, list | tuple) else layer,
@@ -212,10 +235,17 @@ class Embedder:
         given = {k: v for k, v in given.items() if v is not None}
         if published:
             presets.warn_overrides(published, given)
+        if folder:
+            _warn_overrides(folder, given)
         options.update(given)
         base = config.to_dict() if config else {}
         base.update(options)
         head = _load_head(name_or_path, backbone, base) if saved else None
+        if folder:
+            head = _published_head(folder, backbone, base)
+            _adapt_tokenizer(backbone, folder)
+        if base.get("lowercase"):
+            apply_lowercase(backbone.tokenizer)
         embedder = cls(
             backbone,
             EmbeddingConfig.from_dict(base),
@@ -229,6 +259,7 @@ class Embedder:
             max_batch_tokens=max_batch_tokens,
         )
         embedder.published = published
+        embedder.published_folder = folder  # what a sentence-transformers folder decided, and which file did
         return embedder
 
     @classmethod
@@ -252,26 +283,64 @@ class Embedder:
 
     @property
     def dim(self) -> int:
-        return self.config.dim or self.backbone.hidden_size
+        return self.config.dim or self.engine.output_dim(self.config)
 
     @property
     def name(self) -> str:
         return self.backbone.name
 
-    def encode(self, texts: Sequence[str], batch_size: int = 32, *, instruction: str | None = None) -> np.ndarray:
-        """Embed texts as they are (with ``instruction`` kept out of pooling if given)."""
-        raw = self.engine.encode_raw(texts, [self.config], instruction=instruction, batch_size=batch_size)[0]
-        return postprocess(raw, self.config)
+    def encode(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 32,
+        *,
+        instruction: str | None = None,
+        prompt_name: str | None = None,
+    ) -> np.ndarray:
+        """Embed texts as they are (with ``instruction`` kept out of pooling if given). A published model's
+        prompt can be named (``prompt_name``, one of ``config.prompts``); without either, its default prompt
+        (``default_prompt_name``) applies, as in sentence-transformers' ``encode``."""
+        if instruction is None:
+            instruction = self._named_prompt(prompt_name)
+        return self._encode_as(texts, batch_size, instruction, self.config)
 
     def encode_queries(
         self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32
     ) -> np.ndarray:
-        """Embed queries; ``instruction`` (or the strategy's ``query_instruction``) is prepended."""
-        return self.encode(texts, batch_size, instruction=instruction or self.config.query_instruction)
+        """Embed queries; ``instruction`` (or the strategy's ``query_instruction``: a published model's query
+        prompt) is prepended."""
+        config = self._routed("query")
+        return self._encode_as(texts, batch_size, instruction or config.query_instruction, config)
 
     def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
-        """Embed documents (never with an instruction)."""
-        return self.encode(texts, batch_size)
+        """Embed documents: with the strategy's ``document_instruction`` (a published model's document prompt)
+        where it has one, else as they are."""
+        config = self._routed("document")
+        return self._encode_as(texts, batch_size, config.document_instruction, config)
+
+    def _encode_as(
+        self, texts: Sequence[str], batch_size: int, instruction: str | None, config: EmbeddingConfig
+    ) -> np.ndarray:
+        raw = self.engine.encode_raw(texts, [config], instruction=instruction, batch_size=batch_size)[0]
+        return postprocess(raw, config)
+
+    def _named_prompt(self, prompt_name: str | None) -> str | None:
+        """The prompt string called ``prompt_name`` (else the default prompt, if any); refuses an unknown name."""
+        prompts = self.config.prompts
+        if prompt_name is None:
+            prompt_name = self.config.default_prompt_name
+            if prompt_name is None:
+                return None
+        if prompt_name not in prompts:
+            known = ", ".join(sorted(prompts)) or "none: the model declares no prompts"
+            raise ConfigError(f"prompt_name={prompt_name!r} is not one of the model's prompts ({known})")
+        return prompts[prompt_name] or None
+
+    def _routed(self, task: str) -> EmbeddingConfig:
+        """The strategy for ``task`` (query or document): an asymmetric model's head reads that task's route."""
+        if any(layer.get("route") for layer in self.config.head) and self.config.route != task:
+            return self.config.with_options(route=task)
+        return self.config
 
     def encode_strategies(
         self,
@@ -283,13 +352,13 @@ class Embedder:
     ) -> list[np.ndarray]:
         """Embed with several strategies at once, sharing forward passes where they can."""
         for cfg in configs:
-            check_strategy(self.backbone, cfg)
+            check_strategy(self.backbone, cfg, _head_width(self.pooling_head, self.backbone, cfg))
         raws = self.engine.encode_raw(texts, configs, instruction=instruction, batch_size=batch_size)
         return [postprocess(raw, cfg) for raw, cfg in zip(raws, configs, strict=True)]
 
     def with_config(self, config: EmbeddingConfig) -> Embedder:
         """The same backbone (no reload) read out with another strategy."""
-        check_strategy(self.backbone, config)
+        check_strategy(self.backbone, config, _head_width(self.pooling_head, self.backbone, config))
         clone = object.__new__(Embedder)
         clone.__dict__.update(self.__dict__)
         clone.config = config
@@ -330,7 +399,9 @@ class Embedder:
         model = self.backbone.model
         model.save_pretrained(directory, state_dict=backbone_state)
         self.backbone.tokenizer.save_pretrained(directory)
-        if self.pooling_head is not None:
+        if isinstance(self.pooling_head, PostPoolingHead):
+            _save_post_head(self.pooling_head, directory, head_state)
+        elif self.pooling_head is not None:
             head = self.pooling_head.state_dict() if head_state is None else head_state
             state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
             save_file(state, str(directory / HEAD_FILE))
@@ -359,6 +430,7 @@ class Embedder:
             and cfg.dim is None
             and not cfg.plain_prefix
             and cfg.pool_special_tokens
+            and not any(layer.get("route") for layer in cfg.head)
         )
 
     def _write_sentence_transformers_files(self, directory: Path) -> None:
@@ -367,26 +439,149 @@ class Embedder:
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         ]
-        if cfg.normalize:
+        for layer in cfg.head:  # their weights and configs were written by _save_post_head
+            path = layer.get("path", f"{len(modules)}_Normalize")
             modules.append(
-                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+                {"idx": len(modules), "name": str(len(modules)), "path": path, "type": ST_HEAD[layer["type"]]}
             )
-            (directory / "2_Normalize").mkdir(exist_ok=True)
-        pooling = {"word_embedding_dimension": self.backbone.hidden_size, "include_prompt": False}
+        if cfg.normalize:
+            path = f"{len(modules)}_Normalize"
+            modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": ST_HEAD["normalize"]})
+        for module in modules[2:]:
+            (directory / module["path"]).mkdir(exist_ok=True)
+        include_prompt = cfg.include_prompt and cfg.prompt_style == "sentence_transformers"
+        pooling = {"word_embedding_dimension": self.backbone.hidden_size, "include_prompt": include_prompt}
         pooling.update({mode: name == cfg.pooling for name, mode in ST_POOLING_MODES.items()})
-        pooling.update({"pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
         (directory / "1_Pooling").mkdir(exist_ok=True)
         max_length = resolve_max_length(self.backbone, cfg.max_length)
-        files = {
+        files: dict[str, Any] = {
             "modules.json": modules,
             "1_Pooling/config.json": pooling,
-            "sentence_bert_config.json": {"max_seq_length": max_length, "do_lower_case": False},
+            "sentence_bert_config.json": {"max_seq_length": max_length, "do_lower_case": cfg.lowercase},
         }
-        if cfg.query_instruction:
-            prompt = cfg.instruction_template.format(instruction=cfg.query_instruction)
-            files["config_sentence_transformers.json"] = {"prompts": {"query": prompt, "document": ""}}
+        model_config = _st_model_config(cfg)
+        if model_config:
+            files["config_sentence_transformers.json"] = model_config
         for name, content in files.items():
             atomic_write_text(directory / name, json.dumps(content, indent=2))
+
+
+ST_HEAD = {
+    "dense": "sentence_transformers.models.Dense",
+    "layer_norm": "sentence_transformers.models.LayerNorm",
+    "normalize": "sentence_transformers.models.Normalize",
+}
+
+
+def _st_model_config(cfg: EmbeddingConfig) -> dict[str, Any]:
+    """``config_sentence_transformers.json``: the prompts (a published model's own, with the strategy's query and
+    document prompts), the default prompt and the similarity."""
+    prompts = dict(cfg.prompts)
+    if cfg.query_instruction:
+        prompts["query"] = cfg.instruction_template.format(instruction=cfg.query_instruction)
+    if cfg.document_instruction:
+        prompts["document"] = cfg.instruction_template.format(instruction=cfg.document_instruction)
+    if not prompts and cfg.similarity == "cosine":
+        return {}
+    if prompts:
+        prompts.setdefault("query", "")
+        prompts.setdefault("document", "")
+    data: dict[str, Any] = {"prompts": prompts, "similarity_fn_name": cfg.similarity}
+    if cfg.default_prompt_name is not None:
+        data["default_prompt_name"] = cfg.default_prompt_name
+    return data
+
+
+def _save_post_head(head: PostPoolingHead, directory: Path, state: dict[str, Tensor] | None) -> None:
+    """Each Dense/LayerNorm layer of ``head`` into its module folder, as sentence-transformers lays it out
+    (``state``: whole tensors named ``layers.I.*`` to write instead of the head's own)."""
+    for i, spec in enumerate(head.specs):
+        if spec["type"] == "normalize":
+            continue
+        folder = directory / spec["path"]
+        folder.mkdir(parents=True, exist_ok=True)
+        layer_state = head.layer_state(i)
+        if state is not None:
+            prefix = f"layers.{i}."
+            layer_state = {
+                k[len(prefix) :]: v.detach().cpu().contiguous() for k, v in state.items() if k.startswith(prefix)
+            }
+        save_file(layer_state, str(folder / "model.safetensors"))
+        atomic_write_text(folder / "config.json", json.dumps(_st_layer_config(spec), indent=2))
+
+
+def _st_layer_config(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["type"] == "layer_norm":
+        return {"dimension": spec["dimension"]}
+    config = {
+        "in_features": spec["in_features"],
+        "out_features": spec["out_features"],
+        "bias": spec.get("bias", True),
+        "activation_function": ACTIVATION_PATHS[spec.get("activation", "identity")],
+    }
+    if spec.get("residual"):
+        config["use_residual"] = True
+    return config
+
+
+def _head_width(head: nn.Module | None, backbone: Backbone, config: EmbeddingConfig) -> int | None:
+    if config.head and isinstance(head, PostPoolingHead):
+        return head.output_dim(backbone.hidden_size, config.route)
+    return None
+
+
+def _read_local_published(name_or_path: str) -> PublishedModel | None:
+    """The conventions of a local (or bundled) sentence-transformers folder, if ``name_or_path`` is one."""
+    folder = Path(resolve_bundled(name_or_path)) if name_or_path in BUNDLED else Path(name_or_path).expanduser()
+    return read_published_folder(folder) if is_sentence_transformers_folder(folder) else None
+
+
+def _read_hub_published(repo_id: str) -> PublishedModel | None:
+    """The conventions of Hub model ``repo_id`` when it is a sentence-transformers model."""
+    folder = download_published_folder(repo_id)
+    if folder is None:
+        return None
+    published = read_published_folder(folder)
+    if published.model_dir != folder:
+        raise ModelLoadError(
+            f"{repo_id}: the Transformer module lives in {published.model_dir.name}/; download the repository and "
+            "load the folder instead"
+        )
+    return published
+
+
+def _warn_overrides(published: PublishedModel, given: dict[str, Any]) -> None:
+    """One warning per option the caller gives that differs from the model's own convention (the caller wins)."""
+    for option, value in given.items():
+        own = published.options.get(option)
+        if option in published.options and own != value:
+            log.warning(
+                "%s=%r (given) overrides the model's own %s=%r (from %s)",
+                option,
+                value,
+                option,
+                own,
+                published.sources.get(option, published.root),
+            )
+
+
+def _published_head(published: PublishedModel, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+    """The post-pooling head of a published model, with its weights (None when it has none)."""
+    specs = strategy.get("head") or ()
+    if not specs:
+        return None
+    head = PostPoolingHead(specs)
+    for i, (spec, state) in enumerate(zip(specs, published.head_weights, strict=True)):
+        if spec["type"] != "normalize":
+            head.load_layer_state(i, state, str(published.root / spec["path"]))
+    return head.to(device=backbone.device, dtype=backbone.dtype).eval()
+
+
+def _adapt_tokenizer(backbone: Backbone, published: PublishedModel) -> None:
+    """Tokenizer settings a published model decides beyond the strategy: the truncation side."""
+    side = published.tokenizer_settings.get("truncation_side")
+    if side is not None:
+        backbone.tokenizer.truncation_side = side
 
 
 def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
@@ -457,6 +652,14 @@ def _load_llm2vec(name_or_path: str, *, quantize: bool, **kwargs: Any) -> Backbo
 
 
 def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+    if strategy.get("head"):  # a published model's post-pooling head, saved in sentence-transformers' layout
+        head = PostPoolingHead(strategy["head"])
+        for i, spec in enumerate(head.specs):
+            if spec["type"] != "normalize":
+                head.load_layer_state(
+                    i, load_weights(Path(directory) / spec["path"]), str(Path(directory) / spec["path"])
+                )
+        return head.to(device=backbone.device, dtype=backbone.dtype).eval()
     path = Path(directory) / HEAD_FILE
     if not path.exists():
         return None

@@ -291,7 +291,11 @@ def test_spec_errors_name_file_and_line(tmp_path: Path):
 
     cases = [
         ({**good, "arms": {"a": {"strategy": {"pooing": "mean"}}}}, "pooing", "unknown strategy key 'pooing'"),
-        ({**good, "arms": {"a": {"strategy": {"pooling": "max"}}}}, "pooling: max", "pooling='max' is unknown"),
+        (
+            {**good, "arms": {"a": {"strategy": {"pooling": "median"}}}},
+            "pooling: median",
+            "pooling='median' is unknown",
+        ),
         ({**good, "arms": {"a": {"strategy": {"layer": "top"}}}}, "layer: top", "layer 'top'"),
         ({**good, "arms": {"a": {"train": {"steps": 0, "data": ["x"]}}}}, "steps: 0", "steps=0 must be >= 1"),
         ({**good, "arms": {"a": {"train": {"steps": 5}}}}, "train:", "needs 'data'"),

@@ -183,8 +183,7 @@ class EncodingEngine:
             check_encodable(instruction, "the instruction")
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size} must be >= 1")
-        dim = self.backbone.hidden_size
-        outputs = [np.empty((len(texts), dim), dtype=np.float32) for _ in configs]
+        outputs = [np.empty((len(texts), self.output_dim(cfg)), dtype=np.float32) for cfg in configs]
         if not texts:
             return outputs
         self.backend.ensure_calibration(texts)  # int8: calibrated on the first texts it sees unless told otherwise
@@ -232,7 +231,7 @@ class EncodingEngine:
         if not self.use_cache:
             return None
         model_fp = self.backbone.fingerprint()
-        if config.pooling == "latent_attention" and self.pooling_head is not None:
+        if (config.pooling == "latent_attention" or config.head) and self.pooling_head is not None:
             model_fp += "-" + weights_fingerprint(self.pooling_head)
         return EmbeddingCache(self.cache_dir, model_key(model_fp, self.backend.cache_tag()), config.fingerprint())
 
@@ -353,14 +352,34 @@ class EncodingEngine:
         uses it whatever backend encodes."""
         mode = configs[0].attention if self.backbone.is_decoder else "bidirectional"
         states = (backend or self.torch_backend).states(input_ids, attention_mask, configs, mode)
-        return [self._pool(st, pool_mask, cfg) for st, cfg in zip(states, configs, strict=True)]
+        return [self._pool(st, pool_mask, cfg, attention_mask) for st, cfg in zip(states, configs, strict=True)]
 
-    def _pool(self, states: torch.Tensor, pool_mask: torch.Tensor, cfg: EmbeddingConfig) -> torch.Tensor:
+    def output_dim(self, cfg: EmbeddingConfig) -> int:
+        """The width of ``cfg``'s raw vectors: the hidden size, or what a post-pooling head makes of it."""
+        if cfg.head and self.pooling_head is not None:
+            return self.pooling_head.output_dim(self.backbone.hidden_size, cfg.route)
+        return self.backbone.hidden_size
+
+    def _pool(
+        self,
+        states: torch.Tensor,
+        pool_mask: torch.Tensor,
+        cfg: EmbeddingConfig,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if cfg.pooling == "latent_attention":
             if self.pooling_head is None:
                 raise ValueError("pooling='latent_attention' needs a pooling head (Embedder creates one)")
             return self.pooling_head(states, pool_mask)
-        return STATELESS_POOLERS[cfg.pooling](states, pool_mask)
+        if cfg.pooling == "weighted_mean" and cfg.prompt_style != "lmembed" and attention_mask is not None:
+            pooled = STATELESS_POOLERS["weighted_mean"](states, pool_mask, attention_mask)
+        else:
+            pooled = STATELESS_POOLERS[cfg.pooling](states, pool_mask)
+        if cfg.head:
+            if self.pooling_head is None:
+                raise ValueError("a strategy with a post-pooling head needs the head's weights (Embedder loads them)")
+            pooled = self.pooling_head(pooled, cfg.route)
+        return pooled
 
     @contextmanager
     def _progress(self, total: int, configs: Sequence[EmbeddingConfig]):

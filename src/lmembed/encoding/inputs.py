@@ -13,6 +13,11 @@ A published model may fix more of this (:mod:`lmembed.models.presets`): a prefix
 instruction (``plain_prefix``, GritLM's ``<|embed|>\n``), special tokens kept out of pooling even where no prefix
 is (``pool_special_tokens=False``, LLM2Vec's embed mask) and which token ends a text read by last-token pooling
 (``eos_token``, Qwen3-Embedding's ``<|endoftext|>``).
+
+A published sentence-transformers model (``prompt_style="sentence_transformers"``) reads its prompts as
+sentence-transformers does instead: the prompt is prepended as it is, the whole string is truncated to
+``max_length`` by the tokenizer, and the prompt's tokens are the first N of the sequence, N being the length of
+the prompt tokenised alone (less a closing special token); they are pooled when ``include_prompt`` is set.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ class InputBuilder:
         self.num_special = len(tokenizer("", add_special_tokens=True)["input_ids"])
         candidates = (tokenizer.eos_token_id, tokenizer.sep_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id)
         self.placeholder_id = next((t for t in candidates if t is not None), 0)
+        self.sentence_transformers = config.prompt_style == "sentence_transformers"
+        self._prompt_lengths: dict[str, int] = {}
 
     # -------------------------------------------------------------- wrapping
     def _prefix(self, text: str, instruction: str | None) -> tuple[str, int]:
@@ -137,6 +144,8 @@ class InputBuilder:
         return budget, room + self.num_special
 
     def build(self, text: str, instruction: str | None = None) -> Features:
+        if self.sentence_transformers:
+            return self._build_prompted([text], instruction)[0]
         budget, limit = self._budget(instruction)
         text = self._truncate_text(text, budget)
         prefix, _ = self._prefix(text, instruction)
@@ -153,7 +162,9 @@ class InputBuilder:
     def _features(
         self, input_ids: Sequence[int], offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int
     ) -> Features:
-        pool_mask = self._pool_mask(offsets, special, start, self.config.pool_special_tokens)
+        pool_mask = self._pool_mask(
+            offsets, special, 0 if self.config.include_prompt else start, self.config.pool_special_tokens
+        )
         ids = list(input_ids)
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)
@@ -185,6 +196,8 @@ class InputBuilder:
         (the fast tokenizer encodes a batch in Rust, each text exactly as it would alone)."""
         if not texts:
             return []
+        if self.sentence_transformers:
+            return self._build_prompted(texts, instruction)
         budget, limit = self._budget(instruction)
         plain = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         cut = [
@@ -206,3 +219,31 @@ class InputBuilder:
                 enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], prefixes, strict=True
             )
         ]
+
+    # -------------------------------------------------------------- sentence-transformers prompts
+    def _build_prompted(self, texts: Sequence[str], instruction: str | None) -> list[Features]:
+        """Features as sentence-transformers makes them: ``prompt + text`` truncated as a whole, the prompt's
+        tokens (counted as it counts them) left out of pooling unless ``include_prompt``."""
+        prompt = self.config.instruction_template.format(instruction=instruction) if instruction else ""
+        room = self.max_length - (1 if self.eos_id is not None else 0)
+        enc = self.tokenizer(
+            [prompt + text for text in texts], add_special_tokens=True, truncation=True, max_length=room, verbose=False
+        )
+        skip = 0 if not prompt or self.config.include_prompt else self._prompt_length(prompt, room)
+        features = []
+        for ids in enc["input_ids"]:
+            ids = list(ids)
+            pool_mask = [0] * min(skip, len(ids)) + [1] * max(len(ids) - skip, 0)
+            if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
+                ids.append(self.eos_id)
+                pool_mask.append(1)
+            features.append(Features(ids, pool_mask))
+        return features
+
+    def _prompt_length(self, prompt: str, room: int) -> int:
+        """Tokens of ``prompt`` tokenised alone, less a closing special token (sentence-transformers' count)."""
+        if prompt not in self._prompt_lengths:
+            ids = self.tokenizer(prompt, add_special_tokens=True, truncation=True, max_length=room)["input_ids"]
+            closing = bool(ids) and ids[-1] in set(self.tokenizer.all_special_ids)
+            self._prompt_lengths[prompt] = len(ids) - (1 if closing else 0)
+        return self._prompt_lengths[prompt]

@@ -105,7 +105,7 @@ def find_model_dir(path: Path) -> Path:
     when ``path`` is neither."""
     if path.is_file():
         raise ModelLoadError(f"{path} is a file; a model is a folder holding config.json (or a bundled name)")
-    if (path / "config.json").exists():
+    if (path / "config.json").exists() or (path / "modules.json").exists():  # a checkpoint, a sentence-transformers one
         return path
     if (path / RUN_MODEL_DIR / "config.json").exists():
         return path / RUN_MODEL_DIR

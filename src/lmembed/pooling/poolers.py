@@ -55,13 +55,33 @@ def mean_pool(hidden: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
 
 
-def weighted_mean_pool(hidden: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
+def weighted_mean_pool(
+    hidden: torch.Tensor, pool_mask: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Position-weighted mean (SGPT): the i-th poolable token has weight i, so later tokens,
-    which have seen more of the text under causal attention, count more."""
+    which have seen more of the text under causal attention, count more.
+
+    With ``attention_mask`` a token's weight is its position among all real tokens instead (tokens left out
+    of pooling, such as a prompt, keep their place): sentence-transformers' ``weightedmean``."""
     _check_nonempty(pool_mask)
     mask = pool_mask.to(hidden.dtype)
-    weights = (torch.cumsum(mask, dim=1) * mask).unsqueeze(-1)
+    counted = mask if attention_mask is None else attention_mask.to(hidden.dtype)
+    weights = (torch.cumsum(counted, dim=1) * mask).unsqueeze(-1)
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+def max_pool(hidden: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum over the poolable token states."""
+    _check_nonempty(pool_mask)
+    return hidden.masked_fill(~pool_mask.bool().unsqueeze(-1), float("-inf")).max(dim=1).values
+
+
+def mean_sqrt_len_pool(hidden: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of the poolable token states over the square root of their number (sentence-transformers'
+    ``mean_sqrt_len_tokens``)."""
+    _check_nonempty(pool_mask)
+    weights = pool_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).sqrt()
 
 
 STATELESS_POOLERS = {
@@ -69,4 +89,6 @@ STATELESS_POOLERS = {
     "mean": mean_pool,
     "last": last_pool,
     "weighted_mean": weighted_mean_pool,
+    "max": max_pool,
+    "mean_sqrt_len": mean_sqrt_len_pool,
 }

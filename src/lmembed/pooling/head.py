@@ -1,0 +1,105 @@
+"""The post-pooling head of a published model: the Dense, LayerNorm and Normalize layers a sentence-transformers
+stack applies to the pooled vector, described declaratively by ``EmbeddingConfig.head``.
+
+Each layer may belong to one route of an asymmetric (Router) model: it then runs only when the strategy's
+``route`` names that route (queries and documents read through different layers); layers without a route
+always run. The weights are ordinary ``nn`` parameters, so the head trains and saves like the backbone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATION_MODULES: dict[str, type[nn.Module]] = {
+    "identity": nn.Identity,
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "sigmoid": nn.Sigmoid,
+    "silu": nn.SiLU,
+}
+
+
+class DenseLayer(nn.Module):
+    """``activation(linear(x))`` (+ ``x`` or a projection of it when ``residual``), as sentence-transformers'
+    Dense; parameter names follow its saved files (``linear.*``, ``residual.*``)."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        super().__init__()
+        n_in, n_out = int(spec["in_features"]), int(spec["out_features"])
+        self.linear = nn.Linear(n_in, n_out, bias=bool(spec.get("bias", True)))
+        self.activation = ACTIVATION_MODULES[spec.get("activation", "identity")]()
+        self.use_residual = bool(spec.get("residual", False))
+        if self.use_residual and n_in != n_out:
+            self.residual = nn.Linear(n_in, n_out, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.activation(self.linear(x))
+        if self.use_residual:
+            out = out + (self.residual(x) if hasattr(self, "residual") else x)
+        return out
+
+
+class LayerNormLayer(nn.Module):
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(int(spec["dimension"]), eps=float(spec.get("eps", 1e-5)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+class NormalizeLayer(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, p=2, dim=-1)
+
+
+LAYERS: dict[str, type[nn.Module]] = {"dense": DenseLayer, "layer_norm": LayerNormLayer, "normalize": NormalizeLayer}
+
+
+def build_layer(spec: Mapping[str, Any]) -> nn.Module:
+    layer_class = LAYERS[spec["type"]]
+    return layer_class() if layer_class is NormalizeLayer else layer_class(spec)
+
+
+class PostPoolingHead(nn.Module):
+    """The layers of ``specs`` (``EmbeddingConfig.head``) in order; ``forward(x, route)`` skips the layers of
+    other routes."""
+
+    def __init__(self, specs: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__()
+        self.specs = [dict(spec) for spec in specs]
+        self.layers = nn.ModuleList(build_layer(spec) for spec in self.specs)
+
+    def forward(self, pooled: torch.Tensor, route: str | None = None) -> torch.Tensor:
+        for spec, layer in zip(self.specs, self.layers, strict=True):
+            if spec.get("route") in (None, route):
+                pooled = layer(pooled)
+        return pooled
+
+    def output_dim(self, input_dim: int, route: str | None = None) -> int:
+        """The width of the vectors this head returns for ``route`` from pooled vectors of ``input_dim``."""
+        dim = input_dim
+        for spec in self.specs:
+            if spec.get("route") in (None, route) and spec["type"] == "dense":
+                dim = int(spec["out_features"])
+        return dim
+
+    def layer_state(self, index: int) -> dict[str, torch.Tensor]:
+        """The weights of layer ``index`` under sentence-transformers' names (empty for Normalize)."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.layers[index].state_dict().items()}
+
+    def load_layer_state(self, index: int, state: Mapping[str, torch.Tensor], source: str) -> None:
+        """Load layer ``index``'s weights; ``source`` (the file) names it when the weights do not fit."""
+        layer = self.layers[index]
+        own = layer.state_dict()
+        if set(own) != set(state) or any(own[k].shape != state[k].shape for k in own):
+            found = {k: tuple(v.shape) for k, v in state.items()}
+            wanted = {k: tuple(v.shape) for k, v in own.items()}
+            raise ValueError(f"{source}: holds {found}, but the layer needs {wanted}")
+        layer.load_state_dict(dict(state))
