@@ -17,8 +17,22 @@ catch it at that place and raise one of these, naming the file and line, the arg
 from __future__ import annotations
 
 
+def _rebuild(cls: type[LmembedError], args: tuple, state: dict) -> LmembedError:
+    """Unpickle an lmembed error without calling its ``__init__`` (whose signature may differ from ``args``)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class LmembedError(Exception):
-    """Base class of the errors lmembed raises for user-facing problems."""
+    """Base class of the errors lmembed raises for user-facing problems.
+
+    Every one pickles whole, whatever its ``__init__`` takes, so an error raised in a Ray worker or a
+    subprocess arrives in the driver as the same error with the same message and attributes."""
+
+    def __reduce__(self) -> tuple:
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
 
 
 class ConfigError(LmembedError, ValueError):

@@ -52,6 +52,11 @@ def env_path(name: str) -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def verbose_from_env() -> bool:
+    """True when ``$LMEMBED_VERBOSE`` holds a true value (``1``, ``true``, ``yes`` or ``on``)."""
+    return os.environ.get(VERBOSE_ENV_VAR, "").strip().lower() in _TRUE_WORDS
+
+
 def debug_from_env() -> bool:
     """True when ``$LMEMBED_DEBUG`` holds a true value (``1``, ``true``, ``yes`` or ``on``)."""
     return os.environ.get(DEBUG_ENV_VAR, "").strip().lower() in _TRUE_WORDS

@@ -22,7 +22,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import build_tokenizer, tiny_model
+from conftest import REPO, build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli import app
 from lmembed.io import read_corpus
@@ -231,7 +231,55 @@ def test_a_worker_that_dies_for_good_is_one_clear_error(cluster, tmp_path):
     assert _shard_files(tmp_path / "cache")  # shards finished before the death stay for the next run
 
 
+def test_lmembed_errors_cross_process_boundaries_whole():
+    import pickle
+
+    from lmembed.io import DataFormatError
+
+    error = DataFormatError("/data/rows.jsonl", 57, "invalid JSON")
+    for dumps, loads in ((pickle.dumps, pickle.loads), (ray.cloudpickle.dumps, ray.cloudpickle.loads)):
+        back = loads(dumps(error))
+        assert type(back) is DataFormatError and str(back) == "/data/rows.jsonl:57: invalid JSON"
+        assert (back.path, back.line_no, back.reason) == (Path("/data/rows.jsonl"), 57, "invalid JSON")
+
+
 # ---------------------------------------------------------------------------------------------- command line
+def test_encode_command_names_a_malformed_row_read_on_ray_once(cluster, tmp_path, monkeypatch):
+    """Row 57 of the file is not JSON: the plan pass reads it on a Ray worker; the user sees one line naming
+    file and line (Ray's own log quiet without --verbose), exit 2, and no output file."""
+    model = str(uncached("llama").save(tmp_path / "model"))
+    rows = [json.dumps({"text": text}) for text in corpus_texts(100)]
+    rows[56] = '{"text": "a broken row'
+    source = tmp_path / "rows.jsonl"
+    source.write_text("\n".join(rows) + "\n")
+    output = tmp_path / "out.npy"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(TESTS.parent)]), "LMEMBED_VERBOSE": ""}
+    env["LMEMBED_CACHE"] = str(tmp_path / "cache")
+    argv = ["encode", str(source), "-o", str(output), "--model", model, "--engine", "ray", "--ray-address", cluster]
+    done = subprocess.run(
+        [sys.executable, "-m", "lmembed.cli", *argv, "--workers", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
+    assert done.returncode == 2, done.stderr
+    assert lines == [
+        f"error: {source}:57: invalid JSON (Unterminated string starting at at column 10)",
+        "run with --debug or LMEMBED_DEBUG=1 for the traceback",
+    ], done.stderr
+    assert done.stdout == "" and not output.exists()
+
+    rows[56] = json.dumps({"body": "no text field"})
+    source.write_text("\n".join(rows) + "\n")
+    result = CliRunner().invoke(app, [*argv, "--workers", "1"])
+    assert result.exit_code == 2
+    named = f"error: {source}:57: expected an object with a string field 'text'"
+    assert named in " ".join(result.output.split()), result.output
+    assert result.output.count(":57:") == 1 and not output.exists()
+
+
 def test_encode_command_on_ray_writes_the_local_vectors(cluster, tmp_path, monkeypatch, one_torch_thread):
     monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
     model = str(uncached("llama").save(tmp_path / "model"))

@@ -38,6 +38,7 @@ from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
 from lmembed.models.loading import weights_fingerprint
 from lmembed.options import EngineOptions
+from lmembed.paths import verbose_from_env
 from lmembed.scale.errors import ScaleError, WorkerLostError
 from lmembed.scale.planning import PlanSettings, plan_block
 from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource
@@ -123,7 +124,13 @@ class RayEngine:
         local cluster is real worker processes on this machine)."""
         if ray.is_initialized():
             return
-        logging_options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+        verbose = _verbose()
+        # Ray's own log (its start-up notices, its workers' output) only with --verbose: without, an error
+        # raised by our code on a worker reaches the user once, as the lmembed error it is
+        logging_options: dict[str, Any] = {
+            "logging_level": logging.WARNING if verbose else logging.ERROR,
+            "log_to_driver": verbose,
+        }
         if self.options.ray_address:
             ray.init(address=self.options.ray_address, **logging_options)
         else:
@@ -199,7 +206,7 @@ class RayEngine:
         # Ray Data merges what a read task yields into blocks of up to 128 MiB; smaller blocks keep the plan
         # tasks (and the staging files) small and many, so that every worker has some to take.
         planned.context.target_max_block_size = PLAN_BLOCK_BYTES
-        with _translated_errors("plan pass"):
+        with _quiet_ray_data(), _translated_errors("plan pass"):
             yield from planned.iter_batches(batch_size=None, batch_format="pyarrow")
 
     def encode(
@@ -221,7 +228,7 @@ class RayEngine:
                 **self._resources(),
                 **self._restarts(),
             )
-        with _translated_errors("encode pass", restarts=self.options.worker_restarts):
+        with _quiet_ray_data(), _translated_errors("encode pass", restarts=self.options.worker_restarts):
             yield from _configured(encoded).iter_batches(batch_size=1, batch_format="numpy")
 
 
@@ -257,6 +264,29 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         for inner in (getattr(current, "cause", None), current.__cause__, current.__context__):
             if isinstance(inner, BaseException):
                 stack.append(inner)
+
+
+def _verbose() -> bool:
+    """True when lmembed's step log is on (``--verbose`` or ``LMEMBED_VERBOSE``)."""
+    return logging.getLogger("lmembed").isEnabledFor(logging.INFO) or verbose_from_env()
+
+
+class _quiet_ray_data:
+    """Without ``--verbose``, Ray Data's driver-side log (its execution plan, and the traceback it logs before
+    raising a failed task's error, which :class:`_translated_errors` turns into one message) is silenced for
+    the duration of a pass; the logger's level is restored afterwards."""
+
+    LOGGERS = ("ray.data", "ray.util.debug")
+
+    def __enter__(self) -> None:
+        self.levels = {name: logging.getLogger(name).level for name in self.LOGGERS}
+        if not _verbose():
+            for name in self.LOGGERS:
+                logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+    def __exit__(self, *exc: object) -> None:
+        for name, level in self.levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 class _translated_errors:
