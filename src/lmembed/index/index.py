@@ -449,7 +449,7 @@ class Index:
         if mode not in SEARCH_MODES:
             raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(SEARCH_MODES)}")
         if k < 1 or candidates < 1:
-            raise ValueError(f"k={k} and candidates={candidates} must be >= 1")
+            raise ConfigError(f"k={k} and candidates={candidates} must be >= 1")
         queries = list(queries)
         if mode == "bm25":
             return self.lexical.search(queries, k)

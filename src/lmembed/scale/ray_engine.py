@@ -35,7 +35,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from lmembed.embedder import Embedder
-from lmembed.errors import LmembedError
+from lmembed.errors import ConfigError, LmembedError
 from lmembed.models.loading import weights_fingerprint
 from lmembed.options import EngineOptions
 from lmembed.paths import verbose_from_env
@@ -109,11 +109,11 @@ class RayEngine:
     def __init__(self, options: EngineOptions | None = None) -> None:
         options = options or EngineOptions(engine=self.name)
         if options.workers is not None and options.workers < 1:
-            raise ValueError(f"workers={options.workers} must be >= 1")
+            raise ConfigError(f"workers={options.workers} must be >= 1")
         if options.threads_per_worker < 1:
-            raise ValueError(f"threads_per_worker={options.threads_per_worker} must be >= 1")
+            raise ConfigError(f"threads_per_worker={options.threads_per_worker} must be >= 1")
         if options.worker_restarts < 0:
-            raise ValueError(f"worker_restarts={options.worker_restarts} must be >= 0")
+            raise ConfigError(f"worker_restarts={options.worker_restarts} must be >= 0")
         self.options = options
         self.started_here = False
         self._shipped: dict[str, Shipped] = {}

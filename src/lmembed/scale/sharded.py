@@ -29,6 +29,7 @@ from lmembed.atomic import atomic_write
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.inputs import validate_texts
+from lmembed.errors import ConfigError
 from lmembed.options import EngineOptions
 from lmembed.scale.engines import Engine, make_engine
 from lmembed.scale.job import DEFAULT_SHARD_ROWS, STORAGE_DTYPES, EncodeJob, JobReport
@@ -60,9 +61,9 @@ class ShardedEmbedder(Embedder):
         on_progress: ProgressCallback | None = None,
     ) -> None:
         if corpus_dtype not in STORAGE_DTYPES:
-            raise ValueError(f"corpus_dtype={corpus_dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+            raise ConfigError(f"corpus_dtype={corpus_dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
         if corpus_dtype != "float32" and not memory_map:
-            raise ValueError("corpus_dtype='float16' is a storage format: use it with memory_map=True")
+            raise ConfigError("corpus_dtype='float16' is a storage format: use it with memory_map=True")
         self.__dict__.update(base.__dict__)  # the same backbone, strategy, head and engine settings; no reload
         self.base = base
         self.scale_engine = engine

@@ -19,6 +19,7 @@ import numpy as np
 from lmembed.encoding.backends.int8.calibration import activation_stats, choose_splits, compensate, within_budget
 from lmembed.encoding.backends.int8.rewrite import per_row_int8, product_weights, weight_products
 from lmembed.encoding.backends.int8.rounding import WEIGHT_LEVELS, Codes, int8_error
+from lmembed.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def quantize_graph(
     ``split_outliers=False`` and ``compensated=False`` (weights rounded to the nearest level) are for measuring
     the choices (``bench/int8_products.py``)."""
     if not 1 <= weight_levels <= 127:
-        raise ValueError(f"weight_levels: must be 1 to 127 (int8 weights), got {weight_levels}")
+        raise ConfigError(f"weight_levels: must be 1 to 127 (int8 weights), got {weight_levels}")
     # lazy: onnx is an optional extra
     import onnx
 
