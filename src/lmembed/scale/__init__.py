@@ -8,7 +8,8 @@ back in input order with their ids, bit for bit those of ``Embedder.encode`` wit
 
 * :mod:`~lmembed.scale.sharded`: the API: :func:`encode_corpus`, :func:`scaled` and :class:`ShardedEmbedder`;
 * :mod:`~lmembed.scale.job`: :class:`EncodeJob` (plan, run, resume, assemble) and its :class:`JobReport`;
-* :mod:`~lmembed.scale.plan`: the shard plan; :mod:`~lmembed.scale.work`: the units of work;
+* :mod:`~lmembed.scale.staging`: the plan pass (each block of rows checked, keyed, token-counted and staged);
+  :mod:`~lmembed.scale.shard_plan`: the shard plan built from it; :mod:`~lmembed.scale.work`: the shards' work;
 * :mod:`~lmembed.scale.sources`: corpora read in parts (JSON lines, BEIR, text lines, Parquet, memory);
 * :mod:`~lmembed.scale.engines`: the ``local`` engine and :func:`make_engine`;
   :mod:`~lmembed.scale.ray_engine`: the ``ray`` engine (Ray Data; needs ``pip install 'lmembed[scale]'``);
@@ -23,7 +24,7 @@ import importlib
 from typing import Any
 
 #: Public names and the module that defines each. They load on first use, so that a worker process that
-#: only plans (:mod:`lmembed.scale.planning`) never imports torch.
+#: only plans (:mod:`lmembed.scale.staging`) never imports torch.
 _EXPORTS = {
     "ENGINES": "engines",
     "Engine": "engines",

@@ -18,8 +18,8 @@ import pyarrow as pa
 from lmembed.embedder import Embedder
 from lmembed.options import EngineOptions
 from lmembed.scale.errors import EngineUnavailableError
-from lmembed.scale.planning import Planner, PlanSettings
 from lmembed.scale.sources import CorpusSource
+from lmembed.scale.staging import Planner, PlanSettings
 from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, ShardEncoder, ShardSettings
 
 ENGINES = ("local", "ray")

@@ -40,10 +40,10 @@ from lmembed.encoding.engine import resolve_max_length
 from lmembed.errors import ConfigError
 from lmembed.scale.engines import Engine, describe
 from lmembed.scale.errors import ScaleError
-from lmembed.scale.plan import ShardPlan, build_plan
-from lmembed.scale.planning import STAGING_DIR, PlanSettings
 from lmembed.scale.progress import ProgressCallback, ProgressTracker
+from lmembed.scale.shard_plan import ShardPlan, build_plan
 from lmembed.scale.sources import CorpusSource
+from lmembed.scale.staging import STAGING_DIR, PlanSettings
 from lmembed.scale.work import EmbedderSpec, ShardSettings, model_fingerprint, shard_name
 
 log = logging.getLogger(__name__)

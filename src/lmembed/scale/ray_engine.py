@@ -40,8 +40,8 @@ from lmembed.models.loading import weights_fingerprint
 from lmembed.options import EngineOptions
 from lmembed.paths import verbose_from_env
 from lmembed.scale.errors import ScaleError, WorkerLostError
-from lmembed.scale.planning import PlanSettings, plan_block
 from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource
+from lmembed.scale.staging import PlanSettings, plan_block
 from lmembed.scale.work import EmbedderSpec, ModelProvider, ShardEncoder, ShardSettings, Snapshot
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The encode pass's unit of work, the same on every engine: *encode shard i of n into the cache*.
 
-(The plan pass's unit, :class:`~lmembed.scale.planning.Planner`, lives in :mod:`lmembed.scale.planning`,
+(The plan pass's unit, :class:`~lmembed.scale.staging.Planner`, lives in :mod:`lmembed.scale.staging`,
 which does not import torch, so planning workers start fast.)
 
 :class:`ShardEncoder` (one call per shard): loads the Embedder once (per actor on Ray,
@@ -34,9 +34,9 @@ from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
 from lmembed.encoding.engine import EncodingEngine
 from lmembed.models.loading import weights_fingerprint
 from lmembed.scale.errors import BadRowError, ScaleError
-from lmembed.scale.plan import ShardPlan
-from lmembed.scale.planning import describe_error, staging_file
+from lmembed.scale.shard_plan import ShardPlan
 from lmembed.scale.sources import locate
+from lmembed.scale.staging import describe_error, staging_file
 
 OPEN_STAGING_FILES = 64
 

@@ -1,10 +1,10 @@
-"""The plan pass's unit of work: check, key, token-count and stage one block of rows.
+"""Staging, the plan pass's unit of work: check, key, token-count and stage one block of rows.
 
 :class:`Planner` takes a block (Arrow: ``row``, ``line``, ``id``, ``text``, ``origin``), checks that every
 text can be encoded, computes its cache key and its token count (exactly as the encoding engine will
 tokenise it), and writes the block to a staging file (Arrow IPC) under the job folder, from which any
 worker later reads any row by position without reading the corpus again. It returns the plan columns
-(:data:`lmembed.scale.plan.PLAN_COLUMNS`). A text that cannot be encoded raises one
+(:data:`lmembed.scale.shard_plan.PLAN_COLUMNS`). A text that cannot be encoded raises one
 :class:`~lmembed.scale.errors.BadRowError` naming its row (file:line, row number and id).
 
 This module does not import torch: planning workers need only the tokenizer, and start in a moment.
@@ -26,7 +26,7 @@ from lmembed.encoding.cache import text_key
 from lmembed.encoding.inputs import InputBuilder, check_encodable
 from lmembed.errors import LmembedError
 from lmembed.scale.errors import BadRowError
-from lmembed.scale.plan import halves_from_key
+from lmembed.scale.shard_plan import halves_from_key
 from lmembed.scale.sources import locate
 
 STAGING_DIR = "staging"
