@@ -1,10 +1,13 @@
-"""The package's shape is checked, not just described: the import direction (an import-linter contract in
-pyproject.toml), no import cycles between modules, and a command line that starts without torch."""
+"""The package's shape is checked, not just described: the import direction (the import-linter contract in
+pyproject.toml, the one place its order is written; README *Architecture* must show the same chain and tree),
+no import cycles between modules, and a command line that starts without torch."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -19,9 +22,9 @@ def graph() -> grimp.ImportGraph:
 
 
 def test_import_linter_contract_holds():
-    """import-linter checks the layers contract in pyproject.toml (cli → training → evaluation → encoding →
-    pooling/models → config); an import against the direction fails here, naming the chain. It runs in a
-    child process because import-linter reconfigures logging in the process that runs it."""
+    """import-linter checks the layers contract in pyproject.toml; an import against the direction, or a
+    top-level module the (exhaustive) contract gives no layer, fails here, naming it. It runs in a child
+    process because import-linter reconfigures logging in the process that runs it."""
     code = (
         "from importlinter.cli import lint_imports\n"
         f"raise SystemExit(lint_imports(config_filename={str(ROOT / 'pyproject.toml')!r}, no_cache=True, no_logo=True))"
@@ -92,3 +95,42 @@ def test_every_package_and_module_says_what_it_holds():
         if path.name != "__main__.py" and not ast.get_docstring(ast.parse(path.read_text()))
     ]
     assert not bare, f"modules without a docstring: {bare}"
+
+
+def _contract() -> dict:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "pipeline"]
+    return contract
+
+
+def _architecture_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("\n## Architecture\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_contract_is_exhaustive():
+    """Every child of ``lmembed`` must be given a layer: a new top-level module cannot join none."""
+    contract = _contract()
+    assert contract["exhaustive"] is True and contract["containers"] == ["lmembed"]
+
+
+def test_readme_chain_is_the_contract():
+    """README *Architecture* shows the contract's layers, in its order, with its separators (``|``, ``:``)."""
+    section = _architecture_section()
+    bold = re.search(r"\*\*(cli →.*?)\*\*", section, re.S)
+    assert bold, "README *Architecture* has no bold import chain starting at cli"
+    chain = [" ".join(layer.split()) for layer in bold.group(1).split("→")]
+    layers = [layer.strip("()") for layer in _contract()["layers"]]
+    assert chain == layers, f"README chain {chain} != pyproject.toml layers {layers}"
+
+
+def test_readme_tree_names_every_package():
+    """Every package under src/lmembed (sub-packages too) and every top-level module has its line in the tree
+    of README *Architecture*, indented two spaces per level."""
+    tree = _architecture_section().split("```", 2)[1].splitlines()[2:]  # after the "src/lmembed/" line
+    shown = {(len(line) - len(line.lstrip()), line.split()[0]) for line in tree if line.strip()}
+    packages = [p.parent.relative_to(SRC) for p in SRC.rglob("__init__.py") if p.parent != SRC]
+    wanted = {(2 * len(package.parts), package.name + "/") for package in packages}
+    wanted |= {(2, module.name) for module in SRC.glob("*.py") if module.name != "__init__.py"}
+    missing = sorted(wanted - shown)
+    assert not missing, f"README *Architecture* tree lacks (indent, name): {missing}"
