@@ -55,5 +55,5 @@ def test_doctor_fails_when_sentence_transformers_disagrees(tmp_path):
     pooling.write_text(json.dumps(config))
     result = CliRunner().invoke(app, ["doctor", str(folder)], terminal_width=200)
     assert result.exit_code == 1, result.output
-    assert "FAIL  sentence-transformers: lowest cosine" in result.output
+    assert "FAIL  sentence-transformers: lowest cosine to SentenceTransformer: no prompt" in result.output
     assert "pass  padding" in result.output

@@ -359,3 +359,11 @@ def test_llm2vec_adapter_stack_matches_its_steps(tmp_path):
         llm2vec_reference(base, mntp, supervised, QUERIES, instruction),
     )
     assert_close(emb.encode_corpus(DOCS), llm2vec_reference(base, mntp, supervised, DOCS, ""))
+
+
+def test_qwen3_queries_default_to_its_folders_query_prompt(tmp_path):
+    folder = save_tiny(hub_snapshot(tmp_path, "Qwen/Qwen3-Embedding-0.6B"), "qwen3", bos=False, eos="<|im_end|>")
+    emb = embedder(folder)
+    web = "Given a web search query, retrieve relevant passages that answer the query"
+    assert np.allclose(emb.encode_queries(QUERIES), emb.encode_queries(QUERIES, instruction=web))
+    assert not np.allclose(emb.encode_queries(QUERIES), emb.encode_corpus(QUERIES))

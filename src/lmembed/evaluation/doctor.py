@@ -1,7 +1,8 @@
 """``lmembed doctor``: what strategy a model resolves to, who decided each field, and whether it really holds.
 
 :func:`provenance` lists every strategy field with its value and its source: an option the user gave, the
-folder's ``lmembed.json``, a published family's preset (:mod:`lmembed.models.presets`), the model itself
+folder's ``lmembed.json``, a sentence-transformers file of the folder (``modules.json``, a module's config,
+``config_sentence_transformers.json``), a published family's preset (:mod:`lmembed.models.presets`), the model itself
 (an encoder attends bidirectionally, its position limit caps ``max_length``) or lmembed's default.
 
 :func:`run_checks` then runs invariance checks on the loaded model, each a :class:`Check` that passed, failed
@@ -69,6 +70,7 @@ def provenance(embedder: Embedder, given: Mapping[str, Any] | None = None) -> li
     given = {k: v for k, v in (given or {}).items() if v is not None}
     saved = _saved_strategy(embedder.backbone.path)
     published = embedder.published
+    folder_sources = getattr(getattr(embedder, "published_folder", None), "sources", None) or {}
     defaults = EmbeddingConfig()
     out = []
     for item in fields(EmbeddingConfig):
@@ -78,6 +80,8 @@ def provenance(embedder: Embedder, given: Mapping[str, Any] | None = None) -> li
             source = "option"
         elif saved is not None and name in saved:
             source = f"{Path(embedder.backbone.path) / STRATEGY_FILE}"
+        elif name in folder_sources:
+            source = folder_sources[name]  # the sentence-transformers file that decided it
         elif published and name in published.preset.strategy:
             source = f"preset {published.preset.family} ({published.reason})"
         elif name == "attention" and not embedder.backbone.is_decoder:
@@ -173,8 +177,10 @@ def _pooled_ids(builder: InputBuilder, text: str, instruction: str | None) -> li
 
 def check_prompt_pooling(embedder: Embedder, texts: Sequence[str]) -> Check:
     cfg = embedder.config
-    if cfg.pooling not in ("mean", "weighted_mean", "latent_attention"):
+    if cfg.pooling in ("cls", "last"):
         return Check("prompt-pooling", None, f"{cfg.pooling} pooling reads one token, not the prompt's")
+    if getattr(cfg, "include_prompt", False):
+        return Check("prompt-pooling", None, "the model pools its prompt tokens too (include_prompt)")
     builder = _builder(embedder)
     text = texts[1]
     variants = {"an instruction": SAMPLE_INSTRUCTION, "another instruction": "Classify it", "no instruction": None}
@@ -214,9 +220,16 @@ def check_sentence_transformers(embedder: Embedder, texts: Sequence[str]) -> Che
     except ImportError:
         return Check("sentence-transformers", None, "sentence-transformers is not installed")
     model = SentenceTransformer(str(folder), device=str(embedder.backbone.device))
-    theirs = np.asarray(model.encode(list(texts), convert_to_numpy=True), dtype=np.float32)
-    ours = embedder.encode_corpus(list(texts))
-    if theirs.shape != ours.shape:
-        return Check("sentence-transformers", False, f"shapes differ: lmembed {ours.shape}, theirs {theirs.shape}")
-    low = float(_cosines(ours, theirs).min())
-    return Check("sentence-transformers", low >= EQUAL_COSINE, f"lowest cosine to SentenceTransformer: {low:.6f}")
+    prompts = getattr(embedder.config, "prompts", None) or {}  # the folder's named prompts, each compared too
+    lowest: dict[str, float] = {}
+    for name in [None, *sorted(p for p in prompts if prompts[p])]:
+        theirs = np.asarray(model.encode(list(texts), prompt_name=name, convert_to_numpy=True), dtype=np.float32)
+        ours = embedder.encode(list(texts), prompt_name=name) if name else embedder.encode(list(texts))
+        label = f"prompt {name!r}" if name else "no prompt"
+        if theirs.shape != ours.shape:
+            detail = f"{label}: shapes differ: lmembed {ours.shape}, sentence-transformers {theirs.shape}"
+            return Check("sentence-transformers", False, detail)
+        lowest[label] = float(_cosines(ours, theirs).min())
+    detail = ", ".join(f"{label} {value:.6f}" for label, value in lowest.items())
+    ok = min(lowest.values()) >= EQUAL_COSINE
+    return Check("sentence-transformers", ok, f"lowest cosine to SentenceTransformer: {detail}")

@@ -146,6 +146,7 @@ PRESETS: tuple[Preset, ...] = (
             "pooling": "last",
             "attention": "causal",
             "instruction_template": "Instruct: {instruction}\nQuery:",
+            "query_instruction": "Given a web search query, retrieve relevant passages that answer the query",
             "add_eos": True,
             "eos_token": "<|endoftext|>",
             "max_length": 8192,
@@ -155,7 +156,8 @@ PRESETS: tuple[Preset, ...] = (
         instructions="mteb",
         source="model card 'Transformers usage' (Qwen3-Embedding, June 2025): left padding, '<|endoftext|>' "
         "ends every text (appended by hand in the first card, by tokenizer.json's post-processor since), "
-        "last-token pooling, 'Instruct: {task}\\nQuery:' (no space) on queries, max_length 8192, normalised",
+        "last-token pooling, 'Instruct: {task}\\nQuery:' (no space) on queries (by default its "
+        "config_sentence_transformers.json query prompt's web-search task), max_length 8192, normalised",
         verified="tests/models/test_presets.py: the card's steps re-implemented on a tiny Qwen3Model, cosine >= 0.9999",
     ),
     Preset(
