@@ -20,6 +20,14 @@ from lmembed.cli.options import (
     options_command,
     scale_out,
 )
+from lmembed.cli.rerank import (
+    FirstStageOpt,
+    FusionOpt,
+    RerankBatchTokensOpt,
+    RerankOpt,
+    RerankTopKOpt,
+    evaluate_in_stages,
+)
 from lmembed.evaluation.instructions import published_instructions
 from lmembed.evaluation.main_job import (
     MAIN_JOB_METRICS,
@@ -69,8 +77,16 @@ def eval_command(
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
+    first_stage: FirstStageOpt = "dense",
+    fusion: FusionOpt = "rrf",
+    rerank: RerankOpt = None,
+    rerank_top_k: RerankTopKOpt = 100,
+    rerank_batch_tokens: RerankBatchTokensOpt = 16384,
 ) -> None:
     """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job.
+
+    With --rerank MODEL (and/or --first-stage bm25|hybrid) retrieval is scored in stages: the first stage's
+    --rerank-top-k candidates per query are reranked, and a table shows each stage's gain.
 
     With --engine ray every encoding runs as a sharded job on Ray (workers load the model themselves) and
     retrieval corpora are searched memory-mapped from the embedding cache; scores equal --engine local's."""
@@ -89,6 +105,18 @@ def eval_command(
         _main_job(output, batch_size, options.backend, options.precision)
         return
     tasks, missing = resolve_eval_tasks(data, suite, task_type, instructions)  # tasks carry their instructions
+    if rerank or first_stage != "dense":
+        staged = {"first_stage": first_stage, "fusion": fusion, "rerank": rerank, "rerank_top_k": rerank_top_k}
+        evaluate_in_stages(
+            model or ["minilm"],
+            tasks,
+            options,
+            **staged,
+            rerank_batch_tokens=rerank_batch_tokens,
+            batch_size=batch_size,
+            output=output,
+        )
+        return
     results = []
     for name in model or ["minilm"]:
         emb = load_embedder(name, options)

@@ -3,13 +3,16 @@ the first stage (dense, BM25 or hybrid, and how runs are fused) and the reranker
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
 
 if TYPE_CHECKING:  # torch loads only when a command runs
     from lmembed.rerank import Reranker
 
+console = Console(stderr=True)
 MODES = ("dense", "bm25", "hybrid")
 FUSIONS = ("rrf", "minmax")
 
@@ -41,9 +44,9 @@ RerankBatchTokensOpt = Annotated[
 ]
 
 
-def check_stage_options(mode: str, fusion: str) -> None:
+def check_stage_options(mode: str, fusion: str, mode_option: str = "--mode") -> None:
     if mode not in MODES:
-        raise typer.BadParameter(f"{mode!r} is not one of {', '.join(MODES)}", param_hint="--mode")
+        raise typer.BadParameter(f"{mode!r} is not one of {', '.join(MODES)}", param_hint=mode_option)
     if fusion not in FUSIONS:
         raise typer.BadParameter(f"{fusion!r} is not one of {', '.join(FUSIONS)}", param_hint="--fusion")
 
@@ -53,3 +56,69 @@ def open_reranker(name: str, *, device: str, max_batch_tokens: int | None = None
 
     options = {"max_batch_tokens": max_batch_tokens} if max_batch_tokens else {}
     return load_reranker(name, device=device, **options)
+
+
+FirstStageOpt = Annotated[
+    str,
+    typer.Option(
+        "--first-stage",
+        help="Retrieval's first stage: dense (the model), bm25, or hybrid (both fused, see --fusion). "
+        "Anything but dense, or --rerank, scores retrieval in stages (a table shows each stage's gain).",
+    ),
+]
+
+
+def evaluate_in_stages(
+    models: list[str],
+    tasks: list[Any],
+    options: Any,
+    *,
+    first_stage: str,
+    fusion: str,
+    rerank: str | None,
+    rerank_top_k: int,
+    rerank_batch_tokens: int,
+    batch_size: int,
+    output: Path,
+) -> None:
+    """``lmembed eval --first-stage/--rerank``: retrieval tasks in two stages, reranking tasks by the reranker."""
+    # lazy: torch, transformers, the evaluation stack
+    from lmembed.cli.options import load_embedder
+    from lmembed.evaluation.results import write_result
+    from lmembed.evaluation.tasks.reranking import RerankingTask
+    from lmembed.evaluation.tasks.retrieval import RetrievalTask
+    from lmembed.evaluation.two_stage import evaluate_two_stage, stage_table
+
+    check_stage_options(first_stage, fusion, "--first-stage")
+    unsupported = [t.name for t in tasks if not isinstance(t, RetrievalTask | RerankingTask)]
+    if unsupported:
+        raise typer.BadParameter(
+            f"only retrieval and reranking tasks are scored in stages; not {', '.join(unsupported)}",
+            param_hint="--data/--suite",
+        )
+    if any(isinstance(t, RerankingTask) for t in tasks) and not rerank:
+        raise typer.BadParameter("reranking tasks in stages need --rerank MODEL", param_hint="--rerank")
+    reranker = open_reranker(rerank, device=options.device, max_batch_tokens=rerank_batch_tokens) if rerank else None
+    encoders = [None] if first_stage == "bm25" else [load_embedder(name, options) for name in models]
+    staged, written = [], []
+    for task in tasks:
+        if isinstance(task, RerankingTask):
+            result = task.evaluate_reranker(reranker)
+            written.append(write_result(result, output))
+            console.print(f"{task.name}: {reranker.name} map {100 * result.main_score:.2f}")
+            continue
+        for encoder in encoders:
+            item = evaluate_two_stage(
+                task,
+                first_stage=first_stage,
+                encoder=encoder,
+                reranker=reranker,
+                rerank_top_k=rerank_top_k,
+                fusion=fusion,
+                batch_size=batch_size,
+            )
+            staged.append(item)
+            written += [write_result(r, output) for r in (item.first, item.reranked) if r is not None]
+    if staged:
+        Console().print(stage_table(staged))
+    console.print(f"results written under {output}/ ({len(written)} files)")
