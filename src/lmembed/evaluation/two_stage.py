@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmembed.errors import ConfigError
 from lmembed.evaluation.base import TaskResult
@@ -30,7 +30,9 @@ from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.lexical.bm25 import LexicalIndex
 from lmembed.lexical.fusion import FUSIONS, fuse
 from lmembed.protocols import RetrievalEncoder
-from lmembed.rerank.base import Reranker
+
+if TYPE_CHECKING:  # the reranker pulls in torch; tasks load without it
+    from lmembed.rerank.base import Reranker
 
 FIRST_STAGES = ("dense", "bm25", "hybrid")
 DEFAULT_RERANK_TOP_K = 100

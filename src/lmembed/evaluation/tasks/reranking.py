@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from sklearn.metrics import average_precision_score
@@ -42,7 +42,9 @@ from lmembed.evaluation.tasks._common import (
     stopwatch,
 )
 from lmembed.protocols import RetrievalEncoder
-from lmembed.rerank.base import Reranker
+
+if TYPE_CHECKING:  # the reranker pulls in torch; tasks load without it
+    from lmembed.rerank.base import Reranker
 
 MRR_AT = 10
 
