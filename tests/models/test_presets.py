@@ -327,7 +327,9 @@ def llm2vec_checkpoints(tmp_path: Path) -> tuple[Path, Path, Path]:
     return base, mntp, supervised
 
 
-def llm2vec_reference(base: Path, mntp: Path, supervised: Path, texts: list[str], instruction: str) -> torch.Tensor:
+def llm2vec_reference(
+    base: Path, mntp: Path, supervised: Path | None, texts: list[str], instruction: str
+) -> torch.Tensor:
     """llm2vec's steps: merge MNTP, apply the supervised adapter, 'instr !@#$%^&*()text' split into the whole
     string and the text alone, embed mask = the last len(text tokens) positions (left padding), mean."""
     from peft import PeftModel
@@ -335,7 +337,7 @@ def llm2vec_reference(base: Path, mntp: Path, supervised: Path, texts: list[str]
 
     model = AutoModel.from_pretrained(base, attn_implementation="eager")
     model = PeftModel.from_pretrained(model, mntp).merge_and_unload()
-    model = PeftModel.from_pretrained(model, supervised).eval()
+    model = PeftModel.from_pretrained(model, supervised).eval() if supervised else model.eval()
     tok = AutoTokenizer.from_pretrained(mntp)
     joined = [f"{instruction.strip()} !@#$%^&*(){t}" if instruction else f"!@#$%^&*(){t}" for t in texts]
     parts = [j.split("!@#$%^&*()") for j in joined]
@@ -367,3 +369,11 @@ def test_qwen3_queries_default_to_its_folders_query_prompt(tmp_path):
     web = "Given a web search query, retrieve relevant passages that answer the query"
     assert np.allclose(emb.encode_queries(QUERIES), emb.encode_queries(QUERIES, instruction=web))
     assert not np.allclose(emb.encode_queries(QUERIES), emb.encode_corpus(QUERIES))
+
+
+def test_llm2vec_mntp_folder_alone(tmp_path):
+    """The MNTP checkpoint (config, tokenizer, adapter on the base) is an LLM2Vec model by itself."""
+    base, mntp, _ = llm2vec_checkpoints(tmp_path)
+    emb = embedder(mntp)
+    assert emb.published.reason == "folder name LLM2Vec-tiny-mntp"
+    assert_close(emb.encode_corpus(DOCS), llm2vec_reference(base, mntp, None, DOCS, ""))

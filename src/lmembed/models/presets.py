@@ -10,8 +10,8 @@ A family lmembed cannot reproduce carries ``refused``: loading it raises
 
 Resolution is pure (no network, no model loaded): :func:`preset_for_id` matches a Hub id, :func:`recognise`
 a local folder by its files (a Hub cache path, ``llm2vec_config.json``, an adapter whose base is a known id,
-``config.json``'s ``architectures`` or recorded name). A folder lmembed saved (``lmembed.json``) is never
-matched: its own strategy wins.
+``config.json``'s ``architectures`` or recorded name) or, last, by its name (a ``git clone`` of the
+repository). A folder lmembed saved (``lmembed.json``) is never matched: its own strategy wins.
 """
 
 from __future__ import annotations
@@ -250,10 +250,10 @@ def preset_for_id(hub_id: str) -> Preset | None:
 
 
 def is_adapter_stack(name_or_path: str) -> bool:
-    """True for an adapter folder (peft ``adapter_config.json``, no ``config.json``) of a family whose loader
-    stacks adapters on their base (LLM2Vec), and for such a family's Hub id."""
+    """True for an adapter folder (peft ``adapter_config.json``) of a family whose loader stacks adapters on their
+    base (LLM2Vec), and for such a family's Hub id."""
     path = Path(name_or_path).expanduser()
-    if path.is_dir() and ((path / "config.json").exists() or not (path / "adapter_config.json").exists()):
+    if path.is_dir() and not (path / "adapter_config.json").exists():
         return False
     found = resolve(name_or_path) if path.is_dir() or "/" in name_or_path else None
     return bool(found and found.preset.loader == "llm2vec")
@@ -286,7 +286,7 @@ def recognise(folder: Path) -> Resolution | None:
         preset = preset_for_id(hub_id)
         if preset:
             return Resolution(preset, hub_id, "Hugging Face cache path")
-    for step in (_from_llm2vec_files, _from_adapter, _from_config):
+    for step in (_from_llm2vec_files, _from_adapter, _from_config, _from_folder_name):
         found = step(folder)
         if found:
             return found
@@ -316,11 +316,11 @@ def adapter_base(folder: Path) -> str | None:
 
 def _from_llm2vec_files(folder: Path) -> Resolution | None:
     marker = folder / "llm2vec_config.json"
-    if not marker.exists() and not (adapter_base(folder) and "llm2vec" in (adapter_base(folder) or "").lower()):
+    base = adapter_base(folder)
+    if not marker.exists() and not (base and Path(base).name.lower().startswith("llm2vec")):
         return None
     preset = preset_named("LLM2Vec")
     files = {"llm2vec_config.json": "present"} if marker.exists() else {}
-    base = adapter_base(folder)
     if base:
         files["adapter_config.json"] = f"base_model_name_or_path={base}"
     return Resolution(preset, None, "llm2vec_config.json" if marker.exists() else "adapter base", files)
@@ -367,3 +367,15 @@ def warn_overrides(resolution: Resolution, given: Mapping[str, Any]) -> list[str
 
 def _normal(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
+
+
+def _from_folder_name(folder: Path) -> Resolution | None:
+    """A folder named as a published model (``GritLM-7B``, ``LLM2Vec-…-mntp``), as ``git clone`` of its Hub
+    repository leaves it; only a model folder (``config.json`` or ``adapter_config.json``) counts."""
+    if not ((folder / "config.json").exists() or (folder / "adapter_config.json").exists()):
+        return None
+    name = folder.resolve().name.lower()
+    for preset in PRESETS:
+        if any(fnmatchcase(name, pattern.lower().split("/", 1)[-1]) for pattern in preset.hub_ids):
+            return Resolution(preset, None, f"folder name {folder.name}")
+    return None
