@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from safetensors.torch import load_file, save_file
@@ -98,8 +98,51 @@ def default_max_length(path: str, requested: int | None) -> int:
     return 512
 
 
+class Executor(Protocol):
+    """What runs an Embedder's encoding: :class:`LocalExecutor` (its own engine, in this process) or a sharded
+    job on a cluster (``lmembed.scale.ShardedExecutor``). Returns one postprocessed matrix per strategy;
+    ``corpus`` marks documents (an executor may store those differently)."""
+
+    def run(
+        self,
+        embedder: Embedder,
+        texts: Sequence[str],
+        configs: Sequence[EmbeddingConfig],
+        *,
+        instruction: str | None,
+        batch_size: int,
+        corpus: bool = False,
+    ) -> list[np.ndarray]: ...
+
+
+class LocalExecutor:
+    """Encodes with the Embedder's own :class:`~lmembed.encoding.engine.EncodingEngine`, in this process."""
+
+    def run(
+        self,
+        embedder: Embedder,
+        texts: Sequence[str],
+        configs: Sequence[EmbeddingConfig],
+        *,
+        instruction: str | None,
+        batch_size: int,
+        corpus: bool = False,
+    ) -> list[np.ndarray]:
+        raws = embedder.engine.encode_raw(texts, configs, instruction=instruction, batch_size=batch_size)
+        return [postprocess(raw, cfg) for raw, cfg in zip(raws, configs, strict=True)]
+
+
+LOCAL = LocalExecutor()
+
+
 class Embedder:
-    """A text-embedding model: a transformer backbone read out with one extraction strategy."""
+    """A text-embedding model: a transformer backbone read out with one extraction strategy, encoded by an
+    :class:`Executor` (this process by default).
+
+    ``engine`` shares the :class:`~lmembed.encoding.engine.EncodingEngine` of another Embedder over the same
+    backbone (its head, cache and backend too: nothing is rebuilt, ``config`` is taken as given); that is how
+    :meth:`with_config` and :meth:`with_executor` make their Embedders.
+    """
 
     published: presets.Resolution | None = None  # the published family it was loaded as (from_pretrained)
     published_folder: PublishedModel | None = None  # the sentence-transformers folder it was read from
@@ -117,8 +160,16 @@ class Embedder:
         precision: str | None = None,
         threads: int | None = None,
         max_batch_tokens: int | None = None,
+        engine: EncodingEngine | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.backbone = backbone
+        self.executor = executor or LOCAL
+        if engine is not None:
+            self.config = config or EmbeddingConfig()
+            check_strategy(backbone, self.config, _head_width(pooling_head, backbone, self.config))
+            self.pooling_head, self.engine = pooling_head, engine
+            return
         self.config = config or EmbeddingConfig()
         if self.config.max_length is None:
             limit = resolve_max_length(backbone, default_max_length(backbone.path, None))
@@ -316,13 +367,20 @@ class Embedder:
         """Embed documents: with the strategy's ``document_instruction`` (a published model's document prompt)
         where it has one, else as they are."""
         config = self._routed("document")
-        return self._encode_as(texts, batch_size, config.document_instruction, config)
+        return self._encode_as(texts, batch_size, config.document_instruction, config, corpus=True)
 
     def _encode_as(
-        self, texts: Sequence[str], batch_size: int, instruction: str | None, config: EmbeddingConfig
+        self,
+        texts: Sequence[str],
+        batch_size: int,
+        instruction: str | None,
+        config: EmbeddingConfig,
+        *,
+        corpus: bool = False,
     ) -> np.ndarray:
-        raw = self.engine.encode_raw(texts, [config], instruction=instruction, batch_size=batch_size)[0]
-        return postprocess(raw, config)
+        return self.executor.run(self, texts, [config], instruction=instruction, batch_size=batch_size, corpus=corpus)[
+            0
+        ]
 
     def _named_prompt(self, prompt_name: str | None) -> str | None:
         """The prompt string called ``prompt_name`` (else the default prompt, if any); refuses an unknown name."""
@@ -353,16 +411,22 @@ class Embedder:
         """Embed with several strategies at once, sharing forward passes where they can."""
         for cfg in configs:
             check_strategy(self.backbone, cfg, _head_width(self.pooling_head, self.backbone, cfg))
-        raws = self.engine.encode_raw(texts, configs, instruction=instruction, batch_size=batch_size)
-        return [postprocess(raw, cfg) for raw, cfg in zip(raws, configs, strict=True)]
+        return self.executor.run(self, texts, configs, instruction=instruction, batch_size=batch_size)
 
     def with_config(self, config: EmbeddingConfig) -> Embedder:
-        """The same backbone (no reload) read out with another strategy."""
-        check_strategy(self.backbone, config, _head_width(self.pooling_head, self.backbone, config))
-        clone = object.__new__(Embedder)
-        clone.__dict__.update(self.__dict__)
-        clone.config = config
-        return clone
+        """The same backbone, engine and executor (no reload) read out with another strategy."""
+        return self._sharing(config, self.executor)
+
+    def with_executor(self, executor: Executor) -> Embedder:
+        """The same model and strategy, encoded by ``executor`` (e.g. sharded jobs on a cluster)."""
+        return self._sharing(self.config, executor)
+
+    def _sharing(self, config: EmbeddingConfig, executor: Executor) -> Embedder:
+        embedder = Embedder(
+            self.backbone, config, pooling_head=self.pooling_head, engine=self.engine, executor=executor
+        )
+        embedder.published, embedder.published_folder = self.published, self.published_folder
+        return embedder
 
     # ------------------------------------------------------------------ saving
     def export(self, directory: str | Path, format: str = "onnx", *, calibration: Sequence[str] | None = None) -> Path:

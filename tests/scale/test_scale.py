@@ -29,7 +29,7 @@ from lmembed.io import read_corpus
 from lmembed.scale import (
     BadRowError,
     EmbedderSpec,
-    ShardedEmbedder,
+    ShardedExecutor,
     WorkerLostError,
     encode_corpus,
     make_engine,
@@ -96,11 +96,11 @@ def test_ray_workers_give_the_vectors_of_one_process(cluster, tmp_path, one_torc
     ]
     texts = corpus_texts(120)
     expected = emb.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
-    sharded = ShardedEmbedder(cached(emb, tmp_path), make_engine("ray", workers=2), shard_rows=16)
+    sharded = cached(emb, tmp_path).with_executor(ShardedExecutor(make_engine("ray", workers=2), shard_rows=16))
     got = sharded.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
     for config, a, b in zip(configs, got, expected, strict=True):
         assert np.array_equal(a, b), config.label()
-    (report,) = sharded.reports
+    (report,) = sharded.executor.reports
     assert report.engine["engine"] == "ray" and report.engine["workers"] == 2 and report.shards == 8
 
 

@@ -30,7 +30,7 @@ from lmembed.scale import (
     EncodeJob,
     LocalEngine,
     ScaleError,
-    ShardedEmbedder,
+    ShardedExecutor,
     encode_corpus,
     memory_source,
     open_source,
@@ -125,11 +125,11 @@ def test_several_strategies_share_one_job_per_forward_group(tmp_path, one_torch_
     ]
     texts = corpus_texts(40)
     expected = emb.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
-    sharded = ShardedEmbedder(cached(emb, tmp_path), LocalEngine(), shard_rows=16)
+    sharded = cached(emb, tmp_path).with_executor(ShardedExecutor(LocalEngine(), shard_rows=16))
     got = sharded.encode_strategies(texts, configs, batch_size=8, instruction=INSTRUCTION)
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
     # mean and layer 1 share forward passes (one job); last-token pooling (an EOS is appended) and echo do not
-    assert len(sharded.reports) == 3
+    assert len(sharded.executor.reports) == 3
 
 
 def test_snapshot_rebuilds_the_same_model_and_refuses_injected_adapters(tmp_path, one_torch_thread):
@@ -204,7 +204,7 @@ def test_memory_mapped_and_float16_outputs(tmp_path, one_torch_thread):
 def test_uncached_embedder_leaves_nothing_behind(tmp_path, one_torch_thread):
     emb = uncached("llama")
     emb.engine.cache_dir = tmp_path  # where an uncached Embedder's jobs would go
-    sharded = ShardedEmbedder(emb, LocalEngine(), shard_rows=8)
+    sharded = emb.with_executor(ShardedExecutor(LocalEngine(), shard_rows=8))
     assert np.array_equal(sharded.encode(corpus_texts(20)), emb.encode(corpus_texts(20)))
     assert not any(tmp_path.rglob("*.npz"))
 
@@ -363,7 +363,9 @@ def test_evaluation_through_sharded_jobs_scores_as_in_memory(tmp_path, one_torch
     task = RetrievalTask.from_path(folder, name="toy")
     emb = uncached("llama")
     plain = evaluate_strategies(emb, [task], [emb.config])[0].result
-    sharded = ShardedEmbedder(cached(emb, tmp_path / "cache"), LocalEngine(), shard_rows=16, memory_map=True)
+    sharded = cached(emb, tmp_path / "cache").with_executor(
+        ShardedExecutor(LocalEngine(), shard_rows=16, memory_map=True)
+    )
     scaled = evaluate_strategies(sharded, [task], [emb.config])[0].result
     assert same_scores(scaled.scores, plain.scores)
     stated = scaled.extra["corpus_embeddings"]

@@ -6,7 +6,7 @@ then encodes the shards that are not in the cache yet; each finished shard lands
 killed job, or one that lost a worker, resumes without encoding a finished shard again. Vectors come
 back in input order with their ids, bit for bit those of ``Embedder.encode`` with the same strategy.
 
-* :mod:`~lmembed.scale.sharded`: the API: :func:`encode_corpus`, :func:`scaled` and :class:`ShardedEmbedder`;
+* :mod:`~lmembed.scale.sharded`: the API: :func:`encode_corpus`, :func:`scaled` and :class:`ShardedExecutor`;
 * :mod:`~lmembed.scale.job`: :class:`EncodeJob` (plan, run, resume, assemble) and its :class:`JobReport`;
 * :mod:`~lmembed.scale.staging`: the plan pass (each block of rows checked, keyed, token-counted and staged);
   :mod:`~lmembed.scale.shard_plan`: the shard plan built from it; :mod:`~lmembed.scale.work`: the shards' work;
@@ -39,7 +39,7 @@ _EXPORTS = {
     "JobReport": "job",
     "Progress": "progress",
     "EncodedCorpus": "sharded",
-    "ShardedEmbedder": "sharded",
+    "ShardedExecutor": "sharded",
     "as_source": "sharded",
     "encode_corpus": "sharded",
     "scaled": "sharded",

@@ -8,11 +8,11 @@
     >>> fast = scaled(emb, engine="ray", ray_address="auto")    # any code that takes an Embedder
     >>> fast.encode_corpus(texts)                               # ... now encodes on the cluster
 
-:class:`ShardedEmbedder` *is* an :class:`~lmembed.embedder.Embedder` (same backbone, strategy, name and
-dimension), so evaluation, index building and mining take it unchanged; its ``encode``,
-``encode_queries``, ``encode_corpus`` and ``encode_strategies`` each run a sharded job
-(:class:`~lmembed.scale.job.EncodeJob`) on its engine and return the same vectors as the plain
-Embedder, bit for bit.
+A scaled Embedder *is* an :class:`~lmembed.embedder.Embedder` (the same backbone, engine, strategy, name and
+dimension, shared, not copied) whose executor is a :class:`ShardedExecutor`, so evaluation, index building
+and mining take it unchanged; its ``encode``, ``encode_queries``, ``encode_corpus`` and ``encode_strategies``
+each run sharded jobs (:class:`~lmembed.scale.job.EncodeJob`) on the executor's engine and return the same
+vectors as the plain Embedder, bit for bit; ``with_config`` keeps the executor.
 """
 
 from __future__ import annotations
@@ -40,18 +40,18 @@ from lmembed.scale.work import EmbedderSpec
 CorpusLike = str | Path | Sequence[str] | CorpusSource
 
 
-class ShardedEmbedder(Embedder):
-    """An Embedder that encodes through sharded jobs on ``engine`` (see the module doc).
+class ShardedExecutor:
+    """Runs an Embedder's encoding as sharded jobs on ``engine`` (see the module doc); its ``reports`` list what
+    each job did.
 
     ``spec`` makes every worker load the model itself (large models; the path must be readable on every
-    node) instead of receiving a copy of ``base``. ``memory_map`` returns read-only memory maps of
+    node) instead of receiving a copy of the Embedder. ``memory_map`` returns read-only memory maps of
     ``.npy`` files in the cache instead of arrays in memory; ``corpus_dtype="float16"`` stores corpus
     vectors (``encode_corpus``) at half the size. Progress snapshots go to ``on_progress``.
     """
 
     def __init__(
         self,
-        base: Embedder,
         engine: Engine,
         *,
         spec: EmbedderSpec | None = None,
@@ -64,9 +64,7 @@ class ShardedEmbedder(Embedder):
             raise ConfigError(f"corpus_dtype={corpus_dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
         if corpus_dtype != "float32" and not memory_map:
             raise ConfigError("corpus_dtype='float16' is a storage format: use it with memory_map=True")
-        self.__dict__.update(base.__dict__)  # the same backbone, strategy, head and engine settings; no reload
-        self.base = base
-        self.scale_engine = engine
+        self.engine = engine
         self.spec = spec
         self.shard_rows = shard_rows
         self.memory_map = memory_map
@@ -74,64 +72,50 @@ class ShardedEmbedder(Embedder):
         self.on_progress = on_progress
         self.reports: list[JobReport] = []
 
-    def with_config(self, config: EmbeddingConfig) -> ShardedEmbedder:
-        """The same model and engine, read out with another strategy."""
-        return ShardedEmbedder(
-            self.base.with_config(config),
-            self.scale_engine,
-            spec=self.spec,
-            shard_rows=self.shard_rows,
-            memory_map=self.memory_map,
-            corpus_dtype=self.corpus_dtype,
-            on_progress=self.on_progress,
-        )
-
-    def encode(self, texts: Sequence[str], batch_size: int = 32, *, instruction: str | None = None) -> np.ndarray:
-        return self._run(texts, [self.config], instruction, batch_size, "float32")[0]
-
-    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
-        return self._run(texts, [self.config], None, batch_size, self.corpus_dtype)[0]
-
-    def encode_strategies(
+    def run(
         self,
+        embedder: Embedder,
         texts: Sequence[str],
         configs: Sequence[EmbeddingConfig],
         *,
-        instruction: str | None = None,
-        batch_size: int = 32,
+        instruction: str | None,
+        batch_size: int,
+        corpus: bool = False,
     ) -> list[np.ndarray]:
         """One job per group of strategies that share their forward passes."""
+        texts = validate_texts(texts)
+        dtype = self.corpus_dtype if corpus else "float32"
         groups: dict[str, list[int]] = {}
         for i, cfg in enumerate(configs):
             groups.setdefault(json.dumps(cfg.forward_key(), sort_keys=True), []).append(i)
         results: list[np.ndarray | None] = [None] * len(configs)
         for members in groups.values():
-            arrays = self._run(texts, [configs[i] for i in members], instruction, batch_size, "float32")
+            arrays = self._job(embedder, texts, [configs[i] for i in members], instruction, batch_size, dtype)
             for i, array in zip(members, arrays, strict=True):
                 results[i] = array
         return [r for r in results if r is not None]
 
-    def _run(
+    def _job(
         self,
+        embedder: Embedder,
         texts: Sequence[str],
         configs: Sequence[EmbeddingConfig],
         instruction: str | None,
         batch_size: int,
         dtype: str,
     ) -> list[np.ndarray]:
-        texts = validate_texts(texts)
         job = EncodeJob(
-            self.base,
+            embedder,
             memory_source(texts),
             configs,
             instruction=instruction,
             batch_size=batch_size,
             shard_rows=self.shard_rows,
         )
-        self.reports.append(job.run(self.scale_engine, spec=self.spec, on_progress=self.on_progress))
-        memory_map = self.memory_map and self.engine.use_cache
-        out = [job.vectors(i, dtype=dtype, memory_map=memory_map) for i in range(len(configs))]
-        if not self.engine.use_cache:
+        self.reports.append(job.run(self.engine, spec=self.spec, on_progress=self.on_progress))
+        cached = embedder.engine.use_cache
+        out = [job.vectors(i, dtype=dtype, memory_map=self.memory_map and cached) for i in range(len(configs))]
+        if not cached:
             job.remove()  # an uncached Embedder leaves nothing behind
         return out
 
@@ -148,20 +132,21 @@ def scaled(
     **engine_options: Any,
 ) -> Embedder:
     """``embedder`` on ``engine``: ``"local"`` returns it unchanged (the ordinary single-process path);
-    ``"ray"`` (or an engine object) returns a :class:`ShardedEmbedder`. ``engine_options``: the fields of
-    :class:`~lmembed.options.EngineOptions` (``ray_address=``, ``workers=`` ...); the other options: see
-    :class:`ShardedEmbedder`."""
+    ``"ray"`` (or an engine object) returns the same Embedder encoding through a :class:`ShardedExecutor`.
+    ``engine_options``: the fields of :class:`~lmembed.options.EngineOptions` (``ray_address=``, ``workers=``
+    ...); the other options: see :class:`ShardedExecutor`."""
     chosen = make_engine(engine, **engine_options)  # refuses Ray options given to the local engine
     if isinstance(engine, str | EngineOptions) and chosen.name == "local":
         return embedder
-    return ShardedEmbedder(
-        embedder,
-        chosen,
-        spec=spec,
-        shard_rows=shard_rows,
-        memory_map=memory_map,
-        corpus_dtype=corpus_dtype,
-        on_progress=on_progress,
+    return embedder.with_executor(
+        ShardedExecutor(
+            chosen,
+            spec=spec,
+            shard_rows=shard_rows,
+            memory_map=memory_map,
+            corpus_dtype=corpus_dtype,
+            on_progress=on_progress,
+        )
     )
 
 
