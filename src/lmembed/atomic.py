@@ -1,11 +1,17 @@
-"""Atomic file writes: a reader (or a crash) sees the old file or the new one, never half of one."""
+"""Atomic file writes: a reader (or a crash) sees the old file or the new one, never half of one.
+
+The same holds for a folder written by :func:`atomic_folder`: it is filled under a temporary name beside its
+place and renamed into it once complete.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,3 +44,25 @@ def atomic_write_json(path: str | Path, data: Any) -> Path:
 def atomic_savefig(figure: Any, path: str | Path, *, dpi: int = 120) -> Path:
     """Save a matplotlib figure as PNG atomically (a crash never leaves half an image)."""
     return atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=dpi))
+
+
+@contextmanager
+def atomic_folder(target: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``target`` to fill; when the block ends, rename it into place. An existing
+    ``target`` is moved aside only then, and removed after the rename; if the block raises, the temporary
+    folder is removed and ``target`` is left as it was."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            old = target.with_name(f".old-{target.name}-{tmp.name[-8:]}")
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from lmembed.atomic import atomic_write_text
+from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
@@ -652,9 +651,7 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
     """Fill ``directory`` with the export folder ``source`` + tokenizer + strategy, atomically (temporary sibling,
     then one rename; an existing ``directory`` is replaced only once the new one is complete)."""
     directory = directory.expanduser().resolve()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}-", dir=directory.parent))
-    try:
+    with atomic_folder(directory) as tmp:
         for item in source.iterdir():
             shutil.copy2(item, tmp / item.name)
         embedder.backbone.tokenizer.save_pretrained(tmp)
@@ -666,16 +663,6 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
             "backend": embedder.backend.describe(),
         }
         atomic_write_text(tmp / STRATEGY_FILE, json.dumps(meta, indent=2))
-        if directory.exists():
-            old = directory.with_name(f".old-{directory.name}-{tmp.name[-8:]}")
-            directory.rename(old)
-            tmp.rename(directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.atomic import atomic_write_text
+from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.errors import LmembedError
 
 log = logging.getLogger(__name__)
@@ -96,23 +94,12 @@ class LexicalIndex:
     def save(self, folder: Path) -> Path:
         """Write ``folder/bm25`` (filled under a temporary name, then renamed into place)."""
         target = folder / LEXICAL_DIR
-        tmp = Path(tempfile.mkdtemp(prefix=f".{LEXICAL_DIR}-tmp-", dir=folder))
-        try:
+        with atomic_folder(target) as tmp:
             self.retriever.save(str(tmp), show_progress=False)
             self.tokenizer.save_vocab(str(tmp))
             self.tokenizer.save_stopwords(str(tmp))
             record = {"format": FORMAT_VERSION, "count": self.count, "ids": self.digest, "params": asdict(self.params)}
             atomic_write_text(tmp / LEXICAL_FILE, json.dumps(record, indent=2))
-            if target.exists():
-                old = folder / f".{LEXICAL_DIR}-old-{tmp.name[-8:]}"
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return target
 
     @classmethod

@@ -1,10 +1,12 @@
 """Forward passes bounded by a token budget: pairs of similar length share a pass, and a pass holds at most
-``max_batch_tokens`` padded tokens (pairs x the longest of them) and ``max_batch_size`` pairs."""
+``max_batch_tokens`` padded tokens (pairs x the longest of them) and ``max_batch_size`` pairs. The grouping is
+the encoding engine's (:func:`lmembed.encoding.engine.plan_batches`); this module checks the bounds."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lmembed.encoding.engine import plan_batches
 from lmembed.errors import ConfigError
 
 
@@ -14,15 +16,4 @@ def token_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size:
     input longer than the budget goes alone."""
     if max_batch_tokens < 1 or max_batch_size < 1:
         raise ConfigError(f"max_batch_tokens={max_batch_tokens} and max_batch_size={max_batch_size} must be >= 1")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for position in order:
-        longest = lengths[current[0]] if current else lengths[position]
-        if current and (len(current) + 1 > max_batch_size or (len(current) + 1) * longest > max_batch_tokens):
-            batches.append(current)
-            current = []
-        current.append(position)
-    if current:
-        batches.append(current)
-    return batches
+    return plan_batches(lengths, max_batch_size, max_batch_tokens)
