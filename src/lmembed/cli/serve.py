@@ -2,6 +2,7 @@
 
     lmembed serve minilm --port 8080
     lmembed serve ./my-embedder --index scifact.index --api-key "$KEY"
+    lmembed serve minilm --index scifact.index --rerank ./my-cross-encoder     # + /v1/rerank, reranked search
 
 Clients use the official ``openai`` package (``OpenAI(base_url="http://127.0.0.1:8080/v1")``) or plain
 HTTP; see ``lmembed.serving`` for the endpoints, fields and limits.
@@ -15,6 +16,7 @@ from typing import Annotated
 import typer
 
 from lmembed.cli.options import Exclude, load_embedder, options_command
+from lmembed.cli.rerank import RerankOpt, open_reranker
 from lmembed.options import ModelOptions
 
 #: A server never caches what it embeds.
@@ -54,10 +56,12 @@ def serve(
     graceful_timeout: Annotated[
         float, typer.Option("--graceful-timeout", min=0, help="Seconds requests in flight get to finish on shutdown.")
     ] = 30.0,
+    rerank: RerankOpt = None,
     log_level: Annotated[str, typer.Option("--log-level", help=", ".join(LOG_LEVELS))] = "info",
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
-    """Serve MODEL_OR_DIR over HTTP: /v1/embeddings (OpenAI-compatible), /v1/search, /health, /metrics."""
+    """Serve MODEL_OR_DIR over HTTP: /v1/embeddings (OpenAI-compatible), /v1/search, /v1/rerank (with --rerank),
+    /health, /metrics."""
     if log_level not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}: choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     # lazy: FastAPI, uvicorn, FAISS and torch load only when the server starts, not for --help
@@ -85,5 +89,13 @@ def serve(
     embedder = load_embedder(model, options)
     if options.precision == "int8" and recorded:
         embedder.calibrate(recorded)  # as the index was built
-    app = create_app(embedder, model_name=served_model_name or model, index=index, limits=limits)
+    reranker = open_reranker(rerank, device=options.device) if rerank else None
+    app = create_app(
+        embedder,
+        model_name=served_model_name or model,
+        index=index,
+        limits=limits,
+        reranker=reranker,
+        reranker_name=rerank,
+    )
     run(app, host=host, port=port, graceful_timeout=graceful_timeout, log_level=log_level, access_log=access_log)

@@ -4,7 +4,9 @@
 endpoint                    what it does
 =========================== ==================================================================================
 ``POST /v1/embeddings``     OpenAI-compatible embeddings (see :mod:`lmembed.serving.schemas` for the fields)
-``POST /v1/search``         query text(s) → ids, scores, texts of the loaded index (404 without an index)
+``POST /v1/search``         query text(s) → ids, scores, texts of the loaded index (404 without an index):
+                            dense, BM25 or hybrid, optionally reranked (:mod:`lmembed.serving.rerank`)
+``POST /v1/rerank``         Cohere/Jina-style reranking with the loaded reranker (404 without one)
 ``GET /v1/models``          the served model, with its dimension and strategy
 ``GET /health``             200 once warmed up (one forward pass done), 503 before and while shutting down
 ``GET /metrics``            Prometheus metrics (:mod:`lmembed.serving.metrics`)
@@ -36,10 +38,18 @@ from lmembed.embedder import Embedder, postprocess
 from lmembed.encoding.engine import EncodingEngine
 from lmembed.index import Index
 from lmembed.index.manifest import check_embedder
+from lmembed.rerank import Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher
 from lmembed.serving.errors import ApiError
 from lmembed.serving.limits import GuardMiddleware, Limits
 from lmembed.serving.metrics import ServerMetrics
+from lmembed.serving.rerank import (
+    WARM_UP_PAIR,
+    RerankService,
+    parse_rerank_request,
+    parse_search_stages,
+    rerank_body,
+)
 from lmembed.serving.schemas import embedding_body, parse_embedding_request, parse_json, parse_search_request
 from lmembed.serving.tokens import RequestTokenizer
 
@@ -53,7 +63,15 @@ JSON = "application/json"
 class ServerState:
     """Everything one app holds: the model, its batcher and tokenizer, the index, limits and metrics."""
 
-    def __init__(self, embedder: Embedder, model_name: str, index: Index | None, limits: Limits) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        model_name: str,
+        index: Index | None,
+        limits: Limits,
+        reranker: Reranker | None = None,
+        reranker_name: str | None = None,
+    ) -> None:
         self.embedder = embedder
         self.config = embedder.config
         self.model_name = model_name
@@ -67,6 +85,12 @@ class ServerState:
             self.engine, self.config, max_batch_tokens=limits.max_batch_tokens, metrics=self.metrics
         )
         self.tokenizer = RequestTokenizer(embedder.backbone, self.config, truncate=limits.truncate)
+        self.rerank = None
+        if reranker is not None:
+            name = reranker_name or reranker.name
+            self.rerank = RerankService(
+                reranker, name, max_batch_tokens=limits.max_batch_tokens, registry=self.metrics.registry
+            )
         self.created = int(time.time())
         self.status = "starting"
 
@@ -96,6 +120,8 @@ class ServerState:
             vectors, _ = await self.embed([WARM_UP_TEXT], None, None, "input")
             if self.index is not None:
                 await asyncio.to_thread(self.index.search_vectors, vectors, 1)
+            if self.rerank is not None:
+                await self.rerank.score([WARM_UP_PAIR])
         except Exception:
             self.status = "failed"
             log.exception("warm-up failed; /health stays 503")
@@ -107,6 +133,8 @@ class ServerState:
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         await self.batcher.start()
+        if self.rerank is not None:
+            await self.rerank.start()
         warm_up = asyncio.create_task(self.warm_up())
         try:
             yield
@@ -114,6 +142,8 @@ class ServerState:
             self.status = "shutting_down"
             await warm_up
             await self.batcher.stop()
+            if self.rerank is not None:
+                await self.rerank.stop()
             self.tokenizer.close()
 
 
@@ -145,15 +175,18 @@ def create_app(
     model_name: str | None = None,
     index: Index | None = None,
     limits: Limits | None = None,
+    reranker: Reranker | None = None,
+    reranker_name: str | None = None,
 ) -> FastAPI:
     """The server application for ``embedder`` (served under ``model_name``, by default the model's name).
 
     With an ``index``, ``/v1/search`` searches it; the index must have been built with this model and
-    strategy (an :class:`~lmembed.index.IndexMismatchError` otherwise).
+    strategy (an :class:`~lmembed.index.IndexMismatchError` otherwise). With a ``reranker`` (served under
+    ``reranker_name``), ``/v1/rerank`` reranks and ``/v1/search`` can rerank its candidates.
     """
     if index is not None:
         check_embedder(index.manifest, embedder, index.path or "(in memory)")
-    state = ServerState(embedder, model_name or embedder.name, index, limits or Limits())
+    state = ServerState(embedder, model_name or embedder.name, index, limits or Limits(), reranker, reranker_name)
     app = FastAPI(title="lmembed", version=__version__, lifespan=state.lifespan)
     app.state.lmembed = state
     app.add_middleware(GuardMiddleware, limits=state.limits, metrics=state.metrics)
@@ -193,16 +226,25 @@ def create_app(
     async def search(request: Request) -> Response:
         if state.index is None:
             raise ApiError(404, "no index is loaded; start the server with --index DIR", "no_index")
+        payload = parse_json(await request.body())
         req = parse_search_request(
-            parse_json(await request.body()),
+            payload,
             served=state.served,
             default_model=state.model_name,
             max_inputs=state.limits.max_inputs,
             max_k=state.limits.max_top_k,
         )
+        stages = parse_search_stages(payload, has_reranker=state.rerank is not None, max_k=state.limits.max_top_k)
         instruction = req.instruction or state.config.query_instruction
-        vectors, tokens = await unless_disconnected(request, state.embed(req.queries, instruction, None, "query"))
-        scores, rows = await asyncio.to_thread(state.index.search_vectors, vectors, req.k)
+        vectors, tokens = None, 0
+        if stages.mode != "bm25":
+            vectors, tokens = await unless_disconnected(request, state.embed(req.queries, instruction, None, "query"))
+        depth = max(req.k, stages.rerank_top_k) if stages.rerank else req.k
+        how = {"mode": stages.mode, "fusion": stages.fusion, "vectors": vectors}
+        scores, rows = await asyncio.to_thread(state.index.search_rows, req.queries, depth, **how)
+        results = state.index.hits(scores, rows)
+        if stages.rerank:
+            results = await unless_disconnected(request, state.rerank.rerank_hits(req.queries, results, req.k))
         data = [
             {
                 "object": "search_result",
@@ -219,10 +261,24 @@ def create_app(
                     for h in hits
                 ],
             }
-            for i, (query, hits) in enumerate(zip(req.queries, state.index.hits(scores, rows), strict=True))
+            for i, (query, hits) in enumerate(zip(req.queries, results, strict=True))
         ]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": req.model, "usage": usage})
+
+    @app.post("/v1/rerank")
+    async def rerank(request: Request) -> Response:
+        if state.rerank is None:
+            raise ApiError(404, "no reranker is loaded; start the server with --rerank MODEL", "no_reranker")
+        req = parse_rerank_request(
+            parse_json(await request.body()),
+            served={state.rerank.name},
+            default_model=state.rerank.name,
+            max_inputs=state.limits.max_inputs,
+        )
+        pairs = [(req.query, document) for document in req.documents]
+        scores, tokens = await unless_disconnected(request, state.rerank.score(pairs))
+        return JSONResponse(rerank_body(req, scores, tokens))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -236,7 +292,21 @@ def create_app(
             "strategy": state.config.label(),
             "index": None if state.index is None else {"kind": state.index.kind, "documents": state.index.count},
         }
-        return {"object": "list", "data": [card]}
+        cards = [card]
+        if state.rerank is not None:
+            reranker = state.rerank.reranker
+            cards.append(
+                {
+                    "id": state.rerank.name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "lmembed",
+                    "type": "reranker",
+                    "kind": reranker.kind,
+                    "max_input_tokens": reranker.max_length,
+                }
+            )
+        return {"object": "list", "data": cards}
 
     @app.get("/health")
     async def health() -> JSONResponse:

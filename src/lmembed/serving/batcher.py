@@ -115,12 +115,13 @@ class TokenBudgetBatcher:
         *,
         max_batch_tokens: int,
         metrics: ServerMetrics,
+        width: int | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.max_batch_tokens = max_batch_tokens
         self.metrics = metrics
-        self.hidden = engine.backbone.hidden_size
+        self.hidden = engine.backbone.hidden_size if width is None else width  # columns of each item's output
         self._groups: dict[str | None, _Group] = {}
         self._waiting = 0
         self._seq = count()

@@ -33,7 +33,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
-ENDPOINTS = frozenset({"/v1/embeddings", "/v1/search", "/v1/models", "/health", "/metrics"})
+ENDPOINTS = frozenset({"/v1/embeddings", "/v1/search", "/v1/rerank", "/v1/models", "/health", "/metrics"})
 
 
 @dataclass(frozen=True)

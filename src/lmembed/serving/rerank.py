@@ -1,0 +1,242 @@
+"""``POST /v1/rerank`` (Cohere/Jina's schema) and the second stage of ``/v1/search``: query–document pairs scored
+by a :class:`~lmembed.rerank.Reranker`, batched across requests by a token budget.
+
+Request: ``query`` (a string), ``documents`` (a list of strings, or of ``{"text": ...}`` objects), optionally
+``top_n`` (the best N; default all), ``return_documents`` (default false), ``model`` (the reranker's served name).
+Response: ``{"model", "results": [{"index", "relevance_score", "document": {"text"}?}], "usage": {"total_tokens"}}``
+with results best first (ties keep the documents' order). ``relevance_score`` is the reranker's activated score
+(``CrossEncoder.predict``'s: a probability for a sigmoid cross-encoder or the LLM reranker).
+
+Pairs are tokenised off the event loop (on a thread of their own, with a private copy of the tokenizer), then
+queued in a :class:`~lmembed.serving.batcher.TokenBudgetBatcher` whose passes run the reranker: pairs of many
+requests share a pass, bounded by padded tokens (``--max-batch-tokens``), as texts are for embeddings. The limits
+are the embeddings': more documents than ``--max-inputs`` is 413, a malformed field 400, and the middleware's
+body-size (413), concurrency (429) and API-key (401) checks apply. Pass metrics are ``lmembed_rerank_*``.
+
+``/v1/search`` takes ``mode`` (``dense``, ``bm25``, ``hybrid``), ``fusion`` (``rrf``, ``minmax``), ``rerank``
+(true: rerank the first stage's candidates with the served reranker) and ``rerank_top_k`` (candidates per query,
+default 100): see :func:`parse_search_stages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from lmembed.encoding.inputs import check_encodable
+from lmembed.errors import ConfigError, InputError
+from lmembed.index.index import SEARCH_MODES, Hit
+from lmembed.index.second_stage import candidate_pairs, reorder_hits
+from lmembed.lexical.fusion import FUSIONS
+from lmembed.rerank.base import Features, Reranker
+from lmembed.serving.batcher import TokenBudgetBatcher
+from lmembed.serving.errors import ApiError, bad_request
+from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
+
+DEFAULT_RERANK_TOP_K = 100
+WARM_UP_PAIR = ("warm-up", "warm-up")
+
+
+class RerankMetrics:
+    """The reranker's pass metrics, in the server's registry, under the names the batcher records into."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.queue_depth = Gauge("lmembed_rerank_queue_depth", "Pairs waiting for a forward pass", registry=r)
+        self.batch_tokens = Histogram(
+            "lmembed_rerank_batch_tokens", "Padded tokens per rerank pass", buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.batch_texts = Histogram(
+            "lmembed_rerank_batch_pairs", "Pairs per rerank pass", buckets=TEXT_BUCKETS, registry=r
+        )
+        self.forward_seconds = Histogram(
+            "lmembed_rerank_forward_seconds", "Time of one rerank pass", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.texts = Counter("lmembed_reranked_pairs", "Query-document pairs scored", registry=r)
+        self.tokens = Counter("lmembed_rerank_tokens", "Tokens of the pairs scored", registry=r)
+
+
+class PairBatcher(TokenBudgetBatcher):
+    """The token-budget batcher with the reranker's forward pass: items are encoded pairs, outputs scores."""
+
+    def __init__(self, reranker: Reranker, *, max_batch_tokens: int, metrics: RerankMetrics) -> None:
+        if reranker.num_labels != 1:
+            raise ConfigError(f"reranker {reranker.name} has {reranker.num_labels} labels; serving needs one score")
+        self.reranker = reranker
+        super().__init__(None, None, max_batch_tokens=max_batch_tokens, metrics=metrics, width=1)  # type: ignore[arg-type]
+
+    def _forward(self, features: list[Features], instruction: str | None) -> np.ndarray:
+        reranker = self.reranker
+        with torch.inference_mode():
+            scores = reranker.activation(reranker.forward(reranker.collate(features)).float())
+        return scores.cpu().numpy()
+
+
+class RerankService:
+    """The served reranker: its pair tokenizer (own thread) and its batcher."""
+
+    def __init__(self, reranker: Reranker, name: str, *, max_batch_tokens: int, registry: CollectorRegistry) -> None:
+        self.reranker = reranker
+        self.name = name
+        self.metrics = RerankMetrics(registry)
+        self.batcher = PairBatcher(reranker, max_batch_tokens=max_batch_tokens, metrics=self.metrics)
+        self.tokenizing = copy.copy(reranker)  # the same reranker with a private tokenizer, for the thread below
+        self.tokenizing.tokenizer = copy.deepcopy(reranker.tokenizer)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-rerank-tokenize")
+
+    async def start(self) -> None:
+        await self.batcher.start()
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+        self.executor.shutdown(wait=True)
+
+    async def score(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, int]:
+        """Activated scores of ``pairs`` (input order) and the tokens they took."""
+        loop = asyncio.get_running_loop()
+        try:
+            features = await loop.run_in_executor(self.executor, self.tokenizing.encode_pairs, list(pairs))
+        except InputError as exc:
+            raise bad_request(str(exc), "invalid_input") from None
+        lengths = [len(f["input_ids"]) for f in features]
+        scores = await self.batcher.embed(features, lengths, None)
+        self.metrics.tokens.inc(sum(lengths))
+        return scores[:, 0], sum(lengths)
+
+    async def rerank_hits(self, queries: Sequence[str], results: Sequence[Sequence[Hit]], k: int) -> list[list[Hit]]:
+        """Each query's hits reordered by the reranker, the ``k`` best (``rerank_hits``, through the batcher)."""
+        pairs = candidate_pairs(queries, results)
+        scores = (await self.score(pairs))[0].tolist() if pairs else []
+        return reorder_hits(results, scores, k)
+
+
+# ---------------------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class RerankRequest:
+    query: str
+    documents: list[str]
+    model: str
+    top_n: int | None = None
+    return_documents: bool = False
+
+
+def _string(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise bad_request(f"'{field}' must be a string, got {type(value).__name__}", "invalid_input", field)
+    if not value:
+        raise bad_request(f"'{field}' is an empty string", "empty_input", field)
+    try:
+        check_encodable(value, f"'{field}'")
+    except InputError as exc:
+        raise bad_request(str(exc), "invalid_input", field) from None
+    return value
+
+
+def _documents(value: Any, max_inputs: int) -> list[str]:
+    if value is None:
+        raise bad_request("'documents' is required", "missing_input", "documents")
+    if not isinstance(value, list):
+        raise bad_request(
+            f"'documents' must be a list of strings, got {type(value).__name__}", "invalid_input", "documents"
+        )
+    if not value:
+        raise bad_request("'documents' is an empty list; send at least one document", "empty_input", "documents")
+    if len(value) > max_inputs:
+        raise ApiError(
+            413,
+            f"'documents' has {len(value)} items; the limit is {max_inputs} per request (--max-inputs)",
+            "too_many_inputs",
+            param="documents",
+        )
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, dict) and set(item) == {"text"}:
+            item = item["text"]
+        if not isinstance(item, str):
+            raise bad_request(
+                f"'documents[{i}]' is {type(item).__name__}; every document must be a string or {{\"text\": ...}}",
+                "invalid_input",
+                "documents",
+            )
+        out.append(_string(item, f"documents[{i}]"))
+    return out
+
+
+def parse_rerank_request(
+    payload: dict[str, Any], *, served: Collection[str], default_model: str, max_inputs: int
+) -> RerankRequest:
+    """Validate a ``/v1/rerank`` body (see the module doc)."""
+    if "query" not in payload:
+        raise bad_request("'query' is required", "missing_input", "query")
+    query = _string(payload["query"], "query")
+    documents = _documents(payload.get("documents"), max_inputs)
+    model = payload.get("model")
+    if model is not None and (not isinstance(model, str) or model not in served):
+        raise bad_request(
+            f"model {model!r} is not served here; this server reranks with {', '.join(sorted(served))}",
+            "model_not_found",
+            "model",
+        )
+    top_n = payload.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise bad_request(f"'top_n' must be a positive integer, got {top_n!r}", "invalid_top_n", "top_n")
+    return_documents = payload.get("return_documents", False)
+    if not isinstance(return_documents, bool):
+        raise bad_request(
+            f"'return_documents' must be true or false, got {return_documents!r}",
+            "invalid_return_documents",
+            "return_documents",
+        )
+    return RerankRequest(query, documents, model or default_model, top_n, return_documents)
+
+
+def rerank_body(req: RerankRequest, scores: np.ndarray, tokens: int) -> dict[str, Any]:
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: req.top_n]
+    results = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if req.return_documents:
+            item["document"] = {"text": req.documents[i]}
+        results.append(item)
+    return {"object": "list", "model": req.model, "results": results, "usage": {"total_tokens": tokens}}
+
+
+@dataclass(frozen=True)
+class SearchStages:
+    """How ``/v1/search`` finds and orders documents."""
+
+    mode: str = "dense"
+    fusion: str = "rrf"
+    rerank: bool = False
+    rerank_top_k: int = DEFAULT_RERANK_TOP_K
+
+
+def parse_search_stages(payload: dict[str, Any], *, has_reranker: bool, max_k: int) -> SearchStages:
+    """``mode``, ``fusion``, ``rerank`` and ``rerank_top_k`` of a ``/v1/search`` body."""
+    mode = payload.get("mode", "dense")
+    if mode not in SEARCH_MODES:
+        raise bad_request(f"'mode' must be one of {', '.join(SEARCH_MODES)}, got {mode!r}", "invalid_mode", "mode")
+    fusion = payload.get("fusion", "rrf")
+    if fusion not in FUSIONS:
+        raise bad_request(f"'fusion' must be one of {', '.join(FUSIONS)}, got {fusion!r}", "invalid_fusion", "fusion")
+    rerank = payload.get("rerank", False)
+    if not isinstance(rerank, bool):
+        raise bad_request(f"'rerank' must be true or false, got {rerank!r}", "invalid_rerank", "rerank")
+    if rerank and not has_reranker:
+        raise bad_request("no reranker is loaded; start the server with --rerank MODEL", "no_reranker", "rerank")
+    top_k = payload.get("rerank_top_k", min(DEFAULT_RERANK_TOP_K, max_k))
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= max_k:
+        raise bad_request(
+            f"'rerank_top_k' must be an integer from 1 to {max_k}, got {top_k!r}",
+            "invalid_rerank_top_k",
+            "rerank_top_k",
+        )
+    return SearchStages(mode, fusion, rerank, top_k)
