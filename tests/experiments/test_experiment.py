@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from conftest import tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli import app
-from lmembed.evaluation.report import render_report
 from lmembed.experiments import runner as runner_module
 from lmembed.experiments.parallel import Slot, ready, worker_slots
 from lmembed.experiments.plan import plan_runs
+from lmembed.experiments.report import render_folder
 from lmembed.experiments.runner import ExperimentError, run_experiment
 from lmembed.experiments.spec import ExperimentSpecError, load_spec
 
@@ -160,7 +160,7 @@ def test_two_arms_two_seeds_end_to_end(workspace: Path):
     assert "## Comparisons" in markdown and "mean ± sample std" in markdown and (out / "summary.png").stat().st_size > 0
 
     # `lmembed report` renders an experiment folder too
-    report = render_report(out, workspace / "rendered")
+    report = render_folder(out, workspace / "rendered")
     assert report.markdown == markdown
     assert (workspace / "rendered/summary.png").is_file() and (workspace / "rendered/summary.json").is_file()
     assert report.table.scores[("mean", "2 run(s)")]["Toy"] == pytest.approx(cell["mean"])

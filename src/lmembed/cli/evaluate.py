@@ -36,9 +36,9 @@ from lmembed.evaluation.main_job import (
     run_main_job,
     suite_summary_lines,
 )
-from lmembed.evaluation.report import render_report
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
 from lmembed.evaluation.sweep import run_sweep
+from lmembed.experiments.report import render_folder
 from lmembed.options import EngineOptions, ModelOptions
 
 console = Console(stderr=True)
@@ -192,6 +192,6 @@ def report(
     """Render everything in a results directory: Markdown table per category + PNG bar chart."""
     if not results_dir.is_dir():
         raise typer.BadParameter(f"{results_dir}: no such folder", param_hint="RESULTS_DIR")
-    rendered = render_report(results_dir, check_writable(output or results_dir, "--output", folder=True), echo=False)
+    rendered = render_folder(results_dir, check_writable(output or results_dir, "--output", folder=True), echo=False)
     out_console.print(rendered.markdown)
     console.print(f"wrote {', '.join(str(p) for p in rendered.files.values())}")

@@ -5,9 +5,8 @@
 task type, with per-type means and overall means, and writes ``report.md``, ``report.png`` and
 ``report.json`` into an output folder, plus ``cutoffs.png`` (nDCG@k over the cut-offs, with each curve's
 normalised area, :mod:`lmembed.evaluation.cutoff_curves`) where retrieval results hold several cut-offs.
-A folder written by ``lmembed experiment`` (it holds a ``summary.json``) is rendered as an experiment
-instead: ``summary.md`` and ``summary.png``
-(:mod:`lmembed.evaluation.experiment_report`), with the arms as rows of the score table.
+(A folder written by ``lmembed experiment`` is rendered by :mod:`lmembed.experiments.report`, which builds
+the same :class:`Report` with the arms as rows.)
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from pathlib import Path
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
-from lmembed.evaluation.experiment_report import is_experiment_folder, render_experiment
 from lmembed.evaluation.results import load_results, strategy_slug
 
 logger = logging.getLogger(__name__)
@@ -70,7 +68,8 @@ def _mean(values: list[float | None]) -> tuple[float | None, bool]:
     return sum(present) / len(present), len(present) == len(values)
 
 
-def _type_rank(task_type: str) -> tuple[int, str]:
+def type_rank(task_type: str) -> tuple[int, str]:
+    """Sort key of a task type: MTEB's usual order (``TYPE_ORDER``), then any other type by name."""
     return (TYPE_ORDER.index(task_type) if task_type in TYPE_ORDER else len(TYPE_ORDER), task_type)
 
 
@@ -96,7 +95,7 @@ def build_table(results: Iterable[TaskResult]) -> ScoreTable:
             continue
         scores[row][r.task_name] = r.main_score
         types[r.task_type].add(r.task_name)
-    ordered_types = {t: sorted(types[t]) for t in sorted(types, key=_type_rank)}
+    ordered_types = {t: sorted(types[t]) for t in sorted(types, key=type_rank)}
     return ScoreTable(rows=sorted(scores), task_types=ordered_types, scores=dict(scores))
 
 
@@ -201,10 +200,7 @@ def _table_json(table: ScoreTable) -> dict:
 def render_report(
     results_dir: str | Path, out_dir: str | Path, *, title: str = "lmembed results", echo: bool = False
 ) -> Report:
-    """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``
-    (an experiment folder: summary.md/.png, see the module docstring)."""
-    if is_experiment_folder(results_dir):
-        return _experiment_report(results_dir, out_dir, echo=echo)
+    """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``."""
     results = load_results(results_dir)
     if not results:
         logger.warning("no result files found under %s", results_dir)
@@ -220,24 +216,3 @@ def render_report(
     if echo:
         print(markdown)
     return Report(markdown=markdown, table=table, files=files)
-
-
-def _experiment_report(folder: str | Path, out_dir: str | Path, *, echo: bool) -> Report:
-    """An experiment folder as a :class:`Report`: its Markdown, files, and arms × tasks mean scores."""
-    markdown, files, summary = render_experiment(folder, out_dir)
-    types: dict[str, list[str]] = defaultdict(list)
-    for task in summary["tasks"]:
-        if task["scale"] == 100.0:
-            types[task["task_type"]].append(task["name"])
-    scores = {
-        (arm["name"], f"{arm['runs']} run(s)"): {
-            name: cell["mean"] for name, cell in summary["scores"].get(arm["name"], {}).items() if name != "train loss"
-        }
-        for arm in summary["arms"]
-    }
-    ordered = {t: types[t] for t in sorted(types, key=_type_rank)}
-    if echo:
-        print(markdown)
-    return Report(
-        markdown=markdown, table=ScoreTable(rows=list(scores), task_types=ordered, scores=scores), files=files
-    )

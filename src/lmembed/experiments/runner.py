@@ -40,7 +40,7 @@ from lmembed.evaluation.base import Task
 from lmembed.experiments.execute import ExperimentError, execute_run, load_arm_model
 from lmembed.experiments.parallel import run_parallel
 from lmembed.experiments.plan import RUNS_DIR, PlannedRun, plan_runs
-from lmembed.experiments.scoring import build_suite, suite_texts
+from lmembed.experiments.scoring import build_suite
 from lmembed.experiments.spec import ExperimentSpec
 from lmembed.experiments.summary import write_summary
 from lmembed.training.recipes import parse_recipe
@@ -87,8 +87,10 @@ def warm_cache(
         if say is not None:
             say(f"shared forward passes: {len(configs)} strategies of {model} ({', '.join(r.arm.name for r in group)})")
         for task in tasks:
-            for texts, instruction in suite_texts(task):
-                shared.encode_strategies(texts, configs, instruction=instruction, batch_size=spec.evaluation.batch_size)
+            for call in task.embedded_texts():
+                shared.encode_strategies(
+                    call.texts, configs, instruction=call.instruction, batch_size=spec.evaluation.batch_size
+                )
         warmed += len(configs)
         del shared
     return warmed

@@ -29,15 +29,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, get_args
 
 import numpy as np
 from scipy.stats import rankdata
 from sklearn.metrics import average_precision_score
 
-#: How the per-item values of a task become its score.
-Statistic = Literal["mean", "spearman", "ap"]
-STATISTICS: tuple[str, ...] = ("mean", "spearman", "ap")
+from lmembed.evaluation.base import Statistic
+
+#: How the per-item values of a task become its score (the task declares which, with its items).
+STATISTICS: tuple[str, ...] = get_args(Statistic)
 #: Verdicts :func:`compare` gives.
 HOLDS, REVERSED, NOT_DISTINGUISHABLE, DIFFERS = "holds", "reversed", "not distinguishable", "differs"
 

@@ -10,7 +10,7 @@ Arms that train also get a ``train loss`` row: the per-step loss of their last t
 seeds); two such arms are compared step by step (same seeds, same data order), lower being better.
 
 ``summary.json`` is written here; the Markdown and the PNG are drawn from it by
-:mod:`lmembed.evaluation.experiment_report` (which ``lmembed report`` uses too).
+:mod:`lmembed.experiments.report` (which ``lmembed report`` uses too).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from lmembed.atomic import atomic_write_json
-from lmembed.evaluation.experiment_report import SUMMARY_FILE, write_experiment_report
 from lmembed.experiments.plan import PlannedRun
+from lmembed.experiments.report import SUMMARY_FILE, write_experiment_report
 from lmembed.experiments.spec import CompareSpec, ExperimentSpec
 from lmembed.experiments.stats import bootstrap_interval, compare, mean_std, seed_average
 

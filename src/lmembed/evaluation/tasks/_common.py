@@ -8,6 +8,10 @@ the texts are embedded as they are: through ``encode`` when the encoder has it (
 :class:`~lmembed.protocols.TextEncoder`), otherwise through ``encode_corpus``, which never adds a
 prompt. ``encode_queries(texts, instruction=None)`` is avoided there on purpose: an encoder may add
 its default retrieval prompt to queries (BGE does), and MTEB gives non-retrieval texts no prompt.
+
+A symmetric task declares the texts it embeds with ``texts()``; :meth:`TaskBase.embedded_texts` reports them
+(each distinct text once, as :meth:`TaskBase._embed` passes them). A task whose items are parallel lists
+names them in ``item_fields``, and :meth:`TaskBase.shrink` samples the same positions of each.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from lmembed.errors import LmembedError
-from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.base import ItemScores, ShrinkLimits, TaskResult, TextsToEmbed
 from lmembed.io import DataFormatError, iter_jsonl
 from lmembed.protocols import RetrievalEncoder
 
@@ -106,6 +110,23 @@ def encode_symmetric(
     return as_matrix(encoder.encode_corpus(texts, batch_size=batch_size))
 
 
+def unique_texts(texts: Sequence[str]) -> list[str]:
+    """Each distinct text once, in the order of first appearance (what :func:`encode_unique` embeds)."""
+    return list(dict.fromkeys(texts))
+
+
+def paired_cosine(first: np.ndarray, second: np.ndarray) -> list[float]:
+    """Cosine of row i of ``first`` with row i of ``second``, for every i."""
+    return np.einsum("ij,ij->i", normalise_rows(first), normalise_rows(second)).astype(np.float64).tolist()
+
+
+def sample_indices(n: int, keep: int | None, rng: np.random.Generator) -> list[int] | None:
+    """Sorted positions of ``keep`` of ``n`` items drawn by ``rng``, or ``None`` when all are kept."""
+    if keep is None or keep >= n:
+        return None
+    return sorted(rng.choice(n, size=keep, replace=False).tolist())
+
+
 def encode_unique(encode: Callable[[list[str]], np.ndarray], texts: Sequence[str]) -> np.ndarray:
     """Call ``encode(unique_texts)`` once per distinct text and expand back to ``texts``' order."""
     index: dict[str, int] = {}
@@ -146,8 +167,9 @@ class TaskBase:
     """What every non-retrieval task class shares; the subclasses are dataclasses.
 
     A subclass declares the fields ``name`` (first), its data fields, ``split``, its settings,
-    ``instruction`` and ``subset``, plus the class variables ``task_type`` and ``main_metric``; it
-    implements :meth:`_read` (the data fields from one jsonl file) and :meth:`_scores`.
+    ``instruction`` and ``subset``, plus the class variables ``task_type``, ``main_metric`` and
+    ``item_fields``; it implements :meth:`_read` (the data fields from one jsonl file), :meth:`_scores`
+    and :meth:`texts` (or :meth:`embedded_texts` when its texts are not symmetric).
     :meth:`evaluate` times :meth:`_scores` and wraps its output in a :class:`TaskResult`.
     """
 
@@ -157,6 +179,8 @@ class TaskBase:
     subset: str
     task_type: ClassVar[str]
     main_metric: ClassVar[str]
+    #: The fields holding one value per item (parallel lists; the first one's length counts), for :meth:`shrink`.
+    item_fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def _read(cls, file: Path) -> tuple[Any, ...]:
@@ -182,14 +206,38 @@ class TaskBase:
         """This task, bound to another instruction."""
         return dataclasses.replace(self, instruction=instruction)  # type: ignore[type-var]
 
-    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
-        """(scores with ``main_score``, extra details for the result); ``instruction`` is added to the latter."""
+    def texts(self) -> list[str]:
+        """The symmetric texts this task embeds, in the order its scoring expects their embeddings."""
+        raise NotImplementedError
+
+    def embedded_texts(self) -> list[TextsToEmbed]:
+        """What :meth:`evaluate` embeds: each distinct text of :meth:`texts` once, with the instruction."""
+        texts = unique_texts(self.texts())
+        return [TextsToEmbed(texts, "text", self.instruction or None)] if texts else []
+
+    def shrink(self, limits: ShrinkLimits) -> Self:
+        """This task on ``max_items`` items drawn by ``default_rng(seed)`` (the same positions of every
+        ``item_fields`` list), named ``Name[40 items]``; itself when all are kept."""
+        if not self.item_fields:
+            return self
+        rng = np.random.default_rng(limits.seed)
+        index = sample_indices(len(getattr(self, self.item_fields[0])), limits.max_items, rng)
+        if index is None:
+            return self
+        picked = {field: [getattr(self, field)[i] for i in index] for field in self.item_fields}
+        return dataclasses.replace(self, name=f"{self.name}[{len(index)} items]", **picked)  # type: ignore[type-var]
+
+    def _scores(
+        self, encoder: RetrievalEncoder, batch_size: int
+    ) -> tuple[dict[str, float], dict[str, Any], ItemScores | None]:
+        """(scores with ``main_score``, extra details for the result, the per-item values or ``None``);
+        ``instruction`` is added to the details."""
         raise NotImplementedError
 
     def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
         """Score ``encoder`` on this task (what is computed: the subclass's ``_scores``)."""
         with stopwatch() as clock:
-            scores, extra = self._scores(encoder, batch_size)
+            scores, extra, items = self._scores(encoder, batch_size)
         return TaskResult(
             task_name=self.name,
             task_type=self.task_type,
@@ -200,6 +248,7 @@ class TaskBase:
             evaluation_time=clock["seconds"],
             model_name=model_name_of(encoder),
             extra={**extra, "instruction": self.instruction},
+            items=items,
         )
 
     def _embed(self, encoder: RetrievalEncoder, texts: Sequence[str], batch_size: int) -> np.ndarray:

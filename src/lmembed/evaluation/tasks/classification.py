@@ -16,7 +16,8 @@ every evaluator it built (one per experiment) re-seeded the global generator wit
 shuffle started from a fresh seed-42 state and permuted the previous order: exactly what mteb 2.x's
 ``_undersample_data`` does explicitly with ``RandomState(seed)`` ("for backward compatibility with
 v1"). The classifier is deterministic (lbfgs ignores ``random_state``), so the result depends only on
-the embeddings. Only the train examples some experiment uses are embedded.
+the embeddings. Only the train examples some experiment uses are embedded. The task reports no per-item
+values (a test row's correctness depends on the probe of each experiment).
 
 Data: ``train.jsonl`` and ``<split>.jsonl`` with rows ``{"text", "label"}`` (``label_text`` optional).
 """
@@ -104,6 +105,11 @@ def _mean_scores(per_experiment: list[dict[str, float]]) -> dict[str, float]:
     return {key: float(np.mean([s[key] for s in per_experiment])) for key in per_experiment[0]}
 
 
+def _used(selections: list[list[int]]) -> list[int]:
+    """The train indices any experiment uses, sorted."""
+    return sorted(set().union(*selections))
+
+
 def load_labelled_texts(path: str | Path) -> tuple[list[str], list[Any]]:
     """Read ``{"text", "label"}`` rows into texts and labels."""
     rows = read_rows(path, ("text", "label"))
@@ -135,6 +141,7 @@ class ClassificationTask(TaskBase):
     subset: str = "default"
     task_type: ClassVar[str] = "Classification"
     main_metric: ClassVar[str] = "accuracy"
+    item_fields: ClassVar[tuple[str, ...]] = ("test_labels", "test_texts")
 
     def __post_init__(self) -> None:
         if len(self.train_texts) != len(self.train_labels) or len(self.test_texts) != len(self.test_labels):
@@ -180,12 +187,19 @@ class ClassificationTask(TaskBase):
             seed=self.seed,
         )
 
-    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    def texts(self) -> list[str]:
+        """The train texts some experiment uses (in index order), then the evaluation texts."""
+        return self._texts(_used(self.experiments()))
+
+    def _texts(self, used: list[int]) -> list[str]:
+        return [self.train_texts[i] for i in used] + self.test_texts
+
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any], None]:
         """Run the experiments and average their scores."""
         selections = self.experiments()
-        used = sorted(set().union(*selections))
+        used = _used(selections)
         position = {index: row for row, index in enumerate(used)}
-        embeddings = self._embed(encoder, [self.train_texts[i] for i in used] + self.test_texts, batch_size)
+        embeddings = self._embed(encoder, self._texts(used), batch_size)
         train_x, test_x = embeddings[: len(used)], embeddings[len(used) :]
         per_experiment = []
         for chosen in selections:
@@ -206,4 +220,4 @@ class ClassificationTask(TaskBase):
             "n_experiments": self.n_experiments,
             "train_examples_embedded": len(used),
         }
-        return scores, extra
+        return scores, extra, None

@@ -24,21 +24,25 @@ scored on the documents that have it. The task score is the mean over all runs a
 mteb 1.x left that k-means unseeded (the global NumPy generator, whose state depended on the
 languages evaluated before), so its published numbers carry k-means noise no seed reproduces;
 ``bench/mteb_fidelity.py`` reports that spread.
+
+The items (for paired comparisons) are the V-measures the task score averages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics.cluster import v_measure_score
 
-from lmembed.evaluation.tasks._common import DEFAULT_SEED, TaskBase, TaskDataError, read_rows
+from lmembed.evaluation.base import ItemScores, ShrinkLimits
+from lmembed.evaluation.tasks._common import DEFAULT_SEED, TaskBase, TaskDataError, read_rows, sample_indices
 from lmembed.protocols import RetrievalEncoder
 
 KMEANS_BATCH_SIZE = 500
@@ -212,7 +216,22 @@ class ClusteringTask(TaskBase):
             start = stop
         return {"v_measures": v_measures}
 
-    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    def shrink(self, limits: ShrinkLimits) -> Self:
+        """Each sub-set on at most ``max_items`` sentences drawn by ``default_rng(seed)`` (one generator for
+        all sets, in order), named ``Name[40 per set]``; itself when no set is larger."""
+        keep = limits.max_items
+        if keep is None or all(len(s.sentences) <= keep for s in self.sets):
+            return self
+        rng = np.random.default_rng(limits.seed)
+        sets = []
+        for cluster_set in self.sets:
+            index = sample_indices(len(cluster_set.sentences), keep, rng) or list(range(len(cluster_set.sentences)))
+            sets.append(ClusterSet([cluster_set.sentences[i] for i in index], [cluster_set.labels[i] for i in index]))
+        return dataclasses.replace(self, name=f"{self.name}[{keep} per set]", sets=sets)
+
+    def _scores(
+        self, encoder: RetrievalEncoder, batch_size: int
+    ) -> tuple[dict[str, float], dict[str, Any], ItemScores]:
         """Embed every distinct sentence once, cluster as the protocol says, average the V-measures."""
         details = self.cluster_scores(self._embed(encoder, self.texts(), batch_size))
         v_measures = details["v_measures"]
@@ -221,4 +240,4 @@ class ClusteringTask(TaskBase):
             "v_measure_std": float(np.std(v_measures)),
         }
         scores["main_score"] = scores["v_measure"]
-        return scores, {**details, "protocol": self.protocol}
+        return scores, {**details, "protocol": self.protocol}, ItemScores.numbered("mean", v_measures)

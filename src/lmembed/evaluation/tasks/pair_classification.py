@@ -9,7 +9,8 @@ distances (where *lower* means "more alike"). For each function MTEB reports
 * ``f1`` (with its ``precision`` and ``recall``): the best F1 over the same thresholds;
 
 and, for each metric, the maximum over the functions (``max_ap``, ``max_f1`` ...). The main score
-is ``max_ap``. Key names follow mteb 2.x: ``cosine_ap``, ``dot_f1``, ``manhattan_accuracy``,
+is ``max_ap``. The items (for paired comparisons) are the pairs: each pair's cosine, judged by average
+precision against its label. Key names follow mteb 2.x: ``cosine_ap``, ``dot_f1``, ``manhattan_accuracy``,
 ``similarity_ap`` ... A threshold is never placed between two equal scores (mteb 2.x's tie rule;
 mteb 1.x would split ties by row order, which only matters when scores tie exactly).
 
@@ -35,9 +36,11 @@ from sklearn.metrics.pairwise import (
     paired_manhattan_distances,
 )
 
+from lmembed.evaluation.base import ItemScores
 from lmembed.evaluation.tasks._common import (
     TaskBase,
     TaskDataError,
+    paired_cosine,
     read_jsonl,
     require_fields,
     require_same_length,
@@ -166,16 +169,24 @@ class PairClassificationTask(TaskBase):
     subset: str = "default"
     task_type: ClassVar[str] = "PairClassification"
     main_metric: ClassVar[str] = "max_ap"
+    item_fields: ClassVar[tuple[str, ...]] = ("labels", "sentence1", "sentence2")
 
     def __post_init__(self) -> None:
         require_same_length(self.name, sentence1=self.sentence1, sentence2=self.sentence2, labels=self.labels)
+
+    def texts(self) -> list[str]:
+        """Both sides of every pair: the first sentences, then the second ones."""
+        return [*self.sentence1, *self.sentence2]
 
     @classmethod
     def _read(cls, file: Path) -> tuple[list[str], list[str], list[int]]:
         return load_pairs(file)
 
-    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    def _scores(
+        self, encoder: RetrievalEncoder, batch_size: int
+    ) -> tuple[dict[str, float], dict[str, Any], ItemScores]:
         """Embed both sides (each distinct sentence once) and compute the threshold metrics."""
         embeddings1, embeddings2 = self._embed_pairs(encoder, self.sentence1, self.sentence2, batch_size)
         scores = pair_classification_scores(embeddings1, embeddings2, self.labels)
-        return scores, {"num_pairs": len(self.sentence1)}
+        items = ItemScores.numbered("ap", paired_cosine(embeddings1, embeddings2), self.labels)
+        return scores, {"num_pairs": len(self.sentence1)}, items

@@ -11,7 +11,7 @@ SciDocsRR, AskUbuntuDupQuestions numbers):
 * per row: ``AP`` = scikit-learn's ``average_precision_score`` of the cosine scores against the
   relevance flags, ``MRR@10`` = 1/rank of the first positive within the top 10 (0 otherwise);
   candidates with equal scores keep their input order, positives first;
-* ``map`` (main score) and ``mrr`` are the means over rows.
+* ``map`` (main score) and ``mrr`` are the means over rows. No per-item values are reported.
 
 mteb 2.x runs these tasks through its retrieval machinery and names the same quantities
 ``map_at_1000`` and ``mrr_at_10``; both names are reported (candidate lists are far below 1000).
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.base import TaskResult, TextsToEmbed
 from lmembed.evaluation.tasks._common import (
     TaskBase,
     TaskDataError,
@@ -40,6 +40,7 @@ from lmembed.evaluation.tasks._common import (
     normalise_rows,
     read_rows,
     stopwatch,
+    unique_texts,
 )
 from lmembed.protocols import RetrievalEncoder
 
@@ -107,6 +108,7 @@ class RerankingTask(TaskBase):
     subset: str = "default"
     task_type: ClassVar[str] = "Reranking"
     main_metric: ClassVar[str] = "map"
+    item_fields: ClassVar[tuple[str, ...]] = ("samples",)
 
     @classmethod
     def _read(cls, file: Path) -> tuple[list[RerankSample]]:
@@ -115,6 +117,15 @@ class RerankingTask(TaskBase):
     def usable_samples(self) -> list[RerankSample]:
         """Rows with at least one positive and one negative (the others are skipped, as in MTEB)."""
         return [s for s in self.samples if s.positive and s.negative]
+
+    def embedded_texts(self) -> list[TextsToEmbed]:
+        """The queries (with the instruction), the sub-queries of listed queries, then the candidates."""
+        samples = self.usable_samples()
+        plain = unique_texts([s.query for s in samples if isinstance(s.query, str)])
+        listed = unique_texts([q for s in samples if isinstance(s.query, list) for q in s.query])
+        documents = unique_texts([d for s in samples for d in (*s.positive, *s.negative)])
+        calls = [TextsToEmbed(plain, "query", self.instruction), TextsToEmbed(listed, "document")]
+        return [call for call in (*calls, TextsToEmbed(documents, "document")) if call.texts]
 
     def _embed_queries(
         self, encoder: RetrievalEncoder, samples: list[RerankSample], batch_size: int
@@ -143,8 +154,8 @@ class RerankingTask(TaskBase):
             raise TaskDataError(f"{self.name}: no row has both a positive and a negative")
         return samples
 
-    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
-        """Score every usable row and average AP and MRR@k."""
+    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any], None]:
+        """Score every usable row and average AP and MRR@k (no per-item values)."""
         samples = self._samples()
         queries = self._embed_queries(encoder, samples, batch_size)
         documents = [d for s in samples for d in (*s.positive, *s.negative)]
@@ -154,7 +165,7 @@ class RerankingTask(TaskBase):
             count = len(sample.positive) + len(sample.negative)
             per_sample.append(candidate_scores(query_emb, doc_emb[start : start + count]))
             start += count
-        return self._aggregate(samples, per_sample)
+        return (*self._aggregate(samples, per_sample), None)
 
     def evaluate_reranker(self, reranker: Reranker) -> TaskResult:
         """Score the rows with ``reranker`` (one call for every pair) instead of cosines; same metrics."""

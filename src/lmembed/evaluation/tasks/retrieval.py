@@ -6,7 +6,8 @@ scoring settings of its MTEB task: cosine similarity, exact top-1000 search, pyt
 :data:`~lmembed.evaluation.metrics.K_VALUES` (MTEB's seven among them) plus MTEB's nAUC keys
 (:mod:`lmembed.evaluation.metrics`). Queries are embedded with ``encode_queries``
 and the task's ``instruction``; documents with ``encode_corpus``, never with an instruction.
-``ndcg_at_10`` is the main score.
+``ndcg_at_10`` is the main score; the result's items (for paired comparisons) are the scored queries,
+each with its own ``ndcg_at_10``.
 
 :func:`score_embeddings` is the same scoring for embeddings computed elsewhere, for callers that
 produce many embedding variants in one pass (the strategy runner).
@@ -33,7 +34,7 @@ from typing import Any, ClassVar, Literal, Self
 import numpy as np
 
 from lmembed.errors import ConfigError
-from lmembed.evaluation.base import TaskResult
+from lmembed.evaluation.base import ItemScores, ShrinkLimits, TaskResult, TextsToEmbed
 from lmembed.evaluation.large_corpus import SearchMethod, corpus_matrix, is_large_corpus, search_corpus, storage_of
 from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, evaluate_run
 from lmembed.evaluation.retrieval_data import RetrievalData, load_beir
@@ -296,6 +297,22 @@ class RetrievalTask:
             self, data=dataclasses.replace(data, name=name), name=name, mteb_dataset_revision=None
         )
 
+    def shrink(self, limits: ShrinkLimits) -> Self:
+        """:meth:`subsample` with the ``relevant-first`` policy (``max_items`` does not apply); itself
+        when neither ``max_docs`` nor ``max_queries`` is set."""
+        if limits.max_docs is None and limits.max_queries is None:
+            return self
+        return self.subsample(
+            max_docs=limits.max_docs, max_queries=limits.max_queries, seed=limits.seed, policy="relevant-first"
+        )
+
+    def embedded_texts(self) -> list[TextsToEmbed]:
+        """The judged queries (with the instruction), then the whole corpus."""
+        return [
+            TextsToEmbed(list(self.data.query_texts), "query", self.instruction),
+            TextsToEmbed(list(self.data.corpus_texts), "document"),
+        ]
+
     def encode(
         self, encoder: RetrievalEncoder, *, batch_size: int = 32
     ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
@@ -363,6 +380,8 @@ class RetrievalTask:
         }
         if scored.corpus_storage is not None:  # a large corpus: how its embeddings were stored and searched
             extra["corpus_embeddings"] = {**scored.corpus_storage, "search": self.search_method}
+        per_query = scored.scores.per_query
+        ids = sorted(per_query)
         return TaskResult(
             task_name=self.name,
             task_type=self.task_type,
@@ -372,4 +391,5 @@ class RetrievalTask:
             evaluation_time=elapsed,
             model_name=model_name,
             extra=extra,
+            items=ItemScores("mean", ids, [float(per_query[q][self.main_metric]) for q in ids]),
         )

@@ -14,6 +14,9 @@ Keys (MTEB 2.x): ``cosine_pearson``, ``cosine_spearman``, ``manhattan_*``, ``euc
 cosine. MTEB reports no dot-product variant for STS; we add ``dot_pearson``/``dot_spearman`` as
 extra keys (they equal the cosine ones for L2-normalised embeddings).
 
+The items (for paired comparisons) are the pairs: each pair's cosine, with the gold scores as the
+reference of a Spearman correlation.
+
 Data: jsonl rows ``{"sentence1", "sentence2", "score"}`` (extra fields are ignored).
 """
 
@@ -32,9 +35,11 @@ from sklearn.metrics.pairwise import (
     paired_manhattan_distances,
 )
 
+from lmembed.evaluation.base import ItemScores
 from lmembed.evaluation.tasks._common import (
     TaskBase,
     TaskDataError,
+    paired_cosine,
     read_rows,
     require_same_length,
 )
@@ -107,16 +112,24 @@ class STSTask(TaskBase):
     subset: str = "default"
     task_type: ClassVar[str] = "STS"
     main_metric: ClassVar[str] = "cosine_spearman"
+    item_fields: ClassVar[tuple[str, ...]] = ("scores", "sentence1", "sentence2")
 
     def __post_init__(self) -> None:
         require_same_length(self.name, sentence1=self.sentence1, sentence2=self.sentence2, scores=self.scores)
+
+    def texts(self) -> list[str]:
+        """Both sides of every pair: the first sentences, then the second ones."""
+        return [*self.sentence1, *self.sentence2]
 
     @classmethod
     def _read(cls, file: Path) -> tuple[list[str], list[str], list[float]]:
         return load_sts_pairs(file)
 
-    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    def _scores(
+        self, encoder: RetrievalEncoder, batch_size: int
+    ) -> tuple[dict[str, float], dict[str, Any], ItemScores]:
         """Embed both sides (each distinct sentence once) and score the pairs."""
         embeddings1, embeddings2 = self._embed_pairs(encoder, self.sentence1, self.sentence2, batch_size)
         scores = sts_scores(embeddings1, embeddings2, self.scores, min_score=self.min_score, max_score=self.max_score)
-        return scores, {"num_pairs": len(self.sentence1)}
+        items = ItemScores.numbered("spearman", paired_cosine(embeddings1, embeddings2), self.scores)
+        return scores, {"num_pairs": len(self.sentence1)}, items

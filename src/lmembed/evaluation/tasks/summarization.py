@@ -8,6 +8,9 @@ scores, or either list of predicted scores, are all equal (a correlation is unde
 Relevance scores are rescaled with ``(x - min_score) / (max_score - min_score)`` as MTEB does,
 which does not change any correlation.
 
+The items (for paired comparisons) are the source texts: each one's Spearman correlation of its best
+cosines against its relevance scores, for the texts where that correlation is defined.
+
 ``legacy_pvalue_bug=True`` reproduces MTEB's original ``SummEval`` numbers: that evaluator averaged
 the (statistic, p-value) pairs scipy returns, so its reported "spearman" is
 ``(mean statistic + mean p-value) / 2`` (mteb issue #1156; mteb 2.x keeps it as
@@ -25,6 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
+from lmembed.evaluation.base import ItemScores
 from lmembed.evaluation.tasks._common import TaskBase, TaskDataError, normalise_rows, read_rows
 from lmembed.protocols import RetrievalEncoder
 
@@ -75,6 +79,13 @@ def summarization_scores(
     return scores
 
 
+def _add_item(items: ItemScores, item_id: str, relevance: list[float], cosine: np.ndarray) -> None:
+    """Add a text's Spearman of its best cosines against its relevance, unless one side is constant."""
+    if len(set(relevance)) > 1 and len(set(cosine.tolist())) > 1:
+        items.ids.append(item_id)
+        items.values.append(float(spearmanr(relevance, cosine)[0]))
+
+
 def load_summarization(path: str | Path) -> list[SummarizationSample]:
     """Read SummEval-format rows."""
     rows = read_rows(path, ("text", "human_summaries", "machine_summaries", "relevance"))
@@ -110,23 +121,31 @@ class SummarizationTask(TaskBase):
     subset: str = "default"
     task_type: ClassVar[str] = "Summarization"
     main_metric: ClassVar[str] = "cosine_spearman"
+    item_fields: ClassVar[tuple[str, ...]] = ("samples",)
 
     @classmethod
     def _read(cls, file: Path) -> tuple[list[SummarizationSample]]:
         return (load_summarization(file),)
 
-    def _scores(self, encoder: RetrievalEncoder, batch_size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    def texts(self) -> list[str]:
+        """Every source text's human summaries, then its machine summaries."""
+        return [t for s in self.samples for t in (*s.human_summaries, *s.machine_summaries)]
+
+    def _scores(
+        self, encoder: RetrievalEncoder, batch_size: int
+    ) -> tuple[dict[str, float], dict[str, Any], ItemScores]:
         """Embed all summaries (each distinct one once) and average the per-text correlations."""
-        texts = [t for s in self.samples for t in (*s.human_summaries, *s.machine_summaries)]
-        embeddings = self._embed(encoder, texts, batch_size)
+        embeddings = self._embed(encoder, self.texts(), batch_size)
         span = self.max_score - self.min_score
         per_text, start = [], 0
-        for sample in self.samples:
+        items = ItemScores("mean", [], [])
+        for number, sample in enumerate(self.samples):
             n_human, n_machine = len(sample.human_summaries), len(sample.machine_summaries)
             human = embeddings[start : start + n_human]
             machine = embeddings[start + n_human : start + n_human + n_machine]
             start += n_human + n_machine
             gold = [(x - self.min_score) / span for x in sample.relevance]
             per_text.append((gold, *predicted_scores(human, machine)))
+            _add_item(items, str(number), sample.relevance, per_text[-1][1])
         scores = summarization_scores(per_text, legacy_pvalue_bug=self.legacy_pvalue_bug)
-        return scores, {"num_texts": len(self.samples), "legacy_pvalue_bug": self.legacy_pvalue_bug}
+        return scores, {"num_texts": len(self.samples), "legacy_pvalue_bug": self.legacy_pvalue_bug}, items

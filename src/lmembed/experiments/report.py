@@ -2,20 +2,22 @@
 
 An experiment folder (written by ``lmembed experiment``) holds ``summary.json``; this module turns it into
 ``summary.md`` and ``summary.png``. It only reads the JSON, so ``lmembed report FOLDER`` can render an
-experiment folder as well as a folder of MTEB-layout results (:func:`lmembed.evaluation.report.render_report`
-calls :func:`render_experiment` when it finds a summary). What the numbers mean is computed in
-:mod:`lmembed.experiments.summary`; the Markdown says it in a line above each table.
+experiment folder as well as a folder of MTEB-layout results: :func:`render_folder` renders the first kind
+here and hands the second to :func:`lmembed.evaluation.report.render_report`. What the numbers mean is
+computed in :mod:`lmembed.experiments.summary`; the Markdown says it in a line above each table.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
+from lmembed.evaluation.report import Report, ScoreTable, render_report, type_rank
 
 SUMMARY_FILE = "summary.json"
 MARKDOWN_FILE = "summary.md"
@@ -225,3 +227,35 @@ def render_experiment(folder: str | Path, out_dir: str | Path) -> tuple[str, dic
     if Path(out_dir).resolve() != Path(folder).resolve():
         files["json"] = atomic_write_text(Path(out_dir) / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     return experiment_markdown(summary), files, summary
+
+
+def experiment_report(folder: str | Path, out_dir: str | Path, *, echo: bool = False) -> Report:
+    """An experiment folder rendered into ``out_dir`` as a :class:`~lmembed.evaluation.report.Report`: its
+    Markdown, the files written, and the arms × tasks mean scores as the score table."""
+    markdown, files, summary = render_experiment(folder, out_dir)
+    types: dict[str, list[str]] = defaultdict(list)
+    for task in summary["tasks"]:
+        if task["scale"] == 100.0:
+            types[task["task_type"]].append(task["name"])
+    scores = {
+        (arm["name"], f"{arm['runs']} run(s)"): {
+            name: cell["mean"] for name, cell in summary["scores"].get(arm["name"], {}).items() if name != "train loss"
+        }
+        for arm in summary["arms"]
+    }
+    ordered = {t: types[t] for t in sorted(types, key=type_rank)}
+    if echo:
+        print(markdown)
+    return Report(
+        markdown=markdown, table=ScoreTable(rows=list(scores), task_types=ordered, scores=scores), files=files
+    )
+
+
+def render_folder(
+    results_dir: str | Path, out_dir: str | Path, *, title: str = "lmembed results", echo: bool = False
+) -> Report:
+    """What ``lmembed report`` renders: an experiment folder as an experiment (:func:`experiment_report`),
+    any other folder as a table of its results (:func:`~lmembed.evaluation.report.render_report`)."""
+    if is_experiment_folder(results_dir):
+        return experiment_report(results_dir, out_dir, echo=echo)
+    return render_report(results_dir, out_dir, title=title, echo=echo)
