@@ -377,3 +377,16 @@ def test_llm2vec_mntp_folder_alone(tmp_path):
     emb = embedder(mntp)
     assert emb.published.reason == "folder name LLM2Vec-tiny-mntp"
     assert_close(emb.encode_corpus(DOCS), llm2vec_reference(base, mntp, None, DOCS, ""))
+
+
+def test_saving_a_published_model_keeps_its_conventions(tmp_path):
+    supervised = llm2vec_checkpoints(tmp_path)[2]
+    grit = save_tiny(hub_snapshot(tmp_path, "GritLM/GritLM-7B"), "mistral", bos=True)
+    for source in (grit, supervised):
+        emb = embedder(source)
+        again = embedder(emb.save(tmp_path / f"saved-{source.name}"))
+        assert again.published is None and again.config == emb.config  # lmembed.json, not a preset, decides now
+        assert np.allclose(
+            again.encode_queries(QUERIES, instruction=TASK), emb.encode_queries(QUERIES, instruction=TASK)
+        )
+        assert np.allclose(again.encode_corpus(DOCS), emb.encode_corpus(DOCS), atol=1e-6)

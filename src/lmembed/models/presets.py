@@ -223,6 +223,10 @@ PRESETS: tuple[Preset, ...] = (
         verified="refused: lmembed's latent-attention head (pooling/latent_attention.py) has no LayerNorms, uses "
         "nn.MultiheadAttention (head width hidden/heads, with biases) and a GELU MLP, so NV-Embed's weights do not "
         "map onto it",
+        limits="reproducing it needs three things lmembed lacks: a head with its math (PreNorm cross-attention, "
+        "GEGLU) loaded from latent_attention_model.*, the Mistral weights read from embedding_model.* of an "
+        "NVEmbedModel checkpoint, and its pool mask, which zeroes the first len(tokenizer.tokenize(instruction)) "
+        "positions, so BOS is dropped and the instruction's last token is pooled",
         refused="its latent-attention pooling (LayerNorm'd cross-attention with 8 heads of width 4096, a GEGLU "
         "feed-forward) is not the head lmembed implements (nn.MultiheadAttention with biases, a GELU MLP, no "
         "norms), so its checkpoint's weights cannot be read into it; vectors would be wrong",
