@@ -153,6 +153,12 @@ CASES = [
         ["unknown instruction set 'nope'"],
     ),
     ("eval-grid-key", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "colour=red"], ["colour"]),
+    ("eval-grid-dim", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "dim=big"], ["dim='big'"]),
+    (
+        "eval-grid-final-norm",
+        ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "final_norm=maybe"],
+        ["final_norm='maybe'"],
+    ),
     (
         "eval-grid-pooling",
         ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "pooling=mean,maxx", "-o", "{tmp}/r"],

@@ -108,6 +108,25 @@ def test_structural_errors_are_reported():
         apply_overrides(recipe, {"stepz": 1})
 
 
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({"kind": "beir", "options": {"colour": 1}}, r"step 1: options: unknown key\(s\) colour; known: min_score"),
+        ({"kind": "classification", "options": {"split": "dev"}}, r"options: unknown key\(s\) split"),
+        ({"kind": "rows", "options": {"mode": "auto"}}, r"known: none"),
+        ({"kind": "sts", "mine": {"teacher": "m", "k": "many"}}, r"mine\.k must be a whole number, got 'many'"),
+        ({"kind": "pairs", "mine": {"teacher": "m", "methd": "x"}}, r"mine: unknown key\(s\) methd; known: .*method"),
+        ({"kind": "beir", "seed": "x"}, r"seed must be a whole number"),
+    ],
+)
+def test_prepare_step_values_are_checked_when_the_recipe_is_read(step, message):
+    """A prepare step's options and mining keys reach a converter or the miner as keywords: a wrong one is
+    refused when the recipe is read, naming the step, not as a TypeError when the step runs."""
+    recipe = {"model": "m", "stages": [{"name": "a"}], "prepare": [{"name": "p", "input": "x", **step}]}
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe(recipe, Path("r.yaml"))
+
+
 def test_unknown_stage_option_names_the_stage(tmp_path, tiny_dir):
     data = _write_jsonl(tmp_path / "d.jsonl", [{"query": "q", "positive": "p"}] * 4)
     recipe = parse_recipe(

@@ -49,9 +49,16 @@ def _parse_grid_value(key: str, value: str, num_layers: int) -> Any:
     if key in ("echo",):
         return value.lower() in ("1", "true", "yes", "on")
     if key == "final_norm":
-        return {"none": None, "true": True, "false": False}[value.lower()]
+        choices = {"none": None, "true": True, "false": False}
+        if value.lower() not in choices:
+            raise ConfigError(f"--grid final_norm={value!r}: use none, true or false")
+        return choices[value.lower()]
     if key == "dim":
-        return None if value.lower() == "none" else int(value)
+        if value.lower() == "none":
+            return None
+        if not value.strip().isdigit():
+            raise ConfigError(f"--grid dim={value!r}: use a whole number of dimensions or none")
+        return int(value)
     return value
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import logging
 import re
@@ -173,6 +174,55 @@ def _check_prepare(where: str, step: Any, seen: set[str]) -> None:
         raise RecipeError(f"{where}: kind {step.get('kind')!r} is unknown; choose one of {PREPARE_KINDS}")
     if "input" not in step:
         raise RecipeError(f"{where}: a prepare step needs an 'input'")
+    _check_step_values(where, step)
+
+
+#: Each prepare kind's converter; a step's ``options`` go to it, beside the arguments the recipe passes itself.
+_CONVERTERS = {
+    "beir": conv.beir_rows,
+    "classification": conv.classification_rows,
+    "clustering": conv.clustering_rows,
+    "sts": conv.sts_rows,
+    "pairs": conv.pair_rows,
+}
+_PASSED = {"instruction", "task", "max_rows", "seed"}
+_PASSED_BY_KIND = {"beir": {"split"}, "sts": {"teacher", "num_negatives", "mining"}}
+#: The keys of a step's ``mine`` the recipe reads itself (the others go to :func:`mine_hard_negatives`).
+_MINE_OWN = {"teacher", "teacher_options", "corpus", "max_corpus"}
+
+
+def _keywords(function: Any) -> set[str]:
+    """The parameters of ``function`` that can be given by name, but its first (the data)."""
+    params = list(inspect.signature(function).parameters.values())[1:]
+    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def _check_step_values(where: str, step: dict[str, Any]) -> None:
+    """A prepare step's numbers are whole numbers and its ``options``/``mine`` keys are ones the converter and
+    the miner take (found here, naming the step, rather than as a TypeError when the step runs)."""
+    mine = step.get("mine")
+    numbers = {key: step.get(key) for key in ("seed", "max_rows")}
+    if isinstance(mine, dict):
+        numbers |= {f"mine.{key}": mine.get(key) for key in ("k", "max_corpus")}
+    for key, value in numbers.items():
+        try:
+            int(value) if value is not None else None
+        except (TypeError, ValueError):
+            raise RecipeError(f"{where}: {key} must be a whole number, got {value!r}") from None
+    options = step.get("options") or {}
+    if not isinstance(options, dict):
+        raise RecipeError(f"{where}: options must be a mapping")
+    converter = _CONVERTERS.get(step["kind"])
+    passed = _PASSED | _PASSED_BY_KIND.get(step["kind"], set())
+    _refuse_unknown(where, "options", options, _keywords(converter) - passed if converter else set())
+    if isinstance(mine, dict):
+        _refuse_unknown(where, "mine", mine, _keywords(mine_hard_negatives) - {"rows", "corpus", "stats"} | _MINE_OWN)
+
+
+def _refuse_unknown(where: str, what: str, given: Mapping[str, Any], known: set[str]) -> None:
+    if unknown := sorted(set(given) - known):
+        known_keys = ", ".join(sorted(known)) or "none"
+        raise RecipeError(f"{where}: {what}: unknown key(s) {', '.join(unknown)}; known: {known_keys}")
 
 
 def parse_recipe(data: Mapping[str, Any], source: Path | None = None) -> Recipe:
