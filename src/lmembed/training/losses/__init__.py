@@ -8,6 +8,8 @@ module              holds
 :mod:`.triplet`     ``TripletLoss`` with a margin
 :mod:`.angle`       ``AnglELoss`` (CoSENT + in-batch + angle terms) for scored pairs
 :mod:`.matryoshka`  ``MatryoshkaLoss``, any loss over nested leading dimensions
+:mod:`.rerank`      ``PointwiseBCELoss``, ``ListwiseSoftmaxLoss``: a reranker's logits of groups (not registered
+                    here: ``lmembed.training.reranker`` picks them by name)
 :mod:`.factory`     ``build_training_loss``: the trainer's loss from a ``TrainConfig``
 =================== ==================================================================
 
@@ -45,6 +47,7 @@ from lmembed.training.losses.angle import AnglELoss, angle_similarity, cosent_lo
 from lmembed.training.losses.gte import GTELoss
 from lmembed.training.losses.infonce import InfoNCELoss, Similarity, pairwise_similarity, similarity_matrix
 from lmembed.training.losses.matryoshka import MatryoshkaLoss
+from lmembed.training.losses.rerank import ListwiseSoftmaxLoss, PointwiseBCELoss
 from lmembed.training.losses.triplet import TripletLoss
 
 __all__ = [
@@ -54,8 +57,10 @@ __all__ = [
     "AnglELoss",
     "GTELoss",
     "InfoNCELoss",
+    "ListwiseSoftmaxLoss",
     "LossSpec",
     "MatryoshkaLoss",
+    "PointwiseBCELoss",
     "Similarity",
     "TripletLoss",
     "angle_similarity",
