@@ -111,6 +111,9 @@ class EmbeddingConfig:
     head: tuple[dict[str, Any], ...] = ()
     route: str | None = None
 
+    def __hash__(self) -> int:  # prompts and head are dicts: hash the JSON form (equal configs, equal hashes)
+        return hash(self.to_json())
+
     def __post_init__(self) -> None:
         if isinstance(self.layer, list):
             object.__setattr__(self, "layer", tuple(self.layer))
@@ -159,6 +162,18 @@ class EmbeddingConfig:
             validate_head_layer(layer, f"head[{i}]")
         if self.head and self.pooling == "latent_attention":
             raise ConfigError("a post-pooling head cannot follow pooling='latent_attention'")
+
+    def named_prompt(self, name: str | None) -> str | None:
+        """The prompt called ``name`` (None: the default prompt, if the model has one); an unknown name is a
+        :class:`ConfigError` listing the known ones."""
+        if name is None:
+            name = self.default_prompt_name
+            if name is None:
+                return None
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none: the model declares no prompts"
+            raise ConfigError(f"prompt_name={name!r} is not one of the model's prompts ({known})")
+        return self.prompts[name] or None
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -253,6 +268,19 @@ class EmbeddingConfig:
         if self.dim:
             parts.append(f"d{self.dim}")
         return "+".join(parts)
+
+
+def for_side(config: EmbeddingConfig, side: str, instruction: str | None = None) -> tuple[EmbeddingConfig, str | None]:
+    """How ``side`` (``"query"`` or ``"document"``) texts are read under ``config``: the strategy (an asymmetric
+    model's head reads that side's route) and the prefix: for queries ``instruction`` or the strategy's
+    ``query_instruction``, for documents the strategy's ``document_instruction`` (a published model's prompts)."""
+    if side not in ("query", "document"):
+        raise ConfigError(f"side={side!r} must be 'query' or 'document'")
+    if any(layer.get("route") for layer in config.head) and config.route != side:
+        config = config.with_options(route=side)
+    if side == "query":
+        return config, instruction or config.query_instruction
+    return config, config.document_instruction
 
 
 def validate_head_layer(layer: Any, where: str) -> None:

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from lmembed.atomic import atomic_folder, atomic_write_text
-from lmembed.config import EmbeddingConfig
+from lmembed.config import EmbeddingConfig, for_side
 from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import wants_eos
@@ -351,7 +351,7 @@ class Embedder:
         prompt can be named (``prompt_name``, one of ``config.prompts``); without either, its default prompt
         (``default_prompt_name``) applies, as in sentence-transformers' ``encode``."""
         if instruction is None:
-            instruction = self._named_prompt(prompt_name)
+            instruction = self.config.named_prompt(prompt_name)
         return self._encode_as(texts, batch_size, instruction, self.config)
 
     def encode_queries(
@@ -359,14 +359,14 @@ class Embedder:
     ) -> np.ndarray:
         """Embed queries; ``instruction`` (or the strategy's ``query_instruction``: a published model's query
         prompt) is prepended."""
-        config = self._routed("query")
-        return self._encode_as(texts, batch_size, instruction or config.query_instruction, config)
+        config, prefix = for_side(self.config, "query", instruction)
+        return self._encode_as(texts, batch_size, prefix, config)
 
     def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
         """Embed documents: with the strategy's ``document_instruction`` (a published model's document prompt)
         where it has one, else as they are."""
-        config = self._routed("document")
-        return self._encode_as(texts, batch_size, config.document_instruction, config, corpus=True)
+        config, prefix = for_side(self.config, "document")
+        return self._encode_as(texts, batch_size, prefix, config, corpus=True)
 
     def _encode_as(
         self,
@@ -380,24 +380,6 @@ class Embedder:
         return self.executor.run(self, texts, [config], instruction=instruction, batch_size=batch_size, corpus=corpus)[
             0
         ]
-
-    def _named_prompt(self, prompt_name: str | None) -> str | None:
-        """The prompt string called ``prompt_name`` (else the default prompt, if any); refuses an unknown name."""
-        prompts = self.config.prompts
-        if prompt_name is None:
-            prompt_name = self.config.default_prompt_name
-            if prompt_name is None:
-                return None
-        if prompt_name not in prompts:
-            known = ", ".join(sorted(prompts)) or "none: the model declares no prompts"
-            raise ConfigError(f"prompt_name={prompt_name!r} is not one of the model's prompts ({known})")
-        return prompts[prompt_name] or None
-
-    def _routed(self, task: str) -> EmbeddingConfig:
-        """The strategy for ``task`` (query or document): an asymmetric model's head reads that task's route."""
-        if any(layer.get("route") for layer in self.config.head) and self.config.route != task:
-            return self.config.with_options(route=task)
-        return self.config
 
     def encode_strategies(
         self,

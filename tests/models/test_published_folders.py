@@ -364,3 +364,112 @@ def test_the_cli_refuses_in_one_line_with_exit_2(cls_folder, tmp_path):
     assert result.exit_code == 2
     assert "unknown pooling flag(s) colour" in result.output
     assert "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------------------------------------- asymmetric models
+def test_a_router_gives_queries_and_documents_their_own_layers(tmp_path):
+    backbone = tiny_backbone(tmp_path, "encoder")
+    torch.manual_seed(2)
+    router = modules.Router.for_query_document(
+        query_modules=[modules.Dense(32, 10, activation_function=torch.nn.Tanh())],
+        document_modules=[modules.Dense(32, 10, activation_function=torch.nn.Identity())],
+    )
+    stack = [
+        modules.Transformer(str(backbone), max_seq_length=MAX_SEQ_LENGTH),
+        modules.Pooling(32, pooling_mode="mean", include_prompt=False),
+        router,
+        modules.Normalize(),
+    ]
+    model = st.SentenceTransformer(modules=stack, prompts=PROMPTS, device="cpu")
+    model.save(str(tmp_path / "model"))
+    theirs = st.SentenceTransformer(str(tmp_path / "model"), device="cpu")
+    ours = load(tmp_path / "model")
+    assert ours.dim == 10
+    assert_same(ours.encode_queries(TEXTS), theirs.encode_query(TEXTS), exact=True)
+    assert_same(ours.encode_corpus(TEXTS), theirs.encode_document(TEXTS), exact=True)
+    assert_same(ours.encode(TEXTS), theirs.encode(TEXTS), exact=True)  # no task: the default (document) route
+
+
+# ---------------------------------------------------------------------------------------------- every way in
+def test_lmembed_encode_with_a_prompt_name(cls_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmembed.cli import app
+
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    theirs = st.SentenceTransformer(str(cls_folder), device="cpu")
+    for extra, expected in (
+        (["--prompt-name", "x"], theirs.encode(TEXTS, prompt_name="x")),
+        ([], theirs.encode(TEXTS)),
+    ):
+        out = tmp_path / "v.npy"
+        argv = ["encode", str(tmp_path / "texts.txt"), "-o", str(out), "--model", str(cls_folder), "--no-cache", *extra]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        assert_same(np.load(out), expected, exact=True)
+
+
+def test_index_search_scores_are_the_published_models(cls_folder, tmp_path):
+    from lmembed.index import Index
+
+    docs = [(f"d{i}", text) for i, text in enumerate(TEXTS)]
+    ours = load(cls_folder)
+    index = Index.build(ours, docs, tmp_path / "index")
+    theirs = st.SentenceTransformer(str(cls_folder), device="cpu")
+    expected = theirs.encode_query(["cat on a mat"]) @ theirs.encode_document(TEXTS).T
+    hits = index.search("cat on a mat", k=len(TEXTS))
+    assert [h.id for h in hits] == [f"d{i}" for i in np.argsort(-expected[0])]
+    np.testing.assert_allclose([h.score for h in hits], np.sort(expected[0])[::-1], atol=1e-4)
+
+
+def test_the_server_embeds_queries_and_documents_as_the_model_does(cls_folder):
+    import httpx
+
+    from lmembed.serving.app import create_app
+    from lmembed.serving.server import BackgroundServer
+
+    theirs = st.SentenceTransformer(str(cls_folder), device="cpu")
+    app = create_app(load(cls_folder), model_name="published")
+    with BackgroundServer(app) as server:
+        for input_type, expected in (
+            ("query", theirs.encode_query(TEXTS)),
+            ("document", theirs.encode_document(TEXTS)),
+            (None, theirs.encode(TEXTS)),
+        ):
+            body = {"model": "published", "input": TEXTS, **({"input_type": input_type} if input_type else {})}
+            reply = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            vectors = np.array([row["embedding"] for row in reply.json()["data"]], dtype=np.float32)
+            assert_same(vectors, expected, exact=True)
+
+
+def test_lmembed_eval_scores_the_published_models_vectors(cls_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmembed.cli import app
+    from lmembed.evaluation.tasks.retrieval import RetrievalTask
+
+    data = tmp_path / "toy"
+    (data / "qrels").mkdir(parents=True)
+    docs = {f"d{i}": text for i, text in enumerate(TEXTS)}
+    queries = {"q1": "cat mat", "q2": "horse riding man", "q3": "protein"}
+    qrels = [("q1", "d0"), ("q2", "d2"), ("q3", "d3")]
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in docs.items()))
+    (data / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items()))
+    (data / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in qrels)
+    )
+    out = tmp_path / "results"
+    argv = ["eval", "--model", str(cls_folder), "--data", str(data), "-o", str(out), "--no-cache"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    written = json.loads(next(out.rglob("toy.json")).read_text())
+    assert written["scores"]["test"][0]["main_score"] > 0
+    task = RetrievalTask.from_path(data, name="toy")
+    theirs = st.SentenceTransformer(str(cls_folder), device="cpu")
+    expected = task.score_embeddings(
+        theirs.encode_query(task.data.query_texts), theirs.encode_document(task.data.corpus_texts), model_name="st"
+    )
+    scores = written["scores"]["test"][0]
+    assert scores["main_score"] == pytest.approx(expected.main_score, abs=1e-6)
+    assert scores["ndcg_at_1"] == pytest.approx(expected.scores["ndcg_at_1"], abs=1e-6)

@@ -53,6 +53,14 @@ def encode(
     model: ModelOpt = "minilm",
     field: Annotated[str, typer.Option(help="Text field of .jsonl rows.")] = "text",
     instruction: InstructionOpt = None,
+    prompt_name: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt-name",
+            help="One of a published model's own prompts (its config_sentence_transformers.json), e.g. query; "
+            "without it (and --instruction) the model's default prompt applies, if it has one.",
+        ),
+    ] = None,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
@@ -70,7 +78,7 @@ def encode(
         return
     texts = read_texts(check_input_file(input, "INPUT"), field)
     emb = load_embedder(model, options)
-    vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction)
+    vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction, prompt_name=prompt_name)
     write_vectors(vectors, texts, output)
     console.print(f"wrote {vectors.shape[0]} × {vectors.shape[1]} vectors ({emb.config.label()}) to {output}")
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from lmembed.config import ConfigError, EmbeddingConfig
+from lmembed.config import ConfigError, EmbeddingConfig, for_side
 from lmembed.evaluation.base import Task, TaskResult
 from lmembed.evaluation.results import write_result
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
@@ -151,8 +151,8 @@ def evaluate_retrieval_strategies(
     start = time.perf_counter()
     data = task.data
     embedder.backend.ensure_calibration([*data.query_texts, *data.corpus_texts])
-    queries = embedder.encode_strategies(data.query_texts, configs, instruction=task.instruction, batch_size=batch_size)
-    corpus = embedder.encode_strategies(data.corpus_texts, configs, batch_size=batch_size)
+    queries = encode_side(embedder, data.query_texts, configs, "query", task.instruction, batch_size)
+    corpus = encode_side(embedder, data.corpus_texts, configs, "document", None, batch_size)
     encode_s = time.perf_counter() - start
     out = []
     for cfg, q, c in zip(configs, queries, corpus, strict=True):
@@ -164,6 +164,28 @@ def evaluate_retrieval_strategies(
         result.extra["texts_encoded"] = len(data.query_texts) + len(data.corpus_texts)
         out.append(StrategyResult(cfg, result))
     return out
+
+
+def encode_side(
+    embedder: StrategyEncoder,
+    texts: Sequence[str],
+    configs: Sequence[EmbeddingConfig],
+    side: str,
+    instruction: str | None,
+    batch_size: int,
+) -> list[np.ndarray]:
+    """Every strategy's vectors of ``texts`` read as ``side`` (queries: the task's instruction or the strategy's
+    query prompt; documents: a published model's document prompt), one shared call per distinct prefix."""
+    sides = [for_side(cfg, side, instruction) for cfg in configs]
+    out: list[np.ndarray | None] = [None] * len(configs)
+    for prefix in dict.fromkeys(prefix for _, prefix in sides):
+        picked = [i for i, (_, p) in enumerate(sides) if p == prefix]
+        vectors = embedder.encode_strategies(
+            texts, [sides[i][0] for i in picked], instruction=prefix, batch_size=batch_size
+        )
+        for i, vec in zip(picked, vectors, strict=True):
+            out[i] = vec
+    return out  # type: ignore[return-value]
 
 
 def evaluate_strategies(

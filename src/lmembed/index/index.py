@@ -173,8 +173,9 @@ class Index:
         elif kind_params or kind != "flat":
             raise TypeError("give either params= or kind=/index parameters, not both")
         if dim is not None:
-            if dim > embedder.backbone.hidden_size:
-                raise ConfigError(f"dim={dim} is more than the model's {embedder.backbone.hidden_size} dimensions")
+            width = embedder.engine.output_dim(embedder.config)
+            if dim > width:
+                raise ConfigError(f"dim={dim} is more than the model's {width} dimensions")
             embedder = embedder.with_config(embedder.config.with_options(dim=dim))
         target = Path(path) if path is not None else None
         if target is not None:

@@ -62,7 +62,7 @@ def model_fingerprint(embedder: Embedder) -> str:
     """The backbone's weights fingerprint, joined with a hash of a pooling head's weights if it has one."""
     fingerprint = embedder.backbone.fingerprint()
     head = embedder.pooling_head
-    if head is not None and embedder.config.pooling == "latent_attention":
+    if head is not None and (embedder.config.pooling == "latent_attention" or embedder.config.head):
         digest = hashlib.blake2b(digest_size=16)
         for name, tensor in sorted(head.state_dict().items()):
             digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())

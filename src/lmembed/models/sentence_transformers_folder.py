@@ -411,6 +411,7 @@ def _read_router(published: PublishedModel, folder: Path) -> list[dict[str, Any]
                     "routes hold only Dense/LayerNorm/Normalize modules after one shared Transformer and Pooling"
                 )
             specs.extend(_read_head_module(published, kind, folder / module_id, route=task))
+    published.decide("route", "document", source)  # texts without a task take the default (documents') route
     return specs
 
 

@@ -298,7 +298,7 @@ class EncodeJob:
         return np.load(target, mmap_mode="r")
 
     def _dim(self, config: EmbeddingConfig) -> int:
-        return config.dim or self.embedder.backbone.hidden_size
+        return config.dim or self.embedder.engine.output_dim(config)
 
     def _fill(self, out: np.ndarray, plan: ShardPlan, index: int) -> None:
         config, cache = self.configs[index], self.caches[index]

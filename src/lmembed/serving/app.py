@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lmembed import __version__
+from lmembed.config import for_side
 from lmembed.embedder import Embedder, postprocess
 from lmembed.encoding.engine import EncodingEngine
 from lmembed.index import Index
@@ -99,12 +100,12 @@ class ServerState:
         return {self.model_name}
 
     def instruction_for(self, input_type: str | None, instruction: str | None) -> str | None:
-        """Queries get the request's instruction or the strategy's; documents none (as ``encode_corpus``)."""
-        if input_type == "document":
-            return None
-        if input_type == "query":
-            return instruction or self.config.query_instruction
-        return instruction
+        """Queries get the request's instruction or the strategy's, documents the strategy's document prompt (as
+        ``encode_queries``/``encode_corpus``); other texts the request's instruction or the model's default prompt
+        (as ``encode``)."""
+        if input_type in ("query", "document"):
+            return for_side(self.config, input_type, instruction)[1]
+        return instruction or self.config.named_prompt(None)
 
     async def embed(
         self, texts: list[str], instruction: str | None, dimensions: int | None, field: str

@@ -121,7 +121,7 @@ class TokenBudgetBatcher:
         self.config = config
         self.max_batch_tokens = max_batch_tokens
         self.metrics = metrics
-        self.hidden = engine.backbone.hidden_size if width is None else width  # columns of each item's output
+        self.hidden = engine.output_dim(config) if width is None else width  # columns of each item's output
         self._groups: dict[str | None, _Group] = {}
         self._waiting = 0
         self._seq = count()
