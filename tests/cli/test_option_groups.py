@@ -50,14 +50,14 @@ def test_commands_that_load_a_model_take_the_model_options(commands):
     takers = {
         name for name, command in commands.items() if any(g.kind is ModelOptions for g in _groups(command).values())
     }
-    assert takers == {"encode", "eval", "index build", "serve", "export", "doctor"}
+    assert takers == {"encode", "eval", "index build", "serve", "export", "doctor", "mine"}
     engines = {
         name for name, command in commands.items() if any(g.kind is EngineOptions for g in _groups(command).values())
     }
     assert engines == {"encode", "eval", "index build"}
 
 
-@pytest.mark.parametrize("name", ["encode", "eval", "index build", "serve", "export", "doctor"])
+@pytest.mark.parametrize("name", ["encode", "eval", "index build", "serve", "export", "doctor", "mine"])
 def test_each_offers_exactly_the_model_options_flags_less_its_exclusions(commands, name):
     (group,) = [g for g in _groups(commands[name]).values() if g.kind is ModelOptions]
     expected = {spec.name for spec in flags_of(ModelOptions).values()}

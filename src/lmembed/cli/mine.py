@@ -21,15 +21,15 @@ from rich.console import Console
 
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
-    DEFAULT_DEVICE,
     BatchSizeOpt,
-    DeviceOpt,
+    Exclude,
     InstructionOpt,
-    NoCacheOpt,
-    PoolingOpt,
     check_writable,
+    load_embedder,
+    options_command,
 )
 from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
+from lmembed.options import ModelOptions
 from lmembed.training.converters import beir_rows
 
 METHOD_HELP = (
@@ -38,6 +38,11 @@ METHOD_HELP = (
 )
 
 
+#: The teacher's options: its pooling, device and cache (the rest stay the model's own).
+TEACHER = Exclude("layer", "attention", "echo", "dim", "max_length", "dtype", "backend", "precision", "calibration")
+
+
+@options_command
 def mine(
     teacher: Annotated[str, typer.Option("--teacher", "-t", help="Teacher model: bundled name, folder or Hub id.")],
     data: Annotated[Path, typer.Option("--data", help="Training rows (JSONL) or a BEIR folder.")],
@@ -52,20 +57,15 @@ def mine(
     ] = None,
     split: Annotated[str, typer.Option("--split", help="Qrels split when --data is a BEIR folder.")] = "train",
     instruction: InstructionOpt = None,
-    pooling: PoolingOpt = None,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
-    device: DeviceOpt = DEFAULT_DEVICE,
     scores: Annotated[bool, typer.Option("--scores", help="Also write the teacher scores.")] = False,
-    no_cache: NoCacheOpt = False,
+    options: Annotated[ModelOptions, TEACHER] = ModelOptions(),
 ) -> None:
     """Mine hard negatives for training rows with a teacher embedding model."""
-    from lmembed import Embedder  # lazy: torch loads only when the command runs
-
     check_writable(output, "--output")
     rows = beir_rows(data, split=split) if data.is_dir() else read_rows(data)
     docs = load_corpus(corpus) if corpus else None
-    options = {"pooling": pooling} if pooling else {}
-    model = Embedder.from_pretrained(teacher, device=device, cache=not no_cache, **options)
+    model = load_embedder(teacher, options)
     stats = MiningStats()
     mined = mine_hard_negatives(
         model,

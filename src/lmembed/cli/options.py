@@ -185,7 +185,7 @@ def options_command(command: Callable[..., Any]) -> Callable[..., Any]:
 def load_embedder(model: str, options: ModelOptions, **strategy: Any) -> Embedder:
     """An :class:`~lmembed.embedder.Embedder` from command-line option values (``backend``, ``precision`` and
     ``calibration`` checked first by :func:`check_backend`)."""
-    from lmembed.embedder import Embedder  # lazy: torch loads only when a command runs, not for --help
+    from lmembed import Embedder  # lazy: torch loads only when a command runs, not for --help
 
     texts = check_backend(options.backend, options.precision, options.calibration)
     emb = Embedder.from_pretrained(model, **options.loading(), **strategy)
