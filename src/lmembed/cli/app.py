@@ -11,9 +11,17 @@ from lmembed.cli import cache, doctor, encode, evaluate, experiment, export, ind
 from lmembed.cli.boundary import GuardedGroup
 from lmembed.paths import DEBUG_ENV_VAR, VERBOSE_ENV_VAR
 
+#: What lmembed is, as the root help says it.
+ROOT_HELP = (
+    "lmembed: turn language models into text-embedding models and put them to work. Extract embeddings with any "
+    "pooling, layer or attention (encode, doctor), evaluate MTEB-exact (eval, sweep, report), train and mine "
+    "hard negatives (train, mine, experiment), build, search and rerank indexes (index, search), serve an "
+    "OpenAI-compatible API (serve), export to ONNX and int8 (export); --engine ray scales encoding out."
+)
+
 app = typer.Typer(
     cls=GuardedGroup,
-    help="lmembed: turn language models into text-embedding models; extract, train, evaluate.",
+    help=ROOT_HELP,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
@@ -57,7 +65,7 @@ def root(
         ),
     ] = False,
 ) -> None:
-    """lmembed: turn language models into text-embedding models; extract, train, evaluate."""
+    # the root help is ROOT_HELP (typer prefers a callback's docstring, so this callback has none)
     show_step_log(verbose)
 
 

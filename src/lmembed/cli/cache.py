@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from lmembed.encoding.cache import cache_size, clear_cache
 from lmembed.paths import embedding_cache_dir
 
 app = typer.Typer(help="Inspect or clear the embedding cache.", no_args_is_help=True)
@@ -20,6 +19,8 @@ DirectoryOpt = Annotated[
 @app.command("clear")
 def clear(directory: DirectoryOpt = None) -> None:
     """Delete every cached embedding."""
+    from lmembed.encoding.cache import clear_cache  # lazy: keeps --help fast
+
     removed = clear_cache(directory)
     Console(stderr=True).print(f"removed {removed} cache shard(s) from {directory or embedding_cache_dir()}")
 
@@ -27,5 +28,7 @@ def clear(directory: DirectoryOpt = None) -> None:
 @app.command("info")
 def info(directory: DirectoryOpt = None) -> None:
     """Show where the cache is and how big it is."""
+    from lmembed.encoding.cache import cache_size  # lazy: keeps --help fast
+
     files, size = cache_size(directory)
     Console(stderr=True).print(f"{directory or embedding_cache_dir()}: {files} shard(s), {size / 2**20:.1f} MiB")

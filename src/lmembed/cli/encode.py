@@ -8,8 +8,8 @@ from typing import Annotated
 
 import numpy as np
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.atomic import atomic_write, atomic_write_text
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
@@ -26,7 +26,7 @@ from lmembed.cli.options import (
 from lmembed.io import read_text_lines, read_texts_field
 from lmembed.options import EngineOptions, ModelOptions
 
-console = Console(stderr=True)
+console = terminal.console(stderr=True)
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_PRECISION,
@@ -28,21 +28,10 @@ from lmembed.cli.rerank import (
     RerankTopKOpt,
     evaluate_in_stages,
 )
-from lmembed.evaluation.instructions import published_instructions
-from lmembed.evaluation.main_job import (
-    MAIN_JOB_METRICS,
-    instruction_lookup,
-    resolve_eval_tasks,
-    run_main_job,
-    suite_summary_lines,
-)
-from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
-from lmembed.evaluation.sweep import run_sweep
-from lmembed.experiments.report import render_folder
 from lmembed.options import EngineOptions, ModelOptions
 
-console = Console(stderr=True)
-out_console = Console()
+console = terminal.console(stderr=True)
+out_console = terminal.console()
 
 DataOpt = Annotated[
     list[str] | None,
@@ -90,6 +79,11 @@ def eval_command(
 
     With --engine ray every encoding runs as a sharded job on Ray (workers load the model themselves) and
     retrieval corpora are searched memory-mapped from the embedding cache; scores equal --engine local's."""
+    # lazy (here and below): the evaluation stack imports scikit-learn and SciPy, seconds that --help must not pay
+    from lmembed.evaluation.instructions import published_instructions
+    from lmembed.evaluation.main_job import instruction_lookup, resolve_eval_tasks, suite_summary_lines
+    from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
+
     check_writable(output, "--output", folder=True)
     check_engine(engine, options)
     if not model and not data and not suite:
@@ -142,6 +136,9 @@ def _progress(progress: Any) -> None:
 
 
 def _main_job(output: Path, batch_size: int, backend: str | None, precision: str) -> None:
+    from lmembed.evaluation.main_job import MAIN_JOB_METRICS, run_main_job
+    from lmembed.evaluation.runner import results_table
+
     check_backend(backend, precision, None)
     console.print("[bold]lmembed main job[/]: bundled models on SciFact (cached embeddings make re-runs fast)")
     results = run_main_job(
@@ -172,6 +169,8 @@ def sweep(
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
 ) -> None:
     """Layer-wise probe: every layer's pooled embedding plus fused sets, from one forward pass per batch."""
+    from lmembed.evaluation.sweep import run_sweep
+
     check_writable(output, "--output", folder=True)
     run_sweep(
         model,
@@ -190,6 +189,8 @@ def report(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write report.*")] = None,
 ) -> None:
     """Render everything in a results directory: Markdown table per category + PNG bar chart."""
+    from lmembed.experiments.report import render_folder  # lazy: the evaluation stack is seconds to import
+
     if not results_dir.is_dir():
         raise typer.BadParameter(f"{results_dir}: no such folder", param_hint="RESULTS_DIR")
     rendered = render_folder(results_dir, check_writable(output or results_dir, "--output", folder=True), echo=False)

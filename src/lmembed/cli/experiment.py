@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from lmembed import terminal
 from lmembed.cli.options import check_writable
-from lmembed.experiments.runner import run_experiment
-from lmembed.experiments.spec import load_spec
 
-console = Console(stderr=True, highlight=False)
-out_console = Console(highlight=False)
+console = terminal.console(stderr=True, highlight=False)
+out_console = terminal.console(highlight=False)
 
 
 def experiment(
@@ -65,6 +63,9 @@ def experiment(
     """Train and evaluate every (arm, seed) of an experiment file, then report each arm's mean ± std over
     seeds and, for each pair of arms, the paired difference with a bootstrap interval, a randomization-test
     p-value and a verdict (holds / reversed / not distinguishable). Writes summary.json/.md/.png."""
+    from lmembed.experiments.runner import run_experiment  # lazy: the evaluation stack is seconds to import
+    from lmembed.experiments.spec import load_spec
+
     if workers > 1 and budget_minutes is not None:
         raise typer.BadParameter(
             "a time budget estimates runs one after another: use it with one worker", param_hint="--workers"

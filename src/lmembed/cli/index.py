@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from lmembed import terminal
 from lmembed.atomic import atomic_write_text
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # lmembed.index imports FAISS; commands import it only when t
     from lmembed.index import Hit, Index
 
 app = typer.Typer(help="Build, inspect and extend persistent vector indexes (search them with `lmembed search`).")
-console = Console(stderr=True)
+console = terminal.console(stderr=True)
 
 KIND_DOC = (
     "flat (exact, default), hnsw (graph), ivf-pq (compressed inverted lists), "
@@ -83,11 +83,10 @@ class _ProgressBar:
     """A rich progress bar fed by the index's (done, total) callback."""
 
     def __init__(self, label: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-        self.progress = Progress(
-            TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
-        )
+        columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        self.progress = terminal.progress(*columns, label=label, unit="documents", console=console)
         self.task = None
 
     def __enter__(self) -> _ProgressBar:
@@ -220,7 +219,7 @@ def info(
     }
     for key, value in rows.items():
         table.add_row(key, value)
-    Console().print(table)
+    terminal.console().print(table)
 
 
 def verify(index_dir: IndexDirArg) -> None:
@@ -281,7 +280,7 @@ def _print_hits(query: str, hits: list[Hit]) -> None:
     for hit in hits:
         text = hit.text if len(hit.text) <= SNIPPET else hit.text[: SNIPPET - 1] + "…"
         table.add_row(str(hit.rank), f"{hit.score:.4f}", hit.id, text)
-    Console().print(table)
+    terminal.console().print(table)
 
 
 def trec_lines(query_ids: list[str], results: list[list[Hit]], tag: str = "lmembed") -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from lmembed import terminal
 from lmembed.models.bundled import list_bundled
 from lmembed.paths import models_dir
 
@@ -20,7 +21,7 @@ def models() -> None:
     rows = list_bundled()
     for row in rows:
         table.add_row(*(row[c] for c in COLUMNS))
-    Console().print(table)
+    terminal.console().print(table)
     for row in rows:
         if row["installed"] == "no":
             err.print(f"[yellow]{row['name']}[/]: install with `{row['install']}`")

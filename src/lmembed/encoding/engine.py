@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from torch import nn
 
+from lmembed import terminal
 from lmembed.config import ConfigError, EmbeddingConfig
 from lmembed.encoding.backends import Backend, TorchBackend
 from lmembed.encoding.backends.graph import position_ids_from_mask
@@ -387,9 +388,8 @@ class EncodingEngine:
             yield lambda n: None
             return
         label = ", ".join(c.label() for c in configs[:3]) + (" ..." if len(configs) > 3 else "")
-        with Progress(
-            TextColumn(f"encoding [{label}]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True
-        ) as progress:
+        columns = (TextColumn(f"encoding [{label}]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        with terminal.progress(*columns, label=f"encoding [{label}]", unit="texts", transient=True) as progress:
             task = progress.add_task("encode", total=total)
             yield lambda n: progress.advance(task, n)
 

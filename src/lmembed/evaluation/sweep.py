@@ -10,8 +10,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
-
+from lmembed import terminal
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
@@ -20,7 +19,7 @@ from lmembed.evaluation.suites import resolve_task
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 
 METRICS = ("ndcg_at_10", "map_at_10", "mrr_at_10")
-console = Console(stderr=True)
+console = terminal.console(stderr=True)
 
 
 def sweep_rows(results: Sequence[StrategyResult]) -> list[dict]:
@@ -131,6 +130,6 @@ def run_sweep(
     markdown = sweep_markdown(rows, model)
     atomic_write_text(output / "sweep.md", markdown)
     plot_sweep(rows, model, output / "sweep.png")
-    Console().print(markdown)
+    terminal.console().print(markdown)
     console.print(f"wrote {output}/sweep.json, sweep.md, sweep.png")
     return rows

@@ -19,12 +19,12 @@ from typing import Any
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
-    Progress,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
+from lmembed import terminal
 from lmembed.atomic import atomic_savefig, atomic_write_text
 
 __all__ = ["CURVE_FILE", "METRICS_FILE", "MetricsLog", "plot_loss_curve", "progress_bar"]
@@ -128,6 +128,6 @@ def progress_bar(enabled: bool, total: int, start: int) -> Iterator[Any]:
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     ]
-    with Progress(*columns) as progress:
+    with terminal.progress(*columns, label="training", unit="steps") as progress:
         task = progress.add_task("train", total=total, completed=start, loss="-", lr="-", rps="-")
         yield lambda **fields: progress.update(task, **fields)

@@ -1,0 +1,142 @@
+"""A new user's first minutes: `lmembed --help` and every `lmembed <command> --help` start fast (no heavy
+imports), the root help says what lmembed is; progress and tables read in a log file (not a terminal)."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+import typer
+from rich.table import Table
+
+from conftest import REPO
+from lmembed import terminal
+from lmembed.cli import app
+
+HEAVY = ("torch", "transformers", "sklearn", "scipy", "pandas", "faiss", "ray", "fastapi", "uvicorn", "pyarrow")
+
+HELP_EVERYWHERE = f"""
+import sys
+import typer
+from typer.testing import CliRunner
+from lmembed.cli import app
+
+def commands(group, prefix=()):
+    yield prefix
+    for name, command in getattr(group, "commands", {{}}).items():
+        yield from commands(command, (*prefix, name))
+
+for argv in commands(typer.main.get_command(app)):
+    result = CliRunner().invoke(app, [*argv, "--help"])
+    assert result.exit_code == 0, (argv, result.output)
+print("HEAVY", sorted(m for m in {HEAVY!r} if m in sys.modules))
+"""
+
+
+def test_every_help_loads_nothing_heavy():
+    run = subprocess.run([sys.executable, "-c", HELP_EVERYWHERE], capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert "HEAVY []" in run.stdout, run.stdout
+
+
+def test_root_help_is_fast_and_says_what_lmembed_is():
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run = subprocess.run([sys.executable, "-m", "lmembed.cli", "--help"], capture_output=True, text=True, cwd=REPO)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert run.returncode == 0, run.stderr
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu_s < 1.0, f"`lmembed --help` took {cpu_s:.2f} s of CPU"  # CPU time: wall time varies with load
+    text = " ".join(run.stdout.replace("│", " ").split())
+    for part in ("text-embedding models", "encode", "eval", "train", "index, search", "serve", "export", "ray"):
+        assert part in text, part
+    names = set(typer.main.get_command(app).commands)
+    assert {"encode", "eval", "train", "index", "search", "serve", "export"} <= names
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_in_a_log_is_a_line_every_few_seconds(capsys):
+    clock = Clock()
+    with terminal.LogProgress("encoding [mean]", unit="texts", every_s=5, clock=clock) as progress:
+        task = progress.add_task("encode", total=1000)
+        for _ in range(10):
+            clock.now += 1
+            progress.advance(task, 50)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "encoding [mean]: 250/1,000 texts (25%), 50.0 texts/s, elapsed 5 s, ETA 15 s",
+        "encoding [mean]: 500/1,000 texts (50%), 50.0 texts/s, elapsed 10 s, ETA 10 s",
+    ]
+    with terminal.LogProgress("training", unit="steps", every_s=5, clock=clock) as progress:
+        task = progress.add_task("train", total=20, completed=4, loss="-")
+        clock.now += 6
+        progress.update(task, completed=10, loss="0.5321")
+        clock.now += 6
+        progress.update(task, completed=20)
+    assert capsys.readouterr().err.splitlines() == [
+        "training: 10/20 steps (50%), 1.0 steps/s, elapsed 6 s, ETA 10 s, loss 0.5321",
+        "training: 20/20 steps (100%), 1.3 steps/s, elapsed 12 s, loss 0.5321",
+    ]
+    with terminal.LogProgress("short", every_s=5, clock=clock) as progress:  # done in under 5 s: no line
+        progress.advance(progress.add_task("x", total=3), 3)
+    assert capsys.readouterr().err == ""
+
+
+class FakeTTY:
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_bar_on_a_terminal_and_lines_in_a_log(monkeypatch):
+    from rich.progress import Progress
+
+    monkeypatch.setattr(sys, "stderr", FakeTTY(True))
+    assert isinstance(terminal.progress(label="x"), Progress)
+    monkeypatch.setattr(sys, "stderr", FakeTTY(False))
+    assert isinstance(terminal.progress(label="x"), terminal.LogProgress)
+
+
+def test_the_encoder_reports_progress_in_a_log(make_embedder, monkeypatch, capsys):
+    monkeypatch.setattr(terminal, "LOG_EVERY_S", 0.0)
+    emb = make_embedder("bert")
+    emb.engine.show_progress = True
+    emb.encode([f"text number {i}" for i in range(300)], batch_size=100)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("encoding [")]
+    assert lines and lines[-1].split(": ", 1)[1].startswith("300/300 texts (100%), "), lines
+    assert all(" texts/s, elapsed " in line for line in lines)
+
+
+@pytest.mark.parametrize("columns", [None, "60"])
+def test_tables_in_a_log_are_full_width(monkeypatch, capsys, columns):
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    table = Table("model", "strategy", "task", "score")
+    long_strategy = "mean | layer -1 | bidirectional | echo | instruction: " + "x" * 60
+    table.add_row("smollm2-135m", long_strategy, "SciFact", "61.23")
+    terminal.console().print(table)
+    terminal.console().print("| " + " | ".join(["a" * 50] * 4) + " |")
+    out = capsys.readouterr().out
+    if columns is None:
+        assert any(long_strategy in line and "61.23" in line for line in out.splitlines()), out
+        assert "| " + " | ".join(["a" * 50] * 4) + " |" in out.splitlines()
+    else:  # COLUMNS set by the user is honoured, as rich does
+        assert max(len(line) for line in out.splitlines()) <= 60
