@@ -6,7 +6,8 @@ preparation, every stage), then evaluate the base model (the recipe's ``model`` 
 retrieval sets from ``../shared/datasets`` (``evaluate.datasets``; test splits, corpora subsampled to
 ``--max-docs`` documents and ``--max-queries`` queries, the same subsample for both models). Queries
 get NV-Embed's task instructions when ``evaluate.instructions`` is true; ``evaluate.dims`` adds
-Matryoshka truncations. Prints one JSON document and a Markdown table.
+Matryoshka truncations and ``evaluate.layers`` shallower read-out layers (2DMSE; the pass stops there).
+Prints one JSON document and a Markdown table.
 
     python bench/recipes_table.py --quick            # smoke run: 2 steps per stage, tiny eval sets
     python bench/recipes_table.py                    # the recipes' own (CPU-sized) settings
@@ -102,14 +103,21 @@ def evaluate_pair(recipe: Any, model_dir: Path, tasks: list[Any]) -> list[dict[s
     base = Embedder.from_pretrained(recipe.model, show_progress=False, **baseline_strategy(recipe, model_dir))
     trained = Embedder.from_pretrained(str(model_dir), show_progress=False)
     rows = []
-    for dim in recipe.evaluate.get("dims") or [None]:
-        pair = [e if dim is None else e.with_config(e.config.with_options(dim=dim)) for e in (base, trained)]
+    points = [
+        (layer, dim)
+        for layer in recipe.evaluate.get("layers") or [None]
+        for dim in recipe.evaluate.get("dims") or [None]
+    ]
+    for layer, dim in points:
+        changes = {k: v for k, v in (("layer", layer), ("dim", dim)) if v is not None}
+        pair = [e.with_config(e.config.with_options(**changes)) if changes else e for e in (base, trained)]
         before, after = (score(e, tasks, instructions) for e in pair)
         for name in before:
             rows.append(
                 {
                     "dataset": name,
                     "dim": dim,
+                    **({"layer": layer} if layer is not None else {}),
                     "baseline": before[name],
                     "recipe": after[name],
                     "delta": round(after[name] - before[name], 4),

@@ -31,6 +31,7 @@ EXPECTED = {
     "anchor-stage1-stage2",
     "llm2vec-mntp-simcse",
     "matryoshka",
+    "2dmse",
     "gte",
     "angle",
     "e5-mistral-lora",

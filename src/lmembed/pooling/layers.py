@@ -42,14 +42,17 @@ def select_states(
     final_norm: bool | None,
     norm: nn.Module | None,
     raw_last: torch.Tensor | None,
+    num_layers: int | None = None,
 ) -> torch.Tensor:
     """Average of the requested layers' states (one layer = that layer).
 
     ``hidden_states`` follows transformers: entry ``L`` (the last) is already normed in decoders.
     ``final_norm=True`` norms every selected layer, ``False`` reads raw states (``raw_last`` for
-    the last layer), ``None`` takes the states as transformers gives them.
+    the last layer), ``None`` takes the states as transformers gives them. ``num_layers`` is the model's
+    ``L`` when ``hidden_states`` stops short of it (a pass stopped early, :mod:`lmembed.models.depth`): its
+    entries are then all raw states of layers below ``L``.
     """
-    num_layers = len(hidden_states) - 1
+    num_layers = len(hidden_states) - 1 if num_layers is None else num_layers
     picked = []
     for layer in layers:
         i = normalize_layer(layer, num_layers)

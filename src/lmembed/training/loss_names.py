@@ -19,6 +19,8 @@ _ALIASES = {
     "improved_contrastive": "gte",
     "cosent_angle": "angle",
     "mrl": MATRYOSHKA,
+    "2dmse": "matryoshka_2d",
+    "2d_matryoshka": "matryoshka_2d",
 }
 
 

@@ -39,6 +39,7 @@ from lmembed.encoding.engine import collate, resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
 from lmembed.errors import ConfigError
 from lmembed.models.attention import configure_attention
+from lmembed.pooling.layers import normalize_layer
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class TrainableEmbedder(nn.Module):
         if gradient_checkpointing:
             self._enable_checkpointing()
         self._builder: InputBuilder | None = None
+        self.extra_layers: tuple[int, ...] = ()
         self.train()
 
     # ------------------------------------------------------------------ construction
@@ -195,6 +197,18 @@ class TrainableEmbedder(nn.Module):
     def hidden_size(self) -> int:
         return self.embedder.backbone.hidden_size
 
+    @property
+    def top_layer(self) -> int:
+        """The deepest layer the strategy reads (0 = the embeddings, ``num_layers`` = the last)."""
+        num_layers = self.embedder.backbone.num_layers
+        return max(normalize_layer(x, num_layers) for x in self.config.layers)
+
+    def read_layers(self, layers: Sequence[int]) -> None:
+        """From now on :meth:`forward` returns, beside each text's vector, its vectors pooled at ``layers`` (the
+        strategy with only the layer changed), concatenated along the last axis: ``[rows, (1 + K) · hidden]``.
+        One forward pass serves them all (a layerwise loss, e.g. 2DMSE, reads them)."""
+        self.extra_layers = tuple(int(x) for x in layers)
+
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(name, p) for name, p in self.named_parameters() if p.requires_grad]
 
@@ -238,9 +252,10 @@ class TrainableEmbedder(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor
     ) -> torch.Tensor:
         input_ids, attention_mask, pool_mask = trim_padding(input_ids, attention_mask, pool_mask)
+        configs = [self.config, *(self.config.with_options(layer=x) for x in self.extra_layers)]
         with self._autocast():
-            pooled = self.embedder.engine.forward_pool(input_ids, attention_mask, pool_mask, [self.config])[0]
-        return pooled.float()
+            pooled = self.embedder.engine.forward_pool(input_ids, attention_mask, pool_mask, configs)
+        return torch.cat([p.float() for p in pooled], dim=-1)
 
     def embed(self, texts: Sequence[str], instruction: Instructions = None) -> torch.Tensor:
         """Raw vectors of ``texts`` with gradients (instructions are applied and left out of pooling)."""

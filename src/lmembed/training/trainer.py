@@ -64,6 +64,7 @@ from lmembed.training.distributed import (
     shard_model,
 )
 from lmembed.training.gradcache import GradCache
+from lmembed.training.losses import LayerwiseLoss
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
 from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, build_optimizer, build_scheduler
@@ -153,6 +154,8 @@ class Trainer:
             mixing=config.mixing,
         )
         self.loss_fn = build_training_loss(config, distributed=self.dist.world_size > 1)
+        if isinstance(self.loss_fn, LayerwiseLoss):  # 2DMSE: the model returns each text's vectors at more layers
+            self.model.read_layers(self.loss_fn.layers_to_read(self.model.top_layer))
         self.optimizer = build_optimizer(self.model, config, TrainConfigError)
         self.scheduler = build_scheduler(self.optimizer, config)
         self.engine: Any = None  # the DeepSpeed engine, which owns the model and optimizer under DeepSpeed

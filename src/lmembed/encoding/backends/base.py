@@ -30,6 +30,7 @@ from torch import nn
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
 from lmembed.models.attention import configure_attention, configured_mode, mask_for
+from lmembed.models.depth import exit_depth, forward_states
 from lmembed.models.families import forward_parameters
 from lmembed.models.loading import Backbone
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
@@ -156,23 +157,42 @@ class TorchBackend(Backend):
     def states(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, configs: Sequence[EmbeddingConfig], mode: str
     ) -> list[torch.Tensor]:
+        """The pass stops after the deepest layer any of ``configs`` reads (:mod:`lmembed.models.depth`)."""
         backbone = self.backbone
+        num_layers = backbone.num_layers
+        read = {normalize_layer(x, num_layers) for c in configs for x in c.layers}
         need_raw_last = backbone.is_decoder and any(
-            c.final_norm is False and backbone.num_layers in {normalize_layer(x, backbone.num_layers) for x in c.layers}
-            for c in configs
+            c.final_norm is False and num_layers in {normalize_layer(x, num_layers) for x in c.layers} for c in configs
         )
-        hidden_states, raw_last = self.run_model(input_ids, attention_mask, mode, need_raw_last)
+        hidden_states, raw_last = self.run_model(
+            input_ids, attention_mask, mode, need_raw_last, depth=exit_depth(read, num_layers)
+        )
         norm = find_final_norm(backbone.model) if backbone.is_decoder else None
         return [
-            select_states(hidden_states, cfg.layers, final_norm=cfg.final_norm, norm=norm, raw_last=raw_last)
+            select_states(
+                hidden_states,
+                cfg.layers,
+                final_norm=cfg.final_norm,
+                norm=norm,
+                raw_last=raw_last,
+                num_layers=num_layers,
+            )
             for cfg in configs
         ]
 
     def run_model(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode: str, need_raw_last: bool
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mode: str,
+        need_raw_last: bool,
+        *,
+        depth: int | None = None,
     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """Hidden states of the first ``depth`` blocks (all of them by default; see
+        :func:`~lmembed.models.depth.forward_states`) and, when asked, the last block's raw output."""
         model = self.backbone.model
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "output_hidden_states": True}
+        kwargs: dict[str, Any] = {"input_ids": input_ids}
         if self.backbone.is_decoder:
             kwargs["attention_mask"] = mask_for(mode, attention_mask, self.backbone.dtype)
         else:
@@ -181,18 +201,12 @@ class TorchBackend(Backend):
             kwargs["position_ids"] = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         if self._accepts_cache_flag and self.backbone.is_decoder:
             kwargs["use_cache"] = False
-        captured: dict[str, torch.Tensor] = {}
-        handle = None
-        if need_raw_last:
-            handle = _last_layer(model).register_forward_hook(
-                lambda _m, _i, out: captured.__setitem__("raw", out[0] if isinstance(out, tuple) else out)
-            )
-        try:
-            out = model(**kwargs)
-        finally:
-            if handle is not None:
-                handle.remove()
-        return tuple(out.hidden_states), captured.get("raw")
+        return forward_states(
+            model,
+            kwargs,
+            depth=self.backbone.num_layers if depth is None else depth,
+            raw_last=_last_layer(model) if need_raw_last else None,
+        )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -27,6 +27,7 @@ from torch import nn
 
 from lmembed.config import EmbeddingConfig
 from lmembed.models.attention import set_causal_flags
+from lmembed.models.depth import exit_depth, forward_states
 from lmembed.models.loading import Backbone
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
 
@@ -87,7 +88,8 @@ def four_d_mask(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype, win
 
 
 class StateGraph(nn.Module):
-    """``(input_ids, attention_mask) -> one states tensor per readout`` for a backbone and attention mode."""
+    """``(input_ids, attention_mask) -> one states tensor per readout`` for a backbone and attention mode; the
+    forward pass (and so a traced graph) stops after the deepest layer a readout reads."""
 
     def __init__(self, backbone: Backbone, readouts: Sequence[Readout], mode: str) -> None:
         super().__init__()
@@ -100,6 +102,9 @@ class StateGraph(nn.Module):
         self.needs_raw_last = backbone.is_decoder and any(
             r.final_norm is False and backbone.num_layers in r.layers for r in self.readouts
         )
+        self.num_layers = backbone.num_layers
+        # the graph holds only the blocks its deepest readout needs (early exit: lmembed.models.depth)
+        self.depth = exit_depth((x for r in self.readouts for x in r.layers), backbone.num_layers)
         config = backbone.model.config
         layer_types = getattr(config, "layer_types", None) or ()
         window = getattr(config, "sliding_window", None)
@@ -108,7 +113,7 @@ class StateGraph(nn.Module):
         self.sliding_window = window if "sliding_attention" in layer_types and isinstance(window, int) else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "output_hidden_states": True}
+        kwargs: dict[str, Any] = {"input_ids": input_ids}
         if self.is_decoder:
             mask = four_d_mask(self.mode, attention_mask, self.dtype)
             if self.mode == "causal" and self.sliding_window is not None:
@@ -120,20 +125,20 @@ class StateGraph(nn.Module):
             kwargs["use_cache"] = False
         else:
             kwargs["attention_mask"] = attention_mask
-        captured: dict[str, torch.Tensor] = {}
-        handle = None
-        if self.needs_raw_last:
-            handle = self.model.layers[-1].register_forward_hook(
-                lambda _m, _i, out: captured.__setitem__("raw", out[0] if isinstance(out, tuple) else out)
-            )
-        try:
-            hidden_states = tuple(self.model(**kwargs).hidden_states)
-        finally:
-            if handle is not None:
-                handle.remove()
+        hidden_states, raw_last = forward_states(
+            self.model,
+            kwargs,
+            depth=self.depth,
+            raw_last=self.model.layers[-1] if self.needs_raw_last else None,
+        )
         return tuple(
             select_states(
-                hidden_states, r.layers, final_norm=r.final_norm, norm=self.norm, raw_last=captured.get("raw")
+                hidden_states,
+                r.layers,
+                final_norm=r.final_norm,
+                norm=self.norm,
+                raw_last=raw_last,
+                num_layers=self.num_layers,
             )
             for r in self.readouts
         )

@@ -10,6 +10,7 @@ module              holds
 :mod:`.matryoshka`  ``MatryoshkaLoss``, any loss over nested leading dimensions
 :mod:`.rerank`      ``PointwiseBCELoss``, ``ListwiseSoftmaxLoss``: a reranker's logits of groups (not registered
                     here: ``lmembed.training.reranker`` picks them by name)
+:mod:`.matryoshka_2d` ``Matryoshka2DLoss`` (2DMSE): MRL at the last and a sampled shallower layer + alignment
 :mod:`.factory`     ``build_training_loss``: the trainer's loss from a ``TrainConfig``
 =================== ==================================================================
 
@@ -25,6 +26,7 @@ Embeddings arrive un-normalised; losses with a ``similarity`` option normalise i
 
     build_loss("infonce", temperature=0.02)
     build_loss("matryoshka", inner="gte", dims=[768, 256, 64], inner_kwargs={"temperature": 0.05})
+    build_loss("2dmse", inner="infonce", dims=[384, 128, 64], kl_temperature=1.0)
 
 Each name is registered once, as a :class:`LossSpec` that declares what the loss is: its class (or factory),
 which of the trainer's shared settings (:data:`SHARED_OPTIONS`) it takes, and, for a loss the contrastive
@@ -47,6 +49,7 @@ from lmembed.training.losses.angle import AnglELoss, angle_similarity, cosent_lo
 from lmembed.training.losses.gte import GTELoss
 from lmembed.training.losses.infonce import InfoNCELoss, Similarity, pairwise_similarity, similarity_matrix
 from lmembed.training.losses.matryoshka import MatryoshkaLoss
+from lmembed.training.losses.matryoshka_2d import LayerwiseLoss, Matryoshka2DLoss
 from lmembed.training.losses.rerank import ListwiseSoftmaxLoss, PointwiseBCELoss
 from lmembed.training.losses.triplet import TripletLoss
 
@@ -57,8 +60,10 @@ __all__ = [
     "AnglELoss",
     "GTELoss",
     "InfoNCELoss",
+    "LayerwiseLoss",
     "ListwiseSoftmaxLoss",
     "LossSpec",
+    "Matryoshka2DLoss",
     "MatryoshkaLoss",
     "PointwiseBCELoss",
     "Similarity",
@@ -86,15 +91,49 @@ class LossSpec:
     """One registered loss: how to build it and what it declares about itself.
 
     ``takes``: the :data:`SHARED_OPTIONS` its factory accepts (the trainer passes exactly these);
-    ``not_contrastive``: why the contrastive trainer cannot use it (``None``: it can)."""
+    ``not_contrastive``: why the contrastive trainer cannot use it (``None``: it can); ``wraps``: it takes another
+    loss as ``inner`` (by name, with ``inner_kwargs``), to which the trainer's shared settings go."""
 
     factory: LossFactory
     takes: frozenset[str] = frozenset()
     not_contrastive: str | None = None
+    wraps: bool = False
 
     def __post_init__(self) -> None:
         if unknown := self.takes - SHARED_OPTIONS:
             raise ValueError(f"takes: {sorted(unknown)} are not shared options ({', '.join(sorted(SHARED_OPTIONS))})")
+
+
+def _inner_loss(inner: str | nn.Module, inner_kwargs: Mapping[str, Any] | None) -> nn.Module:
+    """A wrapper's inner loss: a module as it is, or a name built with ``inner_kwargs``."""
+    if isinstance(inner, nn.Module):
+        if inner_kwargs:
+            raise ConfigError("inner_kwargs only apply when inner is given by name")
+        return inner
+    return build_loss(inner, **dict(inner_kwargs or {}))
+
+
+def _build_matryoshka_2d(
+    dims: Sequence[int],
+    inner: str | nn.Module = "infonce",
+    weights: Sequence[float] | None = None,
+    inner_kwargs: Mapping[str, Any] | None = None,
+    last_weight: float = 1.0,
+    shallow_weight: float = 1.0,
+    kl_weight: float = 1.0,
+    kl_temperature: float = 1.0,
+    min_layer: int = 1,
+) -> Matryoshka2DLoss:
+    return Matryoshka2DLoss(
+        _inner_loss(inner, inner_kwargs),
+        dims,
+        weights,
+        last_weight=last_weight,
+        shallow_weight=shallow_weight,
+        kl_weight=kl_weight,
+        kl_temperature=kl_temperature,
+        min_layer=min_layer,
+    )
 
 
 LOSSES: dict[str, LossSpec] = {
@@ -104,6 +143,7 @@ LOSSES: dict[str, LossSpec] = {
     "angle": LossSpec(
         AnglELoss, not_contrastive="AnglE scores labelled text pairs, not (query, positive, negatives) rows"
     ),
+    "matryoshka_2d": LossSpec(_build_matryoshka_2d, wraps=True),  # 2DMSE (alias "2dmse")
 }
 
 
@@ -144,13 +184,7 @@ def _build_matryoshka(
     weights: Sequence[float] | None = None,
     inner_kwargs: Mapping[str, Any] | None = None,
 ) -> MatryoshkaLoss:
-    if isinstance(inner, nn.Module):
-        if inner_kwargs:
-            raise ConfigError("inner_kwargs only apply when inner is given by name")
-        inner_loss = inner
-    else:
-        inner_loss = build_loss(inner, **dict(inner_kwargs or {}))
-    return MatryoshkaLoss(inner_loss, dims=dims, weights=weights)
+    return MatryoshkaLoss(_inner_loss(inner, inner_kwargs), dims=dims, weights=weights)
 
 
 def build_loss(name: str, **kwargs: Any) -> nn.Module:

@@ -50,9 +50,14 @@ def build_training_loss(config: TrainConfig, distributed: bool = False) -> nn.Mo
     """
     settings = _shared_settings(config, distributed)
     kwargs = dict(config.loss_kwargs)
-    if canonical_loss_name(config.loss) != MATRYOSHKA:
+    wrapper = canonical_loss_name(config.loss) == MATRYOSHKA or loss_spec(config.loss).wraps
+    if not wrapper:
         return build_loss(config.loss, **{**_settings_for(config.loss, settings, distributed), **kwargs})
     inner = kwargs.pop("inner", "infonce")
+    if distributed and canonical_loss_name(config.loss) != MATRYOSHKA:
+        # 2DMSE draws its shallow layer in each process: other processes' vectors are of other layers
+        log.warning("loss %s: in-batch negatives stay within each process", config.loss)
+        settings.pop("gather", None)
     if isinstance(inner, str):
         kwargs["inner_kwargs"] = {**_settings_for(inner, settings, distributed), **kwargs.get("inner_kwargs", {})}
     return build_loss(config.loss, inner=inner, **kwargs)
