@@ -42,7 +42,8 @@ GridOpt = Annotated[
     typer.Option(
         "--grid",
         help="KEY=V1,V2 over pooling, layer (int, mid, penultimate, a+b fused), attention, echo, final_norm, dim; "
-        "every combination is evaluated, sharing forward passes.",
+        "every combination is evaluated, sharing forward passes. A grid over layers also measures each point's "
+        "texts/s on retrieval tasks (the forward pass stops at the layer read: layer=k costs about k/L).",
     ),
 ]
 OutputDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Results directory.")]
@@ -115,11 +116,15 @@ def eval_command(
     for name in model or ["minilm"]:
         emb = load_embedder(name, options)
         emb = scale_out(emb, engine, name, options, on_progress=_progress, memory_map=True)
-        configs = expand_grid(emb.config, parse_grid(grid or [], emb.backbone.num_layers))
+        parsed = parse_grid(grid or [], emb.backbone.num_layers)
+        configs = expand_grid(emb.config, parsed)
+        timed = len(parsed.get("layer", [])) > 1 and engine.engine == "local"  # a layer x dim grid: quality vs cost
         console.print(f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)")
         own = None if instructions else published_instructions(getattr(emb, "published", None))
         published = instruction_lookup(own)  # a published model's own per-task instructions
-        results += evaluate_strategies(emb, tasks, configs, batch_size=batch_size, instruction_for=published)
+        results += evaluate_strategies(
+            emb, tasks, configs, batch_size=batch_size, instruction_for=published, measure_speed=timed
+        )
     write_all(results, output)
     out_console.print(results_table(results))
     if suite:

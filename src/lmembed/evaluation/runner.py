@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # the backend interface imports torch, which the CLI's help m
 log = logging.getLogger(__name__)
 
 GRID_KEYS = ("pooling", "layer", "attention", "echo", "final_norm", "dim")
+#: Documents encoded (uncached) per read-out layer to measure a grid point's texts/s.
+SPEED_SAMPLE = 64
 
 
 def parse_layer_value(value: str, num_layers: int) -> int | tuple[int, ...]:
@@ -136,6 +138,32 @@ class StrategyEncoder(Protocol):
 
     def with_config(self, config: EmbeddingConfig) -> RetrievalEncoder: ...
 
+    def texts_per_second(self, texts: Sequence[str], *, batch_size: int = 32) -> float:
+        """This strategy's measured speed on ``texts`` (encoded uncached)."""
+        ...
+
+
+def measure_speeds(
+    embedder: StrategyEncoder, texts: Sequence[str], configs: Sequence[EmbeddingConfig], *, batch_size: int = 32
+) -> dict[EmbeddingConfig, float]:
+    """Texts/s of each strategy when they read different layers (a pass stops at its deepest layer, so a
+    shallower read-out is cheaper): :data:`SPEED_SAMPLE` of ``texts``, spread over them, encoded uncached once per
+    distinct set of layers (strategies that differ only in ``dim`` or the pooling cost the same and share the
+    figure); after one warm-up encode. Empty when every strategy reads the same layers."""
+    by_layers: dict[tuple[int, ...], EmbeddingConfig] = {}
+    for cfg in configs:
+        by_layers.setdefault(cfg.layers, cfg)
+    if len(by_layers) < 2 or not texts:
+        return {}
+    step = max(1, len(texts) // SPEED_SAMPLE)
+    sample = list(texts[::step][:SPEED_SAMPLE])
+    embedder.with_config(configs[0]).texts_per_second(sample[:batch_size], batch_size=batch_size)  # warm-up
+    speed = {
+        layers: embedder.with_config(cfg).texts_per_second(sample, batch_size=batch_size)
+        for layers, cfg in by_layers.items()
+    }
+    return {cfg: speed[cfg.layers] for cfg in configs}
+
 
 def evaluate_retrieval_strategies(
     embedder: StrategyEncoder,
@@ -143,17 +171,22 @@ def evaluate_retrieval_strategies(
     configs: Sequence[EmbeddingConfig],
     *,
     batch_size: int = 32,
+    measure_speed: bool = False,
 ) -> list[StrategyResult]:
     """Score every strategy on one retrieval task, sharing forward passes between strategies.
 
     The queries get the task's ``instruction``; documents get none. An int8 embedder not yet calibrated is
-    calibrated on a spread of the task's queries and documents (not on the queries alone, which come first)."""
+    calibrated on a spread of the task's queries and documents (not on the queries alone, which come first).
+    With ``measure_speed``, when the strategies read different layers, each result also holds its measured
+    ``texts_per_s`` on the task's documents (:func:`measure_speeds`): a layer × dim grid shows quality against
+    cost."""
     start = time.perf_counter()
     data = task.data
     embedder.backend.ensure_calibration([*data.query_texts, *data.corpus_texts])
     queries = encode_side(embedder, data.query_texts, configs, "query", task.instruction, batch_size)
     corpus = encode_side(embedder, data.corpus_texts, configs, "document", None, batch_size)
     encode_s = time.perf_counter() - start
+    speeds = measure_speeds(embedder, data.corpus_texts, configs, batch_size=batch_size) if measure_speed else {}
     out = []
     for cfg, q, c in zip(configs, queries, corpus, strict=True):
         result = task.score_embeddings(q, c, model_name=embedder.name)
@@ -162,6 +195,8 @@ def evaluate_retrieval_strategies(
         result.extra["strategy_label"] = cfg.label()
         result.extra["instruction"] = task.instruction
         result.extra["texts_encoded"] = len(data.query_texts) + len(data.corpus_texts)
+        if cfg in speeds:
+            result.extra["texts_per_s"] = round(speeds[cfg], 2)
         out.append(StrategyResult(cfg, result))
     return out
 
@@ -196,18 +231,22 @@ def evaluate_strategies(
     batch_size: int = 32,
     instruction_for: Callable[[Task], str | None] | None = None,
     on_result: Callable[[StrategyResult], None] | None = None,
+    measure_speed: bool = False,
 ) -> list[StrategyResult]:
     """Evaluate ``embedder`` under each strategy on each task, with each task's own instruction.
 
     ``instruction_for`` (optional) replaces each task's instruction with ``instruction_for(task)``.
-    Retrieval tasks share forward passes between strategies (:func:`evaluate_retrieval_strategies`).
+    Retrieval tasks share forward passes between strategies (:func:`evaluate_retrieval_strategies`, which with
+    ``measure_speed`` also measures each strategy's texts/s when they read different layers).
     """
     results: list[StrategyResult] = []
     for task in tasks:
         if instruction_for is not None:
             task = task.with_instruction(instruction_for(task))
         if isinstance(task, RetrievalTask):
-            batch = evaluate_retrieval_strategies(embedder, task, configs, batch_size=batch_size)
+            batch = evaluate_retrieval_strategies(
+                embedder, task, configs, batch_size=batch_size, measure_speed=measure_speed
+            )
         else:
             batch = []
             for cfg in configs:
@@ -224,9 +263,11 @@ def evaluate_strategies(
 
 
 def results_table(results: Sequence[StrategyResult], metrics: Sequence[str] = ("ndcg_at_10",)) -> str:
-    """Markdown table sorted by main score (best first); ``metrics`` are shown where a task has them."""
+    """Markdown table sorted by main score (best first); ``metrics`` are shown where a task has them, and a
+    ``texts/s`` column where results carry a measured speed (a grid over layers)."""
     rows = sorted(results, key=lambda r: -r.result.main_score)
-    header = ["model", "strategy", "task", "main metric", "score", *metrics, "eval s"]
+    speeds = any("texts_per_s" in r.result.extra for r in rows)
+    header = ["model", "strategy", "task", "main metric", "score", *metrics, *(["texts/s"] if speeds else []), "eval s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for item in rows:
         res = item.result
@@ -237,6 +278,7 @@ def results_table(results: Sequence[StrategyResult], metrics: Sequence[str] = ("
             res.main_metric,
             f"{100 * res.main_score:.2f}",
             *(f"{100 * res.scores[m]:.2f}" if m in res.scores else "-" for m in metrics),
+            *([f"{res.extra['texts_per_s']:.1f}" if "texts_per_s" in res.extra else "-"] if speeds else []),
             f"{res.evaluation_time:.1f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
