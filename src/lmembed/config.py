@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -62,6 +63,42 @@ LayerSpec = int | tuple[int, ...]
 def unknown_options(config_class: type, options: Mapping[str, Any]) -> list[str]:
     """The keys of ``options`` that name no field of the dataclass ``config_class``, sorted."""
     return sorted(set(options) - {f.name for f in fields(config_class)})
+
+
+#: The plain field types :func:`mistyped_options` checks, and the values each accepts.
+_PLAIN_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str, os.PathLike),
+}
+
+
+def mistyped_options(config_class: type, options: Mapping[str, Any]) -> list[str]:
+    """``"steps: expected int, got 'many'"`` for each value of ``options`` (a YAML mapping, say) whose field in the
+    dataclass ``config_class`` is declared a plain ``int``, ``float``, ``bool`` or ``str`` (or one of those
+    ``| None``) and that is not one; fields of other types are left to the class."""
+    declared = {f.name: f.type for f in fields(config_class) if isinstance(f.type, str)}
+    problems = []
+    for name, value in options.items():
+        parts = [part.strip() for part in declared.get(name, "").split("|")]
+        optional = "None" in parts
+        plain = [part for part in parts if part != "None"]
+        if len(plain) != 1 or plain[0] not in _PLAIN_TYPES or (value is None and optional):
+            continue
+        is_bool_for_number = isinstance(value, bool) and plain[0] != "bool"
+        if is_bool_for_number or not isinstance(value, _PLAIN_TYPES[plain[0]]):
+            hint = " (YAML reads 2e-5 as text: write 2.0e-5)" if plain[0] == "float" and _numeric_text(value) else ""
+            problems.append(f"{name}: expected {plain[0]}{' or null' if optional else ''}, got {value!r}{hint}")
+    return problems
+
+
+def _numeric_text(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ def workspace(tmp_path_factory):
         "surrogate.jsonl": '{"text": "ok"}\n{"text": "bad \\udc80 text"}\n',
         "rows.jsonl": '{"query": "cat", "positive": "the cat"}\n' * 4,
         "lossoption.yaml": "loss: gte\nloss_kwargs:\n  colour: red\n",
+        "exponent.yaml": "lr: 2e-5\nsteps: 1\n",
         "badrows.jsonl": '{"query": "cat", "positive": "the cat"}\n{"query": broken\n',
     }
     for name, text in files.items():
@@ -146,6 +147,21 @@ CASES = [
             "{tmp}/lossoption.yaml",
         ],
         ["loss 'gte' has no option colour", "temperature"],
+    ),
+    (
+        "train-config-type",
+        [
+            "train",
+            "--model",
+            "{model}",
+            "--data",
+            "{tmp}/rows.jsonl",
+            "-o",
+            "{tmp}/run",
+            "--config",
+            "{tmp}/exponent.yaml",
+        ],
+        ["exponent.yaml", "lr: expected float, got '2e-5'", "write 2.0e-5"],
     ),
     (
         "eval-instruction-set",

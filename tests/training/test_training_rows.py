@@ -233,3 +233,20 @@ def test_config_file_errors_name_the_file(tmp_path):
     path.write_text("steps: -1\n")
     with pytest.raises(TrainConfigError, match=r"run\.yaml: steps=-1"):
         TrainConfig.from_yaml(path)
+
+
+def test_mistyped_yaml_values_name_the_option():
+    """A YAML value of the wrong plain type is refused naming the option (not a TypeError from a comparison
+    later); paths and nulls where allowed pass, and fields of other types are left to their class."""
+    from lmembed.training.rows import DataSource, TrainingDataError
+    from lmembed.training.train_config import TrainConfig, TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=r"steps: expected int, got 'many'; lr: expected float, got '2e-5'"):
+        TrainConfig.from_dict({"steps": "many", "lr": "2e-5"})
+    with pytest.raises(TrainConfigError, match=r"resume: expected bool, got 'no'"):
+        TrainConfig.from_dict({"resume": "no"})
+    with pytest.raises(TrainConfigError, match=r"batch_size: expected int, got True"):
+        TrainConfig.from_dict({"batch_size": True})
+    with pytest.raises(TrainingDataError, match=r"data source d.jsonl: weight: expected float or null, got 'x'"):
+        DataSource.parse({"path": "d.jsonl", "weight": "x"})
+    assert TrainConfig.from_dict({"lr": 1, "temperature": None, "output": Path("runs/x")}).lr == 1

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.config import unknown_options
+from lmembed.config import mistyped_options, unknown_options
 from lmembed.datasets import resolve_local
 from lmembed.errors import ConfigError, LmembedError
 from lmembed.io import (
@@ -114,6 +114,8 @@ class DataSource:
                 raise TrainingDataError(f"unknown data source option(s): {', '.join(unknown)}")
             if "path" not in spec:
                 raise TrainingDataError(f"data source {spec!r} has no 'path'")
+            if mistyped := mistyped_options(cls, spec):
+                raise TrainingDataError(f"data source {spec['path']}: {'; '.join(mistyped)}")
             return cls(**spec)
         raise TrainingDataError(f"a data source must be a path or a mapping, got {type(spec).__name__}")
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from lmembed.config import unknown_options
+from lmembed.config import mistyped_options, unknown_options
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
 from lmembed.training.loss_names import canonical_loss_name
@@ -194,6 +194,8 @@ class TrainConfig(ModelOptions):
         unknown = unknown_options(cls, data)
         if unknown:
             raise TrainConfigError(f"unknown training option(s): {', '.join(unknown)}")
+        if mistyped := mistyped_options(cls, data):
+            raise TrainConfigError("; ".join(mistyped))
         return cls(**data)
 
     @classmethod
@@ -261,6 +263,8 @@ class ObjectiveConfig(ModelOptions):
         unknown = unknown_options(cls, data)
         if unknown:
             raise ObjectiveConfigError(f"unknown objective option(s): {', '.join(unknown)}")
+        if mistyped := mistyped_options(cls, data):
+            raise ObjectiveConfigError("; ".join(mistyped))
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
