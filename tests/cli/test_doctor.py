@@ -57,3 +57,21 @@ def test_doctor_fails_when_sentence_transformers_disagrees(tmp_path):
     assert result.exit_code == 1, result.output
     assert "FAIL  sentence-transformers: lowest cosine to SentenceTransformer: no prompt" in result.output
     assert "pass  padding" in result.output
+
+
+def test_doctor_compares_each_prompt_of_a_sentence_transformers_folder(tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    modules = pytest.importorskip("sentence_transformers.sentence_transformer.modules")
+    tok = build_tokenizer()
+    tiny_model("bert", len(tok)).save_pretrained(tmp_path / "bert")
+    tok.save_pretrained(tmp_path / "bert")
+    stack = [modules.Transformer(str(tmp_path / "bert")), modules.Pooling(32, "mean", include_prompt=False)]
+    model = st.SentenceTransformer(modules=stack, prompts={"query": "query : ", "document": ""}, device="cpu")
+    model.save(str(tmp_path / "st"))
+    result = CliRunner().invoke(app, ["doctor", str(tmp_path / "st")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "include_prompt       = False  <- " in result.output  # read from 1_Pooling/config.json
+    assert "'query': 'query : '" in result.output
+    assert "pass  sentence-transformers: lowest cosine to SentenceTransformer: no prompt 1.0" in result.output
+    assert "prompt 'query' 1.0" in result.output
+    assert "pass  prompt-pooling" in result.output
