@@ -55,6 +55,8 @@ DEFAULT_DTYPE = "float32"
 DEFAULT_DEVICE = "cpu"
 DEFAULT_PRECISION = "float32"
 DEFAULT_ENGINE = "local"
+#: Where encoding can run (``lmembed.scale.make_engine`` builds each).
+ENGINES = ("local", "ray")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from lmembed.options import (
     DEFAULT_PRECISION,
     DEVICE_DOC,
     DTYPE_DOC,
+    ENGINES,
     LAYER_DOC,
     POOLING_DOC,
     PRECISION_DOC,
@@ -106,13 +107,9 @@ BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Texts pe
 InstructionOpt = Annotated[
     str | None, typer.Option("--instruction", help="Task instruction for queries (kept out of pooling).")
 ]
-ENGINES = ("local", "ray")
-
 DEFAULT_BATCH_SIZE = 32
 #: What --precision accepts: the torch backend's other float types are chosen with --dtype.
 CLI_PRECISIONS = ("float32", "int8")
-#: The flags of ModelOptions, by field name.
-MODEL_OPTIONS = tuple(flags_of(ModelOptions))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,13 +16,11 @@ import numpy as np
 import pyarrow as pa
 
 from lmembed.embedder import Embedder
-from lmembed.options import EngineOptions
+from lmembed.options import ENGINES, EngineOptions
 from lmembed.scale.errors import EngineUnavailableError
 from lmembed.scale.sources import CorpusSource
 from lmembed.scale.staging import Planner, PlanSettings
 from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, ShardEncoder, ShardSettings
-
-ENGINES = ("local", "ray")
 
 
 class Engine(Protocol):
