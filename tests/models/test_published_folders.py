@@ -285,6 +285,24 @@ def test_legacy_files_and_do_lower_case(tmp_path):
     assert_same(ours.encode(texts), reference(theirs, "decoder", "encode", texts), exact=True)
 
 
+def test_a_transformer_in_its_own_module_folder(tmp_path):
+    """Old saves keep the transformer in 0_Transformer/ rather than in the folder itself."""
+    path = save_st_model(tmp_path, "encoder", "cls", True, ("dense",), True, PROMPTS, None)
+    sub = path / "0_Transformer"
+    sub.mkdir()
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "sentence_bert_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
+        (path / name).rename(sub / name)
+    break_modules(path, lambda m: [{**m[0], "path": "0_Transformer"}, *m[1:]])
+    theirs = st.SentenceTransformer(str(path), device="cpu")
+    assert_same(load(path).encode_queries(TEXTS), theirs.encode_query(TEXTS), exact=True)
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 def break_modules(path: Path, edit) -> None:
     entries = json.loads((path / "modules.json").read_text())
@@ -367,7 +385,8 @@ def test_the_cli_refuses_in_one_line_with_exit_2(cls_folder, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- asymmetric models
-def test_a_router_gives_queries_and_documents_their_own_layers(tmp_path):
+@pytest.mark.parametrize("layout", ["router", "legacy-asym"])
+def test_a_router_gives_queries_and_documents_their_own_layers(tmp_path, layout):
     backbone = tiny_backbone(tmp_path, "encoder")
     torch.manual_seed(2)
     router = modules.Router.for_query_document(
@@ -382,6 +401,12 @@ def test_a_router_gives_queries_and_documents_their_own_layers(tmp_path):
     ]
     model = st.SentenceTransformer(modules=stack, prompts=PROMPTS, device="cpu")
     model.save(str(tmp_path / "model"))
+    if layout == "legacy-asym":  # the pre-v5 name and file of the same module
+        entries = json.loads((tmp_path / "model" / "modules.json").read_text())
+        router_dir = tmp_path / "model" / entries[2]["path"]
+        (router_dir / "router_config.json").rename(router_dir / "config.json")
+        entries[2]["type"] = "sentence_transformers.models.Asym"
+        (tmp_path / "model" / "modules.json").write_text(json.dumps(entries))
     theirs = st.SentenceTransformer(str(tmp_path / "model"), device="cpu")
     ours = load(tmp_path / "model")
     assert ours.dim == 10
