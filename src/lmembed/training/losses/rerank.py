@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmembed.errors import ConfigError
+
 
 def _check(logits: Tensor) -> None:
     if logits.ndim != 2 or logits.shape[1] < 2:
@@ -35,7 +37,7 @@ class ListwiseSoftmaxLoss(nn.Module):
     def __init__(self, temperature: float = 1.0) -> None:
         super().__init__()
         if temperature <= 0:
-            raise ValueError(f"temperature={temperature} must be > 0")
+            raise ConfigError(f"temperature={temperature} must be > 0")
         self.temperature = temperature
 
     def forward(self, logits: Tensor) -> Tensor:
