@@ -27,6 +27,7 @@ A YAML file holds the same fields; a data source is a path or a mapping of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,14 @@ class TrainConfigError(LmembedError, ValueError):
 
 class ObjectiveConfigError(LmembedError, ValueError):
     """A pre-training stage option is invalid."""
+
+
+def check_mapping(config_class: type, data: Mapping[str, Any], error: type[Exception], what: str) -> None:
+    """Refuse keys of ``data`` that name no field of ``config_class``, and values of the wrong plain type."""
+    if unknown := unknown_options(config_class, data):
+        raise error(f"unknown {what} option(s): {', '.join(unknown)}")
+    if mistyped := mistyped_options(config_class, data):
+        raise error("; ".join(mistyped))
 
 
 def check_at_least(error: type[Exception], minimum: int, **values: float) -> None:
@@ -191,11 +200,7 @@ class TrainConfig(ModelOptions):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        unknown = unknown_options(cls, data)
-        if unknown:
-            raise TrainConfigError(f"unknown training option(s): {', '.join(unknown)}")
-        if mistyped := mistyped_options(cls, data):
-            raise TrainConfigError("; ".join(mistyped))
+        check_mapping(cls, data, TrainConfigError, "training")
         return cls(**data)
 
     @classmethod
@@ -260,11 +265,7 @@ class ObjectiveConfig(ModelOptions):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ObjectiveConfig:
-        unknown = unknown_options(cls, data)
-        if unknown:
-            raise ObjectiveConfigError(f"unknown objective option(s): {', '.join(unknown)}")
-        if mistyped := mistyped_options(cls, data):
-            raise ObjectiveConfigError("; ".join(mistyped))
+        check_mapping(cls, data, ObjectiveConfigError, "objective")
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
