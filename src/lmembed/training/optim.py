@@ -93,6 +93,23 @@ class OptimisationStep:
         self.log_every = log_every
         self.total_steps = total_steps
 
+    @classmethod
+    def for_config(
+        cls, model: Any, config: Any, metrics: MetricsLog, error: type[Exception] = ValueError
+    ) -> OptimisationStep:
+        """The step with AdamW and the warm-up/decay schedule of ``config`` (``lr``, ``weight_decay``,
+        ``warmup_steps``, ``steps``, ``max_grad_norm``, ``log_every``); ``error`` for a bad setting."""
+        optimizer = build_optimizer(model, config, error)
+        return cls(
+            model,
+            optimizer,
+            build_scheduler(optimizer, config),
+            max_grad_norm=config.max_grad_norm,
+            metrics=metrics,
+            log_every=config.log_every,
+            total_steps=config.steps,
+        )
+
     def __call__(
         self,
         step: int,

@@ -26,7 +26,7 @@ from lmembed.errors import ConfigError
 from lmembed.rerank.base import Reranker
 from lmembed.training.losses.rerank import ListwiseSoftmaxLoss, PointwiseBCELoss
 from lmembed.training.metrics_log import MetricsLog
-from lmembed.training.optim import OptimisationStep, build_optimizer, build_scheduler
+from lmembed.training.optim import OptimisationStep
 
 log = logging.getLogger(__name__)
 
@@ -115,20 +115,11 @@ def train_reranker(
     model = _with_lora(reranker, config) if config.lora else reranker.model
     reranker.model = model
     trainable = _Trainable(model)
-    optimizer = build_optimizer(trainable, config, ConfigError)
     folder = Path(output) if output is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(folder / "metrics.jsonl" if folder else Path("metrics.jsonl"), enabled=folder is not None)
-    step = OptimisationStep(
-        trainable,
-        optimizer,
-        build_scheduler(optimizer, config),
-        max_grad_norm=config.max_grad_norm,
-        metrics=metrics,
-        log_every=config.log_every,
-        total_steps=config.steps,
-    )
+    step = OptimisationStep.for_config(trainable, config, metrics, ConfigError)
     loss_fn = RERANK_LOSSES[config.loss](**config.loss_kwargs)
     width = 1 + config.negatives
     model.train()

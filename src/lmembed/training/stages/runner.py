@@ -20,7 +20,7 @@ from typing import Any
 from torch import Tensor
 
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog
-from lmembed.training.optim import OptimisationStep, build_optimizer, build_scheduler
+from lmembed.training.optim import OptimisationStep
 from lmembed.training.seeding import set_seed
 from lmembed.training.stages.anchor import AnchorObjective
 from lmembed.training.stages.angle import AnglEPairObjective
@@ -76,16 +76,7 @@ def train_steps(
     """
     metrics = MetricsLog(log_path or Path(METRICS_FILE), enabled=log_path is not None)
     model = objective.model
-    optimizer = build_optimizer(model, config, ObjectiveConfigError)
-    step = OptimisationStep(
-        model,
-        optimizer,
-        build_scheduler(optimizer, config),
-        max_grad_norm=config.max_grad_norm,
-        metrics=metrics,
-        log_every=config.log_every,
-        total_steps=config.steps,
-    )
+    step = OptimisationStep.for_config(model, config, metrics, ObjectiveConfigError)
     losses = []
     model.train()
     for index in range(config.steps):
