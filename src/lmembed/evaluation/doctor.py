@@ -32,6 +32,7 @@ import numpy as np
 
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import STRATEGY_FILE, Embedder
+from lmembed.encoding.engine import resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
 from lmembed.models.attention import first_token_sensitivity
 from lmembed.models.families import CAUSAL_TOLERANCE
@@ -162,9 +163,8 @@ def check_padding(embedder: Embedder, texts: Sequence[str]) -> Check:
 
 def _builder(embedder: Embedder, config: EmbeddingConfig | None = None) -> InputBuilder:
     cfg = config or embedder.config
-    return InputBuilder(
-        embedder.backbone.tokenizer, cfg, is_decoder=embedder.backbone.is_decoder, max_length=cfg.max_length or 512
-    )
+    limit = resolve_max_length(embedder.backbone, cfg.max_length)  # the engine's limit: the model's positions too
+    return InputBuilder(embedder.backbone.tokenizer, cfg, is_decoder=embedder.backbone.is_decoder, max_length=limit)
 
 
 def _pooled_ids(builder: InputBuilder, text: str, instruction: str | None) -> list[int]:
