@@ -358,3 +358,20 @@ def test_setup_distributed_always_names_a_cuda_index(monkeypatch):
     assert setup_distributed("auto").device == "cuda:0"
     assert setup_distributed("cpu").device == "cpu"
     assert chosen == [torch.device("cuda:0")] * 2
+
+
+def test_decontamination_drops_rows_that_repeat_an_evaluation_set_and_reports_them(tmp_path, tokenizer, data_file):
+    """``decontaminate_against`` names an evaluation set whose query repeats training row 3 (case and spaces
+    differ); the run trains on the other rows and writes what went and why."""
+    folder = tmp_path / "ev"
+    (folder / "qrels").mkdir(parents=True)
+    write_jsonl(folder / "corpus.jsonl", [{"_id": "d1", "text": "unrelated"}])
+    write_jsonl(folder / "queries.jsonl", [{"_id": "q1", "text": "A  GREAT movie"}])
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    cfg = make_config(tmp_path, data_file, steps=1, decontaminate_against=str(folder))
+    assert cfg.decontaminate_against == [str(folder)]
+    trainer = Trainer(cfg, model=tiny_embedder(tokenizer))
+    (dataset,) = trainer.sampler.datasets
+    assert len(dataset.examples) == len(ROWS) - 1 and all(e.query != "a great movie" for e in dataset.examples)
+    report = json.loads((tmp_path / "run" / "decontamination.json").read_text())
+    assert report["rows"] == len(ROWS) and report["dropped"] == 1 and report["drops"][0]["row"] == 3

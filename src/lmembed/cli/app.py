@@ -7,7 +7,20 @@ from typing import Annotated
 
 import typer
 
-from lmembed.cli import cache, doctor, encode, evaluate, experiment, export, index, mine, models, serve, train
+from lmembed.cli import (
+    cache,
+    decontaminate,
+    doctor,
+    encode,
+    evaluate,
+    experiment,
+    export,
+    index,
+    mine,
+    models,
+    serve,
+    train,
+)
 from lmembed.cli.boundary import GuardedGroup
 from lmembed.paths import DEBUG_ENV_VAR, VERBOSE_ENV_VAR
 
@@ -79,6 +92,7 @@ app.command("report")(evaluate.report)
 app.command("train")(train.train)
 app.command("experiment")(experiment.experiment)
 app.command("mine")(mine.mine)
+app.command("decontaminate")(decontaminate.decontaminate_command)
 app.add_typer(index.app, name="index")
 app.command("search")(index.search)
 app.command("serve")(serve.serve)

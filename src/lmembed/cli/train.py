@@ -82,6 +82,14 @@ def train(
     skip_invalid: Annotated[
         bool | None, _opt("Skip (and count) invalid rows instead of stopping.", "--skip-invalid")
     ] = None,
+    decontaminate_against: Annotated[
+        str | None,
+        _opt(
+            "Comma list of evaluation sets (scifact,nfcorpus): drop rows whose query or positive repeats their "
+            "items (exact, n-gram, near-duplicate, BM25); the report goes to the output folder.",
+            "--decontaminate-against",
+        ),
+    ] = None,
     save_every: Annotated[int | None, _opt("Checkpoint every N steps (0: off).", "--save-every")] = None,
     eval_data: Annotated[
         list[str] | None, _opt("BEIR folder or dataset name for dev nDCG@10; repeatable.", "--eval-data")

@@ -53,6 +53,7 @@ from lmembed.io import (
     read_corpus,
     read_queries,
 )
+from lmembed.synthesis.decontaminate import DecontaminationReport, DecontaminationSettings, decontaminate
 
 log = logging.getLogger(__name__)
 
@@ -388,6 +389,30 @@ def load_sources(sources: Sequence[DataSource | str], *, skip_invalid: bool = Fa
         if count:
             ds.name = f"{ds.name}#{count + 1}"
     return datasets
+
+
+def decontaminate_datasets(
+    datasets: Sequence[TrainDataset], against: Sequence[str], settings: DecontaminationSettings | None = None
+) -> tuple[list[TrainDataset], DecontaminationReport]:
+    """Drop every example whose query or a positive repeats an item of the evaluation sets ``against``
+    (:mod:`lmembed.synthesis.decontaminate`); the report numbers rows across all datasets in order."""
+    # lazy: reading evaluation sets pulls in the evaluation package, which plain training-data reading never needs
+    from lmembed.synthesis.eval_texts import evaluation_texts
+
+    examples = [example for ds in datasets for example in ds.examples]
+    report = decontaminate([(e.query, *e.positives) for e in examples], evaluation_texts(against), settings)
+    kept = set(report.kept)
+    cleaned, start = [], 0
+    for ds in datasets:
+        rows = range(start, start + len(ds.examples))
+        start += len(ds.examples)
+        cleaned.append(replace(ds, examples=[examples[r] for r in rows if r in kept]))
+    for ds, before in zip(cleaned, datasets, strict=True):
+        if not ds.examples:
+            raise TrainingDataError(
+                f"decontamination against {', '.join(against)} dropped all {len(before.examples)} rows of {ds.name}"
+            )
+    return cleaned, report
 
 
 def mixture_weights(datasets: Sequence[TrainDataset], mixing: str = "uniform") -> np.ndarray:

@@ -37,6 +37,7 @@ import yaml
 from lmembed.config import mistyped_options, unknown_options
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
+from lmembed.synthesis.eval_texts import parse_names
 from lmembed.training.loss_names import canonical_loss_name
 from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
 
@@ -135,6 +136,7 @@ class TrainConfig(ModelOptions):
     mixing: str = "uniform"
     batching: str = "blended"  # rows of several datasets per batch, or "homogeneous": one dataset per batch (SFR)
     skip_invalid: bool = False
+    decontaminate_against: list[str] = field(default_factory=list)  # evaluation sets training must not repeat
     # logging, evaluation, checkpoints
     log_every: int = 1
     save_every: int = 0
@@ -151,6 +153,7 @@ class TrainConfig(ModelOptions):
     def __post_init__(self) -> None:
         self.data = [DataSource.parse(item) for item in (self.data or [])]
         self.eval_data = [str(p) for p in (self.eval_data or [])]
+        self.decontaminate_against = parse_names(self.decontaminate_against)
         self.similarity = SIMILARITY_ALIASES.get(self.similarity, self.similarity)
         self.validate()
 

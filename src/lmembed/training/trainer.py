@@ -38,6 +38,7 @@ Output folder layout::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -68,7 +69,14 @@ from lmembed.training.losses import LayerwiseLoss
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
 from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, build_optimizer, build_scheduler
-from lmembed.training.rows import MixtureSampler, TaskHomogeneousSampler, TrainBatch, TrainDataset, load_sources
+from lmembed.training.rows import (
+    MixtureSampler,
+    TaskHomogeneousSampler,
+    TrainBatch,
+    TrainDataset,
+    decontaminate_datasets,
+    load_sources,
+)
 from lmembed.training.seeding import set_seed
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 from lmembed.training.trainable import TrainableEmbedder, build_trainable
@@ -145,6 +153,8 @@ class Trainer:
             shard_model(self.model, self.dist.fsdp, self.dist.device)  # before the optimizer sees the parameters
         set_seed(config.seed + self.dist.rank)  # per-process randomness (dropout) from here on
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
+        if config.decontaminate_against:
+            data = self._decontaminate(data, config)
         sampler_class = TaskHomogeneousSampler if config.batching == "homogeneous" else MixtureSampler
         self.sampler = sampler_class(
             data,
@@ -184,6 +194,23 @@ class Trainer:
         )
         self.step = 0
         self._eval_tasks: list[Any] | None = None
+
+    def _decontaminate(self, data: list[TrainDataset], config: TrainConfig) -> list[TrainDataset]:
+        """Drop rows that repeat the evaluation sets named; the main process writes what went and why to
+        ``decontamination.json`` / ``.md`` in the output folder."""
+        data, report = decontaminate_datasets(data, config.decontaminate_against)
+        log.info(
+            "decontamination against %s: %d of %d rows dropped %s",
+            ", ".join(config.decontaminate_against),
+            len(report.dropped),
+            report.rows,
+            report.by_reason,
+        )
+        if self.dist.is_main:
+            output = Path(config.output)
+            atomic_write_text(output / "decontamination.json", json.dumps(report.to_dict(), indent=2) + "\n")
+            atomic_write_text(output / "decontamination.md", report.markdown())
+        return data
 
     @staticmethod
     def _check_fsdp_options(config: TrainConfig) -> None:

@@ -1,0 +1,274 @@
+"""Decontamination: drop training rows that overlap the evaluation sets a model will be scored on.
+
+A training row is a tuple of texts (a query and its positives, say). It is *contaminated* when one of its
+texts repeats an evaluation item: a retrieval task's query, or any text of an STS, classification,
+clustering or pair-classification task (a retrieval corpus is not an evaluation item: training on the
+documents of a public corpus is how BEIR train splits work). Four tests, cheapest first; the first that
+fires names the reason:
+
+``exact``
+    the texts are equal after normalisation (lower case, punctuation dropped, white space folded);
+``ngram``
+    they share a run of ``ngram`` words (13 by default, the length GPT-3's report used), for texts at least
+    that long;
+``near_duplicate``
+    the Jaccard similarity of their sets of words is at least ``near_duplicate`` (0.8), among the evaluation
+    texts BM25 ranks highest for the training text (sets of words rather than of word n-grams: one changed
+    word in a ten-word query leaves 9/11 of the words shared but only 5/11 of the 3-grams);
+``bm25``
+    the BM25 score of the training text against the evaluation text, divided by that evaluation text's
+    score against itself, is at least ``bm25`` (0.9), for a training text at most twice as long (in words)
+    as the evaluation text: NV-Embed filtered its classification training data with a BM25 similarity
+    threshold against the MTEB evaluation sets; without the length bound any passage that contains a short
+    query's words would count.
+
+BM25 comes from :mod:`lmembed.lexical` (``bm25s``). The result lists every dropped row with its reason, the
+matched evaluation set and text, so a user can check what went and why.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from lmembed.errors import ConfigError
+
+REASONS = ("exact", "ngram", "near_duplicate", "bm25")
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class DecontaminationSettings:
+    """The four tests' thresholds (``None`` turns a test off); see the module docstring."""
+
+    ngram: int | None = 13
+    near_duplicate: float | None = 0.8
+    bm25: float | None = 0.9
+    candidates: int = 5  # evaluation texts BM25 proposes per training text for the last two tests
+
+    def __post_init__(self) -> None:
+        if self.ngram is not None and self.ngram < 3:
+            raise ConfigError(f"decontamination ngram={self.ngram}: use 3 words or more (or None to turn it off)")
+        for name in ("near_duplicate", "bm25"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1.5:
+                raise ConfigError(f"decontamination {name}={value}: a threshold in (0, 1.5], or None to turn it off")
+        if self.candidates < 1:
+            raise ConfigError(f"decontamination candidates={self.candidates}: at least 1")
+
+
+@dataclass(frozen=True)
+class ProtectedText:
+    """One evaluation text and where it comes from."""
+
+    text: str
+    source: str  # the evaluation set's name
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Why one training row was dropped."""
+
+    row: int  # index of the row in the input
+    reason: str  # one of REASONS
+    text: str  # the row's text that matched
+    matched: str  # the evaluation text it matched
+    source: str  # the evaluation set
+    score: float  # 1.0 for exact; the n-gram length; the Jaccard similarity; the relative BM25 score
+
+
+@dataclass
+class DecontaminationReport:
+    """What was kept and what was dropped, and why."""
+
+    kept: list[int]
+    dropped: list[Drop]
+    protected: dict[str, int]  # evaluation set → number of texts checked against
+    settings: DecontaminationSettings
+    rows: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "rows": self.rows,
+            "kept": len(self.kept),
+            "dropped": len(self.dropped),
+            "by_reason": self.by_reason,
+            "by_source": dict(Counter(d.source for d in self.dropped)),
+            "protected": self.protected,
+            "settings": asdict(self.settings),
+            "drops": [asdict(d) for d in self.dropped],
+        }
+
+    def markdown(self, *, examples: int = 10) -> str:
+        """A short human-readable summary with the first ``examples`` drops."""
+        lines = [
+            f"Decontamination: {self.rows} rows, {len(self.kept)} kept, {len(self.dropped)} dropped.",
+            "",
+            "| reason | rows |",
+            "|---|---:|",
+            *(f"| {reason} | {self.by_reason.get(reason, 0)} |" for reason in REASONS),
+            "",
+            "Checked against: " + ", ".join(f"{name} ({n} texts)" for name, n in self.protected.items()),
+        ]
+        if self.dropped:
+            lines += [
+                "",
+                "| row | reason | score | evaluation set | training text | evaluation text |",
+                "|---|---|---|---|---|---|",
+            ]
+            for d in self.dropped[:examples]:
+                lines.append(
+                    f"| {d.row} | {d.reason} | {d.score:.3g} | {d.source} | {_clip(d.text)} | {_clip(d.matched)} |"
+                )
+        return "\n".join(lines) + "\n"
+
+
+def _clip(text: str, width: int = 60) -> str:
+    flat = " ".join(text.split()).replace("|", "\\|")
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words of ``text`` (Unicode-normalised; punctuation dropped)."""
+    return _WORD.findall(unicodedata.normalize("NFKC", text).lower())
+
+
+def normalise(text: str) -> str:
+    """The form the exact test compares."""
+    return " ".join(words(text))
+
+
+def shingles(tokens: Sequence[str], n: int = 3) -> set[tuple[str, ...]]:
+    """Word n-grams of ``tokens`` (the whole text when it is shorter than ``n``)."""
+    if len(tokens) < n:
+        return {tuple(tokens)} if tokens else set()
+    return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a or b else 0.0
+
+
+class Decontaminator:
+    """Evaluation texts indexed once; :meth:`check` finds what a training text overlaps."""
+
+    def __init__(self, protected: Sequence[ProtectedText], settings: DecontaminationSettings | None = None) -> None:
+        self.settings = settings or DecontaminationSettings()
+        self.protected = list(protected)
+        self.tokens = [words(p.text) for p in self.protected]
+        self.exact = {" ".join(t): i for i, t in enumerate(self.tokens) if t}
+        n = self.settings.ngram
+        self.ngrams: dict[tuple[str, ...], int] = {}
+        if n is not None:
+            for i, t in enumerate(self.tokens):
+                for gram in shingles(t, n) if len(t) >= n else ():
+                    self.ngrams.setdefault(gram, i)
+        self.lexical = None
+        self.self_scores = np.zeros(0)
+        if self.protected and (self.settings.near_duplicate is not None or self.settings.bm25 is not None):
+            self._index()
+
+    def _index(self) -> None:
+        from lmembed.lexical import LexicalIndex
+
+        texts = [p.text for p in self.protected]
+        self.lexical = LexicalIndex.build(texts, [str(i) for i in range(len(texts))])
+        depth = min(len(texts), 10)
+        scores, rows = self.lexical.search(texts, depth)
+        self_scores = np.zeros(len(texts))
+        for i in range(len(texts)):
+            own = np.flatnonzero(rows[i] == i)
+            # its own score (a duplicate may outrank it: then the best score it reached)
+            self_scores[i] = scores[i, own[0]] if own.size else scores[i, 0]
+        self.self_scores = self_scores
+
+    def check_many(self, texts: Sequence[str]) -> list[Drop | None]:
+        """For each text, the first test it fails (``Drop.row`` is the text's position), or ``None``."""
+        found: list[Drop | None] = [self._cheap(i, t) for i, t in enumerate(texts)]
+        pending = [i for i, d in enumerate(found) if d is None]
+        if self.lexical is None or not pending:
+            return found
+        scores, rows = self.lexical.search(
+            [texts[i] for i in pending], min(self.settings.candidates, len(self.protected))
+        )
+        for slot, i in enumerate(pending):
+            found[i] = self._by_candidates(i, texts[i], scores[slot], rows[slot])
+        return found
+
+    def _drop(self, position: int, reason: str, text: str, match: int, score: float) -> Drop:
+        p = self.protected[match]
+        return Drop(position, reason, text, p.text, p.source, float(score))
+
+    def _cheap(self, position: int, text: str) -> Drop | None:
+        tokens = words(text)
+        if not tokens:
+            return None
+        match = self.exact.get(" ".join(tokens))
+        if match is not None:
+            return self._drop(position, "exact", text, match, 1.0)
+        n = self.settings.ngram
+        if n is not None and len(tokens) >= n:
+            for gram in shingles(tokens, n):
+                match = self.ngrams.get(gram)
+                if match is not None:
+                    return self._drop(position, "ngram", text, match, float(n))
+        return None
+
+    def _by_candidates(self, position: int, text: str, scores: np.ndarray, rows: np.ndarray) -> Drop | None:
+        tokens = words(text)
+        mine = set(tokens)
+        for score, row in zip(scores, rows, strict=True):
+            if row < 0:
+                continue
+            if self.settings.near_duplicate is not None:
+                similarity = jaccard(mine, set(self.tokens[row]))
+                if similarity >= self.settings.near_duplicate:
+                    return self._drop(position, "near_duplicate", text, int(row), similarity)
+            if self.settings.bm25 is not None and len(tokens) <= 2 * max(1, len(self.tokens[row])):
+                relative = float(score) / self.self_scores[row] if self.self_scores[row] > 0 else 0.0
+                if relative >= self.settings.bm25:
+                    return self._drop(position, "bm25", text, int(row), relative)
+        return None
+
+
+def decontaminate(
+    rows: Sequence[Sequence[str]],
+    protected: Sequence[ProtectedText],
+    settings: DecontaminationSettings | None = None,
+) -> DecontaminationReport:
+    """Check every text of every row against ``protected``; a row with one contaminated text is dropped."""
+    checker = Decontaminator(protected, settings)
+    flat: list[str] = []
+    owner: list[int] = []
+    for r, texts in enumerate(rows):
+        for text in texts:
+            flat.append(text)
+            owner.append(r)
+    first: dict[int, Drop] = {}
+    for drop in checker.check_many(flat):
+        if drop is not None and owner[drop.row] not in first:
+            row = owner[drop.row]
+            first[row] = Drop(row, drop.reason, drop.text, drop.matched, drop.source, drop.score)
+    dropped = [first[r] for r in sorted(first)]
+    return DecontaminationReport(
+        kept=[r for r in range(len(rows)) if r not in first],
+        dropped=dropped,
+        protected=dict(Counter(p.source for p in protected)),
+        settings=checker.settings,
+        rows=len(rows),
+        by_reason=dict(Counter(d.reason for d in dropped)),
+    )
+
+
+def protected_texts(sources: Mapping[str, Iterable[str]]) -> list[ProtectedText]:
+    """``{evaluation set: its texts}`` → the flat list :func:`decontaminate` takes (duplicates kept once)."""
+    out: list[ProtectedText] = []
+    for source, texts in sources.items():
+        out.extend(ProtectedText(t, source) for t in dict.fromkeys(texts) if t.strip())
+    return out
