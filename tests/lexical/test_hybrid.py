@@ -41,6 +41,20 @@ def test_bm25_scores_equal_bm25s():
     assert np.all(rows[3] == -1)  # "zebra": no document shares a word
 
 
+def test_a_query_without_a_known_word_hits_nothing_even_beside_a_stopword_only_document():
+    """bm25s gives a document of stop words only, and every word it does not know, the same empty word; and an
+    emptied query in a batch still scores. Neither may produce a hit, and the other queries' hits stay theirs."""
+    docs = [*DOCS, "it is not", "no, it was not"]
+    ours = LexicalIndex.build(docs, [f"d{i}" for i in range(len(docs))])
+    batch = ["zebra lydians", "cat on a mat", "persians and lydians", "protein cell"]
+    scores, rows = ours.search(batch, k=3)
+    assert np.all(rows[0] == -1) and np.all(rows[2] == -1) and np.all(scores[[0, 2]] == 0)
+    for q in (1, 3):
+        alone_scores, alone_rows = ours.search([batch[q]], k=3)
+        np.testing.assert_array_equal(rows[q], alone_rows[0])
+        np.testing.assert_allclose(scores[q], alone_scores[0])
+
+
 # a hand-made pair of runs for one query: dense cosines and BM25 scores
 DENSE = {"a": 0.9, "b": 0.8, "c": 0.1}
 LEXICAL = {"c": 12.0, "d": 7.0, "a": 3.0}

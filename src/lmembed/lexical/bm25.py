@@ -84,11 +84,26 @@ class LexicalIndex:
             return scores, rows
         depth = min(k, self.count)
         tokens = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
-        found, found_scores = self.retriever.retrieve(tokens, k=depth, show_progress=False)
+        # bm25s maps every word the corpus lacks to the empty word, which it also gives each document with no
+        # indexed word (all stop words): left in, a query of unknown words would hit those documents
+        # (an empty list is no way out: in a batch, bm25s scores it as if it held some word), so a query left
+        # without a known word is not searched at all
+        unknown = self.tokenizer.get_vocab_dict().get("")
+        tokens = [[t for t in query if t != unknown] for query in tokens]
+        asked = [i for i, query in enumerate(tokens) if query]
+        if not asked:
+            return scores, rows
+        found, found_scores = self.retriever.retrieve([tokens[i] for i in asked], k=depth, show_progress=False)
         hit = found_scores > 0
-        scores[:, :depth] = np.where(hit, found_scores, 0)
-        rows[:, :depth] = np.where(hit, found, -1)
+        scores[asked, :depth] = np.where(hit, found_scores, 0)
+        rows[asked, :depth] = np.where(hit, found, -1)
         return scores, rows
+
+    def known_words(self, texts: Sequence[str]) -> list[int]:
+        """How many distinct indexed words each text holds (stop words and words the corpus lacks do not count)."""
+        tokens = self.tokenizer.tokenize(list(texts), update_vocab=False, return_as="ids", show_progress=False)
+        unknown = self.tokenizer.get_vocab_dict().get("")
+        return [len(set(query) - {unknown}) for query in tokens]
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: Path) -> Path:

@@ -17,10 +17,13 @@ fires names the reason:
     word in a ten-word query leaves 9/11 of the words shared but only 5/11 of the 3-grams);
 ``bm25``
     the BM25 score of the training text against the evaluation text, divided by that evaluation text's
-    score against itself, is at least ``bm25`` (0.9), for a training text at most twice as long (in words)
-    as the evaluation text: NV-Embed filtered its classification training data with a BM25 similarity
-    threshold against the MTEB evaluation sets; without the length bound any passage that contains a short
-    query's words would count.
+    score against itself, is at least ``bm25`` (0.9), for texts of comparable length (neither has more than
+    1.5 times the other's words): NV-Embed filtered its classification training data with a BM25 similarity
+    threshold against the MTEB evaluation sets. The relative score only says how much of the evaluation
+    text's weight the training text covers, so without the length bound any longer text that contains a short
+    text's rarer words would count (on the NLI triplets against SICK-R, "A woman in a blue shirt talking to a
+    baby." against "There is no baby talking" scored 1.0). Each word of the training text counts once, and an
+    evaluation text with fewer than two words that are not stop words is left to the other tests.
 
 BM25 comes from :mod:`lmembed.lexical` (``bm25s``). The result lists every dropped row with its reason, the
 matched evaluation set and text, so a user can check what went and why.
@@ -39,6 +42,9 @@ import numpy as np
 from lmembed.errors import ConfigError
 
 REASONS = ("exact", "ngram", "near_duplicate", "bm25")
+#: The BM25 test needs an evaluation text with at least this many distinct indexed (non-stop) words: "No you are
+#: not." keeps only "no", and every text with a "no" in it would cover all of its weight.
+MIN_BM25_WORDS = 2
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -151,6 +157,11 @@ def shingles(tokens: Sequence[str], n: int = 3) -> set[tuple[str, ...]]:
     return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
 
 
+def comparable(a: int, b: int, ratio: float = 1.5) -> bool:
+    """Two word counts within ``ratio`` of each other (the BM25 test's length bound)."""
+    return max(a, b) <= ratio * max(1, min(a, b))
+
+
 def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a or b else 0.0
 
@@ -171,6 +182,7 @@ class Decontaminator:
                     self.ngrams.setdefault(gram, i)
         self.lexical = None
         self.self_scores = np.zeros(0)
+        self.known_words: list[int] = []
         if self.protected and (self.settings.near_duplicate is not None or self.settings.bm25 is not None):
             self._index()
 
@@ -187,6 +199,7 @@ class Decontaminator:
             # its own score (a duplicate may outrank it: then the best score it reached)
             self_scores[i] = scores[i, own[0]] if own.size else scores[i, 0]
         self.self_scores = self_scores
+        self.known_words = self.lexical.known_words(texts)
 
     def check_many(self, texts: Sequence[str]) -> list[Drop | None]:
         """For each text, the first test it fails (``Drop.row`` is the text's position), or ``None``."""
@@ -194,9 +207,10 @@ class Decontaminator:
         pending = [i for i, d in enumerate(found) if d is None]
         if self.lexical is None or not pending:
             return found
-        scores, rows = self.lexical.search(
-            [texts[i] for i in pending], min(self.settings.candidates, len(self.protected))
-        )
+        depth = min(self.settings.candidates, len(self.protected))
+        # each word once: BM25 sums over the query's words, so a repeated word would count twice
+        queries = [" ".join(dict.fromkeys(words(texts[i]))) for i in pending]
+        scores, rows = self.lexical.search(queries, depth)
         for slot, i in enumerate(pending):
             found[i] = self._by_candidates(i, texts[i], scores[slot], rows[slot])
         return found
@@ -230,7 +244,11 @@ class Decontaminator:
                 similarity = jaccard(mine, set(self.tokens[row]))
                 if similarity >= self.settings.near_duplicate:
                     return self._drop(position, "near_duplicate", text, int(row), similarity)
-            if self.settings.bm25 is not None and len(tokens) <= 2 * max(1, len(self.tokens[row])):
+            if (
+                self.settings.bm25 is not None
+                and self.known_words[row] >= MIN_BM25_WORDS
+                and comparable(len(tokens), len(self.tokens[row]))
+            ):
                 relative = float(score) / self.self_scores[row] if self.self_scores[row] > 0 else 0.0
                 if relative >= self.settings.bm25:
                     return self._drop(position, "bm25", text, int(row), relative)
