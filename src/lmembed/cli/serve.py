@@ -52,6 +52,18 @@ def serve(
         str | None,
         typer.Option("--api-key", envvar="LMEMBED_API_KEY", help="Require 'Authorization: Bearer KEY' (else 401)."),
     ] = None,
+    body_timeout: Annotated[
+        float, typer.Option("--body-timeout", min=0.001, help="Seconds a request body may take to arrive (else 408).")
+    ] = 10.0,
+    max_header_bytes: Annotated[
+        int, typer.Option("--max-header-bytes", min=1, help="Largest header block of a request (else 431).")
+    ] = 16384,
+    max_connections_per_client: Annotated[
+        int, typer.Option("--max-connections-per-client", min=1, help="Open connections per client address (429).")
+    ] = 64,
+    max_tokens_in_flight: Annotated[
+        int, typer.Option("--max-tokens-in-flight", min=1, help="Tokens admitted and not yet answered (else 429).")
+    ] = 131072,
     options: Annotated[ModelOptions, Exclude("no_cache")] = SERVED,
     graceful_timeout: Annotated[
         float, typer.Option("--graceful-timeout", min=0, help="Seconds requests in flight get to finish on shutdown.")
@@ -77,6 +89,10 @@ def serve(
         max_inputs=max_inputs,
         truncate=not no_truncate,
         api_key=api_key,
+        body_timeout_s=body_timeout,
+        max_header_bytes=max_header_bytes,
+        max_connections_per_client=max_connections_per_client,
+        max_tokens_in_flight=max_tokens_in_flight,
     )
     index = Index.open(index_dir) if index_dir is not None else None  # a broken index fails before the model loads
     # an int8 model is calibrated before it serves: else the first request's texts would decide every vector

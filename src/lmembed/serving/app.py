@@ -42,7 +42,7 @@ from lmembed.index.manifest import check_embedder
 from lmembed.rerank import Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher
 from lmembed.serving.errors import ApiError
-from lmembed.serving.limits import GuardMiddleware, Limits
+from lmembed.serving.limits import GuardMiddleware, Limits, TokenAdmission
 from lmembed.serving.metrics import ServerMetrics
 from lmembed.serving.rerank import (
     WARM_UP_PAIR,
@@ -86,6 +86,7 @@ class ServerState:
             self.engine, self.config, max_batch_tokens=limits.max_batch_tokens, metrics=self.metrics
         )
         self.tokenizer = RequestTokenizer(embedder.backbone, self.config, truncate=limits.truncate)
+        self.admission = TokenAdmission(limits.max_tokens_in_flight)
         self.rerank = None
         if reranker is not None:
             name = reranker_name or reranker.name
@@ -112,9 +113,14 @@ class ServerState:
     ) -> tuple[np.ndarray, int]:
         """Final vectors (as ``Embedder.encode`` returns them) and the number of tokens embedded."""
         lengths = await self.tokenizer.count(texts, instruction, field)
-        raw = await self.batcher.embed(texts, lengths, instruction)
+        tokens = sum(lengths)
+        self.admission.admit(tokens)
+        try:
+            raw = await self.batcher.embed(texts, lengths, instruction)
+        finally:
+            self.admission.release(tokens)
         config = self.config if dimensions is None else self.config.with_options(dim=dimensions)
-        return postprocess(raw, config), sum(lengths)
+        return postprocess(raw, config), tokens
 
     async def warm_up(self) -> None:
         try:

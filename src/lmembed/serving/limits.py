@@ -1,20 +1,30 @@
 """The server's limits, and the ASGI middleware that enforces the ones that come before a request is parsed.
 
-The middleware answers at once, before the application sees the request:
+The middleware answers at once, before the application sees the request, in this order:
 
+* ``400`` (and the connection closed) for ambiguous framing: both ``Content-Length`` and
+  ``Transfer-Encoding`` (RFC 9112 §6.1: a request-smuggling shape);
+* ``431`` when the request's header block is larger than ``max_header_bytes``;
 * ``401`` without the right ``Authorization: Bearer <key>`` when an API key is set;
-* ``429`` when ``max_concurrent_requests`` requests are already being handled: the caller is refused
-  immediately (with ``Retry-After``), never queued without bound;
 * ``413`` when the body is larger than ``max_request_bytes`` (from ``Content-Length``, or while reading a
-  body sent without one).
+  body sent without one);
+* ``408`` (and the connection closed) when the whole body has not arrived within ``body_timeout_s``;
+* ``429`` when ``max_concurrent_requests`` requests are already being handled: the caller is refused
+  immediately (with ``Retry-After``), never queued without bound.
 
-``/health`` and ``/metrics`` are exempt from all three, so probes and scrapers keep working under load. It
-also records every request's status and latency in the metrics. The other limits (inputs per request,
-text length, ``dimensions``, ``k``) are checked where the request is parsed.
+The body is read, under its timeout, *before* a concurrency slot is taken: clients that trickle their bodies
+hold a connection each, never a slot, so they cannot starve the others. Connections per client address are
+capped by the server (:mod:`lmembed.serving.server`, ``429`` and close), and texts by the tokens in flight
+(:class:`TokenAdmission`, once a request's texts are tokenised), so a few huge requests cannot fill the queue.
+
+``/health`` and ``/metrics`` are exempt from these, so probes and scrapers keep working under load. The
+middleware also records every request's status and latency in the metrics. The other limits (inputs per
+request, text length, ``dimensions``, ``k``) are checked where the request is parsed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -33,6 +43,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+#: Refusals after which the connection is closed (the rest of the request is unread or its framing is unsafe).
+CLOSING = frozenset({400, 408, 413, 431})
 ENDPOINTS = frozenset({"/v1/embeddings", "/v1/search", "/v1/rerank", "/v1/models", "/health", "/metrics"})
 
 
@@ -47,12 +59,27 @@ class Limits:
     max_top_k: int = 1000
     truncate: bool = True  # False: a text longer than the model's max_length is refused (400)
     api_key: str | None = None
+    body_timeout_s: float = 10.0  # the whole body must arrive within this (408 otherwise)
+    max_header_bytes: int = 16384  # names, values and line ends of all header lines (431 otherwise)
+    max_connections_per_client: int = 64  # open connections from one address (429 and close otherwise)
+    max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429 otherwise; one request alone passes)
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "max_request_bytes", "max_concurrent_requests", "max_inputs", "max_top_k"):
+        for name in (
+            "max_batch_tokens",
+            "max_request_bytes",
+            "max_concurrent_requests",
+            "max_inputs",
+            "max_top_k",
+            "max_header_bytes",
+            "max_connections_per_client",
+            "max_tokens_in_flight",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if isinstance(self.body_timeout_s, bool) or not self.body_timeout_s > 0:
+            raise ConfigError(f"body_timeout_s={self.body_timeout_s!r} must be a positive number of seconds")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty (leave it unset to serve without authentication)")
 
@@ -62,6 +89,8 @@ async def send_error(send: Send, error: ApiError, metrics: ServerMetrics) -> Non
     metrics.error(error.status, error.code)
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if error.status in CLOSING:
+        headers.append((b"connection", b"close"))  # what is left of the request cannot be trusted or waited for
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     if error.status == 429:
@@ -111,13 +140,38 @@ class GuardMiddleware:
             self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
             self.metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - start)
 
+    def _framing_error(self, scope: Scope) -> ApiError | None:
+        headers = scope.get("headers", ())
+        names = {key.lower() for key, _ in headers}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            return ApiError(
+                400,
+                "a request with both Content-Length and Transfer-Encoding is ambiguous (RFC 9112 6.1); send one",
+                "ambiguous_framing",
+            )
+        size = sum(len(key) + len(value) + 4 for key, value in headers)
+        if size > self.limits.max_header_bytes:
+            return ApiError(
+                431,
+                f"request headers are {size} bytes, more than the limit of {self.limits.max_header_bytes}",
+                "headers_too_large",
+            )
+        return None
+
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        framing = self._framing_error(scope)
+        if framing is not None:
+            await send_error(send, framing, self.metrics)
+            return
         if self._expected is not None:
             given = _header(scope, b"authorization") or b""
             if not hmac.compare_digest(given, self._expected):
                 message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
                 await send_error(send, ApiError(401, message, "invalid_api_key"), self.metrics)
                 return
+        body = await self._read_body(scope, receive, send)  # before a slot: a slow body holds none
+        if body is None:
+            return
         if self.in_flight >= self.limits.max_concurrent_requests:
             error = ApiError(
                 429,
@@ -146,9 +200,6 @@ class GuardMiddleware:
             await send(message)
 
         try:
-            body = await self._read_body(scope, receive, send_and_finish)
-            if body is None:
-                return
             replayed = False
 
             async def replay() -> Message:
@@ -163,7 +214,20 @@ class GuardMiddleware:
             finish()
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The whole body, or ``None`` after answering 413 (or when the client went away)."""
+        """The whole body within ``body_timeout_s``, or ``None`` after answering 408 or 413 (or when the client
+        went away)."""
+        timeout = self.limits.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._read_body_unbounded(scope, receive, send)
+        except TimeoutError:
+            error = ApiError(
+                408, f"the request body did not arrive within {timeout:g} s (--body-timeout)", "request_timeout"
+            )
+            await send_error(send, error, self.metrics)
+            return None
+
+    async def _read_body_unbounded(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         limit = self.limits.max_request_bytes
         too_large = ApiError(
             413, f"request body is larger than the limit of {limit} bytes (--max-request-bytes)", "payload_too_large"
@@ -186,3 +250,26 @@ class GuardMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+class TokenAdmission:
+    """Admission by the tokens of the requests in flight (see the module doc): a request whose tokens would take
+    the total over ``limit`` is refused with 429, unless nothing else is in flight (so any request can run).
+    Used on the event loop's thread only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    def admit(self, tokens: int) -> None:
+        if self.in_flight and self.in_flight + tokens > self.limit:
+            raise ApiError(
+                429,
+                f"the server has {self.in_flight} tokens in flight; this request's {tokens} would pass the limit of "
+                f"{self.limit} (--max-tokens-in-flight); retry shortly",
+                "too_many_tokens_in_flight",
+            )
+        self.in_flight += tokens
+
+    def release(self, tokens: int) -> None:
+        self.in_flight -= tokens

@@ -3,23 +3,86 @@
 Shutdown is graceful either way: on SIGINT/SIGTERM (foreground) or :meth:`BackgroundServer.stop`, uvicorn
 stops accepting connections, waits up to ``graceful_timeout`` seconds for the requests in flight, then runs
 the app's shutdown (the batcher finishes its queue). A second signal stops at once.
+
+Connections are counted per client address: one past the app's ``Limits.max_connections_per_client`` is
+answered ``429`` and closed as it opens, before anything is read from it (a client cannot hold every
+connection the server has).
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from lmembed.serving.limits import Limits
 
 #: Idle keep-alive connections stay open this long (uvicorn's 5 s default races busy clients that reuse
 #: a pooled connection just as the server closes it).
 KEEP_ALIVE_S = 75
 
 
+def _refusal(limit: int) -> bytes:
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"this address has {limit} connections open already (--max-connections-per-client)",
+                "type": "rate_limit_error",
+                "code": "too_many_connections",
+                "param": None,
+            }
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def per_client_protocol(limit: int, metrics: Any = None) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, with at most ``limit`` open connections per client address."""
+    open_by_address: Counter[str] = Counter()  # touched on the event loop's thread only
+    refusal = _refusal(limit)
+
+    class PerClientLimited(H11Protocol):
+        address: str | None = None
+        open_connections = open_by_address  # {address: connections open}, for metrics and tests
+
+        def connection_made(self, transport: Any) -> None:
+            peer = transport.get_extra_info("peername")
+            address = str(peer[0]) if peer else ""
+            if open_by_address[address] >= limit:
+                if metrics is not None:
+                    metrics.error(429, "too_many_connections")
+                transport.write(refusal)
+                transport.close()
+                return
+            open_by_address[address] += 1
+            self.address = address
+            super().connection_made(transport)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.address is None:
+                return  # refused in connection_made: uvicorn's state was never set up
+            open_by_address[self.address] -= 1
+            if open_by_address[self.address] <= 0:
+                del open_by_address[self.address]
+            self.address = None
+            super().connection_lost(exc)
+
+    return PerClientLimited
+
+
 def _config(app: Any, *, graceful_timeout: float, log_level: str, access_log: bool, **options: Any) -> uvicorn.Config:
+    state = getattr(getattr(app, "state", None), "lmembed", None)
+    limits = getattr(state, "limits", None) or Limits()
     return uvicorn.Config(
         app,
         lifespan="on",
@@ -27,6 +90,10 @@ def _config(app: Any, *, graceful_timeout: float, log_level: str, access_log: bo
         access_log=access_log,
         timeout_graceful_shutdown=graceful_timeout,
         timeout_keep_alive=KEEP_ALIVE_S,
+        http=per_client_protocol(limits.max_connections_per_client, getattr(state, "metrics", None)),
+        # h11 buffers at most this much of an unfinished header block (then 400); a finished block over
+        # max_header_bytes gets the middleware's 431
+        h11_max_incomplete_event_size=max(4 * limits.max_header_bytes, 65536),
         **options,
     )
 
