@@ -413,6 +413,19 @@ def test_a_router_gives_queries_and_documents_their_own_layers(tmp_path, layout)
     assert_same(ours.encode_queries(TEXTS), theirs.encode_query(TEXTS), exact=True)
     assert_same(ours.encode_corpus(TEXTS), theirs.encode_document(TEXTS), exact=True)
     assert_same(ours.encode(TEXTS), theirs.encode(TEXTS), exact=True)  # no task: the default (document) route
+    if layout == "router":  # the server reads queries through the query route too
+        import httpx
+
+        from lmembed.serving.app import create_app
+        from lmembed.serving.server import BackgroundServer
+
+        with BackgroundServer(create_app(ours, model_name="asym")) as server:
+            for input_type, method in (("query", "encode_query"), ("document", "encode_document")):
+                body = {"model": "asym", "input": TEXTS, "input_type": input_type}
+                reply = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
+                assert reply.status_code == 200, reply.text
+                served = np.array([row["embedding"] for row in reply.json()["data"]], dtype=np.float32)
+                assert_same(served, getattr(theirs, method)(TEXTS), exact=True)
 
 
 # ---------------------------------------------------------------------------------------------- every way in

@@ -85,6 +85,12 @@ class ServerState:
         self.batcher = TokenBudgetBatcher(
             self.engine, self.config, max_batch_tokens=limits.max_batch_tokens, metrics=self.metrics
         )
+        query_config = for_side(self.config, "query")[0]
+        self.query_batcher = None  # an asymmetric (Router) model reads queries through their own route
+        if query_config != self.config:
+            self.query_batcher = TokenBudgetBatcher(
+                self.engine, query_config, max_batch_tokens=limits.max_batch_tokens, metrics=self.metrics
+            )
         self.tokenizer = RequestTokenizer(embedder.backbone, self.config, truncate=limits.truncate)
         self.admission = TokenAdmission(limits.max_tokens_in_flight)
         self.rerank = None
@@ -109,14 +115,16 @@ class ServerState:
         return instruction or self.config.named_prompt(None)
 
     async def embed(
-        self, texts: list[str], instruction: str | None, dimensions: int | None, field: str
+        self, texts: list[str], instruction: str | None, dimensions: int | None, field: str, side: str | None = None
     ) -> tuple[np.ndarray, int]:
-        """Final vectors (as ``Embedder.encode`` returns them) and the number of tokens embedded."""
+        """Final vectors (as ``Embedder.encode`` returns them; ``side="query"`` as ``encode_queries``) and the
+        number of tokens embedded."""
         lengths = await self.tokenizer.count(texts, instruction, field)
         tokens = sum(lengths)
         self.admission.admit(tokens)
+        batcher = self.query_batcher if side == "query" and self.query_batcher is not None else self.batcher
         try:
-            raw = await self.batcher.embed(texts, lengths, instruction)
+            raw = await batcher.embed(texts, lengths, instruction)
         finally:
             self.admission.release(tokens)
         config = self.config if dimensions is None else self.config.with_options(dim=dimensions)
@@ -140,6 +148,8 @@ class ServerState:
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         await self.batcher.start()
+        if self.query_batcher is not None:
+            await self.query_batcher.start()
         if self.rerank is not None:
             await self.rerank.start()
         warm_up = asyncio.create_task(self.warm_up())
@@ -149,6 +159,8 @@ class ServerState:
             self.status = "shutting_down"
             await warm_up
             await self.batcher.stop()
+            if self.query_batcher is not None:
+                await self.query_batcher.stop()
             if self.rerank is not None:
                 await self.rerank.stop()
             self.tokenizer.close()
@@ -223,7 +235,7 @@ def create_app(
         )
         instruction = state.instruction_for(req.input_type, req.instruction)
         vectors, tokens = await unless_disconnected(
-            request, state.embed(req.texts, instruction, req.dimensions, "input")
+            request, state.embed(req.texts, instruction, req.dimensions, "input", req.input_type)
         )
         state.metrics.tokens.inc(tokens)
         body = await asyncio.to_thread(embedding_body, vectors, req.encoding_format, req.model, tokens)
@@ -242,10 +254,11 @@ def create_app(
             max_k=state.limits.max_top_k,
         )
         stages = parse_search_stages(payload, has_reranker=state.rerank is not None, max_k=state.limits.max_top_k)
-        instruction = req.instruction or state.config.query_instruction
+        instruction = state.instruction_for("query", req.instruction)
         vectors, tokens = None, 0
         if stages.mode != "bm25":
-            vectors, tokens = await unless_disconnected(request, state.embed(req.queries, instruction, None, "query"))
+            embedding = state.embed(req.queries, instruction, None, "query", "query")
+            vectors, tokens = await unless_disconnected(request, embedding)
         depth = max(req.k, stages.rerank_top_k) if stages.rerank else req.k
         how = {"mode": stages.mode, "fusion": stages.fusion, "vectors": vectors}
         scores, rows = await asyncio.to_thread(state.index.search_rows, req.queries, depth, **how)
