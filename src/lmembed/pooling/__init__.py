@@ -1,2 +1,3 @@
-"""Reading vectors out of hidden states: which layers (``layers``), the stateless poolers (``poolers``)
-and NV-Embed's trainable latent-attention head (``latent_attention``)."""
+"""Reading vectors out of hidden states: which layers (``layers``), the stateless poolers (``poolers``),
+NV-Embed's trainable latent-attention head (``latent_attention``) and a published model's post-pooling
+Dense/LayerNorm/Normalize layers (``head``)."""

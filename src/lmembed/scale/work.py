@@ -43,9 +43,9 @@ OPEN_STAGING_FILES = 64
 
 def model_fingerprint(embedder: Embedder, config: EmbeddingConfig) -> str:
     """The model part of the cache folder for ``config``, as the encoding engine names it: the weights'
-    fingerprint, plus the pooling head's for latent-attention pooling."""
+    fingerprint, plus the pooling head's for latent-attention pooling or a published model's post-pooling head."""
     fingerprint = embedder.backbone.fingerprint()
-    if config.pooling == "latent_attention" and embedder.pooling_head is not None:
+    if (config.pooling == "latent_attention" or config.head) and embedder.pooling_head is not None:
         fingerprint += "-" + weights_fingerprint(embedder.pooling_head)
     return fingerprint
 
