@@ -6,7 +6,8 @@ One training step:
    function of seed and step) and this process's share of it;
 2. embed queries (with their instructions), positives and hard negatives through the
    :class:`~lmembed.training.trainable.TrainableEmbedder` — in one forward pass, or chunk by chunk through
-   :class:`~lmembed.training.gradcache.GradCache` when ``grad_cache_chunk`` is set;
+   :class:`~lmembed.training.gradcache.GradCache` when ``grad_cache_chunk`` is set (for a layerwise loss such as
+   2DMSE, each text's vectors at the layers the loss asks for come side by side from the same pass);
 3. apply the loss (under several processes, in-batch candidates are gathered from all of them with
    ``gather_with_grad``), back-propagate, clip, and take an AdamW step with warm-up then linear decay
    (:class:`~lmembed.training.optim.OptimisationStep`, shared with the pre-training stages).

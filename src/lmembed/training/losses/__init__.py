@@ -1,18 +1,18 @@
 """Loss functions for embedding training, one concept per module, pure torch.
 
-=================== ==================================================================
-module              holds
-=================== ==================================================================
-:mod:`.infonce`     ``InfoNCELoss`` (in-batch + hard negatives), similarity helpers
-:mod:`.gte`         ``GTELoss``, GTE's improved contrastive loss (enlarged partition function)
-:mod:`.triplet`     ``TripletLoss`` with a margin
-:mod:`.angle`       ``AnglELoss`` (CoSENT + in-batch + angle terms) for scored pairs
-:mod:`.matryoshka`  ``MatryoshkaLoss``, any loss over nested leading dimensions
-:mod:`.rerank`      ``PointwiseBCELoss``, ``ListwiseSoftmaxLoss``: a reranker's logits of groups (not registered
-                    here: ``lmembed.training.reranker`` picks them by name)
+===================== ==================================================================
+module                holds
+===================== ==================================================================
+:mod:`.infonce`       ``InfoNCELoss`` (in-batch + hard negatives), similarity helpers
+:mod:`.gte`           ``GTELoss``, GTE's improved contrastive loss (enlarged partition function)
+:mod:`.triplet`       ``TripletLoss`` with a margin
+:mod:`.angle`         ``AnglELoss`` (CoSENT + in-batch + angle terms) for scored pairs
+:mod:`.matryoshka`    ``MatryoshkaLoss``, any loss over nested leading dimensions
+:mod:`.rerank`        ``PointwiseBCELoss``, ``ListwiseSoftmaxLoss``: a reranker's logits of groups (not registered
+                      here: ``lmembed.training.reranker`` picks them by name)
 :mod:`.matryoshka_2d` ``Matryoshka2DLoss`` (2DMSE): MRL at the last and a sampled shallower layer + alignment
-:mod:`.factory`     ``build_training_loss``: the trainer's loss from a ``TrainConfig``
-=================== ==================================================================
+:mod:`.factory`       ``build_training_loss``: the trainer's loss from a ``TrainConfig``
+===================== ==================================================================
 
 Retrieval losses share one call signature::
 
