@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 from safetensors.torch import load_file, save_file
@@ -27,8 +27,9 @@ from torch import Tensor, nn
 from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.config import EmbeddingConfig, for_side
 from lmembed.encoding.backends import Backend, make_backend
+from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documents
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
-from lmembed.encoding.inputs import wants_eos
+from lmembed.encoding.inputs import validate_texts, wants_eos
 from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
@@ -84,6 +85,18 @@ def check_strategy(backbone: Backbone, config: EmbeddingConfig, width: int | Non
         )
     if backbone.is_decoder and config.attention == "bidirectional":
         check_bidirectional_supported(backbone.model)
+
+
+def check_chunk_fits(backbone: Backbone, config: EmbeddingConfig, chunking: Chunking) -> None:
+    """Raise :class:`ConfigError` when a chunk of ``chunking.tokens`` text tokens plus the special tokens would
+    be truncated at the strategy's ``max_length``."""
+    limit = resolve_max_length(backbone, config.max_length)
+    special = len(backbone.tokenizer("", add_special_tokens=True)["input_ids"])
+    if chunking.tokens + special > limit:
+        raise ConfigError(
+            f"chunk tokens={chunking.tokens} (+{special} special) exceed the strategy's max_length={limit}; "
+            "use smaller chunks or a larger max_length"
+        )
 
 
 def default_max_length(path: str, requested: int | None) -> int:
@@ -363,11 +376,49 @@ class Embedder:
         config, prefix = for_side(self.config, "query", instruction)
         return self._encode_as(texts, batch_size, prefix, config)
 
-    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+    @overload
+    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32, chunking: None = None) -> np.ndarray: ...
+
+    @overload
+    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32, chunking: Chunking) -> ChunkedEmbeddings: ...
+
+    def encode_corpus(
+        self, texts: Sequence[str], *, batch_size: int = 32, chunking: Chunking | None = None
+    ) -> np.ndarray | ChunkedEmbeddings:
         """Embed documents: with the strategy's ``document_instruction`` (a published model's document prompt)
-        where it has one, else as they are."""
+        where it has one, else as they are (truncated at ``max_length``).
+
+        With ``chunking`` (:class:`~lmembed.encoding.chunking.Chunking`) each document is cut into token windows
+        and the chunks are embedded (apart, or with ``late=True`` pooled from one forward pass over the document):
+        the result is a :class:`~lmembed.encoding.chunking.ChunkedEmbeddings`, whose ``document_scores(queries)``
+        scores documents by their first chunk, best chunk (MaxP) or the chunks' mean."""
         config, prefix = for_side(self.config, "document")
-        return self._encode_as(texts, batch_size, prefix, config, corpus=True)
+        if chunking is None:
+            return self._encode_as(texts, batch_size, prefix, config, corpus=True)
+        return self.encode_chunks(texts, chunking, config=config, instruction=prefix, batch_size=batch_size)
+
+    def encode_chunks(
+        self,
+        texts: Sequence[str],
+        chunking: Chunking,
+        *,
+        config: EmbeddingConfig | None = None,
+        instruction: str | None = None,
+        batch_size: int = 32,
+    ) -> ChunkedEmbeddings:
+        """Chunk vectors of ``texts`` under ``config`` (this Embedder's strategy by default): see
+        :meth:`encode_corpus`."""
+        config = config or self.config
+        texts = validate_texts(texts)
+        if chunking.late:
+            raw, doc_index = self.engine.encode_late_chunks(
+                texts, config, chunking, instruction=instruction, batch_size=batch_size
+            )
+            return ChunkedEmbeddings(postprocess(raw, config), doc_index, len(texts), chunking.aggregate)
+        check_chunk_fits(self.backbone, config, chunking)
+        chunks = split_documents(self.backbone.tokenizer, texts, chunking)
+        vectors = self._encode_as(chunks.texts, batch_size, instruction, config, corpus=True)
+        return ChunkedEmbeddings(vectors, chunks.doc_index, len(texts), chunking.aggregate)
 
     def _encode_as(
         self,

@@ -36,6 +36,7 @@ from lmembed.config import ConfigError, EmbeddingConfig
 from lmembed.encoding.backends import Backend, TorchBackend
 from lmembed.encoding.backends.graph import position_ids_from_mask
 from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, model_key, text_key
+from lmembed.encoding.chunking import Chunking, token_windows
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
@@ -227,6 +228,45 @@ class EncodingEngine:
             out[:] = out[source]
         return outputs
 
+    def encode_late_chunks(
+        self,
+        texts: Sequence[str],
+        config: EmbeddingConfig,
+        chunking: Chunking,
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Late chunking: each text runs once through the model (truncated at ``config``'s ``max_length``), and
+        its token states are pooled per ``chunking`` window over the pooled (text) tokens. Returns the raw chunk
+        vectors and each chunk's text row. Not cached (the chunks depend on ``chunking``)."""
+        texts = validate_texts(texts)
+        builder, mode = self._reading(config)
+        features = builder.build_all(texts, instruction)
+        spans = [_late_spans(f.pool_mask, chunking) for f in features]
+        offsets = np.cumsum([0] + [len(s) for s in spans])
+        out = np.empty((int(offsets[-1]), self.output_dim(config)), dtype=np.float32)
+        with torch.inference_mode():
+            for batch in self._batches(features, list(range(len(texts))), batch_size):
+                states = self.backend.states(batch.input_ids, batch.attention_mask, [config], mode)[0]
+                width = batch.input_ids.shape[1]
+                owner, masks = [], []
+                for b, row in enumerate(batch.rows):
+                    shift = width - len(features[row]) if self.padding_side == "left" else 0
+                    for positions in spans[row]:
+                        mask = torch.zeros(width, dtype=torch.long)
+                        mask[[p + shift for p in positions]] = 1
+                        owner.append(b)
+                        masks.append(mask)
+                pick = torch.tensor(owner, device=states.device)
+                pooled = self._pool(
+                    states[pick], torch.stack(masks).to(states.device), config, batch.attention_mask[pick]
+                )
+                rows = [i for row in batch.rows for i in range(offsets[row], offsets[row + 1])]
+                out[rows] = pooled.float().cpu().numpy()
+        doc_index = np.repeat(np.arange(len(texts), dtype=np.int64), np.diff(offsets))
+        return out, doc_index
+
     # ------------------------------------------------------------------ cache
     def _cache_for(self, config: EmbeddingConfig) -> EmbeddingCache | None:
         if not self.use_cache:
@@ -392,6 +432,16 @@ class EncodingEngine:
         with terminal.progress(*columns, label=f"encoding [{label}]", unit="texts", transient=True) as progress:
             task = progress.add_task("encode", total=total)
             yield lambda n: progress.advance(task, n)
+
+
+def _late_spans(pool_mask: Sequence[int], chunking: Chunking) -> list[list[int]]:
+    """The positions of each chunk of one tokenised text: ``chunking``'s windows over its pooled positions (a text
+    with none pools its whole pool mask as one chunk)."""
+    pooled = [i for i, m in enumerate(pool_mask) if m]
+    windows = token_windows(len(pooled), chunking.tokens, chunking.overlap)
+    if chunking.aggregate == "first":
+        windows = windows[:1]
+    return [pooled[start:end] for start, end in windows] if pooled else [[]]
 
 
 def _add_rows(writers: Sequence[_CacheWriter], rows: list[int]) -> None:
