@@ -511,3 +511,26 @@ def test_lmembed_eval_scores_the_published_models_vectors(cls_folder, tmp_path):
     scores = written["scores"]["test"][0]
     assert scores["main_score"] == pytest.approx(expected.main_score, abs=1e-6)
     assert scores["ndcg_at_1"] == pytest.approx(expected.scores["ndcg_at_1"], abs=1e-6)
+
+
+def test_training_a_published_model_trains_its_head_and_saves_a_loadable_folder(cls_folder, tmp_path):
+    from lmembed.training.train_config import TrainConfig
+    from lmembed.training.trainer import Trainer
+
+    rows = [
+        {"query": "cat mat", "positive": "the cat sat on the mat", "negatives": ["protein gene cell"]},
+        {"query": "horse riding", "positive": "a man is riding a horse", "negatives": ["the dog sat"]},
+        {"query": "protein", "positive": "protein cell gene", "negatives": ["a woman food"]},
+        {"query": "hello friend", "positive": "hello there friend", "negatives": ["the movie"]},
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    ours = load(cls_folder)
+    before = ours.pooling_head.layer_state(0)["linear.weight"].clone()
+    options = {"data": [str(data)], "output": str(tmp_path / "run"), "batch_size": 4, "steps": 2, "lr": 5e-3}
+    config = TrainConfig(**options, warmup_steps=1, lora=False, progress=False, seed=7)
+    result = Trainer(config, model=ours).train()
+    trained = load(result.model_dir)
+    assert not torch.equal(trained.pooling_head.layer_state(0)["linear.weight"], before)
+    reloaded = st.SentenceTransformer(str(result.model_dir), device="cpu")
+    assert_same(trained.encode_queries(TEXTS), reloaded.encode_query(TEXTS), exact=True)
