@@ -103,11 +103,34 @@ def _numeric_text(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class LatentAttentionConfig:
-    """Shape of NV-Embed's latent-attention pooling head."""
+    """Shape of a latent-attention pooling head.
+
+    ``variant="lmembed"`` is lmembed's own trainable head (:mod:`lmembed.pooling.latent_attention`);
+    ``"nv-embed"`` is the head of NV-Embed's published checkpoints (:mod:`lmembed.pooling.nvembed_latent`), whose
+    attention heads are ``head_dim`` wide and whose GEGLU feed-forward is ``hidden_mult`` times the model width.
+    """
 
     num_latents: int = 512
     num_heads: int = 8
     hidden_mult: int = 1  # MLP width as a multiple of the model width
+    variant: str = "lmembed"
+    head_dim: int | None = None  # nv-embed: the width of one attention head (None: hidden size / num_heads)
+
+    def __post_init__(self) -> None:
+        if self.variant not in LATENT_VARIANTS:
+            raise ConfigError(f"latent variant={self.variant!r} is unknown; choose one of {', '.join(LATENT_VARIANTS)}")
+
+    def key(self) -> dict[str, Any]:
+        """The fields as a dict, the ones added later only where set (earlier strategies keep their fingerprints)."""
+        data = asdict(self)
+        for name, default in (("variant", "lmembed"), ("head_dim", None)):
+            if data[name] == default:
+                del data[name]
+        return data
+
+
+LATENT_VARIANTS = ("lmembed", "nv-embed")
+INSTRUCTION_MASKS = ("offsets", "token_count")
 
 
 @dataclass(frozen=True)
@@ -131,6 +154,9 @@ class EmbeddingConfig:
     query_instruction: str | None = None
     plain_prefix: str = ""  # put before a text embedded without an instruction, kept out of pooling (GritLM)
     pool_special_tokens: bool = True  # False: special tokens (BOS, ...) never pooled, as LLM2Vec's embed mask
+    # which tokens an instruction keeps out of pooling: "offsets" those before the text (by character offsets),
+    # "token_count" the first len(tokenizer.tokenize(prefix)) tokens of the sequence, BOS included (NV-Embed)
+    instruction_mask: str = "offsets"
     add_eos: bool | None = None
     eos_token: str | None = None  # the token appended for last-token pooling; None: the tokenizer's EOS
     max_length: int | None = None  # None: the model's own limit (at most 512), resolved on load
@@ -175,6 +201,10 @@ class EmbeddingConfig:
             raise ConfigError(f"dim={self.dim} must be a positive int or None")
         if "{text}" not in self.echo_template:
             raise ConfigError("echo_template must contain '{text}' (the first copy of the input)")
+        if self.instruction_mask not in INSTRUCTION_MASKS:
+            raise ConfigError(
+                f"instruction_mask={self.instruction_mask!r} is unknown; choose one of {', '.join(INSTRUCTION_MASKS)}"
+            )
         if "{instruction}" not in self.instruction_template:
             raise ConfigError("instruction_template must contain '{instruction}'")
         self._validate_conventions()
@@ -230,7 +260,7 @@ class EmbeddingConfig:
             **self._convention_key(),
         }
         # fields added later enter the key only when set, so earlier strategies keep their fingerprints
-        optional = {"plain_prefix": "", "pool_special_tokens": True, "eos_token": None}
+        optional = {"plain_prefix": "", "pool_special_tokens": True, "eos_token": None, "instruction_mask": "offsets"}
         key.update({name: getattr(self, name) for name, default in optional.items() if getattr(self, name) != default})
         return key
 
@@ -250,7 +280,7 @@ class EmbeddingConfig:
         """Fields that only read hidden states."""
         key: dict[str, Any] = {"pooling": self.pooling, "layer": list(self.layers), "final_norm": self.final_norm}
         if self.pooling == "latent_attention":
-            key["latent"] = asdict(self.latent)
+            key["latent"] = self.latent.key()
         if self.head:
             key["head"] = [dict(layer) for layer in self.head]
             key["route"] = self.route

@@ -36,6 +36,7 @@ from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.attention import check_bidirectional_supported
 from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.loading import Backbone, backbone_from_model, find_model_dir, load_backbone
+from lmembed.models.nvembed import NVEmbedCheckpoint, load_nvembed
 from lmembed.models.sentence_transformers_folder import (
     ACTIVATION_PATHS,
     PublishedModel,
@@ -46,7 +47,7 @@ from lmembed.models.sentence_transformers_folder import (
     read_published_folder,
 )
 from lmembed.pooling.head import PostPoolingHead
-from lmembed.pooling.latent_attention import LatentAttentionPooling
+from lmembed.pooling.latent_attention import build_latent_head
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ class Embedder:
             raise ConfigError("the strategy has a post-pooling head but no head weights were given (pooling_head)")
         check_strategy(backbone, self.config, _head_width(pooling_head, backbone, self.config))
         if self.config.pooling == "latent_attention" and pooling_head is None:
-            pooling_head = LatentAttentionPooling(backbone.hidden_size, self.config.latent)
+            pooling_head = build_latent_head(backbone.hidden_size, self.config.latent)
             pooling_head.to(device=backbone.device, dtype=backbone.dtype)
         self.pooling_head = pooling_head
         if not isinstance(backend, Backend):
@@ -271,6 +272,9 @@ class Embedder:
         load = load_backbone
         if published and published.preset.loader == "llm2vec":
             load = partial(_load_llm2vec, quantize=torch_int8)
+        nvembed = None
+        if published and published.preset.loader == "nvembed":  # the decoder and head of one NVEmbedModel file set
+            load = nvembed = _NVEmbedLoad()
         backbone = load(
             str(folder.model_dir) if folder else name_or_path,
             dtype=dtype,
@@ -286,6 +290,8 @@ class Embedder:
         options = dict(saved["strategy"]) if saved else dict(published.preset.strategy) if published else {}
         if folder:
             options = dict(folder.options)
+        if nvembed:
+            options.update(nvembed.checkpoint.strategy)
         given = {
             "pooling": pooling,
             "layer": tuple(layer) if isinstance(layer, list | tuple) else layer,
@@ -308,6 +314,8 @@ class Embedder:
         if folder:
             head = _published_head(folder, backbone, base)
             _adapt_tokenizer(backbone, folder)
+        if nvembed:
+            head = nvembed.head(backbone, base)
         if base.get("lowercase"):
             apply_lowercase(backbone.tokenizer)
         embedder = cls(
@@ -748,6 +756,28 @@ def _load_llm2vec(name_or_path: str, *, quantize: bool, **kwargs: Any) -> Backbo
     return load_adapter_stack(name_or_path, **keep)
 
 
+class _NVEmbedLoad:
+    """Loads an NV-Embed checkpoint as a backbone (:func:`load_nvembed`), keeping its head's tensors for
+    :meth:`head`."""
+
+    checkpoint: NVEmbedCheckpoint
+
+    def __call__(self, name_or_path: str, *, exact_tokenizer: bool, **kwargs: Any) -> Backbone:
+        self.checkpoint = load_nvembed(name_or_path, **kwargs)
+        return self.checkpoint.backbone
+
+    def head(self, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+        cfg = EmbeddingConfig.from_dict(strategy)
+        if cfg.pooling != "latent_attention":
+            return None
+        head = build_latent_head(backbone.hidden_size, cfg.latent)
+        try:
+            head.load_state_dict(self.checkpoint.head_state)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"{backbone.path}: latent_attention_model.* does not fit its config: {exc}") from exc
+        return head.to(device=backbone.device, dtype=backbone.dtype).eval()
+
+
 def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
     if strategy.get("head"):  # a published model's post-pooling head, saved in sentence-transformers' layout
         head = PostPoolingHead(strategy["head"])
@@ -761,6 +791,6 @@ def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> 
     if not path.exists():
         return None
     cfg = EmbeddingConfig.from_dict(strategy)
-    head = LatentAttentionPooling(backbone.hidden_size, cfg.latent)
+    head = build_latent_head(backbone.hidden_size, cfg.latent)
     head.load_state_dict(load_file(str(path)))
     return head.to(device=backbone.device, dtype=backbone.dtype).eval()

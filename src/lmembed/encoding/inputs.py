@@ -12,7 +12,10 @@ shortened alike.
 A published model may fix more of this (:mod:`lmembed.models.presets`): a prefix for texts embedded without an
 instruction (``plain_prefix``, GritLM's ``<|embed|>\n``), special tokens kept out of pooling even where no prefix
 is (``pool_special_tokens=False``, LLM2Vec's embed mask) and which token ends a text read by last-token pooling
-(``eos_token``, Qwen3-Embedding's ``<|endoftext|>``).
+(``eos_token``, Qwen3-Embedding's ``<|endoftext|>``). With ``instruction_mask="token_count"`` (NV-Embed) the
+tokens kept out of pooling are not found by offsets but counted as its code counts them: the first
+``len(tokenizer.tokenize(prefix))`` tokens of the sequence, BOS included (so with a tokenizer that does not split
+the prefix exactly where the whole string does, the prefix's last token is pooled, as in the reference).
 
 A published sentence-transformers model (``prompt_style="sentence_transformers"``) reads its prompts as
 sentence-transformers does instead: the prompt is prepended as it is, the whole string is truncated to
@@ -108,6 +111,7 @@ class InputBuilder:
         self.placeholder_id = next((t for t in candidates if t is not None), 0)
         self.sentence_transformers = config.prompt_style == "sentence_transformers"
         self._prompt_lengths: dict[str, int] = {}
+        self._prefix_counts: dict[str, int] = {}
 
     # -------------------------------------------------------------- wrapping
     def _prefix(self, text: str, instruction: str | None) -> tuple[str, int]:
@@ -157,14 +161,17 @@ class InputBuilder:
             return_offsets_mapping=True,
             return_special_tokens_mask=True,
         )
-        return self._features(enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], len(prefix))
+        return self._features(enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], prefix)
 
     def _features(
-        self, input_ids: Sequence[int], offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int
+        self, input_ids: Sequence[int], offsets: Sequence[tuple[int, int]], special: Sequence[int], prefix: str
     ) -> Features:
-        pool_mask = self._pool_mask(
-            offsets, special, 0 if self.config.include_prompt else start, self.config.pool_special_tokens
-        )
+        start = 0 if self.config.include_prompt else len(prefix)
+        if start and self.config.instruction_mask == "token_count":
+            skip = min(self._prefix_count(prefix), len(input_ids))
+            pool_mask = [0] * skip + [1] * (len(input_ids) - skip)
+        else:
+            pool_mask = self._pool_mask(offsets, special, start, self.config.pool_special_tokens)
         ids = list(input_ids)
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)
@@ -173,6 +180,12 @@ class InputBuilder:
             ids.append(self.placeholder_id)
             pool_mask.append(1)
         return Features(ids, pool_mask)
+
+    def _prefix_count(self, prefix: str) -> int:
+        """``len(tokenizer.tokenize(prefix))``: the positions NV-Embed's pool mask zeroes."""
+        if prefix not in self._prefix_counts:
+            self._prefix_counts[prefix] = len(self.tokenizer.tokenize(prefix))
+        return self._prefix_counts[prefix]
 
     @staticmethod
     def _pool_mask(
@@ -214,7 +227,7 @@ class InputBuilder:
             return_special_tokens_mask=True,
         )
         return [
-            self._features(ids, offsets, special, len(prefix))
+            self._features(ids, offsets, special, prefix)
             for ids, offsets, special, prefix in zip(
                 enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], prefixes, strict=True
             )

@@ -13,7 +13,8 @@ or was skipped with the reason:
 * ``padding``: a text embedded alone equals the same text in a batch with longer and shorter ones, padded
   left and padded right;
 * ``prompt-pooling``: for a mean-type pooling, the text tokens pooled (special tokens aside) do not change
-  when the instruction does or when there is none, so prompt tokens stay out of the vector;
+  when the instruction does or when there is none, so prompt tokens stay out of the vector (skipped, with the
+  reason, where a family's reference counts its masked prompt positions itself: NV-Embed);
 * ``truncation``: a text longer than ``max_length`` still ends with the token a short text ends with (the
   EOS last-token pooling reads, an encoder's closing ``[SEP]``), within ``max_length``;
 * ``sentence-transformers``: where the folder has ``modules.json`` and sentence-transformers is installed,
@@ -187,6 +188,12 @@ def check_prompt_pooling(embedder: Embedder, texts: Sequence[str]) -> Check:
     pooled = {label: _pooled_ids(builder, text, instruction) for label, instruction in variants.items()}
     reference = pooled["no instruction"]
     differ = [label for label, ids in pooled.items() if ids != reference]
+    if differ and cfg.instruction_mask == "token_count":  # NV-Embed: counted as its code counts, on purpose
+        detail = (
+            f"the pooled tokens change with {', '.join(differ)}, as in the reference: its pool mask leaves out "
+            "len(tokenizer.tokenize(prompt)) positions (instruction_mask='token_count'), not the prompt's own tokens"
+        )
+        return Check("prompt-pooling", None, detail)
     if differ:
         return Check("prompt-pooling", False, f"the pooled tokens change with {', '.join(differ)}")
     detail = f"the same {len(reference)} text tokens pooled with and without an instruction"

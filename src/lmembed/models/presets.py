@@ -44,7 +44,7 @@ class Preset:
     verified: str
     padding_side: Literal["left", "right"] = "left"
     instructions: str | None = None  # a table of evaluation.instructions
-    loader: Literal["transformers", "llm2vec"] = "transformers"
+    loader: Literal["transformers", "llm2vec", "nvembed"] = "transformers"
     architectures: tuple[str, ...] = ()  # config.json architectures that identify the family on their own
     limits: str = ""  # what differs from the reference, and when
     refused: str | None = None
@@ -212,24 +212,30 @@ PRESETS: tuple[Preset, ...] = (
             "pooling": "latent_attention",
             "attention": "bidirectional",
             "instruction_template": E5_TEMPLATE,
+            "instruction_mask": "token_count",
             "add_eos": True,
             "max_length": 32768,
+            "normalize": True,
+            "latent": {"variant": "nv-embed", "num_latents": 512, "num_heads": 8, "head_dim": 4096, "hidden_mult": 4},
         },
+        padding_side="right",
         architectures=("NVEmbedModel",),
         instructions="nv-embed",
-        source="NV-Embed-v2 modeling_nvembed.py (hub card code): LatentAttentionModel = PreNorm(LayerNorm on "
-        "token states and latents) cross-attention with 8 heads of width 4096 and no biases, then a PreNorm GEGLU "
-        "feed-forward, each with a residual, then a mean over the non-instruction tokens",
-        verified="refused: lmembed's latent-attention head (pooling/latent_attention.py) has no LayerNorms, uses "
-        "nn.MultiheadAttention (head width hidden/heads, with biases) and a GELU MLP, so NV-Embed's weights do not "
-        "map onto it",
-        limits="reproducing it needs three things lmembed lacks: a head with its math (PreNorm cross-attention, "
-        "GEGLU) loaded from latent_attention_model.*, the Mistral weights read from embedding_model.* of an "
-        "NVEmbedModel checkpoint, and its pool mask, which zeroes the first len(tokenizer.tokenize(instruction)) "
-        "positions, so BOS is dropped and the instruction's last token is pooled",
-        refused="its latent-attention pooling (LayerNorm'd cross-attention with 8 heads of width 4096, a GEGLU "
-        "feed-forward) is not the head lmembed implements (nn.MultiheadAttention with biases, a GELU MLP, no "
-        "norms), so its checkpoint's weights cannot be read into it; vectors would be wrong",
+        loader="nvembed",
+        source="NV-Embed-v2 modeling_nvembed.py (Hub repository code: NVEmbedModel.encode, input_transform_func, "
+        "prepare_kwargs_from_batch, LatentAttentionModel): instruction + text + '</s>' tokenised with BOS, right "
+        "padding, a bidirectional Mistral (padding-only mask), then LatentAttentionModel on the normed last states: "
+        "token states attend (LayerNorm'd, 8 heads of width 4096, no biases, no mask) to the 512 LayerNorm'd "
+        "latents with a residual, a LayerNorm'd GEGLU feed-forward (x4) with a residual, the mean over pool_mask, "
+        "L2-normalised; pool_mask zeroes the first len(tokenizer.tokenize(instruction)) positions (BOS included) "
+        "when padding_side is right and is_mask_instruction; documents get no instruction",
+        verified="tests/models/test_nvembed.py: a tiny MistralModel and head saved in the checkpoint's layout "
+        "(config.json text_config/latent_attention_config, embedding_model.* and latent_attention_model.* in "
+        "safetensors) against an independent re-implementation of the reference's forward and pool mask, "
+        "left and right batches, cosine >= 0.9999",
+        limits="a text longer than max_length: the reference cuts the whole 'instruction + text + </s>' string (so "
+        "the </s> is lost), lmembed cuts the text and keeps the </s>; the reference runs under CUDA autocast "
+        "(bfloat16/float16 matmuls) on a GPU, lmembed in the dtype asked for",
     ),
     Preset(
         family="bge-en-icl",

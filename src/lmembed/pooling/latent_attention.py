@@ -6,6 +6,9 @@ token states, goes through a two-layer GELU MLP (again with a residual connectio
 mean-pooled over the poolable tokens. Without the residuals a freshly initialised head attends almost
 uniformly to the latents and maps every text to the same vector, so training could never start.
 The head is a small ``nn.Module`` saved and loaded with the embedder (``pooling_head.safetensors``).
+
+:func:`build_latent_head` makes the head a strategy's ``latent`` config names: this one, or NV-Embed's
+published head (:mod:`lmembed.pooling.nvembed_latent`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 from torch import nn
 
 from lmembed.config import ConfigError, LatentAttentionConfig
+from lmembed.pooling.nvembed_latent import NVEmbedLatentPooling
 from lmembed.pooling.poolers import mean_pool
 
 
@@ -35,3 +39,11 @@ class LatentAttentionPooling(nn.Module):
         states = hidden + attended  # residual: a fresh head starts near plain mean pooling
         states = states + self.mlp(states)
         return mean_pool(states, pool_mask)
+
+
+def build_latent_head(hidden_size: int, config: LatentAttentionConfig | None = None) -> nn.Module:
+    """A fresh latent-attention head of ``config``'s variant for a model of width ``hidden_size``."""
+    cfg = config or LatentAttentionConfig()
+    if cfg.variant == "nv-embed":
+        return NVEmbedLatentPooling(hidden_size, cfg)
+    return LatentAttentionPooling(hidden_size, cfg)
