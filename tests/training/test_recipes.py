@@ -35,6 +35,7 @@ EXPECTED = {
     "gte",
     "angle",
     "e5-mistral-lora",
+    "grit",
 }
 TINY = {"steps": 1, "batch_size": 4, "max_length": 64, "warmup_steps": 0}
 

@@ -3,7 +3,7 @@
 A recipe reproduces a published training procedure as a sequence of stages, each one either a
 contrastive trainer run (:class:`~lmembed.training.train_config.TrainConfig`) or a pre-training
 stage (:mod:`lmembed.training.stages`, set by an :class:`~lmembed.training.train_config.ObjectiveConfig`:
-``mntp``, ``simcse``, ``anchor``, ``angle``). Every stage starts from the model the previous stage
+``mntp``, ``simcse``, ``anchor``, ``angle``, ``grit``). Every stage starts from the model the previous stage
 saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout::
 
     name: nv-embed-two-stage
@@ -18,7 +18,7 @@ saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout:
         mine: {teacher: minilm, k: 7, method: perc_pos, margin: 0.95}   # optional
     stages:
       - name: stage1
-        type: contrastive               # or mntp | simcse | anchor | angle
+        type: contrastive               # or mntp | simcse | anchor | angle | grit
         data: ["{prepared:scifact}"]    # prepared files are referred to by name
         steps: 100
       - name: stage2

@@ -43,7 +43,7 @@ from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
 # The pre-training stages (lmembed.training.stages), by the name ObjectiveConfig.objective takes.
-OBJECTIVE_NAMES = ("mntp", "simcse", "anchor", "angle")
+OBJECTIVE_NAMES = ("mntp", "simcse", "anchor", "angle", "grit")
 SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
 
 

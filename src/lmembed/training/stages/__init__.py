@@ -7,6 +7,8 @@ name        what it trains                                                    da
 ``simcse``  unsupervised SimCSE, two dropout views (:mod:`.simcse`)           texts
 ``anchor``  Anchor stage I, EBQ2D + EBD2Q reconstruction (:mod:`.anchor`)     (query, doc)
 ``angle``   AnglE/CoSENT on scored pairs (:mod:`.angle`)                      scored pairs
+``grit``    GritLM: contrastive (bidirectional) + next-token (causal) losses  rows + (prompt, answer)
+            on one model (:mod:`.grit`, :mod:`.generative`)
 =========== ================================================================ ================
 
 Besides one module per stage, the package holds :mod:`.batches` (reading a stage's items and serving

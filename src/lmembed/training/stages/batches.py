@@ -1,9 +1,10 @@
 """The data of a pre-training stage: items read from the configured sources, served in seeded batches.
 
 A stage declares the kind of item it trains on (``data_kind``): ``texts`` (the queries and positives of
-trainer data sources, or the lines of ``.txt`` files), ``pairs`` (query, first positive) or
-``scored_pairs`` (JSON lines of ``{sentence1, sentence2, score}``). :func:`load_items` reads them;
-:class:`BatchStream` serves them in a fresh seeded permutation per epoch.
+trainer data sources, or the lines of ``.txt`` files), ``pairs`` (query, first positive), ``examples``
+(whole trainer rows: query, instruction, positives, negatives) or ``scored_pairs`` (JSON lines of
+``{sentence1, sentence2, score}``). :func:`load_items` reads them; :class:`BatchStream` serves them in a
+fresh seeded permutation per epoch.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _examples(spec: Any) -> list[TrainExample]:
 
 
 def load_items(kind: str, sources: Sequence[Any], *, max_items: int | None = None, seed: int = 0) -> list[Any]:
-    """The training items of ``kind`` (``texts``, ``pairs`` or ``scored_pairs``) from ``sources``."""
+    """The training items of ``kind`` (``texts``, ``pairs``, ``examples`` or ``scored_pairs``) from ``sources``."""
     items: list[Any] = []
     for spec in sources:
         path = _source_path(spec)
@@ -72,6 +73,8 @@ def load_items(kind: str, sources: Sequence[Any], *, max_items: int | None = Non
             items += read_text_lines(path, strip=True)
         elif kind == "texts":
             items += [t for ex in _examples(spec) for t in (ex.query, *ex.positives)]
+        elif kind == "examples":
+            items += _examples(spec)
         else:
             items += [(ex.query, ex.positives[0]) for ex in _examples(spec)]
     if kind == "texts":

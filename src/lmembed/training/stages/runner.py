@@ -25,6 +25,7 @@ from lmembed.training.seeding import set_seed
 from lmembed.training.stages.anchor import AnchorObjective
 from lmembed.training.stages.angle import AnglEPairObjective
 from lmembed.training.stages.batches import BatchStream, load_items
+from lmembed.training.stages.grit import GritObjective
 from lmembed.training.stages.mntp import MNTPObjective
 from lmembed.training.stages.simcse import SimCSEObjective
 from lmembed.training.train_config import ObjectiveConfig, ObjectiveConfigError
@@ -40,6 +41,7 @@ OBJECTIVES: dict[str, type] = {
     "simcse": SimCSEObjective,
     "anchor": AnchorObjective,
     "angle": AnglEPairObjective,
+    "grit": GritObjective,
 }
 MODEL_DIR = "model"
 CONFIG_FILE = "objective_config.json"
