@@ -46,6 +46,25 @@ GridOpt = Annotated[
         "texts/s on retrieval tasks (the forward pass stops at the layer read: layer=k costs about k/L).",
     ),
 ]
+ChunkingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--chunking",
+        help="Long documents: cut retrieval corpora into --chunk-tokens windows (--chunk-overlap shared) and score "
+        "each document by its 'first' chunk, its best chunk ('maxp') or the chunks' 'mean' (default: truncation).",
+    ),
+]
+ChunkTokensOpt = Annotated[int, typer.Option("--chunk-tokens", help="Text tokens per chunk (with --chunking).")]
+ChunkOverlapOpt = Annotated[
+    int, typer.Option("--chunk-overlap", help="Tokens a chunk shares with the previous one (with --chunking).")
+]
+LateChunkingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--late-chunking",
+        help="With --chunking: pool each chunk from one forward pass over the whole document (up to --max-length).",
+    ),
+]
 OutputDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Results directory.")]
 
 
@@ -72,6 +91,10 @@ def eval_command(
     rerank: RerankOpt = None,
     rerank_top_k: RerankTopKOpt = 100,
     rerank_batch_tokens: RerankBatchTokensOpt = 16384,
+    chunking: ChunkingOpt = None,
+    chunk_tokens: ChunkTokensOpt = 256,
+    chunk_overlap: ChunkOverlapOpt = 32,
+    late_chunking: LateChunkingOpt = False,
 ) -> None:
     """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job.
 
@@ -100,6 +123,10 @@ def eval_command(
         _main_job(output, batch_size, options.backend, options.precision)
         return
     tasks, missing = resolve_eval_tasks(data, suite, task_type, instructions)  # tasks carry their instructions
+    if chunking is not None or late_chunking:
+        if rerank or first_stage != "dense":
+            raise typer.BadParameter("chunked documents are scored by the dense stage only", param_hint="--chunking")
+        tasks = _chunked(tasks, chunking, chunk_tokens, chunk_overlap, late_chunking)
     if rerank or first_stage != "dense":
         staged = {"first_stage": first_stage, "fusion": fusion, "rerank": rerank, "rerank_top_k": rerank_top_k}
         evaluate_in_stages(
@@ -133,6 +160,20 @@ def eval_command(
     if missing:
         console.print(f"[yellow]not scored (data absent)[/]: {', '.join(missing)}")
     console.print(f"results written under {output}/")
+
+
+def _chunked(tasks: list[Any], aggregate: str | None, tokens: int, overlap: int, late: bool) -> list[Any]:
+    """The retrieval tasks among ``tasks`` set to chunk their documents (the others as they are)."""
+    from lmembed.encoding.chunking import AGGREGATES, Chunking
+    from lmembed.evaluation.tasks.retrieval import RetrievalTask
+
+    if aggregate not in AGGREGATES:
+        raise typer.BadParameter(f"expected one of {', '.join(AGGREGATES)}", param_hint="--chunking")
+    try:
+        chunking = Chunking(aggregate, tokens=tokens, overlap=overlap, late=late)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--chunk-tokens/--chunk-overlap") from None
+    return [t.with_chunking(chunking) if isinstance(t, RetrievalTask) else t for t in tasks]
 
 
 def _progress(progress: Any) -> None:

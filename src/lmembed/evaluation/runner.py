@@ -184,7 +184,13 @@ def evaluate_retrieval_strategies(
     data = task.data
     embedder.backend.ensure_calibration([*data.query_texts, *data.corpus_texts])
     queries = encode_side(embedder, data.query_texts, configs, "query", task.instruction, batch_size)
-    corpus = encode_side(embedder, data.corpus_texts, configs, "document", None, batch_size)
+    if task.chunking is None:
+        corpus = encode_side(embedder, data.corpus_texts, configs, "document", None, batch_size)
+    else:  # long documents: each strategy's chunk vectors (cached per chunk text, as any text)
+        corpus = [
+            embedder.with_config(cfg).encode_corpus(data.corpus_texts, batch_size=batch_size, chunking=task.chunking)
+            for cfg in configs
+        ]
     encode_s = time.perf_counter() - start
     speeds = measure_speeds(embedder, data.corpus_texts, configs, batch_size=batch_size) if measure_speed else {}
     out = []

@@ -33,12 +33,13 @@ from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 
+from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking
 from lmembed.errors import ConfigError
 from lmembed.evaluation.base import ItemScores, ShrinkLimits, TaskResult, TextsToEmbed
 from lmembed.evaluation.large_corpus import SearchMethod, corpus_matrix, is_large_corpus, search_corpus, storage_of
 from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, evaluate_run
 from lmembed.evaluation.retrieval_data import RetrievalData, load_beir
-from lmembed.evaluation.search import Similarity, exact_search, identical_id_positions
+from lmembed.evaluation.search import SearchResult, Similarity, exact_search, identical_id_positions
 from lmembed.io import Qrels
 from lmembed.protocols import RetrievalEncoder
 
@@ -122,6 +123,48 @@ def score_embeddings(
     done = time.perf_counter()
     storage = storage_of(c) if large or search_method != "exact" else None
     return ScoredRun(scores, run, {"search_s": searched - start, "metrics_s": done - searched}, storage)
+
+
+#: Queries scored against every chunk at once when documents are scored from their chunks.
+CHUNKED_QUERY_BLOCK = 256
+
+
+def chunked_search(
+    queries: np.ndarray, chunked: ChunkedEmbeddings, *, top_k: int, similarity: Similarity
+) -> SearchResult:
+    """Exact top-``top_k`` documents per query, each document scored from its chunks (``chunked.aggregate``),
+    in blocks of :data:`CHUNKED_QUERY_BLOCK` queries; ties go to the lower document row."""
+    k = min(top_k, chunked.num_docs)
+    indices = np.full((len(queries), top_k), -1, dtype=np.int64)
+    scores = np.full((len(queries), top_k), -np.inf, dtype=np.float32)
+    for start in range(0, len(queries), CHUNKED_QUERY_BLOCK):
+        block = chunked.document_scores(queries[start : start + CHUNKED_QUERY_BLOCK], similarity=similarity)
+        order = np.argsort(-block, axis=1, kind="stable")[:, :k]
+        indices[start : start + len(block), :k] = order
+        scores[start : start + len(block), :k] = np.take_along_axis(block, order, axis=1)
+    return SearchResult(indices, scores)
+
+
+def score_chunked_embeddings(
+    data: RetrievalData,
+    query_embeddings: np.ndarray,
+    chunked: ChunkedEmbeddings,
+    *,
+    top_k: int = TOP_K,
+    similarity: Similarity = "cosine",
+    ignore_identical_ids: bool = False,
+    k_values: Sequence[int] = K_VALUES,
+) -> ScoredRun:
+    """:func:`score_embeddings` for a chunked corpus: documents scored from their chunks' scores."""
+    q = _as_embeddings(query_embeddings, len(data.query_ids), "query embeddings")
+    if chunked.num_docs != len(data.corpus_ids):
+        raise ValueError(f"chunked corpus: {chunked.num_docs} documents for {len(data.corpus_ids)} corpus ids")
+    start = time.perf_counter()
+    run = chunked_search(q, chunked, top_k=top_k, similarity=similarity).to_run(data.query_ids, data.corpus_ids)
+    searched = time.perf_counter()
+    scores = evaluate_run(data.qrels, run, k_values, ignore_identical_ids=ignore_identical_ids)
+    timings = {"search_s": searched - start, "metrics_s": time.perf_counter() - searched}
+    return ScoredRun(scores, run, timings)
 
 
 # ---------------------------------------------------------------------------------------------- subsampling
@@ -244,6 +287,7 @@ class RetrievalTask:
     dataset_revision: str = ""
     mteb_dataset_revision: str | None = None
     search_method: SearchMethod = "exact"  # "faiss": FAISS's kernel, chunk by chunk (large_corpus)
+    chunking: Chunking | None = None  # long documents: chunked and scored from their chunks (encoding.chunking)
     task_type: ClassVar[str] = "Retrieval"
     main_metric: ClassVar[str] = MAIN_METRIC
 
@@ -276,6 +320,10 @@ class RetrievalTask:
     def with_instruction(self, instruction: str | None) -> Self:
         """This task, bound to another instruction."""
         return dataclasses.replace(self, instruction=instruction)
+
+    def with_chunking(self, chunking: Chunking | None) -> Self:
+        """This task with documents chunked by ``chunking`` (``None``: truncated at the model's window)."""
+        return dataclasses.replace(self, chunking=chunking)
 
     def subsample(
         self,
@@ -315,11 +363,16 @@ class RetrievalTask:
 
     def encode(
         self, encoder: RetrievalEncoder, *, batch_size: int = 32
-    ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-        """Encode the judged queries (with the task's instruction) and the whole corpus."""
+    ) -> tuple[np.ndarray, np.ndarray | ChunkedEmbeddings, dict[str, float]]:
+        """Encode the judged queries (with the task's instruction) and the whole corpus (with ``chunking``: its
+        chunks, through ``encode_corpus(..., chunking=...)``)."""
         start = time.perf_counter()
         q = encoder.encode_queries(self.data.query_texts, instruction=self.instruction, batch_size=batch_size)
         mid = time.perf_counter()
+        if self.chunking is not None:
+            chunked = encoder.encode_corpus(self.data.corpus_texts, batch_size=batch_size, chunking=self.chunking)
+            q = _as_embeddings(q, len(self.data.query_ids), "encode_queries output")
+            return q, chunked, {"encode_queries_s": mid - start, "encode_corpus_s": time.perf_counter() - mid}
         c = encoder.encode_corpus(self.data.corpus_texts, batch_size=batch_size)
         end = time.perf_counter()
         q = _as_embeddings(q, len(self.data.query_ids), "encode_queries output")
@@ -329,7 +382,17 @@ class RetrievalTask:
             c = _as_embeddings(c, len(self.data.corpus_ids), "encode_corpus output")
         return q, c, {"encode_queries_s": mid - start, "encode_corpus_s": end - mid}
 
-    def _score(self, query_embeddings: np.ndarray, corpus_embeddings: np.ndarray) -> ScoredRun:
+    def _score(self, query_embeddings: np.ndarray, corpus_embeddings: np.ndarray | ChunkedEmbeddings) -> ScoredRun:
+        if isinstance(corpus_embeddings, ChunkedEmbeddings):
+            return score_chunked_embeddings(
+                self.data,
+                query_embeddings,
+                corpus_embeddings,
+                top_k=self.top_k,
+                similarity=self.similarity,
+                ignore_identical_ids=self.ignore_identical_ids,
+                k_values=self.k_values,
+            )
         return score_embeddings(
             self.data,
             query_embeddings,
@@ -342,9 +405,13 @@ class RetrievalTask:
         )
 
     def score_embeddings(
-        self, query_embeddings: np.ndarray, corpus_embeddings: np.ndarray, *, model_name: str = ""
+        self,
+        query_embeddings: np.ndarray,
+        corpus_embeddings: np.ndarray | ChunkedEmbeddings,
+        *,
+        model_name: str = "",
     ) -> TaskResult:
-        """Score precomputed embeddings with this task's settings."""
+        """Score precomputed embeddings with this task's settings (a chunked corpus: documents from chunks)."""
         start = time.perf_counter()
         scored = self._score(query_embeddings, corpus_embeddings)
         return self._result(scored, scored.timings, time.perf_counter() - start, model_name)
@@ -378,6 +445,8 @@ class RetrievalTask:
             "data": self.data.summary(),
             "num_scored_queries": scored.scores.num_queries,
         }
+        if self.chunking is not None:
+            extra["settings"]["chunking"] = self.chunking.to_dict()
         if scored.corpus_storage is not None:  # a large corpus: how its embeddings were stored and searched
             extra["corpus_embeddings"] = {**scored.corpus_storage, "search": self.search_method}
         per_query = scored.scores.per_query
