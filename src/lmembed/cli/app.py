@@ -19,6 +19,7 @@ from lmembed.cli import (
     mine,
     models,
     serve,
+    synthesize,
     train,
 )
 from lmembed.cli.boundary import GuardedGroup
@@ -93,6 +94,7 @@ app.command("train")(train.train)
 app.command("experiment")(experiment.experiment)
 app.command("mine")(mine.mine)
 app.command("decontaminate")(decontaminate.decontaminate_command)
+app.command("synthesize")(synthesize.synthesize_command)
 app.add_typer(index.app, name="index")
 app.command("search")(index.search)
 app.command("serve")(serve.serve)

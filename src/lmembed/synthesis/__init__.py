@@ -6,5 +6,11 @@ module              holds
 ``decontaminate``   dropping training rows that repeat evaluation items (exact, n-gram, near-duplicate,
                     relative BM25), with a report of every drop and its reason
 ``eval_texts``      the texts of named evaluation sets that training must not repeat
+``generators``      one interface to a local transformers LM, an OpenAI-compatible endpoint, a tiny stand-in
+``parsing``         strict reading of generated JSON: repaired where safe, else rejected with a reason
+``recipes``         synthesis recipes as YAML files (prompts, knobs), with their provenance
+``runner``          sharded, resumable runs: atomic shards, progress (rows/s, acceptance, ETA), stats
+``e5_mistral``      E5-mistral's brainstorm-then-generate recipe
+``synthesize``      the Python API of ``lmembed synthesize``
 =================== =====================================================================================
 """

@@ -1,0 +1,114 @@
+"""E5-mistral's recipe (Wang et al. 2024): brainstorm task definitions per task family, then one JSON example
+(query, positive, hard negative) per task and draw of the knobs (query length, clarity, difficulty, document
+length, language). The prompts and knobs live in the recipe file (``recipes/synthesis/e5-mistral.yaml``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from lmembed.atomic import atomic_write_json
+from lmembed.synthesis.generators import Request
+from lmembed.synthesis.parsing import parse_object, parse_string_list
+from lmembed.synthesis.recipes import render
+from lmembed.synthesis.runner import Context, ShardResult
+
+STAGE_FILE = "stage-brainstorm.json"
+
+
+def _seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:4], "big")
+
+
+class E5MistralRunner:
+    """The two steps; the brainstorm's tasks are kept in ``stage-brainstorm.json`` so a rerun reuses them."""
+
+    def brainstorm(self, context: Context) -> dict[str, Any]:
+        path = context.parts / STAGE_FILE
+        if path.exists():
+            return json.loads(path.read_text())
+        recipe = context.recipe
+        families = recipe.data["families"]
+        requests = [
+            Request(
+                ({"role": "user", "content": render(spec["brainstorm"])},),
+                json_list=True,
+                max_new_tokens=int(recipe.get("max_new_tokens", 384)),
+                temperature=float(recipe.get("temperature", 1.0)),
+                seed=_seed(context.seed, family),
+            )
+            for family, spec in families.items()
+        ]
+        rejected: Counter = Counter()
+        tasks: dict[str, list[str]] = {}
+        for family, answer in zip(families, context.generator.generate(requests), strict=True):
+            parsed = parse_string_list(answer)
+            if not parsed.ok:
+                rejected[parsed.reason] += 1
+            tasks[family] = (parsed.value or [])[: int(recipe.get("tasks_per_family", 4))]
+        stage = {"tasks": tasks, "rejected": dict(rejected)}
+        atomic_write_json(path, stage)
+        return stage
+
+    def plan(self, context: Context) -> list[dict[str, Any]]:
+        stage = self.brainstorm(context)
+        for family, tasks in stage["tasks"].items():
+            if not tasks:
+                context.notes.append(f"family {family}: the brainstorm gave no usable task; no examples")
+        knobs = context.recipe.data["knobs"]
+        per_task = int(context.recipe.get("examples_per_task", 1))
+        items = []
+        for family, tasks in stage["tasks"].items():
+            for t, task in enumerate(tasks):
+                for j in range(per_task):
+                    rng = random.Random(_seed(context.seed, family, t, j))
+                    drawn = {name: rng.choice(list(values)) for name, values in knobs.items()}
+                    items.append({"id": f"{family}/{t}/{j}", "family": family, "task": task, "knobs": drawn})
+        return items
+
+    def run(self, items: Sequence[dict[str, Any]], context: Context) -> ShardResult:
+        recipe = context.recipe
+        families = recipe.data["families"]
+        requests = [
+            Request(
+                ({"role": "user", "content": render(families[i["family"]]["generate"], task=i["task"], **i["knobs"])},),
+                json_keys=tuple(families[i["family"]]["keys"]),
+                max_new_tokens=int(recipe.get("max_new_tokens", 384)),
+                temperature=float(recipe.get("temperature", 1.0)),
+                seed=_seed(context.seed, i["id"]),
+            )
+            for i in items
+        ]
+        result = ShardResult(attempted=len(items))
+        for item, answer in zip(items, context.generator.generate(requests), strict=True):
+            spec = families[item["family"]]
+            parsed = parse_object(answer, tuple(spec["keys"]))
+            if not parsed.ok:
+                result.rejected[parsed.reason] += 1
+                continue
+            result.repaired += parsed.repaired
+            value, mapping = parsed.value, spec["row"]
+            if value[mapping["query"]] == value[mapping["positive"]]:
+                result.rejected["positive_repeats_query"] += 1
+                continue
+            result.rows.append(
+                {
+                    "query": value[mapping["query"]],
+                    "positive": value[mapping["positive"]],
+                    "negatives": [value[mapping["negative"]]] if mapping.get("negative") else [],
+                    "instruction": item["task"],
+                    "task": item["family"],
+                    "symmetric": bool(spec.get("symmetric", False)),
+                    "provenance": context.provenance(
+                        prompt=f"families.{item['family']}.generate",
+                        item=item["id"],
+                        knobs=item["knobs"],
+                        repaired=parsed.repaired,
+                    ),
+                }
+            )
+        return result

@@ -1,0 +1,455 @@
+"""Text generators behind one interface: a local Hugging Face causal LM, any OpenAI-compatible endpoint, and a
+deterministic tiny generator for tests.
+
+A :class:`Generator` answers chat requests (:meth:`Generator.generate`) and, where it can, scores text by the
+log-probability the model gives it (:meth:`Generator.loglikelihood`: ``log p(continuation | context)``, the
+query likelihood Gecko relabels with). A generator that cannot score (most endpoints return no prompt
+log-probabilities) raises :class:`ScoringUnsupported`, and a recipe falls back to what it can still do.
+
+=========================== ==========================================================================
+class                       what it runs
+=========================== ==========================================================================
+:class:`LocalGenerator`     transformers generation: batched, left-padded, chat template, KV cache
+:class:`EndpointGenerator`  ``/v1/chat/completions`` of vLLM, TGI, llama.cpp, ``transformers serve``, a
+                            hosted API: a concurrency limit, retries with backoff on 429/5xx, a request
+                            and token budget, the API key read from an environment variable
+:class:`TinyGenerator`      a seeded, deterministic stand-in that answers in the requested JSON shape
+                            (and, when asked, malformed) for tests
+=========================== ==========================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lmembed.errors import LmembedError
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, str]
+
+
+class GeneratorError(LmembedError, RuntimeError):
+    """A generator cannot answer: a refused API key, an unreachable server, a spent budget, retries used up."""
+
+
+class ScoringUnsupported(LmembedError, NotImplementedError):
+    """The generator gives no log-probabilities for given text (an endpoint without prompt logprobs)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One chat request: the messages, and the shape the answer should take (``json_keys``: a JSON object with
+    these keys; ``json_list``: a JSON list of strings), used by generators that can constrain or imitate it."""
+
+    messages: tuple[Message, ...]
+    json_keys: tuple[str, ...] = ()
+    json_list: bool = False
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class Usage:
+    """What a generator has spent: requests, prompt and completion tokens (as the server or tokenizer counts)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    retries: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class Generator(Protocol):
+    """What a recipe needs from a language model."""
+
+    #: a short description for provenance, e.g. ``local:smollm2-135m``
+    name: str
+    usage: Usage
+
+    def generate(self, requests: Sequence[Request]) -> list[str]:
+        """The text answer to each request, in order."""
+        ...
+
+    def loglikelihood(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[float]:
+        """``log p(continuation | context)`` summed over the continuation's tokens; :class:`ScoringUnsupported`
+        if the generator cannot say."""
+        ...
+
+    def yes_probability(self, prompts: Sequence[str]) -> list[float]:
+        """p("yes") / (p("yes") + p("no")) for the next word after each prompt."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------- tiny
+
+
+_TINY_WORDS = (
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "river",
+    "stone",
+    "light",
+    "cell",
+    "protein",
+    "model",
+    "signal",
+    "ocean",
+    "forest",
+    "energy",
+    "vector",
+    "query",
+    "market",
+    "city",
+    "storm",
+    "garden",
+    "memory",
+    "theory",
+)
+
+
+@dataclass
+class TinyGenerator:
+    """A deterministic generator for tests: the answer is a pure function of the request and ``seed``. It answers
+    in the requested JSON shape with words drawn from the prompt (so a query shares words with its passage);
+    ``malformed_rate`` of the answers are broken on purpose (cut short, a key missing, not JSON at all)."""
+
+    seed: int = 0
+    malformed_rate: float = 0.0
+    name: str = "tiny"
+    usage: Usage = field(default_factory=Usage)
+
+    def _rng(self, *parts: str) -> random.Random:
+        digest = hashlib.sha256("\x1f".join((str(self.seed), *parts)).encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "big"))
+
+    def generate(self, requests: Sequence[Request]) -> list[str]:
+        return [self._answer(request) for request in requests]
+
+    def _answer(self, request: Request) -> str:
+        self.usage.requests += 1
+        prompt = "\n".join(m["content"] for m in request.messages)
+        rng = self._rng(prompt, str(request.seed))
+        words = [w for w in re.findall(r"[a-z]{4,}", prompt.lower())] or _TINY_WORDS
+
+        def phrase(n: int) -> str:
+            return " ".join(rng.choice(words) for _ in range(n))
+
+        if request.json_list:
+            text = json.dumps([f"Retrieve {phrase(4)} for {phrase(3)}" for _ in range(rng.randint(2, 4))])
+        elif request.json_keys:
+            text = json.dumps({key: phrase(rng.randint(3, 9)) for key in request.json_keys})
+        else:
+            text = phrase(8)
+        if rng.random() < self.malformed_rate:
+            text = rng.choice([text[: len(text) // 2], "I cannot help with that.", _drop_key(text)])
+        self.usage.completion_tokens += len(text.split())
+        return text
+
+    def loglikelihood(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[float]:
+        """A made-up but monotone likelihood: continuation words seen in the context are likely."""
+        scores = []
+        for context, continuation in zip(contexts, continuations, strict=True):
+            seen = set(context.lower().split())
+            words = continuation.lower().split() or [""]
+            scores.append(sum(-0.5 if w in seen else -6.0 for w in words))
+        return scores
+
+    def yes_probability(self, prompts: Sequence[str]) -> list[float]:
+        out = []
+        for prompt in prompts:
+            query, _, passage = prompt.partition("\n")
+            q, p = set(query.lower().split()), set(passage.lower().split())
+            out.append(len(q & p) / max(1, len(q)))
+        return out
+
+
+def _drop_key(text: str) -> str:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    if isinstance(data, dict) and data:
+        data.pop(next(iter(data)))
+    return json.dumps(data)
+
+
+# --------------------------------------------------------------------------------------------------- local
+
+
+class LocalGenerator:
+    """A Hugging Face causal LM run in this process: requests are batched, left-padded, wrapped in the
+    tokenizer's chat template, and decoded with the KV cache (greedy at temperature 0, else sampled)."""
+
+    def __init__(self, model: str, *, device: str = "cpu", dtype: str = "float32", batch_size: int = 8) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from lmembed.models.loading import resolve_dtype, resolve_model_path
+
+        path = resolve_model_path(model)
+        self.name = f"local:{model}"
+        self.usage = Usage()
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype)).to(self.device).eval()
+        self._torch = torch
+
+    def _chat(self, messages: Sequence[Message]) -> str:
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return "\n\n".join(m["content"] for m in messages) + "\n\n"
+
+    def generate(self, requests: Sequence[Request]) -> list[str]:
+        out: list[str] = []
+        for start in range(0, len(requests), self.batch_size):
+            out.extend(self._generate_batch(requests[start : start + self.batch_size]))
+        return out
+
+    def _generate_batch(self, requests: Sequence[Request]) -> list[str]:
+        torch = self._torch
+        texts = [self._chat(r.messages) for r in requests]
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        first = requests[0]
+        sample = first.temperature > 0
+        if sample:
+            torch.manual_seed(first.seed)
+        with torch.inference_mode():
+            ids = self.model.generate(
+                **batch,
+                max_new_tokens=max(r.max_new_tokens for r in requests),
+                do_sample=sample,
+                temperature=first.temperature if sample else None,
+                top_p=None,
+                top_k=None,
+                use_cache=True,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        new = ids[:, batch["input_ids"].shape[1] :]
+        self.usage.requests += len(requests)
+        self.usage.prompt_tokens += int(batch["attention_mask"].sum())
+        self.usage.completion_tokens += int((new != self.tokenizer.pad_token_id).sum())
+        return [t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
+
+    def loglikelihood(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[float]:
+        torch = self._torch
+        scores: list[float] = []
+        for context, continuation in zip(contexts, continuations, strict=True):
+            ctx = self.tokenizer(context, add_special_tokens=False)["input_ids"]
+            cont = self.tokenizer(" " + continuation.strip(), add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([ctx + cont], device=self.device)
+            with torch.inference_mode():
+                logits = self.model(ids).logits[0, len(ctx) - 1 : -1].float()
+            logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(cont, device=self.device)[:, None])
+            scores.append(float(logp.sum()))
+        return scores
+
+    def yes_probability(self, prompts: Sequence[str]) -> list[float]:
+        torch = self._torch
+        yes = self.tokenizer(" yes", add_special_tokens=False)["input_ids"][0]
+        no = self.tokenizer(" no", add_special_tokens=False)["input_ids"][0]
+        out = []
+        for prompt in prompts:
+            ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(self.device)
+            with torch.inference_mode():
+                logits = self.model(ids).logits[0, -1].float()
+            pair = torch.softmax(logits[[yes, no]], -1)
+            out.append(float(pair[0]))
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ endpoint
+
+
+@dataclass
+class Budget:
+    """Limits on what an endpoint run may spend; ``None`` is no limit."""
+
+    max_requests: int | None = None
+    max_tokens: int | None = None
+
+
+class EndpointGenerator:
+    """Any OpenAI-compatible ``/v1/chat/completions``: ``concurrency`` requests in flight, each retried with
+    exponential backoff on 429, 5xx and dropped connections (``retries`` times), within a :class:`Budget`.
+    The key is read from the environment variable ``api_key_env`` (none sent when it is unset)."""
+
+    RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str = "OPENAI_API_KEY",
+        concurrency: int = 4,
+        retries: int = 4,
+        backoff: float = 0.5,
+        timeout: float = 60.0,
+        budget: Budget | None = None,
+    ) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self.model = model
+        self.name = f"endpoint:{model}@{base_url}"
+        self.usage = Usage()
+        self.concurrency = max(1, concurrency)
+        self.retries = retries
+        self.backoff = backoff
+        self.budget = budget or Budget()
+        self._lock = threading.Lock()
+        key = os.environ.get(api_key_env)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.Client(timeout=timeout, headers=headers)
+        self._httpx = httpx
+
+    def close(self) -> None:
+        self._client.close()
+
+    def generate(self, requests: Sequence[Request]) -> list[str]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self._one, requests))
+
+    def _payload(self, request: Request) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": list(request.messages),
+            "max_tokens": request.max_new_tokens,
+            "temperature": request.temperature,
+            "seed": request.seed,
+        }
+        return payload
+
+    def _spend(self) -> None:
+        with self._lock:
+            limit, tokens = self.budget, self.usage.prompt_tokens + self.usage.completion_tokens
+            if limit.max_requests is not None and self.usage.requests >= limit.max_requests:
+                raise GeneratorError(f"request budget spent: {self.usage.requests} of {limit.max_requests} requests")
+            if limit.max_tokens is not None and tokens >= limit.max_tokens:
+                raise GeneratorError(f"token budget spent: {tokens} of {limit.max_tokens} tokens")
+            self.usage.requests += 1
+
+    def _one(self, request: Request) -> str:
+        body = self._post("chat/completions", self._payload(request))
+        try:
+            return str(body["choices"][0]["message"]["content"] or "")
+        except (KeyError, IndexError, TypeError) as exc:
+            raise GeneratorError(f"{self.base_url}/chat/completions: answer has no choices[0].message.content") from exc
+
+    def _post(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.base_url}/{route}"
+        self._spend()
+        for attempt in range(self.retries + 1):
+            last = self._attempt(url, payload)
+            if isinstance(last, dict):
+                usage = last.get("usage") or {}
+                with self._lock:
+                    self.usage.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+                    self.usage.completion_tokens += int(usage.get("completion_tokens") or 0)
+                return last
+            if attempt < self.retries:
+                with self._lock:
+                    self.usage.retries += 1
+                delay = self.backoff * 2**attempt * (1 + random.random() / 4)
+                log.info("%s: %s; retry %d in %.2fs", url, last, attempt + 1, delay)
+                time.sleep(delay)
+        raise GeneratorError(f"{url}: gave up after {self.retries + 1} tries: {last}")
+
+    def _attempt(self, url: str, payload: dict[str, Any]) -> dict[str, Any] | str:
+        """The answer's JSON, or why it is worth another try (a fatal answer raises)."""
+        httpx = self._httpx
+        try:
+            response = self._client.post(url, json=payload)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.TimeoutException) as exc:
+            return f"cannot reach the server ({type(exc).__name__}: {exc})"
+        if response.status_code in self.RETRY_STATUS:
+            return f"HTTP {response.status_code}"
+        if response.status_code in (401, 403):
+            raise GeneratorError(f"{url}: HTTP {response.status_code}: the API key was refused ({_detail(response)})")
+        if response.status_code >= 400:
+            raise GeneratorError(f"{url}: HTTP {response.status_code}: {_detail(response)}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise GeneratorError(f"{url}: the answer is not JSON") from exc
+
+    def loglikelihood(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[float]:
+        raise ScoringUnsupported(f"{self.name}: chat endpoints return no prompt log-probabilities")
+
+    def yes_probability(self, prompts: Sequence[str]) -> list[float]:
+        """From the first answer token's ``top_logprobs`` when the endpoint gives them, else from the answer's
+        text (1.0 for yes, 0.0 otherwise)."""
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self._yes, prompts))
+
+    def _yes(self, prompt: str) -> float:
+        payload = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": True,
+            "top_logprobs": 10,
+        }
+        choice = (self._post("chat/completions", payload).get("choices") or [{}])[0]
+        content = ((choice.get("logprobs") or {}).get("content") or [{}])[0]
+        probs = {"yes": 0.0, "no": 0.0}
+        for item in content.get("top_logprobs") or []:
+            word = str(item.get("token", "")).strip().lower()
+            if word in probs:
+                probs[word] += math.exp(float(item.get("logprob", -math.inf)))
+        if probs["yes"] + probs["no"] > 0:
+            return probs["yes"] / (probs["yes"] + probs["no"])
+        text = str((choice.get("message") or {}).get("content") or "").strip().lower()
+        return 1.0 if text.startswith("yes") else 0.0
+
+
+def _detail(response: Any) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message", error))[:200]
+    return json.dumps(body)[:200]
+
+
+def build_generator(spec: str, **options: Any) -> Generator:
+    """``tiny`` / ``tiny:SEED``, ``local:MODEL`` (a bundled name, a folder, a Hub id), or an endpoint URL
+    (``http://host:port/v1``, with ``model=`` in the options)."""
+    if spec == "tiny" or spec.startswith("tiny:"):
+        seed = int(spec.partition(":")[2] or 0)
+        return TinyGenerator(seed=seed, malformed_rate=float(options.get("malformed_rate", 0.0)))
+    if spec.startswith(("http://", "https://")):
+        keys = ("api_key_env", "concurrency", "retries", "backoff", "timeout", "budget")
+        return EndpointGenerator(
+            spec, options.get("model") or "default", **{k: options[k] for k in keys if k in options}
+        )
+    model = spec.removeprefix("local:")
+    keys = ("device", "dtype", "batch_size")
+    return LocalGenerator(model, **{k: options[k] for k in keys if k in options})

@@ -1,0 +1,101 @@
+"""Synthesis recipes are files: a YAML document holding a recipe's prompts and parameters.
+
+Every recipe names its ``kind`` (``e5-mistral``, ``gecko``, ``corpus-only``) and a ``version``; the file's
+path, version and a digest of its bytes go into every row it produces. Prompts are Python
+:class:`string.Template` texts (``$task``, ``$passage``), so JSON braces in a prompt need no escaping. A recipe
+is named by its path, or by its file name's stem when it sits in ``recipes/synthesis/`` of the current folder
+or of the lmembed checkout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import yaml
+
+from lmembed.errors import ConfigError, UnknownNameError
+
+KINDS = ("e5-mistral", "gecko", "corpus-only")
+_REQUIRED = {
+    "e5-mistral": ("families", "knobs"),
+    "gecko": ("generate", "keys", "query_likelihood", "relevance"),
+    "corpus-only": ("generate", "keys"),
+}
+
+
+class RecipeError(ConfigError):
+    """A synthesis recipe file is missing, unreadable or lacks a field its kind needs."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A loaded recipe: where it came from, its kind and version, its fields."""
+
+    path: Path
+    kind: str
+    version: str
+    digest: str
+    data: dict[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def require(self, key: str, where: dict[str, Any] | None = None, label: str = "") -> Any:
+        source = self.data if where is None else where
+        if key not in source:
+            raise RecipeError(f"{self.path}: {label}{key!r} is missing")
+        return source[key]
+
+    def provenance(self) -> dict[str, str]:
+        return {"recipe": str(self.path), "kind": self.kind, "version": self.version, "digest": self.digest}
+
+
+def render(template: str, **fields: Any) -> str:
+    """Fill a prompt's ``$placeholders``; one the prompt names but ``fields`` lack stays as it is written."""
+    return Template(template).safe_substitute({k: str(v) for k, v in fields.items()})
+
+
+def recipe_dirs() -> list[Path]:
+    checkout = Path(__file__).resolve().parents[3]
+    return [Path.cwd() / "recipes" / "synthesis", checkout / "recipes" / "synthesis"]
+
+
+def find_recipe(name: str | Path) -> Path:
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    for folder in recipe_dirs():
+        candidate = folder / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    known = sorted({p.stem for folder in recipe_dirs() if folder.is_dir() for p in folder.glob("*.yaml")})
+    raise UnknownNameError(f"synthesis recipe {str(name)!r} is not a file nor one of: {', '.join(known) or 'none'}")
+
+
+def load_recipe(name: str | Path) -> Recipe:
+    """Read and check a recipe file (a path or a known stem such as ``e5-mistral``)."""
+    path = find_recipe(name)
+    raw = path.read_bytes()
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise RecipeError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from exc
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise RecipeError(f"{path}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    recipe = Recipe(path, kind, str(data.get("version", "1")), hashlib.sha256(raw).hexdigest()[:12], data)
+    for key in _REQUIRED[kind]:
+        recipe.require(key)
+    if kind == "e5-mistral":
+        for family, spec in recipe.data["families"].items():
+            for key in ("brainstorm", "generate", "keys", "row"):
+                recipe.require(key, spec, f"families.{family}.")
+    return recipe

@@ -1,0 +1,250 @@
+"""lmembed synthesize: the E5-mistral recipe through the tiny generator and through a real OpenAI-compatible
+server (started on a free loopback port), strict parsing, sharding and resume, the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from lmembed.cli.app import app
+from lmembed.synthesis.generators import Budget, EndpointGenerator, GeneratorError, Request, TinyGenerator
+from lmembed.synthesis.parsing import parse_object, parse_string_list
+from lmembed.synthesis.runner import PlanMismatch
+from lmembed.synthesis.synthesize import synthesize
+from lmembed.training.rows import read_jsonl_examples
+
+SERVER = Path(__file__).with_name("openai_server.py")
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_e5_mistral_rows_are_training_rows_with_provenance_and_rejections_by_reason(tmp_path):
+    out = tmp_path / "syn.jsonl"
+    stats = synthesize("e5-mistral", TinyGenerator(seed=3, malformed_rate=0.3), out, shard_size=5)
+    rows = _lines(out)
+    assert rows and stats["rows"] == len(rows)
+    assert sum(stats["rejected"].values()) == stats["attempted"] - len(rows) > 0
+    assert set(stats["rejected"]) <= {
+        "not_json",
+        "wrong_type",
+        "missing_field",
+        "empty_field",
+        "positive_repeats_query",
+    }
+    examples, skipped = read_jsonl_examples(out)  # lmembed train --data reads it as it is
+    assert len(examples) == len(rows) and skipped == 0
+    families = {r["task"] for r in rows}
+    assert {"short-long", "sts"} <= families
+    assert all(r["symmetric"] == (r["task"] == "sts") for r in rows)
+    prov = rows[0]["provenance"]
+    assert prov["generator"] == "tiny" and prov["kind"] == "e5-mistral" and prov["version"] == "1"
+    assert prov["recipe"].endswith("e5-mistral.yaml") and prov["prompt"].endswith(".generate")
+    assert set(prov["knobs"]) == {"query_length", "clarity", "difficulty", "num_words", "language"}
+    saved = json.loads((tmp_path / "syn.jsonl.stats.json").read_text())
+    assert saved["rows"] == len(rows)
+
+
+def test_the_same_seed_gives_the_same_rows_and_another_seed_other_knobs(tmp_path):
+    a = synthesize("e5-mistral", TinyGenerator(), tmp_path / "a.jsonl", seed=1)
+    b = synthesize("e5-mistral", TinyGenerator(), tmp_path / "b.jsonl", seed=1)
+    c = synthesize("e5-mistral", TinyGenerator(), tmp_path / "c.jsonl", seed=2)
+    assert a["rows"] == b["rows"]
+    assert (tmp_path / "a.jsonl").read_text().replace("a.jsonl", "") == (tmp_path / "b.jsonl").read_text()
+    knobs = lambda p: [r["provenance"]["knobs"] for r in _lines(p)]  # noqa: E731
+    assert knobs(tmp_path / "a.jsonl") != knobs(tmp_path / "c.jsonl") or c["rows"] != a["rows"]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "repaired"),
+    [
+        ('{"q": "a", "p": "b"}', None, False),
+        ('Sure! ```json\n{"q": "a", "p": "b",}\n``` hope it helps', None, True),
+        ('{"q": "a", "p": "b"', "not_json", False),
+        ('{"q": "a"}', "missing_field", False),
+        ('{"q": "a", "p": "  "}', "empty_field", False),
+        ('{"q": "a", "p": ["b"]}', "wrong_type", False),
+        ('["a", "b"]', "wrong_type", False),
+        ("I cannot help with that.", "not_json", False),
+    ],
+)
+def test_strict_parsing_repairs_or_rejects_with_a_reason(text, reason, repaired):
+    parsed = parse_object(text, ("q", "p"))
+    assert parsed.reason == reason
+    assert parsed.repaired is repaired
+    if reason is None:
+        assert parsed.value == {"q": "a", "p": "b"}
+
+
+def test_a_brainstorm_list_drops_empty_entries_and_rejects_prose():
+    assert parse_string_list('["a", "", "b"]').value == ["a", "b"]
+    assert parse_string_list("Here: 1. a 2. b").reason == "not_json"
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+class _DiesAfter(TinyGenerator):
+    """A tiny generator whose process 'dies' on its N-th generate call (counting calls and requests)."""
+
+    def __init__(self, calls: int | None) -> None:
+        super().__init__()
+        self.calls_left, self.requests = calls, 0
+
+    def generate(self, requests):
+        if self.calls_left is not None:
+            if self.calls_left == 0:
+                raise _Killed
+            self.calls_left -= 1
+        self.requests += len(requests)
+        return super().generate(requests)
+
+
+def test_a_killed_run_resumes_generating_only_the_unfinished_shards(tmp_path):
+    whole = _DiesAfter(None)
+    synthesize("e5-mistral", whole, tmp_path / "whole.jsonl", shard_size=6)
+    out = tmp_path / "out.jsonl"
+    first = _DiesAfter(3)  # the brainstorm, then two shards, then killed in the third
+    with pytest.raises(_Killed):
+        synthesize("e5-mistral", first, out, shard_size=6)
+    parts = out.with_name("out.jsonl.parts")
+    assert sorted(p.name for p in parts.glob("shard-*.stats.json")) == [
+        "shard-00000.stats.json",
+        "shard-00001.stats.json",
+    ]
+    assert not out.exists()
+    second = _DiesAfter(None)
+    stats = synthesize("e5-mistral", second, out, shard_size=6)
+    n_items = whole.requests - 6  # six brainstorm requests, one per family
+    assert second.requests == n_items - 12  # the brainstorm and the two finished shards are not generated again
+    assert stats["shards_generated_now"] == stats["shards"] - 2
+    assert out.read_text() == (tmp_path / "whole.jsonl").read_text().replace("whole.jsonl", "out.jsonl")
+
+
+def test_a_different_plan_is_refused_not_mixed_in(tmp_path):
+    synthesize("e5-mistral", TinyGenerator(), tmp_path / "o.jsonl", seed=0)
+    with pytest.raises(PlanMismatch, match="seed"):
+        synthesize("e5-mistral", TinyGenerator(), tmp_path / "o.jsonl", seed=5)
+
+
+# ------------------------------------------------------------------------------------ a real endpoint
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(port: int, **env: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(port)], env={**os.environ, **env}, stderr=subprocess.PIPE)
+    for _ in range(300):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
+            return proc
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise RuntimeError(proc.stderr.read().decode()) from None
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the test server did not start")
+
+
+@pytest.fixture
+def server():
+    started: list[subprocess.Popen] = []
+
+    def start(port: int | None = None, **env: str) -> str:
+        port = port or _free_port()
+        started.append(_start(port, **env))
+        return f"http://127.0.0.1:{port}/v1"
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_endpoint_generator_synthesises_through_a_real_server_with_its_key(server, tmp_path, monkeypatch):
+    url = server(SERVER_KEY="sk-test")
+    monkeypatch.setenv("TEST_SYNTH_KEY", "sk-test")
+    gen = EndpointGenerator(url, "tiny", api_key_env="TEST_SYNTH_KEY", concurrency=3, retries=0)
+    stats = synthesize("e5-mistral", gen, tmp_path / "e.jsonl", shard_size=8)
+    assert stats["rows"] > 0 and stats["repaired"] == stats["rows"]  # the server wraps its JSON in code fences
+    assert stats["usage_now"]["prompt_tokens"] > 0 and stats["generator"].startswith("endpoint:tiny@")
+    assert read_jsonl_examples(tmp_path / "e.jsonl")[0]
+
+
+def test_a_refused_key_is_a_clear_error_and_not_retried(server, monkeypatch):
+    url = server(SERVER_KEY="sk-right")
+    monkeypatch.setenv("TEST_SYNTH_KEY", "sk-wrong")
+    gen = EndpointGenerator(url, "tiny", api_key_env="TEST_SYNTH_KEY", retries=3, backoff=0.01)
+    with pytest.raises(GeneratorError, match=r"401.*API key was refused.*Incorrect API key"):
+        gen.generate([Request(({"role": "user", "content": "hi"},))])
+    assert gen.usage.retries == 0
+
+
+@pytest.mark.parametrize("status", ["429", "503"])
+def test_429_and_5xx_are_retried_with_backoff(server, status):
+    url = server(FAIL_FIRST="2", FAIL_STATUS=status)
+    gen = EndpointGenerator(url, "tiny", retries=3, backoff=0.01, concurrency=1)
+    assert gen.generate([Request(({"role": "user", "content": "say words please"},))])[0]
+    assert gen.usage.retries == 2
+    gen_short = EndpointGenerator(server(FAIL_FIRST="5", FAIL_STATUS=status), "tiny", retries=1, backoff=0.01)
+    with pytest.raises(GeneratorError, match=f"gave up after 2 tries: HTTP {status}"):
+        gen_short.generate([Request(({"role": "user", "content": "x"},))])
+
+
+def test_the_request_budget_stops_the_run(server):
+    gen = EndpointGenerator(server(), "tiny", budget=Budget(max_requests=2), concurrency=1)
+    with pytest.raises(GeneratorError, match="request budget spent: 2 of 2"):
+        gen.generate([Request(({"role": "user", "content": f"q{i}"},)) for i in range(3)])
+
+
+def test_a_dead_server_is_a_clear_error_and_loses_no_finished_shard(server, tmp_path):
+    port = _free_port()
+    out = tmp_path / "d.jsonl"
+    url = server(port, DIE_AFTER="14")  # the six brainstorm requests, one shard of eight, then gone
+    gen = EndpointGenerator(url, "tiny", retries=1, backoff=0.01, concurrency=1)
+    with pytest.raises(GeneratorError, match="cannot reach the server"):
+        synthesize("e5-mistral", gen, out, shard_size=8)
+    parts = out.with_name("d.jsonl.parts")
+    assert [p.name for p in parts.glob("shard-*.stats.json")] == ["shard-00000.stats.json"]
+    server(port)  # the server comes back on the same address
+    again = EndpointGenerator(url, "tiny", retries=1, backoff=0.01, concurrency=1)
+    stats = synthesize("e5-mistral", again, out, shard_size=8)
+    assert stats["shards_generated_now"] == stats["shards"] - 1
+    assert again.usage.requests == stats["attempted"] - 8
+
+
+# ------------------------------------------------------------------------------------ command line
+
+
+def test_the_synthesize_command_writes_rows_progress_and_resumes(tmp_path):
+    out = tmp_path / "c.jsonl"
+    args = ["synthesize", "--recipe", "e5-mistral", "-o", str(out), "--shard-size", "10", "--generator", "tiny:4"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "rows/s" in first.output and "acceptance" in first.output and "ETA" in first.output
+    log = (tmp_path / "c.jsonl.parts" / "progress.log").read_text()
+    assert "rows/s" in log
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "resuming: " in second.output
+    assert out.read_text().count("\n") == json.loads((tmp_path / "c.jsonl.stats.json").read_text())["rows"]
+
+
+def test_an_unknown_recipe_is_one_clean_line(tmp_path):
+    result = CliRunner().invoke(app, ["synthesize", "--recipe", "nope", "-o", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 2
+    assert "synthesis recipe 'nope'" in result.output and "e5-mistral" in result.output
