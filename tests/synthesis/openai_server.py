@@ -4,7 +4,7 @@ Run as ``python openai_server.py PORT``. It answers ``/v1/chat/completions`` wit
 shape the prompt asks for (a JSON list, or a JSON object with the keys the prompt quotes), and for a one-token
 request with ``logprobs`` it returns ``top_logprobs`` for "yes"/"no". The environment steers its failures:
 ``SERVER_KEY`` (the bearer key it accepts; 401 otherwise), ``FAIL_FIRST`` and ``FAIL_STATUS`` (the first N
-requests fail with that status), ``DIE_AFTER`` (the process exits after answering N requests).
+requests fail with that status), ``DIE_AFTER`` (after answering N requests the process exits on the next one).
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ async def chat(request: Request) -> JSONResponse:
             return JSONResponse(
                 {"error": {"message": "slow down"}}, status_code=int(os.environ.get("FAIL_STATUS", "429"))
             )
+    with lock:
+        if state["served"] >= int(os.environ.get("DIE_AFTER") or 10**9):
+            os._exit(0)  # dies with the request unanswered: the client sees the connection drop
     body = await request.json()
     prompt = "\n".join(m["content"] for m in body["messages"])
     choice: dict = {"index": 0, "finish_reason": "stop"}
@@ -73,7 +76,6 @@ async def chat(request: Request) -> JSONResponse:
     text = choice["message"]["content"]
     with lock:
         state["served"] += 1
-        die = state["served"] >= int(os.environ.get("DIE_AFTER") or 10**9)
     response = JSONResponse(
         {
             "id": "chatcmpl-test",
@@ -83,8 +85,6 @@ async def chat(request: Request) -> JSONResponse:
             "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())},
         }
     )
-    if die:
-        threading.Timer(0.05, lambda: os._exit(0)).start()
     return response
 
 
