@@ -1,9 +1,12 @@
-"""Early exit: ``layer=k`` runs the first k blocks only (counted with hooks), on torch and in an exported ONNX
-graph, and gives exactly the vectors of the full pass read at layer k, for encoders and decoders, with and
-without the final norm, and for fused layer sets (which stop at their deepest layer)."""
+"""Early exit: ``layer=k`` runs the first k blocks only (counted with hooks), on torch, in an exported ONNX
+graph and in the server, and gives exactly the vectors of the full pass read at layer k, for encoders and
+decoders, with and without the final norm, and for fused layer sets (which stop at their deepest layer)."""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -159,3 +162,27 @@ def test_onnx_graph_stops_at_the_read_layer(tokenizer, family):
     # the layer-1 graph holds the embeddings and one block's weights; the full graph all four blocks'
     assert sizes[1] - embeddings < 1.5 * per_block
     assert sizes[-1] - embeddings > (LAYERS - 0.5) * per_block
+
+
+def test_server_runs_only_the_blocks_of_its_layer(tokenizer):
+    from lmembed.serving.app import create_app
+    from lmembed.serving.server import BackgroundServer
+
+    model = deep_model("bert", len(tokenizer))
+    emb = _embedder(model, tokenizer, layer=1)
+    want = emb.encode(TEXTS)
+    with BackgroundServer(create_app(emb, model_name="tiny")) as server:
+        deadline = time.monotonic() + 20
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.01)
+        counter = BlockCounter(model)
+        try:
+            body = {"model": "tiny", "input": TEXTS, "encoding_format": "float"}
+            reply = httpx.post(server.url + "/v1/embeddings", json=body, timeout=30)
+        finally:
+            counter.close()
+    assert reply.status_code == 200, reply.text
+    got = np.asarray([d["embedding"] for d in sorted(reply.json()["data"], key=lambda d: d["index"])], np.float32)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert counter.calls[0] >= 1 and counter.calls[1:] == [0] * (LAYERS - 1)
