@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmembed.atomic import atomic_write_text
+from lmembed.encoding.chunking import Chunking
 from lmembed.errors import ConfigError
 from lmembed.index import integrity, kinds
+from lmembed.index.chunk_map import ChunkMap
 from lmembed.index.corpus import Document, load_corpus
 from lmembed.index.errors import IndexFormatError, IndexIntegrityError
 from lmembed.index.kinds import IndexParams, VectorIndex
@@ -101,6 +103,31 @@ def encode_in_chunks(
     return out
 
 
+def encode_chunks_in_chunks(
+    embedder: Embedder,
+    texts: Sequence[str],
+    chunking: Chunking,
+    *,
+    batch_size: int,
+    chunk_size: int,
+    first_row: int = 0,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`encode_in_chunks` for long documents: the chunk vectors of ``texts`` (``chunk_size`` documents per
+    call) and each chunk's document row, counted from ``first_row``."""
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size={chunk_size} must be >= 1")
+    vectors, rows = [np.empty((0, embedder.dim), dtype=np.float32)], [np.empty(0, dtype=np.int64)]
+    for start in range(0, len(texts), chunk_size):
+        stop = min(start + chunk_size, len(texts))
+        chunked = embedder.encode_corpus(texts[start:stop], batch_size=batch_size, chunking=chunking)
+        vectors.append(chunked.vectors)
+        rows.append(chunked.doc_index + first_row + start)
+        if progress is not None:
+            progress(stop, len(texts))
+    return np.concatenate(vectors), np.concatenate(rows)
+
+
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     with (folder / LOCK_FILE).open("a") as handle:
@@ -135,9 +162,13 @@ class Index:
         *,
         path: Path | None = None,
         embedder: Embedder | None = None,
+        chunks: ChunkMap | None = None,
     ) -> None:
-        if vectors.ntotal != len(store):
+        if chunks is not None:
+            chunks.check(vectors.ntotal, len(store), str(path or "index"))
+        elif vectors.ntotal != len(store):
             raise IndexFormatError(f"{vectors.ntotal} vectors for {len(store)} documents")
+        self.chunks = chunks  # long documents: vector rows are chunks of these document rows
         self.manifest = manifest
         self.vectors = vectors
         self.store = store
@@ -160,9 +191,13 @@ class Index:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         overwrite: bool = False,
         progress: Progress | None = None,
+        chunking: Chunking | None = None,
         **kind_params: Any,
     ) -> Index:
         """Embed ``corpus`` and index it; with ``path``, save the folder there.
+
+        With ``chunking`` long documents are cut into token windows and every chunk is indexed; searches still
+        return documents, each scored by its best chunk (:mod:`lmembed.index.chunk_map`).
 
         ``kind`` and ``kind_params`` (``hnsw_m=``, ``ef_search=``, ``nlist=``, ``rescore=`` ... see
         :class:`IndexParams`) or a ready ``params``. ``dim`` keeps the first ``dim`` dimensions
@@ -183,7 +218,15 @@ class Index:
         params.check_dim(embedder.dim)  # refuse impossible parameters before the encoding starts
         store = DocumentStore(as_documents(corpus))
         vectors = kinds.create(params, embedder.dim)
-        if len(store):
+        chunks = None
+        if chunking is not None:
+            chunk_vectors, doc_rows = encode_chunks_in_chunks(
+                embedder, store.texts, chunking, batch_size=batch_size, chunk_size=chunk_size, progress=progress
+            )
+            chunks = ChunkMap(doc_rows)
+            if len(chunks):
+                vectors.add(chunk_vectors)
+        elif len(store):
             vectors.add(
                 encode_in_chunks(embedder, store.texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress)
             )
@@ -193,8 +236,9 @@ class Index:
             count=len(store),
             model=describe_model(embedder),
             strategy=embedder.config.to_dict(),
+            chunking=chunking.to_dict() if chunking is not None else None,
         )
-        index = cls(manifest, vectors, store, embedder=embedder)
+        index = cls(manifest, vectors, store, embedder=embedder, chunks=chunks)
         if target is not None:
             index._write(target, replace_existing=overwrite)
         return index
@@ -228,14 +272,16 @@ class Index:
         except (RuntimeError, ValueError, OSError) as exc:
             raise IndexFormatError(f"{path}: cannot read the vectors ({exc}); {integrity.remedy(path)}") from exc
         store = DocumentStore.load(path / manifest.files["documents"])
-        if len(store) != manifest.count or vectors.ntotal != manifest.count:
+        chunks = ChunkMap.load(path / manifest.files["chunks"]) if manifest.chunking is not None else None
+        vector_count = len(chunks) if chunks is not None else manifest.count
+        if len(store) != manifest.count or vectors.ntotal != vector_count:
             raise IndexFormatError(
                 f"{path}: the manifest says {manifest.count} documents, the files hold {len(store)} documents "
                 f"and {vectors.ntotal} vectors"
             )
         if embedder is not None:
             check_embedder(manifest, embedder, path)
-        return cls(manifest, vectors, store, path=path, embedder=embedder)
+        return cls(manifest, vectors, store, path=path, embedder=embedder, chunks=chunks)
 
     def load_embedder(
         self, *, device: str = "cpu", cache: bool = False, source: str | None = None, **options: Any
@@ -311,9 +357,21 @@ class Index:
         self.store.check_new(docs)
         if not docs:
             return 0
-        vectors = encode_in_chunks(
-            embedder, [d.text for d in docs], batch_size=batch_size, chunk_size=chunk_size, progress=progress
-        )
+        texts = [d.text for d in docs]
+        if self.chunks is not None:
+            chunking = Chunking(**self.manifest.chunking)  # type: ignore[arg-type]
+            vectors, doc_rows = encode_chunks_in_chunks(
+                embedder,
+                texts,
+                chunking,
+                batch_size=batch_size,
+                chunk_size=chunk_size,
+                first_row=self.count,
+                progress=progress,
+            )
+            self.chunks.extend(doc_rows)
+        else:
+            vectors = encode_in_chunks(embedder, texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress)
         self.vectors.add(vectors)
         self.store.extend(docs)
         self._lexical = None  # rebuilt over every document at the next BM25 search
@@ -347,6 +405,8 @@ class Index:
             generation = (on_disk.generation if on_disk else 0) + 1
             stem = f"g{generation:06d}"
             files = {**self.vectors.save(folder, stem), **self.store.save(folder, stem)}
+            if self.chunks is not None:
+                files.update(self.chunks.save(folder, stem))
             sums = integrity.checksums(folder, list(files.values()))
             manifest = Manifest(
                 **{**self.manifest.__dict__, "generation": generation, "files": files, "checksums": sums}
@@ -469,6 +529,8 @@ class Index:
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise ValueError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
+        if self.chunks is not None:  # chunks of long documents: each document at its best chunk
+            return self.chunks.collapse(*self.vectors.search(vectors, self.chunks.depth(k)), k)
         return self.vectors.search(vectors, k)
 
     def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[list[Hit]]:

@@ -114,6 +114,7 @@ class Manifest:
     similarity: str = SIMILARITY
     format: int = FORMAT_VERSION
     lmembed_version: str = __version__
+    chunking: dict[str, Any] | None = None  # long documents: vectors are chunks (encoding.chunking), count documents
 
     @property
     def config(self) -> EmbeddingConfig:
@@ -136,6 +137,7 @@ class Manifest:
             "created": self.created,
             "updated": self.updated,
             "lmembed_version": self.lmembed_version,
+            **({"chunking": dict(self.chunking)} if self.chunking is not None else {}),
         }
 
     @classmethod
@@ -156,6 +158,7 @@ class Manifest:
                 updated=str(data.get("updated", "")),
                 similarity=str(data.get("similarity", SIMILARITY)),
                 lmembed_version=str(data.get("lmembed_version", "")),
+                chunking=dict(data["chunking"]) if data.get("chunking") is not None else None,
             )
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
             if isinstance(exc, IndexFormatError):

@@ -1,0 +1,81 @@
+"""Chunk -> document rows of an index whose vectors are chunks of long documents (:mod:`lmembed.encoding.chunking`).
+
+Vector row ``i`` is a chunk of document row ``doc_rows[i]`` (non-decreasing: a document's chunks are consecutive).
+A search runs over chunks and returns documents, each scored by its best chunk (MaxP); since a document's best
+chunk is the first of its chunks in a ranked list, collapsing keeps each document's first hit. The search asks for
+:data:`OVERFETCH` times ``k`` chunks so that ``k`` distinct documents are usually among them (always, for a
+``flat`` index holding at most that many chunks).
+
+On disk: ``{stem}.chunks.npy``, an int64 array, listed in the manifest's files (so its sha256 is checked).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from lmembed.index.errors import IndexFormatError
+
+#: Chunks fetched per document wanted.
+OVERFETCH = 8
+
+
+class ChunkMap:
+    """Which document row each chunk vector belongs to."""
+
+    def __init__(self, doc_rows: np.ndarray) -> None:
+        self.doc_rows = np.asarray(doc_rows, dtype=np.int64)
+        if self.doc_rows.ndim != 1 or np.any(np.diff(self.doc_rows) < 0):
+            raise IndexFormatError("chunk document rows must be a non-decreasing 1-D array")
+
+    def __len__(self) -> int:
+        return len(self.doc_rows)
+
+    def extend(self, doc_rows: np.ndarray) -> None:
+        self.doc_rows = np.concatenate([self.doc_rows, np.asarray(doc_rows, dtype=np.int64)])
+
+    def check(self, vectors: int, documents: int, where: str) -> None:
+        """Refuse a map that does not cover ``vectors`` chunks of ``documents`` documents, each with a chunk."""
+        covered = len(np.unique(self.doc_rows)) == documents and (not documents or self.doc_rows[-1] == documents - 1)
+        if len(self) != vectors or not covered:
+            raise IndexFormatError(
+                f"{where}: the chunk map holds {len(self)} chunks of {len(np.unique(self.doc_rows))} documents, "
+                f"the index {vectors} vectors of {documents} documents"
+            )
+
+    def depth(self, k: int) -> int:
+        """How many chunks to fetch for ``k`` documents."""
+        return max(1, min(len(self), k * OVERFETCH))
+
+    def collapse(self, scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ranked chunk hits ``(scores, rows)`` to the ``k`` best documents, each at its best chunk's score;
+        missing places are row ``-1``, score ``-inf``."""
+        out_scores = np.full((len(rows), k), -np.inf, dtype=np.float32)
+        out_rows = np.full((len(rows), k), -1, dtype=np.int64)
+        for q, (score_row, chunk_row) in enumerate(zip(scores, rows, strict=True)):
+            seen: set[int] = set()
+            for score, chunk in zip(score_row.tolist(), chunk_row.tolist(), strict=True):
+                if chunk < 0 or len(seen) == k:
+                    break
+                doc = int(self.doc_rows[chunk])
+                if doc not in seen:
+                    out_scores[q, len(seen)], out_rows[q, len(seen)] = score, doc
+                    seen.add(doc)
+        return out_scores, out_rows
+
+    def save(self, folder: Path, stem: str) -> dict[str, str]:
+        name = f"{stem}.chunks.npy"
+        with (folder / name).open("wb") as handle:
+            np.save(handle, self.doc_rows, allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return {"chunks": name}
+
+    @classmethod
+    def load(cls, path: Path) -> ChunkMap:
+        try:
+            return cls(np.load(path, allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise IndexFormatError(f"{path}: cannot read the chunk map ({exc})") from exc
