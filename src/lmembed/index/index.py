@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ class Index:
         self.path = path
         self.embedder = embedder
         self._lexical: LexicalIndex | None = None
+        self._lexical_lock = threading.Lock()  # a server's search threads build it once
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -488,9 +490,10 @@ class Index:
     @property
     def lexical(self) -> LexicalIndex:
         """The BM25 index of the same documents (loaded from the folder, or built on first use)."""
-        if self._lexical is None or self._lexical.count != self.count:
-            self._lexical = open_lexical(self.path, self.store.texts, self.store.ids)
-        return self._lexical
+        with self._lexical_lock:
+            if self._lexical is None or self._lexical.count != self.count:
+                self._lexical = open_lexical(self.path, self.store.texts, self.store.ids)
+            return self._lexical
 
     def search_rows(
         self,
