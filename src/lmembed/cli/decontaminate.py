@@ -22,8 +22,6 @@ from rich.console import Console
 from lmembed.atomic import atomic_write_text
 from lmembed.cli.options import check_writable
 from lmembed.io import iter_jsonl
-from lmembed.synthesis.decontaminate import DecontaminationSettings, decontaminate
-from lmembed.synthesis.eval_texts import evaluation_texts, parse_names
 from lmembed.training.rows import TrainingDataError, parse_row
 
 
@@ -47,6 +45,10 @@ def decontaminate_command(
 ) -> None:
     """Drop training rows whose query or positive repeats an evaluation item: exact and near-duplicate texts,
     shared n-grams, and a BM25 similarity threshold as NV-Embed did; writes the kept rows and a report."""
+    # lazy: the evaluation sets' readers import scikit-learn and SciPy, seconds that --help must not pay
+    from lmembed.synthesis.decontaminate import DecontaminationSettings, decontaminate
+    from lmembed.synthesis.eval_texts import evaluation_texts, parse_names
+
     names = parse_names(against)
     if not names:
         raise typer.BadParameter("name at least one evaluation set", param_hint="--against")

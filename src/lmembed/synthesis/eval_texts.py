@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lmembed.evaluation.suites import resolve_task
 from lmembed.synthesis.decontaminate import ProtectedText, protected_texts
 
 
 def evaluation_texts(names: Sequence[str], *, split: str = "test") -> list[ProtectedText]:
     """The evaluation items of every named set, labelled with the task's name."""
+    # lazy: the task readers import scikit-learn and SciPy; training's config (and so `lmembed --help`) only
+    # needs parse_names
+    from lmembed.evaluation.suites import resolve_task
+
     by_task: dict[str, list[str]] = {}
     for name in names:
         task = resolve_task(name, split=split)
