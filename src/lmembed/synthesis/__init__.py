@@ -11,6 +11,9 @@ module              holds
 ``recipes``         synthesis recipes as YAML files (prompts, knobs), with their provenance
 ``runner``          sharded, resumable runs: atomic shards, progress (rows/s, acceptance, ETA), stats
 ``e5_mistral``      E5-mistral's brainstorm-then-generate recipe
+``gecko``           Gecko's FRet: generate, retrieve, relabel (query likelihood + relevance, RRF)
+``corpus_only``     queries from a user's corpus, round-trip filtered, mined negatives, teacher scores
+``retrieval``       the seed corpus embedded once per run, top-k search over it
 ``synthesize``      the Python API of ``lmembed synthesize``
 =================== =====================================================================================
 """

@@ -1,0 +1,63 @@
+"""Corpus-only domain adaptation (Promptagator / GPL): queries generated from a user's own passages, kept only
+when a teacher embedder finds the seed passage again in its top-k (round-trip consistency), with hard negatives
+mined from the teacher's ranking (the top ranks skipped, as likely unlabelled positives) and the teacher's scores
+kept for distillation (``teacher_scores``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lmembed.synthesis.gecko import generation_requests, passage_items
+from lmembed.synthesis.parsing import parse_object
+from lmembed.synthesis.retrieval import top_k
+from lmembed.synthesis.runner import Context, ShardResult
+
+
+class CorpusOnlyRunner:
+    """Generate a query per passage; keep it if the round trip holds; mine negatives."""
+
+    def plan(self, context: Context) -> list[dict[str, Any]]:
+        return passage_items(context)
+
+    def run(self, items: Sequence[dict[str, Any]], context: Context) -> ShardResult:
+        recipe = context.recipe
+        k = int(recipe.get("top_k", 10))
+        first, count = int(recipe.get("negatives_from_rank", 3)), int(recipe.get("negatives", 4))
+        result = ShardResult(attempted=len(items))
+        kept = []
+        for item, answer in zip(items, context.generator.generate(generation_requests(items, context)), strict=True):
+            parsed = parse_object(answer, tuple(recipe.data["keys"]))
+            if parsed.ok:
+                result.repaired += parsed.repaired
+                kept.append((item, parsed.value["query"]))
+            else:
+                result.rejected[parsed.reason] += 1
+        order, scores = top_k(context, [q for _, q in kept], max(k, first - 1 + count))
+        for (item, query), ranked, ranked_scores in zip(kept, order, scores, strict=True):
+            hits = [int(i) for i in ranked[:k]]
+            if item["index"] not in hits:
+                result.rejected["round_trip"] += 1
+                continue
+            seed_score = float(ranked_scores[hits.index(item["index"])])
+            below = zip(ranked[first - 1 :], ranked_scores[first - 1 :], strict=True)
+            mined = [(int(i), float(s)) for i, s in below if int(i) != item["index"]][:count]
+            if not mined:
+                result.rejected["no_negatives"] += 1
+                continue
+            result.rows.append(
+                {
+                    "query": query,
+                    "positive": context.corpus_texts[item["index"]],
+                    "negatives": [context.corpus_texts[i] for i, _ in mined],
+                    "task": "corpus-only",
+                    "teacher_scores": {"positive": seed_score, "negatives": [s for _, s in mined]},
+                    "provenance": context.provenance(
+                        prompt="generate",
+                        seed_passage=item["id"],
+                        seed_rank=hits.index(item["index"]) + 1,
+                        negative_ids=[context.corpus_ids[i] for i, _ in mined],
+                    ),
+                }
+            )
+        return result

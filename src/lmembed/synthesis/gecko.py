@@ -1,0 +1,137 @@
+"""Gecko's FRet recipe (Lee et al. 2024): per seed passage, the LLM writes a task and a query; an embedder
+retrieves the top-k passages; the LLM relabels them by query likelihood (log p(query | passage)) and relevance
+classification (p("yes" | query, passage)), the two rankings fused by reciprocal rank. The best passage becomes
+the positive (it may differ from the seed), one from the lower fused ranks the hard negative.
+
+A generator that gives no prompt log-probabilities (most endpoints) relabels by relevance alone; the run's notes
+and every row's provenance (``relabel``) say so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from lmembed.synthesis.generators import Request, ScoringUnsupported
+from lmembed.synthesis.parsing import parse_object
+from lmembed.synthesis.recipes import render
+from lmembed.synthesis.retrieval import top_k
+from lmembed.synthesis.runner import Context, ShardResult
+
+BOTH, RELEVANCE_ONLY = "query-likelihood+relevance", "relevance-only"
+
+
+def _seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:4], "big")
+
+
+def passage_items(context: Context) -> list[dict[str, Any]]:
+    return [{"id": pid, "index": i} for i, pid in enumerate(context.corpus_ids)]
+
+
+def generation_requests(items: Sequence[dict[str, Any]], context: Context) -> list[Request]:
+    recipe = context.recipe
+    return [
+        Request(
+            ({"role": "user", "content": render(recipe.data["generate"], passage=context.corpus_texts[i["index"]])},),
+            json_keys=tuple(recipe.data["keys"]),
+            max_new_tokens=int(recipe.get("max_new_tokens", 128)),
+            temperature=float(recipe.get("temperature", 0.0)),
+            seed=_seed(context.seed, i["id"]),
+        )
+        for i in items
+    ]
+
+
+def rrf(*rankings: Sequence[float], k: int = 60) -> list[float]:
+    """Reciprocal-rank fusion of score lists over the same candidates (higher score, better rank)."""
+    fused = [0.0] * len(rankings[0])
+    for scores in rankings:
+        order = sorted(range(len(scores)), key=lambda j: -scores[j])
+        for rank, j in enumerate(order, 1):
+            fused[j] += 1.0 / (k + rank)
+    return fused
+
+
+class GeckoRunner:
+    """Generate, retrieve, relabel, fuse."""
+
+    def plan(self, context: Context) -> list[dict[str, Any]]:
+        return passage_items(context)
+
+    def _query_likelihood(self, context: Context, query: str, candidates: list[int]) -> list[float] | None:
+        template = context.recipe.data["query_likelihood"]
+        contexts = [render(template, passage=context.corpus_texts[c]) for c in candidates]
+        try:
+            return context.generator.loglikelihood(contexts, [query] * len(candidates))
+        except ScoringUnsupported as exc:
+            note = f"relabel: {RELEVANCE_ONLY} ({exc})"
+            if note not in context.notes:
+                context.notes.append(note)
+            return None
+
+    def run(self, items: Sequence[dict[str, Any]], context: Context) -> ShardResult:
+        recipe = context.recipe
+        result = ShardResult(attempted=len(items))
+        answers = context.generator.generate(generation_requests(items, context))
+        kept = []
+        for item, answer in zip(items, answers, strict=True):
+            parsed = parse_object(answer, tuple(recipe.data["keys"]))
+            if parsed.ok:
+                result.repaired += parsed.repaired
+                kept.append((item, parsed.value))
+            else:
+                result.rejected[parsed.reason] += 1
+        order, _ = top_k(context, [v["query"] for _, v in kept], int(recipe.get("top_k", 8)))
+        for (item, value), retrieved in zip(kept, order, strict=True):
+            row = self._relabel(item, value, [int(c) for c in retrieved], context)
+            if isinstance(row, str):
+                result.rejected[row] += 1
+            else:
+                result.rows.append(row)
+        return result
+
+    def _relabel(self, item: dict[str, Any], value: dict[str, str], candidates: list[int], context: Context) -> Any:
+        recipe, query = context.recipe, value["query"]
+        if item["index"] not in candidates:
+            candidates.append(item["index"])  # the seed is always a candidate; it need not win
+        if len(candidates) < 2:
+            return "too_few_candidates"
+        ql = self._query_likelihood(context, query, candidates)
+        rc = context.generator.yes_probability(
+            [render(recipe.data["relevance"], query=query, passage=context.corpus_texts[c]) for c in candidates]
+        )
+        fused = rrf(*([ql, rc] if ql is not None else [rc]), k=int(recipe.get("rrf_k", 60)))
+        ranked = sorted(range(len(candidates)), key=lambda j: -fused[j])
+        low, high = recipe.get("negative_ranks", [3, 8])
+        pool = ranked[max(1, low - 1) : high] or ranked[1:]
+        negative = random.Random(_seed(context.seed, item["id"], "negative")).choice(pool)
+        positive = ranked[0]
+
+        def scores(j: int) -> dict[str, Any]:
+            return {
+                "id": context.corpus_ids[candidates[j]],
+                "query_likelihood": ql[j] if ql is not None else None,
+                "relevance": rc[j],
+                "fused": fused[j],
+                "rank": ranked.index(j) + 1,
+            }
+
+        return {
+            "query": query,
+            "positive": context.corpus_texts[candidates[positive]],
+            "negatives": [context.corpus_texts[candidates[negative]]],
+            "instruction": value.get("task"),
+            "task": "gecko",
+            "provenance": context.provenance(
+                prompt="generate",
+                seed_passage=item["id"],
+                positive_is_seed=candidates[positive] == item["index"],
+                relabel=BOTH if ql is not None else RELEVANCE_ONLY,
+                positive=scores(positive),
+                negative=scores(negative),
+            ),
+        }
