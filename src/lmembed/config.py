@@ -153,6 +153,9 @@ class EmbeddingConfig:
     instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE
     query_instruction: str | None = None
     plain_prefix: str = ""  # put before a text embedded without an instruction, kept out of pooling (GritLM)
+    # put after a text embedded with an instruction, pooled with the text (bge-en-icl's "\n<response>", whose end
+    # last-token pooling reads)
+    instruction_suffix: str = ""
     pool_special_tokens: bool = True  # False: special tokens (BOS, ...) never pooled, as LLM2Vec's embed mask
     # which tokens an instruction keeps out of pooling: "offsets" those before the text (by character offsets),
     # "token_count" the first len(tokenizer.tokenize(prefix)) tokens of the sequence, BOS included (NV-Embed)
@@ -225,6 +228,8 @@ class EmbeddingConfig:
                 f"default_prompt_name={self.default_prompt_name!r} is not one of the prompts "
                 f"({', '.join(sorted(self.prompts)) or 'none'})"
             )
+        if self.instruction_suffix and self.prompt_style != "lmembed":
+            raise ConfigError("instruction_suffix needs prompt_style='lmembed' (sentence-transformers prompts prefix)")
         for i, layer in enumerate(self.head):
             validate_head_layer(layer, f"head[{i}]")
         if self.head and self.pooling == "latent_attention":
@@ -260,7 +265,13 @@ class EmbeddingConfig:
             **self._convention_key(),
         }
         # fields added later enter the key only when set, so earlier strategies keep their fingerprints
-        optional = {"plain_prefix": "", "pool_special_tokens": True, "eos_token": None, "instruction_mask": "offsets"}
+        optional = {
+            "plain_prefix": "",
+            "instruction_suffix": "",
+            "pool_special_tokens": True,
+            "eos_token": None,
+            "instruction_mask": "offsets",
+        }
         key.update({name: getattr(self, name) for name, default in optional.items() if getattr(self, name) != default})
         return key
 

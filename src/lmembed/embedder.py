@@ -546,6 +546,7 @@ class Embedder:
             and not uses_eos
             and cfg.dim is None
             and not cfg.plain_prefix
+            and not cfg.instruction_suffix
             and cfg.pool_special_tokens
             and not any(layer.get("route") for layer in cfg.head)
         )

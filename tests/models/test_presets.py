@@ -170,10 +170,16 @@ def test_broken_adapter_config_names_the_file(tmp_path):
         presets.resolve(str(tmp_path))
 
 
-@pytest.mark.parametrize("hub_id", ["BAAI/bge-en-icl"])
-def test_unreproducible_family_is_refused_before_loading(hub_id):
-    with pytest.raises(ModelLoadError, match="lmembed cannot reproduce"):
-        Embedder.from_pretrained(hub_id)
+def test_unreproducible_family_is_refused_before_loading(monkeypatch):
+    """No published family is refused today (NV-Embed and bge-en-icl are reproduced); a preset that carries a
+    refusal still stops the load, before anything is downloaded, with its reason."""
+    refused = presets.Preset(
+        family="Unreproducible", hub_ids=("org/unreproducible",), strategy={}, source="-", verified="-", refused="why"
+    )
+    monkeypatch.setattr(presets, "PRESETS", (*presets.PRESETS, refused))
+    with pytest.raises(ModelLoadError, match="lmembed cannot reproduce: why"):
+        Embedder.from_pretrained("org/unreproducible")
+    assert not [p.family for p in presets.PRESETS if p.refused and p is not refused]
 
 
 def test_user_option_overriding_a_preset_warns_once_naming_both(tmp_path, caplog):

@@ -12,7 +12,9 @@ shortened alike.
 A published model may fix more of this (:mod:`lmembed.models.presets`): a prefix for texts embedded without an
 instruction (``plain_prefix``, GritLM's ``<|embed|>\n``), special tokens kept out of pooling even where no prefix
 is (``pool_special_tokens=False``, LLM2Vec's embed mask) and which token ends a text read by last-token pooling
-(``eos_token``, Qwen3-Embedding's ``<|endoftext|>``). With ``instruction_mask="token_count"`` (NV-Embed) the
+(``eos_token``, Qwen3-Embedding's ``<|endoftext|>``), and fixed text after a text embedded with an instruction
+(``instruction_suffix``, bge-en-icl's ``\n<response>``): it is pooled with the text, so last-token pooling reads
+its end, and truncation leaves room for it. With ``instruction_mask="token_count"`` (NV-Embed) the
 tokens kept out of pooling are not found by offsets but counted as its code counts them: the first
 ``len(tokenizer.tokenize(prefix))`` tokens of the sequence, BOS included (so with a tokenizer that does not split
 the prefix exactly where the whole string does, the prefix's last token is pooled, as in the reference).
@@ -125,6 +127,10 @@ class InputBuilder:
             prefix += self.config.echo_template.format(text=text)
         return prefix, 2 if self.config.echo else 1
 
+    def _suffix(self, instruction: str | None) -> str:
+        """The fixed text after the text: ``instruction_suffix`` when an instruction is given."""
+        return self.config.instruction_suffix if instruction else ""
+
     def _count(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
@@ -142,7 +148,7 @@ class InputBuilder:
         """(tokens left for the text itself, the tokenizer's length limit for the whole wrapped string)."""
         room = self.max_length - self.num_special - (1 if self.eos_id is not None else 0)
         wrapper, copies = self._prefix("", instruction)
-        budget = (room - self._count(wrapper)) // copies
+        budget = (room - self._count(wrapper) - self._count(self._suffix(instruction))) // copies
         if budget < 1:
             raise InputError(f"max_length={self.max_length} leaves no room for the text after the instruction/template")
         return budget, room + self.num_special
@@ -154,7 +160,7 @@ class InputBuilder:
         text = self._truncate_text(text, budget)
         prefix, _ = self._prefix(text, instruction)
         enc = self.tokenizer(
-            prefix + text,
+            prefix + text + self._suffix(instruction),
             add_special_tokens=True,
             truncation=True,
             max_length=limit,
@@ -219,7 +225,7 @@ class InputBuilder:
         ]
         prefixes = [self._prefix(text, instruction)[0] for text in cut]
         enc = self.tokenizer(
-            [prefix + text for prefix, text in zip(prefixes, cut, strict=True)],
+            [prefix + text + self._suffix(instruction) for prefix, text in zip(prefixes, cut, strict=True)],
             add_special_tokens=True,
             truncation=True,
             max_length=limit,

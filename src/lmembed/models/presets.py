@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -48,6 +48,9 @@ class Preset:
     architectures: tuple[str, ...] = ()  # config.json architectures that identify the family on their own
     limits: str = ""  # what differs from the reference, and when
     refused: str | None = None
+    # the reference puts few-shot examples before its template (bge-en-icl): a template that ends with the published
+    # one adds examples, as the reference does, and is not warned about as an override
+    examples_before_template: bool = False
 
     def config(self, **overrides: Any) -> EmbeddingConfig:
         """The preset's strategy as an :class:`EmbeddingConfig` (``overrides`` replace fields)."""
@@ -74,6 +77,22 @@ class Resolution:
 
 
 E5_TEMPLATE = "Instruct: {instruction}\nQuery: "
+BGE_ICL_TEMPLATE = "<instruct>{instruction}\n<query>"
+BGE_ICL_SUFFIX = "\n<response>"
+BGE_ICL_DEFAULT_TASK = "Given a query, retrieval relevant passages that answer the query."  # FlagICLModel's, sic
+
+
+def bge_icl_template(examples: Sequence[Mapping[str, str]], task: str = BGE_ICL_DEFAULT_TASK) -> str:
+    """bge-en-icl's instruction template with few-shot ``examples`` in front, as FlagICLModel.set_examples builds
+    them: each ``{"instruct": ..., "query": ..., "response": ...}`` (``instruct`` defaulting to ``task``) as
+    ``<instruct>{instruct}\\n<query>{query}\\n<response>{response}``, joined and followed by a blank line."""
+    shots = [
+        f"<instruct>{ex.get('instruct', task)}\n<query>{ex.get('query', '')}\n<response>{ex.get('response', '')}"
+        for ex in examples
+    ]
+    prefix = "\n\n".join(shots) + "\n\n" if shots else ""
+    return prefix.replace("{", "{{").replace("}", "}}") + BGE_ICL_TEMPLATE
+
 
 PRESETS: tuple[Preset, ...] = (
     Preset(
@@ -240,14 +259,31 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         family="bge-en-icl",
         hub_ids=("baai/bge-en-icl",),
-        strategy={"pooling": "last", "attention": "causal", "max_length": 512},
+        strategy={
+            "pooling": "last",
+            "attention": "causal",
+            "instruction_template": BGE_ICL_TEMPLATE,
+            "instruction_suffix": BGE_ICL_SUFFIX,
+            "query_instruction": BGE_ICL_DEFAULT_TASK,
+            "add_eos": False,
+            "max_length": 512,
+            "normalize": True,
+        },
+        padding_side="left",
         instructions=None,
-        source="FlagEmbedding BGE-EN-ICL (model card): queries are '<instruct>{task}\\n<query>{query}\\n<response>' "
-        "after few-shot examples, last-token pooling, left padding",
-        verified="refused: the query format puts fixed text after the query ('\\n<response>'), which lmembed's "
-        "input builder (prefix instructions only) cannot express",
-        refused="its queries end with a fixed suffix after the text ('\\n<response>', after few-shot examples "
-        "'<instruct>…\\n<query>…\\n<response>…'), and lmembed only puts instructions before a text",
+        examples_before_template=True,
+        source="FlagEmbedding FlagICLModel (FlagEmbedding/flag_models.py, encode_queries/encode_corpus, and the "
+        "BGE-EN-ICL model card): a query is examples prefix + '<instruct>{task}\\n<query>{query}' + '\\n<response>' "
+        "(examples '<instruct>{task}\\n<query>{q}\\n<response>{r}' joined by blank lines, none by default), the "
+        "default task 'Given a query, retrieval relevant passages that answer the query.'; documents as they are; "
+        "tokenised with the tokenizer's own special tokens, causal, last-token pooling, normalised, max_length 512",
+        verified="tests/models/test_bge_icl.py: FlagICLModel's steps (including its truncate-and-decode of the "
+        "query) re-implemented on a tiny MistralModel with a byte-level tokenizer that ends texts with </s>, with "
+        "and without examples, cosine >= 0.9999",
+        limits="few-shot examples are part of the instruction template: build it with "
+        "presets.bge_icl_template(examples) and pass instruction_template=...; the per-task examples and "
+        "instructions of its MTEB runs are not bundled (instructions=None); a query longer than max_length is cut "
+        "by tokens here, by FlagICLModel after a decode round trip of the instruction and query",
     ),
 )
 
@@ -368,11 +404,25 @@ def warn_overrides(resolution: Resolution, given: Mapping[str, Any]) -> list[str
         f"{key}={value!r} overrides {resolution.preset.family}'s published {key}={strategy[key]!r}; "
         "its vectors will not match the reference"
         for key, value in given.items()
-        if key in strategy and _normal(strategy[key]) != _normal(value)
+        if key in strategy
+        and _normal(strategy[key]) != _normal(value)
+        and not _adds_examples(resolution.preset, key, value)
     ]
     for message in messages:
         log.warning(message)
     return messages
+
+
+def _adds_examples(preset: Preset, key: str, value: Any) -> bool:
+    """True for a template that only puts few-shot examples before the published one, where the reference does."""
+    published = preset.strategy.get(key)
+    return (
+        preset.examples_before_template
+        and key == "instruction_template"
+        and isinstance(value, str)
+        and isinstance(published, str)
+        and value.endswith(published)
+    )
 
 
 def _normal(value: Any) -> Any:
