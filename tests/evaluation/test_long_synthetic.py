@@ -1,0 +1,50 @@
+"""Synthetic passkey/needle retrieval (deterministic, no download) and the max_length grid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmembed.errors import ConfigError
+from lmembed.evaluation.long_synthetic import length_grid, needle_retrieval, passkey_retrieval
+from lmembed.evaluation.tasks.retrieval import RetrievalTask
+
+
+@pytest.mark.parametrize("build", [passkey_retrieval, needle_retrieval])
+def test_synthetic_tasks_are_deterministic_and_answerable(build):
+    data = build(num_docs=6, words=120, seed=3)
+    assert build(num_docs=6, words=120, seed=3) == data
+    assert build(num_docs=6, words=120, seed=4).corpus_texts != data.corpus_texts
+    assert len(data.corpus_texts) == len(data.query_texts) == 6 and len(set(data.corpus_texts)) == 6
+    for i, (query, doc) in enumerate(zip(data.query_texts, data.corpus_texts, strict=True)):
+        assert data.qrels[f"q{i}"] == {f"d{i}": 1}
+        assert 110 <= len(doc.split()) <= 140
+        key_words = query.split()[-1].rstrip("?") if build is passkey_retrieval else query.split()[4]
+        holders = [j for j, d in enumerate(data.corpus_texts) if key_words in d]
+        assert holders == [i]  # the answer is in its own document only
+
+
+def test_passkey_sentence_carries_the_key():
+    data = passkey_retrieval(num_docs=2, words=50, seed=0)
+    doc = data.corpus_texts[0]
+    name = data.query_texts[0].removeprefix("What is the pass key of ").rstrip("?")
+    key = doc.split(f"The pass key of {name} is ")[1].split(".")[0]
+    assert key.isdigit() and len(key) == 5 and f"{key} is {name}'s pass key" in doc
+
+
+def test_bad_sizes_are_config_errors():
+    with pytest.raises(ConfigError, match="num_docs"):
+        needle_retrieval(num_docs=0)
+    with pytest.raises(ConfigError, match="words"):
+        passkey_retrieval(words=3)
+
+
+def test_length_grid_reads_each_max_length(make_embedder):
+    emb = make_embedder("bert", pooling="mean")
+    task = RetrievalTask(passkey_retrieval(num_docs=4, words=60, seed=1))
+    grid = length_grid(emb, task, [16, 64])
+    assert [length for length, _ in grid] == [16, 64]
+    for length, result in grid:
+        assert result.extra["max_length"] == length
+        short = task.evaluate(emb.with_config(emb.config.with_options(max_length=length)))
+        np.testing.assert_allclose(result.scores["ndcg_at_10"], short.scores["ndcg_at_10"])
