@@ -497,11 +497,11 @@ def apply_lowercase(tokenizer: Any) -> None:
     """Make a fast tokenizer lowercase its input first, as sentence-transformers does for ``do_lower_case``."""
     from tokenizers.normalizers import Lowercase, Sequence
 
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    rust = getattr(tokenizer, "backend_tokenizer", None)  # the tokenizers library's object inside a fast tokenizer
+    if rust is None:
         raise PublishedModelError("do_lower_case needs a fast tokenizer")
-    normalizer = backend.normalizer
+    normalizer = rust.normalizer
     parts = list(normalizer) if isinstance(normalizer, Sequence) else [normalizer] if normalizer else []
     if any(isinstance(part, Lowercase) for part in parts):
         return
-    backend.normalizer = Sequence([Lowercase(), *parts])
+    rust.normalizer = Sequence([Lowercase(), *parts])
