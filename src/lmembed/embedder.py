@@ -160,6 +160,7 @@ class Embedder:
 
     published: presets.Resolution | None = None  # the published family it was loaded as (from_pretrained)
     published_folder: PublishedModel | None = None  # the sentence-transformers folder it was read from
+    checkpoint_sources: dict[str, str] | None = None  # fields a published checkpoint's own files decided (NV-Embed)
 
     def __init__(
         self,
@@ -332,6 +333,8 @@ class Embedder:
         )
         embedder.published = published
         embedder.published_folder = folder  # what a sentence-transformers folder decided, and which file did
+        if nvembed:
+            embedder.checkpoint_sources = nvembed.checkpoint.sources
         return embedder
 
     @classmethod
@@ -479,6 +482,7 @@ class Embedder:
             self.backbone, config, pooling_head=self.pooling_head, engine=self.engine, executor=executor
         )
         embedder.published, embedder.published_folder = self.published, self.published_folder
+        embedder.checkpoint_sources = self.checkpoint_sources
         return embedder
 
     # ------------------------------------------------------------------ saving

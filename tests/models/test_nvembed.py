@@ -250,3 +250,4 @@ def test_doctor_checks_pass_on_nvembed(tmp_path):
     assert checks["prompt-pooling"].passed is None and "token_count" in checks["prompt-pooling"].detail
     sources = {f.name: f.source for f in provenance(emb)}
     assert sources["instruction_mask"].startswith("preset NV-Embed")
+    assert sources["latent"] == "config.json latent_attention_config"

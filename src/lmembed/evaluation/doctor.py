@@ -73,6 +73,7 @@ def provenance(embedder: Embedder, given: Mapping[str, Any] | None = None) -> li
     saved = _saved_strategy(embedder.backbone.path)
     published = embedder.published
     folder_sources = getattr(getattr(embedder, "published_folder", None), "sources", None) or {}
+    folder_sources = {**folder_sources, **(getattr(embedder, "checkpoint_sources", None) or {})}
     defaults = EmbeddingConfig()
     out = []
     for item in fields(EmbeddingConfig):

@@ -26,6 +26,11 @@ from lmembed.models.loading import Backbone, quantize_int8, resolve_device, reso
 DECODER_PREFIX = "embedding_model."
 HEAD_PREFIX = "latent_attention_model."
 FEED_FORWARD_MULT = 4  # modeling_nvembed.py's FeedForward(dim, mult=4), not recorded in config.json
+SOURCES = {
+    "latent": "config.json latent_attention_config",
+    "include_prompt": "config.json padding_side, is_mask_instruction",
+    "normalize": "config.json latent_attention_config.output_normalize",
+}
 _NOT_MISTRAL_FIELDS = ("model_type", "architectures", "auto_map", "_name_or_path")
 
 
@@ -36,6 +41,7 @@ class NVEmbedCheckpoint:
     backbone: Backbone
     head_state: dict[str, torch.Tensor]
     strategy: dict[str, Any]
+    sources: dict[str, str]  # strategy field -> the config.json entry that decided it (``lmembed doctor``)
 
 
 def load_nvembed(
@@ -76,7 +82,7 @@ def load_nvembed(
         _fingerprint=fingerprint,
         quantization=quantize,
     )
-    return NVEmbedCheckpoint(backbone, head, _strategy(config, folder, model.config.hidden_size))
+    return NVEmbedCheckpoint(backbone, head, _strategy(config, folder, model.config.hidden_size), dict(SOURCES))
 
 
 def _local_folder(name_or_path: str) -> Path:
