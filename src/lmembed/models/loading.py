@@ -54,6 +54,9 @@ class Backbone:
         """Hash of every weight (names, shapes, values): the model part of embedding-cache keys."""
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self.model)
+            factor = getattr(self.model.config, "lmembed_position_interpolation", None)
+            if factor is not None:  # RoPE scaled (models.context): same weights, other vectors
+                self._fingerprint += f"-pi{factor:g}"
         return self._fingerprint
 
     def invalidate_fingerprint(self) -> None:

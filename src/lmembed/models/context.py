@@ -1,0 +1,57 @@
+"""Position interpolation: read a RoPE decoder beyond its trained window by scaling positions down.
+
+:func:`interpolate_positions` switches a loaded decoder's rotary embedding to linear scaling by ``factor``
+(Chen et al., 2023): position ``p`` is rotated as ``p / factor`` was, so ``factor`` times as many tokens fit in the
+angles the model was trained on, and ``max_position_embeddings`` grows by ``factor`` (the engine's length cap).
+Supported where the family has one rotary module driven by ``rope_parameters`` with ``rope_type="default"``
+(Llama, Mistral, Qwen2, Qwen3); other models (absolute positions, several rotary modules, a RoPE already
+scaled) are refused with a :class:`~lmembed.errors.ConfigError`. The factor joins the backbone's fingerprint, so
+the embedding cache never mixes vectors read with and without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from lmembed.errors import ConfigError
+
+#: The config attribute that records an interpolation (read by ``Backbone.fingerprint``).
+MARKER = "lmembed_position_interpolation"
+
+
+def _rotary(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
+    """The one rotary-embedding module of ``model``: (its parent, its attribute name, the module)."""
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if hasattr(module, "inv_freq") and hasattr(module, "rope_type")
+    ]
+    if len(found) != 1:
+        raise ConfigError(
+            f"position interpolation needs exactly one rotary embedding module; {type(model).__name__} has "
+            f"{len(found)} (families supported: llama, mistral, qwen2, qwen3)"
+        )
+    name, module = found[0]
+    parent_name, _, attribute = name.rpartition(".")
+    return model.get_submodule(parent_name) if parent_name else model, attribute, module
+
+
+def interpolate_positions(backbone: Any, factor: float) -> None:
+    """Scale ``backbone``'s RoPE positions linearly by ``factor`` (> 1) in place; see the module doc."""
+    if not factor > 1:
+        raise ConfigError(f"position interpolation factor={factor} must be > 1")
+    config = backbone.model.config
+    rope = getattr(config, "rope_parameters", None)
+    if not isinstance(rope, dict) or "rope_type" not in rope:
+        raise ConfigError(f"{config.model_type} has no rotary position embedding to interpolate")
+    if rope["rope_type"] != "default":
+        raise ConfigError(f"{config.model_type}'s RoPE is already scaled (rope_type={rope['rope_type']!r})")
+    parent, attribute, module = _rotary(backbone.model)
+    config.rope_parameters = {**rope, "rope_type": "linear", "factor": float(factor)}
+    config.max_position_embeddings = int(config.max_position_embeddings * factor)
+    rebuilt = type(module)(config=config)
+    setattr(parent, attribute, rebuilt.to(module.inv_freq.device))
+    setattr(config, MARKER, float(factor))
+    backbone.invalidate_fingerprint()
