@@ -19,6 +19,7 @@ the GritLM format's ``<|embed|>`` prefix) so that the two trained arms can be co
 
     python bench/grit_perplexity.py --quick        # 2 steps, tiny data: checks the pipeline
     python bench/grit_perplexity.py                # the recipe's CPU-sized run (40 steps)
+    python bench/grit_perplexity.py --steps 10 --batch-size 4 --held-out 60 --sts-pairs 100   # a busy 2-core box
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 steps, 16 rows, 20 held-out texts")
     parser.add_argument("--steps", type=int, default=None, help="training steps per arm (default: the recipe's)")
+    parser.add_argument("--batch-size", type=int, default=None, help="batch size per arm (default: the recipe's)")
     parser.add_argument("--held-out", type=int, default=200, help="held-out texts per perplexity set")
     parser.add_argument("--sts-pairs", type=int, default=300, help="STS-B test pairs for the embedding check")
     parser.add_argument("--output", type=Path, default=REPO / "runs" / "bench-grit")
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         args.held_out, args.sts_pairs = 20, 20
     if args.steps:
         overrides["steps"] = args.steps
+    if args.batch_size:
+        overrides["batch_size"] = args.batch_size
     arms = {
         "grit": train_arm(recipe, "grit", args.output, overrides, 1.0),
         "embedding-only": train_arm(recipe, "embedding-only", args.output, overrides, 0.0),
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": str(RECIPE.relative_to(REPO)),
         "model": recipe.model,
         "steps": overrides.get("steps", stage.get("steps")),
+        "batch_size": overrides.get("batch_size", recipe.defaults.get("batch_size")),
         "held_out_answers": len(answers[1]),
         "plain_texts": len(sts[0]),
         "sts_pairs": len(sts[0]),

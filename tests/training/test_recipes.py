@@ -292,6 +292,16 @@ def test_shipped_nv_embed_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
     assert time.perf_counter() - started < 120
 
 
+def test_shipped_grit_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
+    shared_or_skip("training/nli_entailment_pairs.jsonl")
+    overrides = {**TINY, "model": tiny_dir, "output": str(tmp_path / "grit"), "max_rows": 8}
+    result = run_recipe(REPO / "recipes" / "grit.yaml", overrides=overrides)
+    records = [json.loads(line) for line in (tmp_path / "grit" / "grit" / "metrics.jsonl").read_text().splitlines()]
+    assert {"loss_embedding", "loss_generative"} <= set(records[0])  # the prepared generative rows were read
+    final = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
+    assert final.config.plain_prefix == "<|embed|>\n" and final.config.attention == "bidirectional"
+
+
 def test_cli_runs_a_recipe_with_command_line_overrides(tmp_path, tiny_dir):
     from typer.testing import CliRunner
 
