@@ -34,7 +34,11 @@ FILLER = (
     "The river runs to the sea.",
 )
 NAMES = ("Ada", "Bruno", "Chloe", "Dmitri", "Esme", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Kemal", "Lena")
-THINGS = ("lantern", "violin", "compass", "teapot", "bicycle", "telescope", "umbrella", "kite", "anchor", "clock")
+THINGS = (
+    "lantern", "violin", "compass", "teapot", "bicycle", "telescope", "umbrella", "kite", "anchor", "clock",
+    "saddle", "trumpet", "globe", "hammock", "canoe", "chessboard", "microscope", "accordion", "sled", "typewriter",
+    "harp", "wheelbarrow", "kettle", "easel",
+)  # fmt: skip
 COLOURS = ("red", "orange", "purple", "silver", "golden", "turquoise", "crimson", "ivory")
 PLACES = ("attic", "garden", "cellar", "library", "harbour", "kitchen", "tower", "barn")
 
