@@ -92,3 +92,22 @@ def test_a_damaged_chunk_map_is_refused_on_open(make_embedder, tmp_path):
         Index.open(tmp_path / "ix", emb)
     with pytest.raises(IndexFormatError, match="chunk map"):
         Index.open(tmp_path / "ix", emb, verify=False)
+
+
+def test_cli_index_build_with_chunking(make_embedder, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmembed.cli import app
+
+    model_dir, folder, corpus = tmp_path / "model", tmp_path / "index", tmp_path / "corpus.jsonl"
+    make_embedder("bert", pooling="mean").save(model_dir)
+    corpus.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in DOCS))
+    args = ["index", "build", str(corpus), "-o", str(folder), "--model", str(model_dir), "--no-cache"]
+    result = CliRunner().invoke(app, [*args, "--chunking", "maxp", "--chunk-tokens", "4", "--chunk-overlap", "1"])
+    assert result.exit_code == 0, result.output
+    index = Index.open(folder)
+    assert index.manifest.chunking == CHUNKING.to_dict() and index.count == 3 and index.vectors.ntotal > 3
+    refused = CliRunner().invoke(app, [*args, "--overwrite", "--chunking", "mean"])
+    assert refused.exit_code == 2 and "maxp" in refused.output

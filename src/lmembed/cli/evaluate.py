@@ -12,11 +12,16 @@ from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_PRECISION,
     BatchSizeOpt,
+    ChunkingOpt,
+    ChunkOverlapOpt,
+    ChunkTokensOpt,
+    LateChunkingOpt,
     MaxLenOpt,
     check_backend,
     check_engine,
     check_writable,
     load_embedder,
+    make_chunking,
     options_command,
     scale_out,
 )
@@ -44,25 +49,6 @@ GridOpt = Annotated[
         help="KEY=V1,V2 over pooling, layer (int, mid, penultimate, a+b fused), attention, echo, final_norm, dim; "
         "every combination is evaluated, sharing forward passes. A grid over layers also measures each point's "
         "texts/s on retrieval tasks (the forward pass stops at the layer read: layer=k costs about k/L).",
-    ),
-]
-ChunkingOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--chunking",
-        help="Long documents: cut retrieval corpora into --chunk-tokens windows (--chunk-overlap shared) and score "
-        "each document by its 'first' chunk, its best chunk ('maxp') or the chunks' 'mean' (default: truncation).",
-    ),
-]
-ChunkTokensOpt = Annotated[int, typer.Option("--chunk-tokens", help="Text tokens per chunk (with --chunking).")]
-ChunkOverlapOpt = Annotated[
-    int, typer.Option("--chunk-overlap", help="Tokens a chunk shares with the previous one (with --chunking).")
-]
-LateChunkingOpt = Annotated[
-    bool,
-    typer.Option(
-        "--late-chunking",
-        help="With --chunking: pool each chunk from one forward pass over the whole document (up to --max-length).",
     ),
 ]
 OutputDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Results directory.")]
@@ -164,15 +150,9 @@ def eval_command(
 
 def _chunked(tasks: list[Any], aggregate: str | None, tokens: int, overlap: int, late: bool) -> list[Any]:
     """The retrieval tasks among ``tasks`` set to chunk their documents (the others as they are)."""
-    from lmembed.encoding.chunking import AGGREGATES, Chunking
     from lmembed.evaluation.tasks.retrieval import RetrievalTask
 
-    if aggregate not in AGGREGATES:
-        raise typer.BadParameter(f"expected one of {', '.join(AGGREGATES)}", param_hint="--chunking")
-    try:
-        chunking = Chunking(aggregate, tokens=tokens, overlap=overlap, late=late)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--chunk-tokens/--chunk-overlap") from None
+    chunking = make_chunking(aggregate, tokens, overlap, late)
     return [t.with_chunking(chunking) if isinstance(t, RetrievalTask) else t for t in tasks]
 
 

@@ -25,13 +25,18 @@ from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DEVICE,
     BatchSizeOpt,
+    ChunkingOpt,
+    ChunkOverlapOpt,
+    ChunkTokensOpt,
     DeviceOpt,
     InstructionOpt,
+    LateChunkingOpt,
     ModelOpt,
     NoCacheOpt,
     check_engine,
     check_writable,
     load_embedder,
+    make_chunking,
     options_command,
     scale_out,
 )
@@ -123,8 +128,15 @@ def build(
     chunk_size: ChunkOpt = 2048,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
+    chunking: ChunkingOpt = None,
+    chunk_tokens: ChunkTokensOpt = 256,
+    chunk_overlap: ChunkOverlapOpt = 32,
+    late_chunking: LateChunkingOpt = False,
 ) -> None:
     """Embed a corpus and write a searchable index folder (a re-run after an interruption reuses the cache).
+
+    With --chunking maxp long documents are indexed as token windows and searches return each document at its best
+    chunk's score (--chunking first indexes the first window only).
 
     With --engine ray the corpus is embedded as one resumable sharded job on Ray (workers load the model
     themselves); the vectors, and so the index, are the same as with --engine local."""
@@ -143,6 +155,11 @@ def build(
     )
     check_writable(output, "--output", folder=True)
     check_engine(engine, options)
+    chunks = make_chunking(chunking, chunk_tokens, chunk_overlap, late_chunking)
+    if chunks is not None and chunks.aggregate == "mean":
+        raise typer.BadParameter(
+            "an index scores a document by its best chunk: use maxp (or first)", param_hint="--chunking"
+        )
     docs = load_corpus(data)
     emb = load_embedder(model, options)
     if engine.engine == "ray":  # one job for the whole corpus: the job resumes by itself, shard by shard
@@ -158,6 +175,7 @@ def build(
             chunk_size=chunk_size,
             overwrite=overwrite,
             progress=bar,
+            chunking=chunks,
         )
     console.print(
         f"indexed {index.count} documents ({index.kind}, dim {index.dim}, {emb.config.label()}) into {output}"

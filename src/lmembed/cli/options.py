@@ -292,3 +292,39 @@ def check_writable(path: Path, option: str, *, folder: bool = False) -> Path:
     if path.exists() and not folder and not os.access(path, os.W_OK):
         raise typer.BadParameter(f"{path} exists and is not writable", param_hint=option)
     return path
+
+
+ChunkingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--chunking",
+        help="Long documents: cut documents into --chunk-tokens windows (--chunk-overlap shared) and score "
+        "each document by its 'first' chunk, its best chunk ('maxp') or the chunks' 'mean' (default: truncation).",
+    ),
+]
+ChunkTokensOpt = Annotated[int, typer.Option("--chunk-tokens", help="Text tokens per chunk (with --chunking).")]
+ChunkOverlapOpt = Annotated[
+    int, typer.Option("--chunk-overlap", help="Tokens a chunk shares with the previous one (with --chunking).")
+]
+LateChunkingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--late-chunking",
+        help="With --chunking: pool each chunk from one forward pass over the whole document (up to --max-length).",
+    ),
+]
+
+
+def make_chunking(aggregate: str | None, tokens: int, overlap: int, late: bool) -> Any:
+    """The :class:`~lmembed.encoding.chunking.Chunking` of --chunking/--chunk-tokens/--chunk-overlap/--late-chunking
+    (``None`` without --chunking); a bad value is a clean parameter error."""
+    from lmembed.encoding.chunking import AGGREGATES, Chunking
+
+    if aggregate is None and not late:
+        return None
+    if aggregate not in AGGREGATES:
+        raise typer.BadParameter(f"expected one of {', '.join(AGGREGATES)}", param_hint="--chunking")
+    try:
+        return Chunking(aggregate, tokens=tokens, overlap=overlap, late=late)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--chunk-tokens/--chunk-overlap") from None
