@@ -48,3 +48,32 @@ def test_length_grid_reads_each_max_length(make_embedder):
         assert result.extra["max_length"] == length
         short = task.evaluate(emb.with_config(emb.config.with_options(max_length=length)))
         np.testing.assert_allclose(result.scores["ndcg_at_10"], short.scores["ndcg_at_10"])
+
+
+def test_concatenated_documents_carry_their_judgments():
+    from lmembed.evaluation.long_synthetic import concatenate_documents
+    from lmembed.evaluation.retrieval_data import RetrievalData
+
+    data = RetrievalData(
+        name="toy",
+        split="test",
+        corpus_ids=["a", "b", "c", "d", "e"],
+        corpus_texts=["A", "B", "C", "D", "E"],
+        query_ids=["q1", "q2"],
+        query_texts=["x", "y"],
+        qrels={"q1": {"a": 1, "b": 2}, "q2": {"e": 1}},
+    )
+    long = concatenate_documents(data, per_doc=2, seed=7)
+    assert long == concatenate_documents(data, per_doc=2, seed=7) and long.name == "toy[x2]"
+    assert long.corpus_ids == ["cat0", "cat1", "cat2"]
+    assert sorted(len(t.split("\n\n")) for t in long.corpus_texts) == [1, 2, 2]
+    group = {
+        doc: cid for cid, text in zip(long.corpus_ids, long.corpus_texts, strict=True) for doc in text.split("\n\n")
+    }
+    assert sorted(group) == ["A", "B", "C", "D", "E"]
+    expected_q1: dict[str, int] = {}
+    for doc, grade in (("A", 1), ("B", 2)):
+        expected_q1[group[doc]] = max(expected_q1.get(group[doc], 0), grade)
+    assert long.qrels == {"q1": expected_q1, "q2": {group["E"]: 1}}
+    with pytest.raises(ConfigError, match="per_doc"):
+        concatenate_documents(data, per_doc=0)

@@ -7,7 +7,10 @@ and a length-generalisation grid over ``max_length``.
 * :func:`needle_retrieval`: every document is filler with one distinct fact (the needle) at a depth; the query
   asks about that fact.
 
-Both are deterministic functions of their arguments (``random.Random(seed)``): the same call gives the same texts,
+* :func:`concatenate_documents`: a real retrieval split made long: its documents joined in groups of ``per_doc``
+  (shuffled), each query's judgments carried over to the groups holding its judged documents (best grade kept).
+
+All are deterministic functions of their arguments (``random.Random(seed)``): the same call gives the same texts,
 ids and depths, so scores at different lengths compare. :func:`length_grid` scores one task at each of a list of
 ``max_length`` values (and optional chunkings): how a model trained at a short length does on longer inputs.
 """
@@ -114,6 +117,30 @@ def needle_retrieval(num_docs: int = 10, words: int = 400, seed: int = 0) -> Ret
         if len(docs) == num_docs:
             break
     return _data(f"Needle[{num_docs}x{words}w]", docs, queries)
+
+
+def concatenate_documents(data: RetrievalData, per_doc: int, seed: int = 0) -> RetrievalData:
+    """``data`` with its documents shuffled (``random.Random(seed)``) and joined ``per_doc`` at a time (blank line
+    between), ids ``cat0, cat1 ...``; a query's judgment of a document becomes its judgment of that document's
+    group (the best grade where it judged several in one group)."""
+    if per_doc < 1:
+        raise ConfigError(f"concatenate_documents: per_doc={per_doc} must be >= 1")
+    order = list(range(len(data.corpus_ids)))
+    random.Random(seed).shuffle(order)
+    groups = [order[i : i + per_doc] for i in range(0, len(order), per_doc)]
+    ids = [f"cat{g}" for g in range(len(groups))]
+    owner = {data.corpus_ids[i]: ids[g] for g, rows in enumerate(groups) for i in rows}
+    qrels: dict[str, dict[str, int]] = {}
+    for query, judged in data.qrels.items():
+        merged: dict[str, int] = {}
+        for doc, grade in judged.items():
+            if doc in owner:
+                merged[owner[doc]] = max(merged.get(owner[doc], grade), grade)
+        qrels[query] = merged
+    texts = ["\n\n".join(data.corpus_texts[i] for i in rows) for rows in groups]
+    return dataclasses.replace(
+        data, name=f"{data.name}[x{per_doc}]", corpus_ids=ids, corpus_texts=texts, qrels=qrels, files=[]
+    )
 
 
 def length_grid(
