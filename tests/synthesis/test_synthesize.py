@@ -42,6 +42,7 @@ def test_e5_mistral_rows_are_training_rows_with_provenance_and_rejections_by_rea
         "empty_field",
         "positive_repeats_query",
     }
+    assert set(stats["rejected_samples"]) == set(stats["rejected"])  # what the generator wrote, per reason
     examples, skipped = read_jsonl_examples(out)  # lmembed train --data reads it as it is
     assert len(examples) == len(rows) and skipped == 0
     families = {r["task"] for r in rows}

@@ -32,18 +32,18 @@ class CorpusOnlyRunner:
                 result.repaired += parsed.repaired
                 kept.append((item, parsed.value["query"]))
             else:
-                result.rejected[parsed.reason] += 1
+                result.reject(parsed.reason, answer)
         order, scores = top_k(context, [q for _, q in kept], max(k, first - 1 + count))
         for (item, query), ranked, ranked_scores in zip(kept, order, scores, strict=True):
             hits = [int(i) for i in ranked[:k]]
             if item["index"] not in hits:
-                result.rejected["round_trip"] += 1
+                result.reject("round_trip", query)
                 continue
             seed_score = float(ranked_scores[hits.index(item["index"])])
             below = zip(ranked[first - 1 :], ranked_scores[first - 1 :], strict=True)
             mined = [(int(i), float(s)) for i, s in below if int(i) != item["index"]][:count]
             if not mined:
-                result.rejected["no_negatives"] += 1
+                result.reject("no_negatives", query)
                 continue
             result.rows.append(
                 {

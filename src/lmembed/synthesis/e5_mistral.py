@@ -44,13 +44,15 @@ class E5MistralRunner:
             for family, spec in families.items()
         ]
         rejected: Counter = Counter()
+        samples: dict[str, str] = {}
         tasks: dict[str, list[str]] = {}
         for family, answer in zip(families, context.generator.generate(requests), strict=True):
             parsed = parse_string_list(answer)
             if not parsed.ok:
                 rejected[parsed.reason] += 1
+                samples.setdefault(parsed.reason, answer[:300])
             tasks[family] = (parsed.value or [])[: int(recipe.get("tasks_per_family", 4))]
-        stage = {"tasks": tasks, "rejected": dict(rejected)}
+        stage = {"tasks": tasks, "rejected": dict(rejected), "samples": samples}
         atomic_write_json(path, stage)
         return stage
 
@@ -59,6 +61,8 @@ class E5MistralRunner:
         for family, tasks in stage["tasks"].items():
             if not tasks:
                 context.notes.append(f"family {family}: the brainstorm gave no usable task; no examples")
+        if stage["rejected"]:
+            context.notes.append(f"brainstorm answers rejected: {stage['rejected']} (samples in {STAGE_FILE})")
         knobs = context.recipe.data["knobs"]
         per_task = int(context.recipe.get("examples_per_task", 1))
         items = []
@@ -88,12 +92,12 @@ class E5MistralRunner:
             spec = families[item["family"]]
             parsed = parse_object(answer, tuple(spec["keys"]))
             if not parsed.ok:
-                result.rejected[parsed.reason] += 1
+                result.reject(parsed.reason, answer)
                 continue
             result.repaired += parsed.repaired
             value, mapping = parsed.value, spec["row"]
             if value[mapping["query"]] == value[mapping["positive"]]:
-                result.rejected["positive_repeats_query"] += 1
+                result.reject("positive_repeats_query", answer)
                 continue
             result.rows.append(
                 {

@@ -84,7 +84,7 @@ class GeckoRunner:
                 result.repaired += parsed.repaired
                 kept.append((item, parsed.value))
             else:
-                result.rejected[parsed.reason] += 1
+                result.reject(parsed.reason, answer)
         order, _ = top_k(context, [v["query"] for _, v in kept], int(recipe.get("top_k", 8)))
         for (item, value), retrieved in zip(kept, order, strict=True):
             row = self._relabel(item, value, [int(c) for c in retrieved], context)

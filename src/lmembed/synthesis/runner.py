@@ -64,6 +64,12 @@ class ShardResult:
     rejected: Counter = field(default_factory=Counter)
     repaired: int = 0
     attempted: int = 0
+    #: the first rejected answer of each reason (cut to 300 characters), to see what the generator wrote
+    samples: dict[str, str] = field(default_factory=dict)
+
+    def reject(self, reason: str, answer: str) -> None:
+        self.rejected[reason] += 1
+        self.samples.setdefault(reason, answer[:300])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +77,7 @@ class ShardResult:
             "attempted": self.attempted,
             "rejected": dict(self.rejected),
             "repaired": self.repaired,
+            "samples": self.samples,
         }
 
 
@@ -183,6 +190,8 @@ def _finish(
         totals.attempted += stats["attempted"]
         totals.repaired += stats["repaired"]
         totals.rejected.update(stats["rejected"])
+        for reason, sample in stats.get("samples", {}).items():
+            totals.samples.setdefault(reason, sample)
         lines.append((parts / f"{name}.jsonl").read_text())
     text = "".join(lines)
     atomic_write_text(output, text)
@@ -194,6 +203,7 @@ def _finish(
         "acceptance": rows / totals.attempted if totals.attempted else 0.0,
         "rejected": dict(totals.rejected),
         "repaired": totals.repaired,
+        "rejected_samples": totals.samples,
         "shards": n_shards,
         "shards_generated_now": generated,
         "rows_generated_now": new_rows,
