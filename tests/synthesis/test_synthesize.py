@@ -87,6 +87,16 @@ def test_strict_parsing_repairs_or_rejects_with_a_reason(text, reason, repaired)
         assert parsed.value == {"q": "a", "p": "b"}
 
 
+def test_a_single_field_answer_in_plain_text_is_repaired_only_when_allowed():
+    assert parse_object('"what binds the protein?"\n', ("query",), plain_text=True).value == {
+        "query": "what binds the protein?"
+    }
+    assert parse_object("what binds", ("query",), plain_text=True).repaired
+    assert parse_object("what binds", ("query",)).reason == "not_json"
+    assert parse_object("what binds", ("query", "task"), plain_text=True).reason == "not_json"
+    assert parse_object('{"query": ', ("query",), plain_text=True).reason == "not_json"
+
+
 def test_a_brainstorm_list_drops_empty_entries_and_rejects_prose():
     assert parse_string_list('["a", "", "b"]').value == ["a", "b"]
     assert parse_string_list("Here: 1. a 2. b").reason == "not_json"

@@ -27,7 +27,7 @@ class CorpusOnlyRunner:
         result = ShardResult(attempted=len(items))
         kept = []
         for item, answer in zip(items, context.generator.generate(generation_requests(items, context)), strict=True):
-            parsed = parse_object(answer, tuple(recipe.data["keys"]))
+            parsed = parse_object(answer, tuple(recipe.data["keys"]), plain_text=bool(recipe.get("plain_text")))
             if parsed.ok:
                 result.repaired += parsed.repaired
                 kept.append((item, parsed.value["query"]))

@@ -52,9 +52,16 @@ def _load(text: str, opener: str, closer: str) -> tuple[Any, bool] | None:
         return None
 
 
-def parse_object(text: str, keys: tuple[str, ...]) -> Parsed:
-    """A JSON object whose ``keys`` all hold non-empty strings (other keys are dropped)."""
+def parse_object(text: str, keys: tuple[str, ...], *, plain_text: bool = False) -> Parsed:
+    """A JSON object whose ``keys`` all hold non-empty strings (other keys are dropped). With ``plain_text`` and a
+    single key, an answer with no JSON in it is taken as that field's value (its first non-empty line, quotes
+    stripped), counted as a repair: small models often answer the text and skip the JSON."""
     loaded = _load(text, "{", "}")
+    bare = loaded is None or isinstance(loaded[0], str)
+    if bare and plain_text and len(keys) == 1 and "{" not in text:
+        line = next((ln.strip().strip('"').strip() for ln in text.splitlines() if ln.strip().strip('"').strip()), "")
+        if line:
+            return Parsed(value={keys[0]: line}, repaired=True)
     if loaded is None:
         return Parsed(reason="not_json", detail=text[:80])
     value, repaired = loaded
