@@ -37,3 +37,34 @@ def save_tiny_cross_encoder(folder: Path, num_labels: int = 1, seed: int = 0) ->
     BertForSequenceClassification(config).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+#: Eight short documents of distinct topics, shared by the BM25, second-stage and rerank-server tests.
+TOY_DOCS = [
+    "the cat sat on the mat",
+    "a dog and a cat on the rug",
+    "protein folding in the cell",
+    "gene expression study of the cell and the protein",
+    "a man was riding a horse",
+    "the movie was great",
+    "language model embedding vector search",
+    "retrieval with a language model",
+]
+
+
+def write_beir(
+    folder: Path,
+    docs: list[tuple[str, str]],
+    queries: list[tuple[str, str]],
+    qrels: list[tuple[str, str]],
+    *,
+    newline: str = "\n",
+) -> Path:
+    """A BEIR folder with a ``test`` split: ``(id, text)`` documents and queries, relevant ``(query, doc)`` pairs
+    (score 1); ``newline`` ends the qrels lines (CRLF to check that it is read)."""
+    (folder / "qrels").mkdir(parents=True)
+    write_jsonl(folder / "corpus.jsonl", [{"_id": i, "title": "", "text": t} for i, t in docs])
+    write_jsonl(folder / "queries.jsonl", [{"_id": i, "text": t} for i, t in queries])
+    rows = newline.join(["query-id\tcorpus-id\tscore", *(f"{q}\t{d}\t1" for q, d in qrels)])
+    (folder / "qrels" / "test.tsv").write_text(rows + newline, newline="")
+    return folder

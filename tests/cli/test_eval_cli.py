@@ -7,6 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from helpers import write_beir
 from lmembed.cli import app
 from lmembed.config import ConfigError, EmbeddingConfig
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, sweep_configs
@@ -25,15 +26,7 @@ QRELS = [("q1", "d1"), ("q2", "d2"), ("q3", "d5"), ("q4", "d4")]
 
 @pytest.fixture
 def beir(tmp_path):
-    folder = tmp_path / "toy"
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text(
-        "".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in DOCS)
-    )
-    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in QUERIES))
-    rows = "\r\n".join(["query-id\tcorpus-id\tscore", *(f"{q}\t{d}\t1" for q, d in QRELS)])
-    (folder / "qrels" / "test.tsv").write_text(rows + "\r\n")
-    return folder
+    return write_beir(tmp_path / "toy", DOCS, QUERIES, QRELS, newline="\r\n")
 
 
 @pytest.fixture

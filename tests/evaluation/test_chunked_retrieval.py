@@ -3,12 +3,11 @@ strategy runner and ``lmembed eval --chunking``."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from helpers import write_beir
 from lmembed.cli import app
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking
 from lmembed.evaluation.retrieval_data import RetrievalData
@@ -44,15 +43,7 @@ def _data() -> RetrievalData:
 
 @pytest.fixture
 def beir(tmp_path):
-    folder = tmp_path / "toy"
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text(
-        "".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in DOCS)
-    )
-    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in QUERIES))
-    rows = "\n".join(["query-id\tcorpus-id\tscore", *(f"{q}\t{d}\t1" for q, d in QRELS)])
-    (folder / "qrels" / "test.tsv").write_text(rows + "\n")
-    return folder
+    return write_beir(tmp_path / "toy", DOCS, QUERIES, QRELS)
 
 
 def _assert_same_scores(a: dict, b: dict) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from helpers import save_tiny_cross_encoder, write_jsonl
+from helpers import TOY_DOCS, save_tiny_cross_encoder, write_jsonl
 from lmembed.cli import app
 from lmembed.index import Index
 from lmembed.index.second_stage import rerank_hits
@@ -17,16 +17,7 @@ from lmembed.rerank import load_reranker
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DOCS = [
-    "the cat sat on the mat",
-    "a dog and a cat on the rug",
-    "protein folding in the cell",
-    "gene expression study of the cell and the protein",
-    "a man was riding a horse",
-    "the movie was great",
-    "language model embedding vector search",
-    "retrieval with a language model",
-]
+DOCS = TOY_DOCS
 
 
 @pytest.fixture

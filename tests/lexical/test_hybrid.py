@@ -7,6 +7,7 @@ import bm25s
 import numpy as np
 import pytest
 
+from helpers import TOY_DOCS
 from lmembed.errors import ConfigError
 from lmembed.index import Index
 from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex
@@ -14,16 +15,7 @@ from lmembed.lexical.fusion import fuse, fuse_rows
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DOCS = [
-    "the cat sat on the mat",
-    "a dog and a cat on the rug",
-    "protein folding in the cell",
-    "gene expression study of the cell and the protein",
-    "a man was riding a horse",
-    "the movie was great",
-    "language model embedding vector search",
-    "retrieval with a language model",
-]
+DOCS = TOY_DOCS
 QUERIES = ["cat on a mat", "protein cell", "language model retrieval", "zebra", "horse riding movie"]
 
 

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from helpers import save_tiny_cross_encoder
+from helpers import TOY_DOCS, save_tiny_cross_encoder
 from lmembed.index import Index
 from lmembed.index.second_stage import rerank_hits
 from lmembed.rerank import load_reranker
@@ -25,16 +25,7 @@ from lmembed.serving.server import BackgroundServer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DOCS = [
-    "the cat sat on the mat",
-    "a dog and a cat on the rug",
-    "protein folding in the cell",
-    "gene expression study of the cell and the protein",
-    "a man was riding a horse",
-    "the movie was great",
-    "language model embedding vector search",
-    "retrieval with a language model",
-]
+DOCS = TOY_DOCS
 
 
 @pytest.fixture(scope="module")
