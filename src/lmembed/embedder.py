@@ -284,6 +284,8 @@ class Embedder:
             quantize="int8" if torch_int8 else None,
             exact_tokenizer=saved is not None,
         )
+        if folder and name_or_path in BUNDLED:
+            backbone.name = name_or_path  # read from its sentence-transformers folder, still known by its bundled name
         if saved:
             _check_saved_kind(name_or_path, saved, backbone)
         if not saved and not published and not folder and not Path(backbone.path).exists():

@@ -23,6 +23,7 @@ def test_minilm_matches_sentence_transformers(minilm, tmp_path):
     reference = st.SentenceTransformer(minilm.backbone.path, device="cpu").encode(TEXTS, normalize_embeddings=True)
     ours = minilm.encode(TEXTS)
     assert minilm.config.max_length == 256  # the model's own limit, as sentence-transformers uses it
+    assert minilm.name == "minilm"  # read from its sentence-transformers folder, reported by its bundled name
     assert (ours * reference).sum(1).min() > 0.9999
     # a saved Embedder loads in sentence-transformers with the same vectors
     minilm.save(tmp_path / "m")
