@@ -297,6 +297,31 @@ def test_encode_command_on_ray_writes_the_local_vectors(cluster, tmp_path, monke
     assert refused.exit_code == 2 and "--ray-address needs --engine ray" in refused.output
 
 
+def test_encode_command_on_ray_takes_the_prompt_name_and_the_default_prompt(
+    cluster, tmp_path, monkeypatch, one_torch_thread
+):
+    """A sentence-transformers folder with prompts (saved by lmembed, read back as a published model): --prompt-name
+    and, without it, the default prompt give on Ray the vectors they give locally."""
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    prompts = {"query": "query :", "x": "cat dog gene"}
+    emb = uncached("llama", prompt_style="sentence_transformers", prompts=prompts, default_prompt_name="query")
+    model = str(emb.save(tmp_path / "model"))
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(t for t in corpus_texts(30) if t) + "\n")  # the prompt is not pooled: no empty text
+    runner = CliRunner()
+    vectors = {}
+    for engine in ("local", "ray"):
+        for name, extra in (("x", ["--prompt-name", "x"]), ("default", [])):
+            out = tmp_path / f"{engine}-{name}.npy"
+            argv = ["encode", str(source), "-o", str(out), "--model", model, "--engine", engine, *extra]
+            result = runner.invoke(app, [*argv, *(["--workers", "1"] if engine == "ray" else [])])
+            assert result.exit_code == 0, result.output
+            vectors[engine, name] = np.load(out)
+    assert not np.array_equal(vectors["local", "x"], vectors["local", "default"])  # the prompt changes the vectors
+    for name in ("x", "default"):
+        assert np.array_equal(vectors["ray", name], vectors["local", name]), name
+
+
 def test_index_build_on_ray_holds_the_local_vectors(cluster, tmp_path, monkeypatch, one_torch_thread):
     from lmembed.index import Index
 

@@ -74,7 +74,8 @@ def encode(
     check_writable(output, "--output")
     check_engine(engine, options)
     if engine.engine == "ray":
-        _encode_on_ray(check_input_file(input, "INPUT"), output, model, field, instruction, batch_size, options, engine)
+        path = check_input_file(input, "INPUT")
+        _encode_on_ray(path, output, model, field, instruction, prompt_name, batch_size, options, engine)
         return
     texts = read_texts(check_input_file(input, "INPUT"), field)
     emb = load_embedder(model, options)
@@ -89,14 +90,19 @@ def _encode_on_ray(
     model: str,
     field: str,
     instruction: str | None,
+    prompt_name: str | None,
     batch_size: int,
     options: ModelOptions,
     engine: EngineOptions,
 ) -> None:
-    """``lmembed encode --engine ray``: a sharded job streamed from the file; vectors written as they are assembled."""
+    """``lmembed encode --engine ray``: a sharded job streamed from the file; vectors written as they are assembled.
+    The prompt is chosen as ``Embedder.encode`` chooses it: ``--instruction``, else ``--prompt-name``, else the
+    model's default prompt."""
     from lmembed.scale import encode_corpus, open_texts  # lazy: Ray Data is optional and heavy
 
     emb = load_embedder(model, options)
+    if instruction is None:
+        instruction = emb.config.named_prompt(prompt_name)
     done = encode_corpus(
         emb,
         open_texts(input, field=field),
