@@ -500,17 +500,3 @@ def test_serve_refuses_a_mismatched_index_in_one_line(make_embedder, tmp_path):
     assert result.exit_code == 2
     assert "was built with another model or strategy" in result.output and "Traceback" not in result.output
     assert json.loads((tmp_path / "index" / "manifest.json").read_text())["strategy"]["dim"] == 16
-
-
-def test_a_pass_keeps_padding_small():
-    """select_window: long texts of different lengths go to different passes (at most 10 % padding); short
-    texts share a pass when each pads a few tokens; the budget bounds texts x longest; the oldest always goes."""
-    from lmembed.serving.batcher import PAD_SLACK, select_window
-
-    long = [256, 150, 250, 100, 252]
-    chosen = select_window(long, 0, budget=10_000)
-    assert sorted(chosen) == [0, 2, 4]  # 150 or 100 would make more than 10 % of the pass padding
-    short = [6, 6 + PAD_SLACK, 9, 40]
-    assert sorted(select_window(short, 0, budget=10_000)) == [0, 1, 2]
-    assert sorted(select_window(long, 3, budget=10_000)) == [3]
-    assert len(select_window([10] * 50, 7, budget=100)) == 10

@@ -38,6 +38,10 @@ def serve(
     max_batch_tokens: Annotated[
         int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward pass (texts x longest).")
     ] = 16384,
+    batch_wait_ms: Annotated[
+        float,
+        typer.Option("--batch-wait-ms", min=0, help="Most a free worker waits for a forward pass to fill (ms)."),
+    ] = 5.0,
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", min=1, help="Largest request body; larger ones get 413.")
     ] = 4 * 2**20,
@@ -84,6 +88,7 @@ def serve(
 
     limits = Limits(
         max_batch_tokens=max_batch_tokens,
+        batch_wait_s=batch_wait_ms / 1000,
         max_request_bytes=max_request_bytes,
         max_concurrent_requests=max_concurrent_requests,
         max_inputs=max_inputs,

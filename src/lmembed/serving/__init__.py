@@ -4,7 +4,7 @@
 module          holds
 =============== =====================================================================
 ``app``         :func:`create_app`: the FastAPI application (embeddings, search, models, health, metrics)
-``batcher``     the token-budget batcher: requests of many callers share forward passes
+``batcher``     the scheduler: first come first served, forward passes by a token budget, shared by callers
 ``tokens``      token counting and the length check, off the event loop
 ``limits``      :class:`Limits` and the middleware that enforces them (auth, size, concurrency)
 ``schemas``     request parsing and validation, response bodies

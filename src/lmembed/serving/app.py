@@ -82,15 +82,12 @@ class ServerState:
         self.engine = EncodingEngine(
             embedder.backbone, pooling_head=embedder.pooling_head, use_cache=False, show_progress=False
         )
-        self.batcher = TokenBudgetBatcher(
-            self.engine, self.config, max_batch_tokens=limits.max_batch_tokens, metrics=self.metrics
-        )
+        schedule = {"max_batch_tokens": limits.max_batch_tokens, "max_wait_s": limits.batch_wait_s}
+        self.batcher = TokenBudgetBatcher(self.engine, self.config, metrics=self.metrics, **schedule)
         query_config = for_side(self.config, "query")[0]
         self.query_batcher = None  # an asymmetric (Router) model reads queries through their own route
         if query_config != self.config:
-            self.query_batcher = TokenBudgetBatcher(
-                self.engine, query_config, max_batch_tokens=limits.max_batch_tokens, metrics=self.metrics
-            )
+            self.query_batcher = TokenBudgetBatcher(self.engine, query_config, metrics=self.metrics, **schedule)
         self.tokenizer = RequestTokenizer(embedder.backbone, self.config, truncate=limits.truncate)
         self.admission = TokenAdmission(limits.max_tokens_in_flight)
         self.rerank = None

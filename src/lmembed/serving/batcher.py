@@ -1,15 +1,26 @@
-"""Dynamic batching by a token budget: texts from many callers share forward passes.
+"""The scheduler: texts of many callers share forward passes, first come first served, by a token budget.
 
-Requests put their texts in a queue, grouped by forward configuration (texts with different instructions
-cannot share a pass). One worker thread runs the passes, one at a time; while it runs, new texts queue
-up, so the next pass takes everything that fits. A pass is bounded by ``max_batch_tokens`` *padded*
-tokens (texts x the longest of them), not by a number of requests or texts.
+Requests put their texts in one queue, in arrival order. One worker runs the forward passes, one at a time,
+in *windows*:
 
-Which texts form the next pass: the oldest waiting text always goes (so none waits forever), with the
-group's other texts closest to it in length, as many as the budget allows while at least ``MIN_FILL``
-(90 %) of the pass's padded tokens are real ones, or it pads at most ``PAD_SLACK`` tokens a text: texts of
-very different lengths go to different passes, so little compute goes to padding. A single text longer
-than the budget goes alone.
+1. **Admission, by age.** When the worker is free it admits the oldest waiting texts, in arrival order,
+   until their tokens reach ``max_batch_tokens`` (the oldest text always goes, even alone over the budget).
+   A text is never admitted before one that arrived ahead of it, so a request's texts are never held behind
+   later arrivals: the work done on texts that came after a request, before that request is answered, is at
+   most one window (one budget of tokens).
+2. **Bounded wait.** Before admitting, the worker waits while fewer than ``max_batch_tokens`` tokens are
+   queued, at most ``max_wait_s`` (a few milliseconds) from the moment it found work: clients answered by the
+   last window send their next request in that time, and join this window instead of waiting a whole window
+   for the next one (at saturation the queue is full and nothing waits).
+3. **Passes, by length inside the window.** The window's texts are split by instruction (texts with
+   different instructions cannot share a pass), sorted by length and cut into passes by
+   :func:`plan_passes`: the cut that costs least, counting a pass as its *padded* tokens (texts x longest,
+   at most ``max_batch_tokens``) plus a fixed ``PASS_COST_TOKENS``. Short and long texts go to different
+   passes, so little compute goes to padding, and short texts of similar lengths share one. The window's
+   passes run in order of the oldest text each holds.
+
+Tokenisation happens before a text is queued, off the event loop (:mod:`lmembed.serving.tokens`), and
+forward passes run on a worker thread, so the event loop only parses, queues and answers.
 
 Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=...)`` with the
 pass's texts in arrival order and one forward batch, the call ``Embedder.encode`` makes: a served vector
@@ -26,9 +37,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 
 import numpy as np
@@ -36,16 +48,16 @@ import numpy as np
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.engine import EncodingEngine
 from lmembed.serving.errors import ApiError
+from lmembed.serving.limits import Limits
 from lmembed.serving.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
-#: A pass keeps at least this share of its padded tokens real (texts of very different lengths go to
-#: different passes: the compute of a pass grows with texts x longest, padding included). Measured with
-#: bench/serve_load.py (minilm, 64 clients, 2 cores): 0.75 gave 0.82x in-process throughput, 0.9 gave 0.94x.
-MIN_FILL = 0.9
-#: ... or at most this many padding tokens per text (short texts: a few padded tokens cost less than a pass).
-PAD_SLACK = 8
+#: The fixed cost of one forward pass, in padded tokens: what a pass costs beyond its texts (kernel launches,
+#: thread hand-offs, pooling, Python). A text joins a pass of longer texts when the padding it takes costs
+#: less than a pass of its own. A judgement for small encoders on CPU, where a one-text pass costs about as
+#: much as a hundred tokens of a full one; larger, it merges more lengths into a pass.
+PASS_COST_TOKENS = 64
 
 
 @dataclass(eq=False)
@@ -64,49 +76,44 @@ class _Item:
     row: int
     length: int
     seq: int
-
-
-@dataclass
-class _Group:
-    """Waiting texts that can share a forward pass (same instruction), in arrival order."""
-
     instruction: str | None
-    items: list[_Item] = field(default_factory=list)
 
 
-def select_window(lengths: Sequence[int], oldest: int, budget: int, min_fill: float = MIN_FILL) -> list[int]:
-    """Positions (into ``lengths``) of the next pass: ``oldest`` plus the texts nearest to it in length, as
-    many as keep ``len(chosen) * max(length) <= budget`` (the token budget) and ``sum(length) >= min_fill *
-    len(chosen) * max(length)`` or at most ``PAD_SLACK`` padding tokens per text (little padding); ``oldest``
-    alone if nothing else fits."""
+def plan_passes(lengths: Sequence[int], budget: int, pass_cost: int = PASS_COST_TOKENS) -> list[list[int]]:
+    """Positions (into ``lengths``, in arrival order) of the passes that run an admitted window's texts of
+    one instruction: sorted by length and cut where it costs least, a pass costing ``pass_cost`` plus its
+    padded tokens (texts x longest, at most ``budget``; a text longer than the budget goes alone). Each pass
+    lists its positions in arrival order; the passes come in order of the oldest text each holds."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    lo = hi = order.index(oldest)
-    target = lengths[oldest]
-    total = target
-
-    def fits(count: int, longest: int, tokens: int) -> bool:
-        padded = count * longest
-        return padded <= budget and (tokens >= min_fill * padded or padded - tokens <= PAD_SLACK * count)
-
-    while True:
-        count, longest = hi - lo + 2, lengths[order[hi]]
-        left = lo - 1 if lo > 0 and fits(count, longest, total + lengths[order[lo - 1]]) else None
-        right = None
-        if hi + 1 < len(order) and fits(count, lengths[order[hi + 1]], total + lengths[order[hi + 1]]):
-            right = hi + 1
-        if left is None and right is None:
-            break
-        if right is None or (left is not None and target - lengths[order[left]] <= lengths[order[right]] - target):
-            lo = left
-            total += lengths[order[lo]]
+    # runs of equal length, each cut to what fits the budget: a pass is a sequence of whole runs
+    runs: list[list[int]] = []
+    for i in order:
+        run = runs[-1] if runs else None
+        if run and lengths[run[0]] == lengths[i] and (len(run) + 1) * lengths[i] <= budget:
+            run.append(i)
         else:
-            hi = right
-            total += lengths[order[hi]]
-    return order[lo : hi + 1]
+            runs.append([i])
+    best = [0] * (len(runs) + 1)  # best[j]: the least cost of the first j runs
+    cut = [0] * (len(runs) + 1)  # where the last pass of that best plan starts
+    for j in range(1, len(runs) + 1):
+        longest, texts, best[j] = lengths[runs[j - 1][0]], 0, -1
+        for start in range(j - 1, -1, -1):
+            texts += len(runs[start])
+            if texts * longest > budget and start < j - 1:
+                break
+            cost = best[start] + pass_cost + texts * longest
+            if best[j] < 0 or cost < best[j]:
+                best[j], cut[j] = cost, start
+    passes, j = [], len(runs)
+    while j > 0:
+        passes.append(sorted(i for run in runs[cut[j] : j] for i in run))
+        j = cut[j]
+    return sorted(passes, key=lambda positions: positions[0])
 
 
 class TokenBudgetBatcher:
-    """Queues texts and runs them through the engine in token-budgeted forward passes (see the module doc)."""
+    """Queues texts and runs them through the engine in first-come-first-served windows of token-budgeted
+    forward passes (see the module doc)."""
 
     def __init__(
         self,
@@ -116,20 +123,23 @@ class TokenBudgetBatcher:
         max_batch_tokens: int,
         metrics: ServerMetrics,
         width: int | None = None,
+        max_wait_s: float = Limits.batch_wait_s,
     ) -> None:
         self.engine = engine
         self.config = config
         self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_s
         self.metrics = metrics
         self.hidden = engine.output_dim(config) if width is None else width  # columns of each item's output
-        self._groups: dict[str | None, _Group] = {}
-        self._waiting = 0
+        self._queue: deque[_Item] = deque()  # arrival order, every instruction
+        self._queued_tokens = 0
         self._seq = count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-forward")
         self.passes = 0
+        self.windows = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -147,7 +157,8 @@ class TokenBudgetBatcher:
 
     @property
     def waiting(self) -> int:
-        return self._waiting
+        """Texts queued and not yet admitted into a window."""
+        return len(self._queue)
 
     # ------------------------------------------------------------------ requests
     async def embed(self, texts: Sequence[str], lengths: Sequence[int], instruction: str | None) -> np.ndarray:
@@ -158,66 +169,95 @@ class TokenBudgetBatcher:
         job = _Job(texts, future, np.empty((len(texts), self.hidden), dtype=np.float32), len(texts))
         if not texts:
             return job.out
-        group = self._groups.setdefault(instruction, _Group(instruction))
-        group.items.extend(_Item(job, row, n, next(self._seq)) for row, n in enumerate(lengths))
-        self._waiting += len(texts)
-        self.metrics.queue_depth.set(self._waiting)
+        self._queue.extend(_Item(job, row, n, next(self._seq), instruction) for row, n in enumerate(lengths))
+        self._queued_tokens += sum(lengths)
+        self.metrics.queue_depth.set(len(self._queue))
         self._wake.set()
         return await future
 
     # ------------------------------------------------------------------ the worker
-    def _take(self) -> tuple[str | None, list[_Item]]:
-        """Remove and return the next pass's texts (see :func:`select_window`)."""
-        for key in list(self._groups):  # drop texts whose caller has gone away
-            group = self._groups[key]
-            live = [item for item in group.items if not item.job.future.done()]
-            self._waiting -= len(group.items) - len(live)
-            group.items = live
-            if not live:
-                del self._groups[key]
-        if not self._groups:
-            return None, []
-        group = min(self._groups.values(), key=lambda g: g.items[0].seq)
-        chosen = set(select_window([item.length for item in group.items], 0, self.max_batch_tokens))
-        batch = [item for i, item in enumerate(group.items) if i in chosen]
-        group.items = [item for i, item in enumerate(group.items) if i not in chosen]
-        if not group.items:
-            del self._groups[group.instruction]
-        self._waiting -= len(batch)
-        return group.instruction, batch
+    def _admit(self) -> list[_Item]:
+        """Remove and return the next window: the oldest live texts, in arrival order, up to the budget."""
+        window: list[_Item] = []
+        tokens = 0
+        while self._queue:
+            item = self._queue[0]
+            if item.job.future.done():  # the caller has gone away
+                self._queue.popleft()
+                self._queued_tokens -= item.length
+                continue
+            if window and tokens + item.length > self.max_batch_tokens:
+                break
+            self._queue.popleft()
+            self._queued_tokens -= item.length
+            window.append(item)
+            tokens += item.length
+        return window
+
+    async def _fill(self) -> None:
+        """Wait, at most ``max_wait_s``, while fewer than a budget of tokens are queued."""
+        deadline = time.monotonic() + self.max_wait_s
+        while self._queued_tokens < self.max_batch_tokens and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
 
     def _forward(self, texts: list[str], instruction: str | None) -> np.ndarray:
         return self.engine.encode_raw(texts, [self.config], instruction=instruction, batch_size=len(texts))[0]
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            instruction, batch = self._take()
-            self.metrics.queue_depth.set(self._waiting)
-            if not batch:
+            if not self._queue:
                 if self._stopping:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            texts = [item.job.texts[item.row] for item in batch]
-            self.metrics.batch_texts.observe(len(batch))
-            self.metrics.batch_tokens.observe(len(batch) * max(item.length for item in batch))
-            start = time.perf_counter()
-            try:
-                raw = await loop.run_in_executor(self._executor, self._forward, texts, instruction)
-            except Exception as exc:
-                log.exception("forward pass of %d texts failed", len(batch))
-                for item in batch:
-                    if not item.job.future.done():
-                        item.job.future.set_exception(exc)
+            await self._fill()
+            window = self._admit()
+            self.metrics.queue_depth.set(len(self._queue))
+            if not window:
                 continue
-            self.passes += 1
-            self.metrics.forward_seconds.observe(time.perf_counter() - start)
-            self.metrics.texts.inc(len(batch))
-            for item, vector in zip(batch, raw, strict=True):
-                job = item.job
-                job.out[item.row] = vector
-                job.remaining -= 1
-                if job.remaining == 0 and not job.future.done():
-                    job.future.set_result(job.out)
+            self.windows += 1
+            by_instruction: dict[str | None, list[_Item]] = {}
+            for item in window:
+                by_instruction.setdefault(item.instruction, []).append(item)
+            passes = [
+                [items[i] for i in positions]
+                for items in by_instruction.values()
+                for positions in plan_passes([item.length for item in items], self.max_batch_tokens)
+            ]
+            passes.sort(key=lambda batch: batch[0].seq)
+            for batch in passes:
+                await self._pass([item for item in batch if not item.job.future.done()])
+
+    async def _pass(self, batch: list[_Item]) -> None:
+        if not batch:
+            return
+        instruction = batch[0].instruction
+        texts = [item.job.texts[item.row] for item in batch]
+        self.metrics.batch_texts.observe(len(batch))
+        self.metrics.batch_tokens.observe(len(batch) * max(item.length for item in batch))
+        start = time.perf_counter()
+        try:
+            raw = await asyncio.get_running_loop().run_in_executor(self._executor, self._forward, texts, instruction)
+        except Exception as exc:
+            log.exception("forward pass of %d texts failed", len(batch))
+            for item in batch:
+                if not item.job.future.done():
+                    item.job.future.set_exception(exc)
+            return
+        self.passes += 1
+        self.metrics.forward_seconds.observe(time.perf_counter() - start)
+        self.metrics.texts.inc(len(batch))
+        for item, vector in zip(batch, raw, strict=True):
+            job = item.job
+            job.out[item.row] = vector
+            job.remaining -= 1
+            if job.remaining == 0 and not job.future.done():
+                job.future.set_result(job.out)

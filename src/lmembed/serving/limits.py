@@ -63,6 +63,7 @@ class Limits:
     max_header_bytes: int = 16384  # names, values and line ends of all header lines (431 otherwise)
     max_connections_per_client: int = 64  # open connections from one address (429 and close otherwise)
     max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429 otherwise; one request alone passes)
+    batch_wait_s: float = 0.005  # a free forward worker waits at most this for its window to fill (batcher)
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,6 +81,8 @@ class Limits:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
         if isinstance(self.body_timeout_s, bool) or not self.body_timeout_s > 0:
             raise ConfigError(f"body_timeout_s={self.body_timeout_s!r} must be a positive number of seconds")
+        if isinstance(self.batch_wait_s, bool) or not self.batch_wait_s >= 0:
+            raise ConfigError(f"batch_wait_s={self.batch_wait_s!r} must be a number of seconds >= 0")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty (leave it unset to serve without authentication)")
 

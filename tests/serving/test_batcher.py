@@ -1,0 +1,225 @@
+"""lmembed.serving.batcher: the scheduler, driven by a fake engine that records every forward pass, so what
+is checked is the order and make-up of the passes (counted in passes and tokens, never in wall time).
+
+First come first served: the tokens of later requests run before a request is answered are at most one
+budget (its window), however many later requests flood in; the batcher before it (the oldest text plus
+the texts nearest it in length) ran several budgets of them ahead of an early request of mixed lengths.
+Padding stays small: inside a window, texts are sorted by length and cut into the cheapest passes (checked against every
+partition of small windows). The bounded wait: a free worker waits for its window to fill, never longer
+than its bound, and not at all once a budget of tokens is queued."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from lmembed.errors import ConfigError
+from lmembed.serving.batcher import PASS_COST_TOKENS, TokenBudgetBatcher, plan_passes
+from lmembed.serving.limits import Limits
+from lmembed.serving.metrics import ServerMetrics
+
+BUDGET = 64
+
+
+class FakeEngine:
+    """Records each pass's texts; a text's vector is its own name's number, so answers can be checked. The
+    first pass waits at ``gate`` (set it to let passes run), so requests can be lined up behind it."""
+
+    def __init__(self) -> None:
+        self.passes: list[list[str]] = []
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def output_dim(self, config) -> int:
+        return 1
+
+    def encode_raw(self, texts: Sequence[str], configs, *, instruction=None, batch_size=32) -> list[np.ndarray]:
+        self.entered.set()
+        self.gate.wait(30)
+        self.passes.append(list(texts))
+        return [np.array([[float(t.split("/")[1])] for t in texts], dtype=np.float32)]
+
+
+def run(scenario) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+async def line_up(batcher: TokenBudgetBatcher, engine: FakeEngine, requests: list[list[int]]) -> list[np.ndarray]:
+    """Hold the engine on a one-text blocker pass, queue ``requests`` (token lengths of their texts; text
+    ``r{i}/{n}`` is request i's text number n) behind it in this order, then let every pass run."""
+    await batcher.start()
+    blocker = asyncio.ensure_future(batcher.embed(["blocker/0"], [4], None))
+    while not engine.entered.is_set():
+        await asyncio.sleep(0.001)
+    named = iter(names(requests))
+    tasks = []
+    for lengths in requests:
+        texts = [next(named)[0] for _ in lengths]
+        tasks.append(asyncio.ensure_future(batcher.embed(texts, lengths, None)))
+    total = sum(map(len, requests))
+    while batcher.waiting < total:
+        await asyncio.sleep(0.001)
+    engine.gate.set()
+    results = await asyncio.gather(*tasks)
+    await blocker
+    await batcher.stop()
+    return results
+
+
+def names(requests: list[list[int]]) -> list[tuple[str, int]]:
+    """Each text's name (``r{request}/{serial}``) and token length, in arrival order."""
+    serial = itertools.count()
+    return [(f"r{i}/{next(serial)}", n) for i, lengths in enumerate(requests) for n in lengths]
+
+
+def later_tokens_before_answered(passes: list[list[str]], requests: list[list[int]]) -> list[int]:
+    """For each request: the tokens of texts of later requests that ran in passes up to the one that answered
+    it (the work it waited for that came after it)."""
+    length = dict(names(requests))
+    owner = {name: int(name[1:].split("/")[0]) for name in length}
+    ran = [[t for t in p if t in owner] for p in passes]
+    out = []
+    for i in range(len(requests)):
+        last = max(k for k, texts in enumerate(ran) if any(owner[t] == i for t in texts))
+        out.append(sum(length[t] for texts in ran[: last + 1] for t in texts if owner[t] > i))
+    return out
+
+
+def test_an_early_request_is_not_held_behind_a_flood_of_later_ones():
+    """An early request of 8 texts of mixed lengths, then 60 one-text requests of every length in between.
+    The work spent on later requests before the early one is answered is at most one budget; the old batcher
+    (the oldest text plus the texts nearest it in length, wherever they came from) ran the early request's
+    texts with passes full of later ones: 304 tokens, almost 5 budgets."""
+    early = [4, 8, 12, 16, 20, 24, 28, 32]
+    flood = [[4 + k % 29] for k in range(60)]
+    engine = FakeEngine()
+    batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=BUDGET, metrics=ServerMetrics())
+    results = []
+
+    async def scenario() -> None:
+        results.extend(await line_up(batcher, engine, [early, *flood]))
+
+    run(scenario)
+    waited = later_tokens_before_answered(engine.passes, [early, *flood])
+    assert waited[0] < BUDGET, f"the early request waited for {waited[0]} tokens of later requests"
+    assert max(waited) < BUDGET  # and so did every request
+    assert [r[:, 0].tolist() for r in results[:2]] == [list(range(8)), [8.0]]  # each text got its own vector
+
+
+def test_first_come_first_served_for_random_requests():
+    """Random requests (1-6 texts of 3-40 tokens): no request waits for more than a budget of later work,
+    every text runs exactly once, and no pass is over the budget."""
+    rng = random.Random(7)
+    requests = [[rng.randint(3, 40) for _ in range(rng.randint(1, 6))] for _ in range(80)]
+    engine = FakeEngine()
+    batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=BUDGET, metrics=ServerMetrics())
+    run(lambda: line_up(batcher, engine, requests))
+    assert max(later_tokens_before_answered(engine.passes, requests)) < BUDGET
+    lengths = dict(names(requests))
+    assert sorted(t for p in engine.passes[1:] for t in p) == sorted(lengths)  # each text once
+    assert all(len(p) * max(lengths[t] for t in p) <= BUDGET for p in engine.passes[1:])
+
+
+def test_a_window_sorts_by_length_so_padding_stays_small():
+    """Short and long texts admitted together go to different passes (12 + 180 padded tokens, not 360), in
+    the order of the oldest text each holds; one request gets both its vectors."""
+    engine = FakeEngine()
+    batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=1000, metrics=ServerMetrics())
+    requests = [[60, 4], [4, 60], [60, 4]]
+    results = []
+
+    async def scenario() -> None:
+        results.extend(await line_up(batcher, engine, requests))
+
+    run(scenario)
+    assert engine.passes[1:] == [["r0/0", "r1/3", "r2/4"], ["r0/1", "r1/2", "r2/5"]]
+    assert batcher.windows == 2 and batcher.passes == 3  # the blocker's window, then one for all three
+    assert [r[:, 0].tolist() for r in results] == [[0, 1], [2, 3], [4, 5]]
+
+
+def cost(passes: list[list[int]], lengths: list[int]) -> int:
+    return sum(PASS_COST_TOKENS + len(p) * max(lengths[i] for i in p) for p in passes)
+
+
+def partitions(items: list[int]):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for tail in partitions(rest):
+        yield [[first], *tail]
+        for k in range(len(tail)):
+            yield [*tail[:k], [first, *tail[k]], *tail[k + 1 :]]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plan_passes_is_the_cheapest_partition(seed):
+    """Against every partition of up to 7 texts: plan_passes costs least (a pass: PASS_COST_TOKENS plus texts x
+    longest), keeps every pass within the budget (a text over it alone), uses each text once, and orders
+    the passes by their oldest text."""
+    rng = random.Random(seed)
+    lengths = [rng.choice([rng.randint(2, 12), rng.randint(40, 200)]) for _ in range(rng.randint(1, 7))]
+    budget = rng.choice([100, 256, 1000])
+    plan = plan_passes(lengths, budget)
+    assert sorted(i for p in plan for i in p) == list(range(len(lengths)))
+    assert all(len(p) * max(lengths[i] for i in p) <= budget or len(p) == 1 for p in plan)
+    assert [p[0] for p in plan] == sorted(p[0] for p in plan) and all(p == sorted(p) for p in plan)
+    feasible = [
+        c
+        for c in partitions(list(range(len(lengths))))
+        if all(len(p) * max(lengths[i] for i in p) <= budget or len(p) == 1 for p in c)
+    ]
+    assert cost(plan, lengths) == min(cost(c, lengths) for c in feasible)
+
+
+def test_plan_passes_separates_lengths_and_merges_near_ones():
+    long = [256, 150, 250, 100, 252]
+    assert plan_passes(long, 10_000) == [[0, 2, 4], [1, 3]]  # 100 and 150 share: 50 x 2 padding < a pass
+    assert plan_passes([6, 14, 9, 200], 10_000) == [[0, 1, 2], [3]]
+    assert plan_passes([10] * 50, 100) == [list(range(k, k + 10)) for k in range(0, 50, 10)]
+    assert plan_passes([500, 3], 100) == [[0], [1]]  # over the budget: alone
+
+
+def test_the_wait_is_bounded_and_ends_when_a_budget_is_queued():
+    """A free worker waits for more texts (a request 50 ms after the first joins its pass with a 2 s bound;
+    with no wait it gets a pass of its own), and does not wait once a budget of tokens is queued."""
+
+    async def two_requests(wait: float) -> list[list[str]]:
+        engine = FakeEngine()
+        engine.gate.set()
+        batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=BUDGET, metrics=ServerMetrics(), max_wait_s=wait)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.embed(["a/0"], [4], None))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(first, batcher.embed(["b/1"], [4], None))
+        await batcher.stop()
+        return engine.passes
+
+    assert asyncio.run(two_requests(2.0)) == [["a/0", "b/1"]]
+    assert asyncio.run(two_requests(0.0)) == [["a/0"], ["b/1"]]
+
+    async def full_budget() -> float:
+        engine = FakeEngine()
+        engine.gate.set()
+        batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=BUDGET, metrics=ServerMetrics(), max_wait_s=30)
+        await batcher.start()
+        start = time.monotonic()
+        await batcher.embed(["a/0", "a/1"], [BUDGET // 2, BUDGET // 2], None)
+        took = time.monotonic() - start
+        await batcher.stop()
+        return took
+
+    assert asyncio.run(full_budget()) < 10  # not the 30 s bound
+
+
+@pytest.mark.parametrize("wait", [-0.001, True, float("nan")])
+def test_a_wait_that_is_not_a_duration_is_refused(wait):
+    with pytest.raises(ConfigError, match=r"batch_wait_s=.* must be a number of seconds >= 0"):
+        Limits(batch_wait_s=wait)
