@@ -58,9 +58,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def trains_a_reranker(path: Path) -> bool:
+    """A recipe with a ``rerank`` stage yields a reranker, not an embedder: bench/rerank.py measures it."""
+    from lmembed.training.recipes import load_recipe
+
+    return any(stage.get("type") == "rerank" for stage in load_recipe(path).stages)
+
+
 def recipe_paths(names: list[str] | None) -> list[Path]:
     if not names:
-        return sorted((REPO / "recipes").glob("*.yaml"))
+        return [p for p in sorted((REPO / "recipes").glob("*.yaml")) if not trains_a_reranker(p)]
     paths = []
     for name in names:
         path = Path(name)

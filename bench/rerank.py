@@ -1,21 +1,27 @@
 """Issue 29 benchmark: dense (minilm), BM25 and hybrid first stages, each + a cross-encoder trained here, on
-SciFact, NFCorpus and ArguAna (../shared/datasets/beir), nDCG@10 in one table; the reranker's pairs/s in process
-and served through ``POST /v1/rerank`` (as a ratio).
+SciFact, NFCorpus and ArguAna (full corpora, ../shared/datasets/beir), nDCG@10 in one table; an LLM reranker
+(zero-shot yes/no) row; the cross-encoder's pairs/s in process and served through ``POST /v1/rerank`` (as a ratio).
 
-1. train: the bundled ``minilm`` with a new one-label head, as a cross-encoder, on SciFact's *train* split: each
-   judged query with its relevant abstract and ``--negatives-pool`` BM25-mined negatives (the top BM25 hits that
-   are not judged relevant), listwise softmax over 1 positive + 3 negatives, ``--train-steps`` steps of
-   ``--train-batch`` queries (lmembed.training.reranker);
-2. evaluate: for each set's test split (queries cut to ``--max-queries`` by a seeded sample where a set has more),
-   the first stages' runs (lmembed.evaluation.two_stage; hybrid = RRF of dense and BM25), scored as MTEB scores
-   retrieval, then each first stage's top ``--rerank-top-k`` reranked (pairs shared by several first stages are
-   scored once);
-3. throughput: in-process ``predict`` of ``--throughput-pairs`` SciFact pairs vs the same pairs sent to a server
-   on loopback by ``--clients`` concurrent clients, ``--docs-per-request`` documents a request.
+0. train (not here): ``lmembed train --recipe recipes/reranker.yaml`` (the trainer's reranker mode: minilm + a new
+   head, listwise softmax over 1 positive + 7 negatives mined by minilm from the SciFact and NFCorpus *train*
+   splits); pass its ``model`` folder as ``--reranker``;
+1. first stages, on every test query of each set: dense (minilm, exact search), BM25 (bm25s), hybrid (RRF, k=60,
+   equal weights; or ``--fusion``), scored as MTEB scores retrieval;
+2. fusion check (``--tune-fusion``): RRF's k and min-max's dense weight on a grid, each set's setting chosen on
+   its *dev* queries (SciFact: train split; NFCorpus: dev split; ArguAna has only test queries, so it takes the
+   setting that did best over the other two sets' dev queries), then scored once on test;
+3. second stage: each first stage's top ``--rerank-top-k`` reranked for ``--rerank-queries`` test queries of each
+   set (a seeded sample where a set has more; the first stage is scored on the same queries beside it); pairs
+   shared by several first stages are scored once;
+4. LLM reranker (``--llm``, default smollm2-135m, Qwen3-Reranker's prompt, untrained): the dense top
+   ``--llm-top-k`` of ``--llm-queries`` queries per set;
+5. throughput: the cross-encoder's in-process ``predict`` of ``--throughput-pairs`` SciFact pairs vs the same pairs
+   sent to a server on loopback by ``--clients`` concurrent clients, ``--docs-per-request`` documents a request.
 
-    python bench/rerank.py [--train-steps 150] [--max-queries 300] [--rerank-top-k 20]
+    python bench/rerank.py --reranker runs/recipes/reranker/cross-encoder/model [--rerank-top-k 20]
+    python bench/rerank.py --first-stage-only --tune-fusion     # no reranker: steps 1-2 (warms the vector cache)
 
-Results: bench/results/rerank/result.json and table.md.
+Results: bench/results/rerank/result.json and table.md (not written with --first-stage-only).
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -36,25 +44,28 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, shared_or_exit
 from lmembed import Embedder
+from lmembed.evaluation.metrics import evaluate_run
 from lmembed.evaluation.retrieval_data import load_beir
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
-from lmembed.evaluation.two_stage import _result, first_stage_run, rerank_run
-from lmembed.lexical.bm25 import LexicalIndex
-from lmembed.rerank import CrossEncoderReranker
+from lmembed.evaluation.two_stage import Run, bm25_run, dense_run, rerank_run
+from lmembed.lexical.fusion import minmax_fusion, reciprocal_rank_fusion
+from lmembed.rerank import Reranker, load_reranker
 from lmembed.serving.app import create_app
 from lmembed.serving.server import BackgroundServer
-from lmembed.training.reranker import RerankRow, RerankTrainConfig, train_reranker
 
 SETS = {"scifact": "SciFact", "nfcorpus": "NFCorpus", "arguana": "ArguAna"}
+DEV_SPLITS = {"scifact": "train", "nfcorpus": "dev"}  # ArguAna has test queries only
 IGNORE_IDENTICAL = {"arguana"}
+RRF_KS = (5, 10, 20, 30, 60, 100)
+DENSE_WEIGHTS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 OUT = REPO / "bench" / "results" / "rerank"
 
 
 class MemoReranker:
-    """A reranker's scores, each (query, document) pair computed once across first stages."""
+    """A reranker's scores, each (query, document) pair computed once across first stages; times the scoring."""
 
-    def __init__(self, reranker: CrossEncoderReranker) -> None:
-        self.reranker, self.name, self.memo = reranker, "minilm-ce (trained here)", {}
+    def __init__(self, reranker: Reranker) -> None:
+        self.reranker, self.memo = reranker, {}
         self.seconds, self.scored = 0.0, 0
 
     def score_pairs(self, pairs: list[tuple[str, str]]) -> np.ndarray:
@@ -66,85 +77,136 @@ class MemoReranker:
             self.scored += len(todo)
         return np.array([self.memo[p] for p in pairs], dtype=np.float32)
 
+    def pairs_per_s(self) -> float:
+        return round(self.scored / self.seconds, 2) if self.seconds else 0.0
 
-def mined_rows(folder: Path, pool: int, seed: int) -> list[RerankRow]:
-    """SciFact train queries with their relevant document and BM25-mined negatives."""
-    data = load_beir(folder, "train")
-    bm25 = LexicalIndex.build(data.corpus_texts, data.corpus_ids)
-    _, rows = bm25.search(data.query_texts, pool + 5)
-    rng = random.Random(seed)
-    out = []
-    for i, qid in enumerate(data.query_ids):
-        relevant = [d for d, s in data.qrels[qid].items() if s > 0]
-        texts = dict(zip(data.corpus_ids, data.corpus_texts, strict=True))
-        negatives = [data.corpus_texts[r] for r in rows[i] if r >= 0 and data.corpus_ids[r] not in relevant][:pool]
-        if relevant and negatives:
-            out.append(RerankRow(data.query_texts[i], texts[rng.choice(relevant)], negatives))
+
+def load_task(key: str, split: str = "test") -> RetrievalTask:
+    path = shared_or_exit(f"beir/{key}")
+    return RetrievalTask.from_path(path, name=SETS[key], split=split, ignore_identical_ids=key in IGNORE_IDENTICAL)
+
+
+def fewer_queries(task: RetrievalTask, count: int | None, seed: int) -> RetrievalTask:
+    """The task on ``count`` of its queries (a seeded sample; the whole corpus kept), or as it is."""
+    data = task.data
+    if count is None or len(data.query_ids) <= count:
+        return task
+    keep = sorted(random.Random(seed).sample(range(len(data.query_ids)), count))
+    ids = [data.query_ids[i] for i in keep]
+    data = dataclasses.replace(
+        data, query_ids=ids, query_texts=[data.query_texts[i] for i in keep], qrels={q: data.qrels[q] for q in ids}
+    )
+    return dataclasses.replace(task, data=data, mteb_dataset_revision=None)
+
+
+def ndcg(task: RetrievalTask, run: Run) -> float:
+    scores = evaluate_run(task.data.qrels, run, task.k_values, ignore_identical_ids=task.ignore_identical_ids)
+    return float(scores.scores["ndcg_at_10"])
+
+
+def fused(task: RetrievalTask, dense: Run, lexical: Run, method: str, value: float) -> Run:
+    """Hybrid run: RRF with ``k=value``, or min-max with dense weight ``value`` (BM25: ``1 - value``)."""
+    out = {}
+    for qid in task.data.query_ids:
+        runs = [dense.get(qid, {}), lexical.get(qid, {})]
+        if method == "rrf":
+            scores = reciprocal_rank_fusion(runs, k=int(value))
+        else:
+            scores = minmax_fusion(runs, weights=[value, 1.0 - value])
+        out[qid] = dict(sorted(scores.items(), key=lambda item: -item[1])[: task.top_k])
     return out
 
 
-def train(args: argparse.Namespace) -> tuple[CrossEncoderReranker, dict]:
-    rows = mined_rows(shared_or_exit("beir/scifact"), args.negatives_pool, args.seed)
-    reranker = CrossEncoderReranker.from_pretrained("minilm", num_labels=1, max_length=args.max_length)
-    config = RerankTrainConfig(
-        steps=args.train_steps,
-        batch_size=args.train_batch,
-        negatives=3,
-        lr=args.lr,
-        warmup_steps=args.train_steps // 10,
-    )
-    start = time.perf_counter()
-    train_reranker(reranker, rows, config, OUT / "reranker")
-    return reranker, {"rows": len(rows), "steps": args.train_steps, "seconds": round(time.perf_counter() - start, 1)}
+def first_stages(task: RetrievalTask, embedder: Embedder, fusion: tuple[str, float]) -> dict[str, Run]:
+    dense, lexical = dense_run(task, embedder), bm25_run(task)
+    return {"dense": dense, "bm25": lexical, "hybrid": fused(task, dense, lexical, *fusion)}
 
 
-def fewer_queries(task: RetrievalTask, count: int, seed: int) -> RetrievalTask:
-    """The task on ``count`` of its queries (a seeded sample; the whole corpus kept), named for it."""
-    data = task.data
-    keep = sorted(random.Random(seed).sample(range(len(data.query_ids)), count))
-    ids = [data.query_ids[i] for i in keep]
-    name = f"{task.name}[{count} queries]"
-    data = dataclasses.replace(
-        data,
-        name=name,
-        query_ids=ids,
-        query_texts=[data.query_texts[i] for i in keep],
-        qrels={q: data.qrels[q] for q in ids},
-    )
-    return dataclasses.replace(task, data=data, name=name, mteb_dataset_revision=None)
+def grid() -> list[tuple[str, float]]:
+    return [("rrf", k) for k in RRF_KS] + [("minmax", w) for w in DENSE_WEIGHTS]
 
 
-def evaluate(args: argparse.Namespace, reranker: CrossEncoderReranker) -> list[dict]:
+def tune_fusion(keys: list[str], embedder: Embedder) -> dict[str, Any]:
+    """nDCG@10 of every fusion setting on each set's dev queries; the setting chosen for each set (see step 2)."""
+    dev: dict[str, dict[str, float]] = {}
+    for key, split in DEV_SPLITS.items():
+        task = load_task(key, split)
+        dense, lexical = dense_run(task, embedder), bm25_run(task)
+        dev[key] = {f"{m}:{v}": ndcg(task, fused(task, dense, lexical, m, v)) for m, v in grid()}
+        dev[key]["dense"], dev[key]["bm25"] = ndcg(task, dense), ndcg(task, lexical)
+        print(json.dumps({"dev": key, "split": split, "queries": len(task.data.query_ids), **dev[key]}), flush=True)
+    settings = [f"{m}:{v}" for m, v in grid()]
+    pooled = max(settings, key=lambda s: float(np.mean([dev[k][s] for k in dev])))
+    chosen = {key: max(settings, key=lambda s: dev[key][s]) if key in dev else pooled for key in keys}
+    return {"dev": dev, "chosen": chosen, "pooled_choice": pooled}
+
+
+def parse_setting(text: str) -> tuple[str, float]:
+    method, _, value = text.partition(":")
+    return method, float(value)
+
+
+def evaluate(args: argparse.Namespace, reranker: Reranker | None, tuning: dict[str, Any] | None) -> list[dict]:
     embedder = Embedder.from_pretrained("minilm")
-    memo = MemoReranker(reranker)
     rows = []
     for key in args.sets:
-        name = SETS[key]
-        task = RetrievalTask.from_path(
-            shared_or_exit(f"beir/{key}"), name=name, ignore_identical_ids=key in IGNORE_IDENTICAL
-        )
-        if len(task.data.query_ids) > args.max_queries:
-            task = fewer_queries(task, args.max_queries, args.seed)
-        for stage in ("dense", "bm25", "hybrid"):
-            start = time.perf_counter()
-            run = first_stage_run(task, stage, encoder=embedder, fusion="rrf")
-            first = _result(task, run, stage, time.perf_counter() - start, {})
-            reranked = _result(task, rerank_run(memo, task, run, args.rerank_top_k), stage, 0.0, {})
-            rows.append(
-                {
-                    "set": task.name,
-                    "queries": len(task.data.query_ids),
-                    "documents": len(task.data.corpus_ids),
-                    "first_stage": stage,
-                    "ndcg_at_10": first.scores["ndcg_at_10"],
-                    "reranked_ndcg_at_10": reranked.scores["ndcg_at_10"],
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
+        task = load_task(key)
+        runs = first_stages(task, embedder, parse_setting(args.fusion))
+        if tuning:
+            runs["hybrid (dev-tuned)"] = fused(task, runs["dense"], runs["bm25"], *parse_setting(tuning["chosen"][key]))
+        subset = fewer_queries(task, args.rerank_queries, args.seed)
+        memo = MemoReranker(reranker) if reranker is not None else None
+        for stage, run in runs.items():
+            row: dict[str, Any] = {
+                "set": task.name,
+                "queries": len(task.data.query_ids),
+                "documents": len(task.data.corpus_ids),
+                "first_stage": stage,
+                "ndcg_at_10": ndcg(task, run),
+            }
+            if stage == "hybrid (dev-tuned)":
+                row["fusion"] = tuning["chosen"][key]
+            if memo is not None and not stage.endswith("(dev-tuned)"):
+                start = time.perf_counter()
+                reranked = rerank_run(memo, subset, run, args.rerank_top_k)
+                row.update(
+                    reranked_queries=len(subset.data.query_ids),
+                    subset_ndcg_at_10=ndcg(subset, run),
+                    reranked_ndcg_at_10=ndcg(subset, reranked),
+                    rerank_seconds=round(time.perf_counter() - start, 1),
+                )
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if memo is not None:
+            rows[-1]["pairs_scored"], rows[-1]["pairs_per_s"] = memo.scored, memo.pairs_per_s()
+            print(json.dumps({"set": task.name, "pairs": memo.scored, "pairs_per_s": memo.pairs_per_s()}), flush=True)
+        if args.llm and args.llm_queries and key in args.llm_sets:
+            rows.append(llm_row(args, subset, runs["dense"]))
     return rows
 
 
-def throughput(args: argparse.Namespace, reranker: CrossEncoderReranker) -> dict:
+def llm_row(args: argparse.Namespace, task: RetrievalTask, dense: Run) -> dict[str, Any]:
+    """The untrained LLM reranker on the dense top ``--llm-top-k`` of ``--llm-queries`` queries."""
+    llm = load_reranker(args.llm, kind="llm", max_length=args.llm_max_length)
+    few = fewer_queries(task, args.llm_queries, args.seed + 1)
+    memo = MemoReranker(llm)
+    reranked = rerank_run(memo, few, dense, args.llm_top_k)
+    row = {
+        "set": few.name,
+        "first_stage": "dense",
+        "reranker": f"{args.llm} (zero-shot yes/no)",
+        "reranked_queries": len(few.data.query_ids),
+        "top_k": args.llm_top_k,
+        "subset_ndcg_at_10": ndcg(few, dense),
+        "reranked_ndcg_at_10": ndcg(few, reranked),
+        "pairs_scored": memo.scored,
+        "pairs_per_s": memo.pairs_per_s(),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def throughput(args: argparse.Namespace, reranker: Reranker) -> dict:
     data = load_beir(shared_or_exit("beir/scifact"), "test")
     rng = random.Random(args.seed)
     queries = [rng.choice(data.query_texts) for _ in range(args.throughput_pairs // args.docs_per_request)]
@@ -178,57 +240,97 @@ def throughput(args: argparse.Namespace, reranker: CrossEncoderReranker) -> dict
     }
 
 
+STAGE_NAMES = {"dense": "dense (minilm)", "bm25": "BM25", "hybrid": "hybrid (RRF)"}
+
+
 def table(rows: list[dict], meta: dict) -> str:
     lines = [
-        "| set | queries | first stage | nDCG@10 | + trained minilm cross-encoder | gain |",
-        "|---|---|---|---|---|---|",
+        "| set | first stage | nDCG@10 (all test queries) | reranked queries | first stage on them | "
+        "+ trained minilm cross-encoder | gain |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        first, second = 100 * r["ndcg_at_10"], 100 * r["reranked_ndcg_at_10"]
-        stage = "dense (minilm)" if r["first_stage"] == "dense" else r["first_stage"]
-        lines.append(f"| {r['set']} | {r['queries']} | {stage} | {first:.2f} | {second:.2f} | {second - first:+.2f} |")
-    t = meta["throughput"]
-    lines += [
-        "",
-        f"reranker: pairs/s in process {t['in_process_pairs_per_s']}, served {t['served_pairs_per_s']} "
-        f"({t['served_ratio']}x; {t['clients']} clients, {t['docs_per_request']} documents a request, "
-        f"max_length {t['max_length']}); reranked: top {meta['rerank_top_k']} of each first stage",
-    ]
+        if "reranker" in r:
+            continue
+        stage = STAGE_NAMES.get(r["first_stage"], r["first_stage"])
+        if "fusion" in r:
+            stage += f" {r['fusion']}"
+        first = f"{100 * r['ndcg_at_10']:.2f} ({r['queries']} q)"
+        if "reranked_ndcg_at_10" not in r:
+            lines.append(f"| {r['set']} | {stage} | {first} | | | | |")
+            continue
+        sub, second = 100 * r["subset_ndcg_at_10"], 100 * r["reranked_ndcg_at_10"]
+        lines.append(
+            f"| {r['set']} | {stage} | {first} | {r['reranked_queries']} | {sub:.2f} | {second:.2f} | "
+            f"{second - sub:+.2f} |"
+        )
+    llm = [r for r in rows if "reranker" in r]
+    if llm:
+        lines += ["", "| set | LLM reranker | queries | top-k of dense | dense | reranked | gain | pairs/s |"]
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for r in llm:
+            sub, second = 100 * r["subset_ndcg_at_10"], 100 * r["reranked_ndcg_at_10"]
+            lines.append(
+                f"| {r['set']} | {r['reranker']} | {r['reranked_queries']} | {r['top_k']} | {sub:.2f} | "
+                f"{second:.2f} | {second - sub:+.2f} | {r['pairs_per_s']} |"
+            )
+    t = meta.get("throughput")
+    if t:
+        lines += [
+            "",
+            f"cross-encoder: reranked the top {meta['rerank_top_k']} of each first stage (max_length "
+            f"{t['max_length']}); pairs/s in process {t['in_process_pairs_per_s']}, served through /v1/rerank "
+            f"{t['served_pairs_per_s']} = {t['served_ratio']}x in-process ({t['clients']} clients, "
+            f"{t['docs_per_request']} documents a request, same run)",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-steps", type=int, default=150)
-    parser.add_argument("--train-batch", type=int, default=8)
-    parser.add_argument("--negatives-pool", type=int, default=20)
-    parser.add_argument("--lr", type=float, default=3e-5)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--max-queries", type=int, default=300)
-    parser.add_argument("--rerank-top-k", type=int, default=20)
-    parser.add_argument("--throughput-pairs", type=int, default=512)
-    parser.add_argument("--docs-per-request", type=int, default=16)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reranker", help="Skip training: load this saved reranker (e.g. a previous run's).")
+    parser.add_argument("--reranker", help="The trained cross-encoder's folder (lmembed train --recipe ...).")
+    parser.add_argument("--first-stage-only", action="store_true", help="Steps 1-2 only; nothing written.")
+    parser.add_argument("--tune-fusion", action="store_true", help="Step 2: fusion settings chosen on dev queries.")
+    parser.add_argument("--fusion", default="rrf:60", help="The hybrid row's fusion, METHOD:VALUE (rrf:60).")
     parser.add_argument("--sets", nargs="+", choices=list(SETS), default=list(SETS))
+    parser.add_argument("--rerank-top-k", type=int, default=20)
+    parser.add_argument("--rerank-queries", type=int, default=None, help="Per set (default: all test queries).")
+    parser.add_argument("--max-length", type=int, default=256, help="The cross-encoder's max_length.")
+    parser.add_argument("--llm", default="smollm2-135m", help="LLM reranker ('' to skip).")
+    parser.add_argument("--llm-sets", nargs="+", choices=list(SETS), default=["scifact"])
+    parser.add_argument("--llm-queries", type=int, default=30)
+    parser.add_argument("--llm-top-k", type=int, default=10)
+    parser.add_argument("--llm-max-length", type=int, default=384)
+    parser.add_argument("--throughput-pairs", type=int, default=256)
+    parser.add_argument("--docs-per-request", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if not args.first_stage_only and not args.reranker:
+        parser.error("--reranker FOLDER is needed (train one: lmembed train --recipe recipes/reranker.yaml)")
     torch.manual_seed(args.seed)
-    OUT.mkdir(parents=True, exist_ok=True)
-    if args.reranker:  # a reranker this script trained before (its metrics.jsonl beside it)
-        reranker = CrossEncoderReranker.from_pretrained(args.reranker)
-        trained = {"loaded": args.reranker}
-    else:
-        reranker, trained = train(args)
-    print(json.dumps({"trained": trained}), flush=True)
-    rows = evaluate(args, reranker)
-    meta = {
-        "trained": trained,
+    started, load_before = time.perf_counter(), os.getloadavg()
+    tuning = tune_fusion(args.sets, Embedder.from_pretrained("minilm")) if args.tune_fusion else None
+    if tuning:
+        print(json.dumps({"chosen": tuning["chosen"], "pooled_choice": tuning["pooled_choice"]}), flush=True)
+    reranker = None if args.first_stage_only else load_reranker(args.reranker, max_length=args.max_length)
+    rows = evaluate(args, reranker, tuning)
+    if reranker is None:
+        return
+    meta: dict[str, Any] = {
+        "reranker": args.reranker,
         "rerank_top_k": args.rerank_top_k,
         "args": vars(args),
         "torch_threads": torch.get_num_threads(),
+        "fusion_tuning": tuning,
     }
     meta["throughput"] = throughput(args, reranker)
+    meta["seconds"] = round(time.perf_counter() - started, 1)
+    meta["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    OUT.mkdir(parents=True, exist_ok=True)
+    metrics = Path(args.reranker).parent / "metrics.jsonl"
+    if metrics.is_file():  # the training run's loss curve, kept beside the results
+        (OUT / "train_metrics.jsonl").write_text(metrics.read_text())
     (OUT / "result.json").write_text(json.dumps({"rows": rows, **meta}, indent=2) + "\n")
     (OUT / "table.md").write_text(table(rows, meta))
     print(table(rows, meta))

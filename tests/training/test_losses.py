@@ -318,7 +318,16 @@ def test_matryoshka_rejects_bad_configuration():
 
 
 def test_build_loss_registry():
-    assert available_losses() == ["angle", "gte", "infonce", "matryoshka", "matryoshka_2d", "triplet"]
+    assert available_losses() == [
+        "angle",
+        "gte",
+        "infonce",
+        "listwise_softmax",
+        "matryoshka",
+        "matryoshka_2d",
+        "pointwise_bce",
+        "triplet",
+    ]
     loss = build_loss("InfoNCE", temperature=0.05, in_batch_negatives=False)
     assert isinstance(loss, InfoNCELoss) and loss.temperature == 0.05 and not loss.in_batch_negatives
     assert isinstance(build_loss("info-nce"), InfoNCELoss)

@@ -6,6 +6,8 @@ reads a YAML file of such fields first; options given on the command line overri
     lmembed train --model smollm2-135m --data train.jsonl --pooling mean --attention bidirectional \\
         --lora --loss infonce --batch-size 32 --steps 500 --output runs/smollm2
     lmembed train --config run.yaml --resume
+    lmembed train --reranker cross-encoder --model minilm --data mined.jsonl --loss listwise_softmax \
+        --num-negatives 7 --max-length 256 --lr 3e-5 --output runs/ce   # a reranker, same loop
     lmembed train --recipe recipes/nv-embed-two-stage.yaml --steps 20 --output runs/nv   # options override stages
     accelerate launch --num_processes 2 -m lmembed.cli.train --config run.yaml   # data parallel
 
@@ -60,7 +62,18 @@ def train(
     ] = None,
     dtype: Annotated[str | None, _opt("Weights dtype: float32 or bfloat16 (autocast).", "--dtype")] = None,
     device: Annotated[str | None, _opt(DEVICE_DOC + " Default: cpu.", "--device")] = None,
-    loss: Annotated[str | None, _opt("infonce (default), triplet, gte or matryoshka.", "--loss")] = None,
+    reranker: Annotated[
+        str | None,
+        _opt(
+            "Train the model as a reranker: cross-encoder, llm (yes/no prompt) or auto (by its folder); each row's "
+            "positive and --num-negatives negatives are scored with its query (use a reranker --loss).",
+            "--reranker",
+        ),
+    ] = None,
+    loss: Annotated[
+        str | None,
+        _opt("infonce (default), triplet, gte or matryoshka; a reranker: listwise_softmax or pointwise_bce.", "--loss"),
+    ] = None,
     temperature: Annotated[
         float | None, _opt("Temperature (default: the loss's, InfoNCE 0.02).", "--temperature")
     ] = None,
@@ -106,8 +119,9 @@ def train(
         Path | None, _opt("A multi-stage recipe YAML (see recipes/); runs every stage end to end.", "--recipe")
     ] = None,
 ) -> None:
-    """Train an embedding model contrastively (InfoNCE with in-batch negatives by default), or run a
-    published recipe with --recipe (other options given then override every stage that has them)."""
+    """Train an embedding model contrastively (InfoNCE with in-batch negatives by default), a reranker
+    (--reranker), or run a published recipe with --recipe (other options given then override every stage that
+    has them)."""
     options = dict(locals())
     config_file = options.pop("config")
     recipe_file = options.pop("recipe")

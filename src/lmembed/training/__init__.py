@@ -9,7 +9,7 @@ module                  holds
 :mod:`.data`            training rows, data sources and the batch samplers
 :mod:`.converters`      labelled datasets (BEIR, classification, STS ...) turned into training rows
 :mod:`.losses`          loss functions and ``build_training_loss`` (a config's loss)
-:mod:`.reranker`        ``train_reranker``: a cross-encoder or LLM reranker on mined negatives (BCE/listwise, LoRA)
+:mod:`.reranker`        ``TrainableReranker``: a cross-encoder or LLM reranker trained by the trainer (``reranker``)
 :mod:`.stages`          pre-training stages: MNTP, SimCSE, Anchor stage I, AnglE pairs
 :mod:`.recipes`         YAML recipes: data preparation and a sequence of stages
 :mod:`.optim`           AdamW, the warm-up/decay schedule and ``OptimisationStep`` (shared by all loops)

@@ -21,6 +21,9 @@ _ALIASES = {
     "mrl": MATRYOSHKA,
     "2dmse": "matryoshka_2d",
     "2d_matryoshka": "matryoshka_2d",
+    "listwise": "listwise_softmax",
+    "pointwise": "pointwise_bce",
+    "bce": "pointwise_bce",
 }
 
 

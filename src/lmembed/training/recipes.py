@@ -18,7 +18,7 @@ saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout:
         mine: {teacher: minilm, k: 7, method: perc_pos, margin: 0.95}   # optional
     stages:
       - name: stage1
-        type: contrastive               # or mntp | simcse | anchor | angle | grit
+        type: contrastive               # or rerank | mntp | simcse | anchor | angle | grit
         data: ["{prepared:scifact}"]    # prepared files are referred to by name
         steps: 100
       - name: stage2
@@ -73,7 +73,9 @@ from lmembed.training.train_config import (
 
 log = logging.getLogger(__name__)
 
-STAGE_TYPES = ("contrastive", *OBJECTIVE_NAMES)
+# ``rerank``: the contrastive trainer training a reranker (TrainConfig.reranker; default cross-encoder).
+STAGE_TYPES = ("contrastive", "rerank", *OBJECTIVE_NAMES)
+TRAINER_STAGES = ("contrastive", "rerank")
 PREPARE_KINDS = ("beir", "classification", "clustering", "sts", "pairs", "rows")
 RECIPE_KEYS = {"name", "description", "paper", "model", "output", "defaults", "prepare", "stages", "evaluate"}
 SPECIAL_OVERRIDES = ("model", "output", "teacher", "max_rows", "max_corpus")
@@ -450,16 +452,19 @@ def _known(config_class: type) -> set[str]:
 def stage_options(recipe: Recipe, stage: Mapping[str, Any], model: str, output: Path) -> dict[str, Any]:
     """The config options of one stage: recipe defaults (fields the stage knows) + the stage's own."""
     kind = stage.get("type", "contrastive")
-    known = _known(TrainConfig if kind == "contrastive" else ObjectiveConfig)
+    trainer = kind in TRAINER_STAGES
+    known = _known(TrainConfig if trainer else ObjectiveConfig)
     options = {k: v for k, v in recipe.defaults.items() if k in known}
     options.update({k: v for k, v in stage.items() if k not in ("name", "type")})
     options.update({k: v for k, v in recipe.overrides.items() if k in known})
     options.setdefault("model", model)
     options["output"] = str(output / stage["name"])
-    if kind != "contrastive":
+    if kind == "rerank":
+        options.setdefault("reranker", "cross-encoder")
+    elif not trainer:
         options["objective"] = kind
     extra = {k: v for k, v in options.items() if k not in known}
-    if extra and kind != "contrastive":  # objective-specific knobs go to the objective itself
+    if extra and not trainer:  # objective-specific knobs go to the objective itself
         options = {k: v for k, v in options.items() if k in known}
         options["options"] = {**extra, **dict(options.get("options") or {})}
     return options
@@ -499,7 +504,7 @@ def run_stage(recipe: Recipe, stage: dict[str, Any], model: str, output: Path) -
     options = stage_options(recipe, stage, model, output)
     kind = stage.get("type", "contrastive")
     log.info("recipe %s: stage %s (%s) from %s", recipe.name, stage["name"], kind, options["model"])
-    runner = _run_contrastive if kind == "contrastive" else _run_objective
+    runner = _run_contrastive if kind in TRAINER_STAGES else _run_objective
     model_dir, losses, steps = runner(options, stage)
     return StageResult(
         name=stage["name"],

@@ -1,146 +1,156 @@
-"""Training a :class:`~lmembed.rerank.Reranker` on mined negatives: rows ``(query, positive, negatives)``, each step a
-batch of groups scored by the reranker (positive first) and a reranker loss (:mod:`.losses.rerank`: pointwise BCE
-or listwise softmax), through the trainers' one optimisation step (:class:`~lmembed.training.optim.OptimisationStep`:
-AdamW, warm-up then linear decay, clipping, ``metrics.jsonl``).
+"""The model side of reranker training: a :class:`~lmembed.rerank.Reranker` made trainable by the trainer.
 
-A decoder can be trained with LoRA (``lora=True``; peft): the adapters are merged when training ends, so the saved
-folder is a plain checkpoint (a cross-encoder in sentence-transformers' CrossEncoder format, an LLM reranker with
-its prompt), loaded back by :func:`~lmembed.rerank.load_reranker`.
+:class:`TrainableReranker` plays the part :class:`~lmembed.training.trainable.TrainableEmbedder` plays for an
+embedder, with the same surface the :class:`~lmembed.training.trainer.Trainer` uses (trainable parameters and
+their state for checkpoints, ``weights_changed``, ``save``): its forward pass reads padded query–document pairs
+and returns one logit per pair, computed by the reranker's own ``forward`` (so training scores pairs exactly as
+``Reranker.predict`` does later: same prompt, truncation and padding). The trainer groups each row's positive and
+its negatives (``logits.view(rows, 1 + negatives)``, positive first) and applies a reranker loss
+(:mod:`.losses.rerank`: pointwise BCE or listwise softmax).
 
-Rows come from the same sources as contrastive training (e.g. ``lmembed mine``'s output: ``query``, ``positive``,
-``negatives``); a row with fewer negatives than asked is topped up by cycling its own.
+A decoder is trained with LoRA (peft) by default, an encoder fully; the adapters are merged when the model is
+saved, so the folder is a plain checkpoint: a cross-encoder in sentence-transformers' ``CrossEncoder`` format, an
+LLM reranker with its prompt, both read back by :func:`~lmembed.rerank.load_reranker`.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from lmembed.errors import ConfigError
-from lmembed.rerank.base import Reranker
-from lmembed.training.losses.rerank import ListwiseSoftmaxLoss, PointwiseBCELoss
-from lmembed.training.metrics_log import MetricsLog
-from lmembed.training.optim import OptimisationStep
+from lmembed.models.families import config_says_decoder
+from lmembed.rerank import Reranker, load_reranker
+from lmembed.training.trainable import LoraSettings
+
+__all__ = ["TrainableReranker", "build_trainable_reranker"]
 
 log = logging.getLogger(__name__)
 
-RERANK_LOSSES = {"listwise_softmax": ListwiseSoftmaxLoss, "pointwise_bce": PointwiseBCELoss}
 
+class TrainableReranker(nn.Module):
+    """A reranker whose model (or its LoRA adapters) receives gradients; ``forward(**batch) -> Tensor[pairs]``."""
 
-@dataclass(frozen=True)
-class RerankRow:
-    query: str
-    positive: str
-    negatives: Sequence[str]
+    def __init__(self, reranker: Reranker, *, lora: LoraSettings | None = None) -> None:
+        super().__init__()
+        self.reranker = reranker
+        if lora is not None:
+            self.model = self._with_lora(reranker, lora)
+        else:
+            self.model = reranker.model
+            self.model.requires_grad_(True)
+        reranker.model = self.model  # the reranker scores through the adapters while training
+        self.train()
 
+    @staticmethod
+    def _with_lora(reranker: Reranker, settings: LoraSettings) -> nn.Module:
+        from peft import LoraConfig, get_peft_model  # lazy: peft takes seconds to import; only LoRA runs need it
 
-@dataclass
-class RerankTrainConfig:
-    """How a reranker is trained (the names the contrastive trainer uses for the same things)."""
+        target = settings.target_modules
+        config = LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=target if isinstance(target, str) else list(target),
+            bias="none",
+            # a cross-encoder's new score head is trained in full beside the adapters (peft's modules_to_save)
+            task_type="SEQ_CLS" if reranker.kind == "cross-encoder" else "CAUSAL_LM",
+        )
+        return get_peft_model(reranker.model, config)
 
-    steps: int = 200
-    batch_size: int = 8  # groups (queries) per step
-    negatives: int = 3  # per group
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    warmup_steps: int = 20
-    max_grad_norm: float | None = 1.0
-    loss: str = "listwise_softmax"
-    loss_kwargs: dict[str, Any] = field(default_factory=dict)
-    lora: bool = False
-    lora_r: int = 8
-    lora_alpha: int = 16
-    seed: int = 0
-    log_every: int = 10
+    # ------------------------------------------------------------------ facts
+    @property
+    def device(self) -> torch.device:
+        return self.reranker.device
 
-    def __post_init__(self) -> None:
-        self.loss = self.loss.replace("-", "_").lower()
-        if self.loss not in RERANK_LOSSES:
-            raise ConfigError(f"loss={self.loss!r} is not a reranker loss; choose one of {', '.join(RERANK_LOSSES)}")
-        for name in ("steps", "batch_size", "negatives"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+    @property
+    def uses_lora(self) -> bool:
+        return hasattr(self.model, "peft_config")
 
+    def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(name, p) for name, p in self.named_parameters() if p.requires_grad]
 
-class _Trainable:
-    """What :class:`OptimisationStep` asks of a model: its trainable parameters and a weights-changed hook."""
+    # ------------------------------------------------------------------ scoring with gradients
+    def tokenize_pairs(self, pairs: Sequence[tuple[str, str]]) -> dict[str, torch.Tensor]:
+        """The padded batch the reranker builds for ``pairs`` (its prompt, truncation and padding)."""
+        return self.reranker.collate(self.reranker.encode_pairs(pairs))
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def forward(self, **batch: torch.Tensor) -> torch.Tensor:
+        """One logit per pair (float32)."""
+        return self.reranker.forward(batch)[:, 0].float()
 
-    def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
-        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+    # ------------------------------------------------------------------ state
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of the trained tensors only (the LoRA adapters and score head, or the whole model)."""
+        return {name: p.detach().cpu().clone() for name, p in self.named_trainable_parameters()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.named_trainable_parameters())
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise ConfigError(
+                f"checkpoint does not match the reranker: missing {missing[:5]}, unexpected {unexpected[:5]} "
+                "(was it written with other LoRA settings, or for another model?)"
+            )
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
 
     def weights_changed(self) -> None:
-        """Nothing is cached from the weights."""
+        """Nothing is cached from a reranker's weights."""
+
+    # ------------------------------------------------------------------ saving
+    def save(
+        self,
+        directory: str | Path,
+        *,
+        merge_lora: bool = True,
+        in_place: bool = False,
+        adapter_base: str | Path | None = None,
+        full_state: dict[str, torch.Tensor] | None = None,
+    ) -> Path:
+        """Write the reranker's folder (LoRA merged: a reranker folder holds plain weights). ``in_place`` merges
+        into this model (the end of training); otherwise a copy is merged and saved, and training can go on."""
+        del adapter_base  # the trainer's signature; a reranker folder never holds an adapter
+        if not merge_lora:
+            raise ConfigError("a reranker is saved with its LoRA adapters merged (merge_lora: true)")
+        if full_state is not None:
+            raise ConfigError("a reranker is trained in one process or with DDP (not FSDP)")
+        if not self.uses_lora:
+            return self.reranker.save(directory)
+        if in_place:
+            self.model = self.model.merge_and_unload()
+            self.reranker.model = self.model
+            return self.reranker.save(directory)
+        saved = copy.copy(self.reranker)
+        saved.model = copy.deepcopy(self.model).merge_and_unload()
+        return saved.save(directory)
 
 
-def _with_lora(reranker: Reranker, config: RerankTrainConfig) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model  # lazy: only LoRA runs need peft
-
-    task = "SEQ_CLS" if reranker.kind == "cross-encoder" else "CAUSAL_LM"
-    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules="all-linear", task_type=task)
-    return get_peft_model(reranker.model, lora)
-
-
-def _groups(rows: Sequence[RerankRow], config: RerankTrainConfig, rng: random.Random, step: int) -> list[RerankRow]:
-    start = ((step - 1) * config.batch_size) % len(rows)
-    picked = [rows[(start + i) % len(rows)] for i in range(config.batch_size)]
-    out = []
-    for row in picked:
-        negatives = list(row.negatives)
-        rng.shuffle(negatives)
-        out.append(RerankRow(row.query, row.positive, [negatives[i % len(negatives)] for i in range(config.negatives)]))
-    return out
-
-
-def train_reranker(
-    reranker: Reranker, rows: Sequence[RerankRow], config: RerankTrainConfig, output: str | Path | None = None
-) -> Reranker:
-    """Train ``reranker`` in place on ``rows`` (see the module doc); with ``output``, write ``metrics.jsonl`` there
-    and save the trained reranker to ``output/model``."""
-    rows = [r for r in rows if r.negatives]
-    if not rows:
-        raise ConfigError("no training row has a negative; mine negatives first")
-    torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
-    rows = list(rows)
-    rng.shuffle(rows)
-    model = _with_lora(reranker, config) if config.lora else reranker.model
-    reranker.model = model
-    trainable = _Trainable(model)
-    folder = Path(output) if output is not None else None
-    if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(folder / "metrics.jsonl" if folder else Path("metrics.jsonl"), enabled=folder is not None)
-    step = OptimisationStep.for_config(trainable, config, metrics, ConfigError)
-    loss_fn = RERANK_LOSSES[config.loss](**config.loss_kwargs)
-    width = 1 + config.negatives
-    model.train()
-    try:
-        for number in range(1, config.steps + 1):
-            groups = _groups(rows, config, rng, number)
-            pairs = [(g.query, doc) for g in groups for doc in (g.positive, *g.negatives)]
-
-            def forward_backward(pairs: list[tuple[str, str]] = pairs) -> tuple[torch.Tensor, dict[str, float]]:
-                logits = reranker.forward(reranker.collate(reranker.encode_pairs(pairs)))[:, 0]
-                loss = loss_fn(logits.view(-1, width))
-                loss.backward()
-                return loss.detach(), {}
-
-            record = step(number, forward_backward, rows=len(groups))
-            if number % config.log_every == 0:
-                log.info("step %d/%d loss %.4f", number, config.steps, record["loss"])
-    finally:
-        model.eval()
-    if config.lora:
-        reranker.model = model.merge_and_unload().eval()
-    if folder is not None:
-        reranker.save(folder / "model")
-    return reranker
+def build_trainable_reranker(
+    config: Any, reranker: Reranker | TrainableReranker | None = None, device: str | None = None
+) -> TrainableReranker:
+    """The trainable reranker of a run: ``reranker`` as it is, or ``config.model`` loaded as ``config.reranker``
+    (``cross-encoder``, ``llm`` or ``auto``: decided by the folder) with ``config.reranker_options`` (an LLM
+    reranker's ``prompt`` ...), ``max_length``, ``dtype`` and ``device``. ``config.lora=None`` means LoRA for a
+    decoder, full fine-tuning for an encoder."""
+    if isinstance(reranker, TrainableReranker):
+        return reranker
+    if reranker is None:
+        options: dict[str, Any] = {"device": device or config.device, "dtype": config.dtype}
+        if config.max_length is not None:
+            options["max_length"] = config.max_length
+        kind = None if config.reranker == "auto" else config.reranker
+        reranker = load_reranker(config.model, kind=kind, **{**options, **config.reranker_options})
+    elif config.max_length is not None and config.max_length != reranker.max_length:
+        log.warning("max_length=%s is ignored: the reranker given uses %s", config.max_length, reranker.max_length)
+    decoder = reranker.kind == "llm" or bool(config_says_decoder(reranker.model.config))
+    use_lora = decoder if config.lora is None else config.lora
+    lora = LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+    return TrainableReranker(reranker, lora=lora if use_lora else None)

@@ -45,6 +45,8 @@ DTYPES = ("float32", "bfloat16")
 # The pre-training stages (lmembed.training.stages), by the name ObjectiveConfig.objective takes.
 OBJECTIVE_NAMES = ("mntp", "simcse", "anchor", "angle", "grit")
 SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
+# What TrainConfig.reranker takes: the kind of reranker trained (auto: decided by the model's folder).
+RERANKER_KINDS = ("cross-encoder", "llm", "auto")
 
 
 class TrainConfigError(LmembedError, ValueError):
@@ -110,10 +112,17 @@ class TrainConfig(ModelOptions):
     several processes each one embeds an equal share and in-batch negatives are gathered from all of
     them. ``num_negatives`` hard negatives are attached to every query (topped up with random texts of
     the same dataset when a row has fewer).
+
+    ``reranker`` (``cross-encoder``, ``llm`` or ``auto``) trains the model as a reranker instead of an embedder
+    (:mod:`lmembed.training.reranker`): each row's positive and ``num_negatives`` negatives are scored as pairs
+    with its query and a reranker loss (``listwise_softmax`` or ``pointwise_bce``) is applied to each group;
+    ``reranker_options`` go to the reranker's loader (an LLM reranker's ``prompt``, ``activation`` ...).
     """
 
     data: list[DataSource] = field(default_factory=list)
     output: str = "runs/train"
+    reranker: str | None = None
+    reranker_options: dict[str, Any] = field(default_factory=dict)
     merge_lora: bool = True
     gradient_checkpointing: bool = False
     # objective
@@ -185,12 +194,35 @@ class TrainConfig(ModelOptions):
             raise TrainConfigError(f"batching={self.batching!r} is unknown; choose {' or '.join(BATCHING_MODES)}")
         if canonical_loss_name(self.loss) == "triplet" and self.num_negatives < 1:
             raise TrainConfigError("loss=triplet needs num_negatives >= 1")
+        if self.reranker is not None:
+            self._validate_reranker()
+        elif self.reranker_options:
+            raise TrainConfigError("reranker_options apply to reranker training only (set reranker)")
 
-    def check_ready(self) -> None:
-        """The checks that only apply when a run starts (a model and data must be named)."""
-        if not self.model:
+    def _validate_reranker(self) -> None:
+        """What reranker training needs, and the embedder-only options it refuses."""
+        if self.reranker not in RERANKER_KINDS:
+            raise TrainConfigError(f"reranker={self.reranker!r} is unknown; choose one of {', '.join(RERANKER_KINDS)}")
+        if self.num_negatives < 1:
+            raise TrainConfigError("reranker training needs num_negatives >= 1 (each group: a positive and negatives)")
+        embedder_only = {
+            "pooling": self.pooling is not None,
+            "attention": self.attention is not None,
+            "grad_cache_chunk": self.grad_cache_chunk is not None,
+            "eval_data": bool(self.eval_data),
+            "merge_lora": not self.merge_lora,
+        }
+        if refused := [name for name, given in embedder_only.items() if given]:
+            raise TrainConfigError(
+                f"{', '.join(refused)}: not for reranker training (a reranker folder holds merged weights; "
+                "evaluate it with lmembed eval --rerank)"
+            )
+
+    def check_ready(self, *, model_given: bool = False, data_given: bool = False) -> None:
+        """The checks that only apply when a run starts (a model and data must be named, unless given ready)."""
+        if not self.model and not model_given:
             raise TrainConfigError("no model given (--model NAME_OR_PATH or 'model:' in the YAML file)")
-        if not self.data:
+        if not self.data and not data_given:
             raise TrainConfigError("no training data given (--data FILE, repeatable, or 'data:' in the YAML file)")
 
     # ------------------------------------------------------------------ (de)serialisation

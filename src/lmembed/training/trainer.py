@@ -19,6 +19,13 @@ optimizer, scheduler and RNG state, so the loss sequence continues as if never i
 process group comes from :func:`~lmembed.training.distributed.setup_distributed` and the loss from
 :func:`~lmembed.training.losses.factory.build_training_loss`.
 
+With ``reranker`` set (``cross-encoder``, ``llm`` or ``auto``) the same loop trains a reranker
+(:class:`~lmembed.training.reranker.TrainableReranker`): step 2 scores each row's query with its positive and its
+negatives as pairs, one logit each, and step 3's loss is a reranker loss over each row's group
+(``listwise_softmax`` or ``pointwise_bce``); checkpoints, resuming, the schedule, LoRA (decoders) and the metrics
+are the same, and ``<output>/model`` is the reranker's folder (``lmembed.rerank.load_reranker``; a cross-encoder
+in sentence-transformers' CrossEncoder format).
+
 Several processes train data-parallel: with DDP by default, or with FSDP2 when accelerate's FSDP configuration
 launched them (``configs/accelerate/fsdp.yaml``; full fine-tuning only). Under FSDP the model is sharded
 before the optimizer is built, and checkpoints and the saved model hold whole tensors gathered on rank 0,
@@ -34,7 +41,7 @@ Output folder layout::
     <output>/metrics.jsonl       one JSON object per logged step / evaluation
     <output>/loss_curve.png
     <output>/checkpoints/step-0000100/ ...
-    <output>/model/              the trained Embedder (Embedder.from_pretrained(<output>/model))
+    <output>/model/              the trained Embedder (Embedder.from_pretrained(<output>/model)), or reranker
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lmembed.atomic import atomic_write_text
 from lmembed.embedder import Embedder
 from lmembed.errors import ConfigError
+from lmembed.rerank import Reranker
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.dev_eval import evaluate_retrieval, load_eval_tasks
 from lmembed.training.distributed import (
@@ -70,6 +78,7 @@ from lmembed.training.losses import LayerwiseLoss
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
 from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, build_optimizer, build_scheduler
+from lmembed.training.reranker import TrainableReranker, build_trainable_reranker
 from lmembed.training.rows import (
     MixtureSampler,
     TaskHomogeneousSampler,
@@ -114,10 +123,11 @@ def full_fine_tuning_only(mode: str) -> ConfigError:
 
 
 class Trainer:
-    """Contrastive training of an Embedder (see the module docstring).
+    """Contrastive training of an Embedder, or training of a Reranker (see the module docstring).
 
     ``model`` may be given directly (an :class:`Embedder`, e.g. a tiny in-memory model, or a ready
-    :class:`TrainableEmbedder`); otherwise ``config.model`` is loaded. ``datasets`` likewise replaces
+    :class:`TrainableEmbedder`; when ``config.reranker`` is set, a :class:`Reranker` or a
+    :class:`TrainableReranker`); otherwise ``config.model`` is loaded. ``datasets`` likewise replaces
     reading ``config.data``. Works in a single process or under ``accelerate launch``/``torchrun``
     (or any initialised ``torch.distributed`` group): each process then embeds
     ``batch_size / world_size`` rows of every global batch.
@@ -127,13 +137,10 @@ class Trainer:
         self,
         config: TrainConfig,
         *,
-        model: Embedder | TrainableEmbedder | None = None,
+        model: Embedder | TrainableEmbedder | Reranker | TrainableReranker | None = None,
         datasets: Sequence[TrainDataset] | None = None,
     ) -> None:
-        if model is None:
-            config.check_ready()
-        elif datasets is None and not config.data:
-            raise TrainConfigError("no training data given")
+        config.check_ready(model_given=model is not None, data_given=datasets is not None)
         self.config = config
         self.dist = setup_distributed(config.device)
         if config.batch_size % self.dist.world_size:
@@ -145,7 +152,7 @@ class Trainer:
         if self.dist.deepspeed is not None:
             self._check_deepspeed_options(config)
         set_seed(config.seed)
-        self.model = build_trainable(config, model, self.dist.device)
+        self.model = self._build_model(config, model)
         self.dist.device = str(self.model.device)  # a model given ready-made stays where it is
         sharded_mode = self._sharded_mode()
         if sharded_mode and self.model.uses_lora:  # a ready-made model may carry adapters the config did not ask for
@@ -195,6 +202,22 @@ class Trainer:
         )
         self.step = 0
         self._eval_tasks: list[Any] | None = None
+
+    def _build_model(self, config: TrainConfig, model: Any) -> Any:
+        """The trainable embedder, or with ``config.reranker`` the trainable reranker (a given model of the other
+        kind is refused)."""
+        wants_reranker = config.reranker is not None
+        if model is not None and isinstance(model, Reranker | TrainableReranker) != wants_reranker:
+            raise TrainConfigError(
+                "the model given is an embedder: leave reranker unset to train it, or give a reranker"
+                if wants_reranker
+                else "the model given is a reranker: set reranker (cross-encoder, llm or auto) to train it"
+            )
+        if wants_reranker:
+            if self.dist.fsdp is not None or self.dist.deepspeed is not None:
+                raise ConfigError("a reranker is trained in one process or with DDP (not FSDP or DeepSpeed)")
+            return build_trainable_reranker(config, model, self.dist.device)
+        return build_trainable(config, model, self.dist.device)
 
     def _decontaminate(self, data: list[TrainDataset], config: TrainConfig) -> list[TrainDataset]:
         """Drop rows that repeat the evaluation sets named; the main process writes what went and why to
@@ -268,7 +291,10 @@ class Trainer:
 
         def forward_backward() -> tuple[torch.Tensor, dict[str, float]]:
             batch = self.sampler.batch(self.step).shard(self.dist.rank, self.dist.world_size)
-            backward = self._grad_cache_backward if self.config.grad_cache_chunk else self._plain_backward
+            if self.config.reranker is not None:
+                backward = self._rerank_backward
+            else:
+                backward = self._grad_cache_backward if self.config.grad_cache_chunk else self._plain_backward
             return backward(batch), {}
 
         self.module.train()
@@ -302,6 +328,20 @@ class Trainer:
             self.engine.backward(loss)
         else:
             loss.backward()
+        return loss.detach()
+
+    def _rerank_backward(self, batch: TrainBatch) -> torch.Tensor:
+        """Every row's query with its positive then its negatives, scored as pairs in one forward pass; the
+        reranker loss over each row's group of logits (positive first)."""
+        width = 1 + batch.num_negatives
+        pairs = [
+            (query, document)
+            for query, positive, negatives in zip(batch.queries, batch.positives, batch.negatives, strict=True)
+            for document in (positive, *negatives)
+        ]
+        logits = self.module(**self.model.tokenize_pairs(pairs))
+        loss = self.loss_fn(logits.view(len(batch), width))
+        loss.backward()
         return loss.detach()
 
     def _grad_cache_backward(self, batch: TrainBatch) -> torch.Tensor:

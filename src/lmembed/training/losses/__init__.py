@@ -8,8 +8,8 @@ module                holds
 :mod:`.triplet`       ``TripletLoss`` with a margin
 :mod:`.angle`         ``AnglELoss`` (CoSENT + in-batch + angle terms) for scored pairs
 :mod:`.matryoshka`    ``MatryoshkaLoss``, any loss over nested leading dimensions
-:mod:`.rerank`        ``PointwiseBCELoss``, ``ListwiseSoftmaxLoss``: a reranker's logits of groups (not registered
-                      here: ``lmembed.training.reranker`` picks them by name)
+:mod:`.rerank`        ``PointwiseBCELoss``, ``ListwiseSoftmaxLoss``: a reranker's logits of groups
+                      (``Tensor[B, 1 + N]``, positive first), registered with ``reranks=True``
 :mod:`.matryoshka_2d` ``Matryoshka2DLoss`` (2DMSE): MRL at the last and a sampled shallower layer + alignment
 :mod:`.factory`       ``build_training_loss``: the trainer's loss from a ``TrainConfig``
 ===================== ==================================================================
@@ -20,7 +20,8 @@ Retrieval losses share one call signature::
 
 Embeddings arrive un-normalised; losses with a ``similarity`` option normalise internally for
 ``"cosine"``. ``AnglELoss`` is the exception: it scores labelled pairs, ``(text1, text2, scores)``.
-``MatryoshkaLoss`` wraps any of them.
+``MatryoshkaLoss`` wraps any of them. Reranker losses (``listwise_softmax``, ``pointwise_bce``) take the logits of
+a reranker's groups instead, ``loss(logits: Tensor[B, 1 + N])``; the trainer uses them when it trains a reranker.
 
 ``build_loss(name, **kwargs)`` (here) constructs a loss from a config-friendly name::
 
@@ -92,12 +93,14 @@ class LossSpec:
 
     ``takes``: the :data:`SHARED_OPTIONS` its factory accepts (the trainer passes exactly these);
     ``not_contrastive``: why the contrastive trainer cannot use it (``None``: it can); ``wraps``: it takes another
-    loss as ``inner`` (by name, with ``inner_kwargs``), to which the trainer's shared settings go."""
+    loss as ``inner`` (by name, with ``inner_kwargs``), to which the trainer's shared settings go; ``reranks``: it
+    scores a reranker's groups of logits (the trainer's reranker mode), not embeddings."""
 
     factory: LossFactory
     takes: frozenset[str] = frozenset()
     not_contrastive: str | None = None
     wraps: bool = False
+    reranks: bool = False
 
     def __post_init__(self) -> None:
         if unknown := self.takes - SHARED_OPTIONS:
@@ -144,6 +147,8 @@ LOSSES: dict[str, LossSpec] = {
         AnglELoss, not_contrastive="AnglE scores labelled text pairs, not (query, positive, negatives) rows"
     ),
     "matryoshka_2d": LossSpec(_build_matryoshka_2d, wraps=True),  # 2DMSE (alias "2dmse")
+    "listwise_softmax": LossSpec(ListwiseSoftmaxLoss, frozenset({"temperature"}), reranks=True),
+    "pointwise_bce": LossSpec(PointwiseBCELoss, reranks=True),
 }
 
 

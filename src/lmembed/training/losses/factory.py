@@ -3,7 +3,8 @@
 :func:`build_loss` (the package's registry) builds a loss from a name and keyword arguments;
 :func:`build_training_loss` decides those arguments from a training config: the config's
 ``temperature``, ``similarity`` and ``in_batch_negatives`` where the loss's :class:`LossSpec` says it
-takes them, then ``loss_kwargs`` on top, and under several processes the :func:`gather_with_grad` hook.
+takes them, then ``loss_kwargs`` on top, and under several processes the :func:`gather_with_grad` hook. A run
+that trains a reranker (``reranker`` set) takes a loss registered with ``reranks=True``, and only such a run does.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import nn
 
 from lmembed.training.distributed import gather_with_grad
 from lmembed.training.loss_names import MATRYOSHKA, canonical_loss_name
-from lmembed.training.losses import build_loss, loss_spec
+from lmembed.training.losses import available_losses, build_loss, loss_spec
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
 __all__ = ["build_training_loss"]
@@ -37,9 +38,22 @@ def _settings_for(name: str, settings: dict[str, Any], distributed: bool) -> dic
     spec = loss_spec(name)
     if spec.not_contrastive:
         raise TrainConfigError(f"loss={name!r} is not usable by the trainer: {spec.not_contrastive}")
-    if distributed and "gather" not in spec.takes:
+    if distributed and "gather" not in spec.takes and not spec.reranks:
         log.warning("loss %s has no gather hook: in-batch negatives stay within each process", name)
     return {key: value for key, value in settings.items() if key in spec.takes}
+
+
+def _check_kind(config: TrainConfig) -> None:
+    """A reranker is trained with a loss of groups of logits, an embedder with one of embeddings."""
+    reranks = canonical_loss_name(config.loss) != MATRYOSHKA and loss_spec(config.loss).reranks
+    if config.reranker is not None and not reranks:
+        rerank_losses = ", ".join(name for name in available_losses() if name != MATRYOSHKA and loss_spec(name).reranks)
+        raise TrainConfigError(f"loss={config.loss!r} trains an embedder; a reranker is trained with {rerank_losses}")
+    if config.reranker is None and reranks:
+        raise TrainConfigError(
+            f"loss={config.loss!r} scores a reranker's groups: set reranker (cross-encoder, llm or auto) "
+            "to train the model as a reranker"
+        )
 
 
 def build_training_loss(config: TrainConfig, distributed: bool = False) -> nn.Module:
@@ -48,6 +62,7 @@ def build_training_loss(config: TrainConfig, distributed: bool = False) -> nn.Mo
     ``loss_kwargs`` override those defaults. Under several processes, losses that accept a ``gather``
     hook get :func:`gather_with_grad`, so in-batch negatives span the global batch.
     """
+    _check_kind(config)
     settings = _shared_settings(config, distributed)
     kwargs = dict(config.loss_kwargs)
     wrapper = canonical_loss_name(config.loss) == MATRYOSHKA or loss_spec(config.loss).wraps
