@@ -151,9 +151,10 @@ def test_without_a_corpus_other_rows_positives_are_the_pool():
 
 
 def test_keep_existing_negatives():
-    rows = [{"query": "cat sat mat", "positive": POSITIVE, "negatives": [CORPUS["d5"]]}]
+    rows = [{"query": "cat sat mat", "positive": POSITIVE, "negatives": [CORPUS["d5"]], "teacher_scores": [0.9, 0.1]}]
     row = mine_hard_negatives(BagOfWords(), rows, CORPUS, k=2, method="perc_pos", keep_existing=True)[0]
     assert row["negatives"] == [CORPUS["d5"], CORPUS["d2"]]
+    assert "teacher_scores" not in row  # they scored the old negatives only
 
 
 def test_bad_options_are_rejected():

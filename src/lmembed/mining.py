@@ -320,6 +320,7 @@ def mine_hard_negatives(
         )
         new_row = dict(row)
         new_row["negatives"] = existing + [docs[j] for j in chosen]
+        new_row.pop("teacher_scores", None)  # they scored the row's old negatives
         if with_scores:
             new_row["positive_score"] = positive_score
             new_row["negative_scores"] = scores

@@ -320,9 +320,11 @@ def test_matryoshka_rejects_bad_configuration():
 def test_build_loss_registry():
     assert available_losses() == [
         "angle",
+        "distill_kl",
         "gte",
         "infonce",
         "listwise_softmax",
+        "margin_mse",
         "matryoshka",
         "matryoshka_2d",
         "pointwise_bce",
@@ -365,7 +367,7 @@ def test_bad_loss_settings_are_user_errors_naming_the_setting():
 
     with pytest.raises(ConfigError, match="has no option colour; it takes margin, distance"):
         build_loss("triplet", colour="red")
-    with pytest.raises(UnknownNameError, match="unknown loss 'nope'; available: angle, gte"):
+    with pytest.raises(UnknownNameError, match="unknown loss 'nope'; available: angle, distill_kl, gte"):
         build_loss("nope")
     with pytest.raises(ConfigError, match="temperature must be positive"):
         build_loss("gte", temperature=0)

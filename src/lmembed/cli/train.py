@@ -72,7 +72,11 @@ def train(
     ] = None,
     loss: Annotated[
         str | None,
-        _opt("infonce (default), triplet, gte or matryoshka; a reranker: listwise_softmax or pointwise_bce.", "--loss"),
+        _opt(
+            "infonce (default), triplet, gte, matryoshka; margin_mse or distill_kl distil the rows' teacher_scores; "
+            "a reranker: listwise_softmax or pointwise_bce.",
+            "--loss",
+        ),
     ] = None,
     temperature: Annotated[
         float | None, _opt("Temperature (default: the loss's, InfoNCE 0.02).", "--temperature")

@@ -141,8 +141,11 @@ class GradCache:
         self.chunk_size = chunk_size
         self.no_sync = no_sync
 
-    def __call__(self, queries: Features, positives: Features, negatives: Features | None = None) -> Tensor:
-        """Query/positive/hard-negative step with ``self.loss``; returns the detached loss."""
+    def __call__(
+        self, queries: Features, positives: Features, negatives: Features | None = None, **loss_kwargs: Any
+    ) -> Tensor:
+        """Query/positive/hard-negative step with ``self.loss`` (``loss_kwargs``, e.g. a distillation loss's
+        ``teacher_scores``, go to it as they are); returns the detached loss."""
         if self.loss is None:
             raise ValueError("GradCache was built without a loss; pass one or use run()")
         loss = self.loss
@@ -154,7 +157,7 @@ class GradCache:
                 if negative.size(0) % batch:
                     raise ValueError(f"{negative.size(0)} negative rows do not split over {batch} queries")
                 negative = negative.reshape(batch, -1, negative.size(-1))
-            return loss(query, positive, negative)
+            return loss(query, positive, negative, **loss_kwargs)
 
         return self.run([queries, positives, negatives], loss_fn)
 

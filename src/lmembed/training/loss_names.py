@@ -6,7 +6,7 @@ checks a config's ``loss`` with the same rule without importing torch (``lmembed
 
 from __future__ import annotations
 
-__all__ = ["MATRYOSHKA", "canonical_loss_name"]
+__all__ = ["MATRYOSHKA", "NEEDS_NEGATIVES", "canonical_loss_name"]
 
 #: The wrapper's name: it takes another loss (``inner``) rather than being one.
 MATRYOSHKA = "matryoshka"
@@ -24,7 +24,14 @@ _ALIASES = {
     "listwise": "listwise_softmax",
     "pointwise": "pointwise_bce",
     "bce": "pointwise_bce",
+    "marginmse": "margin_mse",
+    "kl": "distill_kl",
+    "listwise_kl": "distill_kl",
+    "kl_distill": "distill_kl",
 }
+
+#: Losses that compare each row's positive with its own hard negatives: they need ``num_negatives >= 1``.
+NEEDS_NEGATIVES = frozenset({"triplet", "margin_mse", "distill_kl"})
 
 
 def canonical_loss_name(name: str) -> str:

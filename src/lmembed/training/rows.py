@@ -11,6 +11,9 @@ sources are understood:
   Other tools' spellings are accepted too: ``anchor``/``question`` for the query, ``pos``/``positives``
   for the positive, ``negative``/``neg``/``hard_negatives`` for the negatives. ``symmetric: true`` marks
   a row whose two sides are the same kind of text (an STS pair): its documents get the instruction too.
+  ``teacher_scores`` (for the distillation losses) holds a teacher's score of every candidate, either as
+  ``{"positive": s | [s, ...], "negatives": [s, ...]}`` (what ``lmembed synthesize`` writes) or as one list,
+  the positives' scores first, then the negatives' in their order; the counts must match the texts.
 * BEIR folders (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``): each judged query becomes
   one example whose positives are its relevant documents (``(title + " " + text).strip()``, as MTEB
   builds them) and whose negatives are documents judged not relevant (score 0), if any.
@@ -80,6 +83,7 @@ class TrainExample:
     instruction: str | None = None
     task: str | None = None
     symmetric: bool = False  # the instruction goes on the documents too (same kind of text on both sides)
+    teacher_scores: tuple[float, ...] | None = None  # one per positive, then one per negative (distillation)
 
 
 @dataclass
@@ -147,7 +151,9 @@ class TrainBatch:
     """A batch of examples, ready to embed.
 
     ``negatives`` holds ``num_negatives`` texts per row; ``flat_negatives`` lists them query-major
-    (row ``i``'s negatives first), the layout the losses and GradCache expect.
+    (row ``i``'s negatives first), the layout the losses and GradCache expect. ``teacher_scores`` holds, per
+    row, the teacher's score of its positive then of each of its negatives, or ``None`` where the row has none
+    (or where a negative was drawn from the dataset's pool, which no teacher scored).
     """
 
     queries: list[str]
@@ -156,6 +162,7 @@ class TrainBatch:
     negatives: list[list[str]]
     sources: list[str] = field(default_factory=list)
     symmetric: list[bool] = field(default_factory=list)
+    teacher_scores: list[list[float] | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.queries)
@@ -181,6 +188,7 @@ class TrainBatch:
             self.negatives[part],
             self.sources[part],
             self.symmetric[part],
+            self.teacher_scores[part],
         )
 
 
@@ -231,6 +239,43 @@ def _optional_string(row: dict[str, Any], key: str) -> str | None:
     return value
 
 
+def _score_list(value: Any, key: str) -> list[float]:
+    items = value if isinstance(value, list) else [value]
+    for i, item in enumerate(items):
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            raise ValueError(f"field {key!r} item {i} is {item!r}, not a number")
+    return [float(item) for item in items]
+
+
+def parse_teacher_scores(value: Any, positives: int, negatives: int) -> tuple[float, ...] | None:
+    """A row's ``teacher_scores`` as one tuple (positives' scores, then negatives'), checked against the number
+    of texts; raises ValueError saying what does not match."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if unknown := sorted(set(value) - {"positive", "negatives"}):
+            raise ValueError(f"field 'teacher_scores' has unknown key(s) {', '.join(unknown)}; use positive, negatives")
+        if "positive" not in value:
+            raise ValueError("field 'teacher_scores' has no 'positive' score")
+        pos = _score_list(value["positive"], "teacher_scores.positive")
+        neg = _score_list(value.get("negatives") or [], "teacher_scores.negatives")
+        if len(pos) != positives or len(neg) != negatives:
+            raise ValueError(
+                f"field 'teacher_scores' has {len(pos)} positive and {len(neg)} negative score(s) for "
+                f"{positives} positive(s) and {negatives} negative(s)"
+            )
+        return tuple(pos + neg)
+    if not isinstance(value, list):
+        raise ValueError(f"field 'teacher_scores' must be a mapping or a list, got {type(value).__name__}")
+    scores = _score_list(value, "teacher_scores")
+    if len(scores) != positives + negatives:
+        raise ValueError(
+            f"field 'teacher_scores' has {len(scores)} score(s) for {positives} positive(s) + {negatives} "
+            "negative(s) (one per text: the positives first, then the negatives)"
+        )
+    return tuple(scores)
+
+
 def parse_row(row: dict[str, Any], default_instruction: str | None = None) -> TrainExample:
     """Turn one JSON object into an example; raises ValueError saying what is wrong."""
     query_key = _first_key(row, QUERY_KEYS)
@@ -253,7 +298,8 @@ def parse_row(row: dict[str, Any], default_instruction: str | None = None) -> Tr
     symmetric = row.get("symmetric", False)
     if not isinstance(symmetric, bool):
         raise ValueError(f"field 'symmetric' must be true or false, got {symmetric!r}")
-    return TrainExample(query, positives, negatives, instruction, _optional_string(row, "task"), symmetric)
+    teacher = parse_teacher_scores(row.get("teacher_scores"), len(positives), len(negatives))
+    return TrainExample(query, positives, negatives, instruction, _optional_string(row, "task"), symmetric, teacher)
 
 
 def read_jsonl_examples(
@@ -437,6 +483,33 @@ def mixture_weights(datasets: Sequence[TrainDataset], mixing: str = "uniform") -
 
 
 # ---------------------------------------------------------------------------------------------- sampling
+def _candidate_scores(example: TrainExample, positive: int, negatives: Sequence[str | int]) -> list[float] | None:
+    """The teacher's scores of a batch row's positive and negatives; ``None`` when the example has none or a
+    negative came from the pool."""
+    scores = example.teacher_scores
+    if scores is None or not all(isinstance(n, int) for n in negatives):
+        return None
+    first = len(example.positives)
+    return [scores[positive], *(scores[first + int(n)] for n in negatives)]
+
+
+def check_teacher_scores(datasets: Sequence[TrainDataset], num_negatives: int, loss: str) -> None:
+    """Every example can give a batch row its teacher's scores: it has them, and ``num_negatives`` scored
+    negatives of its own (a negative drawn from the pool has no score). Raises naming the dataset and row."""
+    for ds in datasets:
+        for number, example in enumerate(ds.examples, 1):
+            if example.teacher_scores is None:
+                problem = "has no teacher_scores"
+            elif len(example.negatives) < num_negatives:
+                problem = f"has {len(example.negatives)} scored negative(s), fewer than num_negatives={num_negatives}"
+            else:
+                continue
+            raise TrainingDataError(
+                f"loss={loss} distils the rows' teacher_scores, but row {number} of {ds.name} "
+                f"({example.query[:60]!r}) {problem}"
+            )
+
+
 def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, *stream]))
 
@@ -515,12 +588,14 @@ class MixtureSampler:
         epoch, offset = divmod(position, size)
         return self.datasets[dataset].examples[int(self._permutation(dataset, epoch)[offset])]
 
-    def _negatives(self, example: TrainExample, pool: list[str], rng: np.random.Generator) -> list[str]:
+    def _negatives(self, example: TrainExample, pool: list[str], rng: np.random.Generator) -> list[str | int]:
+        """``num_negatives`` negatives: an ``int`` is the index of one of the example's own, a ``str`` a text
+        drawn from the pool."""
         n = self.num_negatives
-        own = list(example.negatives)
-        if len(own) >= n:
-            return [own[i] for i in rng.choice(len(own), size=n, replace=False)] if n else []
-        chosen = own[:]
+        own = len(example.negatives)
+        if own >= n:
+            return [int(i) for i in rng.choice(own, size=n, replace=False)] if n else []
+        chosen: list[str | int] = list(range(own))
         rng.shuffle(chosen)
         banned = set(example.positives)
         for _ in range(100 * n):
@@ -555,13 +630,15 @@ class MixtureSampler:
     def _append_row(self, batch: TrainBatch, dataset: int, position: int) -> None:
         example = self.example_at(dataset, position)
         rng = _rng(self.seed, _STREAM_ROW, dataset, position)
-        positive = example.positives[int(rng.integers(len(example.positives)))]
+        positive = int(rng.integers(len(example.positives)))
+        negatives = self._negatives(example, self.datasets[dataset].documents, rng)
         batch.queries.append(example.query)
         batch.instructions.append(example.instruction)
-        batch.positives.append(positive)
-        batch.negatives.append(self._negatives(example, self.datasets[dataset].documents, rng))
+        batch.positives.append(example.positives[positive])
+        batch.negatives.append([example.negatives[n] if isinstance(n, int) else n for n in negatives])
         batch.sources.append(self.datasets[dataset].name)
         batch.symmetric.append(example.symmetric)
+        batch.teacher_scores.append(_candidate_scores(example, positive, negatives))
 
     def describe(self) -> list[dict[str, Any]]:
         """Per dataset: name, number of examples, sampling probability, rows skipped while reading."""

@@ -38,7 +38,7 @@ from lmembed.config import mistyped_options, unknown_options
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
 from lmembed.synthesis.eval_texts import parse_names
-from lmembed.training.loss_names import canonical_loss_name
+from lmembed.training.loss_names import NEEDS_NEGATIVES, canonical_loss_name
 from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
@@ -192,8 +192,10 @@ class TrainConfig(ModelOptions):
             raise TrainConfigError(f"mixing={self.mixing!r} is unknown; choose one of {', '.join(MIXING_MODES)}")
         if self.batching not in BATCHING_MODES:
             raise TrainConfigError(f"batching={self.batching!r} is unknown; choose {' or '.join(BATCHING_MODES)}")
-        if canonical_loss_name(self.loss) == "triplet" and self.num_negatives < 1:
-            raise TrainConfigError("loss=triplet needs num_negatives >= 1")
+        inner = self.loss_kwargs.get("inner") if isinstance(self.loss_kwargs, dict) else None
+        for name in (self.loss, inner if isinstance(inner, str) else None):
+            if name and canonical_loss_name(name) in NEEDS_NEGATIVES and self.num_negatives < 1:
+                raise TrainConfigError(f"loss={canonical_loss_name(name)} needs num_negatives >= 1")
         if self.reranker is not None:
             self._validate_reranker()
         elif self.reranker_options:

@@ -74,7 +74,7 @@ from lmembed.training.distributed import (
     shard_model,
 )
 from lmembed.training.gradcache import GradCache
-from lmembed.training.losses import LayerwiseLoss
+from lmembed.training.losses import LayerwiseLoss, reads_teacher_scores
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
 from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, build_optimizer, build_scheduler
@@ -84,6 +84,7 @@ from lmembed.training.rows import (
     TaskHomogeneousSampler,
     TrainBatch,
     TrainDataset,
+    check_teacher_scores,
     decontaminate_datasets,
     load_sources,
 )
@@ -172,6 +173,9 @@ class Trainer:
             mixing=config.mixing,
         )
         self.loss_fn = build_training_loss(config, distributed=self.dist.world_size > 1)
+        self.distils = reads_teacher_scores(self.loss_fn)
+        if self.distils:
+            check_teacher_scores(data, config.num_negatives, config.loss)
         if isinstance(self.loss_fn, LayerwiseLoss):  # 2DMSE: the model returns each text's vectors at more layers
             self.model.read_layers(self.loss_fn.layers_to_read(self.model.top_layer))
         self.optimizer = build_optimizer(self.model, config, TrainConfigError)
@@ -323,7 +327,7 @@ class Trainer:
         embeddings = self.module(**self.model.tokenize(texts, instructions))
         query, positive = embeddings[:rows], embeddings[rows : 2 * rows]
         negative = embeddings[2 * rows :].reshape(rows, negatives, -1) if negatives else None
-        loss = self.loss_fn(query, positive, negative)
+        loss = self.loss_fn(query, positive, negative, **self._teacher_scores(batch, query.device))
         if self.engine is not None:
             self.engine.backward(loss)
         else:
@@ -357,7 +361,14 @@ class Trainer:
         queries = self.model.tokenize(batch.queries, batch.instructions)
         positives = self.model.tokenize(batch.positives, positive_instructions)
         negatives = self.model.tokenize(batch.flat_negatives, negative_instructions) if batch.num_negatives else None
-        return cache(queries, positives, negatives)
+        return cache(queries, positives, negatives, **self._teacher_scores(batch, self.dist.device))
+
+    def _teacher_scores(self, batch: TrainBatch, device: Any) -> dict[str, torch.Tensor]:
+        """``{"teacher_scores": [rows, 1 + negatives]}`` for a distillation loss, else nothing."""
+        if not self.distils:
+            return {}
+        # every row has them: check_teacher_scores refused the data otherwise
+        return {"teacher_scores": torch.tensor(batch.teacher_scores, dtype=torch.float32, device=device)}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:

@@ -11,6 +11,7 @@ module                holds
 :mod:`.rerank`        ``PointwiseBCELoss``, ``ListwiseSoftmaxLoss``: a reranker's logits of groups
                       (``Tensor[B, 1 + N]``, positive first), registered with ``reranks=True``
 :mod:`.matryoshka_2d` ``Matryoshka2DLoss`` (2DMSE): MRL at the last and a sampled shallower layer + alignment
+:mod:`.distill`       ``MarginMSELoss``, ``ListwiseKLLoss``: distillation from the rows' ``teacher_scores``
 :mod:`.factory`       ``build_training_loss``: the trainer's loss from a ``TrainConfig``
 ===================== ==================================================================
 
@@ -22,6 +23,8 @@ Embeddings arrive un-normalised; losses with a ``similarity`` option normalise i
 ``"cosine"``. ``AnglELoss`` is the exception: it scores labelled pairs, ``(text1, text2, scores)``.
 ``MatryoshkaLoss`` wraps any of them. Reranker losses (``listwise_softmax``, ``pointwise_bce``) take the logits of
 a reranker's groups instead, ``loss(logits: Tensor[B, 1 + N])``; the trainer uses them when it trains a reranker.
+The distillation losses (``margin_mse``, ``distill_kl``) take ``teacher_scores: Tensor[B, 1 + N]`` as a keyword
+besides (:func:`~.distill.reads_teacher_scores`).
 
 ``build_loss(name, **kwargs)`` (here) constructs a loss from a config-friendly name::
 
@@ -47,6 +50,7 @@ from torch import nn
 from lmembed.errors import ConfigError, UnknownNameError
 from lmembed.training.loss_names import MATRYOSHKA, canonical_loss_name
 from lmembed.training.losses.angle import AnglELoss, angle_similarity, cosent_loss
+from lmembed.training.losses.distill import ListwiseKLLoss, MarginMSELoss, reads_teacher_scores
 from lmembed.training.losses.gte import GTELoss
 from lmembed.training.losses.infonce import InfoNCELoss, Similarity, pairwise_similarity, similarity_matrix
 from lmembed.training.losses.matryoshka import MatryoshkaLoss
@@ -62,8 +66,10 @@ __all__ = [
     "GTELoss",
     "InfoNCELoss",
     "LayerwiseLoss",
+    "ListwiseKLLoss",
     "ListwiseSoftmaxLoss",
     "LossSpec",
+    "MarginMSELoss",
     "Matryoshka2DLoss",
     "MatryoshkaLoss",
     "PointwiseBCELoss",
@@ -76,6 +82,7 @@ __all__ = [
     "cosent_loss",
     "loss_spec",
     "pairwise_similarity",
+    "reads_teacher_scores",
     "register_loss",
     "similarity_matrix",
 ]
@@ -149,6 +156,8 @@ LOSSES: dict[str, LossSpec] = {
     "matryoshka_2d": LossSpec(_build_matryoshka_2d, wraps=True),  # 2DMSE (alias "2dmse")
     "listwise_softmax": LossSpec(ListwiseSoftmaxLoss, frozenset({"temperature"}), reranks=True),
     "pointwise_bce": LossSpec(PointwiseBCELoss, reranks=True),
+    "margin_mse": LossSpec(MarginMSELoss, frozenset({"similarity"})),
+    "distill_kl": LossSpec(ListwiseKLLoss, frozenset({"temperature", "similarity"})),  # alias "kl", "listwise_kl"
 }
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from lmembed.training.distributed import gather_with_grad
 from lmembed.training.loss_names import MATRYOSHKA, canonical_loss_name
-from lmembed.training.losses import available_losses, build_loss, loss_spec
+from lmembed.training.losses import Matryoshka2DLoss, available_losses, build_loss, loss_spec, reads_teacher_scores
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
 __all__ = ["build_training_loss"]
@@ -75,4 +75,7 @@ def build_training_loss(config: TrainConfig, distributed: bool = False) -> nn.Mo
         settings.pop("gather", None)
     if isinstance(inner, str):
         kwargs["inner_kwargs"] = {**_settings_for(inner, settings, distributed), **kwargs.get("inner_kwargs", {})}
-    return build_loss(config.loss, inner=inner, **kwargs)
+    loss = build_loss(config.loss, inner=inner, **kwargs)
+    if isinstance(loss, Matryoshka2DLoss) and reads_teacher_scores(loss.loss):
+        raise TrainConfigError(f"loss={config.loss!r} cannot wrap a distillation loss ({inner}): use matryoshka")
+    return loss

@@ -8,7 +8,8 @@ recipe is simple: evaluate the same objective on every truncation and minimise a
 
 ``MatryoshkaLoss`` wraps any loss in this package. It truncates every embedding argument (tensors with
 two or more dimensions: ``[B, D]`` or ``[B, N, D]``) along the last dimension and passes everything
-else (``None``, AnglE's ``[B]`` scores, keyword options) through untouched. Normalisation is left to
+else (``None``, AnglE's ``[B]`` scores, keyword options) through untouched, and so are the distillation losses'
+``teacher_scores`` (``[B, 1 + N]``, scores rather than embeddings). Normalisation is left to
 the inner loss, so a cosine loss re-normalises each prefix, as MRL requires.
 """
 
@@ -22,6 +23,9 @@ from torch import Tensor, nn
 from lmembed.errors import ConfigError
 
 __all__ = ["MatryoshkaLoss", "truncate_embeddings"]
+
+#: keyword arguments that hold scores, not embeddings: never truncated
+SCORE_KEYWORDS = frozenset({"teacher_scores"})
 
 
 def truncate_embeddings(value: Any, dim: int) -> Any:
@@ -61,7 +65,7 @@ class MatryoshkaLoss(nn.Module):
         total: Tensor | None = None
         for dim, weight in zip(self.dims, self.weights, strict=True):
             inner_args = [truncate_embeddings(a, dim) for a in args]
-            inner_kwargs = {k: truncate_embeddings(v, dim) for k, v in kwargs.items()}
+            inner_kwargs = {k: v if k in SCORE_KEYWORDS else truncate_embeddings(v, dim) for k, v in kwargs.items()}
             term = weight * self.loss(*inner_args, **inner_kwargs)
             total = term if total is None else total + term
         assert total is not None  # dims is non-empty
