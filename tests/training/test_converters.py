@@ -17,7 +17,14 @@ from lmembed.training.converters import (
     pair_rows,
     sts_rows,
 )
-from lmembed.training.rows import MixtureSampler, TaskHomogeneousSampler, TrainDataset, TrainExample, parse_row
+from lmembed.training.rows import (
+    MixtureSampler,
+    RoundRobinSampler,
+    TaskHomogeneousSampler,
+    TrainDataset,
+    TrainExample,
+    parse_row,
+)
 
 MULTI = [
     {"text": f"{label} example {i}", "label_text": label}
@@ -180,6 +187,18 @@ def test_task_homogeneous_sampler_walks_each_dataset_without_repeats_per_epoch()
     for queries in seen.values():
         for start in range(0, len(queries) - 9, 10):
             assert len(set(queries[start : start + 10])) == 10
+
+
+def test_round_robin_batches_take_the_datasets_in_turn():
+    sampler = RoundRobinSampler(_datasets(), batch_size=4, seed=2)
+    sources = [sampler.batch(step).sources for step in range(9)]
+    assert all(len(set(batch)) == 1 for batch in sources)  # one task per batch: in-batch negatives never cross
+    assert [batch[0] for batch in sources] == ["retrieval", "sts", "classes"] * 3
+    # each dataset's rows continue where its previous batch stopped: the same stream as homogeneous batching
+    homogeneous = TaskHomogeneousSampler(_datasets(), batch_size=4, seed=2)
+    rows = [q for step in range(0, 9, 3) for q in sampler.batch(step).queries]
+    walked = [q for step in range(60) if (b := homogeneous.batch(step)).sources[0] == "retrieval" for q in b.queries]
+    assert rows == walked[:12]
 
 
 def test_default_sampler_blends_datasets_within_a_batch():

@@ -232,6 +232,20 @@ def test_toy_recipe_runs_every_stage_type_end_to_end(tmp_path, tiny_dir, monkeyp
     assert elapsed < 120
 
 
+def test_sts_rows_carry_the_sts_instruction_unless_told_none(tmp_path):
+    from lmembed.task_registry import STS_INSTRUCTION
+    from lmembed.training.recipes import prepare_data
+
+    source = _write_jsonl(tmp_path / "sts.jsonl", STS_ROWS)
+    rows = {}
+    for label, extra in (("default", {}), ("none", {"instruction": ""})):
+        step = {"name": label, "kind": "sts", "input": source, "output": str(tmp_path / f"{label}.jsonl"), **extra}
+        rows[label] = [json.loads(line) for line in prepare_data(step, tmp_path).read_text().splitlines()]
+    assert rows["default"] and all(r["instruction"] == STS_INSTRUCTION for r in rows["default"])
+    assert len(rows["none"]) == len(rows["default"])
+    assert all("instruction" not in r and not r["document_instruction"] for r in rows["none"])
+
+
 def test_prepared_data_is_reused_when_unchanged(tmp_path, tiny_dir):
     rows = _write_jsonl(tmp_path / "rows.jsonl", TEXT_ROWS)
     recipe = parse_recipe(

@@ -14,7 +14,7 @@ saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout:
       - name: scifact
         kind: beir                      # beir | classification | clustering | sts | pairs | rows
         input: beir/scifact             # a path, or a dataset name / path under shared/datasets
-        instruction: "Given a scientific claim, ..."
+        instruction: "Given a scientific claim, ..."   # sts: NV-Embed's STS one unless given ("": none)
         mine: {teacher: minilm, k: 7, method: perc_pos, margin: 0.95}   # optional
     stages:
       - name: stage1
@@ -23,7 +23,7 @@ saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout:
         steps: 100
       - name: stage2
         type: contrastive
-        batching: homogeneous           # task-homogeneous batches (default: blended)
+        batching: homogeneous           # task-homogeneous batches (default: blended; round_robin: in turn)
         data: [{path: "{prepared:sts}", symmetric: true}]   # instruct the documents too
     evaluate: {...}                     # free-form; read by bench/recipes_table.py, ignored here
 
@@ -371,7 +371,7 @@ def _convert(step: dict[str, Any], path: Path, teacher: Any | None) -> list[dict
             options.setdefault("pool_size", int(mine.pop("max_corpus")))
         return conv.sts_rows(
             path,
-            instruction=instruction or conv.STS_INSTRUCTION,
+            instruction=conv.STS_INSTRUCTION if instruction is None else instruction,  # "": none
             task=task,
             teacher=teacher,
             num_negatives=k,

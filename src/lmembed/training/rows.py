@@ -64,7 +64,7 @@ QUERY_KEYS = ("query", "anchor", "question")
 POSITIVE_KEYS = ("positive", "positives", "pos")
 NEGATIVE_KEYS = ("negatives", "negative", "neg", "hard_negatives")
 MIXING_MODES = ("uniform", "proportional")
-BATCHING_MODES = ("blended", "homogeneous")
+BATCHING_MODES = ("blended", "homogeneous", "round_robin")
 _STREAM_MIX, _STREAM_PERM, _STREAM_ROW = 0, 1, 2
 _REPLAY_CHUNK_STEPS = 2048
 
@@ -688,3 +688,12 @@ class TaskHomogeneousSampler(MixtureSampler):
         for position in range(start, start + self.batch_size):
             self._append_row(batch, dataset, position)
         return batch
+
+
+class RoundRobinSampler(TaskHomogeneousSampler):
+    """Task-homogeneous batches taken from the datasets in turn: step ``s`` reads dataset ``s mod D``, so after
+    ``k·D`` steps every dataset has filled exactly ``k`` batches (a joint multi-task run at equal steps per
+    task). The mixture weights are not used; rows within a dataset follow :class:`TaskHomogeneousSampler`."""
+
+    def _draw(self, step: int) -> int:
+        return step % len(self.datasets)

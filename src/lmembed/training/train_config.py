@@ -143,7 +143,9 @@ class TrainConfig(ModelOptions):
     seed: int = 42
     # data
     mixing: str = "uniform"
-    batching: str = "blended"  # rows of several datasets per batch, or "homogeneous": one dataset per batch (SFR)
+    # rows of several datasets per batch, or "homogeneous": one dataset per batch (SFR), drawn with the mixture
+    # weights; "round_robin": one dataset per batch, the datasets in turn (equal steps per dataset)
+    batching: str = "blended"
     skip_invalid: bool = False
     decontaminate_against: list[str] = field(default_factory=list)  # evaluation sets training must not repeat
     # logging, evaluation, checkpoints

@@ -81,6 +81,7 @@ from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, bui
 from lmembed.training.reranker import TrainableReranker, build_trainable_reranker
 from lmembed.training.rows import (
     MixtureSampler,
+    RoundRobinSampler,
     TaskHomogeneousSampler,
     TrainBatch,
     TrainDataset,
@@ -164,7 +165,8 @@ class Trainer:
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
         if config.decontaminate_against:
             data = self._decontaminate(data, config)
-        sampler_class = TaskHomogeneousSampler if config.batching == "homogeneous" else MixtureSampler
+        samplers = {"homogeneous": TaskHomogeneousSampler, "round_robin": RoundRobinSampler}
+        sampler_class = samplers.get(config.batching, MixtureSampler)
         self.sampler = sampler_class(
             data,
             batch_size=config.batch_size,
