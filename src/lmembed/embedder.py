@@ -35,6 +35,7 @@ from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.attention import check_bidirectional_supported
 from lmembed.models.bundled import BUNDLED, resolve_bundled
+from lmembed.models.context import PositionInterpolationError, interpolate_positions
 from lmembed.models.loading import Backbone, backbone_from_model, find_model_dir, load_backbone
 from lmembed.models.nvembed import NVEmbedCheckpoint, load_nvembed
 from lmembed.models.sentence_transformers_folder import (
@@ -235,6 +236,7 @@ class Embedder:
         precision: str | None = None,
         threads: int | None = None,
         max_batch_tokens: int | None = None,
+        rope_scale: float | None = None,
         config: EmbeddingConfig | None = None,
         **strategy: Any,
     ) -> Embedder:
@@ -250,7 +252,9 @@ class Embedder:
         depend on which texts share its batch beyond float32's own rounding (none for minilm; up to ~1e-2 for a
         left-padded decoder, ``bench/int8_products.py --graphs``). ``quantize="int8"`` is the older spelling of
         ``precision="int8"``. ``threads`` sets the ONNX Runtime threads (default: torch's); ``max_batch_tokens``
-        bounds batches by padded tokens as well as by ``batch_size``.
+        bounds batches by padded tokens as well as by ``batch_size``. ``rope_scale`` (> 1) interpolates a RoPE
+        decoder's positions linearly (:func:`lmembed.models.context.interpolate_positions`: Llama, Mistral, Qwen2,
+        Qwen3) so that ``rope_scale`` times its trained window can be read; other models refuse it.
 
         Strategy options left as ``None`` come from a saved Embedder's ``lmembed.json`` when there
         is one, else from :class:`EmbeddingConfig`'s defaults (mean pooling, last layer, causal,
@@ -284,6 +288,8 @@ class Embedder:
             quantize="int8" if torch_int8 else None,
             exact_tokenizer=saved is not None,
         )
+        if rope_scale is not None:
+            _interpolate(backbone, rope_scale)
         if folder and name_or_path in BUNDLED:
             backbone.name = name_or_path  # read from its sentence-transformers folder, still known by its bundled name
         if saved:
@@ -725,6 +731,14 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
         }
         atomic_write_text(tmp / STRATEGY_FILE, json.dumps(meta, indent=2))
     return directory
+
+
+def _interpolate(backbone: Backbone, factor: float) -> None:
+    """``rope_scale``: position interpolation by ``factor``, its refusal naming the option."""
+    try:
+        interpolate_positions(backbone, factor)
+    except PositionInterpolationError as exc:
+        raise PositionInterpolationError(f"rope_scale={factor:g}: {exc}") from exc
 
 
 def _read_saved(name_or_path: str) -> dict[str, Any] | None:

@@ -29,6 +29,10 @@ LAYER_DOC = (
     "Hidden layer(s) to read: an index (0 = embeddings, -1 = final output, -2 = penultimate ...) "
     "or a comma list averaged together, e.g. '15,16'."
 )
+ROPE_SCALE_DOC = (
+    "Position interpolation for RoPE decoders (Llama, Mistral, Qwen2, Qwen3): positions are scaled down by FACTOR "
+    "(> 1), so FACTOR times the trained window can be read (raise --max-length with it); refused for other models."
+)
 DEVICE_DOC = "cpu, cuda, cuda:N or auto (a GPU when there is one)."
 BACKEND_DOC = (
     "What runs the model: 'torch' (the reference; CPU or GPU; the default for float32) or 'onnx' (ONNX Runtime on "
@@ -112,6 +116,7 @@ class ModelOptions:
     max_length: int | None = flag(
         None, "--max-length", min=1, help="Truncate texts to this many tokens (default: model's own)."
     )
+    rope_scale: float | None = flag(None, "--rope-scale", help=ROPE_SCALE_DOC)
     dtype: str = flag(DEFAULT_DTYPE, "--dtype", help=DTYPE_DOC)
     device: str = flag(DEFAULT_DEVICE, "--device", help=DEVICE_DOC)
     backend: str | None = flag(None, "--backend", help=BACKEND_DOC)

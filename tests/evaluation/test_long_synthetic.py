@@ -77,3 +77,24 @@ def test_concatenated_documents_carry_their_judgments():
     assert long.qrels == {"q1": expected_q1, "q2": {group["E"]: 1}}
     with pytest.raises(ConfigError, match="per_doc"):
         concatenate_documents(data, per_doc=0)
+
+
+def test_long_task_names_resolve_to_their_tasks(tmp_path):
+    from helpers import write_beir
+    from lmembed.evaluation.long_synthetic import concatenate_documents, parse_long_task
+    from lmembed.evaluation.retrieval_data import load_beir
+    from lmembed.evaluation.suites import resolve_task
+
+    assert resolve_task("passkey:5x60").data == passkey_retrieval(num_docs=5, words=60)
+    assert resolve_task("needle:3x40").data == needle_retrieval(num_docs=3, words=40)
+    docs = [(f"d{i}", f"text {i}") for i in range(5)]
+    beir = write_beir(tmp_path / "toy", docs, [("q1", "x"), ("q2", "y")], [("q1", "d1"), ("q2", "d4")])
+    task = resolve_task(f"concat:{beir}:2")
+    assert isinstance(task, RetrievalTask) and task.name == "toy[x2]"
+    expected = concatenate_documents(load_beir(beir, "test"), 2)
+    assert task.data.corpus_texts == expected.corpus_texts and task.data.qrels == expected.qrels
+    assert task.dataset_revision.endswith("+x2") and task.mteb_dataset_revision is None
+    assert parse_long_task("concat:a:b:3").source == "a:b"  # the last ':' splits off K
+    for bad in ("passkey:24", "needle:ax600", "concat:scifact", "concat::4"):
+        with pytest.raises(ConfigError, match="expected"):
+            resolve_task(bad)

@@ -40,13 +40,20 @@ out_console = terminal.console()
 
 DataOpt = Annotated[
     list[str] | None,
-    typer.Option("--data", "-d", help="Dataset name (scifact, nfcorpus, stsbenchmark ...) or directory; repeatable."),
+    typer.Option(
+        "--data",
+        "-d",
+        help="Dataset name (scifact, nfcorpus, stsbenchmark ...) or directory; repeatable. Long documents: "
+        "concat:scifact:4 (a retrieval split's documents joined 4 at a time, judgments carried over), "
+        "passkey:24x600 or needle:24x600 (24 generated documents of about 600 words).",
+    ),
 ]
 GridOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--grid",
-        help="KEY=V1,V2 over pooling, layer (int, mid, penultimate, a+b fused), attention, echo, final_norm, dim; "
+        help="KEY=V1,V2 over pooling, layer (int, mid, penultimate, a+b fused), attention, echo, final_norm, dim, "
+        "max_length (a length grid, e.g. with --data concat:scifact:4 or passkey:24x600); "
         "every combination is evaluated, sharing forward passes. A grid over layers also measures each point's "
         "texts/s on retrieval tasks (the forward pass stops at the layer read: layer=k costs about k/L).",
     ),

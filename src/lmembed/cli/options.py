@@ -183,9 +183,13 @@ def load_embedder(model: str, options: ModelOptions, **strategy: Any) -> Embedde
     """An :class:`~lmembed.embedder.Embedder` from command-line option values (``backend``, ``precision`` and
     ``calibration`` checked first by :func:`check_backend`)."""
     from lmembed import Embedder  # lazy: torch loads only when a command runs, not for --help
+    from lmembed.models.context import PositionInterpolationError  # lazy, as above
 
     texts = check_backend(options.backend, options.precision, options.calibration)
-    emb = Embedder.from_pretrained(model, **options.loading(), **strategy)
+    try:
+        emb = Embedder.from_pretrained(model, **options.loading(), **strategy)
+    except PositionInterpolationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rope-scale") from exc
     return emb.calibrate(texts) if texts is not None else emb
 
 

@@ -10,6 +10,11 @@ and a length-generalisation grid over ``max_length``.
 * :func:`concatenate_documents`: a real retrieval split made long: its documents joined in groups of ``per_doc``
   (shuffled), each query's judgments carried over to the groups holding its judged documents (best grade kept).
 
+Each can be named where a task is (``lmembed eval --data``, an experiment's ``evaluate.tasks``; see
+:func:`parse_long_task`): ``passkey:24x600`` (24 documents of about 600 words), ``needle:24x600``, and
+``concat:scifact:4`` (SciFact's test split with its documents joined 4 at a time; any retrieval task name or
+BEIR folder before the last ``:``).
+
 All are deterministic functions of their arguments (``random.Random(seed)``): the same call gives the same texts,
 ids and depths, so scores at different lengths compare. :func:`length_grid` scores one task at each of a list of
 ``max_length`` values (and optional chunkings): how a model trained at a short length does on longer inputs.
@@ -140,6 +145,67 @@ def concatenate_documents(data: RetrievalData, per_doc: int, seed: int = 0) -> R
     texts = ["\n\n".join(data.corpus_texts[i] for i in rows) for rows in groups]
     return dataclasses.replace(
         data, name=f"{data.name}[x{per_doc}]", corpus_ids=ids, corpus_texts=texts, qrels=qrels, files=[]
+    )
+
+
+#: The prefixes of a long task's name (:func:`parse_long_task`).
+LONG_TASK_PREFIXES = ("passkey:", "needle:", "concat:")
+
+
+@dataclasses.dataclass(frozen=True)
+class LongTaskName:
+    """A long task's name taken apart: ``kind`` (passkey, needle, concat), the synthetic tasks' ``num_docs`` and
+    ``words``, or the concatenated task's ``source`` (a task name or folder) and ``per_doc``."""
+
+    kind: str
+    num_docs: int = 0
+    words: int = 0
+    source: str = ""
+    per_doc: int = 0
+
+
+def is_long_task(name: str) -> bool:
+    """True when ``name`` names a long task (starts with ``passkey:``, ``needle:`` or ``concat:``)."""
+    return str(name).startswith(LONG_TASK_PREFIXES)
+
+
+def parse_long_task(name: str) -> LongTaskName:
+    """``passkey:24x600`` / ``needle:24x600`` (documents x words) or ``concat:SOURCE:K`` (SOURCE's documents
+    joined K at a time); a malformed name is a :class:`ConfigError` that shows the expected form."""
+    kind, _, rest = str(name).partition(":")
+    if kind in ("passkey", "needle"):
+        docs, sep, words = rest.partition("x")
+        if not sep or not docs.isdigit() or not words.isdigit():
+            raise ConfigError(f"task {name!r}: expected {kind}:DOCSxWORDS, e.g. {kind}:24x600")
+        return LongTaskName(kind, num_docs=int(docs), words=int(words))
+    if kind == "concat":
+        source, sep, per_doc = rest.rpartition(":")
+        if not sep or not source or not per_doc.isdigit():
+            raise ConfigError(
+                f"task {name!r}: expected concat:TASK:K (TASK a retrieval task or BEIR folder), e.g. concat:scifact:4"
+            )
+        return LongTaskName(kind, source=source, per_doc=int(per_doc))
+    raise ConfigError(f"task {name!r}: a long task starts with {', '.join(LONG_TASK_PREFIXES)}")
+
+
+def synthetic_task(name: LongTaskName, seed: int = 0) -> RetrievalTask:
+    """The passkey or needle task ``name`` describes (not ``concat``, which needs its source task loaded)."""
+    build = {"passkey": passkey_retrieval, "needle": needle_retrieval}.get(name.kind)
+    if build is None:
+        raise ConfigError(f"{name.kind!r} is not a synthetic task (passkey, needle)")
+    return RetrievalTask(build(num_docs=name.num_docs, words=name.words, seed=seed))
+
+
+def concatenated_task(task: RetrievalTask, per_doc: int, seed: int = 0) -> RetrievalTask:
+    """``task`` on :func:`concatenate_documents` of its data (same instruction and settings), named ``NAME[xK]``;
+    it claims no MTEB dataset revision, since its scores are not MTEB's."""
+    data = concatenate_documents(task.data, per_doc, seed=seed)
+    return dataclasses.replace(
+        task,
+        data=data,
+        name=data.name,
+        mteb_dataset_revision=None,
+        dataset_revision=f"{task.dataset_revision}+x{per_doc}",
     )
 
 

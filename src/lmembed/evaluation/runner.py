@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the backend interface imports torch, which the CLI's help m
 
 log = logging.getLogger(__name__)
 
-GRID_KEYS = ("pooling", "layer", "attention", "echo", "final_norm", "dim")
+GRID_KEYS = ("pooling", "layer", "attention", "echo", "final_norm", "dim", "max_length")
 #: Documents encoded (uncached) per read-out layer to measure a grid point's texts/s.
 SPEED_SAMPLE = 64
 
@@ -55,6 +55,10 @@ def _parse_grid_value(key: str, value: str, num_layers: int) -> Any:
         if value.lower() not in choices:
             raise ConfigError(f"--grid final_norm={value!r}: use none, true or false")
         return choices[value.lower()]
+    if key == "max_length":  # a length grid: texts truncated at each (a model's own window caps it)
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"--grid max_length={value!r}: use a whole number of tokens")
+        return int(value)
     if key == "dim":
         if value.lower() == "none":
             return None

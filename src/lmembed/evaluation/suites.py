@@ -27,11 +27,13 @@ from typing import Any
 import numpy as np
 
 from lmembed import datasets, paths
-from lmembed.errors import UnknownNameError
+from lmembed.errors import ConfigError, UnknownNameError
 from lmembed.evaluation.base import Task, TaskResult
 from lmembed.evaluation.instructions import instruction_set
+from lmembed.evaluation.long_synthetic import concatenated_task, is_long_task, parse_long_task, synthetic_task
 from lmembed.evaluation.tasks import build_task as build_known_task
 from lmembed.evaluation.tasks import load_task
+from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.protocols import RetrievalEncoder
 from lmembed.task_registry import TASKS, TaskSpec, UnknownTaskError, find
 
@@ -136,8 +138,11 @@ def resolve_task(
     looked up under the default data root, then wherever :func:`lmembed.datasets.resolve_dataset`
     finds it (``$LMEMBED_DATA/NAME``, a download). A path's task type is recognised from its files
     (:func:`lmembed.evaluation.tasks.detect_task_type`) unless ``task_type`` is given; ``split`` is
-    the split read from it.
+    the split read from it. A long task's name (``passkey:24x600``, ``needle:24x600``, ``concat:scifact:4``:
+    :func:`lmembed.evaluation.long_synthetic.parse_long_task`) gives that task, built here.
     """
+    if is_long_task(str(data)) and not Path(data).exists():
+        return _long_task(str(data), split=split, instruction=instruction)
     path = Path(data)
     spec = None if path.exists() else find(str(data))
     if spec is not None and spec.path is not None:
@@ -147,6 +152,19 @@ def resolve_task(
     if not path.exists():
         path = datasets.resolve_dataset(str(data))  # raises with the places it looked
     return load_task(path, task_type=task_type, split=split, instruction=instruction)
+
+
+def _long_task(name: str, *, split: str, instruction: str | None) -> Task:
+    """A synthetic long task, or a retrieval task (resolved as any other) with its documents joined."""
+    parsed = parse_long_task(name)
+    if parsed.kind != "concat":
+        return synthetic_task(parsed).with_instruction(instruction)
+    source = resolve_task(parsed.source, split=split, instruction=instruction)
+    if not isinstance(source, RetrievalTask):
+        raise ConfigError(
+            f"task {name!r}: {parsed.source!r} is a {source.task_type} task; concat joins retrieval documents"
+        )
+    return concatenated_task(source, parsed.per_doc)
 
 
 def aggregate(results: Sequence[TaskResult]) -> tuple[dict[str, float], float | None, float | None]:

@@ -5,8 +5,9 @@
 angles the model was trained on, and ``max_position_embeddings`` grows by ``factor`` (the engine's length cap).
 Supported where the family has one rotary module driven by ``rope_parameters`` with ``rope_type="default"``
 (Llama, Mistral, Qwen2, Qwen3); other models (absolute positions, several rotary modules, a RoPE already
-scaled) are refused with a :class:`~lmembed.errors.ConfigError`. The factor joins the backbone's fingerprint, so
-the embedding cache never mixes vectors read with and without it.
+scaled) are refused with a :class:`PositionInterpolationError` (a :class:`~lmembed.errors.ConfigError`). The
+factor joins the backbone's fingerprint, so the embedding cache never mixes vectors read with and without it.
+``Embedder.from_pretrained(..., rope_scale=F)`` and the command line's ``--rope-scale F`` apply it at load time.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from typing import Any
 from torch import nn
 
 from lmembed.errors import ConfigError
+
+
+class PositionInterpolationError(ConfigError):
+    """A model cannot be read with position interpolation (or the factor is not > 1)."""
+
 
 #: The config attribute that records an interpolation (read by ``Backbone.fingerprint``).
 MARKER = "lmembed_position_interpolation"
@@ -29,7 +35,7 @@ def _rotary(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
         if hasattr(module, "inv_freq") and hasattr(module, "rope_type")
     ]
     if len(found) != 1:
-        raise ConfigError(
+        raise PositionInterpolationError(
             f"position interpolation needs exactly one rotary embedding module; {type(model).__name__} has "
             f"{len(found)} (families supported: llama, mistral, qwen2, qwen3)"
         )
@@ -41,13 +47,15 @@ def _rotary(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
 def interpolate_positions(backbone: Any, factor: float) -> None:
     """Scale ``backbone``'s RoPE positions linearly by ``factor`` (> 1) in place; see the module doc."""
     if not factor > 1:
-        raise ConfigError(f"position interpolation factor={factor} must be > 1")
+        raise PositionInterpolationError(f"position interpolation factor={factor} must be > 1")
     config = backbone.model.config
     rope = getattr(config, "rope_parameters", None)
     if not isinstance(rope, dict) or "rope_type" not in rope:
-        raise ConfigError(f"{config.model_type} has no rotary position embedding to interpolate")
+        raise PositionInterpolationError(f"{config.model_type} has no rotary position embedding to interpolate")
     if rope["rope_type"] != "default":
-        raise ConfigError(f"{config.model_type}'s RoPE is already scaled (rope_type={rope['rope_type']!r})")
+        raise PositionInterpolationError(
+            f"{config.model_type}'s RoPE is already scaled (rope_type={rope['rope_type']!r})"
+        )
     parent, attribute, module = _rotary(backbone.model)
     config.rope_parameters = {**rope, "rope_type": "linear", "factor": float(factor)}
     config.max_position_embeddings = int(config.max_position_embeddings * factor)
