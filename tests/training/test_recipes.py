@@ -134,6 +134,25 @@ def test_prepare_step_values_are_checked_when_the_recipe_is_read(step, message):
         parse_recipe(recipe, Path("r.yaml"))
 
 
+SYNTH = {"kind": "synthesize", "recipe": "corpus-only", "generator": "tiny"}
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({**SYNTH, "generator": None}, r"step 1: a synthesize step needs 'generator'"),
+        ({**SYNTH, "recipe": "nope"}, r"step 1: synthesis recipe 'nope' is not a file nor one of: .*corpus-only"),
+        ({**SYNTH, "limt": 3}, r"synthesize step: unknown key\(s\) limt; known: .*limit"),
+        ({**SYNTH, "limit": 0}, r"limit must be a whole number >= 1, got 0"),
+        ({**SYNTH, "options": {"colour": 1}}, r"options: unknown key\(s\) colour; known: .*concurrency"),
+    ],
+)
+def test_synthesize_steps_are_checked_when_the_recipe_is_read(step, message):
+    recipe = {"model": "m", "stages": [{"name": "a"}], "prepare": [{"name": "p", **step}]}
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe(recipe, Path("r.yaml"))
+
+
 def test_unknown_stage_option_names_the_stage(tmp_path, tiny_dir):
     data = _write_jsonl(tmp_path / "d.jsonl", [{"query": "q", "positive": "p"}] * 4)
     recipe = parse_recipe(
@@ -341,3 +360,83 @@ def test_cli_runs_a_recipe_with_command_line_overrides(tmp_path, tiny_dir):
     assert len((output / "only" / "metrics.jsonl").read_text().splitlines()) == 1  # --steps 1 won over 50
     refused = runner.invoke(app, [*argv, "--data", rows])
     assert refused.exit_code != 0 and "--data cannot be combined with --recipe" in refused.output
+
+
+# ---------------------------------------------------------------------------------------------- synthesize step
+SYNTH_RECIPE = """# Paper: none (corpus-only synthesis, then MarginMSE on the teacher's scores)
+name: synth
+model: {model}
+output: {output}
+defaults: {{pooling: mean, progress: false, device: cpu, max_length: 64, warmup_steps: 0}}
+prepare:
+  - name: synthetic
+    kind: synthesize
+    recipe: corpus-only
+    generator: tiny
+    input: {corpus}
+    embedder: {model}
+    shard_size: 2
+stages:
+  - {{name: distil, data: ["{{prepared:synthetic}}"], loss: margin_mse, num_negatives: 2, steps: 2, batch_size: 4}}
+"""
+
+
+def _synth_recipe(tmp_path: Path, tiny_dir: str, output: str) -> Path:
+    from helpers import TOY_DOCS, write_beir
+
+    corpus = tmp_path / "corpus"
+    if not corpus.exists():
+        write_beir(corpus, [(f"d{i}", t) for i, t in enumerate(TOY_DOCS)], [("q", "cat")], [("q", "d0")])
+    path = tmp_path / f"{output}.yaml"
+    path.write_text(SYNTH_RECIPE.format(model=tiny_dir, output=tmp_path / output, corpus=corpus))
+    return path
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_synthesize_step_feeds_a_distillation_stage(tmp_path, tiny_dir):
+    """Recipe file -> corpus-only rows from the deterministic tiny generator (teacher: the tiny embedder) -> two
+    MarginMSE steps on the rows' teacher scores."""
+    result = run_recipe(_synth_recipe(tmp_path, tiny_dir, "run"))
+    rows = _rows(result.prepared["synthetic"])
+    assert len(rows) == 8  # one per passage: 8 passages are all within the round trip's top 10
+    for row in rows:
+        assert len(row["negatives"]) == 4 == len(row["teacher_scores"]["negatives"])
+        assert row["provenance"]["generator"] == "tiny" and row["provenance"]["kind"] == "corpus-only"
+    stats = json.loads((tmp_path / "run" / "data" / "synthetic.synth.jsonl.stats.json").read_text())
+    assert stats["rows"] == 8 and stats["shards"] == 4
+    (stage,) = result.stages
+    assert stage.steps == 2 and stage.first_loss is not None and stage.first_loss > 0
+    assert Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False).config.pooling == "mean"
+
+
+def test_a_killed_synthesize_step_resumes_from_its_shards(tmp_path, tiny_dir, monkeypatch):
+    """The generator dies on the third shard; the rerun generates only shards 3 and 4, and the rows equal an
+    uninterrupted run's."""
+    from lmembed.synthesis.generators import GeneratorError, TinyGenerator
+
+    original, calls = TinyGenerator.generate, []
+
+    def dies_on_the_third_call(self, requests):
+        calls.append(len(requests))
+        if len(calls) == 3:
+            raise GeneratorError("the server went away")
+        return original(self, requests)
+
+    monkeypatch.setattr(TinyGenerator, "generate", dies_on_the_third_call)
+    path = _synth_recipe(tmp_path, tiny_dir, "killed")
+    with pytest.raises(RecipeError, match="prepare step 'synthetic': the server went away"):
+        run_recipe(path, stages=[])
+    parts = tmp_path / "killed" / "data" / "synthetic.synth.jsonl.parts"
+    assert sorted(p.name for p in parts.glob("shard-*.stats.json")) == [
+        "shard-00000.stats.json",
+        "shard-00001.stats.json",
+    ]
+    resumed = run_recipe(path, stages=[])
+    stats = json.loads((parts.parent / "synthetic.synth.jsonl.stats.json").read_text())
+    assert stats["shards_generated_now"] == 2 and stats["rows"] == 8
+    assert len(calls) == 5  # 2 shards, the failed call, then the 2 missing shards
+    fresh = run_recipe(_synth_recipe(tmp_path, tiny_dir, "fresh"), stages=[])
+    assert _rows(resumed.prepared["synthetic"]) == _rows(fresh.prepared["synthetic"])

@@ -98,12 +98,6 @@ def synthesize_command(
 
 def _encoder(name: str) -> Any:
     from lmembed import Embedder
+    from lmembed.synthesis.retrieval import embedder_encode
 
-    embedder = Embedder.from_pretrained(name)
-
-    def encode(texts: list[str], side: str) -> Any:
-        if side == "query":
-            return embedder.encode_queries(texts)
-        return embedder.encode_corpus(texts)
-
-    return encode
+    return embedder_encode(Embedder.from_pretrained(name))

@@ -439,6 +439,13 @@ def _detail(response: Any) -> str:
     return json.dumps(body)[:200]
 
 
+#: The options :func:`build_generator` reads (each kind takes its own; the others are ignored).
+GENERATOR_OPTIONS = frozenset(
+    {"model", "api_key_env", "concurrency", "retries", "backoff", "timeout", "budget"}
+    | {"device", "dtype", "batch_size", "malformed_rate"}
+)
+
+
 def build_generator(spec: str, **options: Any) -> Generator:
     """``tiny`` / ``tiny:SEED``, ``local:MODEL`` (a bundled name, a folder, a Hub id), or an endpoint URL
     (``http://host:port/v1``, with ``model=`` in the options)."""

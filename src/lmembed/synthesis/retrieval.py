@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from lmembed.atomic import atomic_write
-from lmembed.synthesis.runner import Context
+from lmembed.synthesis.runner import Context, Encode
 
 CACHE = "corpus-embeddings.npy"
 
@@ -39,3 +40,15 @@ def top_k(context: Context, queries: Sequence[str], k: int) -> tuple[np.ndarray,
     k = min(k, docs.shape[0])
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     return order, np.take_along_axis(scores, order, axis=1)
+
+
+def embedder_encode(embedder: Any) -> Encode:
+    """The :data:`~lmembed.synthesis.runner.Encode` of an embedder (anything with ``encode_queries`` and
+    ``encode_corpus``, such as :class:`lmembed.Embedder`): queries with its query side, passages as documents."""
+
+    def encode(texts: Sequence[str], side: str) -> np.ndarray:
+        if side == "query":
+            return embedder.encode_queries(list(texts))
+        return embedder.encode_corpus(list(texts))
+
+    return encode
