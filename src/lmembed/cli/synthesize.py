@@ -56,6 +56,9 @@ def synthesize_command(
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Generate only the first N work items.")] = None,
     device: Annotated[str, typer.Option("--device", help="Device of a local generator.")] = "cpu",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Local generator batch size.")] = 8,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="Local generator dtype: float32, bfloat16 (fast on CPUs with AMX), ...")
+    ] = "float32",
 ) -> None:
     """Generate training rows with an LLM following a recipe file (E5-mistral, Gecko, corpus-only); sharded and
     resumable; the output is read by lmembed train --data as it is."""
@@ -74,6 +77,7 @@ def synthesize_command(
         retries=retries,
         budget=Budget(max_requests, max_tokens),
         device=device,
+        dtype=dtype,
         batch_size=batch_size,
     )
     stats = synthesize(

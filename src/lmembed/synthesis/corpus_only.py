@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lmembed.synthesis.gecko import generation_requests, passage_items
-from lmembed.synthesis.parsing import parse_object
+from lmembed.synthesis.gecko import generation_requests, passage_items, read_answer
 from lmembed.synthesis.retrieval import top_k
 from lmembed.synthesis.runner import Context, ShardResult
 
@@ -27,7 +26,7 @@ class CorpusOnlyRunner:
         result = ShardResult(attempted=len(items))
         kept = []
         for item, answer in zip(items, context.generator.generate(generation_requests(items, context)), strict=True):
-            parsed = parse_object(answer, tuple(recipe.data["keys"]), plain_text=bool(recipe.get("plain_text")))
+            parsed = read_answer(answer, item, context)
             if parsed.ok:
                 result.repaired += parsed.repaired
                 kept.append((item, parsed.value["query"]))

@@ -3,6 +3,13 @@ retrieves the top-k passages; the LLM relabels them by query likelihood (log p(q
 classification (p("yes" | query, passage)), the two rankings fused by reciprocal rank. The best passage becomes
 the positive (it may differ from the seed), one from the lower fused ranks the hard negative.
 
+The generation helpers here (one request per seed passage, reading its answer) serve the corpus-only recipe too.
+An answer is a JSON object (``keys``) by default; a recipe with ``answer: plain-query`` asks for one plain-text
+query instead (small generators cannot hold a JSON format) and reads it strictly with
+:func:`~lmembed.synthesis.parsing.parse_query_line` (``query_words: [min, max]``, ``max_copied``); its task
+description, which the model is then not asked for, is the recipe's ``instruction``. ``max_passage_words`` cuts
+the passage shown to the generator (retrieval and the rows keep it whole).
+
 A generator that gives no prompt log-probabilities (most endpoints) relabels by relevance alone; the run's notes
 and every row's provenance (``relabel``) say so.
 """
@@ -16,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmembed.synthesis.generators import Request, ScoringUnsupported
-from lmembed.synthesis.parsing import parse_object
+from lmembed.synthesis.parsing import Parsed, parse_object, parse_query_line
 from lmembed.synthesis.recipes import render
 from lmembed.synthesis.retrieval import top_k
 from lmembed.synthesis.runner import Context, ShardResult
@@ -32,12 +39,47 @@ def passage_items(context: Context) -> list[dict[str, Any]]:
     return [{"id": pid, "index": i} for i, pid in enumerate(context.corpus_ids)]
 
 
+PLAIN_QUERY = "plain-query"
+
+
+def prompt_passage(context: Context, index: int) -> str:
+    """The passage as the generator sees it: cut to the recipe's ``max_passage_words`` when it sets one."""
+    text, limit = context.corpus_texts[index], context.recipe.get("max_passage_words")
+    if limit is None:
+        return text
+    words = text.split()
+    return text if len(words) <= int(limit) else " ".join(words[: int(limit)]) + " ..."
+
+
+def read_answer(answer: str, item: dict[str, Any], context: Context) -> Parsed:
+    """A generated answer read as the recipe asks: a JSON object with its ``keys``, or one plain-text query."""
+    recipe = context.recipe
+    if recipe.get("answer", "json") != PLAIN_QUERY:
+        return parse_object(answer, tuple(recipe.data["keys"]), plain_text=bool(recipe.get("plain_text")))
+    low, high = recipe.get("query_words", [3, 32])
+    parsed = parse_query_line(
+        answer,
+        context.corpus_texts[item["index"]],
+        min_words=int(low),
+        max_words=int(high),
+        max_copied=float(recipe.get("max_copied", 0.8)),
+    )
+    if parsed.ok and recipe.get("instruction"):
+        return Parsed(value={**parsed.value, "task": str(recipe.get("instruction"))}, repaired=parsed.repaired)
+    return parsed
+
+
 def generation_requests(items: Sequence[dict[str, Any]], context: Context) -> list[Request]:
     recipe = context.recipe
     return [
         Request(
-            ({"role": "user", "content": render(recipe.data["generate"], passage=context.corpus_texts[i["index"]])},),
-            json_keys=tuple(recipe.data["keys"]),
+            (
+                {
+                    "role": "user",
+                    "content": render(recipe.data["generate"], passage=prompt_passage(context, i["index"])),
+                },
+            ),
+            json_keys=tuple(recipe.get("keys") or ()) if recipe.get("answer", "json") != PLAIN_QUERY else (),
             max_new_tokens=int(recipe.get("max_new_tokens", 128)),
             temperature=float(recipe.get("temperature", 0.0)),
             seed=_seed(context.seed, i["id"]),
@@ -64,7 +106,7 @@ class GeckoRunner:
 
     def _query_likelihood(self, context: Context, query: str, candidates: list[int]) -> list[float] | None:
         template = context.recipe.data["query_likelihood"]
-        contexts = [render(template, passage=context.corpus_texts[c]) for c in candidates]
+        contexts = [render(template, passage=prompt_passage(context, c)) for c in candidates]
         try:
             return context.generator.loglikelihood(contexts, [query] * len(candidates))
         except ScoringUnsupported as exc:
@@ -79,7 +121,7 @@ class GeckoRunner:
         answers = context.generator.generate(generation_requests(items, context))
         kept = []
         for item, answer in zip(items, answers, strict=True):
-            parsed = parse_object(answer, tuple(recipe.data["keys"]))
+            parsed = read_answer(answer, item, context)
             if parsed.ok:
                 result.repaired += parsed.repaired
                 kept.append((item, parsed.value))
@@ -102,7 +144,7 @@ class GeckoRunner:
             return "too_few_candidates"
         ql = self._query_likelihood(context, query, candidates)
         rc = context.generator.yes_probability(
-            [render(recipe.data["relevance"], query=query, passage=context.corpus_texts[c]) for c in candidates]
+            [render(recipe.data["relevance"], query=query, passage=prompt_passage(context, c)) for c in candidates]
         )
         fused = rrf(*([ql, rc] if ql is not None else [rc]), k=int(recipe.get("rrf_k", 60)))
         ranked = sorted(range(len(candidates)), key=lambda j: -fused[j])

@@ -205,7 +205,7 @@ class LocalGenerator:
         from lmembed.models.loading import resolve_dtype, resolve_model_path
 
         path = resolve_model_path(model)
-        self.name = f"local:{model}"
+        self.name = f"local:{model}" if dtype == "float32" else f"local:{model}@{dtype}"
         self.usage = Usage()
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -222,9 +222,13 @@ class LocalGenerator:
         return "\n\n".join(m["content"] for m in messages) + "\n\n"
 
     def generate(self, requests: Sequence[Request]) -> list[str]:
-        out: list[str] = []
-        for start in range(0, len(requests), self.batch_size):
-            out.extend(self._generate_batch(requests[start : start + self.batch_size]))
+        # batches of similar prompt length pad less (the prompt's forward pass is most of a short answer's cost)
+        order = sorted(range(len(requests)), key=lambda i: sum(len(m["content"]) for m in requests[i].messages))
+        out: list[str] = [""] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, answer in zip(chunk, self._generate_batch([requests[i] for i in chunk]), strict=True):
+                out[i] = answer
         return out
 
     def _generate_batch(self, requests: Sequence[Request]) -> list[str]:

@@ -1,7 +1,11 @@
-"""Strict reading of a generator's JSON answers: repaired where the repair is safe, rejected with a reason.
+"""Strict reading of a generator's answers: repaired where the repair is safe, rejected with a reason.
 
-The repairs: code fences around the JSON, prose before or after it (the outermost ``{...}`` or ``[...]`` is
-taken), trailing commas. Everything else is a rejection, named by one of :data:`REASONS`.
+JSON answers (:func:`parse_object`, :func:`parse_string_list`): the repairs are code fences around the JSON, prose
+before or after it (the outermost ``{...}`` or ``[...]`` is taken), trailing commas; everything else is a
+rejection named by one of :data:`REASONS`. Plain-text query answers (:func:`parse_query_line`, for recipes with
+``answer: plain-query``, made for small generators that cannot hold a JSON format): one line of a sane length,
+about its passage but not a copy of it; the only repairs are a leading ``Query:`` label and surrounding quotes;
+everything else is a rejection named by one of :data:`QUERY_REASONS`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Any
 
 #: why an answer is rejected
 REASONS = ("not_json", "wrong_type", "missing_field", "empty_field")
+#: why a plain-text query answer is rejected
+QUERY_REASONS = ("empty", "not_plain", "multi_line", "too_short", "too_long", "copy", "off_passage")
 
 
 @dataclass(frozen=True)
@@ -95,3 +101,90 @@ def parse_string_list(text: str) -> Parsed:
     if not items:
         return Parsed(reason="empty_field", detail="list")
     return Parsed(value=items, repaired=repaired)
+
+
+_LABEL = re.compile(r"^(?:\*\*)?(?:search\s+)?(?:query|question)\s*(?:\d+\s*)?:\s*(?:\*\*)?\s*", re.IGNORECASE)
+_QUOTES = "\"'`\u201c\u201d\u2018\u2019"
+_WORD = re.compile(r"\w+")
+#: words a query may share with any passage without being about it (and that echo the prompt)
+_GENERIC = frozenset(
+    [
+        "what",
+        "which",
+        "when",
+        "where",
+        "whom",
+        "whose",
+        "does",
+        "this",
+        "that",
+        "these",
+        "those",
+        "with",
+        "from",
+        "about",
+        "into",
+        "there",
+        "their",
+        "have",
+        "been",
+        "were",
+        "will",
+        "would",
+        "could",
+        "should",
+        "question",
+        "questions",
+        "answer",
+        "answers",
+        "passage",
+        "text",
+        "following",
+        "next",
+        "search",
+        "query",
+    ]
+)
+
+
+def _copied_fraction(query_words: list[str], passage: str, n: int = 3) -> float:
+    """The share of the query's word ``n``-grams found in the passage (1.0: every one is copied)."""
+    grams = {tuple(query_words[i : i + n]) for i in range(len(query_words) - n + 1)}
+    if not grams:
+        return 0.0
+    words = _WORD.findall(passage.lower())
+    seen = {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+    return len(grams & seen) / len(grams)
+
+
+def parse_query_line(
+    text: str, passage: str = "", *, min_words: int = 3, max_words: int = 32, max_copied: float = 0.8
+) -> Parsed:
+    """One search query written as plain text: a single non-empty line (a leading ``Query:`` label and
+    surrounding quotes are stripped, counted as a repair) of ``min_words`` to ``max_words`` words, of which at
+    most ``max_copied`` of the word trigrams appear in ``passage`` (more is a copied sentence, not a query) and
+    that shares at least one content word (four letters or more, not a question word) with ``passage`` (else it
+    is about nothing in it, e.g. the prompt echoed: "What is the question?"). Anything else is rejected with a
+    reason from :data:`QUERY_REASONS`."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return Parsed(reason="empty")
+    if "{" in text or "}" in text:
+        return Parsed(reason="not_plain", detail=text[:80])
+    if len(lines) > 1:
+        return Parsed(reason="multi_line", detail=f"{len(lines)} lines")
+    line = lines[0]
+    query = _LABEL.sub("", line).strip().strip(_QUOTES).strip()
+    repaired = query != line
+    words = _WORD.findall(query.lower())
+    if not words:
+        return Parsed(reason="empty")
+    if len(words) < min_words:
+        return Parsed(reason="too_short", detail=f"{len(words)} words")
+    if len(words) > max_words:
+        return Parsed(reason="too_long", detail=f"{len(words)} words")
+    if passage and (query.lower() in passage.lower() or _copied_fraction(words, passage) > max_copied):
+        return Parsed(reason="copy", detail=query[:80])
+    if passage and not {w for w in words if len(w) >= 4 and w not in _GENERIC} & set(_WORD.findall(passage.lower())):
+        return Parsed(reason="off_passage", detail=query[:80])
+    return Parsed(value={"query": query}, repaired=repaired)

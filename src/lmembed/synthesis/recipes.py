@@ -92,8 +92,12 @@ def load_recipe(name: str | Path) -> Recipe:
     if kind not in KINDS:
         raise RecipeError(f"{path}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
     recipe = Recipe(path, kind, str(data.get("version", "1")), hashlib.sha256(raw).hexdigest()[:12], data)
+    plain = data.get("answer", "json")
+    if plain not in ("json", "plain-query") or (kind == "e5-mistral" and plain != "json"):
+        raise RecipeError(f"{path}: 'answer' must be json or plain-query (gecko, corpus-only), got {plain!r}")
     for key in _REQUIRED[kind]:
-        recipe.require(key)
+        if not (key == "keys" and plain == "plain-query"):  # a plain-text query answer has no JSON keys
+            recipe.require(key)
     if kind == "e5-mistral":
         for family, spec in recipe.data["families"].items():
             for key in ("brainstorm", "generate", "keys", "row"):
