@@ -5,6 +5,9 @@ shape the prompt asks for (a JSON list, or a JSON object with the keys the promp
 request with ``logprobs`` it returns ``top_logprobs`` for "yes"/"no". The environment steers its failures:
 ``SERVER_KEY`` (the bearer key it accepts; 401 otherwise), ``FAIL_FIRST`` and ``FAIL_STATUS`` (the first N
 requests fail with that status), ``DIE_AFTER`` (after answering N requests the process exits on the next one).
+``/v1/completions`` answers only with ``COMPLETIONS=echo`` (404 otherwise): it echoes the prompt with made-up
+log-probabilities for its tokens (each word with its leading spaces is a token: -0.5 when the word came earlier
+in the prompt, else -4.0; the first has none), then the generated token's.
 """
 
 from __future__ import annotations
@@ -86,6 +89,33 @@ async def chat(request: Request) -> JSONResponse:
         }
     )
     return response
+
+
+def echo_logprobs(prompt: str) -> dict:
+    tokens = re.findall(r"\s*\S+", prompt)
+    offsets, seen, values, at = [], set(), [], 0
+    for token in tokens:
+        offsets.append(at)
+        word = token.strip().lower()
+        values.append(None if at == 0 else (-0.5 if word in seen else -4.0))
+        seen.add(word)
+        at += len(token)
+    return {"tokens": tokens, "token_logprobs": values, "text_offset": offsets}
+
+
+@app.post("/v1/completions")
+async def completions(request: Request) -> JSONResponse:
+    if os.environ.get("COMPLETIONS") != "echo":
+        return JSONResponse({"error": {"message": "Not Found"}}, status_code=404)
+    body = await request.json()
+    prompt = body["prompt"]
+    choice: dict = {"index": 0, "finish_reason": "length", "text": (prompt if body.get("echo") else "") + " word"}
+    if body.get("echo") and body.get("logprobs") is not None:
+        logprobs = echo_logprobs(prompt)
+        for key, value in (("tokens", " word"), ("token_logprobs", -1.0), ("text_offset", len(prompt))):
+            logprobs[key].append(value)  # the generated token follows the echoed prompt, as vLLM answers
+        choice["logprobs"] = logprobs
+    return JSONResponse({"id": "cmpl-test", "object": "text_completion", "choices": [choice]})
 
 
 @app.get("/health")

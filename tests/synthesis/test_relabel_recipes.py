@@ -12,7 +12,7 @@ import pytest
 
 from lmembed.errors import ConfigError
 from lmembed.synthesis.gecko import RELEVANCE_ONLY, rrf
-from lmembed.synthesis.generators import EndpointGenerator, TinyGenerator
+from lmembed.synthesis.generators import EndpointGenerator, ScoringUnsupported, TinyGenerator
 from lmembed.synthesis.synthesize import read_passages, synthesize
 from lmembed.training.rows import read_jsonl_examples
 from test_synthesize import server  # noqa: F401  (the fixture starting a real OpenAI-compatible server)
@@ -71,7 +71,31 @@ def test_gecko_through_an_endpoint_falls_back_to_relevance_only_and_says_so(serv
     rows = _rows(out)
     assert rows and all(r["provenance"]["relabel"] == RELEVANCE_ONLY for r in rows)
     assert all(r["provenance"]["positive"]["query_likelihood"] is None for r in rows)
-    assert any(RELEVANCE_ONLY in note for note in stats["notes"])
+    assert any(RELEVANCE_ONLY in note and "/v1/completions answered HTTP 404" in note for note in stats["notes"])
+
+
+def test_an_endpoint_that_echoes_prompt_logprobs_scores_query_likelihood(server):  # noqa: F811
+    """``/v1/completions`` with echo + logprobs: the continuation's tokens are summed (the context's and the
+    generated token's are not); Gecko then relabels with both signals."""
+    gen = EndpointGenerator(server(COMPLETIONS="echo"), "tiny", concurrency=2, retries=0)
+    # tokens after the context "cell river\n": " cell" (seen: -0.5), " ocean" (new: -4.0)
+    assert gen.loglikelihood(["cell river\n", "a b"], ["cell ocean", "b"]) == [-4.5, -0.5]
+    assert gen.usage.requests == 2
+    without = EndpointGenerator(server(), "tiny", retries=0)
+    with pytest.raises(ScoringUnsupported, match="/v1/completions answered HTTP 404"):
+        without.loglikelihood(["a"], ["b"])
+    with pytest.raises(ScoringUnsupported, match="HTTP 404"):
+        without.loglikelihood(["c"], ["d"])
+    assert without.usage.requests == 1  # known after the first answer: not asked again
+
+
+def test_gecko_through_an_endpoint_with_prompt_logprobs_uses_both_signals(server, tmp_path):  # noqa: F811
+    gen = EndpointGenerator(server(COMPLETIONS="echo"), "tiny", concurrency=2, retries=0)
+    stats = synthesize("gecko", gen, tmp_path / "e.jsonl", corpus=(IDS, TOPICS), encode=encode)
+    rows = _rows(tmp_path / "e.jsonl")
+    assert rows and all(r["provenance"]["relabel"] == "query-likelihood+relevance" for r in rows)
+    assert all(r["provenance"]["positive"]["query_likelihood"] < 0 for r in rows)
+    assert stats["notes"] == []
 
 
 def test_corpus_only_keeps_round_trips_mines_negatives_and_teacher_scores(tmp_path):

@@ -12,7 +12,9 @@ class                       what it runs
 :class:`LocalGenerator`     transformers generation: batched, left-padded, chat template, KV cache
 :class:`EndpointGenerator`  ``/v1/chat/completions`` of vLLM, TGI, llama.cpp, ``transformers serve``, a
                             hosted API: a concurrency limit, retries with backoff on 429/5xx, a request
-                            and token budget, the API key read from an environment variable
+                            and token budget, the API key read from an environment variable; scores
+                            through ``/v1/completions`` (``echo`` + ``logprobs``) where the server gives
+                            prompt log-probabilities
 :class:`TinyGenerator`      a seeded, deterministic stand-in that answers in the requested JSON shape
                             (and, when asked, malformed) for tests
 =========================== ==========================================================================
@@ -42,7 +44,12 @@ Message = dict[str, str]
 
 
 class GeneratorError(LmembedError, RuntimeError):
-    """A generator cannot answer: a refused API key, an unreachable server, a spent budget, retries used up."""
+    """A generator cannot answer: a refused API key, an unreachable server, a spent budget, retries used up.
+    ``status``: the HTTP status of an endpoint's final answer, where there was one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ScoringUnsupported(LmembedError, NotImplementedError):
@@ -297,9 +304,15 @@ class Budget:
 class EndpointGenerator:
     """Any OpenAI-compatible ``/v1/chat/completions``: ``concurrency`` requests in flight, each retried with
     exponential backoff on 429, 5xx and dropped connections (``retries`` times), within a :class:`Budget`.
-    The key is read from the environment variable ``api_key_env`` (none sent when it is unset)."""
+    The key is read from the environment variable ``api_key_env`` (none sent when it is unset).
+
+    :meth:`loglikelihood` asks ``/v1/completions`` to echo the prompt with its tokens' log-probabilities (OpenAI's
+    legacy API, vLLM); a server without that route, or one that answers without them (``transformers serve``,
+    most chat-only servers), makes it raise :class:`ScoringUnsupported`, and it is not asked again."""
 
     RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+    #: a final answer with one of these to ``/v1/completions`` means: no scoring here (not: the server is broken)
+    NO_SCORING_STATUS = frozenset({400, 404, 405, 422, 501})
 
     def __init__(
         self,
@@ -330,6 +343,7 @@ class EndpointGenerator:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
         self._httpx = httpx
+        self._no_scoring: str | None = None  # why the endpoint gives no prompt log-probabilities, once known
 
     def close(self) -> None:
         self._client.close()
@@ -392,17 +406,53 @@ class EndpointGenerator:
             return f"cannot reach the server ({type(exc).__name__}: {exc})"
         if response.status_code in self.RETRY_STATUS:
             return f"HTTP {response.status_code}"
-        if response.status_code in (401, 403):
-            raise GeneratorError(f"{url}: HTTP {response.status_code}: the API key was refused ({_detail(response)})")
-        if response.status_code >= 400:
-            raise GeneratorError(f"{url}: HTTP {response.status_code}: {_detail(response)}")
+        status = response.status_code
+        if status in (401, 403):
+            raise GeneratorError(f"{url}: HTTP {status}: the API key was refused ({_detail(response)})", status)
+        if status >= 400:
+            raise GeneratorError(f"{url}: HTTP {status}: {_detail(response)}", status)
         try:
             return response.json()
         except ValueError as exc:
             raise GeneratorError(f"{url}: the answer is not JSON") from exc
 
     def loglikelihood(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[float]:
-        raise ScoringUnsupported(f"{self.name}: chat endpoints return no prompt log-probabilities")
+        """``log p(" " + continuation | context)``: the sum of the echoed prompt's log-probabilities over the tokens
+        that end after the context (the local generator scores the same text)."""
+        if self._no_scoring:
+            raise ScoringUnsupported(self._no_scoring)
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self._prompt_logprob, contexts, continuations))
+
+    def _unsupported(self, reason: str) -> ScoringUnsupported:
+        self._no_scoring = f"{self.name}: {reason}"
+        return ScoringUnsupported(self._no_scoring)
+
+    def _prompt_logprob(self, context: str, continuation: str) -> float:
+        if self._no_scoring:
+            raise ScoringUnsupported(self._no_scoring)
+        prompt = context + " " + continuation.strip()
+        payload = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "echo": True}
+        try:
+            body = self._post("completions", {**payload, "logprobs": 1})
+        except GeneratorError as exc:
+            if exc.status in self.NO_SCORING_STATUS:
+                raise self._unsupported(
+                    f"/v1/completions answered HTTP {exc.status}, no prompt log-probabilities"
+                ) from exc
+            raise
+        choice = (body.get("choices") or [{}])[0]
+        logprobs = choice.get("logprobs") or {}
+        values, offsets = logprobs.get("token_logprobs"), logprobs.get("text_offset")
+        if not values or not offsets or len(values) != len(offsets):
+            raise self._unsupported("/v1/completions returned no prompt log-probabilities (echo + logprobs)")
+        ends = [*offsets[1:], len(prompt)]
+        picked = [
+            v for start, end, v in zip(offsets, ends, values, strict=True) if end > len(context) and start < len(prompt)
+        ]
+        if not picked or any(v is None for v in picked):
+            raise self._unsupported("/v1/completions echoed the prompt without its tokens' log-probabilities")
+        return float(sum(picked))
 
     def yes_probability(self, prompts: Sequence[str]) -> list[float]:
         """From the first answer token's ``top_logprobs`` when the endpoint gives them, else from the answer's
