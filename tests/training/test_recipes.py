@@ -38,6 +38,7 @@ EXPECTED = {
     "grit",
     "reranker",
     "llm-reranker-lora",
+    "gpl-distill",
 }
 TINY = {"steps": 1, "batch_size": 4, "max_length": 64, "warmup_steps": 0}
 
@@ -338,6 +339,19 @@ def test_shipped_grit_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
     assert {"loss_embedding", "loss_generative"} <= set(records[0])  # the prepared generative rows were read
     final = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
     assert final.config.plain_prefix == "<|embed|>\n" and final.config.attention == "bidirectional"
+
+
+def test_shipped_gpl_distill_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
+    """SciFact's first 10 passages, the tiny generator and the tiny model as teacher and student: synthesised rows
+    with teacher scores, then MarginMSE steps."""
+    shared_or_skip("beir/scifact")
+    overrides = {**TINY, "model": tiny_dir, "teacher": tiny_dir, "generator": "tiny", "output": str(tmp_path / "gpl")}
+    result = run_recipe(REPO / "recipes" / "gpl-distill.yaml", overrides={**overrides, "max_rows": 6, "max_corpus": 10})
+    rows = [json.loads(line) for line in result.prepared["scifact-synthetic"].read_text().splitlines()]
+    assert 0 < len(rows) <= 6 and all(len(r["teacher_scores"]["negatives"]) == len(r["negatives"]) for r in rows)
+    assert {r["provenance"]["generator"] for r in rows} == {"tiny"}
+    records = [json.loads(line) for line in (tmp_path / "gpl" / "distil" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["loss"] > 0
 
 
 def test_cli_runs_a_recipe_with_command_line_overrides(tmp_path, tiny_dir):

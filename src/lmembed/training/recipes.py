@@ -49,9 +49,10 @@ homogeneous``) and instructed documents for symmetric data (``symmetric: true`` 
 NV-Embed's STS rows) are the trainer's own.
 
 :func:`run_recipe` takes test/benchmark ``overrides``: ``model``, ``output``, ``teacher`` (mining
-teacher), ``max_rows`` (cap on prepared rows), ``max_corpus`` (cap on the documents a mining step
-embeds: the positives plus random others) and any stage option (``steps``, ``batch_size`` ...),
-applied to every stage that has it.
+teacher, and a synthesize step's embedder), ``generator`` (a synthesize step's), ``max_rows`` (cap on
+prepared rows; a synthesize step's work items too), ``max_corpus`` (cap on the documents a mining step
+embeds: the positives plus random others; a synthesize step's seed passages) and any stage option
+(``steps``, ``batch_size`` ...), applied to every stage that has it.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ STAGE_TYPES = ("contrastive", "rerank", *OBJECTIVE_NAMES)
 TRAINER_STAGES = ("contrastive", "rerank")
 PREPARE_KINDS = ("beir", "classification", "clustering", "sts", "pairs", "rows", "synthesize")
 RECIPE_KEYS = {"name", "description", "paper", "model", "output", "defaults", "prepare", "stages", "evaluate"}
-SPECIAL_OVERRIDES = ("model", "output", "teacher", "max_rows", "max_corpus")
+SPECIAL_OVERRIDES = ("model", "output", "teacher", "generator", "max_rows", "max_corpus")
 _PLACEHOLDER = re.compile(r"\{(output|prepared:[^}]+)\}")
 
 
@@ -336,6 +337,8 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any] | None) -> Reci
             step["max_rows"] = min(int(overrides["max_rows"]), int(step.get("max_rows") or 1 << 62))
         if overrides.get("teacher") and isinstance(step.get("mine"), dict):
             step["mine"]["teacher"] = str(overrides["teacher"])
+        if step.get("kind") == "synthesize":
+            _override_synthesis(step, overrides)
         if overrides.get("max_corpus") is not None and isinstance(step.get("mine"), dict):
             step["mine"]["max_corpus"] = int(overrides["max_corpus"])
     unknown = sorted(set(extra) - _known(TrainConfig) - _known(ObjectiveConfig))
@@ -343,6 +346,16 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any] | None) -> Reci
         raise RecipeError(f"override(s) {', '.join(unknown)} match no stage option")
     recipe.overrides.update(extra)
     return recipe
+
+
+def _override_synthesis(step: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """A synthesize step's generator, embedder (the teacher) and seed passages, as the overrides say."""
+    if overrides.get("generator"):
+        step["generator"] = str(overrides["generator"])
+    if overrides.get("teacher") and step.get("embedder"):
+        step["embedder"] = str(overrides["teacher"])
+    if overrides.get("max_corpus") is not None:
+        step["corpus_limit"] = min(int(overrides["max_corpus"]), int(step.get("corpus_limit") or 1 << 62))
 
 
 # ---------------------------------------------------------------------------------------------- strings and paths
