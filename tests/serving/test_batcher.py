@@ -223,3 +223,30 @@ def test_the_wait_is_bounded_and_ends_when_a_budget_is_queued():
 def test_a_wait_that_is_not_a_duration_is_refused(wait):
     with pytest.raises(ConfigError, match=r"batch_wait_s=.* must be a number of seconds >= 0"):
         Limits(batch_wait_s=wait)
+
+
+def test_memory_is_released_once_the_worker_is_idle(monkeypatch):
+    """After passes and IDLE_RELEASE_S with nothing to do the worker releases freed memory, once; not before
+    any pass has run, and not again until more passes have."""
+    from lmembed.serving import batcher as module
+
+    calls: list[int] = []
+    monkeypatch.setattr(module, "IDLE_RELEASE_S", 0.05)
+    monkeypatch.setattr(module, "release_memory", lambda: calls.append(1) or True)
+
+    async def scenario() -> None:
+        engine = FakeEngine()
+        engine.gate.set()
+        batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=BUDGET, metrics=ServerMetrics(), max_wait_s=0)
+        await batcher.start()
+        await asyncio.sleep(0.3)
+        assert calls == []  # nothing has run
+        await batcher.embed(["a/0"], [4], None)
+        await asyncio.sleep(0.5)
+        assert calls == [1]  # once, however long it stays idle
+        await batcher.embed(["b/1"], [4], None)
+        await asyncio.sleep(0.5)
+        assert calls == [1, 1] and batcher.releases == 2
+        await batcher.stop()
+
+    run(scenario)

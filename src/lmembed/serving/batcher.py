@@ -19,6 +19,10 @@ in *windows*:
    passes, so little compute goes to padding, and short texts of similar lengths share one. The window's
    passes run in order of the oldest text each holds.
 
+When the worker has been idle for ``IDLE_RELEASE_S`` after passes, it gives the heap memory they freed back
+to the system (glibc's ``malloc_trim``): a burst of large requests leaves the allocator holding hundreds of
+megabytes it would otherwise keep for good. Never under load: only after a second with nothing to do.
+
 Tokenisation happens before a text is queued, off the event loop (:mod:`lmembed.serving.tokens`), and
 forward passes run on a worker thread, so the event loop only parses, queues and answers.
 
@@ -35,6 +39,9 @@ truncation), so requests asking for different ``dimensions`` share passes.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import functools
 import logging
 import time
 from collections import deque
@@ -58,6 +65,29 @@ log = logging.getLogger(__name__)
 #: less than a pass of its own. A judgement for small encoders on CPU, where a one-text pass costs about as
 #: much as a hundred tokens of a full one; larger, it merges more lengths into a pass.
 PASS_COST_TOKENS = 64
+
+#: Seconds of idleness after which the worker releases freed heap memory.
+IDLE_RELEASE_S = 1.0
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def release_memory() -> bool:
+    """Return the heap memory that ``free`` has kept to the system (glibc only; elsewhere nothing happens and
+    this returns False)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 @dataclass(eq=False)
@@ -140,6 +170,8 @@ class TokenBudgetBatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-forward")
         self.passes = 0
         self.windows = 0
+        self.releases = 0  # times idle memory was given back
+        self._released = True  # nothing has run since the last release
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -207,6 +239,18 @@ class TokenBudgetBatcher:
             except TimeoutError:
                 return
 
+    async def _idle(self) -> None:
+        """Wait for work; after ``IDLE_RELEASE_S`` of none, release the memory the passes freed (once)."""
+        if self._released:
+            await self._wake.wait()
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), IDLE_RELEASE_S)
+        except TimeoutError:
+            await asyncio.get_running_loop().run_in_executor(self._executor, release_memory)
+            self._released = True
+            self.releases += 1
+
     def _forward(self, texts: list[str], instruction: str | None) -> np.ndarray:
         return self.engine.encode_raw(texts, [self.config], instruction=instruction, batch_size=len(texts))[0]
 
@@ -216,7 +260,7 @@ class TokenBudgetBatcher:
                 if self._stopping:
                     return
                 self._wake.clear()
-                await self._wake.wait()
+                await self._idle()
                 continue
             await self._fill()
             window = self._admit()
@@ -253,6 +297,7 @@ class TokenBudgetBatcher:
                     item.job.future.set_exception(exc)
             return
         self.passes += 1
+        self._released = False
         self.metrics.forward_seconds.observe(time.perf_counter() - start)
         self.metrics.texts.inc(len(batch))
         for item, vector in zip(batch, raw, strict=True):
