@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from lmembed.errors import ConfigError
-from lmembed.serving.batcher import PASS_COST_TOKENS, TokenBudgetBatcher, plan_passes
+from lmembed.serving.batcher import PASS_COST_TOKENS, WINDOW_FLOOR_TOKENS, TokenBudgetBatcher, plan_passes
 from lmembed.serving.limits import Limits
 from lmembed.serving.metrics import ServerMetrics
 
@@ -142,6 +142,18 @@ def test_a_window_sorts_by_length_so_padding_stays_small():
     assert engine.passes[1:] == [["r0/0", "r1/3", "r2/4"], ["r0/1", "r1/2", "r2/5"]]
     assert batcher.windows == 2 and batcher.passes == 3  # the blocker's window, then one for all three
     assert [r[:, 0].tolist() for r in results] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_a_window_admits_half_the_queue_oldest_first():
+    """40 one-text requests of 64 tokens queued (2560 tokens): the first window takes the oldest 20 (half the
+    queued tokens), the next 16 (the floor of 1024 tokens: half of what is left is less), then the last 4;
+    each window here is one pass, in arrival order."""
+    engine = FakeEngine()
+    batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=100_000, metrics=ServerMetrics())
+    requests = [[64]] * 40
+    run(lambda: line_up(batcher, engine, requests))
+    assert [len(p) for p in engine.passes[1:]] == [20, WINDOW_FLOOR_TOKENS // 64, 20 - WINDOW_FLOOR_TOKENS // 64]
+    assert [t for p in engine.passes[1:] for t in p] == [name for name, _ in names(requests)]
 
 
 def cost(passes: list[list[int]], lengths: list[int]) -> int:
