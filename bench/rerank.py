@@ -146,64 +146,51 @@ def parse_setting(text: str) -> tuple[str, float]:
     return method, float(value)
 
 
-def evaluate(args: argparse.Namespace, reranker: Reranker | None, tuning: dict[str, Any] | None) -> list[dict]:
+def evaluate_set(args: argparse.Namespace, key: str, reranker: Reranker | None, tuning: dict | None) -> dict:
+    """One set: every first stage on all test queries, and (with a reranker) its top ``--rerank-top-k`` reranked
+    for ``--rerank-queries`` of them, the first stage scored on the same queries beside it."""
     embedder = Embedder.from_pretrained("minilm")
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
+    task = load_task(key)
+    runs = first_stages(task, embedder, parse_setting(args.fusion))
+    if tuning:
+        runs["hybrid (dev-tuned)"] = fused(task, runs["dense"], runs["bm25"], *parse_setting(tuning["chosen"][key]))
+    subset = fewer_queries(task, args.rerank_queries, args.seed)
+    memo = MemoReranker(reranker) if reranker is not None else None
     rows = []
-    for key in args.sets:
-        task = load_task(key)
-        runs = first_stages(task, embedder, parse_setting(args.fusion))
-        if tuning:
-            runs["hybrid (dev-tuned)"] = fused(task, runs["dense"], runs["bm25"], *parse_setting(tuning["chosen"][key]))
-        subset = fewer_queries(task, args.rerank_queries, args.seed)
-        memo = MemoReranker(reranker) if reranker is not None else None
-        for stage, run in runs.items():
-            row: dict[str, Any] = {
-                "set": task.name,
-                "queries": len(task.data.query_ids),
-                "documents": len(task.data.corpus_ids),
-                "first_stage": stage,
-                "ndcg_at_10": ndcg(task, run),
-            }
-            if stage == "hybrid (dev-tuned)":
-                row["fusion"] = tuning["chosen"][key]
-            if memo is not None and not stage.endswith("(dev-tuned)"):
-                start = time.perf_counter()
-                reranked = rerank_run(memo, subset, run, args.rerank_top_k)
-                row.update(
-                    reranked_queries=len(subset.data.query_ids),
-                    subset_ndcg_at_10=ndcg(subset, run),
-                    reranked_ndcg_at_10=ndcg(subset, reranked),
-                    rerank_seconds=round(time.perf_counter() - start, 1),
-                )
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        if memo is not None:
-            rows[-1]["pairs_scored"], rows[-1]["pairs_per_s"] = memo.scored, memo.pairs_per_s()
-            print(json.dumps({"set": task.name, "pairs": memo.scored, "pairs_per_s": memo.pairs_per_s()}), flush=True)
-        if args.llm and args.llm_queries and key in args.llm_sets:
-            rows.append(llm_row(args, subset, runs["dense"]))
-    return rows
-
-
-def llm_row(args: argparse.Namespace, task: RetrievalTask, dense: Run) -> dict[str, Any]:
-    """The untrained LLM reranker on the dense top ``--llm-top-k`` of ``--llm-queries`` queries."""
-    llm = load_reranker(args.llm, kind="llm", max_length=args.llm_max_length)
-    few = fewer_queries(task, args.llm_queries, args.seed + 1)
-    memo = MemoReranker(llm)
-    reranked = rerank_run(memo, few, dense, args.llm_top_k)
-    row = {
-        "set": few.name,
-        "first_stage": "dense",
-        "reranker": f"{args.llm} (zero-shot yes/no)",
-        "reranked_queries": len(few.data.query_ids),
-        "top_k": args.llm_top_k,
-        "subset_ndcg_at_10": ndcg(few, dense),
-        "reranked_ndcg_at_10": ndcg(few, reranked),
-        "pairs_scored": memo.scored,
-        "pairs_per_s": memo.pairs_per_s(),
+    for stage, run in runs.items():
+        row: dict[str, Any] = {"first_stage": stage, "ndcg_at_10": ndcg(task, run)}
+        if stage == "hybrid (dev-tuned)":
+            row["fusion"] = tuning["chosen"][key]
+        if memo is not None and stage in args.first_stages:
+            reranked = rerank_run(memo, subset, run, args.rerank_top_k)
+            row.update(subset_ndcg_at_10=ndcg(subset, run), reranked_ndcg_at_10=ndcg(subset, reranked))
+        rows.append(row)
+        print(json.dumps({"set": task.name, **row}), flush=True)
+    result = {
+        "set": task.name,
+        "key": key,
+        "queries": len(task.data.query_ids),
+        "documents": len(task.data.corpus_ids),
+        "rows": rows,
+        "fusion": args.fusion,
+        "seconds": round(time.perf_counter() - started, 1),
+        "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    print(json.dumps(row), flush=True)
-    return row
+    if memo is not None:
+        result.update(
+            label=args.label,
+            reranker=args.reranker,
+            reranker_kind=reranker.kind,
+            max_length=reranker.max_length,
+            rerank_top_k=args.rerank_top_k,
+            reranked_queries=len(subset.data.query_ids),
+            pairs_scored=memo.scored,
+            pairs_per_s=memo.pairs_per_s(),
+        )
+    if tuning:
+        result["fusion_tuning"] = tuning
+    return result
 
 
 def throughput(args: argparse.Namespace, reranker: Reranker) -> dict:
@@ -240,100 +227,124 @@ def throughput(args: argparse.Namespace, reranker: Reranker) -> dict:
     }
 
 
-STAGE_NAMES = {"dense": "dense (minilm)", "bm25": "BM25", "hybrid": "hybrid (RRF)"}
+STAGE_NAMES = {"dense": "dense (minilm)", "bm25": "BM25", "hybrid": "hybrid (RRF k=60)"}
 
 
-def table(rows: list[dict], meta: dict) -> str:
+def table(results: list[dict], throughput_record: dict | None) -> str:
+    """One row per set and first stage: nDCG@10 on all test queries, then each reranker's run on its queries."""
+    by_set: dict[str, list[dict]] = {}
+    for result in results:
+        by_set.setdefault(result["key"], []).append(result)
     lines = [
-        "| set | first stage | nDCG@10 (all test queries) | reranked queries | first stage on them | "
-        "+ trained minilm cross-encoder | gain |",
-        "|---|---|---|---|---|---|---|",
+        "| set (docs) | first stage | nDCG@10, all test queries | reranker | reranked queries × top-k | "
+        "first stage on them | reranked | gain |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        if "reranker" in r:
+    for key in SETS:
+        found = by_set.get(key, [])
+        if not found:
             continue
-        stage = STAGE_NAMES.get(r["first_stage"], r["first_stage"])
-        if "fusion" in r:
-            stage += f" {r['fusion']}"
-        first = f"{100 * r['ndcg_at_10']:.2f} ({r['queries']} q)"
-        if "reranked_ndcg_at_10" not in r:
-            lines.append(f"| {r['set']} | {stage} | {first} | | | | |")
-            continue
-        sub, second = 100 * r["subset_ndcg_at_10"], 100 * r["reranked_ndcg_at_10"]
-        lines.append(
-            f"| {r['set']} | {stage} | {first} | {r['reranked_queries']} | {sub:.2f} | {second:.2f} | "
-            f"{second - sub:+.2f} |"
-        )
-    llm = [r for r in rows if "reranker" in r]
-    if llm:
-        lines += ["", "| set | LLM reranker | queries | top-k of dense | dense | reranked | gain | pairs/s |"]
-        lines.append("|---|---|---|---|---|---|---|---|")
-        for r in llm:
-            sub, second = 100 * r["subset_ndcg_at_10"], 100 * r["reranked_ndcg_at_10"]
+        base = found[0]
+        for row in base["rows"]:
+            stage = STAGE_NAMES.get(row["first_stage"], row["first_stage"])
+            if "fusion" in row:
+                stage += f" ({row['fusion']})"
+            first = f"{100 * row['ndcg_at_10']:.2f} ({base['queries']} q)"
+            head = f"| {base['set']} ({base['documents']:,}) | {stage} | {first}"
+            reranked = [
+                (r, x)
+                for r in found
+                if "label" in r
+                for x in r["rows"]
+                if x["first_stage"] == row["first_stage"] and "reranked_ndcg_at_10" in x
+            ]
+            if not reranked:
+                lines.append(head + " | | | | | |")
+            for r, x in reranked:
+                sub, second = 100 * x["subset_ndcg_at_10"], 100 * x["reranked_ndcg_at_10"]
+                lines.append(
+                    f"{head} | {r['label']} | {r['reranked_queries']} × {r['rerank_top_k']} | {sub:.2f} | "
+                    f"{second:.2f} | {second - sub:+.2f} |"
+                )
+    lines += [
+        "",
+        "| reranker | set | kind | max_length | pairs scored | pairs/s (in the run) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "label" in r:
             lines.append(
-                f"| {r['set']} | {r['reranker']} | {r['reranked_queries']} | {r['top_k']} | {sub:.2f} | "
-                f"{second:.2f} | {second - sub:+.2f} | {r['pairs_per_s']} |"
+                f"| {r['label']} ({r['reranker']}) | {r['set']} | {r['reranker_kind']} | {r['max_length']} | "
+                f"{r['pairs_scored']} | {r['pairs_per_s']} |"
             )
-    t = meta.get("throughput")
-    if t:
+    if throughput_record:
+        t = throughput_record
         lines += [
             "",
-            f"cross-encoder: reranked the top {meta['rerank_top_k']} of each first stage (max_length "
-            f"{t['max_length']}); pairs/s in process {t['in_process_pairs_per_s']}, served through /v1/rerank "
-            f"{t['served_pairs_per_s']} = {t['served_ratio']}x in-process ({t['clients']} clients, "
-            f"{t['docs_per_request']} documents a request, same run)",
+            f"served: {t['label']} through POST /v1/rerank: {t['served_pairs_per_s']} pairs/s = {t['served_ratio']}x "
+            f"in-process ({t['in_process_pairs_per_s']} pairs/s, the same {t['pairs']} SciFact pairs, same run; "
+            f"{t['clients']} clients, {t['docs_per_request']} documents a request, max_length {t['max_length']})",
         ]
     return "\n".join(lines) + "\n"
 
 
+def write_table() -> str:
+    results = [json.loads(p.read_text()) for p in sorted((OUT / "sets").glob("*.json"))]
+    throughput_file = OUT / "throughput.json"
+    record = json.loads(throughput_file.read_text()) if throughput_file.is_file() else None
+    text = table(results, record)
+    (OUT / "table.md").write_text(text)
+    (OUT / "result.json").write_text(json.dumps({"sets": results, "throughput": record}, indent=2) + "\n")
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reranker", help="The trained cross-encoder's folder (lmembed train --recipe ...).")
-    parser.add_argument("--first-stage-only", action="store_true", help="Steps 1-2 only; nothing written.")
-    parser.add_argument("--tune-fusion", action="store_true", help="Step 2: fusion settings chosen on dev queries.")
+    parser.add_argument("--reranker", help="A reranker folder or name (the trained cross-encoder; smollm2-135m).")
+    parser.add_argument("--reranker-kind", choices=["cross-encoder", "llm"], default=None)
+    parser.add_argument("--label", default="ce", help="The reranker's name in the table and result file.")
+    parser.add_argument("--first-stage-only", action="store_true", help="No reranker; nothing written.")
+    parser.add_argument("--tune-fusion", action="store_true", help="Fusion settings chosen on dev queries.")
     parser.add_argument("--fusion", default="rrf:60", help="The hybrid row's fusion, METHOD:VALUE (rrf:60).")
     parser.add_argument("--sets", nargs="+", choices=list(SETS), default=list(SETS))
+    parser.add_argument("--first-stages", nargs="+", choices=list(STAGE_NAMES), default=list(STAGE_NAMES))
     parser.add_argument("--rerank-top-k", type=int, default=20)
     parser.add_argument("--rerank-queries", type=int, default=None, help="Per set (default: all test queries).")
-    parser.add_argument("--max-length", type=int, default=256, help="The cross-encoder's max_length.")
-    parser.add_argument("--llm", default="smollm2-135m", help="LLM reranker ('' to skip).")
-    parser.add_argument("--llm-sets", nargs="+", choices=list(SETS), default=["scifact"])
-    parser.add_argument("--llm-queries", type=int, default=30)
-    parser.add_argument("--llm-top-k", type=int, default=10)
-    parser.add_argument("--llm-max-length", type=int, default=384)
-    parser.add_argument("--throughput-pairs", type=int, default=256)
+    parser.add_argument("--max-length", type=int, default=None, help="The reranker's max_length (its own).")
+    parser.add_argument("--throughput", action="store_true", help="Also measure in-process vs served pairs/s.")
+    parser.add_argument("--throughput-pairs", type=int, default=128)
     parser.add_argument("--docs-per-request", type=int, default=16)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--table", action="store_true", help="Only assemble table.md from the results written.")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.table:
+        print(write_table())
+        return
     if not args.first_stage_only and not args.reranker:
-        parser.error("--reranker FOLDER is needed (train one: lmembed train --recipe recipes/reranker.yaml)")
+        parser.error("--reranker is needed (train one: lmembed train --recipe recipes/reranker.yaml)")
     torch.manual_seed(args.seed)
-    started, load_before = time.perf_counter(), os.getloadavg()
     tuning = tune_fusion(args.sets, Embedder.from_pretrained("minilm")) if args.tune_fusion else None
     if tuning:
         print(json.dumps({"chosen": tuning["chosen"], "pooled_choice": tuning["pooled_choice"]}), flush=True)
-    reranker = None if args.first_stage_only else load_reranker(args.reranker, max_length=args.max_length)
-    rows = evaluate(args, reranker, tuning)
-    if reranker is None:
-        return
-    meta: dict[str, Any] = {
-        "reranker": args.reranker,
-        "rerank_top_k": args.rerank_top_k,
-        "args": vars(args),
-        "torch_threads": torch.get_num_threads(),
-        "fusion_tuning": tuning,
-    }
-    meta["throughput"] = throughput(args, reranker)
-    meta["seconds"] = round(time.perf_counter() - started, 1)
-    meta["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
-    OUT.mkdir(parents=True, exist_ok=True)
-    metrics = Path(args.reranker).parent / "metrics.jsonl"
-    if metrics.is_file():  # the training run's loss curve, kept beside the results
-        (OUT / "train_metrics.jsonl").write_text(metrics.read_text())
-    (OUT / "result.json").write_text(json.dumps({"rows": rows, **meta}, indent=2) + "\n")
-    (OUT / "table.md").write_text(table(rows, meta))
-    print(table(rows, meta))
+    options = {"max_length": args.max_length} if args.max_length else {}
+    reranker = None if args.first_stage_only else load_reranker(args.reranker, kind=args.reranker_kind, **options)
+    (OUT / "sets").mkdir(parents=True, exist_ok=True)
+    for key in args.sets:
+        result = evaluate_set(args, key, reranker, tuning)
+        if reranker is not None:
+            result["args"] = vars(args)
+            (OUT / "sets" / f"{key}-{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
+    if reranker is not None and args.throughput:
+        record = {"label": args.label, **throughput(args, reranker)}
+        (OUT / "throughput.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record), flush=True)
+    if reranker is not None and reranker.kind == "cross-encoder":
+        metrics = Path(args.reranker) / ".." / "metrics.jsonl"
+        if metrics.is_file():  # the training run's loss curve, kept beside the results
+            (OUT / "train_metrics.jsonl").write_text(metrics.read_text())
+    if reranker is not None:
+        print(write_table())
 
 
 if __name__ == "__main__":

@@ -170,3 +170,24 @@ def test_llm_reranker_refuses_answer_tokens_outside_the_vocabulary(llm_folder):
         load_reranker(str(llm_folder))  # the default prompt's "yes" is not in the tiny vocabulary
     with pytest.raises(ConfigError, match="kind='nope'"):
         load_reranker(str(llm_folder), kind="nope")
+
+
+def test_reset_pooler_makes_a_bert_pooler_the_identity(tmp_path, llm_folder):
+    """A bare BERT backbone gets a new head; reset_pooler sets the pooler under it to the identity (the head then
+    reads tanh of [CLS]); a model without a BERT-style pooler is refused, naming it."""
+    from transformers import BertModel
+
+    from conftest import build_tokenizer as tokenizer
+
+    raw = save_tiny_cross_encoder(tmp_path / "raw")
+    BertModel.from_pretrained(raw).save_pretrained(tmp_path / "bare")  # a backbone without a head
+    tokenizer().save_pretrained(tmp_path / "bare")
+    ce = load_reranker(str(tmp_path / "bare"), reset_pooler=True)
+    dense = ce.model.bert.pooler.dense
+    assert torch.equal(dense.weight, torch.eye(32)) and not dense.bias.any()
+    features = ce.collate(ce.encode_pairs(PAIRS[:2]))
+    with torch.no_grad():
+        out = ce.model.bert(**features)
+    torch.testing.assert_close(out.pooler_output, torch.tanh(out.last_hidden_state[:, 0]))
+    with pytest.raises(ModelLoadError, match="reset_pooler needs a BERT-style pooler"):
+        load_reranker(str(llm_folder), kind="cross-encoder", reset_pooler=True)

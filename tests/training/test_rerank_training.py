@@ -187,6 +187,17 @@ def test_rerank_recipe_stage_trains_a_cross_encoder(tmp_path):
     assert trained.kind == "cross-encoder" and top1(trained, examples(20, seed=2)) >= 0.8
 
 
+def test_head_lr_applies_to_the_new_score_head_only(tmp_path):
+    reranker = load_reranker(str(save_tiny_cross_encoder(tmp_path / "ce")))
+    trainer = Trainer(config(tmp_path, head_lr=1e-2, lr=1e-4), model=reranker, datasets=[dataset(8)])
+    assert trainer.model.head_parameter_names() == ["model.classifier.weight", "model.classifier.bias"]
+    lrs = {id(p): group["initial_lr"] for group in trainer.optimizer.param_groups for p in group["params"]}
+    for name, param in trainer.model.named_trainable_parameters():
+        assert lrs[id(param)] == (1e-2 if name.startswith("model.classifier.") else 1e-4), name
+    with pytest.raises(TrainConfigError, match=r"head_lr=0\.01 must be positive, and applies to reranker training"):
+        config(tmp_path, reranker=None, loss="infonce", head_lr=1e-2)
+
+
 def test_what_reranker_training_refuses(tmp_path):
     reranker = load_reranker(str(save_tiny_cross_encoder(tmp_path / "ce")))
     data = [dataset(8)]

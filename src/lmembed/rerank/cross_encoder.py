@@ -88,6 +88,18 @@ def default_max_length(tokenizer: Any, config: Any) -> int:
     return min(limits) if limits else 512
 
 
+def identity_pooler(model: nn.Module, where: str) -> None:
+    """Set the pooler's square dense layer to the identity (bias 0): the head then reads ``tanh`` of [CLS]."""
+    pooler = getattr(getattr(model, "base_model", None), "pooler", None)
+    dense = getattr(pooler, "dense", None)
+    if not isinstance(dense, nn.Linear) or dense.in_features != dense.out_features:
+        raise ModelLoadError(f"{where}: reset_pooler needs a BERT-style pooler (a square dense layer under the head)")
+    with torch.no_grad():
+        dense.weight.copy_(torch.eye(dense.in_features, dtype=dense.weight.dtype))
+        if dense.bias is not None:
+            dense.bias.zero_()
+
+
 class CrossEncoderReranker(Reranker):
     """A sequence-classification model as a reranker (see the module doc)."""
 
@@ -115,9 +127,12 @@ class CrossEncoderReranker(Reranker):
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         batch_size: int = DEFAULT_BATCH_SIZE,
         trust_remote_code: bool = False,
+        reset_pooler: bool = False,
     ) -> CrossEncoderReranker:
         """A CrossEncoder folder (or any transformers checkpoint: a bare backbone gets a new head), a bundled
-        name or a Hub id."""
+        name or a Hub id. ``reset_pooler`` sets a BERT-style pooler (the dense layer under the head) to the identity
+        before training: an embedding checkpoint's pooler was never trained for [CLS] (minilm's answers ~0.05 per
+        dimension whatever the pair), so a new head reads almost nothing and learns too slowly."""
         # lazy: transformers is heavy
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -134,6 +149,8 @@ class CrossEncoderReranker(Reranker):
             )
         except ValueError as exc:
             raise ModelLoadError(f"{name_or_path}: not loadable as a sequence-classification model ({exc})") from exc
+        if reset_pooler:
+            identity_pooler(model, name_or_path)
         model.to(resolve_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         recorded, where = recorded_activation(Path(path), config) if Path(path).is_dir() else (None, path)

@@ -50,14 +50,28 @@ class WarmupLinearDecay:
 def build_optimizer(model: Any, config: Any, error: type[Exception] = ValueError) -> torch.optim.AdamW:
     """AdamW over ``model.named_trainable_parameters()``; biases, norms and other vectors are not decayed.
 
-    Raises ``error`` (the caller's config error) when nothing is trainable.
+    With ``config.head_lr`` set, the parameters the model names in ``head_parameter_names()`` (a reranker's new
+    score head) take that learning rate instead (the same schedule scales both). Raises ``error`` (the caller's
+    config error) when nothing is trainable.
     """
-    decay, plain = [], []
-    for _, param in model.named_trainable_parameters():
-        (decay if param.ndim >= 2 else plain).append(param)
-    if not decay and not plain:
+    head_lr = getattr(config, "head_lr", None)
+    head = (
+        set(model.head_parameter_names()) if head_lr is not None and hasattr(model, "head_parameter_names") else set()
+    )
+    decay, plain, head_decay, head_plain = [], [], [], []
+    for name, param in model.named_trainable_parameters():
+        if name in head:
+            (head_decay if param.ndim >= 2 else head_plain).append(param)
+        else:
+            (decay if param.ndim >= 2 else plain).append(param)
+    if not decay and not plain and not head_decay and not head_plain:
         raise error("the model has no trainable parameters")
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": plain, "weight_decay": 0.0},
+        {"params": head_decay, "weight_decay": config.weight_decay, "lr": head_lr},
+        {"params": head_plain, "weight_decay": 0.0, "lr": head_lr},
+    ]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr)
 
 

@@ -76,6 +76,15 @@ class TrainableReranker(nn.Module):
     def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(name, p) for name, p in self.named_parameters() if p.requires_grad]
 
+    def head_parameter_names(self) -> list[str]:
+        """The trainable parameters outside the base model (a cross-encoder's score head: ``classifier``,
+        ``score``), which ``head_lr`` applies to; an LLM reranker has none (it reads the LM head it has)."""
+        if self.reranker.kind != "cross-encoder":
+            return []
+        base = self.reranker.model.base_model if not self.uses_lora else self.model.get_base_model().base_model
+        inside = {id(p) for p in base.parameters()}
+        return [name for name, p in self.named_trainable_parameters() if id(p) not in inside]
+
     # ------------------------------------------------------------------ scoring with gradients
     def tokenize_pairs(self, pairs: Sequence[tuple[str, str]]) -> dict[str, torch.Tensor]:
         """The padded batch the reranker builds for ``pairs`` (its prompt, truncation and padding)."""

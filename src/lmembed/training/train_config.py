@@ -116,13 +116,16 @@ class TrainConfig(ModelOptions):
     ``reranker`` (``cross-encoder``, ``llm`` or ``auto``) trains the model as a reranker instead of an embedder
     (:mod:`lmembed.training.reranker`): each row's positive and ``num_negatives`` negatives are scored as pairs
     with its query and a reranker loss (``listwise_softmax`` or ``pointwise_bce``) is applied to each group;
-    ``reranker_options`` go to the reranker's loader (an LLM reranker's ``prompt``, ``activation`` ...).
+    ``reranker_options`` go to the reranker's loader (an LLM reranker's ``prompt``, ``activation`` ...);
+    ``head_lr`` is the learning rate of a cross-encoder's score head (a new head starts from random weights and
+    learns slowly at the backbone's rate).
     """
 
     data: list[DataSource] = field(default_factory=list)
     output: str = "runs/train"
     reranker: str | None = None
     reranker_options: dict[str, Any] = field(default_factory=dict)
+    head_lr: float | None = None  # a reranker's new score head (cross-encoder); default: lr
     merge_lora: bool = True
     gradient_checkpointing: bool = False
     # objective
@@ -184,6 +187,8 @@ class TrainConfig(ModelOptions):
         )
         if self.lr <= 0:
             raise TrainConfigError(f"lr={self.lr} must be positive")
+        if self.head_lr is not None and (self.head_lr <= 0 or self.reranker is None):
+            raise TrainConfigError(f"head_lr={self.head_lr} must be positive, and applies to reranker training only")
         if self.temperature is not None and self.temperature <= 0:
             raise TrainConfigError(f"temperature={self.temperature} must be positive")
         if self.grad_cache_chunk is not None and self.grad_cache_chunk < 1:
