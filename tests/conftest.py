@@ -139,6 +139,19 @@ def one_torch_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster with 2 CPUs, started once per test module that asks for it (Ray takes seconds to start);
+    yields its address (for ``--ray-address`` and drivers in child processes). Skipped without Ray."""
+    ray = pytest.importorskip("ray", reason="the Ray engine needs Ray Data: pip install 'lmembed[scale]'")
+    from lmembed.scale import make_engine
+
+    engine = make_engine("ray", num_cpus=2)
+    engine.start()
+    yield ray.get_runtime_context().gcs_address
+    engine.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

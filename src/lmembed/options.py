@@ -49,8 +49,8 @@ CALIBRATION_DOC = (
     "(default: a sample of the first texts encoded)."
 )
 ENGINE_DOC = (
-    "Where encoding runs: 'local' (this process) or 'ray' (resumable sharded jobs on Ray Data: one worker "
-    "per GPU, or per CPU; vectors identical to 'local'; needs pip install 'lmembed\\[scale]')."
+    "Where the work runs: 'local' (this process) or 'ray' (resumable sharded jobs on Ray Data: one worker "
+    "per GPU, or per CPU; results identical to 'local'; needs pip install 'lmembed\\[scale]')."
 )
 RAY_ADDRESS_DOC = "--engine ray: join this running cluster ('auto', 'ray://head:10001'); default: start a local one."
 WORKERS_DOC = "--engine ray: number of workers (default: one per GPU, else per CPU)."
@@ -147,7 +147,7 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Where encoding runs: ``engine`` (``local`` or ``ray``) and the Ray options.
+    """Where encoding (or synthesis) runs: ``engine`` (``local`` or ``ray``) and the Ray options.
 
     ``ray_address`` joins a running cluster (``auto``, ``ray://host:10001``, ``host:6379``), otherwise a local
     one is started with ``num_cpus`` CPUs (default: all of this machine's); ``workers`` actors (default: one per

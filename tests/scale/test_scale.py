@@ -1,4 +1,5 @@
-"""Sharded encoding on a real local Ray cluster (2 CPUs, started once for this module) with tiny models.
+"""Sharded encoding on a real local Ray cluster (2 CPUs, started once for this module: conftest's ``cluster``) with
+tiny models.
 
 Checked here: workers give the vectors of one process bit for bit (several strategies, echo, instructions,
 a saved model with a LoRA adapter and a latent-attention head loaded by each worker); a job killed mid-way
@@ -45,30 +46,23 @@ TESTS = Path(__file__).resolve().parent
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster with 2 CPUs for the whole module (Ray takes seconds to start)."""
-    engine = make_engine("ray", num_cpus=2)
-    engine.start()
-    yield ray.get_runtime_context().gcs_address
-    engine.shutdown()
-
-
 class Poisoned:
     """Rebuilds the model from a snapshot, then fails on any batch that holds ``token``: raises, or (``die``)
-    kills the worker process."""
+    kills the worker process (with ``once``, a file: only the first time, which it marks there)."""
 
-    def __init__(self, snapshot: Snapshot, token: int, die: bool = False) -> None:
-        self.snapshot, self.token, self.die = snapshot, token, die
+    def __init__(self, snapshot: Snapshot, token: int, die: bool = False, once: Path | None = None) -> None:
+        self.snapshot, self.token, self.die, self.once = snapshot, token, die, once
 
     def load(self, device: str) -> Embedder:
         emb = self.snapshot.load(device)
-        forward, token, die = emb.backbone.model.forward, self.token, self.die
+        forward, token, die, once = emb.backbone.model.forward, self.token, self.die, self.once
 
         @functools.wraps(forward)  # keeps the signature: the engine passes position ids to models that take them
         def poisoned(*args, input_ids=None, **kwargs):
-            if input_ids is not None and bool((input_ids == token).any()):
+            if input_ids is not None and bool((input_ids == token).any()) and not (once and once.exists()):
                 if die:
+                    if once:
+                        once.touch()
                     os._exit(3)
                 raise RuntimeError("the model cannot take this token")
             return forward(*args, input_ids=input_ids, **kwargs)
@@ -229,6 +223,19 @@ def test_a_worker_that_dies_for_good_is_one_clear_error(cluster, tmp_path):
     with pytest.raises(WorkerLostError, match=r"died and did not come back after 0 restart\(s\).*run the same job"):
         encode_corpus(emb, texts, engine=engine, spec=dying, batch_size=8, shard_rows=8)
     assert _shard_files(tmp_path / "cache")  # shards finished before the death stay for the next run
+
+
+def test_a_worker_that_dies_once_is_replaced_and_the_job_finishes(cluster, tmp_path, one_torch_thread):
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    texts = corpus_texts(80)
+    texts[50] = "!"
+    token = emb.backbone.tokenizer.convert_tokens_to_ids("!")
+    dying = Poisoned(Snapshot.of(emb), token, die=True, once=tmp_path / "died")
+    engine = make_engine("ray", workers=1, worker_restarts=1)
+    done = encode_corpus(emb, texts, engine=engine, spec=dying, batch_size=8, shard_rows=8)
+    assert (tmp_path / "died").exists()  # the worker did die, and the shards it left were run by a new one
+    assert sorted(set(done.report.shards_encoded)) == list(range(done.report.shards))
+    assert np.array_equal(done.vectors, uncached("llama").encode(texts, batch_size=8))
 
 
 def test_lmembed_errors_cross_process_boundaries_whole():

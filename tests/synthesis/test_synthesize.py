@@ -259,3 +259,10 @@ def test_an_unknown_recipe_is_one_clean_line(tmp_path):
     result = CliRunner().invoke(app, ["synthesize", "--recipe", "nope", "-o", str(tmp_path / "x.jsonl")])
     assert result.exit_code == 2
     assert "synthesis recipe 'nope'" in result.output and "e5-mistral" in result.output
+
+
+def test_a_budget_is_refused_on_ray_where_each_worker_would_count_its_own(tmp_path):
+    argv = ["synthesize", "--recipe", "e5-mistral", "-o", str(tmp_path / "o.jsonl"), "--max-requests", "5"]
+    result = CliRunner().invoke(app, [*argv, "--engine", "ray"])
+    assert result.exit_code == 2 and "Invalid value for --max-requests" in result.output
+    assert "budget is counted in" in result.output and not (tmp_path / "o.jsonl.parts").exists()

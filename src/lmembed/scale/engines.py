@@ -4,11 +4,15 @@ Both run the same units of work (:mod:`lmembed.scale.work`): the plan pass over 
 the encode pass over the shards still missing from the cache. An engine only decides *where* they run;
 what they compute, and the files they write, are the same, so a job started on one engine may be
 finished on the other.
+
+The encode pass is one use of :meth:`Engine.map_shards` (a :class:`~lmembed.protocols.ShardMapper`: a worker
+built once per actor, called once per shard); synthesis runs its shards through the same method
+(``lmembed.synthesis.synthesize(..., engine=make_engine("ray"))``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -17,6 +21,7 @@ import pyarrow as pa
 
 from lmembed.embedder import Embedder
 from lmembed.options import ENGINES, EngineOptions
+from lmembed.protocols import LocalShards, ShardWorker
 from lmembed.scale.errors import EngineUnavailableError
 from lmembed.scale.sources import CorpusSource
 from lmembed.scale.staging import Planner, PlanSettings
@@ -42,6 +47,10 @@ class Engine(Protocol):
 
     def encode(
         self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
+    ) -> Iterator[dict[str, np.ndarray]]: ...
+
+    def map_shards(
+        self, worker: Callable[..., ShardWorker], args: tuple[Any, ...], shards: Sequence[int], *, stage: str
     ) -> Iterator[dict[str, np.ndarray]]: ...
 
 
@@ -73,11 +82,12 @@ class LocalEngine:
     def encode(
         self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
     ) -> Iterator[dict[str, np.ndarray]]:
-        if not shards:
-            return
-        encoder = ShardEncoder(model, settings)
-        for shard in shards:
-            yield encoder({"shard": np.asarray([shard], dtype=np.int64)})
+        return self.map_shards(ShardEncoder, (model, settings), shards, stage="encode pass")
+
+    def map_shards(
+        self, worker: Callable[..., ShardWorker], args: tuple[Any, ...], shards: Sequence[int], *, stage: str
+    ) -> Iterator[dict[str, np.ndarray]]:
+        return LocalShards().map_shards(worker, args, shards, stage=stage)
 
 
 def make_engine(engine: str | Engine | EngineOptions = "local", **options: Any) -> Engine:

@@ -8,12 +8,15 @@
   :class:`~lmembed.scale.work.ShardEncoder` on an actor pool: each actor loads the Embedder once (on its
   own GPU with ``num_gpus=1``, or with a fixed thread budget on CPUs) and writes each shard it finishes to
   the cache. The driver reads one small record per finished shard, which drives the progress report.
+  The same actor-pool pass runs any sharded work (:meth:`RayEngine.map_shards`): synthesis shards too,
+  each actor building its generator once and landing each shard it finishes in the run's folder.
 
-Workers read the staging files and write the cache, so on a multi-node cluster the cache folder
-(``$LMEMBED_CACHE``) must be on storage every node mounts; on one machine nothing is needed.
+Workers read the staging files and write the cache (or a synthesis run's ``.parts`` folder), so on a multi-node
+cluster the cache folder (``$LMEMBED_CACHE``; for synthesis, the output's folder) must be on storage every node
+mounts; on one machine nothing is needed.
 
-A worker that dies (killed, out of memory, node lost) is restarted and its shard retried, up to
-``worker_restarts`` times; after that the job fails with :class:`~lmembed.scale.errors.WorkerLostError`
+A worker that dies (killed, out of memory, node lost) is replaced and the shards it did not finish run
+again, up to ``worker_restarts`` times; after that the job fails with :class:`~lmembed.scale.errors.WorkerLostError`
 and the shards already written stay in the cache for the next run. An exception raised on purpose by
 the work (a bad row) is not retried: it reaches the caller once, as the lmembed error it is.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +42,7 @@ from lmembed.errors import ConfigError, LmembedError
 from lmembed.models.loading import weights_fingerprint
 from lmembed.options import EngineOptions
 from lmembed.paths import verbose_from_env
+from lmembed.protocols import ShardWorker
 from lmembed.scale.errors import ScaleError, WorkerLostError
 from lmembed.scale.sources import BLOCK_SCHEMA, CorpusSource
 from lmembed.scale.staging import PlanSettings, plan_block
@@ -168,9 +172,6 @@ class RayEngine:
             return {"num_gpus": self.options.gpus_per_worker or 1, "num_cpus": 1}
         return {"num_cpus": self.options.threads_per_worker}
 
-    def _restarts(self) -> dict[str, int]:
-        return {"max_restarts": self.options.worker_restarts, "max_task_retries": self.options.worker_restarts}
-
     # ------------------------------------------------------------------ work
     def model_provider(self, embedder: Embedder, spec: EmbedderSpec | None) -> ModelProvider:
         """``spec`` when given (every worker loads the weights itself), else one shared copy of ``embedder``."""
@@ -212,24 +213,56 @@ class RayEngine:
     def encode(
         self, shards: Sequence[int], model: ModelProvider, settings: ShardSettings
     ) -> Iterator[dict[str, np.ndarray]]:
+        return self.map_shards(ShardEncoder, (model, settings), shards, stage="encode pass")
+
+    def map_shards(
+        self, worker: Callable[..., ShardWorker], args: tuple[Any, ...], shards: Sequence[int], *, stage: str
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Each shard number one block; ``worker(*args)`` built once per actor of a pool of
+        ``min(workers, shards)`` (each on its own GPU, or with ``threads_per_worker`` CPUs), called once per shard.
+        An lmembed error raised by the work reaches the caller once, as itself (see the module doc).
+
+        A worker that dies fails the pass; the shards whose records did not come back then run again on a new
+        pool, up to ``worker_restarts`` times (a shard lands atomically, so running one twice is harmless). The
+        restarts are ours, not Ray's: an actor that Ray may restart makes Ray's C++ core print a notice on the
+        driver's stderr for every actor it starts (its constructor arguments live in the object store)."""
         self.start()
         if not shards:
             return
-        dataset = ray.data.from_items([{"shard": int(s)} for s in shards], override_num_blocks=len(shards))
+        left = [int(s) for s in shards]
+        restarts = self.options.worker_restarts
+        for attempt in range(restarts + 1):
+            finished: set[int] = set()
+            try:
+                with _quiet_ray_data(), _translated_errors(stage, restarts=restarts):
+                    for record in self._pass(worker, args, left):
+                        finished.update(int(s) for s in np.asarray(record["shard"]).ravel())
+                        yield record
+                return
+            except WorkerLostError:
+                if attempt == restarts:
+                    raise
+                left = [s for s in left if s not in finished]
+                log.info("%s: a worker died; %d shard(s) run again on new workers", stage, len(left))
+
+    def _pass(
+        self, worker: Callable[..., ShardWorker], args: tuple[Any, ...], shards: Sequence[int]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        dataset = ray.data.from_items([{"shard": s} for s in shards], override_num_blocks=len(shards))
         with warnings.catch_warnings():
             # Ray 2.60 takes max_restarts / max_task_retries only as (deprecated) ray_remote_args.
             warnings.simplefilter("ignore", DeprecationWarning)
-            encoded = dataset.map_batches(
-                ShardEncoder,
-                fn_constructor_args=(model, settings),
+            done = dataset.map_batches(
+                worker,
+                fn_constructor_args=args,
                 batch_size=1,
                 batch_format="numpy",
                 compute=ray.data.ActorPoolStrategy(size=min(self.worker_count(), len(shards))),
+                max_restarts=0,  # see map_shards: a lost worker is handled there
+                max_task_retries=0,
                 **self._resources(),
-                **self._restarts(),
             )
-        with _quiet_ray_data(), _translated_errors("encode pass", restarts=self.options.worker_restarts):
-            yield from _configured(encoded).iter_batches(batch_size=1, batch_format="numpy")
+        return _configured(done).iter_batches(batch_size=1, batch_format="numpy")
 
 
 def _configured(dataset: ray.data.Dataset) -> ray.data.Dataset:
@@ -314,7 +347,7 @@ class _translated_errors:
             reason = str(lost).strip().splitlines()[0] if str(lost).strip() else type(lost).__name__
             raise WorkerLostError(
                 f"{self.stage}: a Ray worker died and did not come back after {self.restarts} restart(s) "
-                f"({type(lost).__name__}: {reason}); the shards already finished are in the cache: run the same "
+                f"({type(lost).__name__}: {reason}); the shards already finished are kept: run the same "
                 "job again to resume"
             ) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmembed.synthesis.gecko import generation_requests, passage_items, read_answer
-from lmembed.synthesis.retrieval import top_k
+from lmembed.synthesis.retrieval import corpus_embeddings, top_k
 from lmembed.synthesis.runner import Context, ShardResult
 
 
@@ -17,6 +17,7 @@ class CorpusOnlyRunner:
     """Generate a query per passage; keep it if the round trip holds; mine negatives."""
 
     def plan(self, context: Context) -> list[dict[str, Any]]:
+        corpus_embeddings(context)  # embedded once, here, not by each worker
         return passage_items(context)
 
     def run(self, items: Sequence[dict[str, Any]], context: Context) -> ShardResult:

@@ -25,7 +25,7 @@ from typing import Any
 from lmembed.synthesis.generators import Request, ScoringUnsupported
 from lmembed.synthesis.parsing import Parsed, parse_object, parse_query_line
 from lmembed.synthesis.recipes import render
-from lmembed.synthesis.retrieval import top_k
+from lmembed.synthesis.retrieval import corpus_embeddings, top_k
 from lmembed.synthesis.runner import Context, ShardResult
 
 BOTH, RELEVANCE_ONLY = "query-likelihood+relevance", "relevance-only"
@@ -102,6 +102,7 @@ class GeckoRunner:
     """Generate, retrieve, relabel, fuse."""
 
     def plan(self, context: Context) -> list[dict[str, Any]]:
+        corpus_embeddings(context)  # embedded once, here, not by each worker
         return passage_items(context)
 
     def _query_likelihood(self, context: Context, query: str, candidates: list[int]) -> list[float] | None:

@@ -211,6 +211,7 @@ class LocalGenerator:
 
         from lmembed.models.loading import resolve_dtype, resolve_model_path
 
+        self._arguments = {"model": model, "device": device, "dtype": dtype, "batch_size": batch_size}
         path = resolve_model_path(model)
         self.name = f"local:{model}" if dtype == "float32" else f"local:{model}@{dtype}"
         self.usage = Usage()
@@ -222,6 +223,13 @@ class LocalGenerator:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype)).to(self.device).eval()
         self._torch = torch
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its arguments (a transformers model does not pickle): a Ray worker loads the model itself."""
+        return dict(self._arguments)
+
+    def __setstate__(self, arguments: dict[str, Any]) -> None:
+        self.__init__(**arguments)  # type: ignore[misc]
 
     def _chat(self, messages: Sequence[Message]) -> str:
         if getattr(self.tokenizer, "chat_template", None):
@@ -328,6 +336,16 @@ class EndpointGenerator:
     ) -> None:
         import httpx
 
+        self._arguments = {
+            "base_url": base_url,
+            "model": model,
+            "api_key_env": api_key_env,
+            "concurrency": concurrency,
+            "retries": retries,
+            "backoff": backoff,
+            "timeout": timeout,
+            "budget": budget,
+        }
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -347,6 +365,14 @@ class EndpointGenerator:
 
     def close(self) -> None:
         self._client.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its arguments, not its connections or its key: a Ray worker opens its own client and reads
+        the key from its own environment (a local cluster's workers inherit this process's)."""
+        return dict(self._arguments)
+
+    def __setstate__(self, arguments: dict[str, Any]) -> None:
+        self.__init__(**arguments)  # type: ignore[misc]
 
     def generate(self, requests: Sequence[Request]) -> list[str]:
         with ThreadPoolExecutor(self.concurrency) as pool:

@@ -1,13 +1,14 @@
 """Dense retrieval over a recipe's seed corpus, for Gecko's candidates and corpus-only's round trip and negatives.
 
-The corpus is embedded once per run and kept as ``corpus-embeddings.npy`` in the run's parts folder, so a resumed
-run does not embed it again.
+The corpus is embedded once per run, while the run is planned, and kept as ``corpus-embeddings.npy`` in the run's
+parts folder, so a resumed run (and every worker of a run on Ray) reads it instead of embedding it again.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,3 +53,24 @@ def embedder_encode(embedder: Any) -> Encode:
         return embedder.encode_corpus(list(texts))
 
     return encode
+
+
+@dataclass
+class EmbedderEncode:
+    """An ``encode(texts, side)`` for the relabelling recipes from an embedder's name or folder (and
+    ``Embedder.from_pretrained`` options), loaded on first use. It pickles as its name, so a run on Ray sends
+    each worker the name, and the worker loads the embedder itself (once)."""
+
+    name_or_path: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    _encode: Encode | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __call__(self, texts: Sequence[str], side: str) -> np.ndarray:
+        if self._encode is None:
+            from lmembed.embedder import Embedder  # lazy: torch loads only in a run that retrieves
+
+            self._encode = embedder_encode(Embedder.from_pretrained(self.name_or_path, **self.options))
+        return self._encode(texts, side)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name_or_path": self.name_or_path, "options": dict(self.options), "_encode": None}
