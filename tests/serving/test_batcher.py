@@ -21,7 +21,13 @@ import numpy as np
 import pytest
 
 from lmembed.errors import ConfigError
-from lmembed.serving.batcher import PASS_COST_TOKENS, WINDOW_FLOOR_TOKENS, TokenBudgetBatcher, plan_passes
+from lmembed.serving.batcher import (
+    PASS_COST_TOKENS,
+    WAIT_CAP,
+    WINDOW_FLOOR_TOKENS,
+    TokenBudgetBatcher,
+    plan_passes,
+)
 from lmembed.serving.limits import Limits
 from lmembed.serving.metrics import ServerMetrics
 
@@ -200,7 +206,7 @@ def test_plan_passes_separates_lengths_and_merges_near_ones():
 
 
 def test_the_wait_is_bounded_and_ends_when_a_budget_is_queued():
-    """A free worker waits for more texts (a request 50 ms after the first joins its pass with a 2 s bound;
+    """A free worker waits for more texts (a request 50 ms after the first joins its pass with a 0.5 s bound;
     with no wait it gets a pass of its own), and does not wait once a budget of tokens is queued."""
 
     async def two_requests(wait: float) -> list[list[str]]:
@@ -214,7 +220,7 @@ def test_the_wait_is_bounded_and_ends_when_a_budget_is_queued():
         await batcher.stop()
         return engine.passes
 
-    assert asyncio.run(two_requests(2.0)) == [["a/0", "b/1"]]
+    assert asyncio.run(two_requests(0.5)) == [["a/0", "b/1"]]
     assert asyncio.run(two_requests(0.0)) == [["a/0"], ["b/1"]]
 
     async def full_budget() -> float:
@@ -229,6 +235,28 @@ def test_the_wait_is_bounded_and_ends_when_a_budget_is_queued():
         return took
 
     assert asyncio.run(full_budget()) < 10  # not the 30 s bound
+
+
+def test_the_wait_lasts_while_texts_keep_arriving_up_to_its_cap():
+    """Texts arriving 50 ms apart keep a 200 ms wait going: 12 of them share one pass; a stream longer than the
+    cap (WAIT_CAP x 200 ms) does not hold the first pass back for good."""
+
+    async def stream(seconds: float) -> list[list[str]]:
+        engine = FakeEngine()
+        engine.gate.set()
+        metrics = ServerMetrics()
+        batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=BUDGET * 100, metrics=metrics, max_wait_s=0.2)
+        await batcher.start()
+        tasks = []
+        for k in range(round(seconds / 0.05)):
+            tasks.append(asyncio.ensure_future(batcher.embed([f"s/{k}"], [4], None)))
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        await batcher.stop()
+        return engine.passes
+
+    assert len(asyncio.run(stream(0.6))) == 1
+    assert WAIT_CAP * 0.2 < 3.0 and len(asyncio.run(stream(3.0))) >= 2
 
 
 @pytest.mark.parametrize("wait", [-0.001, True, float("nan")])

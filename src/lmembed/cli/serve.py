@@ -40,7 +40,11 @@ def serve(
     ] = 16384,
     batch_wait_ms: Annotated[
         float,
-        typer.Option("--batch-wait-ms", min=0, help="Most a free worker waits for a forward pass to fill (ms)."),
+        typer.Option(
+            "--batch-wait-ms",
+            min=0,
+            help="A free worker waits for texts until none came for this long (ms, 10x at most).",
+        ),
     ] = 5.0,
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", min=1, help="Largest request body; larger ones get 413.")

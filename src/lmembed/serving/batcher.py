@@ -12,9 +12,10 @@ in *windows*:
    it, keep the tail short at saturation: inside a window texts run by length, not by age, so a window
    as long as the whole queue would let a text wait up to two queues' worth.
 2. **Bounded wait.** Before admitting, the worker waits while fewer than ``max_batch_tokens`` tokens are
-   queued, at most ``max_wait_s`` (a few milliseconds) from the moment it found work: clients answered by the
-   last window send their next request in that time, and join this window instead of waiting a whole window
-   for the next one (at saturation the queue is full and nothing waits).
+   queued and texts keep arriving: until none has come for ``max_wait_s`` (a few milliseconds), at most
+   ``WAIT_CAP`` times that in all. Clients answered by the last window send their next request in that
+   time, and join this window instead of waiting a whole window for the next; a lone request waits
+   ``max_wait_s`` only; once a budget of tokens is queued nothing waits.
 3. **Passes, by length inside the window.** The window's texts are split by instruction (texts with
    different instructions cannot share a pass), sorted by length and cut into passes by
    :func:`plan_passes`: the cut that costs least, counting a pass as its *padded* tokens (texts x longest,
@@ -70,11 +71,13 @@ log = logging.getLogger(__name__)
 PASS_COST_TOKENS = 64
 #: A window admits this share of the queued tokens. At saturation a text waits for the window running when it
 #: arrives, then for its place in its own, so with windows as large as the queue the slowest wait about twice
-#: the median; half the queue brings p99/p50 to about 1.4 for 64 closed-loop clients, for about 5 % of
-#: throughput (more, smaller passes): bench/serve_sim.py.
+#: the median; with half the queue, p99/p50 for 64 closed-loop clients fell from 1.7-1.9 to 1.4-1.5 in
+#: bench/serve_sim.py runs, for 5-10 % of throughput (more, smaller passes).
 WINDOW_SHARE = 0.5
 #: ... but never fewer tokens than this (below it, the fixed cost of passes dominates: 16 x PASS_COST_TOKENS).
 WINDOW_FLOOR_TOKENS = 16 * PASS_COST_TOKENS
+#: The wait for a window to fill lasts until no text has arrived for ``max_wait_s``, at most this many times it.
+WAIT_CAP = 10
 
 #: Seconds of idleness after which the worker releases freed heap memory.
 IDLE_RELEASE_S = 1.0
@@ -241,10 +244,12 @@ class TokenBudgetBatcher:
         return window
 
     async def _fill(self) -> None:
-        """Wait, at most ``max_wait_s``, while fewer than a budget of tokens are queued."""
-        deadline = time.monotonic() + self.max_wait_s
+        """Wait while fewer than a budget of tokens are queued, until no text has arrived for ``max_wait_s`` (at
+        most ``WAIT_CAP`` x ``max_wait_s``)."""
+        now = time.monotonic()
+        cap, deadline = now + WAIT_CAP * self.max_wait_s, now + self.max_wait_s
         while self._queued_tokens < self.max_batch_tokens and not self._stopping:
-            left = deadline - time.monotonic()
+            left = min(deadline, cap) - time.monotonic()
             if left <= 0:
                 return
             self._wake.clear()
@@ -252,6 +257,7 @@ class TokenBudgetBatcher:
                 await asyncio.wait_for(self._wake.wait(), left)
             except TimeoutError:
                 return
+            deadline = time.monotonic() + self.max_wait_s  # texts are still arriving: wait for the next
 
     async def _idle(self) -> None:
         """Wait for work; after ``IDLE_RELEASE_S`` of none, release the memory the passes freed (once)."""

@@ -63,7 +63,7 @@ class Limits:
     max_header_bytes: int = 16384  # names, values and line ends of all header lines (431 otherwise)
     max_connections_per_client: int = 64  # open connections from one address (429 and close otherwise)
     max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429 otherwise; one request alone passes)
-    batch_wait_s: float = 0.005  # a free forward worker waits at most this for its window to fill (batcher)
+    batch_wait_s: float = 0.005  # a free forward worker waits for more texts until none came for this long (batcher)
 
     def __post_init__(self) -> None:
         for name in (
