@@ -58,16 +58,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def trains_a_reranker(path: Path) -> bool:
-    """A recipe with a ``rerank`` stage yields a reranker, not an embedder: bench/rerank.py measures it."""
+def left_out_by_default(path: Path) -> bool:
+    """Recipes the default table skips: a ``rerank`` stage yields a reranker, not an embedder (bench/rerank.py
+    measures it), and a ``synthesize`` prepare step generates its data with an LLM first (tens of minutes here;
+    name the recipe with ``--recipes`` to run it)."""
     from lmembed.training.recipes import load_recipe
 
-    return any(stage.get("type") == "rerank" for stage in load_recipe(path).stages)
+    recipe = load_recipe(path)
+    return any(stage.get("type") == "rerank" for stage in recipe.stages) or any(
+        step.get("kind") == "synthesize" for step in recipe.prepare
+    )
 
 
 def recipe_paths(names: list[str] | None) -> list[Path]:
     if not names:
-        return [p for p in sorted((REPO / "recipes").glob("*.yaml")) if not trains_a_reranker(p)]
+        return [p for p in sorted((REPO / "recipes").glob("*.yaml")) if not left_out_by_default(p)]
     paths = []
     for name in names:
         path = Path(name)
