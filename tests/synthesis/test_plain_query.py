@@ -42,6 +42,13 @@ def test_a_plain_query_is_one_sane_line_about_its_passage_or_rejected_with_its_r
     assert reason is None or reason in QUERY_REASONS
 
 
+def test_an_answer_instead_of_a_question_is_rejected_only_when_a_question_is_required():
+    answer = 'The answer to your question is: "yeast cells fold proteins with ATP energy.'
+    assert parse_query_line(answer, PASSAGE).ok
+    assert parse_query_line(answer, PASSAGE, question=True).reason == "not_question"
+    assert parse_query_line("Why do yeast cells fold proteins?", PASSAGE, question=True).ok
+
+
 class _Scripted(TinyGenerator):
     """Answers in plain text: a question on the passage's own words, except for passages 1 and 2, whose answers
     are the prompt echoed and a JSON object; records the prompts it was shown."""

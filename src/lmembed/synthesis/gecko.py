@@ -6,7 +6,8 @@ the positive (it may differ from the seed), one from the lower fused ranks the h
 The generation helpers here (one request per seed passage, reading its answer) serve the corpus-only recipe too.
 An answer is a JSON object (``keys``) by default; a recipe with ``answer: plain-query`` asks for one plain-text
 query instead (small generators cannot hold a JSON format) and reads it strictly with
-:func:`~lmembed.synthesis.parsing.parse_query_line` (``query_words: [min, max]``, ``max_copied``); its task
+:func:`~lmembed.synthesis.parsing.parse_query_line` (``query_words: [min, max]``, ``max_copied``,
+``require_question``); its task
 description, which the model is then not asked for, is the recipe's ``instruction``. ``max_passage_words`` cuts
 the passage shown to the generator (retrieval and the rows keep it whole).
 
@@ -63,6 +64,7 @@ def read_answer(answer: str, item: dict[str, Any], context: Context) -> Parsed:
         min_words=int(low),
         max_words=int(high),
         max_copied=float(recipe.get("max_copied", 0.8)),
+        question=bool(recipe.get("require_question", False)),
     )
     if parsed.ok and recipe.get("instruction"):
         return Parsed(value={**parsed.value, "task": str(recipe.get("instruction"))}, repaired=parsed.repaired)

@@ -18,7 +18,7 @@ from typing import Any
 #: why an answer is rejected
 REASONS = ("not_json", "wrong_type", "missing_field", "empty_field")
 #: why a plain-text query answer is rejected
-QUERY_REASONS = ("empty", "not_plain", "multi_line", "too_short", "too_long", "copy", "off_passage")
+QUERY_REASONS = ("empty", "not_plain", "multi_line", "too_short", "too_long", "not_question", "copy", "off_passage")
 
 
 @dataclass(frozen=True)
@@ -158,14 +158,21 @@ def _copied_fraction(query_words: list[str], passage: str, n: int = 3) -> float:
 
 
 def parse_query_line(
-    text: str, passage: str = "", *, min_words: int = 3, max_words: int = 32, max_copied: float = 0.8
+    text: str,
+    passage: str = "",
+    *,
+    min_words: int = 3,
+    max_words: int = 32,
+    max_copied: float = 0.8,
+    question: bool = False,
 ) -> Parsed:
     """One search query written as plain text: a single non-empty line (a leading ``Query:`` label and
     surrounding quotes are stripped, counted as a repair) of ``min_words`` to ``max_words`` words, of which at
     most ``max_copied`` of the word trigrams appear in ``passage`` (more is a copied sentence, not a query) and
     that shares at least one content word (four letters or more, not a question word) with ``passage`` (else it
-    is about nothing in it, e.g. the prompt echoed: "What is the question?"). Anything else is rejected with a
-    reason from :data:`QUERY_REASONS`."""
+    is about nothing in it, e.g. the prompt echoed: "What is the question?"); with ``question``, it must end with
+    a question mark (a small model asked for a question often answers instead: "The answer to your question is:
+    ..."). Anything else is rejected with a reason from :data:`QUERY_REASONS`."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     if not lines:
         return Parsed(reason="empty")
@@ -183,6 +190,8 @@ def parse_query_line(
         return Parsed(reason="too_short", detail=f"{len(words)} words")
     if len(words) > max_words:
         return Parsed(reason="too_long", detail=f"{len(words)} words")
+    if question and not query.endswith("?"):
+        return Parsed(reason="not_question", detail=query[:80])
     if passage and (query.lower() in passage.lower() or _copied_fraction(words, passage) > max_copied):
         return Parsed(reason="copy", detail=query[:80])
     if passage and not {w for w in words if len(w) >= 4 and w not in _GENERIC} & set(_WORD.findall(passage.lower())):
