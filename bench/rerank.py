@@ -19,7 +19,7 @@ SciFact, NFCorpus and ArguAna (full corpora, ../shared/datasets/beir), nDCG@10 i
    sent to a server on loopback by ``--clients`` concurrent clients, ``--docs-per-request`` documents a request.
 
     python bench/rerank.py --reranker runs/recipes/reranker/cross-encoder/model [--rerank-top-k 20]
-    python bench/rerank.py --first-stage-only --tune-fusion     # no reranker: steps 1-2 (warms the vector cache)
+    python bench/rerank.py --first-stage-only --tune-fusion     # no reranker: steps 1-2 (fusion_tuning.json)
 
 Results: bench/results/rerank/result.json and table.md (not written with --first-stage-only).
 """
@@ -117,9 +117,16 @@ def fused(task: RetrievalTask, dense: Run, lexical: Run, method: str, value: flo
     return out
 
 
-def first_stages(task: RetrievalTask, embedder: Embedder, fusion: tuple[str, float]) -> dict[str, Run]:
-    dense, lexical = dense_run(task, embedder), bm25_run(task)
-    return {"dense": dense, "bm25": lexical, "hybrid": fused(task, dense, lexical, *fusion)}
+def first_stages(
+    task: RetrievalTask, embedder: Embedder, fusion: tuple[str, float], stages: list[str]
+) -> dict[str, Run]:
+    """The runs of ``stages`` (dense is computed when dense or hybrid is asked for)."""
+    lexical = bm25_run(task)
+    if stages == ["bm25"]:
+        return {"bm25": lexical}
+    dense = dense_run(task, embedder)
+    runs = {"dense": dense, "bm25": lexical, "hybrid": fused(task, dense, lexical, *fusion)}
+    return {name: run for name, run in runs.items() if name in stages}
 
 
 def grid() -> list[tuple[str, float]]:
@@ -152,8 +159,8 @@ def evaluate_set(args: argparse.Namespace, key: str, reranker: Reranker | None, 
     embedder = Embedder.from_pretrained("minilm")
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     task = load_task(key)
-    runs = first_stages(task, embedder, parse_setting(args.fusion))
-    if tuning:
+    runs = first_stages(task, embedder, parse_setting(args.fusion), args.first_stages)
+    if tuning and "dense" in runs:
         runs["hybrid (dev-tuned)"] = fused(task, runs["dense"], runs["bm25"], *parse_setting(tuning["chosen"][key]))
     subset = fewer_queries(task, args.rerank_queries, args.seed)
     memo = MemoReranker(reranker) if reranker is not None else None
@@ -162,7 +169,7 @@ def evaluate_set(args: argparse.Namespace, key: str, reranker: Reranker | None, 
         row: dict[str, Any] = {"first_stage": stage, "ndcg_at_10": ndcg(task, run)}
         if stage == "hybrid (dev-tuned)":
             row["fusion"] = tuning["chosen"][key]
-        if memo is not None and stage in args.first_stages:
+        if memo is not None and stage in STAGE_NAMES:
             reranked = rerank_run(memo, subset, run, args.rerank_top_k)
             row.update(subset_ndcg_at_10=ndcg(subset, run), reranked_ndcg_at_10=ndcg(subset, reranked))
         rows.append(row)
@@ -327,6 +334,8 @@ def main() -> None:
     tuning = tune_fusion(args.sets, Embedder.from_pretrained("minilm")) if args.tune_fusion else None
     if tuning:
         print(json.dumps({"chosen": tuning["chosen"], "pooled_choice": tuning["pooled_choice"]}), flush=True)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "fusion_tuning.json").write_text(json.dumps(tuning, indent=2) + "\n")
     options = {"max_length": args.max_length} if args.max_length else {}
     reranker = None if args.first_stage_only else load_reranker(args.reranker, kind=args.reranker_kind, **options)
     (OUT / "sets").mkdir(parents=True, exist_ok=True)

@@ -172,7 +172,7 @@ def test_llm_reranker_refuses_answer_tokens_outside_the_vocabulary(llm_folder):
         load_reranker(str(llm_folder), kind="nope")
 
 
-def test_reset_pooler_makes_a_bert_pooler_the_identity(tmp_path, llm_folder):
+def test_a_new_head_has_one_label_and_reset_pooler_makes_the_pooler_the_identity(tmp_path, llm_folder):
     """A bare BERT backbone gets a new head; reset_pooler sets the pooler under it to the identity (the head then
     reads tanh of [CLS]); a model without a BERT-style pooler is refused, naming it."""
     from transformers import BertModel
@@ -183,6 +183,7 @@ def test_reset_pooler_makes_a_bert_pooler_the_identity(tmp_path, llm_folder):
     BertModel.from_pretrained(raw).save_pretrained(tmp_path / "bare")  # a backbone without a head
     tokenizer().save_pretrained(tmp_path / "bare")
     ce = load_reranker(str(tmp_path / "bare"), reset_pooler=True)
+    assert ce.num_labels == 1  # a new head gives one relevance score (not transformers' default of two)
     dense = ce.model.bert.pooler.dense
     assert torch.equal(dense.weight, torch.eye(32)) and not dense.bias.any()
     features = ce.collate(ce.encode_pairs(PAIRS[:2]))

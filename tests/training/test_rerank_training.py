@@ -14,6 +14,7 @@ import torch
 
 from conftest import WORDS, build_tokenizer, tiny_decoder_config
 from helpers import save_tiny_cross_encoder
+from lmembed.errors import ConfigError
 from lmembed.rerank import load_reranker
 from lmembed.training.losses import ListwiseSoftmaxLoss, PointwiseBCELoss, build_loss, loss_spec
 from lmembed.training.losses.factory import build_training_loss
@@ -213,5 +214,8 @@ def test_what_reranker_training_refuses(tmp_path):
         config(tmp_path, pooling="mean", grad_cache_chunk=2)
     with pytest.raises(TrainConfigError, match="num_negatives >= 1"):
         config(tmp_path, num_negatives=0)
+    two_labels = load_reranker(str(save_tiny_cross_encoder(tmp_path / "ce2", num_labels=2)))
+    with pytest.raises(ConfigError, match="has 2 labels; a reranker is trained with one score per pair"):
+        Trainer(config(tmp_path), model=two_labels, datasets=data)
     with pytest.raises(TrainConfigError, match="reranker_options apply to reranker training only"):
         config(tmp_path, reranker=None, reranker_options={"prompt": {}})

@@ -3,7 +3,8 @@ logits are the relevance score.
 
 Any ``AutoModelForSequenceClassification`` works: an encoder (BERT, MiniLM, XLM-R ...) reads the pair as the
 tokenizer joins it, and a decoder (Llama, Qwen ...) is scored at its last real token, as RankLLaMA/RepLLaMA's
-reranker is. A backbone without a head (e.g. the bundled ``minilm``) gets a fresh one-label head, to be trained.
+reranker is. A backbone without a head (e.g. the bundled ``minilm``) gets a fresh one-label head (unless
+``num_labels`` says otherwise), to be trained.
 
 It reads and writes sentence-transformers' ``CrossEncoder`` folder format, with its conventions: the
 activation recorded in ``config_sentence_transformers.json`` (``activation_fn``; or, from sentence-transformers
@@ -138,9 +139,11 @@ class CrossEncoderReranker(Reranker):
 
         path = resolve_model_path(name_or_path)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         if num_labels is not None:
             config.num_labels = num_labels
-        has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+        elif not has_head:
+            config.num_labels = 1  # a reranker's new head gives one relevance score (transformers' default is 2)
         if not has_head:
             log.warning("%s has no sequence-classification head: a new, untrained one is added", name_or_path)
         try:

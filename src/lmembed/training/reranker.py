@@ -159,6 +159,11 @@ def build_trainable_reranker(
         reranker = load_reranker(config.model, kind=kind, **{**options, **config.reranker_options})
     elif config.max_length is not None and config.max_length != reranker.max_length:
         log.warning("max_length=%s is ignored: the reranker given uses %s", config.max_length, reranker.max_length)
+    if reranker.num_labels != 1:
+        raise ConfigError(
+            f"{reranker.name} has {reranker.num_labels} labels; a reranker is trained with one score per pair "
+            "(load it with num_labels=1)"
+        )
     decoder = reranker.kind == "llm" or bool(config_says_decoder(reranker.model.config))
     use_lora = decoder if config.lora is None else config.lora
     lora = LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
