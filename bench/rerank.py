@@ -251,7 +251,7 @@ def table(results: list[dict], throughput_record: dict | None) -> str:
         found = by_set.get(key, [])
         if not found:
             continue
-        base = found[0]
+        base = max(found, key=lambda r: len(r["rows"]))  # the run with every first stage
         for row in base["rows"]:
             stage = STAGE_NAMES.get(row["first_stage"], row["first_stage"])
             if "fusion" in row:
@@ -343,7 +343,8 @@ def main() -> None:
         result = evaluate_set(args, key, reranker, tuning)
         if reranker is not None:
             result["args"] = vars(args)
-            (OUT / "sets" / f"{key}-{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
+            name = f"{key}-{args.label.replace(' ', '-')}.json"
+            (OUT / "sets" / name).write_text(json.dumps(result, indent=2) + "\n")
     if reranker is not None and args.throughput:
         record = {"label": args.label, **throughput(args, reranker)}
         (OUT / "throughput.json").write_text(json.dumps(record, indent=2) + "\n")
