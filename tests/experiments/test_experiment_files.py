@@ -1,0 +1,45 @@
+"""Every experiment file under experiments/ loads (arms, training and strategy options, recipes, comparisons
+checked as `lmembed experiment` checks them before running) and is listed in experiments/README.md's table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from lmembed.experiments.spec import load_spec
+
+FOLDER = REPO / "experiments"
+FILES = sorted(FOLDER.glob("*.yaml"))
+
+
+def test_there_are_experiment_files() -> None:
+    assert len(FILES) >= 14, [p.name for p in FILES]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_experiment_file_loads_and_is_listed(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.compare, f"{path.name}: no comparison"
+    assert spec.scale, f"{path.name}: the scale it is run at is not stated"
+    assert f"[{path.name}]({path.name})" in (FOLDER / "README.md").read_text(), f"{path.name} not in the table"
+
+
+def test_instruction_training_compares_each_backbone_with_and_without() -> None:
+    spec = load_spec(FOLDER / "instruction-training.yaml")
+    arms = {arm.name: arm for arm in spec.arms}
+    for backbone, claim in (("smollm2", 1), ("minilm", 0)):
+        with_, without = arms[f"{backbone}-instr"], arms[f"{backbone}-plain"]
+        assert with_.model == without.model
+        assert all(source.get("instruction") for source in with_.train["data"])
+        assert not any(isinstance(s, dict) and s.get("instruction") for s in without.train["data"])
+        # the same data and steps apart from the instructions
+        strip = [{k: v for k, v in s.items() if k != "instruction"} for s in with_.train["data"]]
+        assert strip == without.train["data"]
+        assert {k: v for k, v in with_.train.items() if k != "data"} == {
+            k: v for k, v in without.train.items() if k != "data"
+        }
+        match = [c for c in spec.compare if (c.a, c.b) == (with_.name, without.name)]
+        assert [c.expected for c in match] == [claim]
+    assert spec.evaluation.instructions == "nv-embed"
