@@ -1,8 +1,8 @@
 """The scheduler in a closed loop without a model: lmembed's real batcher, a fake engine that sleeps for a
 pass (``--pass-ms`` + ``--token-us`` per padded token), and closed-loop clients that take a random
 turnaround (``--turnaround-ms``, the HTTP round trip) between requests. It shows how the window share
-(``WINDOW_SHARE``: a window admits this share of the queued tokens) trades the tail (p99/p50) against
-throughput, in seconds of sleeping, so it can run beside other jobs.
+(``lmembed serve --window-share``: a window admits this share of the queued tokens) trades the tail
+(p99/p50) against throughput, in seconds of sleeping, so it can run beside other jobs.
 
 Texts are half short (8-40 tokens), half long (150-256), as bench/serve_load.py's mix.
 

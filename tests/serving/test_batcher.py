@@ -150,16 +150,33 @@ def test_a_window_sorts_by_length_so_padding_stays_small():
     assert [r[:, 0].tolist() for r in results] == [[0, 1], [2, 3], [4, 5]]
 
 
-def test_a_window_admits_half_the_queue_oldest_first():
-    """40 one-text requests of 64 tokens queued (2560 tokens): the first window takes the oldest 20 (half the
-    queued tokens), the next 16 (the floor of 1024 tokens: half of what is left is less), then the last 4;
-    each window here is one pass, in arrival order."""
+@pytest.mark.parametrize(
+    ("share", "windows"),
+    [(0.5, [20, 16, 4]), (0.25, [16, 16, 8]), (1.0, [40])],
+)
+def test_a_window_admits_its_share_of_the_queue_oldest_first(share, windows):
+    """40 one-text requests of 64 tokens queued (2560 tokens). Share 0.5: the first window takes the oldest 20
+    (half the queued tokens), the next 16 (the floor of 1024 tokens: half of what is left is less), then the last
+    4. Share 0.25 (the server's default): the floor twice, then 8. Share 1: all 40 at once. Each window here is
+    one pass, in arrival order."""
+    assert WINDOW_FLOOR_TOKENS == 1024
     engine = FakeEngine()
-    batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=100_000, metrics=ServerMetrics())
+    batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=100_000, metrics=ServerMetrics(), window_share=share)
     requests = [[64]] * 40
     run(lambda: line_up(batcher, engine, requests))
-    assert [len(p) for p in engine.passes[1:]] == [20, WINDOW_FLOOR_TOKENS // 64, 20 - WINDOW_FLOOR_TOKENS // 64]
+    assert [len(p) for p in engine.passes[1:]] == windows
     assert [t for p in engine.passes[1:] for t in p] == [name for name, _ in names(requests)]
+
+
+def test_the_server_default_window_is_a_quarter_of_the_queue():
+    batcher = TokenBudgetBatcher(FakeEngine(), None, max_batch_tokens=64, metrics=ServerMetrics())
+    assert batcher.window_share == Limits().window_share == 0.25
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5, True, float("nan")])
+def test_a_window_share_outside_0_1_is_refused(share):
+    with pytest.raises(ConfigError, match=r"window_share=.* must be a share of the queue in \(0, 1\]"):
+        Limits(window_share=share)
 
 
 def cost(passes: list[list[int]], lengths: list[int]) -> int:

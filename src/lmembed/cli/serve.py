@@ -46,6 +46,15 @@ def serve(
             help="A free worker waits for texts until none came for this long (ms, 10x at most).",
         ),
     ] = 5.0,
+    window_share: Annotated[
+        float,
+        typer.Option(
+            "--window-share",
+            min=0.01,
+            max=1.0,
+            help="Share of the queued tokens a scheduling window admits (smaller: shorter tail; larger: throughput).",
+        ),
+    ] = 0.25,
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", min=1, help="Largest request body; larger ones get 413.")
     ] = 4 * 2**20,
@@ -93,6 +102,7 @@ def serve(
     limits = Limits(
         max_batch_tokens=max_batch_tokens,
         batch_wait_s=batch_wait_ms / 1000,
+        window_share=window_share,
         max_request_bytes=max_request_bytes,
         max_concurrent_requests=max_concurrent_requests,
         max_inputs=max_inputs,

@@ -82,7 +82,11 @@ class ServerState:
         self.engine = EncodingEngine(
             embedder.backbone, pooling_head=embedder.pooling_head, use_cache=False, show_progress=False
         )
-        schedule = {"max_batch_tokens": limits.max_batch_tokens, "max_wait_s": limits.batch_wait_s}
+        schedule = {
+            "max_batch_tokens": limits.max_batch_tokens,
+            "max_wait_s": limits.batch_wait_s,
+            "window_share": limits.window_share,
+        }
         self.batcher = TokenBudgetBatcher(self.engine, self.config, metrics=self.metrics, **schedule)
         query_config = for_side(self.config, "query")[0]
         self.query_batcher = None  # an asymmetric (Router) model reads queries through their own route

@@ -4,13 +4,14 @@ Requests put their texts in one queue, in arrival order. One worker runs the for
 in *windows*:
 
 1. **Admission, by age.** When the worker is free it admits the oldest waiting texts, in arrival order,
-   until their tokens reach the window: ``WINDOW_SHARE`` (half) of the tokens queued, at least
+   until their tokens reach the window: ``window_share`` (a quarter, ``--window-share``) of the tokens queued, at least
    ``WINDOW_FLOOR_TOKENS``, at most ``max_batch_tokens`` (the oldest text always goes, even alone over the
    budget). A text is never admitted before one that arrived ahead of it, so a request's texts are never
    held behind later arrivals: the work done on texts that came after a request, before that request is
-   answered, is at most one window (at most one budget of tokens). Windows of half the queue, not all of
-   it, keep the tail short at saturation: inside a window texts run by length, not by age, so a window
-   as long as the whole queue would let a text wait up to two queues' worth.
+   answered, is at most one window (at most one budget of tokens). Windows of a share of the queue, not all
+   of it, keep the tail short at saturation: inside a window texts run by length, not by age, so a window
+   as long as the whole queue would let a text wait up to two queues' worth. A smaller share shortens the
+   tail and costs throughput (more, smaller passes).
 2. **Bounded wait.** Before admitting, the worker waits while fewer than ``max_batch_tokens`` tokens are
    queued and texts keep arriving: until none has come for ``max_wait_s`` (a few milliseconds), at most
    ``WAIT_CAP`` times that in all. Clients answered by the last window send their next request in that
@@ -69,11 +70,6 @@ log = logging.getLogger(__name__)
 #: less than a pass of its own. A judgement for small encoders on CPU, where a one-text pass costs about as
 #: much as a hundred tokens of a full one; larger, it merges more lengths into a pass.
 PASS_COST_TOKENS = 64
-#: A window admits this share of the queued tokens. At saturation a text waits for the window running when it
-#: arrives, then for its place in its own, so with windows as large as the queue the slowest wait about twice
-#: the median; with half the queue, p99/p50 for 64 closed-loop clients fell from 1.7-1.9 to 1.4-1.5 in
-#: bench/serve_sim.py runs, for 5-10 % of throughput (more, smaller passes).
-WINDOW_SHARE = 0.5
 #: ... but never fewer tokens than this (below it, the fixed cost of passes dominates: 16 x PASS_COST_TOKENS).
 WINDOW_FLOOR_TOKENS = 16 * PASS_COST_TOKENS
 #: The wait for a window to fill lasts until no text has arrived for ``max_wait_s``, at most this many times it.
@@ -167,7 +163,7 @@ class TokenBudgetBatcher:
         metrics: ServerMetrics,
         width: int | None = None,
         max_wait_s: float = Limits.batch_wait_s,
-        window_share: float = WINDOW_SHARE,
+        window_share: float = Limits.window_share,
     ) -> None:
         self.window_share = window_share
         self.engine = engine
