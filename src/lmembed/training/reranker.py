@@ -27,15 +27,18 @@ from torch import nn
 from lmembed.errors import ConfigError
 from lmembed.models.families import config_says_decoder
 from lmembed.rerank import Reranker, load_reranker
-from lmembed.training.trainable import LoraSettings
+from lmembed.training.trainable import LoraSettings, TrainedTensors
 
 __all__ = ["TrainableReranker", "build_trainable_reranker"]
 
 log = logging.getLogger(__name__)
 
 
-class TrainableReranker(nn.Module):
+class TrainableReranker(TrainedTensors, nn.Module):
     """A reranker whose model (or its LoRA adapters) receives gradients; ``forward(**batch) -> Tensor[pairs]``."""
+
+    checkpoint_kind = "the reranker"
+    checkpoint_hint = "other LoRA settings, or for another model"
 
     def __init__(self, reranker: Reranker, *, lora: LoraSettings | None = None) -> None:
         super().__init__()
@@ -95,22 +98,6 @@ class TrainableReranker(nn.Module):
         return self.reranker.forward(batch)[:, 0].float()
 
     # ------------------------------------------------------------------ state
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Copies of the trained tensors only (the LoRA adapters and score head, or the whole model)."""
-        return {name: p.detach().cpu().clone() for name, p in self.named_trainable_parameters()}
-
-    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        params = dict(self.named_trainable_parameters())
-        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
-        if missing or unexpected:
-            raise ConfigError(
-                f"checkpoint does not match the reranker: missing {missing[:5]}, unexpected {unexpected[:5]} "
-                "(was it written with other LoRA settings, or for another model?)"
-            )
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
-
     def weights_changed(self) -> None:
         """Nothing is cached from a reranker's weights."""
 

@@ -56,6 +56,38 @@ class LoraSettings:
     target_modules: str | list[str] = "all-linear"
 
 
+class TrainedTensors:
+    """The checkpoint side of a trainable model (an embedder or a reranker): copies of its trained tensors and
+    loading them back. A subclass gives ``named_trainable_parameters``, ``weights_changed`` and, for the error
+    a mismatched checkpoint gets, ``checkpoint_kind`` and ``checkpoint_hint``."""
+
+    checkpoint_kind = "the model"
+    checkpoint_hint = "other LoRA settings"
+
+    def named_trainable_parameters(self):  # pragma: no cover - provided by the subclass
+        raise NotImplementedError
+
+    def weights_changed(self) -> None:  # pragma: no cover - provided by the subclass
+        raise NotImplementedError
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of the trained tensors only (LoRA adapters or the whole model, plus any new head)."""
+        return {name: p.detach().cpu().clone() for name, p in self.named_trainable_parameters()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.named_trainable_parameters())
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise ConfigError(
+                f"checkpoint does not match {self.checkpoint_kind}: missing {missing[:5]}, unexpected "
+                f"{unexpected[:5]} (was it written with {self.checkpoint_hint}?)"
+            )
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
+        self.weights_changed()
+
+
 def trim_padding(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,12 +131,15 @@ def _expand_instructions(texts: Sequence[str], instructions: Instructions) -> li
     return items
 
 
-class TrainableEmbedder(nn.Module):
+class TrainableEmbedder(TrainedTensors, nn.Module):
     """An Embedder whose backbone (or LoRA adapters) and pooling head receive gradients.
 
     ``forward(input_ids, attention_mask, pool_mask)`` returns raw (un-normalised) float32 vectors
     ``[rows, hidden]``; use :meth:`tokenize` to build its inputs or :meth:`embed` for both steps.
     """
+
+    checkpoint_kind = "the model"
+    checkpoint_hint = "other LoRA or pooling settings"
 
     def __init__(
         self,
@@ -268,23 +303,6 @@ class TrainableEmbedder(nn.Module):
         return nullcontext()
 
     # ------------------------------------------------------------------ state
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Copies of the trained tensors only (LoRA adapters or the whole backbone, plus the head)."""
-        return {name: p.detach().cpu().clone() for name, p in self.named_trainable_parameters()}
-
-    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        params = dict(self.named_trainable_parameters())
-        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
-        if missing or unexpected:
-            raise ConfigError(
-                f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]} "
-                "(was it written with other LoRA or pooling settings?)"
-            )
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
-        self.weights_changed()
-
     def weights_changed(self) -> None:
         """Call after every update: the embedding cache must never serve vectors of older weights."""
         self.embedder.backbone.invalidate_fingerprint()
