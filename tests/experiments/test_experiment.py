@@ -218,6 +218,30 @@ def test_budget_skips_runs_that_do_not_fit(workspace: Path):
     assert json.loads((workspace / "out/summary.json").read_text())["runs"]["missing"] == sorted(outcome.skipped)
 
 
+def test_budget_estimates_a_run_from_its_own_backbone_only(tmp_path: Path):
+    """A run is estimated from its arm's runs, else from arms on the same backbone; a backbone not timed yet has
+    no estimate (a 135M decoder's seconds are not a 22M encoder's)."""
+    arms = {
+        "big": {"model": "big-model", "train": {"steps": 4}},
+        "small": {"model": "small-model", "train": {"steps": 2}},
+        "small-long": {"model": "small-model", "strategy": {"max_length": 64}},
+    }
+    spec = load_spec(_spec(tmp_path, seeds=[0], arms=arms))
+    backbones = {arm.name: arm.model for arm in spec.arms}
+    runs = {run.arm.name: run for run in plan_runs(spec, tmp_path / "out")}
+    big = {"arm": "big", "steps": 4, "seconds": {"train": 40.0, "evaluate": 30.0}}
+    assert runner_module.estimate_seconds(runs["big"], [big], backbones) == pytest.approx(30.0 + 10.0 * 4)
+    assert runner_module.estimate_seconds(runs["small"], [big], backbones) is None
+    assert runner_module.estimate_seconds(runs["small-long"], [big], backbones) is None
+    small = {"arm": "small", "steps": 2, "seconds": {"train": 2.0, "evaluate": 3.0}}
+    assert runner_module.estimate_seconds(runs["small-long"], [big, small], backbones) == pytest.approx(3.0)
+    assert runner_module.estimate_seconds(runs["small"], [big, small], backbones) == pytest.approx(3.0 + 1.0 * 2)
+    # an evaluation-only arm timed on the backbone: a training arm of that backbone takes its per-step time elsewhere
+    long = {"arm": "small-long", "steps": 0, "seconds": {"train": 0.0, "evaluate": 5.0}}
+    assert runner_module.estimate_seconds(runs["small"], [big, long], backbones) is None
+    assert runner_module.estimate_seconds(runs["small"], [big, long, small], backbones) == pytest.approx(3.0 + 2.0)
+
+
 def test_workers_give_the_runs_one_process_gives(workspace: Path):
     spec = load_spec(_spec(workspace))
     lines: list[str] = []

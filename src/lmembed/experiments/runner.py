@@ -17,8 +17,9 @@
 the CPU's cores split between them, or one GPU each).
 
 ``budget_minutes``: once a run has been timed, every remaining run's time is estimated (seconds per
-training step and per evaluation, from the finished runs, same arm first); a run that would end past the
-budget is not started and is reported, so ``--resume`` can finish it later.
+training step and per evaluation, from the finished runs of the same arm, else of arms on the same backbone); a
+run that would end past the budget is not started and is reported, so ``--resume`` can finish it later. A run on
+a backbone not timed yet has no estimate: like the first run, it starts while some of the budget is left.
 
 After the runs, the summary (:mod:`lmembed.experiments.summary`) is written from every finished run.
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,19 +109,24 @@ def _planned_steps(run: PlannedRun) -> int:
     return 0
 
 
-def estimate_seconds(run: PlannedRun, records: Sequence[dict[str, Any]]) -> float | None:
-    """Seconds ``run`` will take, from finished runs (the same arm's first); ``None`` before any is timed."""
+def estimate_seconds(
+    run: PlannedRun, records: Sequence[dict[str, Any]], backbones: Mapping[str, str] | None = None
+) -> float | None:
+    """Seconds ``run`` will take, from finished runs: the same arm's, else those of arms on the same backbone
+    (``backbones``: arm name -> model). ``None`` while nothing on that backbone has been timed: one model's
+    seconds say little about another's (a 135M decoder's step is not a 22M encoder's)."""
+    backbones = backbones or {}
     same = [r for r in records if r.get("arm") == run.arm.name]
-    pool = same or records
+    pool = same or [r for r in records if backbones.get(str(r.get("arm"))) == run.arm.model]
     if not pool:
         return None
     evaluate = sum(r["seconds"]["evaluate"] for r in pool) / len(pool)
     steps = _planned_steps(run)
     if not steps:
         return evaluate
-    trained = [r for r in (same or records) if r.get("steps")]
-    if not trained:
-        trained = [r for r in records if r.get("steps")]
+    trained = [r for r in pool if r.get("steps")] or [
+        r for r in records if r.get("steps") and backbones.get(str(r.get("arm"))) == run.arm.model
+    ]
     if not trained:
         return None
     per_step = sum(r["seconds"]["train"] / r["steps"] for r in trained) / len(trained)
@@ -185,14 +191,15 @@ def run_experiment(
         started = time.perf_counter()
         budget = None if budget_minutes is None else 60.0 * budget_minutes
         announced = False
+        backbones = {arm.name: arm.model for arm in spec.arms}
         for number, run in enumerate(pending, start=1):
             if budget is not None:
-                estimate = estimate_seconds(run, records)
+                estimate = estimate_seconds(run, records, backbones)
                 elapsed = time.perf_counter() - started
                 if estimate is not None and not announced:
                     announced = True
-                    _announce_budget(pending[number - 1 :], records, budget - elapsed, say)
-                # without an estimate (nothing timed yet) a run goes ahead unless the budget is already spent
+                    _announce_budget(pending[number - 1 :], records, backbones, budget - elapsed, say)
+                # no estimate (its backbone not timed yet): the run goes ahead unless the budget is spent
                 over = (
                     (bool(outcome.finished) and elapsed >= budget) if estimate is None else elapsed + estimate > budget
                 )
@@ -210,13 +217,18 @@ def run_experiment(
 
 
 def _announce_budget(
-    remaining: Sequence[PlannedRun], records: Sequence[dict[str, Any]], left: float, say: Progress
+    remaining: Sequence[PlannedRun],
+    records: Sequence[dict[str, Any]],
+    backbones: Mapping[str, str],
+    left: float,
+    say: Progress,
 ) -> None:
     """Print the estimated time of the remaining runs and which of them will not fit in the budget."""
-    total, fits, out = 0.0, [], []
+    total, fits, out, untimed = 0.0, [], [], []
     for run in remaining:
-        estimate = estimate_seconds(run, records)
+        estimate = estimate_seconds(run, records, backbones)
         if estimate is None:
+            untimed.append(run.id)
             continue
         if total + estimate <= left:
             total += estimate
@@ -226,6 +238,8 @@ def _announce_budget(
     say(f"budget: ~{total / 60:.1f} min for {len(fits)} run(s) of {left / 60:.1f} min left")
     if out:
         say(f"budget: will not fit: {', '.join(out)} (run again with --resume and more --budget-minutes)")
+    if untimed:
+        say(f"budget: not estimated yet (their backbone has not been timed): {', '.join(untimed)}")
 
 
 def _spec_yaml(spec: ExperimentSpec) -> str:
