@@ -5,7 +5,10 @@ a kill, and file:line errors for a bad experiment file."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +20,7 @@ from conftest import tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli import app
 from lmembed.experiments import runner as runner_module
-from lmembed.experiments.parallel import Slot, ready, worker_slots
+from lmembed.experiments.parallel import Slot, ready, worker_pool, worker_slots
 from lmembed.experiments.plan import plan_runs
 from lmembed.experiments.report import render_folder
 from lmembed.experiments.runner import ExperimentError, run_experiment
@@ -265,6 +268,28 @@ def test_workers_give_the_runs_one_process_gives(workspace: Path):
         run_experiment(spec, workspace / "other", workers=2, budget_minutes=5)
     cli = CliRunner().invoke(app, ["experiment", str(_spec(workspace)), "--workers", "2", "--budget-minutes", "5"])
     assert cli.exit_code == 2 and "--workers" in cli.output
+
+
+def test_sigterm_stops_the_worker_processes_at_once():
+    """SIGTERM during the parallel runs ends the workers too, at once: left running, they wrote on into the run
+    folders beside a resumed experiment (the pool's own exit waits for their running tasks)."""
+    started = time.perf_counter()
+    with (
+        pytest.raises(KeyboardInterrupt, match="signal"),
+        worker_pool(2, multiprocessing.get_context("spawn")) as pool,
+    ):
+        futures = [pool.submit(time.sleep, 60) for _ in range(2)]
+        processes = list(pool._processes.values())
+        assert len(processes) == 2
+        while not all(future.running() for future in futures):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises here
+    assert time.perf_counter() - started < 20
+    assert not any(process.is_alive() for process in processes)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone after the block
+    with worker_pool(1, multiprocessing.get_context("spawn")) as pool:  # a block that ends well waits for its tasks
+        assert pool.submit(pow, 2, 5).result() == 32
 
 
 def test_worker_slots_split_the_cores_or_take_one_gpu_each():

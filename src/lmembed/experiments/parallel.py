@@ -13,14 +13,20 @@ its seed, and the seeds of a recipe arm that prepares data (mined negatives, con
 wait until one of them has finished, instead of preparing the same files side by side.
 
 If a run fails, no further run is started; the runs already going are finished and kept, and the error is raised.
+An interrupt (Ctrl-C, or SIGTERM, which raises :class:`KeyboardInterrupt` while the workers run) stops the workers
+at once (:func:`worker_pool`): their unfinished runs have no ``run.json`` and start over on ``--resume``. Left
+running, they would write on into the run folders after this process has gone, beside a new one resuming.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +92,39 @@ def _run_in_worker(spec: ExperimentSpec, run: PlannedRun, output: Path) -> dict[
     return execute_run(dataclasses.replace(spec, device=_slot.device), run, _suite, output)
 
 
+# ------------------------------------------------------------------------------------------- the pool
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def worker_pool(
+    workers: int, context: Any, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()
+) -> Iterator[ProcessPoolExecutor]:
+    """A process pool that, when the block ends in an exception or interrupt, ends its workers at once instead of
+    waiting for their running tasks (``ProcessPoolExecutor``'s own exit waits). In the main thread SIGTERM raises
+    :class:`KeyboardInterrupt` inside the block (by default it would end this process alone, the workers going on)."""
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer, initargs=initargs)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield pool
+    except BaseException:
+        processes = list((getattr(pool, "_processes", None) or {}).values())  # 3.11-3.13: no public call
+        for process in processes:
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.join(10)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 # ------------------------------------------------------------------------------------------- the scheduler
 def _prepares(run: PlannedRun) -> bool:
     return bool(run.arm.recipe and run.arm.recipe.get("prepare"))
@@ -131,7 +170,7 @@ def run_parallel(
     waiting, running = list(pending), {}
     failure: tuple[PlannedRun, Exception] | None = None
     done_arms = set(finished_arms)
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(queue,)) as pool:
+    with worker_pool(workers, context, _start_worker, (queue,)) as pool:
         while waiting or running:
             if failure is None:
                 for run in list(waiting):
