@@ -37,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import torch
 
@@ -50,8 +49,6 @@ from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.evaluation.two_stage import Run, bm25_run, dense_run, rerank_run
 from lmembed.lexical.fusion import minmax_fusion, reciprocal_rank_fusion
 from lmembed.rerank import Reranker, load_reranker
-from lmembed.serving.app import create_app
-from lmembed.serving.server import BackgroundServer
 
 SETS = {"scifact": "SciFact", "nfcorpus": "NFCorpus", "arguana": "ArguAna"}
 DEV_SPLITS = {"scifact": "train", "nfcorpus": "dev"}  # ArguAna has test queries only
@@ -156,7 +153,7 @@ def parse_setting(text: str) -> tuple[str, float]:
 def evaluate_set(args: argparse.Namespace, key: str, reranker: Reranker | None, tuning: dict | None) -> dict:
     """One set: every first stage on all test queries, and (with a reranker) its top ``--rerank-top-k`` reranked
     for ``--rerank-queries`` of them, the first stage scored on the same queries beside it."""
-    embedder = Embedder.from_pretrained("minilm")
+    embedder = Embedder.from_pretrained("minilm", device=args.device)
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     task = load_task(key)
     runs = first_stages(task, embedder, parse_setting(args.fusion), args.first_stages)
@@ -209,6 +206,11 @@ def throughput(args: argparse.Namespace, reranker: Reranker) -> dict:
     start = time.perf_counter()
     reranker.score_pairs(pairs)
     local = len(pairs) / (time.perf_counter() - start)
+    import httpx  # the serve extra: only this step needs it (a GPU image without FastAPI runs the rest)
+
+    from lmembed.serving.app import create_app
+    from lmembed.serving.server import BackgroundServer
+
     app = create_app(Embedder.from_pretrained("minilm", cache=False), reranker=reranker, reranker_name="ce")
     with BackgroundServer(app) as server, httpx.Client(timeout=600) as client:
         while client.get(server.url + "/health").status_code != 200:
@@ -324,6 +326,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--table", action="store_true", help="Only assemble table.md from the results written.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="Where minilm and the reranker run (cpu, cuda).")
     args = parser.parse_args()
     if args.table:
         print(write_table())
@@ -336,7 +339,7 @@ def main() -> None:
         print(json.dumps({"chosen": tuning["chosen"], "pooled_choice": tuning["pooled_choice"]}), flush=True)
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "fusion_tuning.json").write_text(json.dumps(tuning, indent=2) + "\n")
-    options = {"max_length": args.max_length} if args.max_length else {}
+    options = {"device": args.device} | ({"max_length": args.max_length} if args.max_length else {})
     reranker = None if args.first_stage_only else load_reranker(args.reranker, kind=args.reranker_kind, **options)
     (OUT / "sets").mkdir(parents=True, exist_ok=True)
     for key in args.sets:
