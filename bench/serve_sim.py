@@ -36,7 +36,7 @@ class SleepingEngine:
     def output_dim(self, config) -> int:
         return 1
 
-    def encode_raw(self, texts, configs, *, instruction=None, batch_size=32) -> list[np.ndarray]:
+    def encode_raw(self, texts, configs, *, instruction=None, batch_size=32, features=None) -> list[np.ndarray]:
         longest = max(int(t.split(":")[1]) for t in texts)
         time.sleep(self.pass_s + self.token_s * len(texts) * longest)
         return [np.zeros((len(texts), 1), dtype=np.float32)]

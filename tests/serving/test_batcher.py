@@ -40,16 +40,20 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.passes: list[list[str]] = []
+        self.features: list[list | None] = []  # each pass's features, as the engine received them
         self.gate = threading.Event()
         self.entered = threading.Event()
 
     def output_dim(self, config) -> int:
         return 1
 
-    def encode_raw(self, texts: Sequence[str], configs, *, instruction=None, batch_size=32) -> list[np.ndarray]:
+    def encode_raw(
+        self, texts: Sequence[str], configs, *, instruction=None, batch_size=32, features=None
+    ) -> list[np.ndarray]:
         self.entered.set()
         self.gate.wait(30)
         self.passes.append(list(texts))
+        self.features.append(None if features is None else list(features))
         return [np.array([[float(t.split("/")[1])] for t in texts], dtype=np.float32)]
 
 
@@ -148,6 +152,58 @@ def test_a_window_sorts_by_length_so_padding_stays_small():
     assert engine.passes[1:] == [["r0/0", "r1/3", "r2/4"], ["r0/1", "r1/2", "r2/5"]]
     assert batcher.windows == 2 and batcher.passes == 3  # the blocker's window, then one for all three
     assert [r[:, 0].tolist() for r in results] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_the_engine_runs_on_the_features_queued_with_the_texts():
+    """Features given with a request's texts reach the engine with them, in the pass's order (the server's
+    tokenisation is the pass's); a request without features leaves the engine to tokenise."""
+    engine = FakeEngine()
+    engine.gate.set()
+
+    async def scenario() -> None:
+        batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=1000, metrics=ServerMetrics(), max_wait_s=0.05)
+        await batcher.start()
+        built = asyncio.ensure_future(batcher.embed(["a/0", "a/1", "a/2"], [60, 4, 60], None, ["fa0", "fa1", "fa2"]))
+        await asyncio.gather(built, batcher.embed(["b/3"], [4], None))
+        with pytest.raises(ValueError, match="2 features for 1 texts"):
+            await batcher.embed(["c/4"], [4], None, ["x", "y"])
+        await batcher.stop()
+
+    run(scenario)
+    runs = {tuple(p): f for p, f in zip(engine.passes, engine.features, strict=True)}
+    assert runs == {("a/0", "a/2"): ["fa0", "fa2"], ("a/1", "b/3"): None}
+
+
+def test_the_next_pass_of_a_window_is_handed_over_while_one_runs():
+    """A window of two passes (a short text, a long one): the second is queued on the worker thread while the
+    first runs, so it starts as soon as the first ends, even while the event loop is busy (here: blocked) and
+    has not yet answered the first pass's callers."""
+    engine = FakeEngine()
+    second = threading.Event()
+    encode_raw = engine.encode_raw
+
+    def counted(texts, configs, **kwargs):
+        if engine.passes:
+            second.set()
+        return encode_raw(texts, configs, **kwargs)
+
+    engine.encode_raw = counted
+    outcome = {}
+
+    async def scenario() -> None:
+        batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=1000, metrics=ServerMetrics(), max_wait_s=0.05)
+        await batcher.start()
+        task = asyncio.ensure_future(batcher.embed(["a/0", "a/1"], [4, 200], None))
+        while not engine.entered.is_set():
+            await asyncio.sleep(0.001)
+        engine.gate.set()
+        outcome["started while the loop was blocked"] = second.wait(10)  # blocks the event loop
+        outcome["vectors"] = (await task)[:, 0].tolist()
+        await batcher.stop()
+
+    run(scenario)
+    assert outcome == {"started while the loop was blocked": True, "vectors": [0.0, 1.0]}
+    assert engine.passes == [["a/0"], ["a/1"]] and all(f is None for f in engine.features)
 
 
 @pytest.mark.parametrize(

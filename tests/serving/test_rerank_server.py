@@ -126,10 +126,10 @@ def test_concurrent_rerank_requests_share_passes_and_429_beyond_the_limit(make_e
         batcher = state.rerank.batcher
         forward, gate, entered = batcher._forward, threading.Event(), threading.Event()
 
-        def held(items, instruction):
+        def held(pairs, instruction, features):
             entered.set()
             gate.wait(30)
-            return forward(items, instruction)
+            return forward(pairs, instruction, features)
 
         batcher._forward = held
         with ThreadPoolExecutor(3) as pool:
@@ -182,3 +182,12 @@ def test_search_by_bm25_hybrid_and_reranked(make_embedder, ce_folder, tmp_path):
             ({"rerank": True, "rerank_top_k": 0}, "invalid_rerank_top_k"),
         ]:
             assert_error(post(server, {"query": "cat", **body}, "/v1/search"), 400, code)
+
+
+def test_rerank_passes_are_scheduled_with_the_servers_wait_and_window_share(make_embedder, ce_folder):
+    """--batch-wait-ms and --window-share reach the reranker's batcher, not only the embeddings'."""
+    limits = Limits(batch_wait_s=0.02, window_share=0.5)
+    app = create_app(make_embedder("bert"), reranker=load_reranker(str(ce_folder)), limits=limits)
+    state = app.state.lmembed
+    for batcher in (state.batcher, state.rerank.batcher):
+        assert (batcher.max_wait_s, batcher.window_share) == (0.02, 0.5)

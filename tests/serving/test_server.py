@@ -75,10 +75,10 @@ def gated(state) -> Iterator[Gate]:
     gate = Gate()
     forward = state.batcher._forward
 
-    def held(texts, instruction):
+    def held(texts, instruction, features):
         gate.entered.set()
         gate.wait(30)
-        return forward(texts, instruction)
+        return forward(texts, instruction, features)
 
     state.batcher._forward = held
     try:
@@ -94,9 +94,9 @@ def recorded(state) -> Iterator[list[tuple[list[str], str | None]]]:
     passes: list[tuple[list[str], str | None]] = []
     forward = state.batcher._forward
 
-    def record(texts, instruction):
+    def record(texts, instruction, features):
         passes.append((list(texts), instruction))
-        return forward(texts, instruction)
+        return forward(texts, instruction, features)
 
     state.batcher._forward = record
     try:
@@ -221,6 +221,35 @@ def test_callers_share_forward_passes_and_keep_their_vectors(make_embedder, fami
         assert np.array_equal(served, as_in_passes(emb, shared, sent, instruction))
         alone = np.stack([emb.encode([t], instruction=instruction)[0] for t in sent])
         np.testing.assert_allclose(served, alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_a_requests_texts_are_tokenised_once(make_embedder, monkeypatch, truncate):
+    """The features built to count a request's tokens are what its forward pass runs on: each text goes
+    through the input builder once (twice with --no-truncate, whose over-length check reads it untruncated),
+    and the vectors are still Embedder.encode's of the pass."""
+    emb = make_embedder("bert")
+    texts = MIXED[:3]
+    calls: list[tuple[str, ...]] = []
+    build_all, build = InputBuilder.build_all, InputBuilder.build
+
+    def counted_all(self, batch, instruction=None):
+        calls.append(tuple(batch))
+        return build_all(self, batch, instruction)
+
+    def counted(self, text, instruction=None):
+        calls.append((text,))
+        return build(self, text, instruction)
+
+    with serving(emb, limits=Limits(truncate=truncate)) as (server, state), recorded(state) as passes:
+        monkeypatch.setattr(InputBuilder, "build_all", counted_all)
+        monkeypatch.setattr(InputBuilder, "build", counted)
+        response = post(server, {"input": texts})
+        monkeypatch.undo()
+    assert response.status_code == 200
+    assert calls == [tuple(texts)] * (1 if truncate else 2)
+    assert response.json()["usage"]["prompt_tokens"] == token_count(emb, texts)
+    assert np.array_equal(vectors_of(response.json()), as_in_passes(emb, passes, texts))
 
 
 def test_many_concurrent_clients(make_embedder):

@@ -178,9 +178,19 @@ class EncodingEngine:
         *,
         instruction: str | None = None,
         batch_size: int = 32,
+        features: Sequence[Features] | None = None,
     ) -> list[np.ndarray]:
-        """Raw pooled float32 vectors (before normalisation/truncation), one array per config."""
+        """Raw pooled float32 vectors (before normalisation/truncation), one array per config.
+
+        ``features``, when given, are the texts already tokenised for ``configs`` (``input_builder(configs[0])
+        .build_all(texts, instruction)``, as the server builds them to count tokens): they are used as they are,
+        so each text is tokenised once. The configs must then share their forward passes (one forward key)."""
         texts = validate_texts(texts)
+        if features is not None:
+            if len(features) != len(texts):
+                raise ValueError(f"{len(features)} features for {len(texts)} texts; give one per text")
+            if len(self._forward_groups(configs)) > 1:
+                raise ValueError("pre-built features are one tokenisation: the configs must share a forward key")
         if instruction is not None:
             check_encodable(instruction, "the instruction")
         if batch_size < 1:
@@ -218,6 +228,7 @@ class EncodingEngine:
                     instruction,
                     batch_size,
                     on_batch=partial(_add_rows, writers),
+                    features=features,
                 )
             except BaseException:
                 _flush_quietly(writers)  # keep the finished batches, then let the error through
@@ -310,16 +321,21 @@ class EncodingEngine:
         ]
 
     # ------------------------------------------------------------------ compute
+    def input_builder(self, config: EmbeddingConfig, tokenizer=None, max_length: int | None = None) -> InputBuilder:
+        """The input builder that tokenises texts for ``config`` (with ``tokenizer``, by default the backbone's;
+        ``max_length``, by default the config's resolved against the model): what :meth:`encode_raw` builds its
+        features with, and whoever builds them ahead of it (``features=``) must use."""
+        return InputBuilder(
+            tokenizer if tokenizer is not None else self.backbone.tokenizer,
+            config,
+            is_decoder=self.backbone.is_decoder,
+            max_length=max_length or resolve_max_length(self.backbone, config.max_length),
+        )
+
     def _reading(self, lead: EmbeddingConfig) -> tuple[InputBuilder, str]:
         """How texts are read for a group of strategies that share forward passes (``lead`` is the first):
         the input builder, and the attention mode of the forward pass."""
-        builder = InputBuilder(
-            self.backbone.tokenizer,
-            lead,
-            is_decoder=self.backbone.is_decoder,
-            max_length=resolve_max_length(self.backbone, lead.max_length),
-        )
-        return builder, lead.attention if self.backbone.is_decoder else "bidirectional"
+        return self.input_builder(lead), lead.attention if self.backbone.is_decoder else "bidirectional"
 
     def _compute(
         self,
@@ -330,11 +346,16 @@ class EncodingEngine:
         instruction: str | None,
         batch_size: int,
         on_batch: Callable[[list[int]], None] | None = None,
+        features: Sequence[Features] | None = None,
     ) -> None:
-        """Fill ``outputs`` at ``rows``; ``on_batch(rows)`` is called after each batch is written there."""
+        """Fill ``outputs`` at ``rows``; ``on_batch(rows)`` is called after each batch is written there. With
+        ``features`` (one per text of ``texts``), the texts are not tokenised again."""
         builder, mode = self._reading(configs[0])
         start = time.perf_counter()
-        features = builder.build_all([texts[i] for i in rows], instruction)
+        if features is None:
+            features = builder.build_all([texts[i] for i in rows], instruction)
+        else:
+            features = [features[i] for i in rows]
         tokenised = time.perf_counter()
         self.backend.prepare(
             configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool

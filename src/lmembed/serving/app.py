@@ -92,13 +92,15 @@ class ServerState:
         self.query_batcher = None  # an asymmetric (Router) model reads queries through their own route
         if query_config != self.config:
             self.query_batcher = TokenBudgetBatcher(self.engine, query_config, metrics=self.metrics, **schedule)
-        self.tokenizer = RequestTokenizer(embedder.backbone, self.config, truncate=limits.truncate)
+        # one tokenisation serves both batchers: a query's strategy differs from the model's by its head's route
+        # only, which is not read when texts are tokenised
+        self.tokenizer = RequestTokenizer(self.engine, self.config, truncate=limits.truncate)
         self.admission = TokenAdmission(limits.max_tokens_in_flight)
         self.rerank = None
         if reranker is not None:
             name = reranker_name or reranker.name
             self.rerank = RerankService(
-                reranker, name, max_batch_tokens=limits.max_batch_tokens, registry=self.metrics.registry
+                reranker, name, max_batch_tokens=limits.max_batch_tokens, registry=self.metrics.registry, limits=limits
             )
         self.created = int(time.time())
         self.status = "starting"
@@ -120,12 +122,13 @@ class ServerState:
     ) -> tuple[np.ndarray, int]:
         """Final vectors (as ``Embedder.encode`` returns them; ``side="query"`` as ``encode_queries``) and the
         number of tokens embedded."""
-        lengths = await self.tokenizer.count(texts, instruction, field)
+        features = await self.tokenizer.features(texts, instruction, field)
+        lengths = [len(f) for f in features]
         tokens = sum(lengths)
         self.admission.admit(tokens)
         batcher = self.query_batcher if side == "query" and self.query_batcher is not None else self.batcher
         try:
-            raw = await batcher.embed(texts, lengths, instruction)
+            raw = await batcher.embed(texts, lengths, instruction, features)
         finally:
             self.admission.release(tokens)
         config = self.config if dimensions is None else self.config.with_options(dim=dimensions)

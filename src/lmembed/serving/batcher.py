@@ -28,11 +28,15 @@ When the worker has been idle for ``IDLE_RELEASE_S`` after passes, it gives the 
 to the system (glibc's ``malloc_trim``): a burst of large requests leaves the allocator holding hundreds of
 megabytes it would otherwise keep for good. Never under load: only after a second with nothing to do.
 
-Tokenisation happens before a text is queued, off the event loop (:mod:`lmembed.serving.tokens`), and
-forward passes run on a worker thread, so the event loop only parses, queues and answers.
+Tokenisation happens once, before a text is queued, off the event loop (:mod:`lmembed.serving.tokens`): the
+features built there to count its tokens are queued with the text and are what its pass runs on. Forward passes
+run on a worker thread, so the event loop only parses, queues and answers. The passes of a window are handed to
+that thread one ahead: while a pass runs, the next waits behind it, so the thread goes from one to the next
+without waiting for the event loop to hand out the answers of the first (a caller gone away by then still
+leaves the passes not yet handed over).
 
-Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=...)`` with the
-pass's texts in arrival order and one forward batch, the call ``Embedder.encode`` makes: a served vector
+Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=..., features=...)``
+with the pass's texts in arrival order and one forward batch, the call ``Embedder.encode`` makes: a served vector
 is, bit for bit, the vector ``Embedder.encode(texts_of_its_pass, batch_size=len(texts_of_its_pass))``
 gives (for a request whose texts form a pass alone, that is ``Embedder.encode`` of the request). Against
 the same text encoded in another batch it differs by float rounding only: CPU and GPU matrix kernels are
@@ -54,6 +58,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 import numpy as np
 
@@ -101,9 +106,10 @@ def release_memory() -> bool:
 
 @dataclass(eq=False)
 class _Job:
-    """One request's texts for one instruction, and where their vectors go."""
+    """One request's texts for one instruction (and their features, when built), and where their vectors go."""
 
-    texts: Sequence[str]
+    texts: Sequence[Any]
+    features: Sequence[Any] | None
     future: asyncio.Future
     out: np.ndarray
     remaining: int
@@ -204,12 +210,21 @@ class TokenBudgetBatcher:
         return len(self._queue)
 
     # ------------------------------------------------------------------ requests
-    async def embed(self, texts: Sequence[str], lengths: Sequence[int], instruction: str | None) -> np.ndarray:
-        """Raw vectors ``(len(texts), hidden)`` of ``texts`` (whose token counts are ``lengths``)."""
+    async def embed(
+        self,
+        texts: Sequence[Any],
+        lengths: Sequence[int],
+        instruction: str | None,
+        features: Sequence[Any] | None = None,
+    ) -> np.ndarray:
+        """Raw vectors ``(len(texts), hidden)`` of ``texts`` (whose token counts are ``lengths``; ``features``,
+        their tokenisation, one per text, is what the pass runs on when given)."""
         if self._stopping or self._wake is None:
             raise ApiError(503, "the server is shutting down", "shutting_down")
+        if features is not None and len(features) != len(texts):
+            raise ValueError(f"{len(features)} features for {len(texts)} texts")
         future = asyncio.get_running_loop().create_future()
-        job = _Job(texts, future, np.empty((len(texts), self.hidden), dtype=np.float32), len(texts))
+        job = _Job(texts, features, future, np.empty((len(texts), self.hidden), dtype=np.float32), len(texts))
         if not texts:
             return job.out
         self._queue.extend(_Item(job, row, n, next(self._seq), instruction) for row, n in enumerate(lengths))
@@ -267,8 +282,16 @@ class TokenBudgetBatcher:
             self._released = True
             self.releases += 1
 
-    def _forward(self, texts: list[str], instruction: str | None) -> np.ndarray:
-        return self.engine.encode_raw(texts, [self.config], instruction=instruction, batch_size=len(texts))[0]
+    def _forward(self, texts: list[Any], instruction: str | None, features: list[Any] | None) -> np.ndarray:
+        """One pass (on the worker thread): raw vectors of ``texts``, from ``features`` when they are built."""
+        return self.engine.encode_raw(
+            texts, [self.config], instruction=instruction, batch_size=len(texts), features=features
+        )[0]
+
+    def _timed(self, texts: list[Any], instruction: str | None, features: list[Any] | None) -> tuple[np.ndarray, float]:
+        start = time.perf_counter()
+        raw = self._forward(texts, instruction, features)
+        return raw, time.perf_counter() - start
 
     async def _run(self) -> None:
         while True:
@@ -293,19 +316,32 @@ class TokenBudgetBatcher:
                 for positions in plan_passes([item.length for item in items], self.max_batch_tokens)
             ]
             passes.sort(key=lambda batch: batch[0].seq)
+            ahead: tuple[list[_Item], asyncio.Future] | None = None  # the pass handed to the thread, running
             for batch in passes:
-                await self._pass([item for item in batch if not item.job.future.done()])
+                live = [item for item in batch if not item.job.future.done()]
+                if live:
+                    handed = (live, self._hand_over(live))  # queued behind the running pass
+                    if ahead is not None:
+                        await self._finish(*ahead)
+                    ahead = handed
+            if ahead is not None:
+                await self._finish(*ahead)
 
-    async def _pass(self, batch: list[_Item]) -> None:
-        if not batch:
-            return
-        instruction = batch[0].instruction
+    def _hand_over(self, batch: list[_Item]) -> asyncio.Future:
+        """Queue ``batch``'s pass on the worker thread; the future of its vectors and seconds."""
         texts = [item.job.texts[item.row] for item in batch]
+        features = None
+        if all(item.job.features is not None for item in batch):
+            features = [item.job.features[item.row] for item in batch]
         self.metrics.batch_texts.observe(len(batch))
         self.metrics.batch_tokens.observe(len(batch) * max(item.length for item in batch))
-        start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, self._timed, texts, batch[0].instruction, features)
+
+    async def _finish(self, batch: list[_Item], pass_: asyncio.Future) -> None:
+        """Wait for ``batch``'s pass and give each caller its vectors (or the pass's error)."""
         try:
-            raw = await asyncio.get_running_loop().run_in_executor(self._executor, self._forward, texts, instruction)
+            raw, seconds = await pass_
         except Exception as exc:
             log.exception("forward pass of %d texts failed", len(batch))
             for item in batch:
@@ -314,7 +350,7 @@ class TokenBudgetBatcher:
             return
         self.passes += 1
         self._released = False
-        self.metrics.forward_seconds.observe(time.perf_counter() - start)
+        self.metrics.forward_seconds.observe(seconds)
         self.metrics.texts.inc(len(batch))
         for item, vector in zip(batch, raw, strict=True):
             job = item.job

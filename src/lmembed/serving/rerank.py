@@ -39,6 +39,7 @@ from lmembed.lexical.fusion import FUSIONS
 from lmembed.rerank.base import Features, Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher
 from lmembed.serving.errors import ApiError, bad_request
+from lmembed.serving.limits import Limits
 from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
 
 DEFAULT_RERANK_TOP_K = 100
@@ -65,15 +66,32 @@ class RerankMetrics:
 
 
 class PairBatcher(TokenBudgetBatcher):
-    """The token-budget batcher with the reranker's forward pass: items are encoded pairs, outputs scores."""
+    """The token-budget batcher with the reranker's forward pass: items are query-document pairs with their
+    features (encoded once, off the event loop), outputs scores. It schedules as the embeddings' batcher does,
+    with the server's ``--batch-wait-ms`` and ``--window-share``."""
 
-    def __init__(self, reranker: Reranker, *, max_batch_tokens: int, metrics: RerankMetrics) -> None:
+    def __init__(
+        self, reranker: Reranker, *, max_batch_tokens: int, metrics: RerankMetrics, limits: Limits | None = None
+    ) -> None:
         if reranker.num_labels != 1:
             raise ConfigError(f"reranker {reranker.name} has {reranker.num_labels} labels; serving needs one score")
         self.reranker = reranker
-        super().__init__(None, None, max_batch_tokens=max_batch_tokens, metrics=metrics, width=1)  # type: ignore[arg-type]
+        limits = limits or Limits()
+        super().__init__(
+            None,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            max_batch_tokens=max_batch_tokens,
+            metrics=metrics,  # type: ignore[arg-type]
+            width=1,
+            max_wait_s=limits.batch_wait_s,
+            window_share=limits.window_share,
+        )
 
-    def _forward(self, features: list[Features], instruction: str | None) -> np.ndarray:
+    def _forward(
+        self, pairs: list[tuple[str, str]], instruction: str | None, features: list[Features] | None
+    ) -> np.ndarray:
+        if features is None:
+            raise ValueError("a rerank pass needs its pairs' features")
         reranker = self.reranker
         with torch.inference_mode():
             scores = reranker.activation(reranker.forward(reranker.collate(features)).float())
@@ -83,11 +101,19 @@ class PairBatcher(TokenBudgetBatcher):
 class RerankService:
     """The served reranker: its pair tokenizer (own thread) and its batcher."""
 
-    def __init__(self, reranker: Reranker, name: str, *, max_batch_tokens: int, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        reranker: Reranker,
+        name: str,
+        *,
+        max_batch_tokens: int,
+        registry: CollectorRegistry,
+        limits: Limits | None = None,
+    ) -> None:
         self.reranker = reranker
         self.name = name
         self.metrics = RerankMetrics(registry)
-        self.batcher = PairBatcher(reranker, max_batch_tokens=max_batch_tokens, metrics=self.metrics)
+        self.batcher = PairBatcher(reranker, max_batch_tokens=max_batch_tokens, metrics=self.metrics, limits=limits)
         self.tokenizing = copy.copy(reranker)  # the same reranker with a private tokenizer, for the thread below
         self.tokenizing.tokenizer = copy.deepcopy(reranker.tokenizer)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-rerank-tokenize")
@@ -107,7 +133,7 @@ class RerankService:
         except InputError as exc:
             raise bad_request(str(exc), "invalid_input") from None
         lengths = [len(f["input_ids"]) for f in features]
-        scores = await self.batcher.embed(features, lengths, None)
+        scores = await self.batcher.embed(pairs, lengths, None, features)
         self.metrics.tokens.inc(sum(lengths))
         return scores[:, 0], sum(lengths)
 

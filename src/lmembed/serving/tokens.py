@@ -1,10 +1,11 @@
-"""Token counts of request texts, computed off the event loop.
+"""Request texts tokenised once, off the event loop.
 
-A request's texts are tokenised exactly as the encoding engine will tokenise them (the same
-:class:`~lmembed.encoding.inputs.InputBuilder`: instruction, echo template, special tokens, truncation), on
-one worker thread with a private copy of the tokenizer (a fast tokenizer must not be used from two threads
-at once). The counts give ``usage.prompt_tokens``, the token budget of each forward pass, and, with
-truncation off, the over-length check.
+A request's texts are tokenised exactly as the encoding engine tokenises them (the engine's own
+:meth:`~lmembed.encoding.engine.EncodingEngine.input_builder`: instruction, echo template, special tokens,
+truncation), in one batched call, on one worker thread with a private copy of the tokenizer (a fast tokenizer
+must not be used from two threads at once). The features built here are what the forward pass runs on (the
+batcher hands them to ``encode_raw(..., features=...)``), so no text is tokenised twice; their lengths give
+``usage.prompt_tokens``, the token budget of each forward pass, and, with truncation off, the over-length check.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from lmembed.config import EmbeddingConfig
-from lmembed.encoding.engine import resolve_max_length
-from lmembed.encoding.inputs import InputBuilder
+from lmembed.encoding.engine import EncodingEngine, resolve_max_length
+from lmembed.encoding.inputs import Features
 from lmembed.errors import InputError
 from lmembed.serving.errors import ApiError, bad_request
 
@@ -25,43 +26,40 @@ UNBOUNDED = 1 << 30
 
 
 class RequestTokenizer:
-    """Counts tokens (and refuses over-long texts when truncation is off) on its own thread."""
+    """Builds the features of request texts (and refuses over-long texts when truncation is off) on its own
+    thread."""
 
-    def __init__(self, backbone, config: EmbeddingConfig, *, truncate: bool = True) -> None:
-        tokenizer = copy.deepcopy(backbone.tokenizer)
-        self.max_length = resolve_max_length(backbone, config.max_length)
-        self.builder = InputBuilder(tokenizer, config, is_decoder=backbone.is_decoder, max_length=self.max_length)
-        self.unbounded = (
-            None if truncate else InputBuilder(tokenizer, config, is_decoder=backbone.is_decoder, max_length=UNBOUNDED)
-        )
+    def __init__(self, engine: EncodingEngine, config: EmbeddingConfig, *, truncate: bool = True) -> None:
+        tokenizer = copy.deepcopy(engine.backbone.tokenizer)
+        self.max_length = resolve_max_length(engine.backbone, config.max_length)
+        self.builder = engine.input_builder(config, tokenizer)
+        self.unbounded = None if truncate else engine.input_builder(config, tokenizer, UNBOUNDED)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-tokenize")
         self.closed = False
 
-    def lengths(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[int]:
-        """Tokens each text is fed to the model with (after truncation)."""
-        out = []
+    def build(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
+        """Each text's features, as the model is fed them (after truncation)."""
         try:
-            for i, text in enumerate(texts):
-                n = len(self.builder.build(text, instruction))
-                if self.unbounded is not None:
-                    full = len(self.unbounded.build(text, instruction))
-                    if full > n:
+            features = self.builder.build_all(texts, instruction)
+            if self.unbounded is not None:
+                full = self.unbounded.build_all(texts, instruction)
+                for i, (cut, whole) in enumerate(zip(features, full, strict=True)):
+                    if len(whole) > len(cut):
                         raise bad_request(
-                            f"'{field}[{i}]' is {full} tokens long; the model reads at most {self.max_length} "
+                            f"'{field}[{i}]' is {len(whole)} tokens long; the model reads at most {self.max_length} "
                             "and this server does not truncate (--no-truncate)",
                             "input_too_long",
                             field,
                         )
-                out.append(n)
         except InputError as exc:
             raise bad_request(str(exc), "invalid_input", field) from None
-        return out
+        return features
 
-    async def count(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[int]:
+    async def features(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
         if self.closed:
             raise ApiError(503, "the server is shutting down", "shutting_down")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.lengths, texts, instruction, field)
+        return await loop.run_in_executor(self.executor, self.build, texts, instruction, field)
 
     def close(self) -> None:
         self.closed = True
