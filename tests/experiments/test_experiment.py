@@ -109,7 +109,11 @@ def _spec(root: Path, **changes) -> Path:
             "mean": {"strategy": {"pooling": "mean"}, "train": {}},
             "cls": {"strategy": {"pooling": "cls"}, "train": {}},
         },
-        "compare": [{"a": "mean", "b": "cls", "claim": "better"}, {"a": "mean", "b": "untrained"}],
+        "compare": [
+            {"a": "mean", "b": "cls", "claim": "better"},
+            {"a": "mean", "b": "untrained"},
+            {"a": "cls", "b": "untrained", "minus": ["mean", "untrained"]},  # (cls − untrained) − (mean − untrained)
+        ],
     }
     if "arms" in changes:
         spec.pop("compare")  # default: every arm against the first
@@ -152,15 +156,25 @@ def test_two_arms_two_seeds_end_to_end(workspace: Path):
         ("mean", "cls", "train loss"),
         ("mean", "untrained", "Toy"),
         ("mean", "untrained", "ToySTS"),
+        ("cls", "untrained", "Toy"),  # the gap against mean's gap; no train loss (untrained has none)
+        ("cls", "untrained", "ToySTS"),
     }
     toy_pair = compared[("mean", "cls", "Toy")]
     assert toy_pair["items"] == 6 and toy_pair["low"] <= toy_pair["difference"] <= toy_pair["high"]
     assert toy_pair["verdict"] in ("holds", "reversed", "not distinguishable") and 0 < toy_pair["p_value"] <= 1
     assert toy_pair["difference"] == pytest.approx(cell["mean"] - summary["scores"]["cls"]["Toy"]["mean"], abs=1e-5)
     assert compared[("mean", "untrained", "Toy")]["claim"] == "none"
+    for task in ("Toy", "ToySTS"):  # (cls − untrained) − (mean − untrained) is cls − mean: the pair, negated
+        gaps, pair = compared[("cls", "untrained", task)], compared[("mean", "cls", task)]
+        assert gaps["minus"] == ["mean", "untrained"] and gaps["items"] == pair["items"]
+        assert gaps["difference"] == pytest.approx(-pair["difference"], abs=1e-9)
+        assert (gaps["low"], gaps["high"]) == pytest.approx((-pair["high"], -pair["low"]), abs=1e-9)
+    toy_gaps = compared[("cls", "untrained", "Toy")]
+    assert toy_gaps["p_value"] == pytest.approx(compared[("mean", "cls", "Toy")]["p_value"])  # mean: the same swaps
     assert summary["runs"]["missing"] == [] and len(summary["runs"]["finished"]) == 5
     markdown = (out / "summary.md").read_text()
     assert "## Comparisons" in markdown and "mean ± sample std" in markdown and (out / "summary.png").stat().st_size > 0
+    assert "| (cls − untrained) | (mean − untrained) | Toy | none |" in markdown
 
     # `lmembed report` renders an experiment folder too
     report = render_folder(out, workspace / "rendered")
@@ -349,6 +363,8 @@ def test_spec_errors_name_file_and_line(tmp_path: Path):
         ({**good, "arms": {"a": {"train": {"steps": 0, "data": ["x"]}}}}, "steps: 0", "steps=0 must be >= 1"),
         ({**good, "arms": {"a": {"train": {"steps": 5}}}}, "train:", "needs 'data'"),
         ({**good, "compare": [{"a": "a", "b": "zz"}]}, "b: zz", "'zz' is not an arm"),
+        ({**good, "compare": [{"a": "a", "b": "b", "minus": ["a", "zz"]}]}, "minus:", "'zz' is not an arm"),
+        ({**good, "compare": [{"a": "a", "b": "b", "minus": ["a"]}]}, "minus:", "must be two arms [c, d]"),
         ({**good, "seeds": [1, 1]}, "seeds:", "listed twice"),
         ({**good, "evaluate": {"task": ["scifact"]}}, "task:", "unknown evaluate key 'task'"),
         (
@@ -373,6 +389,8 @@ def test_spec_errors_name_file_and_line(tmp_path: Path):
     with pytest.raises(ExperimentSpecError, match="--set 'seeds'"):
         load_spec(write(good), ["seeds"])
     assert [(c.a, c.b, c.expected) for c in spec.compare] == [("b", "a", 0)]  # default: each arm vs the first
+    gaps = load_spec(write({**good, "compare": [{"a": "b", "b": "a", "minus": ["a", "b"], "claim": "better"}]}))
+    assert [(c.a, c.b, c.minus, c.expected) for c in gaps.compare] == [("b", "a", ("a", "b"), 1)]
     result = CliRunner().invoke(app, ["experiment", str(write({**good, "arms": {}}))])
     assert result.exit_code == 2 and "arms: must be a mapping" in result.output
 

@@ -145,3 +145,44 @@ def test_rank_statistics_do_not_depend_on_each_arms_similarity_scale():
     assert squeezed.p_value == pytest.approx(same_scale.p_value) and squeezed.p_value < 0.001
     labels = (gold > 0).astype(float)
     assert compare(a, 100 + 0.01 * b, "ap", labels).p_value == pytest.approx(compare(a, b, "ap", labels).p_value)
+
+
+def test_difference_of_differences_of_two_gaps():
+    """``minus=(c, d)``: the gap a − b against the gap c − d (one backbone's joint − single-task gap against
+    another's), on constructed items whose answer is known."""
+    rng = np.random.default_rng(7)
+    b, d = rng.random(50), rng.random(50)
+    a, c = b - 0.05, d - 0.2  # every item: gap −0.05 against gap −0.2, so the first gap is 0.15 smaller
+    result = compare(a, b, minus=(c, d), expected=+1)
+    assert result.difference == pytest.approx(0.15)
+    assert result.low == pytest.approx(0.15) and result.high == pytest.approx(0.15)
+    assert result.p_value == pytest.approx(1 / 5001) and result.verdict == HOLDS
+    assert compare(c, d, minus=(a, b), expected=+1).verdict == REVERSED
+    # five items, enumerated: only the all-kept and all-swapped patterns reach |mean| = 3
+    gaps = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    zero = np.zeros(5)
+    assert paired_randomization_test(gaps, zero, minus=(zero, zero)) == 2 / 32
+    # a second gap of 0 everywhere: the same interval and p as the plain paired test of a against b
+    a, b = rng.random(40), rng.random(40)
+    flat = rng.random(40)
+    gaps, pair = compare(a, b, minus=(flat, flat)), compare(a, b)
+    assert (gaps.difference, gaps.low, gaps.high) == pytest.approx((pair.difference, pair.low, pair.high))
+    assert gaps.p_value == pair.p_value and gaps.verdict == pair.verdict
+
+
+def test_difference_of_differences_with_spearman():
+    rng = np.random.default_rng(8)
+    gold = rng.normal(size=60)
+    arms = [gold + scale * rng.normal(size=60) for scale in (0.2, 1.0, 0.5, 0.6)]
+    rhos = [statistic_value("spearman", arm, gold) for arm in arms]
+    result = compare(arms[0], arms[1], "spearman", gold, minus=(arms[2], arms[3]))
+    assert result.difference == pytest.approx((rhos[0] - rhos[1]) - (rhos[2] - rhos[3]))
+    assert result.low <= result.difference <= result.high and 0 < result.p_value <= 1
+    # each arm's similarity scale does not matter (ranks only)
+    squeezed = compare(arms[0], arms[1], "spearman", gold, minus=(100 + 0.01 * arms[2], arms[3]))
+    assert squeezed.difference == pytest.approx(result.difference) and squeezed.p_value == result.p_value
+
+
+def test_difference_of_differences_needs_four_equal_arms():
+    with pytest.raises(ValueError, match="equally long"):
+        paired_bootstrap([1.0, 2.0], [1.0, 2.0], minus=([1.0, 2.0], [1.0]))

@@ -111,6 +111,12 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
             "excludes 0 and p < 0.05, in / against the claimed direction; otherwise *not distinguishable*.",
             "",
         ]
+        if any(c.get("minus") for c in comparisons):
+            lines += [
+                "A row whose a and b are gaps (arm − arm) compares the two gaps: (a1 − a2) − (b1 − b2) over the "
+                "items all four arms were scored on; the randomization test swaps each item's two gaps.",
+                "",
+            ]
         scale_of = {t["name"]: t["scale"] for t in tasks}
         rows = []
         for c in comparisons:
@@ -121,10 +127,11 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
                 if c.get("low") is not None
                 else MISSING
             )
+            minus = c.get("minus")
             rows.append(
                 [
-                    c["a"],
-                    c["b"],
+                    f"({c['a']} − {c['b']})" if minus else c["a"],
+                    f"({minus[0]} − {minus[1]})" if minus else c["b"],
                     c["task"],
                     c["claim"],
                     _number(c["difference"], scale, digits),

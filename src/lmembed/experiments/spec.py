@@ -30,6 +30,7 @@ Layout (every key but ``model``, ``arms`` and ``evaluate.tasks`` is optional)::
     compare:                               # default: every arm against the first, no claim
       - {a: echo, b: classic, claim: better}        # better | worse | none
       - {a: tuned, b: classic, claim: better, tasks: [SciFact]}
+      - {a: big-tuned, b: big, minus: [tuned, classic], claim: better}   # the gap a − b against c − d
 
 An arm's ``strategy`` updates the shared one; a layer may be named (``mid``, ``penultimate``, ``last``,
 ``15+16``). A training arm's ``pooling``, ``attention`` and ``max_length`` are used for training too.
@@ -85,7 +86,7 @@ EVAL_KEYS = (
     "max_length",
 )
 TASK_KEYS = ("name", "path", "type", "split")
-COMPARE_KEYS = ("a", "b", "claim", "tasks")
+COMPARE_KEYS = ("a", "b", "minus", "claim", "tasks")
 CLAIMS = {"better": 1, "worse": -1, "none": 0}
 DEVICES = ("cpu", "cuda", "auto")
 LAYER_NAMES = ("mid", "middle", "penultimate", "last")
@@ -222,12 +223,15 @@ class ArmSpec:
 
 @dataclass(frozen=True)
 class CompareSpec:
-    """A pair of arms to test; ``expected`` is +1 when the claim says ``a`` scores higher, -1 lower, 0 none."""
+    """A pair of arms to test; ``expected`` is +1 when the claim says ``a`` scores higher, -1 lower, 0 none.
+    With ``minus`` (two more arms c, d) the gap a − b is tested against the gap c − d, and ``expected`` is the
+    sign the claim gives ``(a − b) − (c − d)``."""
 
     a: str
     b: str
     expected: int = 0
     tasks: tuple[str, ...] | None = None
+    minus: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -544,13 +548,28 @@ def _comparisons(where: _Where, value: Any, arms: Sequence[ArmSpec]) -> tuple[Co
         for side in ("a", "b"):
             if item.get(side) not in names:
                 raise where.error((*path, side), f"{item.get(side)!r} is not an arm; arms: {', '.join(names)}")
+        minus = item.get("minus")
+        if minus is not None:
+            if not isinstance(minus, list) or len(minus) != 2:
+                raise where.error((*path, "minus"), "must be two arms [c, d]: the gap a − b is tested against c − d")
+            for name in minus:
+                if name not in names:
+                    raise where.error((*path, "minus"), f"{name!r} is not an arm; arms: {', '.join(names)}")
         claim = str(item.get("claim", "none")).lower()
         if claim not in CLAIMS:
             raise where.error((*path, "claim"), f"claim {claim!r}: use better, worse or none")
         tasks = item.get("tasks")
         if tasks is not None and (not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks)):
             raise where.error((*path, "tasks"), "must be a list of task names")
-        out.append(CompareSpec(a=item["a"], b=item["b"], expected=CLAIMS[claim], tasks=tuple(tasks) if tasks else None))
+        out.append(
+            CompareSpec(
+                a=item["a"],
+                b=item["b"],
+                expected=CLAIMS[claim],
+                tasks=tuple(tasks) if tasks else None,
+                minus=(str(minus[0]), str(minus[1])) if minus is not None else None,
+            )
+        )
     return tuple(out)
 
 

@@ -17,6 +17,10 @@ difference between arms) cancels out.
   values at random (for a mean, flipping the sign of its difference; for Spearman and AP, swapping each arm's
   fractional ranks, so arms on different similarity scales stay comparable). Exact (every swap pattern) when
   there are few items, Monte Carlo with the (count + 1) / (draws + 1) estimate otherwise;
+* ``minus=(c, d)`` on all three: the difference of two differences, ``(statistic(a) - statistic(b)) -
+  (statistic(c) - statistic(d))`` (e.g. the gap joint − single-task training of one backbone against the same
+  gap of another), over the items all four arms were scored on: the bootstrap resamples items for the four
+  arms at once, and the randomization test swaps each item's (a, b) with its (c, d);
 * :func:`compare`: both, and a verdict. A difference is *distinguishable* when the interval excludes 0
   **and** p < alpha; then the verdict is ``holds`` when its sign is the one the claim expects and
   ``reversed`` otherwise; if not, ``not distinguishable``. Without a claim, ``differs``.
@@ -112,28 +116,43 @@ def statistic_value(statistic: Statistic, values: Sequence[float], reference: Se
     return float(_score_rows(statistic, row, ref)[0])
 
 
-def _as_pair(a: Sequence[float], b: Sequence[float], reference: Sequence[float] | None):
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1 or x.size == 0:
-        raise ValueError(f"paired scores need two equally long, non-empty lists (got {x.shape} and {y.shape})")
+Minus = tuple[Sequence[float], Sequence[float]]
+
+
+def _as_arms(
+    a: Sequence[float], b: Sequence[float], reference: Sequence[float] | None, minus: Minus | None = None
+) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The arms as arrays: ``[a, b]``, or ``[a, b, c, d]`` with ``minus=(c, d)``; all of one length."""
+    arms = [np.asarray(v, dtype=np.float64) for v in (a, b, *(minus or ()))]
+    if minus is not None and len(minus) != 2:
+        raise ValueError(f"minus: two arms (c, d), got {len(minus)}")
+    if any(x.shape != arms[0].shape for x in arms) or arms[0].ndim != 1 or arms[0].size == 0:
+        shapes = " and ".join(str(x.shape) for x in arms)
+        raise ValueError(f"paired scores need equally long, non-empty lists (got {shapes})")
     ref = None if reference is None else np.asarray(reference, dtype=np.float64)
-    if ref is not None and ref.shape != x.shape:
-        raise ValueError(f"the reference has {ref.size} items, the scores {x.size}")
-    return x, y, ref
+    if ref is not None and ref.shape != arms[0].shape:
+        raise ValueError(f"the reference has {ref.size} items, the scores {arms[0].size}")
+    return arms, ref
+
+
+def _contrast_rows(statistic: Statistic, arms: Sequence[np.ndarray], ref: np.ndarray | None) -> np.ndarray:
+    """Row by row: ``statistic(arms[0])``, ``statistic(arms[0]) - statistic(arms[1])``, or with four arms
+    ``(statistic(arms[0]) - statistic(arms[1])) - (statistic(arms[2]) - statistic(arms[3]))``."""
+    signs = {1: (1,), 2: (1, -1), 4: (1, -1, -1, 1)}[len(arms)]
+    return sum(sign * _score_rows(statistic, x, ref) for sign, x in zip(signs, arms, strict=True))  # type: ignore[return-value]
 
 
 def _resampled(
-    statistic: Statistic, x: np.ndarray, y: np.ndarray | None, ref: np.ndarray | None, resamples: int, seed: int
+    statistic: Statistic, arms: Sequence[np.ndarray], ref: np.ndarray | None, resamples: int, seed: int
 ) -> np.ndarray:
-    """``statistic(x) - statistic(y)`` (or ``statistic(x)`` when ``y`` is None) on item resamples drawn
-    with replacement; the same resample serves both arms."""
+    """The contrast of ``arms`` (see :func:`_contrast_rows`) on item resamples drawn with replacement; the
+    same resample serves every arm."""
     rng = np.random.default_rng(seed)
+    size = arms[0].size
     out = []
     for start in range(0, resamples, _CHUNK):
-        index = rng.integers(0, x.size, size=(min(_CHUNK, resamples - start), x.size))
-        refs = None if ref is None else ref[index]
-        scores = _score_rows(statistic, x[index], refs)
-        out.append(scores if y is None else scores - _score_rows(statistic, y[index], refs))
+        index = rng.integers(0, size, size=(min(_CHUNK, resamples - start), size))
+        out.append(_contrast_rows(statistic, [x[index] for x in arms], None if ref is None else ref[index]))
     return np.concatenate(out) if out else np.zeros(0)
 
 
@@ -163,15 +182,17 @@ def paired_bootstrap(
     statistic: Statistic = "mean",
     reference: Sequence[float] | None = None,
     *,
+    minus: Minus | None = None,
     resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> Interval:
-    """Percentile interval of ``statistic(a) - statistic(b)`` over items resampled with replacement."""
+    """Percentile interval of ``statistic(a) - statistic(b)`` (minus ``statistic(c) - statistic(d)`` with
+    ``minus=(c, d)``) over items resampled with replacement."""
     _check(statistic)
-    x, y, ref = _as_pair(a, b, reference)
-    observed = statistic_value(statistic, x, ref) - statistic_value(statistic, y, ref)
-    low, high = _percentiles(_resampled(statistic, x, y, ref, resamples, seed), confidence)
+    arms, ref = _as_arms(a, b, reference, minus)
+    observed = _contrast_rows(statistic, [x[None, :] for x in arms], None if ref is None else ref[None, :])[0]
+    low, high = _percentiles(_resampled(statistic, arms, ref, resamples, seed), confidence)
     return Interval(float(observed), low, high, confidence, resamples)
 
 
@@ -189,28 +210,32 @@ def paired_randomization_test(
     statistic: Statistic = "mean",
     reference: Sequence[float] | None = None,
     *,
+    minus: Minus | None = None,
     permutations: int = DEFAULT_PERMUTATIONS,
     seed: int = 0,
 ) -> float:
-    """Two-sided p-value of ``statistic(a) - statistic(b)`` under "the arms are exchangeable per item"."""
+    """Two-sided p-value of ``statistic(a) - statistic(b)`` under "the arms are exchangeable per item"; with
+    ``minus=(c, d)``, of the difference of differences under "each item's (a, b) and (c, d) are exchangeable"."""
     _check(statistic)
-    x, y, ref = _as_pair(a, b, reference)
+    arms, ref = _as_arms(a, b, reference, minus)
     if statistic != "mean":
         # Spearman and AP see only each arm's ordering; swapping raw values between arms on different similarity
         # scales (one model's cosines in [0.2, 0.9], another's in [0.7, 1]) would scramble both orderings and
         # inflate p. Each arm's fractional ranks leave its statistic unchanged and put both on one scale.
-        x, y = fractional_ranks(x), fractional_ranks(y)
-    observed = abs(statistic_value(statistic, x, ref) - statistic_value(statistic, y, ref))
+        arms = [fractional_ranks(x) for x in arms]
+    half = len(arms) // 2  # the first half of the arms against the second: a vs b, or (a, b) vs (c, d)
+    observed = abs(_contrast_rows(statistic, [x[None, :] for x in arms], None if ref is None else ref[None, :])[0])
     if not np.isfinite(observed):
         return float("nan")
     tolerance = 1e-12 * max(1.0, observed)
-    patterns, exact = _swap_patterns(x.size, permutations, np.random.default_rng(seed))
+    patterns, exact = _swap_patterns(arms[0].size, permutations, np.random.default_rng(seed))
     extreme = 0
     for start in range(0, len(patterns), _CHUNK):
         swap = patterns[start : start + _CHUNK]
-        first, second = np.where(swap, y, x), np.where(swap, x, y)
-        refs = None if ref is None else np.broadcast_to(ref, first.shape)
-        values = np.abs(_score_rows(statistic, first, refs) - _score_rows(statistic, second, refs))
+        first = [np.where(swap, y, x) for x, y in zip(arms[:half], arms[half:], strict=True)]
+        second = [np.where(swap, x, y) for x, y in zip(arms[:half], arms[half:], strict=True)]
+        refs = None if ref is None else np.broadcast_to(ref, swap.shape)
+        values = np.abs(_contrast_rows(statistic, [*first, *second], refs))
         extreme += int(np.sum(values >= observed - tolerance))
     if exact:
         return extreme / len(patterns)
@@ -250,18 +275,23 @@ def compare(
     statistic: Statistic = "mean",
     reference: Sequence[float] | None = None,
     *,
+    minus: Minus | None = None,
     expected: int = 0,
     alpha: float = 0.05,
     resamples: int = DEFAULT_RESAMPLES,
     permutations: int = DEFAULT_PERMUTATIONS,
     seed: int = 0,
 ) -> Comparison:
-    """Paired bootstrap interval + randomization test of ``a`` against ``b``, and the verdict.
+    """Paired bootstrap interval + randomization test of ``a`` against ``b`` (with ``minus=(c, d)``: of the
+    gap a − b against the gap c − d), and the verdict.
 
-    ``expected`` is the sign the claim predicts for ``statistic(a) - statistic(b)`` (+1, -1, or 0 for none).
+    ``expected`` is the sign the claim predicts for ``statistic(a) - statistic(b)`` (+1, -1, or 0 for none),
+    or for the difference of differences.
     """
-    interval = paired_bootstrap(a, b, statistic, reference, resamples=resamples, confidence=1 - alpha, seed=seed)
-    p_value = paired_randomization_test(a, b, statistic, reference, permutations=permutations, seed=seed)
+    interval = paired_bootstrap(
+        a, b, statistic, reference, minus=minus, resamples=resamples, confidence=1 - alpha, seed=seed
+    )
+    p_value = paired_randomization_test(a, b, statistic, reference, minus=minus, permutations=permutations, seed=seed)
     return Comparison(
         difference=interval.difference,
         low=interval.low,
@@ -287,5 +317,5 @@ def bootstrap_interval(
     _check(statistic)
     x = np.asarray(values, dtype=np.float64)
     ref = None if reference is None else np.asarray(reference, dtype=np.float64)
-    scores = _resampled(statistic, x, None, ref, resamples, seed)
+    scores = _resampled(statistic, [x], ref, resamples, seed)
     return _percentiles(scores, confidence)

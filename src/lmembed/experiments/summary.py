@@ -4,7 +4,8 @@ For every arm and task: the task's main score as mean ± sample std over the arm
 95 % bootstrap interval of the arm's score over items (its per-item values averaged over seeds, see
 :func:`~lmembed.experiments.stats.seed_average`). For every comparison (``compare`` in the file, default:
 each arm against the first) and task: the paired difference over the items both arms were scored on, its
-bootstrap interval, the randomization-test p-value and the verdict (:func:`~lmembed.experiments.stats.compare`).
+bootstrap interval, the randomization-test p-value and the verdict (:func:`~lmembed.experiments.stats.compare`);
+a comparison with ``minus: [c, d]`` tests the gap a − b against the gap c − d over the items all four share.
 
 Arms that train also get a ``train loss`` row: the per-step loss of their last training stage (mean over
 seeds); two such arms are compared step by step (same seeds, same data order), lower being better.
@@ -172,30 +173,38 @@ def _comparisons(
             name = task["name"]
             if not _wanted(pair, name):
                 continue
-            a_cell, b_cell = scores.get(pair.a, {}).get(name), scores.get(pair.b, {}).get(name)
-            if a_cell is None or b_cell is None:
+            arms = [pair.a, pair.b, *(pair.minus or ())]
+            cells = [scores.get(arm, {}).get(name) for arm in arms]
+            if any(cell is None for cell in cells):
                 continue
+            means = [cell["mean"] for cell in cells]  # type: ignore[index]
             sign = 1 if task["higher_is_better"] else -1
             entry: dict[str, Any] = {
                 "a": pair.a,
                 "b": pair.b,
                 "task": name,
                 "claim": CLAIM_NAMES[pair.expected],
-                "a_mean": a_cell["mean"],
-                "b_mean": b_cell["mean"],
-                "seeds": [a_cell["n"], b_cell["n"]],
+                "a_mean": means[0],
+                "b_mean": means[1],
+                "seeds": [cell["n"] for cell in cells],  # type: ignore[index]
             }
-            a_runs, b_runs = _arm_items(finished, pair.a, name), _arm_items(finished, pair.b, name)
-            ids = _common_ids(a_runs, b_runs) if a_runs and b_runs else []
+            if pair.minus:  # the gap a − b against the gap c − d
+                entry.update({"minus": list(pair.minus), "c_mean": means[2], "d_mean": means[3]})
+            arm_runs = [_arm_items(finished, arm, name) for arm in arms]
+            ids = _common_ids(*arm_runs) if all(arm_runs) else []
             if task["statistic"] and len(ids) >= 2:
-                a_items, reference = _aligned(a_runs, ids, task["statistic"])
-                b_items, _ = _aligned(b_runs, ids, task["statistic"])
-                result = compare(a_items, b_items, task["statistic"], reference, expected=sign * pair.expected)
+                items = [_aligned(runs, ids, task["statistic"]) for runs in arm_runs]
+                reference = items[0][1]
+                minus = (items[2][0], items[3][0]) if pair.minus else None
+                result = compare(
+                    items[0][0], items[1][0], task["statistic"], reference, minus=minus, expected=sign * pair.expected
+                )
                 entry.update(result.to_dict())
             else:
+                gaps = means[0] - means[1] - (means[2] - means[3] if pair.minus else 0.0)
                 entry.update(
                     {
-                        "difference": a_cell["mean"] - b_cell["mean"],
+                        "difference": gaps,
                         "low": None,
                         "high": None,
                         "p_value": None,
