@@ -8,7 +8,8 @@ Texts are half short (8-40 tokens), half long (150-256), as bench/serve_load.py'
 
     python bench/serve_sim.py [--shares 1,0.5,0.25] [--shapes 16x1,64x1,8x32] [--seconds 30]
 
-Results: bench/results/serve_sim/result.json and table.md (ratios against share 1, the same run).
+Results: bench/results/serve_sim/result.json and table.md (ratios against share 1, the same run; ``--out``
+elsewhere), with the share of the time the fake engine was busy (the forward thread had a pass to run).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -32,13 +34,16 @@ OUT = REPO / "bench" / "results" / "serve_sim"
 class SleepingEngine:
     def __init__(self, pass_s: float, token_s: float) -> None:
         self.pass_s, self.token_s = pass_s, token_s
+        self.busy = 0.0  # seconds spent in passes
 
     def output_dim(self, config) -> int:
         return 1
 
     def encode_raw(self, texts, configs, *, instruction=None, batch_size=32, features=None) -> list[np.ndarray]:
         longest = max(int(t.split(":")[1]) for t in texts)
-        time.sleep(self.pass_s + self.token_s * len(texts) * longest)
+        seconds = self.pass_s + self.token_s * len(texts) * longest
+        time.sleep(seconds)
+        self.busy += seconds
         return [np.zeros((len(texts), 1), dtype=np.float32)]
 
 
@@ -76,6 +81,7 @@ async def closed_loop(share: float, clients: int, per_request: int, args: argpar
         "p99_ms": pct(0.99),
         "passes": worker.passes,
         "windows": worker.windows,
+        "engine_busy": engine.busy / elapsed,  # the share of the time the forward thread had a pass to run
     }
 
 
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--token-us", type=float, default=100.0, help="cost of a padded token")
     parser.add_argument("--turnaround-ms", type=float, default=100.0, help="most a client takes between requests")
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
+    parser.add_argument("--out", type=Path, default=OUT, help="folder of result.json and table.md")
     args = parser.parse_args()
     shares = [float(s) for s in args.shares.split(",")]
     rows = {}
@@ -100,8 +107,10 @@ def main() -> None:
         f"`python bench/serve_sim.py {' '.join(sys.argv[1:])}` (a sleeping fake engine: {args.pass_ms:g} ms a pass + "
         f"{args.token_us:g} us a padded token; turnaround up to {args.turnaround_ms:g} ms)",
         "",
-        "| shape | window share | texts/s | x share " + f"{shares[0]:g}" + " | p50 | p99 | p99/p50 | passes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | window share | texts/s | x share "
+        + f"{shares[0]:g}"
+        + " | p50 | p99 | p99/p50 | passes | engine busy |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for shape in args.shapes.split(","):
         first = rows[f"{shape} share {shares[0]:g}"]
@@ -109,11 +118,12 @@ def main() -> None:
             r = rows[f"{shape} share {share:g}"]
             lines.append(
                 f"| {shape} | {share:g} | {r['texts_per_s']:.1f} | {r['texts_per_s'] / first['texts_per_s']:.2f} "
-                f"| {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms | {r['p99_ms'] / r['p50_ms']:.2f} | {r['passes']} |"
+                f"| {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms | {r['p99_ms'] / r['p50_ms']:.2f} | {r['passes']} "
+                f"| {r['engine_busy']:.3f} |"
             )
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "result.json").write_text(json.dumps({"command": lines[0], "rows": rows}, indent=2) + "\n")
-    (OUT / "table.md").write_text("\n".join(lines) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "result.json").write_text(json.dumps({"command": lines[0], "rows": rows}, indent=2) + "\n")
+    (args.out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -310,6 +310,30 @@ def test_the_wait_is_bounded_and_ends_when_a_budget_is_queued():
     assert asyncio.run(full_budget()) < 10  # not the 30 s bound
 
 
+def test_no_wait_once_the_queue_holds_more_than_a_window():
+    """With a large budget, two texts of 600 tokens (over WINDOW_FLOOR_TOKENS together, so the window is the
+    floor, which the first fills): the first pass starts at once, as a text arriving now could not join its
+    window; the 30 s wait does not start. The second, then alone and under the floor, waits for company (until
+    the batcher stops), as a lone request does."""
+
+    async def over_the_floor() -> tuple[float, list[float]]:
+        engine = FakeEngine()
+        engine.gate.set()
+        batcher = TokenBudgetBatcher(engine, None, max_batch_tokens=100_000, metrics=ServerMetrics(), max_wait_s=30)
+        await batcher.start()
+        start = time.monotonic()
+        task = asyncio.ensure_future(batcher.embed(["a/0", "a/1"], [600, 600], None))
+        while not engine.entered.is_set():
+            await asyncio.sleep(0.001)
+        took = time.monotonic() - start
+        await batcher.stop()
+        return took, (await task)[:, 0].tolist()
+
+    assert WINDOW_FLOOR_TOKENS < 2 * 600
+    took, vectors = asyncio.run(over_the_floor())
+    assert took < 10 and vectors == [0.0, 1.0]
+
+
 def test_the_wait_lasts_while_texts_keep_arriving_up_to_its_cap():
     """Texts arriving 50 ms apart keep a 200 ms wait going: 12 of them share one pass; a stream longer than the
     cap (WAIT_CAP x 200 ms) does not hold the first pass back for good."""

@@ -43,7 +43,8 @@ def serve(
         typer.Option(
             "--batch-wait-ms",
             min=0,
-            help="A free worker waits for texts until none came for this long (ms, 10x at most).",
+            help="A free worker with less queued than a window waits for texts until none came for this long "
+            "(ms, 10x at most).",
         ),
     ] = 5.0,
     window_share: Annotated[

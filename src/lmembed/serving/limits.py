@@ -63,7 +63,7 @@ class Limits:
     max_header_bytes: int = 16384  # names, values and line ends of all header lines (431 otherwise)
     max_connections_per_client: int = 64  # open connections from one address (429 and close otherwise)
     max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429 otherwise; one request alone passes)
-    batch_wait_s: float = 0.005  # a free forward worker waits for more texts until none came for this long (batcher)
+    batch_wait_s: float = 0.005  # a free worker with less queued than a window waits until none came for this long
     # A window of the scheduler admits this share of the queued tokens (batcher). At saturation a text waits for the
     # window running when it arrives, then for its place in its own (texts run by length inside a window). On this
     # 2-core machine, minilm, 64 closed-loop clients x 1 text (bench/serve_load.py): p99/p50 1.75 at 0.5 and 1.52 at
