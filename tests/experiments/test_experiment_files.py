@@ -43,3 +43,26 @@ def test_instruction_training_compares_each_backbone_with_and_without() -> None:
         match = [c for c in spec.compare if (c.a, c.b) == (with_.name, without.name)]
         assert [c.expected for c in match] == [claim]
     assert spec.evaluation.instructions == "nv-embed"
+
+
+def test_synthetic_corpus_queries_trains_each_model_on_the_same_rows() -> None:
+    """minilm and smollm2-135m are each compared with themselves untrained, on the same round-trip and Gecko
+    rows; smollm2 trains LoRA adapters (as the other decoder files), minilm all its weights."""
+    spec = load_spec(FOLDER / "synthetic-corpus-queries.yaml")
+    arms = {arm.name: arm for arm in spec.arms}
+    pairs = {(c.a, c.b): c.expected for c in spec.compare}
+    for prefix, model, lora in (("", "minilm", False), ("smollm2-", "smollm2-135m", True)):
+        untrained = arms[f"{prefix}untrained"]
+        assert untrained.model == model and untrained.train is None
+        for kind in ("consistency", "gecko"):
+            arm = arms[f"{prefix}{kind}"]
+            assert arm.model == model and arm.train["lora"] is lora
+            assert arm.strategy == untrained.strategy  # scored as the untrained model is read
+            assert arm.train["data"] == arms[kind].train["data"]  # the same rows for both models
+            assert pairs[(arm.name, untrained.name)] == 1
+        assert pairs[(f"{prefix}gecko", f"{prefix}consistency")] == 0
+    options = {name: {k: v for k, v in arm.train.items() if k != "data"} for name, arm in arms.items() if arm.train}
+    for prefix in ("", "smollm2-"):  # one model's two arms differ in their rows only
+        assert options[f"{prefix}consistency"] == options[f"{prefix}gecko"]
+    for key in ("loss", "temperature", "num_negatives", "batch_size"):  # the two models: the same objective
+        assert options["consistency"][key] == options["smollm2-consistency"][key], key
