@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -233,6 +234,22 @@ def test_budget_skips_runs_that_do_not_fit(workspace: Path):
     assert "needs ~" in outcome.skipped["tuned/seed-1"]
     assert any(line.startswith("budget: will not fit: tuned/seed-1") for line in lines)
     assert json.loads((workspace / "out/summary.json").read_text())["runs"]["missing"] == sorted(outcome.skipped)
+
+
+def test_zero_budget_on_resume_starts_no_run_of_an_untimed_backbone(workspace: Path, monkeypatch):
+    """`--resume --budget-minutes 0` only writes the summary: a run on a backbone with nothing timed (no
+    estimate) is not started once the experiment has finished runs (it once was, deleting the folder of a run
+    another process was still training in)."""
+    shutil.copytree(workspace / "tiny", workspace / "tiny2")
+    arms = {"base": {}, "other": {"model": str(workspace / "tiny2"), "train": {}}}
+    spec = load_spec(_spec(workspace, seeds=[0], arms=arms))
+    run_experiment(spec, workspace / "out", only=["base"])
+    calls: list[str] = []
+    monkeypatch.setattr(runner_module, "execute_run", lambda spec_, run, tasks, output: calls.append(run.id))
+    outcome = run_experiment(spec, workspace / "out", resume=True, budget_minutes=0.0)
+    assert calls == [] and outcome.reused == ["base/eval"]
+    assert list(outcome.skipped) == ["other/seed-0"]
+    assert json.loads((workspace / "out/summary.json").read_text())["runs"]["missing"] == ["other/seed-0"]
 
 
 def test_budget_estimates_a_run_from_its_own_backbone_only(tmp_path: Path):

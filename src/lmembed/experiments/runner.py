@@ -199,10 +199,10 @@ def run_experiment(
                 if estimate is not None and not announced:
                     announced = True
                     _announce_budget(pending[number - 1 :], records, backbones, budget - elapsed, say)
-                # no estimate (its backbone not timed yet): the run goes ahead unless the budget is spent
-                over = (
-                    (bool(outcome.finished) and elapsed >= budget) if estimate is None else elapsed + estimate > budget
-                )
+                # no estimate (its backbone not timed yet): the run goes ahead unless the budget is spent; only an
+                # experiment with no run timed at all starts its first run whatever the budget (so one is timed),
+                # so `--resume --budget-minutes 0` writes the summary without starting anything
+                over = (bool(records) and elapsed >= budget) if estimate is None else elapsed + estimate > budget
                 if over:
                     left = f"{max(0.0, budget - elapsed) / 60:.1f} min of the budget left"
                     reason = f"needs ~{estimate / 60:.1f} min, {left}" if estimate is not None else f"{left}"
