@@ -37,6 +37,7 @@ EXPECTED = {
     "e5-mistral-lora",
     "grit",
     "reranker",
+    "reranker-gpu",
     "llm-reranker-lora",
     "gpl-distill",
 }
@@ -73,12 +74,14 @@ def test_shipped_recipe_names_its_paper_and_plans_valid_stages(path):
     assert [p["name"] for p in plans] == [s["name"] for s in recipe.stages]
     for plan in plans:
         options = {k: v for k, v in plan.items() if k not in ("name", "type")}
+        gpu = options.get("device") == "cuda"  # a GPU-sized recipe says so, and has a CPU-sized sibling
         if plan["type"] == "contrastive":
             config = TrainConfig.from_dict(options)
             assert config.steps <= 100 and config.batch_size <= 16  # CPU-sized
         elif plan["type"] == "rerank":  # a reranker needs more steps to learn its new head (bench/rerank.py runs it)
             config = TrainConfig.from_dict(options)
-            assert config.reranker and config.steps <= 300 and config.batch_size <= 16
+            assert config.reranker and config.steps <= (1000 if gpu else 300) and config.batch_size <= 16
+            assert not gpu or (path.parent / f"{path.stem.removesuffix('-gpu')}.yaml").is_file()
         else:
             config = ObjectiveConfig.from_dict(options)
             assert config.objective == plan["type"] and config.steps <= 100
