@@ -160,15 +160,6 @@ class InputBuilder:
     def _count(self, text: str) -> int:
         return len(self._encode([text], special=False)[0])
 
-    def _truncate_text(self, text: str, budget: int) -> str:
-        """Cut ``text`` to at most ``budget`` tokens, at a token boundary."""
-        (enc,) = self._encode([text], special=False)
-        if len(enc) <= budget:
-            return text
-        if budget <= 0:
-            return ""
-        return text[: enc.offsets[budget - 1][1]]
-
     # -------------------------------------------------------------- building
     def _budget(self, instruction: str | None) -> tuple[int, int]:
         """(tokens left for the text itself, the tokenizer's length limit for the whole wrapped string)."""
@@ -180,13 +171,8 @@ class InputBuilder:
         return budget, room + self.num_special
 
     def build(self, text: str, instruction: str | None = None) -> Features:
-        if self.sentence_transformers:
-            return self._build_prompted([text], instruction)[0]
-        budget, limit = self._budget(instruction)
-        text = self._truncate_text(text, budget)
-        prefix, _ = self._prefix(text, instruction)
-        (enc,) = self._encode([prefix + text + self._suffix(instruction)], special=True, max_length=limit)
-        return self._features(enc, prefix)
+        """One text's features: ``build_all([text], instruction)[0]``."""
+        return self.build_all([text], instruction)[0]
 
     def _features(self, enc: Any, prefix: str) -> Features:
         """Features of one wrapped text from its encoding (see :meth:`_encode`)."""
@@ -234,8 +220,8 @@ class InputBuilder:
         return mask
 
     def build_all(self, texts: Sequence[str], instruction: str | None = None) -> list[Features]:
-        """``[build(t, instruction) for t in texts]``, with two batched tokenizer calls instead of three per text
-        (the fast tokenizer encodes a batch in Rust, each text exactly as it would alone)."""
+        """Each text's features, with two batched tokenizer calls for the whole list (the fast tokenizer encodes a
+        batch in Rust, each text exactly as it would alone)."""
         if not texts:
             return []
         if self.sentence_transformers:

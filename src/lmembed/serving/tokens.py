@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from lmembed.config import EmbeddingConfig
-from lmembed.encoding.engine import EncodingEngine, resolve_max_length
+from lmembed.encoding.engine import EncodingEngine
 from lmembed.encoding.inputs import Features
 from lmembed.errors import InputError
 from lmembed.serving.errors import ApiError, bad_request
@@ -31,8 +31,8 @@ class RequestTokenizer:
 
     def __init__(self, engine: EncodingEngine, config: EmbeddingConfig, *, truncate: bool = True) -> None:
         tokenizer = copy.deepcopy(engine.backbone.tokenizer)
-        self.max_length = resolve_max_length(engine.backbone, config.max_length)
         self.builder = engine.input_builder(config, tokenizer)
+        self.max_length = self.builder.max_length
         self.unbounded = None if truncate else engine.input_builder(config, tokenizer, UNBOUNDED)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-tokenize")
         self.closed = False
