@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine (the device tool), with .gpu/ from bench/gpu_prepare.sh carried: the GPU tests (pytest -m gpu)
 # and bench/gpu_throughput.py; what comes back is under $OUT. Ray is not on the GPU image, so its GPU test skips.
-if [ -e ../shared/datasets ]; then  # never on a machine that holds the real data: this would overwrite it
-  echo "../shared/datasets exists: this script is for the bare GPU machine only; nothing done" >&2; exit 1
-fi
-OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/.gpu/site:$PWD/bench LMEMBED_HOME=/tmp/lmh HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site || exit
+source bench/gpu_env.sh
 mkdir -p ../shared && cp -r .gpu/shared/datasets ../shared/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 python3 -c "import torch,transformers,sentence_transformers as s;print('torch',torch.__version__,'transformers',transformers.__version__,'st',s.__version__)" | tee -a $OUT/device.txt

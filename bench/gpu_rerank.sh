@@ -3,12 +3,7 @@
 # NFCorpus and ArguAna from ../shared/datasets/beir, made by `tar -C ../shared/datasets -cJf .gpu/beir.tar.xz
 # beir/scifact beir/nfcorpus beir/arguana`): trains recipes/reranker-gpu.yaml, then runs bench/rerank.py on the
 # three full sets with the trained cross-encoder on the GPU; results and the model (float16, in 15 MB parts) under $OUT.
-if [ -e ../shared/datasets ]; then  # never on a machine that holds the real data: this would overwrite it
-  echo "../shared/datasets exists: this script is for the bare GPU machine only; nothing done" >&2; exit 1
-fi
-OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/.gpu/site:$PWD/bench LMEMBED_HOME=/tmp/lmh HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site || exit
+source bench/gpu_env.sh
 mkdir -p ../shared/datasets && tar -C ../shared/datasets -xJf .gpu/beir.tar.xz
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; date -u; } | tee "$OUT/train.log"
 start=$(date +%s)
