@@ -6,6 +6,8 @@ The arms, each its own server process on its own port, all started before the lo
 * ``after``: this checkout's server (``PYTHONPATH=src``);
 * ``before``: the server of another checkout (``--before DIR``, e.g. a worktree of commit bbeecce, the
   scheduler before this one), started with that checkout's ``src`` first on its ``PYTHONPATH``;
+* ``NAME`` (``--variant NAME="FLAGS"``, repeatable): this checkout's server with FLAGS added (e.g.
+  ``--variant one-worker="--workers 1"``, to measure one setting against the default in the same run);
 * ``infinity`` (``--infinity PYTHON``): infinity-emb's server on the same bundled MiniLM folder, started
   with that interpreter (infinity needs an environment of its own).
 
@@ -44,6 +46,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import statistics
@@ -242,15 +245,15 @@ def spawn(name: str, command: list[str], env: dict[str, str], cwd: Path) -> subp
     return subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
-def start_lmembed(name: str, checkout: Path, args: argparse.Namespace) -> Arm:
+def start_lmembed(name: str, checkout: Path, args: argparse.Namespace, flags: list[str] | None = None) -> Arm:
     port = free_port()
     command = [sys.executable, "-m", "lmembed.cli", "serve", MODEL, "--port", str(port)]
     command += ["--max-concurrent-requests", str(args.limit), "--max-batch-tokens", str(args.max_batch_tokens)]
     command += ["--body-timeout", str(BODY_TIMEOUT_S), "--max-request-bytes", str(MAX_REQUEST_BYTES)]
-    command += ["--log-level", "warning", "--graceful-timeout", "5"]
+    command += ["--log-level", "warning", "--graceful-timeout", "5", *(flags or [])]
     env = {**os.environ, "PYTHONPATH": str(checkout / "src")}
     proc = spawn(name, command, env, checkout)
-    label = f"lmembed at {git_head(checkout)}"
+    label = f"lmembed at {git_head(checkout)}" + (f" with `{' '.join(flags)}`" if flags else "")
     return Arm(name, label, proc, port)
 
 
@@ -378,7 +381,7 @@ def table(result: dict) -> str:
         f"Machine: {result['cores']} cores, shared with other jobs: 1-minute load average {load['start']:.1f} at the "
         f"start, {load['end']:.1f} at the end (figures and ratios are from a loaded machine unless these are "
         "below 1). Servers: " + "; ".join(f"{a['name']} = {a['label']}" for a in result["arms"]) + ".",
-        f"Flags of both lmembed servers: `{result['server_flags']}`.",
+        f"Flags of every lmembed server (a variant adds its own): `{result['server_flags']}`.",
         "",
         f"Baseline: sentence-transformers `encode`, batch {base['batch_size']}, in-process: "
         f"{base['texts_per_s']:.1f} texts/s (mean of {base['before']['texts_per_s']:.1f} before the load and "
@@ -443,6 +446,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="checkout of the server to compare with (its src/ is used)")
     parser.add_argument("--infinity", help="python of an environment with infinity-emb[server,torch]")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar='NAME="FLAGS"',
+        help="an arm of this checkout's server with FLAGS added (repeatable; no hostile run)",
+    )
     parser.add_argument("--shapes", default="16x1,64x1,8x32", help="clients x texts per request, comma-separated")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of load per shape, arm and round")
     parser.add_argument("--rounds", type=int, default=1, help="times each shape runs on each arm")
@@ -467,6 +477,11 @@ def main() -> None:
         if args.before is not None:
             arms.append(start_lmembed("before", args.before.resolve(), args))
         arms.append(start_lmembed("after", REPO, args))
+        for variant in args.variant:
+            name, _, flags = variant.partition("=")
+            if not name or name in {"before", "after", "infinity"} or not flags.strip():
+                parser.error(f"--variant {variant!r}: NAME=FLAGS, NAME not before, after or infinity")
+            arms.append(start_lmembed(name, REPO, args, shlex.split(flags)))
         if args.infinity:
             arms.append(start_infinity(args.infinity))
         for arm in arms:
@@ -512,7 +527,7 @@ def main() -> None:
                 results[shape][arm.name] = summary
         rss = {}
         for arm in arms:
-            if arm.lmembed:
+            if arm.name in {"before", "after"}:
                 rss[arm.name] = memory_after_abuse(arm, texts, args.large_texts, warm[arm.name])
                 print(f"hostile {arm.name}: {rss[arm.name]}", flush=True)
         over = None

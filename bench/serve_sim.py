@@ -6,7 +6,10 @@ turnaround (``--turnaround-ms``, the HTTP round trip) between requests. It shows
 
 Texts are half short (8-40 tokens), half long (150-256), as bench/serve_load.py's mix.
 
-    python bench/serve_sim.py [--shares 1,0.5,0.25] [--shapes 16x1,64x1,8x32] [--seconds 30]
+    python bench/serve_sim.py [--shares 1,0.5,0.25] [--shapes 16x1,64x1,8x32] [--seconds 30] [--workers 1]
+
+``--workers N``: the batcher's forward workers, each with 1/N of the machine (a pass sleeps N times as long), the
+model of ``lmembed serve --workers`` on a CPU; it shows the scheduling only, not what N workers gain in compute.
 
 Results: bench/results/serve_sim/result.json and table.md (ratios against share 1, the same run; ``--out``
 elsewhere), with the share of the time the fake engine was busy (the forward thread had a pass to run).
@@ -49,9 +52,15 @@ class SleepingEngine:
 
 async def closed_loop(share: float, clients: int, per_request: int, args: argparse.Namespace) -> dict:
     rng = random.Random(0)
-    engine = SleepingEngine(args.pass_ms / 1000, args.token_us / 1e6)
+    slowdown = args.workers  # each worker has 1/N of the machine
+    engine = SleepingEngine(slowdown * args.pass_ms / 1000, slowdown * args.token_us / 1e6)
     worker = batcher.TokenBudgetBatcher(
-        engine, None, max_batch_tokens=args.max_batch_tokens, metrics=ServerMetrics(), window_share=share
+        engine,
+        None,
+        max_batch_tokens=args.max_batch_tokens,
+        metrics=ServerMetrics(),
+        window_share=share,
+        workers=args.workers,
     )
     await worker.start()
     latencies: list[float] = []
@@ -81,7 +90,7 @@ async def closed_loop(share: float, clients: int, per_request: int, args: argpar
         "p99_ms": pct(0.99),
         "passes": worker.passes,
         "windows": worker.windows,
-        "engine_busy": engine.busy / elapsed,  # the share of the time the forward thread had a pass to run
+        "engine_busy": engine.busy / elapsed / args.workers,  # the share of the time the workers had a pass to run
     }
 
 
@@ -94,6 +103,7 @@ def main() -> None:
     parser.add_argument("--token-us", type=float, default=100.0, help="cost of a padded token")
     parser.add_argument("--turnaround-ms", type=float, default=100.0, help="most a client takes between requests")
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
+    parser.add_argument("--workers", type=int, default=1, help="forward workers, each 1/N of the machine")
     parser.add_argument("--out", type=Path, default=OUT, help="folder of result.json and table.md")
     args = parser.parse_args()
     shares = [float(s) for s in args.shares.split(",")]
@@ -105,7 +115,7 @@ def main() -> None:
             print(shape, share, rows[f"{shape} share {share:g}"], flush=True)
     lines = [
         f"`python bench/serve_sim.py {' '.join(sys.argv[1:])}` (a sleeping fake engine: {args.pass_ms:g} ms a pass + "
-        f"{args.token_us:g} us a padded token; turnaround up to {args.turnaround_ms:g} ms)",
+        f"{args.token_us:g} us a padded token; turnaround up to {args.turnaround_ms:g} ms; {args.workers} worker(s))",
         "",
         "| shape | window share | texts/s | x share "
         + f"{shares[0]:g}"

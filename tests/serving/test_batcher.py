@@ -26,6 +26,7 @@ from lmembed.serving.batcher import (
     WAIT_CAP,
     WINDOW_FLOOR_TOKENS,
     TokenBudgetBatcher,
+    forward_workers,
     plan_passes,
 )
 from lmembed.serving.limits import Limits
@@ -387,3 +388,98 @@ def test_memory_is_released_once_the_worker_is_idle(monkeypatch):
         await batcher.stop()
 
     run(scenario)
+
+
+# ---------------------------------------------------------------------------------------------- workers
+class MeetingEngine(FakeEngine):
+    """Each pass waits (up to ``patience`` seconds) for another pass to be running beside it; records the most
+    passes that ran at once and each pass's torch threads."""
+
+    def __init__(self, patience: float) -> None:
+        super().__init__()
+        self.gate.set()
+        self.patience = patience
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.threads: list[int] = []
+        self.met = threading.Event()
+
+    def encode_raw(self, texts, configs, **kwargs):
+        import torch
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            if self.running == 2:
+                self.met.set()
+            self.threads.append(torch.get_num_threads())
+        self.entered.set()
+        self.met.wait(self.patience)
+        try:
+            return super().encode_raw(texts, configs, **kwargs)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_with_two_workers_a_request_runs_beside_the_pass_before_it(workers):
+    """A request arrives while a pass runs. Two workers: it gets a window and a pass at once, on the other worker
+    (the two passes meet). One worker: it waits for the first pass to end (they never meet). Each worker's passes
+    run on its share of torch's threads (one here); the caller's thread keeps its own."""
+    import torch
+
+    engine = MeetingEngine(patience=10 if workers == 2 else 0.3)
+    before = torch.get_num_threads()
+
+    async def scenario() -> list[float]:
+        batcher = TokenBudgetBatcher(
+            engine, None, max_batch_tokens=1000, metrics=ServerMetrics(), max_wait_s=0.001, workers=workers, threads=1
+        )
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.embed(["a/0"], [4], None))
+        while not engine.entered.is_set():
+            await asyncio.sleep(0.001)
+        second = await batcher.embed(["b/1"], [4], None)
+        vectors = [(await first)[0, 0], second[0, 0]]
+        await batcher.stop()
+        return vectors
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == [0.0, 1.0]
+    assert engine.passes == [["a/0"], ["b/1"]] or engine.passes == [["b/1"], ["a/0"]]
+    assert engine.most == workers and engine.met.is_set() == (workers == 2)
+    assert engine.threads == [1, 1] and torch.get_num_threads() == before
+
+
+def test_a_window_is_the_share_of_the_queue_divided_among_the_workers():
+    """The texts in passes at once stay ``window_share`` of the queue: each of two workers' windows takes half."""
+    one = TokenBudgetBatcher(FakeEngine(), None, max_batch_tokens=100_000, metrics=ServerMetrics(), window_share=0.5)
+    two = TokenBudgetBatcher(
+        FakeEngine(), None, max_batch_tokens=100_000, metrics=ServerMetrics(), window_share=0.5, workers=2
+    )
+    one._queued_tokens = two._queued_tokens = 8000
+    assert (one._window_tokens(), two._window_tokens()) == (4000, 2000)
+    two._queued_tokens = 100  # never below the floor
+    assert two._window_tokens() == WINDOW_FLOOR_TOKENS
+
+
+def test_the_default_is_two_workers_on_a_cpu_with_two_threads_else_one():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert forward_workers(None, "cpu") == {"workers": 2, "threads": 1}
+        assert forward_workers(None, "cuda") == forward_workers(1, "cpu") == {"workers": 1, "threads": None}
+        assert forward_workers(3, torch.device("cpu")) == {"workers": 3, "threads": 1}
+        torch.set_num_threads(1)
+        assert forward_workers(None, "cpu") == {"workers": 1, "threads": None}
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 1.5])
+def test_workers_that_are_not_a_positive_count_are_refused(workers):
+    with pytest.raises(ConfigError, match=r"workers=.* must be a positive integer"):
+        Limits(workers=workers)

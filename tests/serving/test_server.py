@@ -169,6 +169,46 @@ def test_openai_client_gets_the_vectors_of_embedder_encode(make_embedder, family
         assert [m.id for m in client.models.list().data] == ["tiny"]
 
 
+@pytest.mark.parametrize(("family", "strategy"), [("bert", {}), ("llama", {"pooling": "last"})])
+def test_two_workers_serve_the_vectors_of_embedder_encode(make_embedder, family, strategy):
+    """Two forward workers (``--workers 2``), nine clients at once: every vector is Embedder.encode of its pass's
+    texts, bit for bit (that passes run side by side is tests/serving/test_batcher.py's)."""
+    emb = make_embedder(family, **strategy)
+    texts = MIXED + SIMILAR[1:]  # nine different texts
+    with serving(emb, limits=Limits(workers=2)) as (server, state), recorded(state) as passes, gated(state) as gate:
+        assert state.batcher.workers == 2
+        warm = state.batcher.passes
+        with ThreadPoolExecutor(len(texts)) as pool:
+            futures = [pool.submit(post, server, {"model": "tiny", "input": [t]}) for t in texts]
+            wait_until(lambda: gate.entered.is_set() and state.batcher.waiting == 0)
+            gate.set()
+            answers = [f.result() for f in futures]
+    assert [a.status_code for a in answers] == [200] * len(texts)
+    served = np.stack([vectors_of(a.json())[0] for a in answers])
+    assert np.array_equal(served, as_in_passes(emb, passes, texts))
+    assert state.batcher.passes - warm == len(passes) >= 2
+
+
+def test_a_pass_on_one_thread_of_a_worker_gives_the_bits_of_two_threads():
+    """A worker's passes run on its share of torch's threads (one of two here); MiniLM's vectors are the same bits
+    as on two threads, so served vectors stay those of Embedder.encode in a process that uses both."""
+    import torch
+
+    from conftest import bundled_or_skip
+    from lmembed.serving.batcher import forward_workers
+
+    emb = Embedder.from_pretrained(bundled_or_skip("minilm"), cache=False, show_progress=False)
+    texts = [" ".join((WORDS * 6)[i : i + 40 + 30 * i]) for i in range(8)]  # 40 to 250 words
+    torch.set_num_threads(2)  # the module's fixture restores one thread after the test
+    two = emb.encode(texts, batch_size=len(texts))
+    settings = forward_workers(2, "cpu")
+    assert settings == {"workers": 2, "threads": 1}
+    with ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(settings["threads"],)) as pool:
+        one, threads = pool.submit(lambda: (emb.encode(texts, batch_size=len(texts)), torch.get_num_threads())).result()
+    assert threads == 1 and torch.get_num_threads() == 2
+    assert np.array_equal(one, two)
+
+
 def test_queries_get_their_instruction_and_documents_none(make_embedder):
     emb = make_embedder("llama", pooling="last", query_instruction="Given a question, find the answer")
     with serving(emb) as (server, _):

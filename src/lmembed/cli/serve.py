@@ -56,6 +56,16 @@ def serve(
             help="Share of the queued tokens a scheduling window admits (smaller: shorter tail; larger: throughput).",
         ),
     ] = 0.25,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Forward passes run at once, torch's threads shared among them (default: 2 on a CPU with 2 threads "
+            "or more, else 1).",
+            show_default=False,
+        ),
+    ] = None,
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", min=1, help="Largest request body; larger ones get 413.")
     ] = 4 * 2**20,
@@ -104,6 +114,7 @@ def serve(
         max_batch_tokens=max_batch_tokens,
         batch_wait_s=batch_wait_ms / 1000,
         window_share=window_share,
+        workers=workers,
         max_request_bytes=max_request_bytes,
         max_concurrent_requests=max_concurrent_requests,
         max_inputs=max_inputs,

@@ -40,7 +40,7 @@ from lmembed.encoding.engine import EncodingEngine
 from lmembed.index import Index
 from lmembed.index.manifest import check_embedder
 from lmembed.rerank import Reranker
-from lmembed.serving.batcher import TokenBudgetBatcher
+from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
 from lmembed.serving.errors import ApiError
 from lmembed.serving.limits import GuardMiddleware, Limits, TokenAdmission
 from lmembed.serving.metrics import ServerMetrics
@@ -86,6 +86,7 @@ class ServerState:
             "max_batch_tokens": limits.max_batch_tokens,
             "max_wait_s": limits.batch_wait_s,
             "window_share": limits.window_share,
+            **forward_workers(limits.workers, embedder.backbone.device),
         }
         self.batcher = TokenBudgetBatcher(self.engine, self.config, metrics=self.metrics, **schedule)
         query_config = for_side(self.config, "query")[0]

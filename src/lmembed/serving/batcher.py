@@ -1,18 +1,19 @@
 """The scheduler: texts of many callers share forward passes, first come first served, by a token budget.
 
-Requests put their texts in one queue, in arrival order. One worker runs the forward passes, one at a time,
-in *windows*:
+Requests put their texts in one queue, in arrival order. ``workers`` threads (``--workers``: two on a CPU, one on
+an accelerator) run the forward passes, each one pass at a time, in *windows*:
 
-1. **Admission, by age.** When the worker is free it admits the oldest waiting texts, in arrival order,
-   until their tokens reach the window: ``window_share`` (a quarter, ``--window-share``) of the tokens queued, at least
-   ``WINDOW_FLOOR_TOKENS``, at most ``max_batch_tokens`` (the oldest text always goes, even alone over the
-   budget). A text is never admitted before one that arrived ahead of it, so a request's texts are never
-   held behind later arrivals: the work done on texts that came after a request, before that request is
-   answered, is at most one window (at most one budget of tokens). Windows of a share of the queue, not all
-   of it, keep the tail short at saturation: inside a window texts run by length, not by age, so a window
-   as long as the whole queue would let a text wait up to two queues' worth. A smaller share shortens the
-   tail and costs throughput (more, smaller passes).
-2. **Bounded wait.** Before admitting, the worker waits while the whole queue fits in the window with room to
+1. **Admission, by age.** When a worker is free and no admitted pass waits for one, the oldest waiting texts
+   are admitted, in arrival order, until their tokens reach the window: ``window_share`` (a quarter,
+   ``--window-share``) of the tokens queued, shared by the workers (so the texts in passes at once stay that
+   share of the queue, whatever their number), at least ``WINDOW_FLOOR_TOKENS``, at most ``max_batch_tokens``
+   (the oldest text always goes, even alone over the budget). A text is never admitted before one that arrived
+   ahead of it, so a request's texts are never held behind later arrivals: the work done on texts that came
+   after a request, before that request is answered, is at most one window per worker (at most one budget of
+   tokens each). Windows of a share of the queue, not all of it, keep the tail short at saturation: inside a
+   window texts run by length, not by age, so a window as long as the whole queue would let a text wait up to
+   two queues' worth. A smaller share shortens the tail and costs throughput (more, smaller passes).
+2. **Bounded wait.** Before admitting, the scheduler waits while the whole queue fits in the window with room to
    spare (so a text arriving now would join it) and texts keep arriving: until none has come for
    ``max_wait_s`` (a few milliseconds), at most ``WAIT_CAP`` times that in all. Clients answered by the last
    window send their next request in that time, and join this window instead of waiting a whole window for
@@ -33,10 +34,17 @@ megabytes it would otherwise keep for good. Never under load: only after a secon
 
 Tokenisation happens once, before a text is queued, off the event loop (:mod:`lmembed.serving.tokens`): the
 features built there to count its tokens are queued with the text and are what its pass runs on. Forward passes
-run on a worker thread, so the event loop only parses, queues and answers. The passes of a window are handed to
-that thread one ahead: while a pass runs, the next waits behind it, so the thread goes from one to the next
-without waiting for the event loop to hand out the answers of the first (a caller gone away by then still
-leaves the passes not yet handed over).
+run on worker threads, so the event loop only parses, queues and answers. Admitted passes are handed to the
+workers one more than there are of them: while passes run, the next waits behind them, so a worker goes from one
+to the next without waiting for the event loop to hand out the answers of the first (a caller gone away by then
+still leaves the passes not yet handed over); a caller is answered when its pass ends, whatever the loop is
+waiting for. **Workers.** On a CPU each worker runs its passes on an equal share of torch's intra-op threads,
+kept per thread: two one-thread passes side by side keep two cores busier than one pass split over both
+(the small passes of a server under load do not split well). On this 2-core machine, MiniLM, closed-loop
+clients on loopback, two workers gave WORKERS_GAIN more texts/s than one (``bench/serve_load.py``). Matrix kernels
+give the same bits on one thread as on two here (tested); a vector therefore is still the one
+``Embedder.encode`` of its pass gives. The work done on texts that came after a request, before it is
+answered, is at most one window per worker.
 
 Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=..., features=...)``
 with the pass's texts in arrival order and one forward batch, the call ``Embedder.encode`` makes: a served vector
@@ -107,6 +115,26 @@ def release_memory() -> bool:
     return True
 
 
+def _pin_threads(threads: int) -> None:
+    """(Each worker thread, once.) The intra-op threads of this thread's passes: torch keeps the count per thread."""
+    import torch  # lazy, like the engine's backends
+
+    torch.set_num_threads(threads)
+
+
+def forward_workers(workers: int | None, device: Any) -> dict[str, int | None]:
+    """The batcher's ``workers`` and ``threads`` (torch's intra-op threads of each worker, shared equally, at
+    least one each; ``None``: all, as set). ``workers=None`` chooses: two on a CPU with two threads or more (small
+    passes use the cores better side by side than split over intra-op threads: bench/serve_load.py), else one
+    (an accelerator runs one pass at a time)."""
+    import torch  # lazy, like the engine's backends
+
+    threads = torch.get_num_threads()
+    if workers is None:
+        workers = 2 if torch.device(device).type == "cpu" and threads >= 2 else 1
+    return {"workers": workers, "threads": None if workers == 1 else max(1, threads // workers)}
+
+
 @dataclass(eq=False)
 class _Job:
     """One request's texts for one instruction (and their features, when built), and where their vectors go."""
@@ -173,8 +201,13 @@ class TokenBudgetBatcher:
         width: int | None = None,
         max_wait_s: float = Limits.batch_wait_s,
         window_share: float = Limits.window_share,
+        workers: int = 1,
+        threads: int | None = None,
     ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers={workers!r}: at least one forward worker")
         self.window_share = window_share
+        self.workers = workers
         self.engine = engine
         self.config = config
         self.max_batch_tokens = max_batch_tokens
@@ -187,7 +220,14 @@ class TokenBudgetBatcher:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-forward")
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="lmembed-forward",
+            initializer=None if threads is None else _pin_threads,
+            initargs=() if threads is None else (threads,),
+        )
+        self._running = 0  # passes handed to the workers and not yet ended
+        self._arrivals = 0  # requests queued so far
         self.passes = 0
         self.windows = 0
         self.releases = 0  # times idle memory was given back
@@ -232,6 +272,7 @@ class TokenBudgetBatcher:
             return job.out
         self._queue.extend(_Item(job, row, n, next(self._seq), instruction) for row, n in enumerate(lengths))
         self._queued_tokens += sum(lengths)
+        self._arrivals += 1
         self.metrics.queue_depth.set(len(self._queue))
         self._wake.set()
         return await future
@@ -258,15 +299,17 @@ class TokenBudgetBatcher:
         return window
 
     def _window_tokens(self) -> float:
-        """The tokens the next window admits: ``window_share`` of those queued, at least ``WINDOW_FLOOR_TOKENS``,
-        at most the budget."""
-        return min(self.max_batch_tokens, max(WINDOW_FLOOR_TOKENS, self.window_share * self._queued_tokens))
+        """The tokens the next window admits: ``window_share`` of those queued, shared by the workers (each runs a
+        window's passes beside the others'), at least ``WINDOW_FLOOR_TOKENS``, at most the budget."""
+        share = self.window_share / self.workers
+        return min(self.max_batch_tokens, max(WINDOW_FLOOR_TOKENS, share * self._queued_tokens))
 
     async def _fill(self) -> None:
         """Wait while the whole queue fits in the next window with room to spare (a text arriving now would join
         it), until no text has arrived for ``max_wait_s`` (at most ``WAIT_CAP`` x ``max_wait_s``)."""
         now = time.monotonic()
         cap, deadline = now + WAIT_CAP * self.max_wait_s, now + self.max_wait_s
+        arrivals = self._arrivals
         while self._queued_tokens < self._window_tokens() and not self._stopping:
             left = min(deadline, cap) - time.monotonic()
             if left <= 0:
@@ -276,7 +319,9 @@ class TokenBudgetBatcher:
                 await asyncio.wait_for(self._wake.wait(), left)
             except TimeoutError:
                 return
-            deadline = time.monotonic() + self.max_wait_s  # texts are still arriving: wait for the next
+            if self._arrivals != arrivals:  # texts are still arriving (not a pass ending): wait for the next
+                arrivals = self._arrivals
+                deadline = time.monotonic() + self.max_wait_s
 
     async def _idle(self) -> None:
         """Wait for work; after ``IDLE_RELEASE_S`` of none, release the memory the passes freed (once)."""
@@ -302,41 +347,44 @@ class TokenBudgetBatcher:
         return raw, time.perf_counter() - start
 
     async def _run(self) -> None:
+        planned: deque[list[_Item]] = deque()  # passes of admitted windows, not yet handed to a worker
         while True:
-            if not self._queue:
+            # hand over the admitted passes, one more than there are workers: none waits for this loop
+            while planned and self._running <= self.workers:
+                live = [item for item in planned.popleft() if not item.job.future.done()]
+                if live:
+                    self._hand_over(live)
+            if not planned and self._running < self.workers and self._queue:
+                await self._fill()  # a worker is free and no admitted pass waits for one: the next window
+                self._plan(self._admit(), planned)
+                self.metrics.queue_depth.set(len(self._queue))
+                continue
+            if not planned and not self._running and not self._queue:
                 if self._stopping:
                     return
                 self._wake.clear()
                 await self._idle()
                 continue
-            await self._fill()
-            window = self._admit()
-            self.metrics.queue_depth.set(len(self._queue))
-            if not window:
-                continue
-            self.windows += 1
-            by_instruction: dict[str | None, list[_Item]] = {}
-            for item in window:
-                by_instruction.setdefault(item.instruction, []).append(item)
-            passes = [
-                [items[i] for i in positions]
-                for items in by_instruction.values()
-                for positions in plan_passes([item.length for item in items], self.max_batch_tokens)
-            ]
-            passes.sort(key=lambda batch: batch[0].seq)
-            ahead: tuple[list[_Item], asyncio.Future] | None = None  # the pass handed to the thread, running
-            for batch in passes:
-                live = [item for item in batch if not item.job.future.done()]
-                if live:
-                    handed = (live, self._hand_over(live))  # queued behind the running pass
-                    if ahead is not None:
-                        await self._finish(*ahead)
-                    ahead = handed
-            if ahead is not None:
-                await self._finish(*ahead)
+            self._wake.clear()  # nothing to do until a pass ends or texts arrive
+            await self._wake.wait()
 
-    def _hand_over(self, batch: list[_Item]) -> asyncio.Future:
-        """Queue ``batch``'s pass on the worker thread; the future of its vectors and seconds."""
+    def _plan(self, window: list[_Item], planned: deque[list[_Item]]) -> None:
+        """Cut an admitted window into passes (by instruction, then :func:`plan_passes`), oldest text first."""
+        if not window:
+            return
+        self.windows += 1
+        by_instruction: dict[str | None, list[_Item]] = {}
+        for item in window:
+            by_instruction.setdefault(item.instruction, []).append(item)
+        passes = [
+            [items[i] for i in positions]
+            for items in by_instruction.values()
+            for positions in plan_passes([item.length for item in items], self.max_batch_tokens)
+        ]
+        planned.extend(sorted(passes, key=lambda batch: batch[0].seq))
+
+    def _hand_over(self, batch: list[_Item]) -> None:
+        """Queue ``batch``'s pass on a worker thread; its callers get their vectors when it ends."""
         texts = [item.job.texts[item.row] for item in batch]
         features = None
         if all(item.job.features is not None for item in batch):
@@ -344,18 +392,22 @@ class TokenBudgetBatcher:
         self.metrics.batch_texts.observe(len(batch))
         self.metrics.batch_tokens.observe(len(batch) * max(item.length for item in batch))
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._executor, self._timed, texts, batch[0].instruction, features)
+        pass_ = loop.run_in_executor(self._executor, self._timed, texts, batch[0].instruction, features)
+        self._running += 1
+        pass_.add_done_callback(functools.partial(self._finish, batch))
 
-    async def _finish(self, batch: list[_Item], pass_: asyncio.Future) -> None:
-        """Wait for ``batch``'s pass and give each caller its vectors (or the pass's error)."""
-        try:
-            raw, seconds = await pass_
-        except Exception as exc:
-            log.exception("forward pass of %d texts failed", len(batch))
+    def _finish(self, batch: list[_Item], pass_: asyncio.Future) -> None:
+        """(On the event loop, when ``batch``'s pass ends.) Give each caller its vectors, or the pass's error."""
+        self._running -= 1
+        self._wake.set()
+        error = pass_.exception() if not pass_.cancelled() else asyncio.CancelledError()
+        if error is not None:
+            log.error("forward pass of %d texts failed", len(batch), exc_info=error)
             for item in batch:
                 if not item.job.future.done():
-                    item.job.future.set_exception(exc)
+                    item.job.future.set_exception(error)
             return
+        raw, seconds = pass_.result()
         self.passes += 1
         self._released = False
         self.metrics.forward_seconds.observe(seconds)

@@ -69,6 +69,9 @@ class Limits:
     # 2-core machine, minilm, 64 closed-loop clients x 1 text (bench/serve_load.py): p99/p50 1.75 at 0.5 and 1.52 at
     # 0.25, for about 8 % of throughput (more, smaller passes); bench/serve_sim.py shows the same trade without a model.
     window_share: float = 0.25
+    # Forward passes run at once, each on its own thread with an equal share of torch's threads (1: one pass at a
+    # time on all of them; None: two on a CPU with two threads or more, else one, batcher.forward_workers).
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,8 +83,11 @@ class Limits:
             "max_header_bytes",
             "max_connections_per_client",
             "max_tokens_in_flight",
+            "workers",
         ):
             value = getattr(self, name)
+            if name == "workers" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
         if isinstance(self.body_timeout_s, bool) or not self.body_timeout_s > 0:
