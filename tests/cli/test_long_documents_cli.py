@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from helpers import write_beir
 from lmembed import Embedder
 from lmembed.cli import app
-from lmembed.models.context import interpolate_positions
+from lmembed.index import Index, IndexMismatchError
+from lmembed.models.context import interpolate_positions, interpolation_factor
 
 LONG = " ".join(["the cat sat on the mat"] * 30)  # about 180 tokens: past the tiny models' 128 positions
 
@@ -49,6 +50,29 @@ def test_rope_scale_is_refused_for_a_model_without_rotary_positions(saved, tmp_p
     assert result.exit_code == 2 and not out.exists()
     shown = " ".join(result.output.replace("│", " ").split())
     assert "--rope-scale" in shown and "rope_scale=2: bert has no rotary position embedding" in shown
+
+
+def test_an_index_built_with_rope_scale_is_searched_with_it(saved, tmp_path):
+    """The factor is recorded in the index's manifest and applied when the index loads its model (search needs no
+    flag); an embedder read without it is refused, the difference named."""
+    model = saved("llama")
+    docs = {"long": LONG, "dog": "a dog", "other": " ".join(["a bird flew over the house"] * 30)}
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in docs.items()))
+    folder = tmp_path / "index"
+    flags = ["--model", model, "--no-cache", "--max-length", "256"]
+    built = CliRunner().invoke(app, ["index", "build", str(corpus), "-o", str(folder), *flags, "--rope-scale", "2"])
+    assert built.exit_code == 0, built.output
+    index = Index.open(folder)
+    assert index.manifest.model.rope_scale == 2.0
+    assert interpolation_factor(index.load_embedder().backbone.model) == 2.0
+    top = index.search(LONG, k=1)[0]
+    assert top.id == "long" and top.score == pytest.approx(1.0, abs=1e-5)  # read as at build time: finds itself
+    found = CliRunner().invoke(app, ["search", str(folder), LONG, "-k", "1"])
+    assert found.exit_code == 0 and "long" in found.output, found.output
+    plain = Embedder.from_pretrained(model, cache=False, show_progress=False, max_length=256)
+    with pytest.raises(IndexMismatchError, match="rope_scale: index=2 embedder=none"):
+        Index.open(folder, plain)
 
 
 def test_eval_grid_over_max_length_on_concatenated_documents(saved, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from conftest import WORDS
 from lmembed import EmbeddingConfig
 from lmembed.encoding.inputs import InputBuilder
+from lmembed.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,8 +63,8 @@ def test_prebuilt_features_must_match_the_texts_and_one_forward_key(make_embedde
     emb = make_embedder("llama", pooling="mean")
     texts = texts_of(3)
     features = emb.engine.input_builder(emb.config).build_all(texts)
-    with pytest.raises(ValueError, match=r"4 features for 5 texts; give one per text"):
+    with pytest.raises(ConfigError, match=r"4 features for 5 texts; give one per text"):
         emb.engine.encode_raw(texts, [emb.config], features=features[:4])
     echo = EmbeddingConfig(pooling="mean", echo=True)
-    with pytest.raises(ValueError, match="the configs must share a forward key"):
+    with pytest.raises(ConfigError, match="the configs must share a forward key"):
         emb.engine.encode_raw(texts, [emb.config, echo], features=features)

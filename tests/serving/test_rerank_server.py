@@ -185,9 +185,9 @@ def test_search_by_bm25_hybrid_and_reranked(make_embedder, ce_folder, tmp_path):
 
 
 def test_rerank_passes_are_scheduled_with_the_servers_wait_and_window_share(make_embedder, ce_folder):
-    """--batch-wait-ms and --window-share reach the reranker's batcher, not only the embeddings'."""
-    limits = Limits(batch_wait_s=0.02, window_share=0.5)
+    """--batch-wait-ms, --window-share and --workers reach the reranker's batcher, not only the embeddings'."""
+    limits = Limits(batch_wait_s=0.02, window_share=0.5, workers=3)
     app = create_app(make_embedder("bert"), reranker=load_reranker(str(ce_folder)), limits=limits)
     state = app.state.lmembed
     for batcher in (state.batcher, state.rerank.batcher):
-        assert (batcher.max_wait_s, batcher.window_share) == (0.02, 0.5)
+        assert (batcher.max_wait_s, batcher.window_share, batcher.workers) == (0.02, 0.5, 3)

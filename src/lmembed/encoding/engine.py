@@ -188,9 +188,9 @@ class EncodingEngine:
         texts = validate_texts(texts)
         if features is not None:
             if len(features) != len(texts):
-                raise ValueError(f"{len(features)} features for {len(texts)} texts; give one per text")
+                raise ConfigError(f"{len(features)} features for {len(texts)} texts; give one per text")
             if len(self._forward_groups(configs)) > 1:
-                raise ValueError("pre-built features are one tokenisation: the configs must share a forward key")
+                raise ConfigError("pre-built features are one tokenisation: the configs must share a forward key")
         if instruction is not None:
             check_encodable(instruction, "the instruction")
         if batch_size < 1:

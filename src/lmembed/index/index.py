@@ -304,6 +304,8 @@ class Index:
         record = self.manifest.model
         options.setdefault("backend", record.backend)
         options.setdefault("precision", record.precision)
+        if record.rope_scale is not None:
+            options.setdefault("rope_scale", record.rope_scale)
         loaded = Embedder.from_pretrained(source, dtype=record.dtype, device=device, cache=cache, **options)
         if record.calibration:  # an int8 index: quantised exactly as at build time
             loaded.calibrate(record.calibration)

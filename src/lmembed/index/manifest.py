@@ -46,6 +46,7 @@ class ModelRecord:
     weight (and a trained pooling head's), as the embedding cache keys them. ``backend`` and ``precision`` say
     what ran it (an int8 index is reloaded as int8, never as float32); ``calibration`` holds an int8 ONNX
     model's calibration texts, so a reload quantises exactly as the build did (and finds its cached graph).
+    ``rope_scale``: the factor its RoPE positions were interpolated by (``--rope-scale``), applied again on reload.
     """
 
     source: str | None
@@ -56,6 +57,7 @@ class ModelRecord:
     backend: str = "torch"
     precision: str = "float32"
     calibration: list[str] | None = None
+    rope_scale: float | None = None
 
 
 def model_fingerprint(embedder: Embedder) -> str:
@@ -72,6 +74,8 @@ def model_fingerprint(embedder: Embedder) -> str:
 
 
 def describe_model(embedder: Embedder) -> ModelRecord:
+    from lmembed.models.context import interpolation_factor  # lazy: torch is loaded when there is an Embedder
+
     backbone = embedder.backbone
     source: str | None = backbone.name
     if not backbone.path:
@@ -89,6 +93,7 @@ def describe_model(embedder: Embedder) -> ModelRecord:
         backend=runner.name,
         precision=runner.precision,
         calibration=list(calibration) if calibration is not None else None,
+        rope_scale=interpolation_factor(backbone.model),
     )
 
 
@@ -205,6 +210,12 @@ def check_embedder(manifest: Manifest, embedder: Embedder, where: str | Path) ->
         problems.insert(
             0, f"backend: index={record.backend} {record.precision} embedder={runner.name} {runner.precision}"
         )
+    from lmembed.models.context import interpolation_factor  # lazy: torch is loaded when there is an Embedder
+
+    factor = interpolation_factor(embedder.backbone.model)
+    if factor != record.rope_scale:
+        shown = ["none" if f is None else f"{f:g}" for f in (record.rope_scale, factor)]
+        problems.insert(0, f"rope_scale: index={shown[0]} embedder={shown[1]}")
     fingerprint = model_fingerprint(embedder)
     if fingerprint != manifest.model.fingerprint:
         problems.insert(

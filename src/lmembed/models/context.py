@@ -44,6 +44,12 @@ def _rotary(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
     return model.get_submodule(parent_name) if parent_name else model, attribute, module
 
 
+def interpolation_factor(model: nn.Module) -> float | None:
+    """The factor ``model``'s positions were interpolated by (``None``: not interpolated)."""
+    factor = getattr(getattr(model, "config", None), MARKER, None)
+    return None if factor is None else float(factor)
+
+
 def interpolate_positions(backbone: Any, factor: float) -> None:
     """Scale ``backbone``'s RoPE positions linearly by ``factor`` (> 1) in place; see the module doc."""
     if not factor > 1:

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from lmembed.errors import ModelLoadError
 from lmembed.models.bundled import BUNDLED, resolve_bundled
+from lmembed.models.context import interpolation_factor
 from lmembed.models.families import detect_kind
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Backbone:
         """Hash of every weight (names, shapes, values): the model part of embedding-cache keys."""
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self.model)
-            factor = getattr(self.model.config, "lmembed_position_interpolation", None)
+            factor = interpolation_factor(self.model)
             if factor is not None:  # RoPE scaled (models.context): same weights, other vectors
                 self._fingerprint += f"-pi{factor:g}"
         return self._fingerprint

@@ -18,7 +18,7 @@ an accelerator) run the forward passes, each one pass at a time, in *windows*:
    ``max_wait_s`` (a few milliseconds), at most ``WAIT_CAP`` times that in all. Clients answered by the last
    window send their next request in that time, and join this window instead of waiting a whole window for
    the next; a lone request waits ``max_wait_s`` only. Once the queue holds more than a window takes, nothing
-   waits: texts arriving then would not join this window (it is full of older ones), and the forward thread
+   waits: texts arriving then would not join this window (it is full of older ones), and the workers
    would idle for nothing (in ``bench/serve_sim.py``'s closed loop that idling was 4-5 % of the time at
    16 x 1 and 64 x 1).
 3. **Passes, by length inside the window.** The window's texts are split by instruction (texts with
@@ -38,13 +38,14 @@ run on worker threads, so the event loop only parses, queues and answers. Admitt
 workers one more than there are of them: while passes run, the next waits behind them, so a worker goes from one
 to the next without waiting for the event loop to hand out the answers of the first (a caller gone away by then
 still leaves the passes not yet handed over); a caller is answered when its pass ends, whatever the loop is
-waiting for. **Workers.** On a CPU each worker runs its passes on an equal share of torch's intra-op threads,
-kept per thread: two one-thread passes side by side keep two cores busier than one pass split over both
-(the small passes of a server under load do not split well). On this 2-core machine, MiniLM, closed-loop
-clients on loopback, two workers gave WORKERS_GAIN more texts/s than one (``bench/serve_load.py``). Matrix kernels
-give the same bits on one thread as on two here (tested); a vector therefore is still the one
-``Embedder.encode`` of its pass gives. The work done on texts that came after a request, before it is
-answered, is at most one window per worker.
+waiting for.
+
+**Workers.** On a CPU each worker runs its passes on an equal share of torch's intra-op threads (torch keeps the
+count per thread): two one-thread passes side by side keep two cores busier than one pass split over both (the
+small passes of a server under load do not split well). On this 2-core machine, MiniLM, closed-loop clients on
+loopback, two workers gave 17-30 % more texts/s than one in the same run (``bench/serve_load.py --variant
+one-worker="--workers 1"``). Matrix kernels give the same bits on one thread as on two here (tested), so a vector
+is still the one ``Embedder.encode`` of its pass gives.
 
 Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=..., features=...)``
 with the pass's texts in arrival order and one forward batch, the call ``Embedder.encode`` makes: a served vector
@@ -75,6 +76,7 @@ import numpy as np
 
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.engine import EncodingEngine
+from lmembed.errors import ConfigError
 from lmembed.serving.errors import ApiError
 from lmembed.serving.limits import Limits
 from lmembed.serving.metrics import ServerMetrics
@@ -205,7 +207,7 @@ class TokenBudgetBatcher:
         threads: int | None = None,
     ) -> None:
         if workers < 1:
-            raise ValueError(f"workers={workers!r}: at least one forward worker")
+            raise ConfigError(f"workers={workers!r}: at least one forward worker")
         self.window_share = window_share
         self.workers = workers
         self.engine = engine
@@ -265,7 +267,7 @@ class TokenBudgetBatcher:
         if self._stopping or self._wake is None:
             raise ApiError(503, "the server is shutting down", "shutting_down")
         if features is not None and len(features) != len(texts):
-            raise ValueError(f"{len(features)} features for {len(texts)} texts")
+            raise ConfigError(f"{len(features)} features for {len(texts)} texts")
         future = asyncio.get_running_loop().create_future()
         job = _Job(texts, features, future, np.empty((len(texts), self.hidden), dtype=np.float32), len(texts))
         if not texts:

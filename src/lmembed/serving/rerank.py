@@ -37,7 +37,7 @@ from lmembed.index.index import SEARCH_MODES, Hit
 from lmembed.index.second_stage import candidate_pairs, reorder_hits
 from lmembed.lexical.fusion import FUSIONS
 from lmembed.rerank.base import Features, Reranker
-from lmembed.serving.batcher import TokenBudgetBatcher
+from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
 from lmembed.serving.errors import ApiError, bad_request
 from lmembed.serving.limits import Limits
 from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
@@ -68,7 +68,7 @@ class RerankMetrics:
 class PairBatcher(TokenBudgetBatcher):
     """The token-budget batcher with the reranker's forward pass: items are query-document pairs with their
     features (encoded once, off the event loop), outputs scores. It schedules as the embeddings' batcher does,
-    with the server's ``--batch-wait-ms`` and ``--window-share``."""
+    with the server's ``--batch-wait-ms``, ``--window-share`` and ``--workers``."""
 
     def __init__(
         self, reranker: Reranker, *, max_batch_tokens: int, metrics: RerankMetrics, limits: Limits | None = None
@@ -85,6 +85,7 @@ class PairBatcher(TokenBudgetBatcher):
             width=1,
             max_wait_s=limits.batch_wait_s,
             window_share=limits.window_share,
+            **forward_workers(limits.workers, reranker.device),
         )
 
     def _forward(
