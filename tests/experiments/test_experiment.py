@@ -9,6 +9,8 @@ import multiprocessing
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +23,7 @@ from conftest import tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli import app
 from lmembed.experiments import runner as runner_module
+from lmembed.experiments.execute import execute_run
 from lmembed.experiments.parallel import Slot, ready, worker_pool, worker_slots
 from lmembed.experiments.plan import plan_runs
 from lmembed.experiments.report import render_folder
@@ -223,6 +226,70 @@ def test_resume_after_a_kill_skips_finished_runs(workspace: Path, monkeypatch: p
     changed = load_spec(_spec(workspace, seeds=[0, 1], arms={"base": {}, "tuned": {"train": {"steps": 2}}}))
     run_experiment(changed, out, resume=True)
     assert calls == ["tuned/seed-0", "tuned/seed-1"]
+
+
+def test_the_dtype_is_part_of_a_run_s_fingerprint(workspace: Path):
+    """A run at bfloat16 is never reused for float32 (or the other way) on ``--resume``; float32, the default, leaves
+    the digest as it was before dtype joined it, so runs recorded then still count as finished."""
+    arms = {"base": {}, "tuned": {"train": {}}}
+    keys = {}
+    for dtype in ("float32", "bfloat16", "float16"):
+        spec = load_spec(_spec(workspace, seeds=[0], arms=arms, dtype=dtype))
+        keys[dtype] = {run.id: run.key for run in plan_runs(spec, workspace / "out")}
+        if dtype == "float32":
+            assert all(
+                arm.fingerprint(spec.evaluation, 0) == arm.fingerprint(spec.evaluation, 0, "float32")
+                for arm in spec.arms
+            )
+    assert set(keys["float32"]) == set(keys["bfloat16"]) == {"base/eval", "tuned/seed-0"}
+    for run_id in keys["float32"]:
+        assert len({keys[dtype][run_id] for dtype in keys}) == 3, run_id
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_another_process_is_running_is_left_alone(workspace: Path, workers: int):
+    """Two processes on one output folder: a run whose lock another process holds is not deleted or started over
+    (it is listed as not run, with why); once that process is gone (killed: the system drops its lock), --resume
+    runs it."""
+    spec = load_spec(_spec(workspace, seeds=[0], arms={"base": {}, "tuned": {"train": {}}}))
+    out = workspace / "out"
+    tuned = next(run for run in plan_runs(spec, out) if run.id == "tuned/seed-0")
+    (tuned.folder / "train").mkdir(parents=True)
+    partial = tuned.folder / "train" / "step-1"
+    partial.write_text("the other process's work")
+    lock = out / ".locks" / "tuned.seed-0.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        lines: list[str] = []
+        outcome = run_experiment(spec, out, resume=True, progress=lines.append, workers=workers)
+        assert outcome.finished == ["base/eval"]
+        assert outcome.skipped["tuned/seed-0"] == f"tuned/seed-0: another process is running it (it holds {lock})"
+        assert partial.read_text() == "the other process's work"
+        assert f"    tuned/seed-0: not run (tuned/seed-0: another process is running it (it holds {lock}))" in lines
+        assert json.loads((out / "summary.json").read_text())["runs"]["missing"] == ["tuned/seed-0"]
+    finally:
+        holder.kill()
+        holder.wait()
+    outcome = run_experiment(spec, out, resume=True)
+    assert outcome.finished == ["tuned/seed-0"] and outcome.reused == ["base/eval"] and not partial.exists()
+
+
+def test_a_run_another_process_finished_after_this_one_planned_it_is_kept(workspace: Path):
+    spec = load_spec(_spec(workspace, seeds=[0], arms={"base": {}}))
+    out = workspace / "out"
+    run_experiment(spec, out)
+    (base,) = plan_runs(spec, out)
+    stamp = base.run_file.stat().st_mtime_ns
+    record = execute_run(spec, base, [], out)  # what a process that planned it before it finished goes on to do
+    assert record == json.loads(base.run_file.read_text()) and base.run_file.stat().st_mtime_ns == stamp
+
+
+HOLD_LOCK = (  # another process's run: holds the lock until killed
+    "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+    "print('locked', flush=True); time.sleep(120)"
+)
 
 
 def test_budget_skips_runs_that_do_not_fit(workspace: Path):

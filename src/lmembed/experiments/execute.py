@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import copy
 import datetime
+import fcntl
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,34 @@ from lmembed.training.train_config import TrainConfig
 
 class ExperimentError(LmembedError, RuntimeError):
     """An experiment cannot run as asked (an output folder in use, a missing model of another arm ...)."""
+
+
+#: The folder (in an experiment's output folder) of the runs' lock files.
+LOCKS_DIR = ".locks"
+
+
+class RunInUseError(ExperimentError):
+    """Another process is running this run (it holds the run's lock): it is left alone, not started over."""
+
+
+@contextmanager
+def run_lock(run: PlannedRun) -> Iterator[None]:
+    """Hold ``run``'s lock while it runs: an exclusive ``flock`` on ``.locks/ARM.SEED.lock`` in the output folder
+    (outside the run's folder, which an interrupted run deletes and makes again). The system drops the lock when the
+    process ends, killed or not, so a crash never leaves a run locked. Raises :class:`RunInUseError` when another
+    process holds it: processes given one output folder (``--resume`` with overlapping ``--only``) never delete each
+    other's runs."""
+    path = run.folder.parents[2] / LOCKS_DIR / f"{run.arm.name}.{run.folder.name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunInUseError(f"{run.id}: another process is running it (it holds {path})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -124,7 +154,16 @@ def load_arm_model(spec: ExperimentSpec, run: PlannedRun, model: str | Path) -> 
 
 
 def execute_run(spec: ExperimentSpec, run: PlannedRun, tasks: Sequence[Task], output: Path) -> dict[str, Any]:
-    """Train (if the arm trains) and score one run; write ``items.json`` then ``run.json``; return the record."""
+    """Train (if the arm trains) and score one run, holding its lock (:func:`run_lock`); write ``items.json`` then
+    ``run.json``; return the record."""
+    with run_lock(run):
+        record = run.record()
+        if record is not None:  # another process finished it after this one planned it: kept, not run again
+            return record
+        return _execute(spec, run, tasks, output)
+
+
+def _execute(spec: ExperimentSpec, run: PlannedRun, tasks: Sequence[Task], output: Path) -> dict[str, Any]:
     if run.started:
         shutil.rmtree(run.folder)  # an earlier attempt was interrupted (or ran with other settings)
     run.folder.mkdir(parents=True, exist_ok=True)

@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.evaluation.base import Task
-from lmembed.experiments.execute import ExperimentError, execute_run
+from lmembed.experiments.execute import ExperimentError, RunInUseError, execute_run
 from lmembed.experiments.plan import PlannedRun, source_run
 from lmembed.experiments.scoring import build_suite
 from lmembed.experiments.spec import ExperimentSpec
 
 Progress = Callable[[str], None]
 Finished = Callable[[PlannedRun, dict[str, Any]], None]
+Skipped = Callable[[PlannedRun, str], None]
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ def run_parallel(
     *,
     finished_arms: set[str],
     on_finished: Finished,
+    on_skipped: Skipped,
     say: Progress,
 ) -> None:
     """Run ``pending`` (in plan order, as their inputs allow) on ``workers`` processes; ``on_finished`` gets each
@@ -191,6 +193,9 @@ def run_parallel(
                 run = running.pop(future)
                 try:
                     record = future.result()
+                except RunInUseError as exc:  # another process runs it: left alone, listed as not run
+                    on_skipped(run, str(exc))
+                    continue
                 except Exception as exc:  # reported after the runs still going have finished
                     say(f"    {run.id}: failed: {exc}")
                     failure = failure or (run, exc)

@@ -121,9 +121,9 @@ def plan_runs(spec: ExperimentSpec, output: str | Path, only: Sequence[str] | No
 
 def run_key(spec: ExperimentSpec, arm: ArmSpec, seed: int | None) -> str:
     """The fingerprint of one run; an arm reading another arm's model includes that arm's fingerprint."""
-    key = arm.fingerprint(spec.evaluation, seed)
+    key = arm.fingerprint(spec.evaluation, seed, spec.dtype)
     if arm.model_from:
-        key = f"{key}+{spec.arm(arm.model_from[0]).fingerprint(spec.evaluation, seed)}"
+        key = f"{key}+{spec.arm(arm.model_from[0]).fingerprint(spec.evaluation, seed, spec.dtype)}"
     return key
 
 

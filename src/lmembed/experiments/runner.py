@@ -38,7 +38,7 @@ import yaml
 
 from lmembed.atomic import atomic_write_text
 from lmembed.evaluation.base import Task
-from lmembed.experiments.execute import ExperimentError, execute_run, load_arm_model
+from lmembed.experiments.execute import ExperimentError, RunInUseError, execute_run, load_arm_model
 from lmembed.experiments.parallel import run_parallel
 from lmembed.experiments.plan import RUNS_DIR, PlannedRun, plan_runs
 from lmembed.experiments.scoring import build_suite
@@ -184,9 +184,15 @@ def run_experiment(
         cells = ", ".join(f"{name} {100 * t['main_score']:.2f}" for name, t in record["tasks"].items())
         say(f"    {run.id}: {cells} ({record['seconds']['total']:.0f} s)")
 
+    def skip(run: PlannedRun, reason: str) -> None:
+        outcome.skipped[run.id] = reason
+        say(f"    {run.id}: not run ({reason})")
+
     if workers > 1 and pending:
         finished_arms = {str(record.get("arm")) for record in records}
-        run_parallel(spec, pending, output, workers, finished_arms=finished_arms, on_finished=finish, say=say)
+        run_parallel(
+            spec, pending, output, workers, finished_arms=finished_arms, on_finished=finish, on_skipped=skip, say=say
+        )
     else:
         started = time.perf_counter()
         budget = None if budget_minutes is None else 60.0 * budget_minutes
@@ -210,7 +216,10 @@ def run_experiment(
                     say(f"[{number}/{len(pending)}] {run.id}: not started ({reason})")
                     continue
             say(f"[{number}/{len(pending)}] {run.id}: {'training + ' if run.arm.trains else ''}evaluation")
-            finish(run, execute_run(spec, run, tasks, output))
+            try:
+                finish(run, execute_run(spec, run, tasks, output))
+            except RunInUseError as exc:
+                skip(run, str(exc))
     all_runs = plan_runs(spec, output)
     outcome.summary, outcome.files = write_summary(spec, all_runs, output, skipped=outcome.skipped)
     return outcome

@@ -204,9 +204,11 @@ class ArmSpec:
         """True when the arm is run once per seed (it trains, or reads another arm's per-seed model)."""
         return self.trains or self.model_from is not None
 
-    def fingerprint(self, evaluation: EvalSpec, seed: int | None) -> str:
-        """A digest of everything that decides this arm's result for ``seed`` (stale results are re-run)."""
-        payload = {
+    def fingerprint(self, evaluation: EvalSpec, seed: int | None, dtype: str = "float32") -> str:
+        """A digest of everything that decides this arm's result for ``seed`` at ``dtype`` (stale results are
+        re-run). The default float32 is left out of the digest, so runs recorded before dtype joined it still
+        match; any other dtype gives another digest (a run at bfloat16 is never reused for float32)."""
+        payload: dict[str, Any] = {
             "arm": {
                 "model": self.model,
                 "strategy": dict(self.strategy),
@@ -218,6 +220,8 @@ class ArmSpec:
             "evaluate": _jsonable(evaluation),
             "seed": seed,
         }
+        if dtype != "float32":
+            payload["dtype"] = dtype
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
