@@ -372,6 +372,7 @@ def test_sigterm_stops_the_worker_processes_at_once():
     """SIGTERM during the parallel runs ends the workers too, at once: left running, they wrote on into the run
     folders beside a resumed experiment (the pool's own exit waits for their running tasks)."""
     started = time.perf_counter()
+    before = signal.getsignal(signal.SIGTERM)  # Ray, once started in this process, has a handler of its own
     with (
         pytest.raises(KeyboardInterrupt, match="signal"),
         worker_pool(2, multiprocessing.get_context("spawn")) as pool,
@@ -385,7 +386,7 @@ def test_sigterm_stops_the_worker_processes_at_once():
         time.sleep(30)  # the handler raises here
     assert time.perf_counter() - started < 20
     assert not any(process.is_alive() for process in processes)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone after the block
+    assert signal.getsignal(signal.SIGTERM) is before  # the block's handler is gone, the one before is back
     with worker_pool(1, multiprocessing.get_context("spawn")) as pool:  # a block that ends well waits for its tasks
         assert pool.submit(pow, 2, 5).result() == 32
 

@@ -304,6 +304,28 @@ def test_encode_command_on_ray_writes_the_local_vectors(cluster, tmp_path, monke
     assert refused.exit_code == 2 and "--ray-address needs --engine ray" in refused.output
 
 
+def test_encode_command_on_ray_runs_the_backend_it_is_given(cluster, tmp_path, monkeypatch, one_torch_thread):
+    """``--backend onnx`` on Ray: the workers run the ONNX backend their model loads with (they used to build a torch
+    engine whatever the backend), the vectors are local ONNX's, and they are cached under the ONNX key, as local
+    encoding keys them."""
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LMEMBED_HOME", str(tmp_path / "home"))
+    model = str(uncached("bert").save(tmp_path / "model"))
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(corpus_texts(40)) + "\n")
+    runner = CliRunner()
+    onnx = ["--model", model, "--backend", "onnx"]
+    local = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "local.npy"), *onnx, "--no-cache"])
+    assert local.exit_code == 0, local.output
+    ray_args = ["--engine", "ray", "--ray-address", cluster, "--workers", "1"]
+    on_ray = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "ray.npy"), *onnx, *ray_args])
+    assert on_ray.exit_code == 0, on_ray.output
+    assert "[ray: 1 shards, 1 encoded now, 0 resumed]" in on_ray.output
+    np.testing.assert_allclose(np.load(tmp_path / "ray.npy"), np.load(tmp_path / "local.npy"), atol=1e-6)
+    keys = [folder.name for folder in (tmp_path / "cache").iterdir()]
+    assert len(keys) == 1 and keys[0].endswith("-onnx-float32"), keys
+
+
 def test_encode_command_on_ray_takes_the_prompt_name_and_the_default_prompt(
     cluster, tmp_path, monkeypatch, one_torch_thread
 ):

@@ -464,7 +464,7 @@ def test_a_window_is_the_share_of_the_queue_divided_among_the_workers():
     assert two._window_tokens() == WINDOW_FLOOR_TOKENS
 
 
-def test_the_default_is_two_workers_on_a_cpu_with_two_threads_else_one():
+def test_the_default_is_two_workers_for_torch_on_a_cpu_with_two_threads_else_one():
     import torch
 
     before = torch.get_num_threads()
@@ -473,6 +473,7 @@ def test_the_default_is_two_workers_on_a_cpu_with_two_threads_else_one():
         assert forward_workers(None, "cpu") == {"workers": 2, "threads": 1}
         assert forward_workers(None, "cuda") == forward_workers(1, "cpu") == {"workers": 1, "threads": None}
         assert forward_workers(3, torch.device("cpu")) == {"workers": 3, "threads": 1}
+        assert forward_workers(None, "cpu", "onnx") == {"workers": 1, "threads": None}
         torch.set_num_threads(1)
         assert forward_workers(None, "cpu") == {"workers": 1, "threads": None}
     finally:

@@ -209,6 +209,23 @@ def test_a_pass_on_one_thread_of_a_worker_gives_the_bits_of_two_threads():
     assert np.array_equal(one, two)
 
 
+def test_the_server_runs_the_embedders_own_backend(tokenizer, tmp_path, monkeypatch):
+    """``serve --precision int8``: the server's passes run the Embedder's int8 ONNX backend, so a served vector is
+    Embedder.encode's, bit for bit (the server used to build a torch float32 engine of its own, and served the
+    float32 model's vectors under the int8 model's name)."""
+    monkeypatch.setenv("LMEMBED_HOME", str(tmp_path / "home"))  # the exported graph goes here
+    model = tiny_model("bert", len(tokenizer))
+    kwargs = {"use_cache": False, "show_progress": False}
+    int8 = Embedder.from_model(model, tokenizer, precision="int8", threads=1, **kwargs)
+    int8.calibrate([" ".join(WORDS[i : i + 8]) for i in range(24)])
+    with serving(int8) as (server, state):
+        assert state.engine.backend is int8.backend and state.batcher.workers == 1  # ORT has threads of its own
+        served = vectors_of(post(server, {"model": "tiny", "input": SIMILAR}).json())
+    assert np.array_equal(served, int8.encode(SIMILAR))
+    float32 = Embedder.from_model(model, tokenizer, **kwargs).encode(SIMILAR)
+    assert not np.array_equal(served, float32)  # what the server gave before (on this tiny model: within 1e-4)
+
+
 def test_queries_get_their_instruction_and_documents_none(make_embedder):
     emb = make_embedder("llama", pooling="last", query_instruction="Given a question, find the answer")
     with serving(emb) as (server, _):

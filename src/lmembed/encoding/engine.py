@@ -279,13 +279,18 @@ class EncodingEngine:
         return out, doc_index
 
     # ------------------------------------------------------------------ cache
-    def _cache_for(self, config: EmbeddingConfig) -> EmbeddingCache | None:
-        if not self.use_cache:
-            return None
+    def cache_model_key(self, config: EmbeddingConfig) -> str:
+        """The model part of ``config``'s embedding-cache folder: the weights' fingerprint (with the pooling head's,
+        where the strategy reads one) and what the backend adds (ONNX, int8 and its calibration)."""
         model_fp = self.backbone.fingerprint()
         if (config.pooling == "latent_attention" or config.head) and self.pooling_head is not None:
             model_fp += "-" + weights_fingerprint(self.pooling_head)
-        return EmbeddingCache(self.cache_dir, model_key(model_fp, self.backend.cache_tag()), config.fingerprint())
+        return model_key(model_fp, self.backend.cache_tag())
+
+    def _cache_for(self, config: EmbeddingConfig) -> EmbeddingCache | None:
+        if not self.use_cache:
+            return None
+        return EmbeddingCache(self.cache_dir, self.cache_model_key(config), config.fingerprint())
 
     @staticmethod
     def _fill_from_cache(out: np.ndarray, cache: EmbeddingCache | None, keys: list[bytes]) -> list[int]:

@@ -117,7 +117,11 @@ def worker_pool(
             process.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
-            process.join(10)
+            process.join(5)
+        for process in processes:  # one that outlives SIGTERM (busy in native code, or a handler of its own)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
         raise
     else:
         pool.shutdown(wait=True)

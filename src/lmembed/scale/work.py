@@ -32,7 +32,6 @@ from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
 from lmembed.encoding.engine import EncodingEngine
-from lmembed.models.loading import weights_fingerprint
 from lmembed.scale.errors import BadRowError, ScaleError
 from lmembed.scale.shard_plan import ShardPlan
 from lmembed.scale.sources import locate
@@ -42,12 +41,9 @@ OPEN_STAGING_FILES = 64
 
 
 def model_fingerprint(embedder: Embedder, config: EmbeddingConfig) -> str:
-    """The model part of the cache folder for ``config``, as the encoding engine names it: the weights'
-    fingerprint, plus the pooling head's for latent-attention pooling or a published model's post-pooling head."""
-    fingerprint = embedder.backbone.fingerprint()
-    if (config.pooling == "latent_attention" or config.head) and embedder.pooling_head is not None:
-        fingerprint += "-" + weights_fingerprint(embedder.pooling_head)
-    return fingerprint
+    """The model part of the cache folder for ``config``, as the encoding engine names it (weights, pooling head,
+    backend): workers and the driver read and write the same cache as local encoding."""
+    return embedder.engine.cache_model_key(config)
 
 
 def shard_name(job_id: str, shard: int) -> str:
@@ -179,8 +175,12 @@ class ShardEncoder:
                 f"this worker loaded weights {found[0][:16]} but the job was planned for "
                 f"{settings.model_fingerprints[0][:16]}: the model changed on disk, or workers see another copy of it"
             )
-        self.engine = EncodingEngine(
-            embedder.backbone, pooling_head=embedder.pooling_head, use_cache=False, show_progress=False
+        self.engine = EncodingEngine(  # the loaded model's own backend (ONNX ...), as the driver keyed the cache
+            embedder.backbone,
+            pooling_head=embedder.pooling_head,
+            use_cache=False,
+            show_progress=False,
+            backend=embedder.backend,
         )
         self.plan = ShardPlan.load(Path(settings.plan_dir))
         self.caches = [

@@ -79,14 +79,19 @@ class ServerState:
         self.index = index
         self.limits = limits
         self.metrics = ServerMetrics()
+        # the Embedder's own backend (ONNX, int8 ...): served vectors are the ones its encode gives
         self.engine = EncodingEngine(
-            embedder.backbone, pooling_head=embedder.pooling_head, use_cache=False, show_progress=False
+            embedder.backbone,
+            pooling_head=embedder.pooling_head,
+            use_cache=False,
+            show_progress=False,
+            backend=embedder.backend,
         )
         schedule = {
             "max_batch_tokens": limits.max_batch_tokens,
             "max_wait_s": limits.batch_wait_s,
             "window_share": limits.window_share,
-            **forward_workers(limits.workers, embedder.backbone.device),
+            **forward_workers(limits.workers, embedder.backbone.device, embedder.backend.name),
         }
         self.batcher = TokenBudgetBatcher(self.engine, self.config, metrics=self.metrics, **schedule)
         query_config = for_side(self.config, "query")[0]

@@ -124,16 +124,18 @@ def _pin_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def forward_workers(workers: int | None, device: Any) -> dict[str, int | None]:
+def forward_workers(workers: int | None, device: Any, backend: str = "torch") -> dict[str, int | None]:
     """The batcher's ``workers`` and ``threads`` (torch's intra-op threads of each worker, shared equally, at
-    least one each; ``None``: all, as set). ``workers=None`` chooses: two on a CPU with two threads or more (small
-    passes use the cores better side by side than split over intra-op threads: bench/serve_load.py), else one
-    (an accelerator runs one pass at a time)."""
+    least one each; ``None``: all, as set). ``workers=None`` chooses: two for torch on a CPU with two threads or
+    more (small passes use the cores better side by side than split over intra-op threads: bench/serve_load.py),
+    else one (an accelerator runs one pass at a time; ONNX Runtime keeps its own threads, which torch's count does
+    not share out)."""
     import torch  # lazy, like the engine's backends
 
     threads = torch.get_num_threads()
     if workers is None:
-        workers = 2 if torch.device(device).type == "cpu" and threads >= 2 else 1
+        on_cpu = torch.device(device).type == "cpu" and backend == "torch"
+        workers = 2 if on_cpu and threads >= 2 else 1
     return {"workers": workers, "threads": None if workers == 1 else max(1, threads // workers)}
 
 
