@@ -543,7 +543,7 @@ def main() -> None:
     infinity = next((a.label for a in arms if a.name == "infinity"), None)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python bench/serve_load.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/serve_load.py " + shlex.join(sys.argv[1:]),
         "cores": os.cpu_count(),
         "load_average_1min": {"start": load_start, "end": os.getloadavg()[0]},
         "arms": [{"name": a.name, "label": a.label} for a in arms],
