@@ -170,6 +170,19 @@ class EncodingEngine:
         tok = backbone.tokenizer
         self.pad_id = next((t for t in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) if t is not None), 0)
 
+    def uncached(self) -> EncodingEngine:
+        """An engine over the same model, pooling head, backend (ONNX, int8 ...) and padding side, with no embedding
+        cache, no progress bars and no token bound of its own: for callers that plan their own batches and keep
+        their own results (the server's passes, a Ray worker's shards), whose vectors must be this engine's."""
+        return EncodingEngine(
+            self.backbone,
+            pooling_head=self.pooling_head,
+            use_cache=False,
+            padding_side=self.padding_side,
+            show_progress=False,
+            backend=self.backend,
+        )
+
     # ------------------------------------------------------------------ public
     def encode_raw(
         self,

@@ -31,7 +31,6 @@ import torch
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
-from lmembed.encoding.engine import EncodingEngine
 from lmembed.scale.errors import BadRowError, ScaleError
 from lmembed.scale.shard_plan import ShardPlan
 from lmembed.scale.sources import locate
@@ -175,13 +174,7 @@ class ShardEncoder:
                 f"this worker loaded weights {found[0][:16]} but the job was planned for "
                 f"{settings.model_fingerprints[0][:16]}: the model changed on disk, or workers see another copy of it"
             )
-        self.engine = EncodingEngine(  # the loaded model's own backend (ONNX ...), as the driver keyed the cache
-            embedder.backbone,
-            pooling_head=embedder.pooling_head,
-            use_cache=False,
-            show_progress=False,
-            backend=embedder.backend,
-        )
+        self.engine = embedder.engine.uncached()  # its backend too (ONNX ...), as the driver keyed the cache
         self.plan = ShardPlan.load(Path(settings.plan_dir))
         self.caches = [
             EmbeddingCache(Path(settings.cache_root), fp, cfg.fingerprint())

@@ -36,7 +36,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from lmembed import __version__
 from lmembed.config import for_side
 from lmembed.embedder import Embedder, postprocess
-from lmembed.encoding.engine import EncodingEngine
 from lmembed.index import Index
 from lmembed.index.manifest import check_embedder
 from lmembed.rerank import Reranker
@@ -79,14 +78,7 @@ class ServerState:
         self.index = index
         self.limits = limits
         self.metrics = ServerMetrics()
-        # the Embedder's own backend (ONNX, int8 ...): served vectors are the ones its encode gives
-        self.engine = EncodingEngine(
-            embedder.backbone,
-            pooling_head=embedder.pooling_head,
-            use_cache=False,
-            show_progress=False,
-            backend=embedder.backend,
-        )
+        self.engine = embedder.engine.uncached()  # its backend too: served vectors are the ones its encode gives
         schedule = {
             "max_batch_tokens": limits.max_batch_tokens,
             "max_wait_s": limits.batch_wait_s,

@@ -73,6 +73,7 @@ from itertools import count
 from typing import Any
 
 import numpy as np
+import torch
 
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.engine import EncodingEngine
@@ -119,8 +120,6 @@ def release_memory() -> bool:
 
 def _pin_threads(threads: int) -> None:
     """(Each worker thread, once.) The intra-op threads of this thread's passes: torch keeps the count per thread."""
-    import torch  # lazy, like the engine's backends
-
     torch.set_num_threads(threads)
 
 
@@ -130,8 +129,6 @@ def forward_workers(workers: int | None, device: Any, backend: str = "torch") ->
     more (small passes use the cores better side by side than split over intra-op threads: bench/serve_load.py),
     else one (an accelerator runs one pass at a time; ONNX Runtime keeps its own threads, which torch's count does
     not share out)."""
-    import torch  # lazy, like the engine's backends
-
     threads = torch.get_num_threads()
     if workers is None:
         on_cpu = torch.device(device).type == "cpu" and backend == "torch"
@@ -208,8 +205,6 @@ class TokenBudgetBatcher:
         workers: int = 1,
         threads: int | None = None,
     ) -> None:
-        if workers < 1:
-            raise ConfigError(f"workers={workers!r}: at least one forward worker")
         self.window_share = window_share
         self.workers = workers
         self.engine = engine
