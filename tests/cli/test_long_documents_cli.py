@@ -74,6 +74,15 @@ def test_an_index_built_with_rope_scale_is_searched_with_it(saved, tmp_path):
     with pytest.raises(IndexMismatchError, match="rope_scale: index=2 embedder=none"):
         Index.open(folder, plain)
 
+    manifest = folder / "manifest.json"  # a hand-edited factor is refused, naming the file and the field
+    data = json.loads(manifest.read_text())
+    data["model"]["rope_scale"] = "2x"
+    manifest.write_text(json.dumps(data))
+    broken = CliRunner().invoke(app, ["search", str(folder), LONG, "-k", "1"])
+    shown = " ".join(broken.output.replace("│", " ").split())
+    assert broken.exit_code != 0 and "manifest.json: not a valid lmembed index manifest" in shown, broken.output
+    assert "model.rope_scale='2x' must be a number > 1 or null" in shown and "Traceback" not in broken.output
+
 
 def test_eval_grid_over_max_length_on_concatenated_documents(saved, tmp_path):
     docs = [(f"d{i}", f"document {i} about topic {i} " * 6) for i in range(6)]

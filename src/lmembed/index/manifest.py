@@ -59,6 +59,11 @@ class ModelRecord:
     calibration: list[str] | None = None
     rope_scale: float | None = None
 
+    def __post_init__(self) -> None:
+        factor = self.rope_scale
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 1):
+            raise ConfigError(f"model.rope_scale={factor!r} must be a number > 1 or null")
+
 
 def model_fingerprint(embedder: Embedder) -> str:
     """The backbone's weights fingerprint, joined with a hash of a pooling head's weights if it has one."""
