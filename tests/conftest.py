@@ -112,21 +112,19 @@ def tiny_decoder_config(family: str, vocab_size: int):
     raise ValueError(family)
 
 
+def tiny_bert_config(vocab_size: int, **overrides):
+    """Config of a 2-layer, 32-wide BERT (``overrides`` replace fields: ``num_labels``, ``max_position_embeddings``)."""
+    from transformers import BertConfig
+
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    return BertConfig(**{"vocab_size": vocab_size, **sizes, "max_position_embeddings": 128, **overrides})
+
+
 def tiny_model(family: str, vocab_size: int, attn: str = "sdpa", seed: int = 0):
-    from transformers import AutoModel, BertConfig
+    from transformers import AutoModel
 
     torch.manual_seed(seed)
-    if family == "bert":
-        config = BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=128,
-        )
-    else:
-        config = tiny_decoder_config(family, vocab_size)
+    config = tiny_bert_config(vocab_size) if family == "bert" else tiny_decoder_config(family, vocab_size)
     return AutoModel.from_config(config, attn_implementation=attn).eval()
 
 

@@ -19,21 +19,13 @@ def write_jsonl(path: Path, rows: list) -> Path:
 def save_tiny_cross_encoder(folder: Path, num_labels: int = 1, seed: int = 0) -> Path:
     """A tiny random BERT with a sequence-classification head (and the tiny tokenizer) saved in ``folder``."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
-    from conftest import build_tokenizer
+    from conftest import build_tokenizer, tiny_bert_config
 
     torch.manual_seed(seed)
     tok = build_tokenizer()
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=num_labels,
-    )
+    config = tiny_bert_config(len(tok), num_labels=num_labels)
     BertForSequenceClassification(config).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder

@@ -35,11 +35,6 @@ def test_every_model_option_reaches_from_pretrained():
     assert ModelOptions().loading()["precision"] is None  # float32: the library's default
 
 
-def test_portable_options_leave_out_what_each_worker_decides():
-    options = ModelOptions(pooling="last", layer="15,16", device="cuda", no_cache=True)
-    assert options.portable() == {"pooling": "last", "layer": (15, 16), "dtype": "float32"}
-
-
 def test_engine_options_feed_the_ray_engine_whole():
     ray_settings = EngineOptions(engine="ray", workers=2).ray()
     assert "engine" not in ray_settings

@@ -130,7 +130,7 @@ class LatentAttentionConfig:
 
 
 LATENT_VARIANTS = ("lmembed", "nv-embed")
-INSTRUCTION_MASKS = ("offsets", "token_count")
+INSTRUCTION_MASKS = ("offsets", "token_count", "text_tokens")
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,7 @@ class EmbeddingConfig:
     pool_special_tokens: bool = True  # False: special tokens (BOS, ...) never pooled, as LLM2Vec's embed mask
     # which tokens an instruction keeps out of pooling: "offsets" those before the text (by character offsets),
     # "token_count" the first len(tokenizer.tokenize(prefix)) tokens of the sequence, BOS included (NV-Embed)
+    # "text_tokens": only the last len(text tokenised alone) tokens are pooled (LLM2Vec's embed mask)
     instruction_mask: str = "offsets"
     add_eos: bool | None = None
     eos_token: str | None = None  # the token appended for last-token pooling; None: the tokenizer's EOS

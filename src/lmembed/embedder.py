@@ -16,12 +16,11 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, overload
 
 import numpy as np
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from lmembed.atomic import atomic_folder, atomic_write_text
@@ -30,39 +29,27 @@ from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documents
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import validate_texts, wants_eos
-from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.errors import ConfigError
+from lmembed.load_plan import HEAD_FILE, STRATEGY_FILE, plan_load
+from lmembed.load_spec import LoadSpec
 from lmembed.models import presets
-from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.attention import check_bidirectional_supported
-from lmembed.models.bundled import BUNDLED, resolve_bundled
-from lmembed.models.context import PositionInterpolationError, interpolate_positions
-from lmembed.models.loading import Backbone, backbone_from_model, find_model_dir, load_backbone
-from lmembed.models.nvembed import NVEmbedCheckpoint, load_nvembed
+from lmembed.models.bundled import BUNDLED
+from lmembed.models.context import PositionInterpolationError, interpolate_positions, interpolation_factor
+from lmembed.models.loading import Backbone, backbone_from_model
 from lmembed.models.sentence_transformers_folder import (
-    ACTIVATION_PATHS,
+    ST_POOLING_MODES,
     PublishedModel,
     apply_lowercase,
-    download_published_folder,
-    is_sentence_transformers_folder,
-    load_weights,
-    read_published_folder,
+    save_head_layers,
+    write_sentence_transformers_files,
 )
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
 
 log = logging.getLogger(__name__)
 
-STRATEGY_FILE = "lmembed.json"
-HEAD_FILE = "pooling_head.safetensors"
 FORMAT_VERSION = 1
-ST_POOLING_MODES = {
-    "cls": "pooling_mode_cls_token",
-    "mean": "pooling_mode_mean_tokens",
-    "last": "pooling_mode_lasttoken",
-    "weighted_mean": "pooling_mode_weightedmean_tokens",
-    "max": "pooling_mode_max_tokens",
-    "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens",
-}
 
 
 def postprocess(raw: np.ndarray, config: EmbeddingConfig) -> np.ndarray:
@@ -162,6 +149,8 @@ class Embedder:
     published: presets.Resolution | None = None  # the published family it was loaded as (from_pretrained)
     published_folder: PublishedModel | None = None  # the sentence-transformers folder it was read from
     checkpoint_sources: dict[str, str] | None = None  # fields a published checkpoint's own files decided (NV-Embed)
+    source: str | None = None  # where from_pretrained read it (bundled name, absolute folder, Hub id); None: in memory
+    attn_implementation: str | None = "sdpa"  # the attention kernel transformers was asked for
 
     def __init__(
         self,
@@ -260,47 +249,20 @@ class Embedder:
         is one, else from :class:`EmbeddingConfig`'s defaults (mean pooling, last layer, causal,
         normalised, the model's own max length).
         """
-        adapters = name_or_path not in BUNDLED and presets.is_adapter_stack(name_or_path)  # LLM2Vec: no config.json
-        if name_or_path not in BUNDLED and Path(name_or_path).expanduser().exists() and not adapters:
-            name_or_path = str(find_model_dir(Path(name_or_path).expanduser()))  # a run folder → its model
-        saved = _read_saved(name_or_path)
-        published = None if saved else presets.resolve(name_or_path)  # a published family's conventions
-        if published:
-            published.preset.check_reproducible(name_or_path)
-        # a sentence-transformers folder's own files, where no preset describes the family
-        folder = None if saved or published else _read_local_published(name_or_path)
         if quantize is not None:
             if quantize != "int8":
                 raise ConfigError(f"quantize={quantize!r} is unknown; the only scheme is 'int8'")
             precision = precision or "int8"
         torch_int8 = precision == "int8" and backend == "torch"
-        load = load_backbone
-        if published and published.preset.loader == "llm2vec":
-            load = partial(_load_llm2vec, quantize=torch_int8)
-        nvembed = None
-        if published and published.preset.loader == "nvembed":  # the decoder and head of one NVEmbedModel file set
-            load = nvembed = _NVEmbedLoad()
-        backbone = load(
-            str(folder.model_dir) if folder else name_or_path,
+        plan = plan_load(name_or_path, torch_int8=torch_int8)  # the first source reader that knows it
+        backbone = plan.load_backbone(
             dtype=dtype,
             device=device,
             attn_implementation=attn_implementation,
             quantize="int8" if torch_int8 else None,
-            exact_tokenizer=saved is not None,
         )
         if rope_scale is not None:
             _interpolate(backbone, rope_scale)
-        if folder and name_or_path in BUNDLED:
-            backbone.name = name_or_path  # read from its sentence-transformers folder, still known by its bundled name
-        if saved:
-            _check_saved_kind(name_or_path, saved, backbone)
-        if not saved and not published and not folder and not Path(backbone.path).exists():
-            folder = _read_hub_published(backbone.path)
-        options = dict(saved["strategy"]) if saved else dict(published.preset.strategy) if published else {}
-        if folder:
-            options = dict(folder.options)
-        if nvembed:
-            options.update(nvembed.checkpoint.strategy)
         given = {
             "pooling": pooling,
             "layer": tuple(layer) if isinstance(layer, list | tuple) else layer,
@@ -312,19 +274,11 @@ class Embedder:
             **strategy,
         }
         given = {k: v for k, v in given.items() if v is not None}
-        if published:
-            presets.warn_overrides(published, given)
-        if folder:
-            _warn_overrides(folder, given)
-        options.update(given)
+        plan.warn_overrides(given)
         base = config.to_dict() if config else {}
-        base.update(options)
-        head = _load_head(name_or_path, backbone, base) if saved else None
-        if folder:
-            head = _published_head(folder, backbone, base)
-            _adapt_tokenizer(backbone, folder)
-        if nvembed:
-            head = nvembed.head(backbone, base)
+        base.update(plan.options)  # the source's own conventions, then the caller's options over them
+        base.update(given)
+        head = plan.head(backbone, base)
         if base.get("lowercase"):
             apply_lowercase(backbone.tokenizer)
         embedder = cls(
@@ -339,11 +293,63 @@ class Embedder:
             threads=threads,
             max_batch_tokens=max_batch_tokens,
         )
-        embedder.published = published
-        embedder.published_folder = folder  # what a sentence-transformers folder decided, and which file did
-        if nvembed:
-            embedder.checkpoint_sources = nvembed.checkpoint.sources
+        embedder.published = plan.published  # the published family it was loaded as
+        embedder.published_folder = plan.folder  # what a sentence-transformers folder decided, and which file did
+        embedder.checkpoint_sources = plan.checkpoint_sources
+        embedder.source = _source_of(plan.where)
+        embedder.attn_implementation = attn_implementation
         return embedder
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: LoadSpec,
+        *,
+        source: str | None = None,
+        device: str = "cpu",
+        cache: bool = True,
+        cache_dir: str | Path | None = None,
+        show_progress: bool = True,
+        threads: int | None = None,
+        max_batch_tokens: int | None = None,
+    ) -> Embedder:
+        """The Embedder ``spec`` describes (:mod:`lmembed.load_spec`), loaded from ``source`` when given (a copy of
+        the same model elsewhere), else from ``spec.source``; what is local to this process (device, cache,
+        progress, threads, batch size) is the caller's. int8 is calibrated on the recorded texts, so it quantises
+        exactly as the original did."""
+        where = source or spec.source
+        if where is None:
+            raise ConfigError("this load spec describes a model built in memory (source=None); pass a source")
+        loaded = cls.from_pretrained(
+            where,
+            device=device,
+            cache=cache,
+            cache_dir=cache_dir,
+            show_progress=show_progress,
+            threads=threads,
+            max_batch_tokens=max_batch_tokens,
+            **spec.loading(),
+        )
+        if spec.calibration:
+            loaded.calibrate(list(spec.calibration))
+        return loaded if loaded.config == spec.config else loaded.with_config(spec.config)
+
+    @property
+    def load_spec(self) -> LoadSpec:
+        """How to load this Embedder again elsewhere: the one record an index, Ray's workers and an export keep
+        (:class:`~lmembed.load_spec.LoadSpec`)."""
+        runner = self.backend
+        calibration = runner.calibration_texts if runner.precision == "int8" else None
+        return LoadSpec(
+            source=self.source or _backbone_source(self.backbone),
+            config=self.config,
+            dtype=str(self.backbone.dtype).removeprefix("torch."),
+            backend=runner.name,
+            precision=runner.precision,
+            calibration=tuple(calibration) if calibration is not None else None,
+            rope_scale=interpolation_factor(self.backbone.model),
+            attn_implementation=self.attn_implementation,
+        )
 
     @classmethod
     def from_model(
@@ -491,6 +497,7 @@ class Embedder:
         )
         embedder.published, embedder.published_folder = self.published, self.published_folder
         embedder.checkpoint_sources = self.checkpoint_sources
+        embedder.source, embedder.attn_implementation = self.source, self.attn_implementation
         return embedder
 
     # ------------------------------------------------------------------ saving
@@ -529,7 +536,7 @@ class Embedder:
         model.save_pretrained(directory, state_dict=backbone_state)
         self.backbone.tokenizer.save_pretrained(directory)
         if isinstance(self.pooling_head, PostPoolingHead):
-            _save_post_head(self.pooling_head, directory, head_state)
+            save_head_layers(self.pooling_head, directory, head_state)
         elif self.pooling_head is not None:
             head = self.pooling_head.state_dict() if head_state is None else head_state
             state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
@@ -542,7 +549,8 @@ class Embedder:
         }
         atomic_write_text(directory / STRATEGY_FILE, json.dumps(meta, indent=2))
         if self.sentence_transformers_compatible():
-            self._write_sentence_transformers_files(directory)
+            max_length = resolve_max_length(self.backbone, self.config.max_length)
+            write_sentence_transformers_files(directory, self.config, self.backbone.hidden_size, max_length)
         return directory
 
     def sentence_transformers_compatible(self) -> bool:
@@ -563,155 +571,11 @@ class Embedder:
             and not any(layer.get("route") for layer in cfg.head)
         )
 
-    def _write_sentence_transformers_files(self, directory: Path) -> None:
-        cfg = self.config
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        ]
-        for layer in cfg.head:  # their weights and configs were written by _save_post_head
-            path = layer.get("path", f"{len(modules)}_Normalize")
-            modules.append(
-                {"idx": len(modules), "name": str(len(modules)), "path": path, "type": ST_HEAD[layer["type"]]}
-            )
-        if cfg.normalize:
-            path = f"{len(modules)}_Normalize"
-            modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": ST_HEAD["normalize"]})
-        for module in modules[2:]:
-            (directory / module["path"]).mkdir(exist_ok=True)
-        include_prompt = cfg.include_prompt and cfg.prompt_style == "sentence_transformers"
-        pooling = {"word_embedding_dimension": self.backbone.hidden_size, "include_prompt": include_prompt}
-        pooling.update({mode: name == cfg.pooling for name, mode in ST_POOLING_MODES.items()})
-        (directory / "1_Pooling").mkdir(exist_ok=True)
-        max_length = resolve_max_length(self.backbone, cfg.max_length)
-        files: dict[str, Any] = {
-            "modules.json": modules,
-            "1_Pooling/config.json": pooling,
-            "sentence_bert_config.json": {"max_seq_length": max_length, "do_lower_case": cfg.lowercase},
-        }
-        model_config = _st_model_config(cfg)
-        if model_config:
-            files["config_sentence_transformers.json"] = model_config
-        for name, content in files.items():
-            atomic_write_text(directory / name, json.dumps(content, indent=2))
-
-
-ST_HEAD = {
-    "dense": "sentence_transformers.models.Dense",
-    "layer_norm": "sentence_transformers.models.LayerNorm",
-    "normalize": "sentence_transformers.models.Normalize",
-}
-
-
-def _st_model_config(cfg: EmbeddingConfig) -> dict[str, Any]:
-    """``config_sentence_transformers.json``: the prompts (a published model's own, with the strategy's query and
-    document prompts), the default prompt and the similarity."""
-    prompts = dict(cfg.prompts)
-    if cfg.query_instruction:
-        prompts["query"] = cfg.instruction_template.format(instruction=cfg.query_instruction)
-    if cfg.document_instruction:
-        prompts["document"] = cfg.instruction_template.format(instruction=cfg.document_instruction)
-    if not prompts and cfg.similarity == "cosine":
-        return {}
-    if prompts:
-        prompts.setdefault("query", "")
-        prompts.setdefault("document", "")
-    data: dict[str, Any] = {"prompts": prompts, "similarity_fn_name": cfg.similarity}
-    if cfg.default_prompt_name is not None:
-        data["default_prompt_name"] = cfg.default_prompt_name
-    return data
-
-
-def _save_post_head(head: PostPoolingHead, directory: Path, state: dict[str, Tensor] | None) -> None:
-    """Each Dense/LayerNorm layer of ``head`` into its module folder, as sentence-transformers lays it out
-    (``state``: whole tensors named ``layers.I.*`` to write instead of the head's own)."""
-    for i, spec in enumerate(head.specs):
-        if spec["type"] == "normalize":
-            continue
-        folder = directory / spec["path"]
-        folder.mkdir(parents=True, exist_ok=True)
-        layer_state = head.layer_state(i)
-        if state is not None:
-            prefix = f"layers.{i}."
-            layer_state = {
-                k[len(prefix) :]: v.detach().cpu().contiguous() for k, v in state.items() if k.startswith(prefix)
-            }
-        save_file(layer_state, str(folder / "model.safetensors"))
-        atomic_write_text(folder / "config.json", json.dumps(_st_layer_config(spec), indent=2))
-
-
-def _st_layer_config(spec: dict[str, Any]) -> dict[str, Any]:
-    if spec["type"] == "layer_norm":
-        return {"dimension": spec["dimension"]}
-    config = {
-        "in_features": spec["in_features"],
-        "out_features": spec["out_features"],
-        "bias": spec.get("bias", True),
-        "activation_function": ACTIVATION_PATHS[spec.get("activation", "identity")],
-    }
-    if spec.get("residual"):
-        config["use_residual"] = True
-    return config
-
 
 def _head_width(head: nn.Module | None, backbone: Backbone, config: EmbeddingConfig) -> int | None:
     if config.head and isinstance(head, PostPoolingHead):
         return head.output_dim(backbone.hidden_size, config.route)
     return None
-
-
-def _read_local_published(name_or_path: str) -> PublishedModel | None:
-    """The conventions of a local (or bundled) sentence-transformers folder, if ``name_or_path`` is one."""
-    folder = Path(resolve_bundled(name_or_path)) if name_or_path in BUNDLED else Path(name_or_path).expanduser()
-    return read_published_folder(folder) if is_sentence_transformers_folder(folder) else None
-
-
-def _read_hub_published(repo_id: str) -> PublishedModel | None:
-    """The conventions of Hub model ``repo_id`` when it is a sentence-transformers model."""
-    folder = download_published_folder(repo_id)
-    if folder is None:
-        return None
-    published = read_published_folder(folder)
-    if published.model_dir != folder:
-        raise ModelLoadError(
-            f"{repo_id}: the Transformer module lives in {published.model_dir.name}/; download the repository and "
-            "load the folder instead"
-        )
-    return published
-
-
-def _warn_overrides(published: PublishedModel, given: dict[str, Any]) -> None:
-    """One warning per option the caller gives that differs from the model's own convention (the caller wins)."""
-    for option, value in given.items():
-        own = published.options.get(option)
-        if option in published.options and own != value:
-            log.warning(
-                "%s=%r (given) overrides the model's own %s=%r (from %s)",
-                option,
-                value,
-                option,
-                own,
-                published.sources.get(option, published.root),
-            )
-
-
-def _published_head(published: PublishedModel, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
-    """The post-pooling head of a published model, with its weights (None when it has none)."""
-    specs = strategy.get("head") or ()
-    if not specs:
-        return None
-    head = PostPoolingHead(specs)
-    for i, (spec, state) in enumerate(zip(specs, published.head_weights, strict=True)):
-        if spec["type"] != "normalize":
-            head.load_layer_state(i, state, str(published.root / spec["path"]))
-    return head.to(device=backbone.device, dtype=backbone.dtype).eval()
-
-
-def _adapt_tokenizer(backbone: Backbone, published: PublishedModel) -> None:
-    """Tokenizer settings a published model decides beyond the strategy: the truncation side."""
-    side = published.tokenizer_settings.get("truncation_side")
-    if side is not None:
-        backbone.tokenizer.truncation_side = side
 
 
 def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
@@ -728,9 +592,27 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
             "is_decoder": embedder.backbone.is_decoder,
             "strategy": embedder.config.to_dict(),
             "backend": embedder.backend.describe(),
+            "load": embedder.load_spec.to_dict(),  # what was exported, and how to load its source again
         }
         atomic_write_text(tmp / STRATEGY_FILE, json.dumps(meta, indent=2))
     return directory
+
+
+def _source_of(name_or_path: str) -> str:
+    """Where a model was read from, as another process can find it again: a local folder made absolute; a
+    bundled name or a Hub id as given."""
+    path = Path(name_or_path).expanduser()
+    if name_or_path not in BUNDLED and path.exists():
+        return str(path.resolve())
+    return name_or_path
+
+
+def _backbone_source(backbone: Backbone) -> str | None:
+    """The source of an Embedder built around a loaded backbone (not by ``from_pretrained``): its folder made
+    absolute, or its name; ``None`` for a model built in memory."""
+    if not backbone.path:
+        return None
+    return str(Path(backbone.name).resolve()) if Path(backbone.name).is_dir() else backbone.name
 
 
 def _interpolate(backbone: Backbone, factor: float) -> None:
@@ -739,79 +621,3 @@ def _interpolate(backbone: Backbone, factor: float) -> None:
         interpolate_positions(backbone, factor)
     except PositionInterpolationError as exc:
         raise PositionInterpolationError(f"rope_scale={factor:g}: {exc}") from exc
-
-
-def _read_saved(name_or_path: str) -> dict[str, Any] | None:
-    path = Path(name_or_path) / STRATEGY_FILE
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-
-
-def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone) -> None:
-    """The saved ``is_decoder`` must match what the loaded model is; otherwise the saved strategy was
-    recorded for a different kind of model (older lmembed versions took GPT-NeoX, Falcon, StableLM,
-    OLMo ... for encoders) and its vectors cannot be reproduced."""
-    recorded = saved.get("is_decoder")
-    if not isinstance(recorded, bool) or recorded == backbone.is_decoder:
-        return
-    raise ModelLoadError(
-        f"{Path(directory) / STRATEGY_FILE} records {_kind(recorded)}, but the saved model "
-        f"(model_type={backbone.model_type!r}) is {_kind(backbone.is_decoder)}; the strategy was saved for "
-        "a misclassified model and its vectors cannot be reproduced: wrap the base model again and save it anew"
-    )
-
-
-def _kind(is_decoder: bool) -> str:
-    return "a decoder (causal attention)" if is_decoder else "an encoder (bidirectional attention)"
-
-
-def _load_llm2vec(name_or_path: str, *, quantize: bool, **kwargs: Any) -> Backbone:
-    """An LLM2Vec checkpoint: base model + MNTP adapter + supervised adapter (:mod:`lmembed.models.adapters`)."""
-    if quantize:
-        raise ConfigError("torch int8 is not available for an adapter stack (LLM2Vec); use backend='onnx'")
-    keep = {k: kwargs[k] for k in ("dtype", "device", "attn_implementation")}
-    return load_adapter_stack(name_or_path, **keep)
-
-
-class _NVEmbedLoad:
-    """Loads an NV-Embed checkpoint as a backbone (:func:`load_nvembed`), keeping its head's tensors for
-    :meth:`head`."""
-
-    checkpoint: NVEmbedCheckpoint
-
-    def __call__(self, name_or_path: str, *, exact_tokenizer: bool, **kwargs: Any) -> Backbone:
-        self.checkpoint = load_nvembed(name_or_path, **kwargs)
-        return self.checkpoint.backbone
-
-    def head(self, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
-        cfg = EmbeddingConfig.from_dict(strategy)
-        if cfg.pooling != "latent_attention":
-            return None
-        head = build_latent_head(backbone.hidden_size, cfg.latent)
-        try:
-            head.load_state_dict(self.checkpoint.head_state)
-        except RuntimeError as exc:
-            raise ModelLoadError(f"{backbone.path}: latent_attention_model.* does not fit its config: {exc}") from exc
-        return head.to(device=backbone.device, dtype=backbone.dtype).eval()
-
-
-def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
-    if strategy.get("head"):  # a published model's post-pooling head, saved in sentence-transformers' layout
-        head = PostPoolingHead(strategy["head"])
-        for i, spec in enumerate(head.specs):
-            if spec["type"] != "normalize":
-                head.load_layer_state(
-                    i, load_weights(Path(directory) / spec["path"]), str(Path(directory) / spec["path"])
-                )
-        return head.to(device=backbone.device, dtype=backbone.dtype).eval()
-    path = Path(directory) / HEAD_FILE
-    if not path.exists():
-        return None
-    cfg = EmbeddingConfig.from_dict(strategy)
-    head = build_latent_head(backbone.hidden_size, cfg.latent)
-    head.load_state_dict(load_file(str(path)))
-    return head.to(device=backbone.device, dtype=backbone.dtype).eval()

@@ -55,4 +55,9 @@ class UnknownNameError(LmembedError, KeyError):
         return str(self.args[0]) if len(self.args) == 1 else super().__str__()
 
 
-__all__ = ["ConfigError", "InputError", "LmembedError", "ModelLoadError", "UnknownNameError"]
+class UnsafeFileError(LmembedError, ValueError):
+    """A folder names a path that leaves it (an absolute path, ``..``, a link to elsewhere); refused before it is
+    opened (see :func:`lmembed.paths.inside`)."""
+
+
+__all__ = ["ConfigError", "InputError", "LmembedError", "ModelLoadError", "UnknownNameError", "UnsafeFileError"]

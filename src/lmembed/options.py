@@ -136,14 +136,6 @@ class ModelOptions:
         values["precision"] = None if self.precision == DEFAULT_PRECISION else self.precision
         return values
 
-    def portable(self) -> dict[str, Any]:
-        """What another process needs to load the same model on its own device: :meth:`loading` less the
-        device, the cache and the options left unset."""
-        values = self.loading()
-        for local in ("device", "cache"):
-            values.pop(local)
-        return {k: v for k, v in values.items() if v is not None}
-
 
 @dataclass(frozen=True)
 class EngineOptions:

@@ -27,12 +27,17 @@ Folders, each with the precedence it follows (the first that applies wins):
   data folder.
 
 An environment variable that is set but empty counts as unset; ``~`` in a value is expanded.
+
+:func:`inside` is the one check of a path that a folder's own file names (a module of ``modules.json``, an
+index's data file, an adapter's base): it must resolve inside that folder once links are followed.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
+
+from lmembed.errors import LmembedError, UnsafeFileError
 
 HOME_ENV_VAR = "LMEMBED_HOME"
 DATA_ENV_VAR = "LMEMBED_DATA"
@@ -123,3 +128,41 @@ def shared_datasets_dir() -> Path | None:
 def default_data_root() -> Path | None:
     """Where task data is looked up: ``$LMEMBED_DATA``, else the shared data folder (``None``: neither)."""
     return data_env_dir() or shared_datasets_dir()
+
+
+# ---------------------------------------------------------------------------------------------- confinement
+def inside(
+    folder: str | Path,
+    relative: str | PurePath,
+    *,
+    file: str | Path,
+    field: str,
+    error: type[LmembedError] = UnsafeFileError,
+) -> Path:
+    """``folder / relative`` when it lies inside ``folder`` once every link is followed; else ``error``.
+
+    ``relative`` is a path that ``file`` (a file of the folder, e.g. ``modules.json``) names in ``field`` (e.g.
+    ``modules[2].path``). An absolute path (``~`` included), a ``..`` that climbs out of the folder and a link
+    (the named entry or any folder on the way) leading outside are refused by name, before anything there is
+    opened. ``""`` and ``"."`` name the folder itself. The path returned is the unresolved one (``folder /
+    relative``), so messages keep the names the user knows."""
+    folder = Path(folder)
+    text = os.fspath(relative)
+    named = f"{file}: {field}={text!r}"
+    if "\0" in text:
+        raise error(f"{named} holds a NUL character; it cannot name a file of {folder}")
+    if PurePath(text).is_absolute() or text.startswith("~"):
+        raise error(f"{named} is an absolute path; a path it names must lie inside {folder}")
+    candidate = folder / text
+    if os.path.normpath(text).split(os.sep, 1)[0] == "..":
+        raise error(f"{named} climbs out of {folder} through '..'; a path it names must lie inside the folder")
+    base = folder.resolve()
+    try:
+        target = candidate.resolve()
+    except (OSError, RuntimeError) as exc:  # a link loop
+        raise error(f"{named} cannot be resolved inside {folder} ({exc})") from exc
+    if target != base and base not in target.parents:
+        raise error(
+            f"{named} leads outside {folder} through a link (to {target}); a path it names must lie inside the folder"
+        )
+    return candidate

@@ -98,9 +98,9 @@ def test_an_int8_index_reloads_as_the_same_int8_model(saved_model, files, tmp_pa
         ["index", "build", str(corpus), "-o", str(folder), "--model", saved_model, "--no-cache", *int8_options],
     )
     assert built.exit_code == 0, built.output
-    manifest = Index.open(folder).manifest.model
+    manifest = Index.open(folder).manifest.model.load
     assert (manifest.backend, manifest.precision) == ("onnx", "int8")
-    assert manifest.calibration == list(reversed(TEXTS))
+    assert manifest.calibration == tuple(reversed(TEXTS))
     index = Index.open(folder)
     index.load_embedder()
     assert index.embedder is not None and index.embedder.backend.precision == "int8"

@@ -64,7 +64,7 @@ def test_an_index_built_with_rope_scale_is_searched_with_it(saved, tmp_path):
     built = CliRunner().invoke(app, ["index", "build", str(corpus), "-o", str(folder), *flags, "--rope-scale", "2"])
     assert built.exit_code == 0, built.output
     index = Index.open(folder)
-    assert index.manifest.model.rope_scale == 2.0
+    assert index.manifest.model.load.rope_scale == 2.0
     assert interpolation_factor(index.load_embedder().backbone.model) == 2.0
     top = index.search(LONG, k=1)[0]
     assert top.id == "long" and top.score == pytest.approx(1.0, abs=1e-5)  # read as at build time: finds itself

@@ -160,7 +160,7 @@ def test_manifest_refuses_another_strategy_or_model(make_embedder, tokenizer, co
     Index.build(emb, corpus_file, folder, dim=16)
     manifest = Manifest.read(folder)
     assert manifest.dim == 16 and manifest.strategy["dim"] == 16 and manifest.strategy["pooling"] == "mean"
-    assert manifest.model.fingerprint == emb.backbone.fingerprint() and manifest.model.source is None
+    assert manifest.model.fingerprint == emb.backbone.fingerprint() and manifest.model.load.source is None
 
     with pytest.raises(IndexMismatchError, match=r"dim: index=16 embedder=None"):
         Index.open(folder, emb)  # the same model, but queries would not be truncated to 16 dimensions
@@ -170,7 +170,7 @@ def test_manifest_refuses_another_strategy_or_model(make_embedder, tokenizer, co
     with pytest.raises(IndexMismatchError, match=r"pooling: index='mean' embedder='last'"):
         Index.open(folder, matryoshka.with_config(matryoshka.config.with_options(pooling="last")))
     other = Embedder.from_model(tiny_model("llama", len(tokenizer), seed=1), tokenizer, matryoshka.config)
-    with pytest.raises(IndexMismatchError, match=r"weights: index=in-memory"):
+    with pytest.raises(IndexMismatchError, match=r"model \(weights, config and tokenizer\): index=in-memory"):
         Index.open(folder, other)
     with pytest.raises(ValueError, match="no Embedder"):
         Index.open(folder).search("query")
@@ -186,7 +186,7 @@ def test_index_reloads_its_own_model_and_notices_a_changed_one(make_embedder, to
     folder = tmp_path / "index"
     built = Index.build(saved, corpus_file, folder, kind="hnsw")
     index = Index.open(folder)
-    assert index.manifest.model.source == str(model_dir.resolve())
+    assert index.manifest.model.load.source == str(model_dir.resolve())
     index.load_embedder()
     assert [h.id for h in index.search("the cat sat", k=5)] == [h.id for h in built.search("the cat sat", k=5)]
 
@@ -371,3 +371,18 @@ def test_flat_search_reproduces_eval_scores(minilm, dataset, ignore_identical_id
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, abs=1.01e-5, nan_ok=True), key
+
+
+def test_an_index_from_before_config_and_tokenizer_were_fingerprinted_is_refused_by_name(
+    make_embedder, corpus_file, tmp_path
+):
+    emb = make_embedder("llama")
+    folder = tmp_path / "index"
+    Index.build(emb, corpus_file, folder)
+    manifest_file = folder / MANIFEST_FILE
+    data = json.loads(manifest_file.read_text())
+    assert "-c" in data["model"]["fingerprint"]  # weights, then the config and tokenizer part
+    data["model"]["fingerprint"] = data["model"]["fingerprint"].split("-")[0]  # what an older lmembed recorded
+    manifest_file.write_text(json.dumps(data))
+    with pytest.raises(IndexMismatchError, match=r"older lmembed.*weights only.*Rebuild the index"):
+        Index.open(folder, emb)

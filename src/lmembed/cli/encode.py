@@ -111,7 +111,7 @@ def _encode_on_ray(
         batch_size=batch_size,
         output=output if output.suffix == ".npy" else None,
         memory_map=output.suffix != ".npy",
-        spec=worker_spec(model, options),
+        spec=worker_spec(emb),
         on_progress=lambda progress: console.print(progress.line(), markup=False, soft_wrap=True),
     )
     if output.suffix == ".jsonl":

@@ -135,7 +135,7 @@ def eval_command(
     results = []
     for name in model or ["minilm"]:
         emb = load_embedder(name, options)
-        emb = scale_out(emb, engine, name, options, on_progress=_progress, memory_map=True)
+        emb = scale_out(emb, engine, on_progress=_progress, memory_map=True)
         parsed = parse_grid(grid or [], emb.backbone.num_layers)
         configs = expand_grid(emb.config, parsed)
         timed = len(parsed.get("layer", [])) > 1 and engine.engine == "local"  # a layer x dim grid: quality vs cost

@@ -163,7 +163,7 @@ def build(
     docs = load_corpus(data)
     emb = load_embedder(model, options)
     if engine.engine == "ray":  # one job for the whole corpus: the job resumes by itself, shard by shard
-        emb = scale_out(emb, engine, model, options, on_progress=_ray_line)
+        emb = scale_out(emb, engine, on_progress=_ray_line)
         chunk_size = max(1, len(docs))
     with _ProgressBar(f"indexing [{emb.config.label()}]") as bar:
         index = Index.build(
@@ -198,6 +198,7 @@ def add(
     """Append documents to an index, embedded by the index's own model and strategy (ids must be new)."""
     from lmembed.index import Index, load_corpus  # lazy: FAISS loads only when a command runs
 
+    check_writable(index_dir, "INDEX_DIR", folder=True)  # a read-only index is refused before the model loads
     index = Index.open(index_dir)
     docs = load_corpus(data)
     index.store.check_new(docs)  # refuse duplicate ids before the model loads
@@ -245,12 +246,14 @@ def verify(index_dir: IndexDirArg) -> None:
 
     Exit 0 when it is whole; exit 2 naming the damaged file and what to do (rebuild, or `lmembed index restore`)."""
     from lmembed.index import Index  # lazy: FAISS loads only when a command runs
+    from lmembed.index.integrity import lexical_files
 
     manifest = Index.verify(index_dir)
     checked = "no checksums recorded (written before lmembed kept them)" if manifest.checksums is None else "sha256 ok"
+    bm25 = len(lexical_files(index_dir))
     console.print(
         f"{index_dir}: generation {manifest.generation}, {manifest.count} documents, "
-        f"{len(manifest.files)} data files, {checked}; every file reads back",
+        f"{len(manifest.files)} data files{f' + {bm25} BM25 files' if bm25 else ''}, {checked}; every file reads back",
         markup=False,
     )
 
@@ -259,6 +262,7 @@ def restore(index_dir: IndexDirArg) -> None:
     """Go back to the previous generation kept by the last `index add` (documents added since are dropped)."""
     from lmembed.index import Index  # lazy: FAISS loads only when a command runs
 
+    check_writable(index_dir, "INDEX_DIR", folder=True)
     manifest = Index.restore_previous(index_dir)
     console.print(f"{index_dir}: restored generation {manifest.generation} ({manifest.count} documents)", markup=False)
 

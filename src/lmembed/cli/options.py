@@ -238,28 +238,26 @@ def check_engine(engine: EngineOptions, model: ModelOptions | None = None) -> st
 def scale_out(
     embedder: Embedder,
     engine: EngineOptions,
-    model: str,
-    options: ModelOptions,
     *,
     on_progress: Any = None,
     memory_map: bool = False,
 ) -> Embedder:
     """``embedder`` for ``--engine local``; for ``--engine ray`` the same Embedder encoding through sharded jobs,
-    whose workers load ``model`` themselves with the command's model options (device chosen per worker);
+    whose workers load it themselves from its load spec (device chosen per worker);
     ``memory_map``: results are read-only memory maps of ``.npy`` files in the embedding cache."""
     if engine.engine == "local":
         return embedder
     from lmembed.scale import scaled  # lazy: Ray Data is optional and slow to import
 
-    return scaled(embedder, engine, spec=worker_spec(model, options), on_progress=on_progress, memory_map=memory_map)
+    return scaled(embedder, engine, spec=worker_spec(embedder), on_progress=on_progress, memory_map=memory_map)
 
 
-def worker_spec(model: str, options: ModelOptions) -> Any:
-    """How Ray workers load ``model`` with a command's model options (an ``lmembed.scale.EmbedderSpec``); each
+def worker_spec(embedder: Embedder) -> Any:
+    """How Ray workers load ``embedder`` themselves: its own load spec (an ``lmembed.scale.EmbedderSpec``); each
     worker picks its own device (its GPU, or the CPU)."""
     from lmembed.scale import EmbedderSpec  # lazy: Ray Data is optional and slow to import
 
-    return EmbedderSpec(model, options.portable())
+    return EmbedderSpec.of(embedder)
 
 
 def check_input_file(path: Path, option: str) -> Path:

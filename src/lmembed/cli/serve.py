@@ -127,7 +127,7 @@ def serve(
     )
     index = Index.open(index_dir) if index_dir is not None else None  # a broken index fails before the model loads
     # an int8 model is calibrated before it serves: else the first request's texts would decide every vector
-    recorded = index.manifest.model.calibration if index is not None and options.calibration is None else None
+    recorded = index.manifest.model.load.calibration if index is not None and options.calibration is None else None
     if options.precision == "int8" and options.calibration is None and not recorded:
         raise typer.BadParameter(
             "a served int8 model needs calibration texts: --calibration FILE (or an int8 --index)",

@@ -1,7 +1,8 @@
 """Embedding cache: compute once, evaluate many.
 
-Layout: ``<root>/<model key>/<strategy fingerprint>/<shard>.npz``; the model key is the weights fingerprint
-plus the backend and precision (:func:`model_key`). A shard holds ``keys``
+Layout: ``<root>/<model key>/<strategy fingerprint>/<shard>.npz``; the model key is the backbone's fingerprint
+(weights, model config and tokenizer: everything of the model that decides a vector) plus the backend and
+precision (:func:`model_key`), the strategy fingerprint covers the rest. A shard holds ``keys``
 (rows of 16-byte BLAKE2 digests of the instruction and the text) and ``vectors`` (raw pooled float32
 vectors, before normalisation and Matryoshka truncation, so those options share entries).
 
@@ -31,11 +32,12 @@ def default_cache_dir() -> Path:
     return embedding_cache_dir()
 
 
-def model_key(weights_fingerprint: str, backend_tag: str = "") -> str:
-    """The model part of a cache key: the weights fingerprint, plus the backend and precision that computed the
-    vectors (``backend_tag``, e.g. ``onnx-int8-<calibration>``; empty for the torch reference at the model's own
-    dtype), so an int8 or ONNX vector is never served as a torch float32 one."""
-    return f"{weights_fingerprint}-{backend_tag}" if backend_tag else weights_fingerprint
+def model_key(model_fingerprint: str, backend_tag: str = "") -> str:
+    """The model part of a cache key: the backbone's fingerprint (``Backbone.fingerprint``: weights, model config,
+    tokenizer), plus the backend and precision that computed the vectors (``backend_tag``, e.g.
+    ``onnx-int8-<calibration>``; empty for the torch reference at the model's own dtype), so an int8 or ONNX vector
+    is never served as a torch float32 one."""
+    return f"{model_fingerprint}-{backend_tag}" if backend_tag else model_fingerprint
 
 
 def text_key(text: str, instruction: str | None = None) -> bytes:

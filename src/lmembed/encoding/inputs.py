@@ -17,7 +17,15 @@ is (``pool_special_tokens=False``, LLM2Vec's embed mask) and which token ends a 
 its end, and truncation leaves room for it. With ``instruction_mask="token_count"`` (NV-Embed) the
 tokens kept out of pooling are not found by offsets but counted as its code counts them: the first
 ``len(tokenizer.tokenize(prefix))`` tokens of the sequence, BOS included (so with a tokenizer that does not split
-the prefix exactly where the whole string does, the prefix's last token is pooled, as in the reference).
+the prefix exactly where the whole string does, the prefix's last token is pooled, as in the reference). With
+``instruction_mask="text_tokens"`` (LLM2Vec) the pooled tokens are the last N of the sequence, N being the length
+of the text tokenised alone without special tokens, as llm2vec's embed mask counts them (a byte-level BPE splits
+``" what"`` in context and ``"what"`` alone differently, so offsets and this count can disagree).
+
+The final token last-token pooling reads is checked on the ids the tokenizer really produced: a preset that needs
+one (``add_eos``) gets it appended only where the tokenizer did not put it there itself (under transformers 5 a
+fast Llama tokenizer ignores ``add_eos_token`` in ``tokenizer_config.json``), and no room is reserved for it when
+the tokenizer's own special tokens already end with it.
 
 A published sentence-transformers model (``prompt_style="sentence_transformers"``) reads its prompts as
 sentence-transformers does instead: the prompt is prepended as it is, the whole string is truncated to
@@ -108,7 +116,10 @@ class InputBuilder:
         self.eos_id = eos_id(tokenizer, config) if wants_eos(config, is_decoder) else None
         if wants_eos(config, is_decoder) and self.eos_id is None:
             raise InputError("pooling='last' with add_eos needs a tokenizer with an EOS token")
-        self.num_special = len(tokenizer("", add_special_tokens=True)["input_ids"])
+        empty = tokenizer("", add_special_tokens=True)["input_ids"]
+        self.num_special = len(empty)
+        # the tokenizer's own post-processor already ends a text with the final token: no room to reserve for it
+        self.tokenizer_ends_with_eos = self.eos_id is not None and bool(empty) and empty[-1] == self.eos_id
         candidates = (tokenizer.eos_token_id, tokenizer.sep_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id)
         self.placeholder_id = next((t for t in candidates if t is not None), 0)
         self.sentence_transformers = config.prompt_style == "sentence_transformers"
@@ -163,7 +174,8 @@ class InputBuilder:
     # -------------------------------------------------------------- building
     def _budget(self, instruction: str | None) -> tuple[int, int]:
         """(tokens left for the text itself, the tokenizer's length limit for the whole wrapped string)."""
-        room = self.max_length - self.num_special - (1 if self.eos_id is not None else 0)
+        appended = self.eos_id is not None and not self.tokenizer_ends_with_eos
+        room = self.max_length - self.num_special - (1 if appended else 0)
         wrapper, copies = self._prefix("", instruction)
         budget = (room - self._count(wrapper) - self._count(self._suffix(instruction))) // copies
         if budget < 1:
@@ -174,11 +186,15 @@ class InputBuilder:
         """One text's features: ``build_all([text], instruction)[0]``."""
         return self.build_all([text], instruction)[0]
 
-    def _features(self, enc: Any, prefix: str) -> Features:
-        """Features of one wrapped text from its encoding (see :meth:`_encode`)."""
+    def _features(self, enc: Any, prefix: str, text_tokens: int | None = None) -> Features:
+        """Features of one wrapped text from its encoding (see :meth:`_encode`); ``text_tokens``: the length of the
+        text tokenised alone, for ``instruction_mask="text_tokens"``."""
         ids = enc.ids
         start = 0 if self.config.include_prompt else len(prefix)
-        if start and self.config.instruction_mask == "token_count":
+        if text_tokens is not None:  # LLM2Vec: the last len(text tokens) positions, whatever they hold
+            keep = min(text_tokens, len(ids))
+            pool_mask = [0] * (len(ids) - keep) + [1] * keep
+        elif start and self.config.instruction_mask == "token_count":
             skip = min(self._prefix_count(prefix), len(ids))
             pool_mask = [0] * skip + [1] * (len(ids) - skip)
         else:
@@ -237,7 +253,12 @@ class InputBuilder:
         wrapped = self._encode(
             [p + t + suffix for p, t in zip(prefixes, cut, strict=True)], special=True, max_length=limit
         )
-        return [self._features(enc, prefix) for enc, prefix in zip(wrapped, prefixes, strict=True)]
+        counts: list[int | None] = [None] * len(cut)
+        if self.config.instruction_mask == "text_tokens":  # each text tokenised alone, as llm2vec counts it
+            counts = [len(enc) for enc in self._encode(cut, special=False)]
+        return [
+            self._features(enc, prefix, count) for enc, prefix, count in zip(wrapped, prefixes, counts, strict=True)
+        ]
 
     # -------------------------------------------------------------- sentence-transformers prompts
     def _build_prompted(self, texts: Sequence[str], instruction: str | None) -> list[Features]:

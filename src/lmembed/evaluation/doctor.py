@@ -14,11 +14,19 @@ or was skipped with the reason:
   left and padded right;
 * ``prompt-pooling``: for a mean-type pooling, the text tokens pooled (special tokens aside) do not change
   when the instruction does or when there is none, so prompt tokens stay out of the vector (skipped, with the
-  reason, where a family's reference counts its masked prompt positions itself: NV-Embed);
+  reason, where a family's reference counts its masked prompt positions itself: NV-Embed, LLM2Vec);
 * ``truncation``: a text longer than ``max_length`` still ends with the token a short text ends with (the
   EOS last-token pooling reads, an encoder's closing ``[SEP]``), within ``max_length``;
+* ``final-token``: where the published family's reference ends every text with a token that last-token pooling
+  reads (e5-mistral, SFR, bge-en-icl's ``</s>``, Qwen's ``<|endoftext|>``), the last token ids each sample text
+  (a query with an instruction and a document) really ends with, whether the tokenizer put the token there or
+  lmembed appended it, and a failure when it is missing (:func:`check_final_token`);
 * ``sentence-transformers``: where the folder has ``modules.json`` and sentence-transformers is installed,
   the cosine of lmembed's vectors to ``SentenceTransformer(folder)``'s.
+
+A Hub id needs no network to be resolved: :func:`preset_fields` gives a published family's conventions from its
+preset alone and :func:`weights_here` says whether the Hugging Face cache holds the model, so ``lmembed doctor``
+prints the conventions and says plainly that the weights are not here instead of failing on the connection.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from lmembed.encoding.engine import resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
 from lmembed.models.attention import first_token_sensitivity
 from lmembed.models.families import CAUSAL_TOLERANCE
+from lmembed.models.presets import Resolution, required_final_token
 
 #: Two vectors of the same text count as equal at or above this cosine.
 EQUAL_COSINE = 0.9999
@@ -115,6 +124,7 @@ def run_checks(embedder: Embedder, texts: Sequence[str] = SAMPLE_TEXTS) -> list[
         ("padding", check_padding),
         ("prompt-pooling", check_prompt_pooling),
         ("truncation", check_truncation),
+        ("final-token", check_final_token),
         ("sentence-transformers", check_sentence_transformers),
     ]
     results = []
@@ -189,10 +199,14 @@ def check_prompt_pooling(embedder: Embedder, texts: Sequence[str]) -> Check:
     pooled = {label: _pooled_ids(builder, text, instruction) for label, instruction in variants.items()}
     reference = pooled["no instruction"]
     differ = [label for label, ids in pooled.items() if ids != reference]
-    if differ and cfg.instruction_mask == "token_count":  # NV-Embed: counted as its code counts, on purpose
+    counted = {  # NV-Embed and LLM2Vec: the masked positions are counted as their code counts them, on purpose
+        "token_count": "leaves out len(tokenizer.tokenize(prompt)) positions (instruction_mask='token_count')",
+        "text_tokens": "keeps the last len(tokenizer(text)) positions (instruction_mask='text_tokens')",
+    }
+    if differ and cfg.instruction_mask in counted:
         detail = (
-            f"the pooled tokens change with {', '.join(differ)}, as in the reference: its pool mask leaves out "
-            "len(tokenizer.tokenize(prompt)) positions (instruction_mask='token_count'), not the prompt's own tokens"
+            f"the pooled tokens change with {', '.join(differ)}, as in the reference: its pool mask "
+            f"{counted[cfg.instruction_mask]}, not the prompt's own tokens"
         )
         return Check("prompt-pooling", None, detail)
     if differ:
@@ -241,3 +255,96 @@ def check_sentence_transformers(embedder: Embedder, texts: Sequence[str]) -> Che
     detail = ", ".join(f"{label} {value:.6f}" for label, value in lowest.items())
     ok = min(lowest.values()) >= EQUAL_COSINE
     return Check("sentence-transformers", ok, f"lowest cosine to SentenceTransformer: {detail}")
+
+
+def _required_final_id(embedder: Embedder) -> tuple[int, str] | None:
+    """(id, token) of the token the published family's reference ends every text with; None where it needs none."""
+    published = embedder.published
+    token = required_final_token(published.preset) if published else None
+    if token is None:
+        return None
+    tokenizer = embedder.backbone.tokenizer
+    if token == "eos":
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the preset ends every text with the tokenizer's EOS, and this tokenizer has none")
+        return tokenizer.eos_token_id, str(tokenizer.eos_token)
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise ValueError(f"the preset ends every text with {token!r}, which is not in this tokenizer's vocabulary")
+    return token_id, token
+
+
+def final_token_ids(embedder: Embedder, text: str, instruction: str | None, tail: int = 3) -> tuple[list[int], bool]:
+    """The last ``tail`` token ids lmembed feeds for ``text`` (a query with ``instruction``, or a document), and
+    whether the tokenizer itself ended the text with the same token (False: lmembed appended it, or nothing did)."""
+    builder = _builder(embedder)
+    features = builder.build(text, instruction)
+    wrapped = builder._prefix(text, instruction)[0] + text + builder._suffix(instruction) if instruction else text
+    own = embedder.backbone.tokenizer(wrapped, add_special_tokens=True)["input_ids"]
+    return features.input_ids[-tail:], bool(own) and own[-1] == features.input_ids[-1]
+
+
+def check_final_token(embedder: Embedder, texts: Sequence[str]) -> Check:
+    """The published family's final token ends every sample text (a query with an instruction and the documents),
+    with the last token ids each really ends with."""
+    required = _required_final_id(embedder)
+    if required is None:
+        return Check("final-token", None, "the model's reference reads no required final token")
+    token_id, token = required
+    config = embedder.config
+    samples = [(texts[0], config.query_instruction or SAMPLE_INSTRUCTION), *((t, None) for t in texts[1:])]
+    parts, missing = [], []
+    for text, instruction in samples:
+        ids, by_tokenizer = final_token_ids(embedder, text, instruction)
+        label = f"{'query' if instruction else 'text'} {text[:24]!r}"
+        ok = ids[-1] == token_id
+        how = ("put there by the tokenizer" if by_tokenizer else "appended by lmembed") if ok else "MISSING"
+        parts.append(f"{label} ends with ids {ids} ({how})")
+        if not ok:
+            missing.append(label)
+    expected = f"the reference ends every text with {token!r} (id {token_id})"
+    if missing:
+        return Check("final-token", False, f"{expected}, missing after {', '.join(missing)}: {'; '.join(parts)}")
+    return Check("final-token", True, f"{expected}: {'; '.join(parts)}")
+
+
+# ---------------------------------------------------------------------------------------------- offline
+
+
+def preset_fields(resolution: Resolution, given: Mapping[str, Any] | None = None) -> list[Field]:
+    """Every strategy field a published family's preset decides (with ``given`` options over it), without loading
+    anything: what ``lmembed doctor`` shows for a Hub id whose weights are not on this machine."""
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    preset = resolution.preset
+    config = preset.config(**given)
+    out = []
+    for item in fields(EmbeddingConfig):
+        name = item.name
+        value = getattr(config, name)
+        if name in given:
+            source = "option"
+        elif name in preset.strategy:
+            source = f"preset {preset.family} ({resolution.reason})"
+        elif name == "max_length":
+            source = "the model (its sequence limit): not known until it is loaded"
+        else:
+            source = "lmembed default"
+        out.append(Field(name, value.label() if hasattr(value, "label") else value, source))
+    return out
+
+
+def weights_here(hub_id: str) -> bool:
+    """True when the Hugging Face cache holds ``hub_id``'s ``config.json`` (or an adapter's
+    ``adapter_config.json``); looked up on disk only, never on the network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache  # lazy: only for a Hub id
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return False
+    for filename in ("config.json", "adapter_config.json"):
+        try:
+            found = try_to_load_from_cache(hub_id, filename)
+        except Exception:  # a malformed id: nothing of it can be cached
+            return False
+        if isinstance(found, str):
+            return True
+    return False

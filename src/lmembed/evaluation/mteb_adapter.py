@@ -13,8 +13,11 @@ mteb's prompt type:
   lmembed's own tasks follow, so both report the same numbers.
 
 The task instruction comes from ``instructions`` (a table name such as ``"nv-embed"`` or a mapping
-task name → definition); with ``use_task_prompts=True`` a task missing from it falls back to the
-``prompt`` in the mteb task's metadata. mteb is an optional dependency (``pip install lmembed[compare]``).
+task name → definition); left out for a published model (an Embedder loaded as one of
+:mod:`lmembed.models.presets`' families), it is the table that model's scores were produced with
+(:func:`~lmembed.evaluation.instructions.published_instructions`: Qwen3-Embedding's own, mteb's for the others);
+with ``use_task_prompts=True`` a task missing from it falls back to the ``prompt`` in the mteb task's metadata.
+mteb is an optional dependency (``pip install lmembed[compare]``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmembed.errors import ConfigError
-from lmembed.evaluation.instructions import instruction_set
+from lmembed.evaluation.instructions import instruction_set, published_instructions
 from lmembed.evaluation.tasks._common import as_matrix, encode_symmetric
 from lmembed.protocols import RetrievalEncoder
 
@@ -73,6 +76,8 @@ class MTEBEncoder(AbsEncoder):
         self.encoder = encoder
         self.model = encoder
         self.mteb_model_meta = _model_meta(model_name, revision, similarity)
+        if instructions is None:  # a published model: the instructions its own scores were produced with
+            instructions = published_instructions(getattr(encoder, "published", None))
         self.instructions: Mapping[str, str] = instruction_set(instructions) if instructions is not None else {}
         self.use_task_prompts = use_task_prompts
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmembed.errors import LmembedError
+from lmembed.errors import LmembedError, UnsafeFileError
 
 
 class IndexFormatError(LmembedError, ValueError):
@@ -19,3 +19,11 @@ class DuplicateIdError(LmembedError, ValueError):
 
 class IndexIntegrityError(IndexFormatError):
     """An index data file whose sha256 differs from the one its manifest recorded (damaged or changed)."""
+
+
+class IndexPathError(IndexFormatError, UnsafeFileError):
+    """A manifest that names a file outside its index folder (an absolute path, a ``..``, a link to elsewhere)."""
+
+
+class IndexWriteError(LmembedError, OSError):
+    """An index folder that cannot be written (read-only, no permission, disk full); the index is left as it was."""

@@ -18,25 +18,28 @@ Index read it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import importlib.util
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmembed.atomic import atomic_write_text
+from lmembed.atomic import atomic_write_json
 from lmembed.encoding.chunking import Chunking
 from lmembed.errors import ConfigError
 from lmembed.index import integrity, kinds
 from lmembed.index.chunk_map import ChunkMap
 from lmembed.index.corpus import Document, load_corpus
-from lmembed.index.errors import IndexFormatError, IndexIntegrityError
+from lmembed.index.errors import IndexFormatError, IndexIntegrityError, IndexWriteError
 from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
@@ -45,6 +48,8 @@ from lmembed.lexical.fusion import fuse_rows
 
 if TYPE_CHECKING:  # the Embedder pulls in torch
     from lmembed.embedder import Embedder
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 2048
 LOCK_FILE = ".lock"
@@ -137,6 +142,25 @@ def _locked(folder: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: The errors of a place that cannot be written (read-only, no permission, full): the user's to fix, not a bug.
+UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+@contextmanager
+def _writing(folder: Path) -> Iterator[None]:
+    """Turn a write refused by the file system into an :class:`IndexWriteError` naming the path; the manifest is
+    the commit point, so the index stays at the generation it had."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, IndexWriteError) or exc.errno not in UNWRITABLE:
+            raise
+        raise IndexWriteError(
+            f"{exc.filename or folder}: cannot write the index {folder} ({exc.strerror or exc}); it is left as it "
+            "was. Work on a copy of the index in a place you can write to"
+        ) from exc
 
 
 def _check_target(path: Path, overwrite: bool) -> None:
@@ -237,7 +261,6 @@ class Index:
             dim=embedder.dim,
             count=len(store),
             model=describe_model(embedder),
-            strategy=embedder.config.to_dict(),
             chunking=chunking.to_dict() if chunking is not None else None,
         )
         index = cls(manifest, vectors, store, embedder=embedder, chunks=chunks)
@@ -265,6 +288,7 @@ class Index:
         manifest.params = manifest.params.with_search(
             ef_search=ef_search, nprobe=nprobe, rescore_multiplier=rescore_multiplier
         )
+        integrity.check_paths(path, manifest)  # every file it names lies inside the folder, verified or not
         if verify:
             integrity.verify(path, manifest)
         try:
@@ -295,21 +319,16 @@ class Index:
         if the model at that source differs from the one the index was built with."""
         from lmembed.embedder import Embedder  # lazy: torch loads only when a model is needed
 
-        source = source or self.manifest.model.source
-        if source is None:
+        spec = self.manifest.model.load
+        if (source or spec.source) is None:
             raise IndexFormatError(
                 f"index {self.path} was built with an in-memory model ({self.manifest.model.name}); "
                 "pass that Embedder to Index.open"
             )
-        record = self.manifest.model
-        options.setdefault("backend", record.backend)
-        options.setdefault("precision", record.precision)
-        if record.rope_scale is not None:
-            options.setdefault("rope_scale", record.rope_scale)
-        loaded = Embedder.from_pretrained(source, dtype=record.dtype, device=device, cache=cache, **options)
-        if record.calibration:  # an int8 index: quantised exactly as at build time
-            loaded.calibrate(record.calibration)
-        embedder = loaded.with_config(self.manifest.config)
+        if options:  # options given by the caller replace the recorded ones (a check below refuses a mismatch)
+            spec = replace(spec, **{k: v for k, v in options.items() if k in spec.loading()})
+            options = {k: v for k, v in options.items() if k not in spec.loading()}
+        embedder = Embedder.from_spec(spec, source=source, device=device, cache=cache, **options)
         check_embedder(self.manifest, embedder, self.path or "(in memory)")
         self.embedder = embedder
         return embedder
@@ -394,6 +413,10 @@ class Index:
         return target
 
     def _write(self, folder: Path, *, replace_existing: bool) -> None:
+        with _writing(folder):
+            self._write_locked(folder, replace_existing=replace_existing)
+
+    def _write_locked(self, folder: Path, *, replace_existing: bool) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         with _locked(folder):
             on_disk = Manifest.read(folder) if (folder / MANIFEST_FILE).exists() else None
@@ -412,6 +435,14 @@ class Index:
             if self.chunks is not None:
                 files.update(self.chunks.save(folder, stem))
             sums = integrity.checksums(folder, list(files.values()))
+            # bm25/ keeps the sha256 recorded when it was saved (never one taken now of files nobody checked); a
+            # bm25/ they do not cover is derived data no manifest vouches for: removed, rebuilt at the next search
+            recorded = (on_disk.checksums if on_disk is not None else None) or {}
+            lexical = {n: s for n, s in recorded.items() if integrity.is_lexical(n)}
+            if set(integrity.lexical_files(folder)) - set(lexical):
+                integrity.drop_lexical(folder)
+                lexical = {}
+            sums.update(lexical)
             manifest = Manifest(
                 **{**self.manifest.__dict__, "generation": generation, "files": files, "checksums": sums}
             )
@@ -420,7 +451,8 @@ class Index:
             manifest.write(folder)
             kept = set(files.values()) | (set(on_disk.files.values()) if on_disk is not None else set())
             for stale in folder.iterdir():
-                if (GENERATION_FILE.match(stale.name) and stale.name not in kept) or stale.name.startswith(".tmp-"):
+                old = GENERATION_FILE.match(stale.name) and stale.name not in kept
+                if (old or stale.name.startswith(".tmp-")) and (stale.is_symlink() or not stale.is_dir()):
                     stale.unlink(missing_ok=True)
         self.manifest = manifest
         self.path = folder
@@ -434,6 +466,8 @@ class Index:
         manifest = Manifest.read(path)
         integrity.verify(path, manifest)
         Index.open(path, verify=False)  # the files hash right; they must also read back whole
+        if integrity.lexical_files(path) and importlib.util.find_spec("bm25s") is not None:
+            LexicalIndex.load(path)  # BM25 is an optional extra: read back where it is installed
         return manifest
 
     @staticmethod
@@ -444,19 +478,25 @@ class Index:
         previous_file = path / integrity.PREVIOUS_MANIFEST
         if not previous_file.is_file():
             raise IndexFormatError(f"{path}: no previous generation is kept ({previous_file} is missing)")
-        with _locked(path):
+        with _writing(path), _locked(path):
             data = previous_file.read_text(encoding="utf-8")
             try:
-                previous = Manifest.from_dict(json.loads(data), str(previous_file))
+                raw = json.loads(data)
+                previous = Manifest.from_dict(raw, str(previous_file))
             except json.JSONDecodeError as exc:
                 raise IndexFormatError(f"{previous_file}: damaged manifest ({exc})") from exc
-            damaged = integrity.check_files(path, previous)
+            # bm25/ was saved for the newer generation: removed, and rebuilt (with its checksums) when next searched
+            integrity.drop_lexical(path)
+            if previous.checksums is not None:
+                previous.checksums = {n: s for n, s in previous.checksums.items() if not integrity.is_lexical(n)}
+                raw["checksums"] = dict(previous.checksums)
+            damaged = integrity.check_files(path, previous, integrity.PREVIOUS_MANIFEST)
             if damaged:
                 raise IndexIntegrityError(
                     f"{', '.join(str(path / n) for n in damaged)}: the previous generation is damaged too; rebuild "
                     f"the index (`lmembed index build ... -o {path} --overwrite`)"
                 )
-            atomic_write_text(path / MANIFEST_FILE, data)
+            atomic_write_json(path / MANIFEST_FILE, raw)
             previous_file.unlink()
         return previous
 
@@ -491,11 +531,44 @@ class Index:
 
     @property
     def lexical(self) -> LexicalIndex:
-        """The BM25 index of the same documents (loaded from the folder, or built on first use)."""
+        """The BM25 index of the same documents: the one saved in the folder once its files hash as the manifest
+        records, or one built on first use and saved with its checksums (:meth:`_save_lexical`)."""
         with self._lexical_lock:
             if self._lexical is None or self._lexical.count != self.count:
-                self._lexical = open_lexical(self.path, self.store.texts, self.store.ids)
+                self._lexical = self._open_lexical()
             return self._lexical
+
+    def _open_lexical(self) -> LexicalIndex:
+        folder = self.path
+        if folder is None:
+            return open_lexical(None, self.store.texts, self.store.ids)
+        on_disk = Manifest.read(folder)  # bm25/ may have been saved, and its sha256 recorded, by another process
+        if on_disk.generation != self.manifest.generation:  # a newer generation's bm25/ is not this copy's
+            return LexicalIndex.build(self.store.texts, self.store.ids)
+        integrity.verify_lexical(folder, on_disk)
+        return open_lexical(folder, self.store.texts, self.store.ids, save=self._save_lexical)
+
+    def _save_lexical(self, lexical: LexicalIndex) -> None:
+        """Save a BM25 index just built into ``bm25/`` and record each of its files' sha256 in the manifest (the
+        same generation). Skipped when another writer changed the folder since it was opened; where the folder
+        cannot be written, the BM25 index serves from memory only."""
+        folder = self.path
+        if folder is None:
+            return
+        try:
+            with _locked(folder):
+                on_disk = Manifest.read(folder)
+                if on_disk.generation != self.manifest.generation:
+                    return
+                lexical.save(folder)
+                if on_disk.checksums is None:  # an index written before checksums: its next save adds them all
+                    return
+                sums = {n: s for n, s in on_disk.checksums.items() if not integrity.is_lexical(n)}
+                on_disk.checksums = {**sums, **integrity.lexical_checksums(folder)}
+                on_disk.write(folder)
+                self.manifest.checksums = on_disk.checksums
+        except OSError as exc:
+            logger.warning("%s: the BM25 index is kept in memory only (%s)", folder, exc)
 
     def search_rows(
         self,

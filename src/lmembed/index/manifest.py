@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
 from lmembed.index.errors import IndexFormatError, IndexMismatchError
 from lmembed.index.kinds import IndexParams
+from lmembed.load_spec import LoadSpec, load_field_names
 
 if TYPE_CHECKING:  # the Embedder pulls in torch; an index folder can be inspected without it
     from lmembed.embedder import Embedder
@@ -39,30 +40,41 @@ SIMILARITY = "cosine"
 
 @dataclass(frozen=True)
 class ModelRecord:
-    """The model an index's vectors came from.
+    """The model an index's vectors came from: ``name`` (as shown), ``fingerprint`` (every weight, a trained pooling
+    head's, the model config and tokenizer, as the embedding cache keys them), ``is_decoder``, and ``load``, the
+    :class:`~lmembed.load_spec.LoadSpec` that reloads it exactly (source, strategy, dtype, backend and precision,
+    int8 calibration texts, RoPE factor ...; ``load.source`` is ``None`` for a model built in memory, whose index
+    can only be searched with the Embedder passed in).
 
-    ``source`` reloads it (a bundled name, an absolute folder, a Hub id); ``None`` for a model built in
-    memory, whose index can only be searched with the Embedder passed in. ``fingerprint`` hashes every
-    weight (and a trained pooling head's), as the embedding cache keys them. ``backend`` and ``precision`` say
-    what ran it (an int8 index is reloaded as int8, never as float32); ``calibration`` holds an int8 ONNX
-    model's calibration texts, so a reload quantises exactly as the build did (and finds its cached graph).
-    ``rope_scale``: the factor its RoPE positions were interpolated by (``--rope-scale``), applied again on reload.
+    In ``manifest.json`` the spec's model fields sit beside ``name``/``fingerprint``/``is_decoder`` under ``model``
+    and its strategy under ``strategy``, so every field of the spec is written and read without being named here.
     """
 
-    source: str | None
     name: str
     fingerprint: str
     is_decoder: bool
-    dtype: str
-    backend: str = "torch"
-    precision: str = "float32"
-    calibration: list[str] | None = None
-    rope_scale: float | None = None
+    load: LoadSpec
 
-    def __post_init__(self) -> None:
-        factor = self.rope_scale
-        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 1):
-            raise ConfigError(f"model.rope_scale={factor!r} must be a number > 1 or null")
+    def to_dict(self) -> dict[str, Any]:
+        """The ``model`` object of ``manifest.json`` (the strategy is written apart, under ``strategy``)."""
+        own = {"name": self.name, "fingerprint": self.fingerprint, "is_decoder": self.is_decoder}
+        return own | self.load.model_fields()
+
+    @classmethod
+    def from_parts(cls, model: dict[str, Any], strategy: dict[str, Any], where: str) -> ModelRecord:
+        if not isinstance(model, dict):
+            raise IndexFormatError(f"{where}: model must be an object")
+        own = {"name", "fingerprint", "is_decoder"}
+        unknown = sorted(set(model) - own - set(load_field_names()))
+        if unknown:
+            raise IndexFormatError(f"{where}: unknown field(s) model.{', model.'.join(unknown)}")
+        name, fingerprint, is_decoder = model.get("name"), model.get("fingerprint"), model.get("is_decoder")
+        if not isinstance(name, str) or not isinstance(fingerprint, str) or not isinstance(is_decoder, bool):
+            raise IndexFormatError(
+                f"{where}: model.name and model.fingerprint must be strings, model.is_decoder a bool"
+            )
+        load = LoadSpec.from_parts(model, strategy, key_prefix="model.")
+        return cls(name=name, fingerprint=fingerprint, is_decoder=is_decoder, load=load)
 
 
 def model_fingerprint(embedder: Embedder) -> str:
@@ -79,26 +91,13 @@ def model_fingerprint(embedder: Embedder) -> str:
 
 
 def describe_model(embedder: Embedder) -> ModelRecord:
-    from lmembed.models.context import interpolation_factor  # lazy: torch is loaded when there is an Embedder
-
+    """The record of ``embedder``: its name, fingerprint and kind, and its own load spec."""
     backbone = embedder.backbone
-    source: str | None = backbone.name
-    if not backbone.path:
-        source = None
-    elif Path(backbone.name).is_dir():
-        source = str(Path(backbone.name).resolve())
-    runner = embedder.backend
-    calibration = runner.calibration_texts if runner.precision == "int8" else None
     return ModelRecord(
-        source=source,
         name=backbone.name,
         fingerprint=model_fingerprint(embedder),
         is_decoder=bool(backbone.is_decoder),
-        dtype=str(backbone.dtype).removeprefix("torch."),
-        backend=runner.name,
-        precision=runner.precision,
-        calibration=list(calibration) if calibration is not None else None,
-        rope_scale=interpolation_factor(backbone.model),
+        load=embedder.load_spec,
     )
 
 
@@ -114,8 +113,7 @@ class Manifest:
     params: IndexParams
     dim: int
     count: int
-    model: ModelRecord
-    strategy: dict[str, Any]
+    model: ModelRecord  # with its load spec, whose config is the strategy of every vector
     generation: int = 0
     files: dict[str, str] = field(default_factory=dict)
     checksums: dict[str, str] | None = None  # {file name: sha256}; None in an index written before they existed
@@ -128,7 +126,12 @@ class Manifest:
 
     @property
     def config(self) -> EmbeddingConfig:
-        return EmbeddingConfig.from_dict(self.strategy)
+        return self.model.load.config
+
+    @property
+    def strategy(self) -> dict[str, Any]:
+        """The strategy as ``manifest.json`` holds it (``EmbeddingConfig.to_dict()``, JSON-normalised)."""
+        return _plain(self.config.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,7 +141,7 @@ class Manifest:
             "dim": self.dim,
             "count": self.count,
             "similarity": self.similarity,
-            "model": asdict(self.model),
+            "model": self.model.to_dict(),
             "strategy": _plain(self.strategy),
             "strategy_label": self.config.label(),
             "generation": self.generation,
@@ -159,8 +162,7 @@ class Manifest:
                 params=IndexParams.from_dict(data["params"]),
                 dim=int(data["dim"]),
                 count=int(data["count"]),
-                model=ModelRecord(**data["model"]),
-                strategy=_plain(data["strategy"]),
+                model=ModelRecord.from_parts(data["model"], data["strategy"], where),
                 generation=int(data["generation"]),
                 files=dict(data["files"]),
                 checksums=dict(data["checksums"]) if data.get("checksums") is not None else None,
@@ -205,28 +207,40 @@ def strategy_differences(expected: dict[str, Any], actual: dict[str, Any]) -> li
     ]
 
 
+def _differing(fingerprint: str, other: str) -> str:
+    """The parts of ``fingerprint`` (weights, ``-pi`` RoPE factor, ``-c`` config and tokenizer) unlike ``other``'s,
+    each cut to 12 characters, so a message shows what differs."""
+    theirs = set(other.split("-"))
+    parts = [part[:12] for part in fingerprint.split("-") if part not in theirs]
+    return "-".join(parts) or fingerprint[:12]
+
+
 def check_embedder(manifest: Manifest, embedder: Embedder, where: str | Path) -> None:
     """Refuse an Embedder that would embed queries differently from the index's documents."""
     problems = strategy_differences(manifest.strategy, embedder.config.to_dict())
-    record, runner = manifest.model, embedder.backend
+    record, runner = manifest.model.load, embedder.backend
     # float32 on torch and on ONNX Runtime agree to cosine 0.9999; int8 vectors depend on who quantised them
     same_runner = record.backend == runner.name or record.precision != "int8"
     if record.precision != runner.precision or not same_runner:
         problems.insert(
             0, f"backend: index={record.backend} {record.precision} embedder={runner.name} {runner.precision}"
         )
-    from lmembed.models.context import interpolation_factor  # lazy: torch is loaded when there is an Embedder
-
-    factor = interpolation_factor(embedder.backbone.model)
+    factor = embedder.load_spec.rope_scale
     if factor != record.rope_scale:
         shown = ["none" if f is None else f"{f:g}" for f in (record.rope_scale, factor)]
         problems.insert(0, f"rope_scale: index={shown[0]} embedder={shown[1]}")
-    fingerprint = model_fingerprint(embedder)
-    if fingerprint != manifest.model.fingerprint:
+    fingerprint, recorded = model_fingerprint(embedder), manifest.model.fingerprint
+    if fingerprint != recorded:
+        if "-c" not in recorded and fingerprint.split("-")[0] == recorded.split("-")[0]:
+            raise IndexMismatchError(
+                f"index {where} was built by an older lmembed, whose fingerprint covered the weights only, not the "
+                "model config and tokenizer that also decide a vector; its vectors cannot be checked against this "
+                "model. Rebuild the index (`lmembed index build`) to record the whole fingerprint."
+            )
         problems.insert(
             0,
-            f"weights: index={manifest.model.name} ({manifest.model.fingerprint[:12]}) "
-            f"embedder={embedder.backbone.name} ({fingerprint[:12]})",
+            f"model (weights, config and tokenizer): index={manifest.model.name} ({_differing(recorded, fingerprint)}) "
+            f"embedder={embedder.backbone.name} ({_differing(fingerprint, recorded)})",
         )
     if problems:
         raise IndexMismatchError(

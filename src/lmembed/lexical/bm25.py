@@ -4,10 +4,11 @@ Texts are lower-cased, split into words of two or more characters and stripped o
 tokenizer; no stemming), and scored with Lucene's BM25 (``k1=1.5``, ``b=0.75``): the scores are bm25s' own.
 A query word the corpus never holds is ignored; a document that shares no word with the query is not a hit.
 
-Persisted in ``bm25/`` inside an index folder (:class:`lmembed.index.Index` keeps it beside the vectors), with
-``lexical.json`` recording which documents it covers (their count and a digest of their ids). :func:`open_lexical`
-reuses it while the index holds exactly those documents, and rebuilds it (and saves it, when it can) after
-documents were added.
+Persisted in ``bm25/`` inside an index folder (:class:`lmembed.index.Index` keeps it beside the vectors, and
+records the sha256 of each of its files in the index's manifest), with ``lexical.json`` recording which documents
+it covers (their count and a digest of their ids and texts). :func:`open_lexical` reuses it while the index holds
+exactly those documents, and rebuilds it (and saves it, when it can) after documents were added. ``bm25/`` must be
+a folder inside the index folder, not a link leading elsewhere (:func:`lmembed.paths.inside`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,13 @@ import numpy as np
 
 from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.errors import LmembedError
+from lmembed.paths import inside
 
 log = logging.getLogger(__name__)
 
 LEXICAL_DIR = "bm25"
 LEXICAL_FILE = "lexical.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the digest covers the texts as well as the ids
 
 
 class LexicalIndexError(LmembedError, ValueError):
@@ -46,10 +48,13 @@ class LexicalParams:
     stopwords: str = "en"
 
 
-def ids_digest(ids: Sequence[str]) -> str:
+def ids_digest(ids: Sequence[str], texts: Sequence[str] | None = None) -> str:
+    """A digest of the documents' ids (and texts, when given) in row order: which documents a BM25 index covers."""
     digest = hashlib.blake2b(digest_size=16)
     for doc_id in ids:
         digest.update(doc_id.encode("utf-8", "surrogatepass") + b"\0")
+    for text in texts or ():
+        digest.update(text.encode("utf-8", "surrogatepass") + b"\0")
     return digest.hexdigest()
 
 
@@ -73,7 +78,7 @@ class LexicalIndex:
         tokens = tokenizer.tokenize(list(texts), return_as="tuple", show_progress=False)
         retriever = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
         retriever.index(tokens, show_progress=False)
-        return cls(retriever, tokenizer, params, len(texts), ids_digest(ids))
+        return cls(retriever, tokenizer, params, len(texts), ids_digest(ids, texts))
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, rows)`` of shape ``(len(queries), k)``, best first; misses (no shared word, or fewer
@@ -124,32 +129,47 @@ class LexicalIndex:
         from bm25s.tokenization import Tokenizer
 
         source = folder / LEXICAL_DIR
-        record_file = source / LEXICAL_FILE
+        if not source.exists() and not source.is_symlink():
+            return None
+        inside(folder, LEXICAL_DIR, file=folder, field="the BM25 index", error=LexicalIndexError)
+        record_file = inside(
+            folder, f"{LEXICAL_DIR}/{LEXICAL_FILE}", file=folder, field="the BM25 index", error=LexicalIndexError
+        )
         if not record_file.is_file():
             return None
         try:
             record = json.loads(record_file.read_text(encoding="utf-8"))
+            if not isinstance(record, dict) or record.get("format") != FORMAT_VERSION:  # older: ids-only digest
+                return None
             params = LexicalParams(**record["params"])
             retriever = bm25s.BM25.load(str(source), show_progress=False)
             tokenizer = Tokenizer(stopwords=params.stopwords)
             tokenizer.load_vocab(str(source))
             tokenizer.load_stopwords(str(source))
             return cls(retriever, tokenizer, params, int(record["count"]), str(record["ids"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, EOFError, OSError) as exc:
             raise LexicalIndexError(
                 f"{source}: cannot read the BM25 index ({exc}); delete the folder to rebuild it"
             ) from exc
 
 
-def open_lexical(folder: Path | None, texts: Sequence[str], ids: Sequence[str]) -> LexicalIndex:
-    """The BM25 index of these documents: the one saved in ``folder`` if it covers exactly them, else a new one
-    (saved in ``folder`` when there is one)."""
-    digest = ids_digest(ids)
+def open_lexical(
+    folder: Path | None,
+    texts: Sequence[str],
+    ids: Sequence[str],
+    *,
+    save: Callable[[LexicalIndex], object] | None = None,
+) -> LexicalIndex:
+    """The BM25 index of these documents: the one saved in ``folder`` if it covers exactly them, else a new one,
+    saved by ``save`` (default: into ``folder`` when there is one)."""
+    digest = ids_digest(ids, texts)
     saved = LexicalIndex.load(folder) if folder is not None else None
     if saved is not None and saved.count == len(ids) and saved.digest == digest:
         return saved
     log.info("building the BM25 index of %d documents", len(ids))
     built = LexicalIndex.build(texts, ids, saved.params if saved is not None else None)
-    if folder is not None:
+    if save is not None:
+        save(built)
+    elif folder is not None:
         built.save(folder)
     return built

@@ -19,6 +19,17 @@ Models that cannot be run as a text embedder are refused here with a :class:`Mod
 failing later or, worse, producing vectors: encoder-decoder models (they need decoder inputs), composite
 multimodal models (their text model has its own model type) and models whose ``forward`` takes no
 ``attention_mask`` (padding would leak into the vectors).
+
+How a model is given its inputs follows the model's own ``forward``, family by family (:data:`ENCODER_FAMILIES`):
+every decoder numbers positions 0, 1, 2 ... over its real tokens (left padding shifts nothing), but encoders
+differ. BERT-style models number them from 0, fairseq-style ones (RoBERTa, XLM-R, CamemBERT, MPNet ...) from
+``padding_idx + 1`` (``padding_idx`` itself marks padding), and a few number them themselves and take none.
+Positions 0, 1, 2 ... given to a RoBERTa put every token on its neighbour's position row and moved its vectors
+(cosine 0.81 to sentence-transformers' on a tiny random model, 0.19 for MPNet). The registry lists each encoder
+family whose vectors ``tests/models/test_family_matrix.py`` checks against sentence-transformers with padded
+batches, and the backends it was checked on; :func:`check_verified` refuses an encoder family (or a backend of
+one) outside it. Token types are never passed: every listed family's tokenizer gives a single text type 0, which
+is the models' own default.
 """
 
 from __future__ import annotations
@@ -41,6 +52,68 @@ log = logging.getLogger(__name__)
 CAUSAL_TOLERANCE = 1e-5
 PROBE_LENGTH = 5
 _REMEMBERED = "_lmembed_is_decoder"
+
+
+#: Positions 0, 1, 2 ... over a row's real tokens (BERT-style encoders; every decoder).
+COUNTED = "counted"
+#: Positions ``padding_idx + 1``, ``+ 2`` ... over the real tokens, ``padding_idx`` on padding (fairseq's numbering:
+#: RoBERTa, XLM-R, CamemBERT, MPNet; ``padding_idx`` is the config's ``pad_token_id``).
+AFTER_PADDING = "after_padding"
+#: ``forward`` takes no position ids: the model numbers its positions itself (right padding only).
+OWN = "own"
+#: What a verified family may run on: ``torch`` (float and torch's dynamic int8), ``onnx`` (float32 graph), ``int8``
+#: (the quantised ONNX graph).
+ALL_BACKENDS = ("torch", "onnx", "int8")
+
+
+@dataclass(frozen=True)
+class EncoderFamily:
+    """How one encoder family's ``forward`` numbers positions, and the backends its vectors were checked on."""
+
+    positions: str
+    backends: tuple[str, ...] = ALL_BACKENDS
+    #: Why a backend is missing from :attr:`backends` (said in the refusal).
+    note: str = ""
+
+
+#: Encoder families checked against sentence-transformers (tests/models/test_family_matrix.py): model_type -> its
+#: conventions. The test matrix takes its parameters from here, so a family added here is tested.
+ENCODER_FAMILIES: dict[str, EncoderFamily] = {
+    "bert": EncoderFamily(COUNTED),
+    "distilbert": EncoderFamily(OWN),
+    "electra": EncoderFamily(COUNTED),
+    "albert": EncoderFamily(COUNTED),
+    "ernie": EncoderFamily(COUNTED),
+    "megatron-bert": EncoderFamily(COUNTED),
+    "rembert": EncoderFamily(COUNTED),
+    "big_bird": EncoderFamily(COUNTED),  # full attention at these lengths (block-sparse needs longer texts)
+    "bert-generation": EncoderFamily(COUNTED),
+    "roformer": EncoderFamily(OWN),  # rotary positions from the row's own index
+    "deberta": EncoderFamily(COUNTED),
+    "convbert": EncoderFamily(COUNTED),
+    "nomic_bert": EncoderFamily(COUNTED),
+    "gte": EncoderFamily(COUNTED),
+    "jina_embeddings_v3": EncoderFamily(COUNTED),
+    "ibert": EncoderFamily(AFTER_PADDING),
+    "deberta-v2": EncoderFamily(
+        COUNTED,
+        ("torch", "onnx"),
+        "int8's calibration reads the relative-position projections as if they were token rows",
+    ),
+    "modernbert": EncoderFamily(COUNTED),
+    "roberta": EncoderFamily(AFTER_PADDING),
+    "xlm-roberta": EncoderFamily(AFTER_PADDING),
+    "camembert": EncoderFamily(AFTER_PADDING),
+    "xlm-roberta-xl": EncoderFamily(AFTER_PADDING),
+    "data2vec-text": EncoderFamily(AFTER_PADDING),
+    "roberta-prelayernorm": EncoderFamily(AFTER_PADDING),
+    "mpnet": EncoderFamily(AFTER_PADDING),
+    "t5": EncoderFamily(OWN),  # T5EncoderModel (sentence-t5): relative position buckets only
+    # a decoder family switched to bidirectional attention in its config (EmbeddingGemma): an encoder here
+    "gemma3_text": EncoderFamily(
+        COUNTED, ("torch",), "its bidirectional sliding-window mask does not export to ONNX (torch.onnx fails in vmap)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -207,3 +280,64 @@ def detect_kind(model: nn.Module) -> ModelKind:
         )
     setattr(model, _REMEMBERED, kind)
     return kind
+
+
+def _model_type(model: nn.Module) -> str:
+    return str(getattr(model.config, "model_type", "?"))
+
+
+def encoder_family(model: nn.Module) -> EncoderFamily:
+    """The registry entry of an encoder ``model``; :class:`ModelLoadError` for a family outside it."""
+    model_type = _model_type(model)
+    family = ENCODER_FAMILIES.get(model_type)
+    if family is None:
+        raise ModelLoadError(
+            f"model_type={model_type!r} ({type(model).__name__}) is an encoder family whose position and token-type "
+            "conventions lmembed has not checked against sentence-transformers, so its vectors could be silently "
+            f"wrong; the checked encoder families are: {', '.join(sorted(ENCODER_FAMILIES))}"
+        )
+    return family
+
+
+def check_verified(model: nn.Module, is_decoder: bool, backend: str) -> None:
+    """Refuse an encoder family outside :data:`ENCODER_FAMILIES`, or a ``backend`` (``torch``, ``onnx`` or
+    ``int8``) its vectors were not checked on, with a :class:`ModelLoadError` naming the model type, the backend
+    and what is supported. Decoders all follow one convention (positions counted over the real tokens)."""
+    if is_decoder:
+        return
+    family = encoder_family(model)
+    if backend not in family.backends:
+        reason = f" ({family.note})" if family.note else ""
+        raise ModelLoadError(
+            f"model_type={_model_type(model)!r} is not checked on the {backend} backend{reason}; it runs on: "
+            f"{', '.join(family.backends)}"
+        )
+
+
+def position_convention(model: nn.Module, is_decoder: bool) -> str:
+    """How ``model`` is given its positions: :data:`COUNTED`, :data:`AFTER_PADDING` or :data:`OWN` (none given: also
+    for a model of a listed family whose ``forward`` takes none, such as a remote-code variant)."""
+    if "position_ids" not in forward_parameters(model):
+        return OWN
+    return COUNTED if is_decoder else encoder_family(model).positions
+
+
+def position_ids(convention: str, attention_mask: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor | None:
+    """The ``position_ids`` of a padded batch under ``convention`` (None for :data:`OWN`): each real token gets the
+    position it has in its text alone, whichever side the padding is on."""
+    if convention == OWN:
+        return None
+    counted = attention_mask.long().cumsum(dim=1)
+    if convention == COUNTED:
+        return (counted - 1).clamp(min=0)
+    if convention == AFTER_PADDING:
+        if padding_idx is None:
+            raise ModelLoadError("positions numbered after padding_idx need the config's pad_token_id, which is unset")
+        return counted * attention_mask.long() + padding_idx
+    raise ValueError(f"unknown position convention {convention!r}")
+
+
+def model_position_ids(model: nn.Module, is_decoder: bool, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """``position_ids`` for ``model``'s forward on a padded batch (None where the model numbers them itself)."""
+    convention = position_convention(model, is_decoder)
+    return position_ids(convention, attention_mask, getattr(model.config, "pad_token_id", None))

@@ -19,6 +19,7 @@ from lmembed.errors import ModelLoadError
 from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.context import interpolation_factor
 from lmembed.models.families import detect_kind
+from lmembed.models.weights import check_config_sizes, pretrained_safely
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ class Backbone:
     is_decoder: bool  # attends causally in its native mode (decided by models.families.detect_kind)
     dtype: torch.dtype
     device: torch.device
-    _fingerprint: str | None = field(default=None, repr=False)
+    _fingerprint: str | None = field(default=None, repr=False)  # the weights' part, where hashed at load (int8)
     quantization: str | None = None  # "int8": torch's dynamic int8 Linear modules (``quantize="int8"``)
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)  # fingerprint(), once computed
 
     @property
     def num_layers(self) -> int:
@@ -52,16 +54,93 @@ class Backbone:
         return str(self.model.config.model_type)
 
     def fingerprint(self) -> str:
-        """Hash of every weight (names, shapes, values): the model part of embedding-cache keys."""
-        if self._fingerprint is None:
-            self._fingerprint = weights_fingerprint(self.model)
+        """Everything about the model that decides a vector: every weight (names, shapes, values), the model
+        config and the tokenizer (:func:`setup_fingerprint`). The model part of embedding-cache and export-cache
+        keys; the same on every load of the same folder. Computed once: whoever changes the weights, the config
+        or the tokenizer afterwards calls :meth:`invalidate_fingerprint`."""
+        if self._key is None:
+            if self._fingerprint is None:
+                self._fingerprint = weights_fingerprint(self.model)
+            key = self._fingerprint
             factor = interpolation_factor(self.model)
             if factor is not None:  # RoPE scaled (models.context): same weights, other vectors
-                self._fingerprint += f"-pi{factor:g}"
-        return self._fingerprint
+                key += f"-pi{factor:g}"
+            self._key = f"{key}-c{setup_fingerprint(self.model.config, self.tokenizer)}"
+        return self._key
 
     def invalidate_fingerprint(self) -> None:
         self._fingerprint = None
+        self._key = None
+
+
+#: Config fields that say where or how a model was loaded, not what it computes; they stay out of the fingerprint so
+#: that copies and reloads of a folder share cache entries. Private fields (``_name_or_path``,
+#: ``_attn_implementation``, ...) are left out too; the dtype is in the weights' hash.
+CONFIG_BOOKKEEPING = frozenset(
+    {
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "architectures",
+        "base_model_name_or_path",
+        "use_cache",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+        "torchscript",
+    }
+)
+
+
+def _vector_fields(value: Any) -> Any:
+    """A config's ``to_dict()`` without its bookkeeping fields (:data:`CONFIG_BOOKKEEPING`), sub-configs included."""
+    if isinstance(value, dict):
+        return {
+            str(k): _vector_fields(v)
+            for k, v in value.items()
+            if not (str(k).startswith("_") or k in CONFIG_BOOKKEEPING)
+        }
+    if isinstance(value, list | tuple):
+        return [_vector_fields(v) for v in value]
+    return value
+
+
+def tokenizer_state(tokenizer: Any) -> tuple[list[Any], str]:
+    """What of a tokenizer decides token ids: its settings (class, special tokens, padding and truncation sides,
+    maximum length) and its whole pipeline as text (a fast tokenizer's backend JSON: added tokens, normaliser,
+    pre-tokeniser, post-processor, decoder, vocabulary and merges; a slow one's vocabulary)."""
+    if tokenizer is None:
+        return [], ""
+    rust = getattr(tokenizer, "backend_tokenizer", None)
+    if rust is not None:
+        pipeline = rust.to_str()
+        # the JSON opens with the version and the truncation and padding of the last call (set per call by whoever
+        # tokenised last, not the tokenizer's own): the pipeline proper starts at the added tokens
+        _, found, rest = pipeline.partition('"added_tokens":')
+        pipeline = rest if found else pipeline
+    elif callable(getattr(tokenizer, "get_vocab", None)):
+        pipeline = json.dumps(sorted(tokenizer.get_vocab().items()), default=str)
+    else:
+        pipeline = ""  # not a transformers tokenizer: its class and settings are all there is to hash
+    settings = [
+        type(tokenizer).__name__,
+        getattr(tokenizer, "special_tokens_map", None),
+        getattr(tokenizer, "padding_side", None),
+        getattr(tokenizer, "truncation_side", None),
+        getattr(tokenizer, "model_max_length", None),
+    ]
+    return settings, pipeline
+
+
+def setup_fingerprint(config: Any, tokenizer: Any) -> str:
+    """A 16-hex-digit hash of the model config (less :data:`CONFIG_BOOKKEEPING`) and the tokenizer
+    (:func:`tokenizer_state`): the same weights with another sliding window, RoPE base or vocabulary get another."""
+    settings, pipeline = tokenizer_state(tokenizer)
+    state = {"config": _vector_fields(config.to_dict()), "tokenizer": settings}
+    digest = hashlib.blake2b(json.dumps(state, sort_keys=True, default=str).encode(), digest_size=8)
+    digest.update(b"\x00")
+    digest.update(pipeline.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def weights_fingerprint(*modules: nn.Module) -> str:
@@ -170,19 +249,21 @@ def load_backbone(
     path = resolve_model_path(name_or_path)
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
+    if Path(path).is_dir():
+        check_config_sizes(Path(path))  # before transformers reads them (models.weights)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        model = AutoModel.from_pretrained(path, config=config, **kwargs)
+        model = pretrained_safely(AutoModel, path, config=config, **kwargs)
     except ValueError as exc:
         # SDPA is the default request; architectures without it (Mamba, RWKV ...) get transformers' default.
         if attn_implementation != "sdpa" or "does not support an attention implementation" not in str(exc):
             raise
         log.info("%s has no SDPA attention; loading it with transformers' default implementation", path)
         kwargs.pop("attn_implementation")
-        model = AutoModel.from_pretrained(path, config=config, **kwargs)
+        model = pretrained_safely(AutoModel, path, config=config, **kwargs)
     model.to(torch_device).eval()
     tokenizer = None
     if exact_tokenizer:

@@ -12,10 +12,19 @@ Resolution is pure (no network, no model loaded): :func:`preset_for_id` matches 
 a local folder by its files (a Hub cache path, ``llm2vec_config.json``, an adapter whose base is a known id,
 ``config.json``'s ``architectures`` or recorded name) or, last, by its name (a ``git clone`` of the
 repository). A folder lmembed saved (``lmembed.json``) is never matched: its own strategy wins.
+
+A family whose reference ends every text with a token that last-token pooling reads says so
+(:func:`required_final_token`): lmembed checks the ids the tokenizer really produced and appends the token only
+where it is missing, and ``lmembed doctor`` shows them. Encoders without a preset whose sentence-transformers folder
+declares no prompts (e5-base-v2's ``query: ``/``passage: ``, bge's retrieval instruction) get the prompts mteb's
+model registry records for their Hub id (:func:`add_registry_prompts`, offline). A published reranker's default
+maximum length is its model card's (:func:`reranker_max_length`).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import logging
 import re
@@ -122,19 +131,22 @@ PRESETS: tuple[Preset, ...] = (
             "pooling": "last",
             "attention": "causal",
             "instruction_template": E5_TEMPLATE,
-            "add_eos": False,
+            "add_eos": True,
             "max_length": 4096,
             "normalize": True,
         },
         padding_side="right",
         instructions="mteb",
-        source="model card usage (rev 938c560d): tokenizer(..., max_length=4096, padding, truncation) with no EOS "
-        "appended, last_token_pool, L2-normalise; mteb's Salesforce wrapper: the instruction on queries only",
-        verified="tests/models/test_presets.py: the card's steps re-implemented on a tiny MistralModel, cosine >= "
-        "0.9999",
-        limits="the card appends no </s> by hand, so whether one ends a text is the tokenizer's own post-processor's "
-        "call (transformers >= 5 no longer applies a tokenizer_config add_eos_token); `lmembed doctor` shows the "
-        "token ids",
+        source="model card usage (rev 938c560d): tokenizer(..., max_length=4096, padding, truncation), "
+        "last_token_pool, L2-normalise; mteb's Salesforce wrapper: the instruction on queries only. The card appends "
+        "no </s> by hand: its tokenizer_config.json sets add_eos_token, which the transformers of its time applied, "
+        "so every text it pooled ends with </s>",
+        verified="tests/models/test_presets.py (the card's steps on a tiny MistralModel) and "
+        "tests/models/test_token_level.py (a byte-level BPE tokenizer whose tokenizer.json adds only <s>, as "
+        "transformers 5 reads the checkpoint, against the card's steps with the </s> its tokenizer appended), "
+        "cosine >= 0.9999",
+        limits="</s> is appended by lmembed where the tokenizer does not put it there itself (transformers >= 5 "
+        "ignores tokenizer_config add_eos_token); `lmembed doctor` shows the last token ids of each text",
     ),
     Preset(
         family="gte-Qwen2-instruct",
@@ -172,11 +184,13 @@ PRESETS: tuple[Preset, ...] = (
             "normalize": True,
         },
         padding_side="left",
-        instructions="mteb",
+        instructions="qwen3",
         source="model card 'Transformers usage' (Qwen3-Embedding, June 2025): left padding, '<|endoftext|>' "
         "ends every text (appended by hand in the first card, by tokenizer.json's post-processor since), "
         "last-token pooling, 'Instruct: {task}\\nQuery:' (no space) on queries (by default its "
-        "config_sentence_transformers.json query prompt's web-search task), max_length 8192, normalised",
+        "config_sentence_transformers.json query prompt's web-search task), max_length 8192, normalised; MTEB "
+        "instructions: the Qwen3-Embedding repository's evaluation code (evaluation/qwen3_embedding_model.py "
+        "get_instruction and task_prompts.json), see lmembed.evaluation.instructions.QWEN3_INSTRUCTIONS",
         verified="tests/models/test_presets.py: the card's steps re-implemented on a tiny Qwen3Model, cosine >= 0.9999",
     ),
     Preset(
@@ -206,6 +220,7 @@ PRESETS: tuple[Preset, ...] = (
             "attention": "bidirectional",
             "instruction_template": "{instruction} ",
             "pool_special_tokens": False,
+            "instruction_mask": "text_tokens",
             "max_length": 512,
             "normalize": True,
         },
@@ -213,12 +228,15 @@ PRESETS: tuple[Preset, ...] = (
         instructions="mteb-llm2vec",
         loader="llm2vec",
         source="llm2vec 0.2.3 (llm2vec/llm2vec.py from_pretrained, tokenize, get_pooling): base model, MNTP LoRA "
-        "merged, supervised LoRA on top; bidirectional; '{instruction} ' + text with the embed mask on the text's "
-        "own tokens only (no BOS, no instruction); mean pooling, max_length 512; mteb normalises the instruction "
-        "to end in ':'",
+        "merged, supervised LoRA on top; bidirectional; '{instruction} ' + text with the embed mask on the last "
+        "len(tokenizer(text, add_special_tokens=False)) positions (the text tokenised alone: no BOS, no "
+        "instruction, counted rather than located, so a byte-level BPE that splits ' what' in context unlike "
+        "'what' alone moves the mask as it does there); mean pooling, max_length 512; mteb normalises the "
+        "instruction to end in ':'",
         verified="tests/models/test_presets.py: base + MNTP + supervised adapters saved with peft in the "
         "checkpoints' layout, llm2vec's steps re-implemented (peft merge, eager padding-only mask, embed mask), "
-        "cosine >= 0.9999 (llm2vec itself pins transformers<=4.44.2 and cannot be installed beside lmembed)",
+        "cosine >= 0.9999 (llm2vec itself pins transformers<=4.44.2 and cannot be installed beside lmembed); "
+        "tests/models/test_token_level.py: the embed mask's count on a byte-level BPE (Llama-3 style) tokenizer",
         limits="llm2vec cuts a text over 400 tokens (doc_max_length) by a word ratio before tokenising; lmembed "
         "cuts at max_length tokens, so texts over 400 tokens differ; the chat wrappers llm2vec adds when a base "
         "model is loaded under its original name from a local folder are not applied (MTEB loads it by Hub id, "
@@ -265,7 +283,7 @@ PRESETS: tuple[Preset, ...] = (
             "instruction_template": BGE_ICL_TEMPLATE,
             "instruction_suffix": BGE_ICL_SUFFIX,
             "query_instruction": BGE_ICL_DEFAULT_TASK,
-            "add_eos": False,
+            "add_eos": True,
             "max_length": 512,
             "normalize": True,
         },
@@ -276,11 +294,15 @@ PRESETS: tuple[Preset, ...] = (
         "BGE-EN-ICL model card): a query is examples prefix + '<instruct>{task}\\n<query>{query}' + '\\n<response>' "
         "(examples '<instruct>{task}\\n<query>{q}\\n<response>{r}' joined by blank lines, none by default), the "
         "default task 'Given a query, retrieval relevant passages that answer the query.'; documents as they are; "
-        "tokenised with the tokenizer's own special tokens, causal, last-token pooling, normalised, max_length 512",
+        "tokenised with the tokenizer's own special tokens (its tokenizer_config.json add_eos_token: every text "
+        "ends with </s> under the transformers it was released with), causal, last-token pooling, normalised, "
+        "max_length 512",
         verified="tests/models/test_bge_icl.py: FlagICLModel's steps (including its truncate-and-decode of the "
         "query) re-implemented on a tiny MistralModel with a byte-level tokenizer that ends texts with </s>, with "
-        "and without examples, cosine >= 0.9999",
-        limits="few-shot examples are part of the instruction template: build it with "
+        "and without examples, cosine >= 0.9999; tests/models/test_token_level.py: a tokenizer that adds only <s> "
+        "(transformers 5 reading the checkpoint), </s> appended as the reference's tokenizer did",
+        limits="</s> is appended by lmembed where the tokenizer does not put it there itself; few-shot examples are "
+        "part of the instruction template: build it with "
         "presets.bge_icl_template(examples) and pass instruction_template=...; the per-task examples and "
         "instructions of its MTEB runs are not bundled (instructions=None); a query longer than max_length is cut "
         "by tokens here, by FlagICLModel after a decode round trip of the instruction and query",
@@ -439,3 +461,133 @@ def _from_folder_name(folder: Path) -> Resolution | None:
         if any(fnmatchcase(name, pattern.lower().split("/", 1)[-1]) for pattern in preset.hub_ids):
             return Resolution(preset, None, f"folder name {folder.name}")
     return None
+
+
+# ---------------------------------------------------------------------------------------------- the final token
+
+
+def required_final_token(preset: Preset) -> str | None:
+    """The token a family's reference ends every text with and last-token pooling reads: the preset's
+    ``eos_token``, ``"eos"`` for the tokenizer's own EOS, None where the family needs none."""
+    strategy = preset.strategy
+    if strategy.get("pooling") != "last" or not strategy.get("add_eos"):
+        return None
+    token = strategy.get("eos_token")
+    return token if isinstance(token, str) else "eos"
+
+
+# ---------------------------------------------------------------------------------------------- encoders' prompts
+
+#: the prompt names of mteb's ``model_prompts`` that are a side's prompt (the others name one task or task type)
+_SIDE_PROMPTS = ("query", "document", "passage")
+_DOCUMENT_PROMPTS = ("document", "passage")
+
+
+@functools.lru_cache(maxsize=64)
+def registry_prompts(hub_id: str) -> dict[str, str] | None:
+    """The query/document prompts mteb's model registry records for ``hub_id`` (``ModelMeta.loader_kwargs
+    ["model_prompts"]`` of a sentence-transformers loader: e5-base-v2's ``query: ``/``passage: ``, bge's retrieval
+    instruction); None where mteb is not installed, does not know the model or records none. Offline: mteb's
+    registry is part of the package. mteb (seconds to import) is imported only when its model files name the id."""
+    if not _named_in_mteb(hub_id):
+        return None
+    try:
+        import mteb  # lazy: an optional extra, slow to import
+    except ImportError:
+        return None
+    try:
+        meta = mteb.get_model_meta(hub_id)
+    except Exception:  # not in mteb's registry (it raises ValueError/KeyError with close matches)
+        return None
+    kwargs = getattr(meta, "loader_kwargs", None) or {}
+    prompts = kwargs.get("model_prompts") if isinstance(kwargs, dict) else None
+    if not isinstance(prompts, dict):
+        return None
+    sides = {name: value for name, value in prompts.items() if name in _SIDE_PROMPTS and isinstance(value, str)}
+    return sides if any(sides.values()) else None
+
+
+def _named_in_mteb(hub_id: str) -> bool:
+    """Whether mteb's model files (read as text, without importing mteb) mention ``hub_id`` at all."""
+    try:
+        spec = importlib.util.find_spec("mteb")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    needle = json.dumps(hub_id)
+    files = (Path(spec.origin).parent / "models" / "model_implementations").glob("*.py")
+    return any(needle in file.read_text(encoding="utf-8", errors="ignore") for file in files)
+
+
+def hub_id_of(name_or_path: str, folder: Path | None = None) -> str | None:
+    """The Hub id a model was published under: a Hub id as given, else from the Hugging Face cache path of the
+    folder (or of ``folder``, the one holding its weights); None when nothing records one (a ``config.json``'s
+    ``_name_or_path`` is not read: a fine-tuned model records its base there)."""
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        return name_or_path if name_or_path.count("/") == 1 else None
+    for where in (path, folder):
+        cached = _HUB_CACHE.search(str(Path(where).resolve())) if where is not None else None
+        if cached:
+            return f"{cached.group(1)}/{cached.group(2)}"
+    return None
+
+
+def add_registry_prompts(published: Any, name_or_path: str) -> bool:
+    """Give a sentence-transformers folder that declares no prompts (``published``: a
+    :class:`~lmembed.models.sentence_transformers_folder.PublishedModel`) the prompts mteb's model registry records
+    for its Hub id, read as sentence-transformers reads prompts: prepended as they are (an instruction the caller
+    passes too, never wrapped in lmembed's decoder template), pooled when its Pooling module's ``include_prompt``
+    says so. Returns True when prompts were added."""
+    if published.options.get("prompts"):
+        return False
+    hub_id = hub_id_of(name_or_path, getattr(published, "model_dir", None))
+    prompts = registry_prompts(hub_id) if hub_id else None
+    if not prompts:
+        return False
+    source = f"mteb model registry ({hub_id}: ModelMeta.loader_kwargs model_prompts)"
+    published.decide("prompts", dict(prompts), source)
+    published.decide("prompt_style", "sentence_transformers", source)
+    published.decide("instruction_template", "{instruction}", source)
+    published.decide("query_instruction", prompts.get("query") or None, source)
+    document = next((prompts[name] for name in _DOCUMENT_PROMPTS if prompts.get(name)), None)
+    published.decide("document_instruction", document, source)
+    include, where = _pooling_include_prompt(Path(published.root))
+    published.decide("include_prompt", include, where)
+    log.info("%s declares no prompts; using mteb's registry entry for %s: %s", published.root, hub_id, prompts)
+    return True
+
+
+def _pooling_include_prompt(root: Path) -> tuple[bool, str]:
+    """The Pooling module's ``include_prompt`` (sentence-transformers' default: True) and the file that says it."""
+    modules = root / "modules.json"
+    entries = json.loads(modules.read_text(encoding="utf-8")) if modules.is_file() else []
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and str(entry.get("type", "")).endswith(".Pooling"):
+            config = root / str(entry.get("path", "")) / "config.json"
+            if config.is_file():
+                value = _read_json(config).get("include_prompt", True)
+                return bool(value), str(config)
+    return True, "sentence-transformers' default (include_prompt=True)"
+
+
+# ---------------------------------------------------------------------------------------------- rerankers
+
+#: Published rerankers' maximum lengths as their model cards use them (Hub id patterns, matched case-insensitively):
+#: Qwen3-Reranker's card tokenises to max_length=8192; bge-reranker-v2-m3's (FlagReranker.compute_score) to 512,
+#: where its tokenizer's model_max_length would say 8192.
+RERANKER_MAX_LENGTHS: tuple[tuple[str, int], ...] = (
+    ("qwen/qwen3-reranker-*", 8192),
+    ("baai/bge-reranker-v2-m3", 512),
+)
+
+
+def reranker_max_length(name_or_path: str) -> int | None:
+    """The maximum length a published reranker's model card uses (:data:`RERANKER_MAX_LENGTHS`), for a Hub id or a
+    folder of the Hugging Face cache; None for others."""
+    hub_id = hub_id_of(name_or_path)
+    if hub_id is None:
+        return None
+    name = hub_id.strip().lower()
+    return next((length for pattern, length in RERANKER_MAX_LENGTHS if fnmatchcase(name, pattern)), None)

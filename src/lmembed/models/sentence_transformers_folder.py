@@ -1,4 +1,5 @@
-"""Reading a sentence-transformers folder (``modules.json`` and each module's files) into lmembed's strategy.
+"""Reading a sentence-transformers folder (``modules.json`` and each module's files) into lmembed's strategy, and
+writing one back (the end of this module).
 
 A published sentence-transformers model says how it embeds in its own files: ``modules.json`` lists the module
 stack, ``sentence_bert_config.json`` (and the tokenizer's files) the truncation length and lowercasing, each
@@ -21,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import save_file
 
+from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
-from lmembed.errors import ModelLoadError
+from lmembed.errors import ModelLoadError, UnsafeFileError
+from lmembed.models.weights import UnsafeWeightsError, check_head_shapes, load_weights_file
+from lmembed.paths import inside
 
 MODULES_FILE = "modules.json"
 MODEL_CONFIG_FILE = "config_sentence_transformers.json"
@@ -80,6 +84,11 @@ class PublishedModelError(ModelLoadError):
     """A sentence-transformers folder lmembed cannot reproduce exactly, or whose files are malformed."""
 
 
+class UnsafeModuleError(PublishedModelError, UnsafeFileError):
+    """A module path (``modules.json``, a Router's structure) that leaves the model folder: an absolute path, a
+    ``..`` or a link to elsewhere. Refused before anything there is read."""
+
+
 @dataclass
 class PublishedModel:
     """What a sentence-transformers folder decides: strategy ``options``, the file behind each (``sources``), the
@@ -128,21 +137,24 @@ def read_json(path: Path, what: str = "file") -> Any:
 
 
 def read_published_folder(root: str | Path) -> PublishedModel:
-    """Read the sentence-transformers folder ``root`` (it has a ``modules.json``) into a :class:`PublishedModel`."""
+    """Read the sentence-transformers folder ``root`` (it has a ``modules.json``) into a :class:`PublishedModel`.
+
+    Every module path must lie inside ``root`` once links are followed (:func:`lmembed.paths.inside`); one that
+    leaves it is an :class:`UnsafeModuleError` naming ``modules.json`` and the entry, before any module is read."""
     root = Path(root)
     entries = _module_entries(root / MODULES_FILE)
+    folders = [_module_folder(root, entry["path"], f"modules[{i}].path") for i, entry in enumerate(entries)]
     kinds = [_module_kind(entry, root / MODULES_FILE) for entry in entries]
     if not kinds or kinds[0] != "Transformer":
         raise PublishedModelError(
             f"{root / MODULES_FILE}: the first module is {kinds[0] if kinds else 'missing'}; lmembed reproduces "
             "stacks that start with a Transformer module"
         )
-    published = PublishedModel(root=root, model_dir=root / entries[0]["path"])
+    published = PublishedModel(root=root, model_dir=folders[0])
     _read_transformer(published, published.model_dir)
     head: list[dict[str, Any]] = []
     pooled = False
-    for entry, kind in zip(entries[1:], kinds[1:], strict=True):
-        folder = root / entry["path"]
+    for entry, kind, folder in zip(entries[1:], kinds[1:], folders[1:], strict=True):
         if kind == "Pooling" and not pooled:
             _read_pooling(published, folder)
             pooled = True
@@ -178,6 +190,11 @@ def _module_entries(path: Path) -> list[dict[str, Any]]:
             raise PublishedModelError(f"{path}: entry {i} must be an object with string 'type' and 'path'")
         entry.setdefault("name", str(entry.get("idx", i)))
     return data
+
+
+def _module_folder(root: Path, path: str, field: str, source: str = MODULES_FILE) -> Path:
+    """The folder of a module, refused unless it lies inside ``root`` (links followed)."""
+    return inside(root, path, file=root / source, field=field, error=UnsafeModuleError)
 
 
 def _module_kind(entry: dict[str, Any], source: Path) -> str:
@@ -341,6 +358,7 @@ def _read_head_module(published: PublishedModel, kind: str, folder: Path, route:
         spec["route"] = route
     if kind != "Normalize":
         spec["path"] = folder.relative_to(published.root).as_posix()
+        check_head_shapes(spec, folder, source)  # sizes against the weights, before any layer is built
         published.head_weights.append(load_weights(folder))
     else:
         published.head_weights.append({})
@@ -376,11 +394,11 @@ def load_weights(folder: Path) -> dict[str, torch.Tensor]:
         if not path.is_file():
             continue
         try:
-            if name.endswith(".safetensors"):
-                return load_file(str(path))
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated or foreign file: name it
-            raise PublishedModelError(f"{path}: cannot read the weights ({exc})") from exc
+            return load_weights_file(path)  # safetensors, or a pickle holding plain tensors only
+        except UnsafeWeightsError:
+            raise
+        except ModelLoadError as exc:  # a truncated or foreign file: name it
+            raise PublishedModelError(str(exc)) from exc
     raise PublishedModelError(f"{folder}: the weight file is missing (expected {' or '.join(WEIGHT_FILES)})")
 
 
@@ -400,17 +418,20 @@ def _read_router(published: PublishedModel, folder: Path) -> list[dict[str, Any]
     routes = _route_names(parameters, structure, source)
     specs: list[dict[str, Any]] = []
     for task, route in routes.items():
-        for module_id in structure[route]:
+        if not isinstance(structure[route], list):
+            raise PublishedModelError(f"{source}: structure.{route} must be a list of module names")
+        for j, module_id in enumerate(structure[route]):
             module_type = config["types"].get(module_id)
             if not isinstance(module_type, str):
                 raise PublishedModelError(f"{source}: route {route!r} names module {module_id!r}, which has no type")
+            module_folder = _module_folder(folder, module_id, f"structure.{route}[{j}]", source.name)
             kind = _module_kind({"name": module_id, "type": module_type, "path": module_id}, source)
             if kind not in HEAD_MODULES:
                 raise PublishedModelError(
                     f"{source}: route {route!r} holds a {kind} module ({module_id}); lmembed reproduces Routers whose "
                     "routes hold only Dense/LayerNorm/Normalize modules after one shared Transformer and Pooling"
                 )
-            specs.extend(_read_head_module(published, kind, folder / module_id, route=task))
+            specs.extend(_read_head_module(published, kind, module_folder, route=task))
     published.decide("route", "document", source)  # texts without a task take the default (documents') route
     return specs
 
@@ -505,3 +526,100 @@ def apply_lowercase(tokenizer: Any) -> None:
     if any(isinstance(part, Lowercase) for part in parts):
         return
     rust.normalizer = Sequence([Lowercase(), *parts])
+
+
+# ---------------------------------------------------------------------------------------------- writing
+# The same format written back: a saved Embedder whose strategy sentence-transformers can express also loads with
+# ``SentenceTransformer(dir)`` and gives the same vectors (Embedder.save decides when it can).
+
+#: lmembed's pooling names → the Pooling module's flag, derived from the reading tables above
+ST_POOLING_MODES = {POOLING_MODES[mode]: flag for flag, mode in LEGACY_POOLING_FLAGS.items()}
+ST_HEAD = {
+    "dense": "sentence_transformers.models.Dense",
+    "layer_norm": "sentence_transformers.models.LayerNorm",
+    "normalize": "sentence_transformers.models.Normalize",
+}
+
+
+def write_sentence_transformers_files(directory: Path, cfg: EmbeddingConfig, hidden_size: int, max_length: int) -> None:
+    """``modules.json``, the Pooling module, ``sentence_bert_config.json`` and (when there are prompts or another
+    similarity) ``config_sentence_transformers.json`` for strategy ``cfg``; head layers' weights and configs are
+    written by :func:`save_head_layers`."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    for layer in cfg.head:
+        path = layer.get("path", f"{len(modules)}_Normalize")
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": ST_HEAD[layer["type"]]})
+    if cfg.normalize:
+        path = f"{len(modules)}_Normalize"
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": ST_HEAD["normalize"]})
+    for module in modules[2:]:
+        (directory / module["path"]).mkdir(exist_ok=True)
+    include_prompt = cfg.include_prompt and cfg.prompt_style == "sentence_transformers"
+    pooling = {"word_embedding_dimension": hidden_size, "include_prompt": include_prompt}
+    pooling.update({mode: name == cfg.pooling for name, mode in ST_POOLING_MODES.items()})
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    files: dict[str, Any] = {
+        MODULES_FILE: modules,
+        "1_Pooling/config.json": pooling,
+        TRANSFORMER_CONFIG_FILES[0]: {"max_seq_length": max_length, "do_lower_case": cfg.lowercase},
+    }
+    model_config = _st_model_config(cfg)
+    if model_config:
+        files[MODEL_CONFIG_FILE] = model_config
+    for name, content in files.items():
+        atomic_write_text(directory / name, json.dumps(content, indent=2))
+
+
+def _st_model_config(cfg: EmbeddingConfig) -> dict[str, Any]:
+    """``config_sentence_transformers.json``: the prompts (a published model's own, with the strategy's query and
+    document prompts), the default prompt and the similarity."""
+    prompts = dict(cfg.prompts)
+    if cfg.query_instruction:
+        prompts["query"] = cfg.instruction_template.format(instruction=cfg.query_instruction)
+    if cfg.document_instruction:
+        prompts["document"] = cfg.instruction_template.format(instruction=cfg.document_instruction)
+    if not prompts and cfg.similarity == "cosine":
+        return {}
+    if prompts:
+        prompts.setdefault("query", "")
+        prompts.setdefault("document", "")
+    data: dict[str, Any] = {"prompts": prompts, "similarity_fn_name": cfg.similarity}
+    if cfg.default_prompt_name is not None:
+        data["default_prompt_name"] = cfg.default_prompt_name
+    return data
+
+
+def save_head_layers(head: Any, directory: Path, state: dict[str, torch.Tensor] | None) -> None:
+    """Each Dense/LayerNorm layer of a post-pooling ``head`` (``pooling.head.PostPoolingHead``: its ``specs`` and
+    ``layer_state(i)``) into its module folder, as sentence-transformers lays it out (``state``: whole tensors
+    named ``layers.I.*`` to write instead of the head's own)."""
+    for i, spec in enumerate(head.specs):
+        if spec["type"] == "normalize":
+            continue
+        folder = directory / spec["path"]
+        folder.mkdir(parents=True, exist_ok=True)
+        layer_state = head.layer_state(i)
+        if state is not None:
+            prefix = f"layers.{i}."
+            layer_state = {
+                k[len(prefix) :]: v.detach().cpu().contiguous() for k, v in state.items() if k.startswith(prefix)
+            }
+        save_file(layer_state, str(folder / "model.safetensors"))
+        atomic_write_text(folder / "config.json", json.dumps(_st_layer_config(spec), indent=2))
+
+
+def _st_layer_config(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["type"] == "layer_norm":
+        return {"dimension": spec["dimension"]}
+    config = {
+        "in_features": spec["in_features"],
+        "out_features": spec["out_features"],
+        "bias": spec.get("bias", True),
+        "activation_function": ACTIVATION_PATHS[spec.get("activation", "identity")],
+    }
+    if spec.get("residual"):
+        config["use_residual"] = True
+    return config

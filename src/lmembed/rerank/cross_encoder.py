@@ -15,7 +15,6 @@ activation recorded in ``config_sentence_transformers.json`` (``activation_fn``;
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from torch import nn
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import ModelLoadError
 from lmembed.models.loading import resolve_device, resolve_dtype, resolve_model_path
+from lmembed.models.weights import check_config_sizes, check_size_value, pretrained_safely
 from lmembed.rerank.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
@@ -49,15 +49,26 @@ def activation_name(activation: nn.Module) -> str:
     return f"{type(activation).__module__}.{type(activation).__qualname__}"
 
 
+#: The activations a CrossEncoder folder may record (``activation_fn``): a closed list of torch classes, each
+#: under its full and its short path. Nothing else a file names is imported or called.
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    f"{prefix}.{cls.__name__}": cls
+    for cls in (nn.Identity, nn.Sigmoid, nn.Tanh, nn.ReLU, nn.GELU, nn.SiLU, nn.Softmax, nn.LogSigmoid)
+    for prefix in (cls.__module__, "torch.nn")
+}
+
+
 def resolve_activation(path: str | None, num_labels: int, where: str) -> nn.Module:
-    """The activation a dotted path names; only ``torch.`` classes are instantiated (others, like
-    sentence-transformers without ``trust_remote_code``, fall back to the default, with a warning)."""
+    """The activation a dotted path names, from the closed list :data:`ACTIVATIONS`; another ``torch.`` path is
+    refused, and a path outside torch (custom code, which sentence-transformers runs only with
+    ``trust_remote_code``) falls back to the default, with a warning."""
+    if path and not isinstance(path, str):
+        raise ModelLoadError(f"{where}: activation_fn must be a dotted class path, got {path!r:.80}")
+    if path and path in ACTIVATIONS:
+        return ACTIVATIONS[path]()
     if path and path.startswith("torch."):
-        module_name, _, class_name = path.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module_name), class_name)()
-        except (ImportError, AttributeError, TypeError) as exc:
-            raise ModelLoadError(f"{where}: activation_fn {path!r} cannot be built ({exc})") from exc
+        known = ", ".join(sorted({f"torch.nn.{cls.__name__}" for cls in ACTIVATIONS.values()}))
+        raise ModelLoadError(f"{where}: activation_fn={path!r} is not an activation lmembed builds; known: {known}")
     if path:
         log.warning("%s: activation_fn %r is not a torch class; using the default activation", where, path)
     return nn.Sigmoid() if num_labels == 1 else nn.Identity()
@@ -138,26 +149,36 @@ class CrossEncoderReranker(Reranker):
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
         path = resolve_model_path(name_or_path)
+        if Path(path).is_dir():
+            check_config_sizes(Path(path))  # before transformers reads them (models.weights)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         if num_labels is not None:
-            config.num_labels = num_labels
+            config.num_labels = check_size_value(num_labels, "num_labels", "the num_labels option")
         elif not has_head:
             config.num_labels = 1  # a reranker's new head gives one relevance score (transformers' default is 2)
+        else:  # the head's labels as transformers read them (len(id2label) when config.json lists labels)
+            check_size_value(config.num_labels, "num_labels", Path(path) / "config.json")
         if not has_head:
             log.warning("%s has no sequence-classification head: a new, untrained one is added", name_or_path)
+        recorded, where = recorded_activation(Path(path), config) if Path(path).is_dir() else (None, path)
+        activation = resolve_activation(recorded, int(config.num_labels), where)  # before any weight is read
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
+            model = pretrained_safely(
+                AutoModelForSequenceClassification,
+                path,
+                config=config,
+                dtype=resolve_dtype(dtype),
+                trust_remote_code=trust_remote_code,
             )
+        except ModelLoadError:
+            raise
         except ValueError as exc:
             raise ModelLoadError(f"{name_or_path}: not loadable as a sequence-classification model ({exc})") from exc
         if reset_pooler:
             identity_pooler(model, name_or_path)
         model.to(resolve_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        recorded, where = recorded_activation(Path(path), config) if Path(path).is_dir() else (None, path)
-        activation = resolve_activation(recorded, int(config.num_labels), where)
         return cls(
             model,
             tokenizer,

@@ -8,6 +8,7 @@ from typing import Any
 
 from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.models.loading import resolve_model_path
+from lmembed.models.presets import reranker_max_length
 from lmembed.rerank.base import RERANKER_FILE, Reranker
 from lmembed.rerank.cross_encoder import CrossEncoderReranker
 from lmembed.rerank.llm import LLMReranker
@@ -30,8 +31,14 @@ def detect_kind(path: str) -> str:
         return kind
     config = folder / "config.json"
     if config.is_file():
-        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-        if any(a.endswith("ForCausalLM") for a in architectures):
+        try:
+            recorded_config = json.loads(config.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"{config}: not a readable JSON file ({exc})") from exc
+        architectures = recorded_config.get("architectures") if isinstance(recorded_config, dict) else None
+        if not isinstance(architectures, list):
+            architectures = []
+        if any(isinstance(a, str) and a.endswith("ForCausalLM") for a in architectures):
             return "llm"
     return "cross-encoder"
 
@@ -41,5 +48,9 @@ def load_reranker(name_or_path: str, *, kind: str | None = None, **options: Any)
     the detection; ``options`` go to that class's ``from_pretrained`` (``device``, ``max_length`` ...)."""
     if kind is not None and kind not in KINDS:
         raise ConfigError(f"kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
-    chosen = kind or detect_kind(resolve_model_path(name_or_path))
+    path = resolve_model_path(name_or_path)
+    chosen = kind or detect_kind(path)
+    saved = (Path(path) / RERANKER_FILE).is_file()  # a reranker lmembed saved keeps its own max_length
+    if options.get("max_length") is None and not saved and (card := reranker_max_length(name_or_path)):
+        options["max_length"] = card  # a published reranker's own maximum length, from its model card
     return KINDS[chosen].from_pretrained(name_or_path, **options)

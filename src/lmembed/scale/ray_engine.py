@@ -175,6 +175,8 @@ class RayEngine:
     # ------------------------------------------------------------------ work
     def model_provider(self, embedder: Embedder, spec: EmbedderSpec | None) -> ModelProvider:
         """``spec`` when given (every worker loads the weights itself), else one shared copy of ``embedder``."""
+        if isinstance(spec, EmbedderSpec):
+            return spec.bind(embedder)  # a source alone takes the rest of its load spec from the driver
         if spec is not None:
             return spec
         self.start()

@@ -20,7 +20,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ import torch
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
+from lmembed.load_spec import LoadSpec
 from lmembed.scale.errors import BadRowError, ScaleError
 from lmembed.scale.shard_plan import ShardPlan
 from lmembed.scale.sources import locate
@@ -59,16 +60,30 @@ class ModelProvider(Protocol):
 
 @dataclass(frozen=True)
 class EmbedderSpec:
-    """How a worker loads the model itself: the arguments of :meth:`Embedder.from_pretrained` (a bundled
-    name, a local folder every worker can read, or a Hub id, plus strategy options and ``dtype``). Use it
-    for large models: each worker reads the weights from disk instead of receiving a pickled copy."""
+    """How a worker loads the model itself: the driver's :class:`~lmembed.load_spec.LoadSpec` (source, strategy,
+    dtype, backend, precision, RoPE factor ...), read by :meth:`Embedder.from_spec` on the worker's own device. Use
+    it for large models: each worker reads the weights from disk instead of receiving a pickled copy.
 
-    name_or_path: str
-    options: Mapping[str, Any] = field(default_factory=dict)
+    ``EmbedderSpec.of(embedder)`` takes an Embedder's spec whole. ``EmbedderSpec("folder")`` names only where the
+    workers read the weights (a copy of the driver's model every worker can reach); the rest of the spec is the
+    driver's, bound when the job starts (:meth:`bind`)."""
+
+    spec: LoadSpec | str
+
+    @classmethod
+    def of(cls, embedder: Embedder) -> EmbedderSpec:
+        return cls(embedder.load_spec)
+
+    def bind(self, driver: Embedder) -> EmbedderSpec:
+        """A spec that names a source only takes everything else from ``driver``'s own spec."""
+        if isinstance(self.spec, LoadSpec):
+            return self
+        return EmbedderSpec(driver.load_spec.with_source(self.spec))
 
     def load(self, device: str) -> Embedder:
-        options = {k: v for k, v in self.options.items() if k not in ("device", "cache", "show_progress")}
-        return Embedder.from_pretrained(self.name_or_path, device=device, cache=False, show_progress=False, **options)
+        if not isinstance(self.spec, LoadSpec):
+            raise ScaleError(f"EmbedderSpec({self.spec!r}) is not bound to a driver Embedder (EmbedderSpec.bind)")
+        return Embedder.from_spec(self.spec, device=device, cache=False, show_progress=False)
 
 
 @dataclass

@@ -38,6 +38,7 @@ from lmembed.config import for_side
 from lmembed.embedder import Embedder, postprocess
 from lmembed.index import Index
 from lmembed.index.manifest import check_embedder
+from lmembed.load_spec import LoadSpec
 from lmembed.rerank import Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
 from lmembed.serving.errors import ApiError
@@ -190,6 +191,15 @@ def _error_response(state: ServerState, error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
+def served_load_spec(spec: LoadSpec) -> dict[str, Any]:
+    """The load spec a client sees in ``/v1/models`` (to reproduce the served vectors itself): the whole spec,
+    but int8's calibration texts (the operator's own texts) only counted."""
+    data = spec.to_dict()
+    if data.get("calibration") is not None:
+        data["calibration"] = {"texts": len(data["calibration"])}
+    return data
+
+
 def create_app(
     embedder: Embedder,
     *,
@@ -312,6 +322,7 @@ def create_app(
             "dimensions": embedder.dim,
             "max_input_tokens": state.tokenizer.max_length,
             "strategy": state.config.label(),
+            "load": served_load_spec(embedder.load_spec),
             "index": None if state.index is None else {"kind": state.index.kind, "documents": state.index.count},
         }
         cards = [card]

@@ -4,9 +4,15 @@ A checkpoint is a folder ``<output>/checkpoints/step-0000123/`` holding everythi
 the run exactly where it stood after that step:
 
 * ``trainable.safetensors``: the trained tensors (LoRA adapters or the whole backbone, and the head);
-* ``optimizer.pt`` and ``scheduler.pt``: their ``state_dict``;
-* ``rng-rank<r>.pt``: every random generator of process ``r`` (python, numpy, torch, CUDA);
+* ``optimizer.safetensors`` and ``scheduler.safetensors``: their ``state_dict``;
+* ``rng-rank<r>.safetensors``: every random generator of process ``r`` (python, numpy, torch, CUDA);
 * ``state.json``: the step number and run facts; written last.
+
+No file is a pickle: a run folder may be shared, and unpickling a file can run any code it names. A nested state
+(an optimizer's, a scheduler's, the RNGs') is stored as safetensors: its tensors as tensors, and the structure
+around them (dicts, lists, tuples, numbers, strings) as JSON in the file's metadata, with each tensor named by a
+reference; :func:`read_state` rebuilds it, accepting nothing but those plain values. A checkpoint written by an
+older lmembed as pickles (``optimizer.pt`` ...) is refused, naming the file, and never unpickled.
 
 The folder is assembled under a temporary name and renamed into place in one step, so a process
 killed at any moment (even ``kill -9``) leaves either a complete checkpoint or none; leftovers of an
@@ -29,17 +35,28 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
+from lmembed.errors import LmembedError
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "trainable.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
-SCHEDULER_FILE = "scheduler.pt"
+OPTIMIZER_FILE = "optimizer.safetensors"
+SCHEDULER_FILE = "scheduler.safetensors"
+RNG_FILE = "rng-rank{rank}.safetensors"
+#: the pickled files of checkpoints written by older lmembed versions: refused, never unpickled
+PICKLED_FILES = ("optimizer.pt", "scheduler.pt", "rng-rank{rank}.pt")
+STATE_KEY = "lmembed.state"  # the metadata entry holding a state's JSON structure
+STATE_FORMAT = 1
 _NAME = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(LmembedError, ValueError):
+    """A checkpoint that cannot be resumed: written in the old pickled format, or a file in it malformed."""
 
 
 @dataclass
@@ -102,13 +119,159 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def check_rng(state: Any, source: Path) -> dict[str, Any]:
+    """``state`` when it has the shape :func:`capture_rng` gives (so :func:`restore_rng` cannot fail on it);
+    else a :class:`CheckpointError` naming ``source``."""
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{source}: {what}; the RNG state is malformed")
+
+    if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= set(state):
+        raise bad("expected the python, numpy and torch generators")
+    python = state["python"]
+    if not (
+        isinstance(python, tuple)
+        and len(python) == 3
+        and isinstance(python[1], tuple)
+        and len(python[1]) == 625
+        and all(isinstance(v, int) and 0 <= v < 2**32 for v in python[1])
+        and (python[2] is None or isinstance(python[2], float))
+    ):
+        raise bad("'python' is not a Mersenne Twister state")
+    numpy = state["numpy"]
+    if not (
+        isinstance(numpy, tuple)
+        and len(numpy) == 5
+        and numpy[0] == "MT19937"
+        and isinstance(numpy[1], np.ndarray)
+        and numpy[1].dtype == np.uint32
+        and numpy[1].shape == (624,)
+        and isinstance(numpy[2], int)
+        and isinstance(numpy[3], int)
+        and isinstance(numpy[4], float)
+    ):
+        raise bad("'numpy' is not a Mersenne Twister state")
+    generators = [state["torch"], *(state.get("cuda") or [])]
+    if not isinstance(state.get("cuda", []), list) or not all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in generators
+    ):
+        raise bad("'torch' and 'cuda' must be byte tensors")
+    if state["torch"].numel() != torch.get_rng_state().numel():
+        raise bad(f"'torch' holds {state['torch'].numel()} bytes, not {torch.get_rng_state().numel()}")
+    return state
+
+
+# ---------------------------------------------------------------------------------------------- states without pickle
+# A nested state is written as JSON in which every value is plain: null, a bool, a number, a string, a list, or one
+# of these tagged objects: {"dict": [[key, value], ...]} (keys of any plain kind, in order), {"tuple": [...]},
+# {"tensor": name} (a tensor of the same file), {"ndarray": [...], "dtype": name} (a small numpy array: the numpy RNG).
+_NUMPY_DTYPES = {"uint32": np.uint32, "int64": np.int64, "float64": np.float64}
+
+
+def _encode(value: Any, tensors: dict[str, torch.Tensor], storages: set[tuple[int, int]], where: str) -> Any:
+    if value is None or isinstance(value, bool | str | float):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().to("cpu").contiguous()
+        key = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        if key in storages or key[0] == 0:  # safetensors stores no shared memory: copy a tensor that shares
+            tensor = tensor.clone()
+        storages.add((tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()))
+        name = f"t{len(tensors)}"
+        tensors[name] = tensor
+        return {"tensor": name}
+    if isinstance(value, np.ndarray) and value.dtype.name in _NUMPY_DTYPES:
+        return {"ndarray": value.tolist(), "dtype": value.dtype.name}
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v, tensors, storages, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, tensors, storages, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {
+            "dict": [
+                [_encode(k, tensors, storages, f"{where} key"), _encode(v, tensors, storages, f"{where}[{k!r}]")]
+                for k, v in value.items()
+            ]
+        }
+    raise TypeError(f"{where}: a {type(value).__name__} cannot be stored in a checkpoint without pickle")
+
+
+def _decode(value: Any, tensor: Callable[[str], torch.Tensor], source: Path, depth: int = 0) -> Any:
+    if depth > 64:
+        raise CheckpointError(f"{source}: the state is nested deeper than any optimizer state")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list):
+        return [_decode(v, tensor, source, depth + 1) for v in value]
+    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("tuple"), list):
+        return tuple(_decode(v, tensor, source, depth + 1) for v in value["tuple"])
+    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("dict"), list):
+        decoded: dict[Any, Any] = {}
+        for pair in value["dict"]:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise CheckpointError(f"{source}: a dict entry is not a [key, value] pair")
+            key = _decode(pair[0], tensor, source, depth + 1)
+            if not isinstance(key, str | int | float | tuple) and key is not None:
+                raise CheckpointError(f"{source}: a dict key is a {type(key).__name__}")
+            decoded[key] = _decode(pair[1], tensor, source, depth + 1)
+        return decoded
+    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("tensor"), str):
+        return tensor(value["tensor"])
+    if isinstance(value, dict) and set(value) == {"ndarray", "dtype"} and value["dtype"] in _NUMPY_DTYPES:
+        try:
+            return np.asarray(value["ndarray"], dtype=_NUMPY_DTYPES[value["dtype"]])
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise CheckpointError(f"{source}: an array of the state is malformed ({exc})") from exc
+    raise CheckpointError(f"{source}: the state holds a value lmembed does not store ({str(value)[:80]})")
+
+
+def state_bytes(state: Any) -> bytes:
+    """``state`` (an optimizer's, a scheduler's, the RNGs') as safetensors bytes: tensors as tensors, the rest as
+    JSON in the metadata; :func:`read_state` rebuilds it. Raises ``TypeError`` on a value that is not plain."""
+    tensors: dict[str, torch.Tensor] = {}
+    structure = _encode(state, tensors, set(), "state")
+    text = json.dumps({"format": STATE_FORMAT, "state": structure}, allow_nan=True)
+    return safetensors_bytes(tensors, metadata={STATE_KEY: text})
+
+
+def write_state(path: Path, state: Any) -> None:
+    payload = state_bytes(state)
+    atomic_write(path, lambda handle: handle.write(payload))
+
+
+def read_state(path: Path, *, device: str | torch.device = "cpu") -> Any:
+    """The state :func:`write_state` wrote to ``path``, its tensors on ``device``. Nothing in the file is run:
+    a malformed file is a :class:`CheckpointError` naming it."""
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as tensors:
+            text = (tensors.metadata() or {}).get(STATE_KEY)
+            if text is None:
+                raise CheckpointError(f"{path}: holds no lmembed state (no {STATE_KEY!r} metadata)")
+            try:
+                document = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise CheckpointError(f"{path}: the state's JSON is malformed ({exc.msg})") from exc
+            if not isinstance(document, dict) or document.get("format") != STATE_FORMAT:
+                raise CheckpointError(f"{path}: not a state of format {STATE_FORMAT}")
+            names = set(tensors.keys())
+
+            def tensor(name: str) -> torch.Tensor:
+                if name not in names:
+                    raise CheckpointError(f"{path}: the state names tensor {name!r}, which the file lacks")
+                return tensors.get_tensor(name)
+
+            return _decode(document.get("state"), tensor, path)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+
+
 # ---------------------------------------------------------------------------------------------- saving
 def _no_barrier() -> None:
     return None
-
-
-def _save_torch(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -152,14 +315,14 @@ def save_checkpoint(
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir()
     barrier()
-    _save_torch(scratch / f"rng-rank{rank}.pt", capture_rng())
+    write_state(scratch / RNG_FILE.format(rank=rank), capture_rng())
     barrier()
     if rank == 0:
         tensors = {name: t.contiguous() for name, t in model_state.items()}
         payload = safetensors_bytes(tensors)
         atomic_write(scratch / WEIGHTS_FILE, lambda handle: handle.write(payload))
-        _save_torch(scratch / OPTIMIZER_FILE, optimizer.state_dict() if optimizer_state is None else optimizer_state)
-        _save_torch(scratch / SCHEDULER_FILE, scheduler.state_dict())
+        write_state(scratch / OPTIMIZER_FILE, optimizer.state_dict() if optimizer_state is None else optimizer_state)
+        write_state(scratch / SCHEDULER_FILE, scheduler.state_dict())
         atomic_write_json(scratch / STATE_FILE, {"step": step, **(info or {})})
         _fsync_dir(scratch)
         if final.exists():  # a checkpoint of this step from an earlier, interrupted life of the run
@@ -196,17 +359,47 @@ def prune_checkpoints(output: str | Path, keep: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- loading
 def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Read a checkpoint folder; ``rng_state`` is ``None`` when this rank has no RNG file in it."""
+    """Read a checkpoint folder; ``rng_state`` is ``None`` when this rank has no RNG file in it.
+
+    Nothing is unpickled: a checkpoint of the old pickled format, or a malformed file, is a
+    :class:`CheckpointError` naming the file."""
     path = Path(path)
-    info = json.loads((path / STATE_FILE).read_text())
-    rng_file = path / f"rng-rank{rank}.pt"
-    rng_state = torch.load(rng_file, weights_only=False) if rng_file.exists() else None
+    for name in PICKLED_FILES:
+        old = path / name.format(rank=rank)
+        if old.exists():
+            raise CheckpointError(
+                f"{old}: this checkpoint was written by an older lmembed as pickles, which can run code when loaded; "
+                "lmembed does not load it. Start the run again in a new output folder (this version writes "
+                "checkpoints without pickle)"
+            )
+    info_file = path / STATE_FILE
+    try:
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+        step = info["step"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{info_file}: not a readable checkpoint state ({exc})") from exc
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{info_file}: step={step!r} is not a step number")
+    for name in (WEIGHTS_FILE, OPTIMIZER_FILE, SCHEDULER_FILE):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path / name}: missing; the checkpoint is incomplete")
+    rng_file = path / RNG_FILE.format(rank=rank)
+    rng_state = check_rng(read_state(rng_file), rng_file) if rng_file.exists() else None
+    try:
+        model_state = load_file(str(path / WEIGHTS_FILE))
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path / WEIGHTS_FILE}: not a readable safetensors file ({exc})") from exc
+    optimizer_state = read_state(path / OPTIMIZER_FILE, device=map_location)
+    scheduler_state = read_state(path / SCHEDULER_FILE)
+    for name, state in ((OPTIMIZER_FILE, optimizer_state), (SCHEDULER_FILE, scheduler_state)):
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{path / name}: holds a {type(state).__name__}, not a state dict")
     return Checkpoint(
         path=path,
-        step=int(info["step"]),
-        model_state=load_file(str(path / WEIGHTS_FILE)),
-        optimizer_state=torch.load(path / OPTIMIZER_FILE, map_location=map_location, weights_only=False),
-        scheduler_state=torch.load(path / SCHEDULER_FILE, weights_only=False),
+        step=step,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        scheduler_state=scheduler_state,
         rng_state=rng_state,
         info=info,
     )

@@ -15,6 +15,7 @@ it and is named in :func:`make_backend`.
 from __future__ import annotations
 
 from lmembed.encoding.backends.base import BACKENDS, PRECISIONS, Backend, BackendError, TorchBackend
+from lmembed.models.families import check_verified
 from lmembed.models.loading import Backbone
 
 __all__ = ["BACKENDS", "PRECISIONS", "Backend", "BackendError", "TorchBackend", "make_backend"]
@@ -34,6 +35,7 @@ def make_backend(
         # lazy: keeps onnxruntime out of `import lmembed` and of the torch-only path
         from lmembed.encoding.backends.onnx_backend import OnnxBackend
 
+        check_verified(backbone.model, backbone.is_decoder, "int8" if precision == "int8" else "onnx")
         return OnnxBackend(backbone, precision or "float32", threads=threads)
     native = TorchBackend(backbone)
     if precision not in (None, native.precision) and not (precision == "int8" and _torch_int8(backbone)):

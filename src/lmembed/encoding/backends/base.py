@@ -31,7 +31,13 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
 from lmembed.models.attention import configure_attention, configured_mode, mask_for
 from lmembed.models.depth import exit_depth, forward_states
-from lmembed.models.families import forward_parameters
+from lmembed.models.families import (
+    AFTER_PADDING,
+    check_verified,
+    forward_parameters,
+    position_convention,
+    position_ids,
+)
 from lmembed.models.loading import Backbone
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
 
@@ -49,6 +55,9 @@ BatchMaker = Callable[[Sequence[str]], list[tuple[np.ndarray, np.ndarray, np.nda
 Pooler = Callable[[torch.Tensor, torch.Tensor, EmbeddingConfig], torch.Tensor]
 #: Calibration texts sampled from the first encode call when none were given.
 CALIBRATION_TEXTS = 256
+#: The torch cache tag of a family numbering positions after ``padding_idx`` (RoBERTa, XLM-R, MPNet ...): lmembed
+#: gave them positions from 0 before, and the embedding cache must not serve the vectors it computed then.
+AFTER_PADDING_TAG = "pos-after-padding"
 
 
 class BackendError(ConfigError):
@@ -133,13 +142,18 @@ class TorchBackend(Backend):
     def __init__(self, backbone: Backbone, precision: str | None = None) -> None:
         super().__init__(backbone)
         self.precision = precision or _dtype_name(backbone.dtype)
+        check_verified(backbone.model, backbone.is_decoder, "torch")
         params = forward_parameters(backbone.model)
-        self._accepts_positions = "position_ids" in params
+        # positions the way the model's own forward numbers them (families.ENCODER_FAMILIES; decoders: 0, 1, 2 ...
+        # over the real tokens), so that padding on either side gives each token the position it has alone
+        self._positions = position_convention(backbone.model, backbone.is_decoder)
+        self._padding_idx = getattr(backbone.model.config, "pad_token_id", None)
         self._accepts_cache_flag = "use_cache" in params
 
     def cache_tag(self) -> str:
-        # The weights fingerprint already covers dtype and torch's own int8 modules: the reference adds nothing.
-        return ""
+        # The weights fingerprint already covers dtype and torch's own int8 modules: the reference adds nothing,
+        # except for the families whose positions lmembed once numbered from 0 (their vectors cached then are wrong)
+        return AFTER_PADDING_TAG if self._positions == AFTER_PADDING else ""
 
     def prepare(
         self,
@@ -197,8 +211,9 @@ class TorchBackend(Backend):
             kwargs["attention_mask"] = mask_for(mode, attention_mask, self.backbone.dtype)
         else:
             kwargs["attention_mask"] = attention_mask
-        if self._accepts_positions:
-            kwargs["position_ids"] = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        positions = position_ids(self._positions, attention_mask, self._padding_idx)
+        if positions is not None:
+            kwargs["position_ids"] = positions
         if self._accepts_cache_flag and self.backbone.is_decoder:
             kwargs["use_cache"] = False
         return forward_states(

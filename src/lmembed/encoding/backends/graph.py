@@ -28,6 +28,7 @@ from torch import nn
 from lmembed.config import EmbeddingConfig
 from lmembed.models.attention import set_causal_flags
 from lmembed.models.depth import exit_depth, forward_states
+from lmembed.models.families import model_position_ids
 from lmembed.models.loading import Backbone
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
 
@@ -64,6 +65,88 @@ def readouts_of(configs: Sequence[EmbeddingConfig], num_layers: int, is_decoder:
     for cfg in configs:
         seen.setdefault(readout_of(cfg, num_layers, is_decoder), None)
     return list(seen)
+
+
+#: How a decoder family decides which layers attend through a sliding window (as its own transformers code decides):
+#: no window at all; every layer, whenever ``config.sliding_window`` is set (Mistral, Phi-3, StarCoder2: one
+#: ``create_sliding_window_causal_mask`` for the whole stack); or the layers ``config.layer_types`` names
+#: ``sliding_attention`` (Qwen2 derives them from ``use_sliding_window`` and ``max_window_layers``; Qwen3, Gemma 2
+#: and 3).
+NO_WINDOW = "none"
+WINDOW_EVERY_LAYER = "every_layer"
+WINDOW_BY_LAYER_TYPE = "layer_types"
+
+#: Decoder families whose exported graph is verified against the torch path on padded batches of texts longer than
+#: an 8-token sliding window (tests/encoding/test_onnx_families.py takes its parameters from here, so a family
+#: added here is tested), with the way each decides its sliding-window layers. Any other decoder's export is
+#: refused (:func:`export_refusal`) rather than traced into a graph nobody has compared with torch.
+EXPORT_DECODERS: dict[str, str] = {
+    "llama": NO_WINDOW,
+    "gemma": NO_WINDOW,
+    "gpt2": NO_WINDOW,
+    "gpt_neox": NO_WINDOW,
+    "gptj": NO_WINDOW,
+    "opt": NO_WINDOW,
+    "phi": NO_WINDOW,
+    "olmo": NO_WINDOW,
+    "olmo2": NO_WINDOW,
+    "stablelm": NO_WINDOW,
+    "falcon": NO_WINDOW,
+    "mistral": WINDOW_EVERY_LAYER,
+    "phi3": WINDOW_EVERY_LAYER,
+    "starcoder2": WINDOW_EVERY_LAYER,
+    "qwen2": WINDOW_BY_LAYER_TYPE,
+    "qwen3": WINDOW_BY_LAYER_TYPE,
+    "gemma2": WINDOW_BY_LAYER_TYPE,
+    "gemma3_text": WINDOW_BY_LAYER_TYPE,
+}
+#: Config switches of a verified family that its export is not verified with (refused when set): Falcon's ALiBi
+#: positions (the graph's 4-D mask would replace the ALiBi bias the model folds into its own mask).
+EXPORT_UNVERIFIED_SWITCHES: dict[str, tuple[str, ...]] = {"falcon": ("alibi",)}
+#: Families of :data:`EXPORT_DECODERS` whose int8 graph (the float32 graph quantised,
+#: :mod:`lmembed.encoding.backends.int8`) is not verified, and why; the others are checked against torch in the
+#: same test file.
+INT8_UNVERIFIED: dict[str, str] = {"gpt2": "int8 calibration cannot map its Conv1D graph's products"}
+
+
+def export_refusal(config: Any, precision: str = "float32") -> str | None:
+    """Why a decoder with ``config`` cannot be exported at ``precision`` (None when its family, settings and
+    precision are verified)."""
+    model_type = getattr(config, "model_type", None)
+    verified = ", ".join(sorted(EXPORT_DECODERS))
+    if model_type not in EXPORT_DECODERS:
+        return f"model_type={model_type!r} has no verified ONNX export (verified decoder families: {verified})"
+    if precision == "int8" and model_type in INT8_UNVERIFIED:
+        int8 = ", ".join(sorted(set(EXPORT_DECODERS) - set(INT8_UNVERIFIED)))
+        return (
+            f"model_type={model_type!r} has no verified int8 graph ({INT8_UNVERIFIED[model_type]}); float32 is "
+            f"verified, and int8 for: {int8}"
+        )
+    switches = [name for name in EXPORT_UNVERIFIED_SWITCHES.get(model_type, ()) if getattr(config, name, False)]
+    if switches:
+        return (
+            f"model_type={model_type!r} with {', '.join(f'{n}={getattr(config, n)!r}' for n in switches)} has no "
+            f"verified ONNX export (verified decoder families, with their default settings: {verified})"
+        )
+    return None
+
+
+def sliding_windows(config: Any) -> tuple[int | None, int | None]:
+    """``(every_layer, by_layer_type)``: the window every layer's causal mask has, and the one the layers typed
+    ``sliding_attention`` have (None: no window), decided as :data:`EXPORT_DECODERS` says for the family. A family
+    outside it (only reached when a graph is built directly) follows its ``layer_types`` when it has them, else
+    ``sliding_window``."""
+    window = getattr(config, "sliding_window", None)
+    window = window if isinstance(window, int) and not isinstance(window, bool) else None
+    layer_types = getattr(config, "layer_types", None) or ()
+    rule = EXPORT_DECODERS.get(getattr(config, "model_type", None))
+    if rule is None:
+        rule = WINDOW_BY_LAYER_TYPE if layer_types else WINDOW_EVERY_LAYER
+    if rule == WINDOW_EVERY_LAYER:
+        return window, None
+    if rule == WINDOW_BY_LAYER_TYPE and "sliding_attention" in layer_types:
+        return None, window
+    return None, None
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -105,17 +188,18 @@ class StateGraph(nn.Module):
         self.num_layers = backbone.num_layers
         # the graph holds only the blocks its deepest readout needs (early exit: lmembed.models.depth)
         self.depth = exit_depth((x for r in self.readouts for x in r.layers), backbone.num_layers)
-        config = backbone.model.config
-        layer_types = getattr(config, "layer_types", None) or ()
-        window = getattr(config, "sliding_window", None)
-        # Causal Gemma 3 / Qwen2-style models mix full and sliding-window layers: each kind gets its own mask
-        # (the torch path lets transformers build both); a bidirectional mask is one padding-only mask for all.
-        self.sliding_window = window if "sliding_attention" in layer_types and isinstance(window, int) else None
+        # Mistral-style models window every layer; Gemma 3 / Qwen2-style ones mix full and sliding-window layers,
+        # each kind with its own mask (the torch path lets transformers build them); a bidirectional mask is one
+        # padding-only mask for all.
+        self.window, self.sliding_window = sliding_windows(backbone.model.config)
+        # a new module starts in training mode, and torch.onnx.export restores the mode it found: without this, an
+        # export would leave the shared model training (dropout on) for the torch path that runs it next
+        self.train(backbone.model.training)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         kwargs: dict[str, Any] = {"input_ids": input_ids}
         if self.is_decoder:
-            mask = four_d_mask(self.mode, attention_mask, self.dtype)
+            mask = four_d_mask(self.mode, attention_mask, self.dtype, self.window)
             if self.mode == "causal" and self.sliding_window is not None:
                 sliding = four_d_mask(self.mode, attention_mask, self.dtype, self.sliding_window)
                 kwargs["attention_mask"] = {"full_attention": mask, "sliding_attention": sliding}
@@ -125,6 +209,9 @@ class StateGraph(nn.Module):
             kwargs["use_cache"] = False
         else:
             kwargs["attention_mask"] = attention_mask
+            positions = model_position_ids(self.model, False, attention_mask)  # the family's own numbering
+            if positions is not None:
+                kwargs["position_ids"] = positions
         hidden_states, raw_last = forward_states(
             self.model,
             kwargs,
@@ -187,7 +274,8 @@ def export_onnx(graph: StateGraph, path: Path) -> Path:
         "attention_mask": {0: "batch", 1: "tokens"},
     }
     axes.update({name: {0: "batch", 1: "tokens"} for name in names})
-    implementation = "sdpa" if graph.is_decoder else "eager"
+    # decoders trace SDPA where the family has it (Gemma 2 has not: eager, with its logit soft-capping)
+    implementation = "sdpa" if graph.is_decoder and getattr(model, "_supports_sdpa", False) else "eager"
     with (
         attention_implementation(model, implementation),
         _causal_flags_off(model, graph.is_decoder),

@@ -32,6 +32,7 @@ from lmembed.encoding.backends.graph import (
     Readout,
     StateGraph,
     export_onnx,
+    export_refusal,
     fuse_onnx,
     readout_of,
     readouts_of,
@@ -47,7 +48,8 @@ from lmembed.models.loading import Backbone
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the exported graph changes for the same inputs (keeps old cached exports from being reused).
-GRAPH_FORMAT = 1
+#: 2: Mistral, Phi-3 and StarCoder2 graphs apply their sliding window.
+GRAPH_FORMAT = 2
 #: Share of the calibration texts held out for the quality gate.
 HELD_OUT_EVERY = 4
 INSTALL_HINT = "pip install 'lmembed[onnx]'"
@@ -65,6 +67,20 @@ def require_onnxruntime() -> None:
         raise BackendError(
             f"backend='onnx' needs onnxruntime and onnx ({exc.name} is missing): {INSTALL_HINT}"
         ) from None
+
+
+def check_exportable(backbone: Backbone, precision: str) -> None:
+    """Refuse, before anything is traced, a decoder whose export is not verified (:data:`graph.EXPORT_DECODERS`);
+    encoder families are checked by :func:`lmembed.models.families.check_verified`."""
+    if not backbone.is_decoder:
+        return
+    reason = export_refusal(backbone.model.config, precision)
+    if reason is None:
+        return
+    where = f"{Path(backbone.path) / 'config.json'}: " if backbone.path else ""
+    raise BackendError(
+        f"{where}backend='onnx' (precision={precision!r}) cannot run this model: {reason}; backend='torch' runs it"
+    )
 
 
 def text_fingerprint(texts: Sequence[str]) -> str:
@@ -104,6 +120,7 @@ class OnnxBackend(Backend):
                 "backend='onnx' exports a float32 CPU model: load it with device='cpu', dtype='float32' "
                 f"(got {backbone.device.type}, {backbone.dtype})"
             )
+        check_exportable(backbone, precision)
         self.precision = precision
         self.threads = threads or torch.get_num_threads()
         self.export_root = export_root
@@ -209,7 +226,7 @@ class OnnxBackend(Backend):
         bb = self.backbone
         return {
             "format": GRAPH_FORMAT,
-            "weights": bb.fingerprint(),
+            "weights": bb.fingerprint(),  # weights, model config and tokenizer (Backbone.fingerprint)
             "decoder": bb.is_decoder,
             "mode": mode if bb.is_decoder else "bidirectional",
             "readouts": [r.label() for r in readouts],

@@ -2,9 +2,10 @@
 
 ``<LMEMBED_HOME>/exports/<key>/`` holds ``model.onnx`` (plus a weights side file for very large models) and
 ``manifest.json`` (what the key was made of, and for int8 graphs the quality-gate report). The key hashes the
-weights fingerprint, the graph's readouts and attention mode, the precision (and, for int8, the calibration
-texts), and the versions of the exporter and runtime: a new torch or ONNX Runtime builds a new graph rather
-than reusing one it did not make.
+backbone's fingerprint (its weights, model config and tokenizer: :meth:`lmembed.models.loading.Backbone.fingerprint`,
+so the same weights under an edited ``config.json`` get their own graph), the graph's readouts and attention mode,
+the precision (and, for int8, the calibration texts), and the versions of the exporter and runtime: a new torch
+or ONNX Runtime builds a new graph rather than reusing one it did not make.
 
 A folder is built under a temporary name beside its final place and renamed into place in one step, so a
 process killed mid-export leaves no half-written graph that a later run would load; two processes exporting

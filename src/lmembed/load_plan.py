@@ -1,0 +1,337 @@
+"""Where a model comes from and what its own files decide: the ordered source readers of ``Embedder.from_pretrained``.
+
+Each reader looks at a name or folder and, when it recognises it, returns one :class:`LoadPlan`: the backbone
+loader and what it reads, the strategy fields the source decides (and which file or preset decided each), and how
+to build the head once the backbone is loaded. The readers are tried in order, the first that recognises the
+source wins:
+
+1. a saved lmembed folder (``lmembed.json``: the strategy it was saved with, its head);
+2. a published family's preset (:mod:`lmembed.models.presets`: e5-mistral, NV-Embed, LLM2Vec adapter stacks ...);
+3. a sentence-transformers folder (``modules.json``: pooling, prompts, Dense/Normalize head ...; bundled ``minilm``);
+4. a plain transformers checkpoint (a folder or a Hub id; a Hub repository in sentence-transformers' layout is read
+   as 3 once its files are fetched).
+
+``Embedder.from_pretrained`` runs the plan, lays the caller's options over the source's, and records the result as
+the Embedder's :class:`~lmembed.load_spec.LoadSpec`: how to load the same model again anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+from torch import nn
+
+from lmembed.config import EmbeddingConfig
+from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.models import presets
+from lmembed.models.adapters import load_adapter_stack
+from lmembed.models.bundled import BUNDLED, resolve_bundled
+from lmembed.models.loading import Backbone, find_model_dir, load_backbone
+from lmembed.models.nvembed import NVEmbedCheckpoint, load_nvembed
+from lmembed.models.sentence_transformers_folder import (
+    PublishedModel,
+    download_published_folder,
+    is_sentence_transformers_folder,
+    load_weights,
+    read_published_folder,
+)
+from lmembed.models.weights import check_head_shapes
+from lmembed.paths import inside
+from lmembed.pooling.head import PostPoolingHead
+from lmembed.pooling.latent_attention import build_latent_head
+
+log = logging.getLogger(__name__)
+
+STRATEGY_FILE = "lmembed.json"  # a saved Embedder's strategy (Embedder.save writes it)
+HEAD_FILE = "pooling_head.safetensors"  # a saved Embedder's trained latent-attention head
+
+
+@dataclass
+class LoadPlan:
+    """What one source reader decided (see the module doc): the backbone loader and the path it reads, the strategy
+    fields the source's own files or preset decide, and who decided each (``sources``: field → file or preset)."""
+
+    reader: str  # "saved", "preset", "sentence-transformers" or "transformers"
+    path: str
+    loader: Callable[..., Backbone] = load_backbone
+    options: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    exact_tokenizer: bool = False  # a saved folder's tokenizer is read exactly as saved
+    name: str | None = None  # the name the backbone is known by (a bundled name read from its folder)
+    saved: dict[str, Any] | None = None  # a saved folder's lmembed.json
+    published: presets.Resolution | None = None  # a published family's preset
+    folder: PublishedModel | None = None  # a sentence-transformers folder's conventions
+    nvembed: _NVEmbedLoad | None = None
+    checkpoint_sources: dict[str, str] | None = None  # what an NV-Embed checkpoint's own files decided
+    where: str = ""  # the name or folder read (a run folder's model folder): the Embedder's source
+
+    def load_backbone(self, **kwargs: Any) -> Backbone:
+        """Load the backbone (``kwargs``: dtype, device, attention kernel, torch int8) and finish what the source
+        decides once it is loaded: a saved folder's kind is checked, an NV-Embed checkpoint's strategy read, and a
+        Hub id in sentence-transformers' layout read as such."""
+        backbone = self.loader(self.path, exact_tokenizer=self.exact_tokenizer, **kwargs)
+        if self.name is not None:
+            backbone.name = self.name
+        if self.saved is not None:
+            _check_saved_kind(self.path, self.saved, backbone)
+        if self.nvembed is not None:
+            self.options.update(self.nvembed.checkpoint.strategy)
+            self.checkpoint_sources = dict(self.nvembed.checkpoint.sources)
+            self.sources.update(self.checkpoint_sources)
+        if self.reader == "transformers" and not Path(backbone.path).exists():
+            folder = _read_hub_published(backbone.path)
+            if folder is not None:
+                self._read_folder(folder, "sentence-transformers")
+        return backbone
+
+    def _read_folder(self, folder: PublishedModel, reader: str) -> None:
+        presets.add_registry_prompts(folder, self.where)  # no prompts in the folder: mteb's record of them
+        self.reader, self.folder = reader, folder
+        self.options = dict(folder.options)
+        self.sources = {k: str(folder.sources.get(k, folder.root)) for k in folder.options}
+
+    def warn_overrides(self, given: dict[str, Any]) -> None:
+        """One warning per option the caller gives that differs from the source's own (the caller wins)."""
+        if self.published is not None:
+            presets.warn_overrides(self.published, given)
+        if self.folder is not None:
+            _warn_overrides(self.folder, given)
+
+    def head(self, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+        """The source's pooling or post-pooling head for the final ``strategy``, with its weights (None: none);
+        a sentence-transformers folder also sets its tokenizer's truncation side here."""
+        if self.saved is not None:
+            return _load_head(self.path, backbone, strategy)
+        if self.folder is not None:
+            head = _published_head(self.folder, backbone, strategy)
+            _adapt_tokenizer(backbone, self.folder)
+            return head
+        if self.nvembed is not None:
+            return self.nvembed.head(backbone, strategy)
+        return None
+
+
+def read_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
+    """1. A folder an Embedder was saved to (``lmembed.json``)."""
+    saved = _read_saved(name_or_path)
+    if saved is None:
+        return None
+    options = dict(saved["strategy"])
+    file = str(Path(name_or_path) / STRATEGY_FILE)
+    return LoadPlan(
+        "saved",
+        name_or_path,
+        options=options,
+        sources=dict.fromkeys(options, file),
+        exact_tokenizer=True,
+        saved=saved,
+        where=name_or_path,
+    )
+
+
+def read_preset(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
+    """2. A published family lmembed has a preset for (a Hub id, or a folder whose files name one)."""
+    published = presets.resolve(name_or_path)
+    if published is None:
+        return None
+    published.preset.check_reproducible(name_or_path)
+    options = dict(published.preset.strategy)
+    plan = LoadPlan(
+        "preset",
+        name_or_path,
+        options=options,
+        sources=dict.fromkeys(options, f"preset {published.preset.family}"),
+        published=published,
+        where=name_or_path,
+    )
+    if published.preset.loader == "llm2vec":
+        plan.loader = partial(_load_llm2vec, quantize=torch_int8)
+    if published.preset.loader == "nvembed":  # the decoder and head of one NVEmbedModel file set
+        plan.loader = plan.nvembed = _NVEmbedLoad()
+    return plan
+
+
+def read_sentence_transformers(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
+    """3. A local (or bundled) sentence-transformers folder, where no preset describes the family."""
+    folder = _read_local_published(name_or_path)
+    if folder is None:
+        return None
+    plan = LoadPlan("sentence-transformers", str(folder.model_dir), where=name_or_path)
+    plan._read_folder(folder, "sentence-transformers")
+    if name_or_path in BUNDLED:
+        plan.name = name_or_path  # read from its sentence-transformers folder, still known by its bundled name
+    return plan
+
+
+def read_transformers(name_or_path: str, torch_int8: bool) -> LoadPlan:
+    """4. Any transformers checkpoint: a folder or a Hub id (read as 3 once loaded, if its repository is a
+    sentence-transformers model)."""
+    return LoadPlan("transformers", name_or_path, where=name_or_path)
+
+
+#: the readers, in the order they are tried (the last one always answers)
+READERS: tuple[Callable[[str, bool], LoadPlan | None], ...] = (
+    read_saved,
+    read_preset,
+    read_sentence_transformers,
+    read_transformers,
+)
+
+
+def plan_load(name_or_path: str, *, torch_int8: bool = False) -> LoadPlan:
+    """The plan of the first reader that recognises ``name_or_path`` (a run folder is read as the model in it)."""
+    adapters = name_or_path not in BUNDLED and presets.is_adapter_stack(name_or_path)  # LLM2Vec: no config.json
+    if name_or_path not in BUNDLED and Path(name_or_path).expanduser().exists() and not adapters:
+        name_or_path = str(find_model_dir(Path(name_or_path).expanduser()))  # a run folder → its model
+    for reader in READERS:
+        plan = reader(name_or_path, torch_int8)
+        if plan is not None:
+            return plan
+    raise AssertionError("read_transformers answers every name")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------- what the readers use
+
+
+def _read_local_published(name_or_path: str) -> PublishedModel | None:
+    """The conventions of a local (or bundled) sentence-transformers folder, if ``name_or_path`` is one."""
+    folder = Path(resolve_bundled(name_or_path)) if name_or_path in BUNDLED else Path(name_or_path).expanduser()
+    return read_published_folder(folder) if is_sentence_transformers_folder(folder) else None
+
+
+def _read_hub_published(repo_id: str) -> PublishedModel | None:
+    """The conventions of Hub model ``repo_id`` when it is a sentence-transformers model."""
+    folder = download_published_folder(repo_id)
+    if folder is None:
+        return None
+    published = read_published_folder(folder)
+    if published.model_dir != folder:
+        raise ModelLoadError(
+            f"{repo_id}: the Transformer module lives in {published.model_dir.name}/; download the repository and "
+            "load the folder instead"
+        )
+    return published
+
+
+def _warn_overrides(published: PublishedModel, given: dict[str, Any]) -> None:
+    """One warning per option the caller gives that differs from the model's own convention (the caller wins)."""
+    for option, value in given.items():
+        own = published.options.get(option)
+        if option in published.options and own != value:
+            log.warning(
+                "%s=%r (given) overrides the model's own %s=%r (from %s)",
+                option,
+                value,
+                option,
+                own,
+                published.sources.get(option, published.root),
+            )
+
+
+def _published_head(published: PublishedModel, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+    """The post-pooling head of a published model, with its weights (None when it has none)."""
+    specs = strategy.get("head") or ()
+    if not specs:
+        return None
+    head = PostPoolingHead(specs)
+    for i, (spec, state) in enumerate(zip(specs, published.head_weights, strict=True)):
+        if spec["type"] != "normalize":
+            head.load_layer_state(i, state, str(published.root / spec["path"]))
+    return head.to(device=backbone.device, dtype=backbone.dtype).eval()
+
+
+def _adapt_tokenizer(backbone: Backbone, published: PublishedModel) -> None:
+    """Tokenizer settings a published model decides beyond the strategy: the truncation side."""
+    side = published.tokenizer_settings.get("truncation_side")
+    if side is not None:
+        backbone.tokenizer.truncation_side = side
+
+
+def _read_saved(name_or_path: str) -> dict[str, Any] | None:
+    path = Path(name_or_path) / STRATEGY_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+
+
+def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone) -> None:
+    """The saved ``is_decoder`` must match what the loaded model is; otherwise the saved strategy was
+    recorded for a different kind of model (older lmembed versions took GPT-NeoX, Falcon, StableLM,
+    OLMo ... for encoders) and its vectors cannot be reproduced."""
+    recorded = saved.get("is_decoder")
+    if not isinstance(recorded, bool) or recorded == backbone.is_decoder:
+        return
+    raise ModelLoadError(
+        f"{Path(directory) / STRATEGY_FILE} records {_kind(recorded)}, but the saved model "
+        f"(model_type={backbone.model_type!r}) is {_kind(backbone.is_decoder)}; the strategy was saved for "
+        "a misclassified model and its vectors cannot be reproduced: wrap the base model again and save it anew"
+    )
+
+
+def _kind(is_decoder: bool) -> str:
+    return "a decoder (causal attention)" if is_decoder else "an encoder (bidirectional attention)"
+
+
+def _load_llm2vec(name_or_path: str, *, quantize: bool, **kwargs: Any) -> Backbone:
+    """An LLM2Vec checkpoint: base model + MNTP adapter + supervised adapter (:mod:`lmembed.models.adapters`)."""
+    if quantize:
+        raise ConfigError("torch int8 is not available for an adapter stack (LLM2Vec); use backend='onnx'")
+    keep = {k: kwargs[k] for k in ("dtype", "device", "attn_implementation")}
+    return load_adapter_stack(name_or_path, **keep)
+
+
+class _NVEmbedLoad:
+    """Loads an NV-Embed checkpoint as a backbone (:func:`load_nvembed`), keeping its head's tensors for
+    :meth:`head`."""
+
+    checkpoint: NVEmbedCheckpoint
+
+    def __call__(self, name_or_path: str, *, exact_tokenizer: bool, **kwargs: Any) -> Backbone:
+        self.checkpoint = load_nvembed(name_or_path, **kwargs)
+        return self.checkpoint.backbone
+
+    def head(self, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+        cfg = EmbeddingConfig.from_dict(strategy)
+        if cfg.pooling != "latent_attention":
+            return None
+        head = build_latent_head(backbone.hidden_size, cfg.latent)
+        try:
+            head.load_state_dict(self.checkpoint.head_state)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"{backbone.path}: latent_attention_model.* does not fit its config: {exc}") from exc
+        return head.to(device=backbone.device, dtype=backbone.dtype).eval()
+
+
+def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+    if strategy.get("head"):  # a published model's post-pooling head, saved in sentence-transformers' layout
+        for i, spec in enumerate(strategy["head"]):  # sizes against the weights, before any layer is built
+            if spec["type"] != "normalize":
+                layer = inside(
+                    directory, spec["path"], file=Path(directory) / STRATEGY_FILE, field=f"strategy.head[{i}].path"
+                )
+                check_head_shapes(spec, layer, Path(directory) / STRATEGY_FILE)
+        head = PostPoolingHead(strategy["head"])
+        for i, spec in enumerate(head.specs):
+            if spec["type"] != "normalize":  # a head layer's folder must lie inside the model folder
+                layer = inside(
+                    directory, spec["path"], file=Path(directory) / STRATEGY_FILE, field=f"strategy.head[{i}].path"
+                )
+                head.load_layer_state(i, load_weights(layer), str(layer))
+        return head.to(device=backbone.device, dtype=backbone.dtype).eval()
+    path = Path(directory) / HEAD_FILE
+    if not path.exists():
+        return None
+    cfg = EmbeddingConfig.from_dict(strategy)
+    head = build_latent_head(backbone.hidden_size, cfg.latent)
+    head.load_state_dict(load_file(str(path)))
+    return head.to(device=backbone.device, dtype=backbone.dtype).eval()

@@ -1,0 +1,310 @@
+"""Model folders from elsewhere with unsafe formats or hostile values are refused in one line naming the file and
+the field, before anything is allocated: a pickled weight file (main model, Dense head, CrossEncoder, peft
+adapter), an activation outside the closed list, and sizes that are negative, absurd or not what the weights hold.
+
+Each pickled file here would, if unpickled, create a marker file: the tests check it never appears.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from helpers import save_tiny_cross_encoder
+from lmembed import Embedder
+from lmembed.cli import app
+from lmembed.errors import LmembedError, ModelLoadError
+from lmembed.models.weights import ConfigSizeError, UnsafeWeightsError
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class Payload:
+    """Unpickling this runs ``exec``, which creates ``marker``: what a hostile pickle would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').close()",))
+
+
+def plant_pickle(path: Path, marker: Path) -> None:
+    """Replace the safetensors weights beside ``path`` with a pickle that holds a payload next to a tensor."""
+    for old in path.parent.glob("*.safetensors"):
+        old.unlink()
+    torch.save({"weight": torch.zeros(2), "payload": Payload(marker)}, path)
+
+
+def edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory) -> Path:
+    """A tiny BERT with its tokenizer (safetensors weights)."""
+    from transformers import BertModel
+
+    from conftest import build_tokenizer, tiny_bert_config
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("bert") / "model"
+    tok = build_tokenizer()
+    config = tiny_bert_config(len(tok), max_position_embeddings=64)
+    BertModel(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def model(bert_dir, tmp_path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(bert_dir, folder)
+    return folder
+
+
+def add_dense_head(folder: Path, in_features: int = 32, out_features: int = 12) -> Path:
+    """Make ``folder`` a sentence-transformers folder: Transformer (the folder itself) → mean Pooling → Dense."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode": "mean"})
+    )
+    dense = folder / "2_Dense"
+    dense.mkdir()
+    config = {
+        "in_features": in_features,
+        "out_features": out_features,
+        "bias": True,
+        "activation_function": "torch.nn.modules.activation.Tanh",
+    }
+    (dense / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(1)
+    save_file({"linear.weight": torch.randn(12, 32), "linear.bias": torch.randn(12)}, str(dense / "model.safetensors"))
+    return dense
+
+
+def encode(folder: Path, tmp_path: Path):
+    (tmp_path / "texts.txt").write_text("the cat\na dog\n")
+    args = ["encode", str(tmp_path / "texts.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(folder), "--no-cache"]
+    return CliRunner().invoke(app, args)
+
+
+def assert_refused(result, *parts: str) -> None:
+    assert result.exit_code == 2, result.output
+    for part in parts:
+        assert part in result.output, result.output
+    assert "weights_only" not in result.output  # never the advice to switch the protection off
+    assert "Traceback" not in result.output
+
+
+def refuse_to_build(monkeypatch, backbone: bool = True) -> None:
+    """Fail the test if a model (unless ``backbone`` is False) or a head layer is built: the refusal must come before
+    any allocation."""
+    import transformers
+
+    from lmembed.pooling import head
+
+    def built(*args, **kwargs):
+        raise AssertionError("a model or layer was built before the refusal")
+
+    for name in ("AutoModel", "AutoModelForSequenceClassification") if backbone else ():
+        monkeypatch.setattr(getattr(transformers, name), "from_pretrained", built)
+    monkeypatch.setattr(head.DenseLayer, "__init__", built)
+
+
+# ---------------------------------------------------------------------------------------------- pickled weights
+def test_a_pickled_main_model_is_refused_as_not_loadable_safely(model, tmp_path):
+    marker = tmp_path / "ran"
+    plant_pickle(model / "pytorch_model.bin", marker)
+    result = encode(model, tmp_path)
+    assert_refused(
+        result, f"{model / 'pytorch_model.bin'}: this pickled file is not loadable safely", "asks to run exec"
+    )
+    assert not marker.exists()
+
+
+def test_a_bin_of_plain_tensors_still_loads(model, tmp_path):
+    from safetensors.torch import load_file
+
+    state = load_file(str(model / "model.safetensors"))
+    (model / "model.safetensors").unlink()
+    torch.save(state, model / "pytorch_model.bin")
+    emb = Embedder.from_pretrained(str(model), cache=False, show_progress=False)
+    assert emb.encode(["the cat"]).shape == (1, 32)
+
+
+def test_a_pickled_dense_head_is_refused(model, tmp_path):
+    dense = add_dense_head(model)
+    marker = tmp_path / "ran"
+    plant_pickle(dense / "pytorch_model.bin", marker)
+    assert_refused(encode(model, tmp_path), f"{dense / 'pytorch_model.bin'}: this pickled file is not loadable safely")
+    assert not marker.exists()
+
+
+def test_a_pickled_cross_encoder_is_refused(tmp_path):
+    from lmembed.rerank import load_reranker
+
+    folder = save_tiny_cross_encoder(tmp_path / "ce")
+    marker = tmp_path / "ran"
+    plant_pickle(folder / "pytorch_model.bin", marker)
+    with pytest.raises(UnsafeWeightsError, match=r"ce/pytorch_model\.bin: this pickled file is not loadable safely"):
+        load_reranker(str(folder))
+    assert not marker.exists()
+
+
+@pytest.fixture
+def adapter(tmp_path) -> Path:
+    """A LoRA adapter folder (rank 4) whose base, a tiny llama, lies inside it."""
+    from peft import LoraConfig, get_peft_model
+
+    from conftest import build_tokenizer, tiny_model
+
+    folder = tmp_path / "adapter"
+    tok = build_tokenizer()
+    base = tiny_model("llama", len(tok))
+    base.save_pretrained(folder / "base")
+    tok.save_pretrained(folder / "base")
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).save_pretrained(folder)
+    edit_json(folder / "adapter_config.json", base_model_name_or_path="base")
+    return folder
+
+
+def test_an_adapter_loads_and_a_pickled_one_is_refused(adapter, tmp_path):
+    from lmembed.models.adapters import load_adapter_stack
+
+    assert load_adapter_stack(str(adapter)).hidden_size == 32  # the folder as peft saved it loads
+    marker = tmp_path / "ran"
+    plant_pickle(adapter / "adapter_model.bin", marker)
+    with pytest.raises(UnsafeWeightsError, match=r"adapter_model\.bin: this pickled file is not loadable safely"):
+        load_adapter_stack(str(adapter))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("rank", "message"), [(10**9, r"r=1000000000: .* beyond"), (8, r"r=8 does not match")])
+def test_an_adapter_rank_is_checked_against_its_weights(adapter, rank, message):
+    from lmembed.models.adapters import load_adapter_stack
+
+    edit_json(adapter / "adapter_config.json", r=rank)
+    with pytest.raises(ConfigSizeError, match=r"adapter_config\.json: " + message):
+        load_adapter_stack(str(adapter))
+
+
+# ---------------------------------------------------------------------------------------------- activations
+@pytest.mark.parametrize("activation", ["torch.seed", "torch.nn.modules.activation.Threshold", "torch.manual_seed"])
+def test_a_cross_encoder_activation_outside_the_list_is_refused(tmp_path, activation):
+    from lmembed.rerank import load_reranker
+
+    folder = save_tiny_cross_encoder(tmp_path / "ce")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"activation_fn": activation}))
+    seed = torch.initial_seed()
+    with pytest.raises(ModelLoadError, match=rf"config_sentence_transformers\.json: activation_fn='{activation}'"):
+        load_reranker(str(folder))
+    assert torch.initial_seed() == seed  # nothing the file names was called
+
+
+def test_a_listed_activation_is_built(tmp_path):
+    from lmembed.rerank import load_reranker
+
+    folder = save_tiny_cross_encoder(tmp_path / "ce")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"activation_fn": "torch.nn.Tanh"}))
+    assert isinstance(load_reranker(str(folder)).activation, torch.nn.Tanh)
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+SIZE_CASES = {
+    "hidden size mismatch": ({"hidden_size": 64}, "hidden_size=64 does not match the weights"),
+    "vocabulary mismatch": ({"vocab_size": 500}, "vocab_size=500 does not match the weights"),
+    "more layers than the weights": ({"num_hidden_layers": 3}, "num_hidden_layers=3 does not match the weights"),
+    "negative size": ({"intermediate_size": -16}, "intermediate_size=-16: -16 is not positive"),
+    "zero heads": ({"num_attention_heads": 0}, "num_attention_heads=0: 0 is not positive"),
+    "absurd vocabulary": ({"vocab_size": 10**10}, "vocab_size=10000000000: 10000000000 is beyond any real model"),
+    "float size": ({"hidden_size": 1e10}, "hidden_size=10000000000.0: 1e+10 is a float"),
+    "width beyond the files": (
+        {"vocab_size": 100_000, "hidden_size": 4096},
+        "vocab_size=100000 × hidden_size=4096 makes one tensor of 409,600,000 numbers, more than the weight files",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SIZE_CASES)
+def test_config_sizes_are_checked_before_allocation(case, model, tmp_path, monkeypatch):
+    changes, message = SIZE_CASES[case]
+    edit_json(model / "config.json", **changes)
+    refuse_to_build(monkeypatch)
+    result = encode(model, tmp_path)
+    assert_refused(result, f"{model / 'config.json'}: {message}")
+
+
+DENSE_CASES = {
+    "in_features mismatch": ({"in_features": 48}, "in_features=48 does not match the weights"),
+    "out_features mismatch": ({"out_features": 16}, "out_features=16 does not match the weights"),
+    "negative out_features": ({"out_features": -16}, "out_features=-16: -16 is not positive"),
+    "absurd out_features": ({"out_features": 10**10}, "out_features=10000000000: 10000000000 is beyond"),
+}
+
+
+@pytest.mark.parametrize("case", DENSE_CASES)
+def test_dense_sizes_are_checked_before_the_layer_is_built(case, model, tmp_path, monkeypatch):
+    changes, message = DENSE_CASES[case]
+    dense = add_dense_head(model)
+    edit_json(dense / "config.json", **changes)
+    refuse_to_build(monkeypatch)
+    assert_refused(encode(model, tmp_path), f"{dense / 'config.json'}: {message}")
+
+
+def test_the_dense_folder_as_written_loads(model, tmp_path):
+    add_dense_head(model)
+    result = encode(model, tmp_path)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_labels": 0, "id2label": {}}, "num_labels=0: 0 is not positive"),
+        ({"num_labels": -3}, "num_labels=-3: -3 is not positive"),
+        ({"hidden_size": 64}, "hidden_size=64 does not match the weights"),
+    ],
+)
+def test_cross_encoder_sizes_are_checked(tmp_path, changes, message, monkeypatch):
+    from lmembed.rerank import load_reranker
+
+    folder = save_tiny_cross_encoder(tmp_path / "ce")
+    edit_json(folder / "config.json", **changes)
+    refuse_to_build(monkeypatch)
+    with pytest.raises(ConfigSizeError, match=rf"ce/config\.json: {message}"):
+        load_reranker(str(folder))
+
+
+def test_a_num_labels_option_out_of_bounds_is_refused(tmp_path):
+    from lmembed.rerank import load_reranker
+
+    folder = save_tiny_cross_encoder(tmp_path / "ce")
+    with pytest.raises(LmembedError, match="the num_labels option: num_labels=0"):
+        load_reranker(str(folder), num_labels=0)
+
+
+def test_a_saved_embedders_head_sizes_are_checked_against_its_weights(model, tmp_path, monkeypatch):
+    add_dense_head(model)
+    saved = Embedder.from_pretrained(str(model), cache=False, show_progress=False).save(tmp_path / "saved")
+    strategy_file = saved / "lmembed.json"
+    meta = json.loads(strategy_file.read_text())
+    meta["strategy"]["head"][0]["out_features"] = 10**6
+    strategy_file.write_text(json.dumps(meta))
+    refuse_to_build(monkeypatch, backbone=False)  # the backbone loads first; the head must not be built
+    with pytest.raises(ConfigSizeError, match=r"lmembed\.json: out_features=1000000 does not match the weights"):
+        Embedder.from_pretrained(str(saved), cache=False, show_progress=False)

@@ -1,0 +1,145 @@
+"""Checkpoints hold no pickle: optimizer, scheduler and RNG state are safetensors + JSON, read back exactly, and a
+checkpoint folder someone else planted (the old pickled format, or a malformed state) is refused on ``--resume``
+naming the file, without running anything in it."""
+
+from __future__ import annotations
+
+import json
+import random
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save as safetensors_bytes
+from typer.testing import CliRunner
+
+from conftest import build_tokenizer, tiny_model
+from helpers import write_jsonl
+from lmembed import Embedder, EmbeddingConfig
+from lmembed.cli import app
+from lmembed.training import checkpoint as ckpt
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class Payload:
+    """Unpickling this runs ``exec``, which creates ``marker``."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').close()",))
+
+
+def test_optimizer_scheduler_and_rng_states_round_trip_without_pickle(tmp_path):
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5))]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, betas=(0.8, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+        scheduler.step()
+    for name, state in (("optimizer", optimizer.state_dict()), ("scheduler", scheduler.state_dict())):
+        path = tmp_path / f"{name}.safetensors"
+        ckpt.write_state(path, state)
+        assert not zipfile.is_zipfile(path)  # not torch.save's pickle archive
+        back = ckpt.read_state(path)
+        assert back.keys() == state.keys()
+        assert json.dumps(back, default=repr, sort_keys=True) == json.dumps(state, default=repr, sort_keys=True)
+    back = ckpt.read_state(tmp_path / "optimizer.safetensors")
+    assert back["param_groups"][0]["betas"] == (0.8, 0.95)  # tuples stay tuples
+    assert list(back["state"]) == [0, 1]  # integer keys stay integers
+    torch.testing.assert_close(back["state"][1]["exp_avg_sq"], optimizer.state_dict()["state"][1]["exp_avg_sq"])
+
+    state = ckpt.capture_rng()
+    ckpt.write_state(tmp_path / "rng.safetensors", state)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    ckpt.restore_rng(ckpt.check_rng(ckpt.read_state(tmp_path / "rng.safetensors"), tmp_path))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A saved tiny model, training rows, and the command line of a 2-step run that checkpoints every step."""
+    tok = build_tokenizer()
+    model_dir = tmp_path / "model"
+    Embedder.from_model(
+        tiny_model("llama", len(tok)), tok, EmbeddingConfig(pooling="mean"), use_cache=False, show_progress=False
+    ).save(model_dir)
+    rows = [{"query": "the cat sat", "positive": "a cat on a mat"}, {"query": "a dog", "positive": "the dog sat"}] * 2
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    output = tmp_path / "run"
+    return command(model_dir, data, output), output
+
+
+def command(model_dir, data, output) -> list[str]:
+    args = ["train", "-m", str(model_dir), "--data", str(data), "-o", str(output), "--batch-size", "2"]
+    return [*args, "--save-every", "1", "--lr", "1e-3", "--warmup-steps", "1", "--lora-dropout", "0.1"]
+
+
+def train(args: list[str], steps: int, *extra: str):
+    return CliRunner().invoke(app, [*args, "--steps", str(steps), *extra])
+
+
+def test_resume_refuses_an_old_pickled_checkpoint_without_running_it(run, tmp_path):
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    assert sorted(p.name for p in step.iterdir()) == [
+        "optimizer.safetensors",
+        "rng-rank0.safetensors",
+        "scheduler.safetensors",
+        "state.json",
+        "trainable.safetensors",
+    ]
+    marker = tmp_path / "ran"
+    (step / "optimizer.safetensors").unlink()
+    torch.save({"state": {}, "param_groups": [], "payload": Payload(marker)}, step / "optimizer.pt")
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    assert f"{step / 'optimizer.pt'}: this checkpoint was written by an older lmembed as pickles" in result.output
+    assert "weights_only" not in result.output and "Traceback" not in result.output
+    assert not marker.exists()
+
+
+def test_resume_refuses_a_malformed_state_naming_the_file(run):
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    forged = {"format": 1, "state": {"object": "os.system"}}
+    (step / "scheduler.safetensors").write_bytes(safetensors_bytes({}, metadata={ckpt.STATE_KEY: json.dumps(forged)}))
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    assert f"{step / 'scheduler.safetensors'}: the state holds a value lmembed does not store" in result.output
+
+
+@pytest.mark.parametrize(
+    ("rng", "message"),
+    [
+        ({"python": (3, (1, 2), None), "numpy": None, "torch": None}, "'python' is not a Mersenne Twister state"),
+        ("not a dict", "expected the python, numpy and torch generators"),
+    ],
+)
+def test_a_malformed_rng_state_is_refused(tmp_path, rng, message):
+    path = tmp_path / "rng-rank0.safetensors"
+    ckpt.write_state(path, rng)
+    with pytest.raises(ckpt.CheckpointError, match=message):
+        ckpt.check_rng(ckpt.read_state(path), path)
+
+
+def test_a_resumed_run_continues_exactly(run, tmp_path):
+    args, output = run
+    other = command(tmp_path / "model", tmp_path / "rows.jsonl", tmp_path / "straight")  # same run, uninterrupted
+    assert train(other, 3).exit_code == 0
+    assert train(args, 2).exit_code == 0
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 0, result.output
+
+    def losses(folder):
+        return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    assert losses(output) == losses(tmp_path / "straight")
