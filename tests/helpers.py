@@ -7,6 +7,10 @@ imports these as ``from helpers import write_jsonl``.
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -60,3 +64,34 @@ def write_beir(
     rows = newline.join(["query-id\tcorpus-id\tscore", *(f"{q}\t{d}\t1" for q, d in qrels)])
     (folder / "qrels" / "test.tsv").write_text(rows + newline, newline="")
     return folder
+
+
+# ---------------------------------------------------------------------------------------------- files opened
+_opened: list[str] | None = None
+_hooked = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "open" and _opened is not None and isinstance(args[0], str | bytes | os.PathLike):
+        _opened.append(os.fsdecode(args[0]))
+
+
+@contextmanager
+def opened() -> Iterator[list[str]]:
+    """The paths of the files opened inside the block (Python's audit hook sees open(), os.open, np.load ...;
+    installed once, on first use: a hook cannot be removed)."""
+    global _opened, _hooked
+    if not _hooked:
+        sys.addaudithook(_audit)
+        _hooked = True
+    _opened = []
+    try:
+        yield _opened
+    finally:
+        _opened = None
+
+
+def opened_under(paths: list[str], folder: Path) -> list[str]:
+    """Those of ``paths`` that lie under ``folder`` (after following links)."""
+    root = str(folder.resolve())
+    return [p for p in paths if os.path.realpath(p).startswith(root + os.sep)]

@@ -9,9 +9,6 @@ import errno
 import json
 import os
 import shutil
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import WORDS
+from helpers import opened, opened_under
 from lmembed.cli import app
 from lmembed.errors import UnsafeFileError
 from lmembed.index import Index, IndexFormatError, IndexIntegrityError
@@ -29,33 +27,6 @@ from lmembed.index.store import DocumentStore
 from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-# ---------------------------------------------------------------------------------------------- what gets opened
-_opened: list[str] | None = None
-
-
-def _audit(event: str, args: tuple) -> None:
-    if event == "open" and _opened is not None and isinstance(args[0], str | bytes | os.PathLike):
-        _opened.append(os.fsdecode(args[0]))
-
-
-sys.addaudithook(_audit)  # Python's own record of every file opened (open(), os.open, np.load ...)
-
-
-@contextmanager
-def opened() -> Iterator[list[str]]:
-    """The paths of the files opened inside the block."""
-    global _opened
-    _opened = []
-    try:
-        yield _opened
-    finally:
-        _opened = None
-
-
-def opened_under(paths: list[str], folder: Path) -> list[str]:
-    root = str(folder.resolve())
-    return [p for p in paths if os.path.realpath(p).startswith(root + os.sep)]
 
 
 # ---------------------------------------------------------------------------------------------- indexes

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmembed import Embedder, EmbeddingConfig
+from lmembed import Embedder
 from lmembed.encoding.backends import quality
 from lmembed.encoding.backends.base import AFTER_PADDING_TAG
 from lmembed.errors import ModelLoadError
@@ -31,7 +31,7 @@ from lmembed.models.families import (
 
 st = pytest.importorskip("sentence_transformers")
 
-from family_builders import MAX_SEQ_LENGTH, save_family_folder, wordpiece_tokenizer  # noqa: E402
+from family_builders import save_family_folder, wordpiece_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,7 +50,6 @@ TEXTS = [
 ]
 EXACT = 0.9999
 #: Families whose sentence-transformers folder lmembed cannot load itself: their model is wrapped instead.
-WRAPPED = {"t5"}
 FAMILIES = sorted(ENCODER_FAMILIES)
 
 
@@ -84,16 +83,9 @@ class Built:
         return self.cache[model_type]
 
     def embedder(self, model_type: str, **options) -> Embedder:
-        """lmembed's Embedder of the family's folder; for T5, its encoder wrapped (a T5 folder loads as the
-        encoder-decoder T5Model, which is refused: ``test_a_t5_folder_names_the_encoder_to_wrap``)."""
+        """lmembed's Embedder of the family's folder (a T5 folder loads its encoder, as sentence-transformers does)."""
         folder, _ = self(model_type)
-        if model_type not in WRAPPED:
-            return Embedder.from_pretrained(str(folder), cache=False, show_progress=False, **options)
-        model = self.models[model_type]
-        config = EmbeddingConfig(max_length=MAX_SEQ_LENGTH)  # the folder's truncation, which from_model cannot read
-        return Embedder.from_model(
-            model[0].auto_model, model.tokenizer, config, use_cache=False, show_progress=False, **options
-        )
+        return Embedder.from_pretrained(str(folder), cache=False, show_progress=False, **options)
 
 
 @pytest.fixture(scope="module")
@@ -210,10 +202,11 @@ def test_a_backend_outside_the_matrix_is_refused(model_type, backend):
     Embedder.from_model(model, tok, use_cache=False, show_progress=False)  # torch is checked: accepted
 
 
-def test_a_t5_folder_names_the_encoder_to_wrap(built):
-    folder, _ = built("t5")
-    with pytest.raises(ModelLoadError, match=r"model_type='t5' \(T5Model\) is an encoder-decoder .* T5EncoderModel"):
-        Embedder.from_pretrained(str(folder), cache=False, show_progress=False)
+def test_a_t5_folder_loads_its_encoder_as_sentence_transformers_does(built):
+    folder, expected = built("t5")
+    emb = Embedder.from_pretrained(str(folder), cache=False, show_progress=False)
+    assert type(emb.backbone.model).__name__ == "T5EncoderModel"
+    assert cosines(emb.encode(TEXTS, batch_size=len(TEXTS)), expected).min() >= 0.9999
 
 
 @pytest.mark.parametrize(("model_type", "tagged"), [("roberta", True), ("mpnet", True), ("bert", False)])

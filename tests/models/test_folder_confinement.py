@@ -6,11 +6,7 @@ the one check they all use, accepts what lies inside."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+from helpers import opened, opened_under
 from lmembed.cli import app
 from lmembed.errors import ModelLoadError, UnsafeFileError
 from lmembed.models.adapters import UnsafeAdapterPathError, base_folder
@@ -28,32 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 HIDDEN = 32
 TEXTS = ["the cat sat on the mat", "a dog"]
-
-# ---------------------------------------------------------------------------------------------- what gets opened
-_opened: list[str] | None = None
-
-
-def _audit(event: str, args: tuple) -> None:
-    if event == "open" and _opened is not None and isinstance(args[0], str | bytes | os.PathLike):
-        _opened.append(os.fsdecode(args[0]))
-
-
-sys.addaudithook(_audit)
-
-
-@contextmanager
-def opened() -> Iterator[list[str]]:
-    global _opened
-    _opened = []
-    try:
-        yield _opened
-    finally:
-        _opened = None
-
-
-def opened_under(paths: list[str], folder: Path) -> list[str]:
-    root = str(folder.resolve())
-    return [p for p in paths if os.path.realpath(p).startswith(root + os.sep)]
 
 
 # ---------------------------------------------------------------------------------------------- inside()

@@ -152,6 +152,17 @@ def weights_fingerprint(*modules: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def model_class_for(config: Any) -> Any:
+    """The transformers class that loads a checkpoint as an embedder's backbone: ``AutoModel``, except a T5
+    checkpoint, whose encoder alone is read (as sentence-transformers reads sentence-t5): its encoder-decoder
+    ``T5Model`` would need decoder inputs."""
+    if getattr(config, "model_type", None) == "t5":
+        from transformers import T5EncoderModel
+
+        return T5EncoderModel
+    return AutoModel
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         if torch.cuda.is_available():
@@ -255,15 +266,16 @@ def load_backbone(
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    model_class = model_class_for(config)
     try:
-        model = pretrained_safely(AutoModel, path, config=config, **kwargs)
+        model = pretrained_safely(model_class, path, config=config, **kwargs)
     except ValueError as exc:
         # SDPA is the default request; architectures without it (Mamba, RWKV ...) get transformers' default.
         if attn_implementation != "sdpa" or "does not support an attention implementation" not in str(exc):
             raise
         log.info("%s has no SDPA attention; loading it with transformers' default implementation", path)
         kwargs.pop("attn_implementation")
-        model = pretrained_safely(AutoModel, path, config=config, **kwargs)
+        model = pretrained_safely(model_class, path, config=config, **kwargs)
     model.to(torch_device).eval()
     tokenizer = None
     if exact_tokenizer:
