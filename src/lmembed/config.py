@@ -10,21 +10,25 @@ The fields fall into three groups, which the encoding engine treats differently:
   mask, so strategies that differ in them need separate forward passes;
 * pooling fields (``pooling``, ``layer``, ``final_norm`` ...) only read hidden states, so one
   forward pass serves any number of them;
-* output fields (``normalize``, ``dim``) are applied after pooling and after the cache.
+* output fields (``normalize``, ``dim``) are applied after pooling and after the cache;
+* prompt fields (``query_instruction``, ``prompts`` ...) choose the text a call prepends, which every cache entry
+  keys on its own.
+
+Each field declares its group where it is defined (``_field("forward", ...)``), and ``forward_key`` /
+``pooling_key`` (hence the cache fingerprint) are built from those declarations; a new field without a group fails
+a test (tests/test_config_groups.py), so it cannot silently mix different vectors under one key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from lmembed.errors import ConfigError
 
-POOLINGS = ("cls", "mean", "last", "weighted_mean", "max", "mean_sqrt_len", "latent_attention")
 ATTENTIONS = ("causal", "bidirectional")
 PROMPT_STYLES = ("lmembed", "sentence_transformers")
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
@@ -35,7 +39,20 @@ HEAD_LAYERS = {
     "normalize": (set(), {"route"}),
 }
 ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
+#: The backend registry: the runtimes lmembed runs a model on. Kept here, free of torch, so the CLI checks --backend
+#: against it without importing torch; lmembed.encoding.backends re-exports it and builds each one.
+BACKENDS = ("torch", "onnx")
+#: the backbone's own floating types (the torch backend's; the CLI sets them with --dtype)
+FLOAT_PRECISIONS = ("float32", "bfloat16", "float16")
+#: quantised precisions (quality-gated)
+QUANTISED_PRECISIONS = ("int8",)
+PRECISIONS = FLOAT_PRECISIONS + QUANTISED_PRECISIONS
+#: the precisions every backend runs: what --precision offers (ONNX Runtime's float32 graph, or its int8 one)
+PORTABLE_PRECISIONS = (FLOAT_PRECISIONS[0], *QUANTISED_PRECISIONS)
 
+#: The pooling registry: name -> help. Every other list of pooling names derives from it (``POOLINGS``, the CLI's
+#: choices, the tests parametrised over poolings); a stateless pooling's function is registered under the same name
+#: in ``lmembed.pooling.poolers.STATELESS_POOLERS`` (a test checks the two agree).
 POOLING_HELP = {
     "cls": "the first token's state (BERT's [CLS]); meaningful for encoders trained with it.",
     "mean": "the average of the token states (instruction and echo-prefix tokens left out).",
@@ -48,6 +65,9 @@ POOLING_HELP = {
     "latent_attention": "NV-Embed's trainable head: token states attend to a learned latent array, "
     "then an MLP and a mean; untrained until you train it.",
 }
+POOLINGS = tuple(POOLING_HELP)
+#: the poolings with trainable weights of their own (a head module, not a function in STATELESS_POOLERS)
+TRAINED_POOLINGS = ("latent_attention",)
 ATTENTION_HELP = {
     "causal": "each token sees only the tokens before it (a decoder's native mode).",
     "bidirectional": "the causal mask is removed so every token sees the whole text (LLM2Vec, NV-Embed); "
@@ -65,40 +85,47 @@ def unknown_options(config_class: type, options: Mapping[str, Any]) -> list[str]
     return sorted(set(options) - {f.name for f in fields(config_class)})
 
 
-#: The plain field types :func:`mistyped_options` checks, and the values each accepts.
-_PLAIN_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
-    "str": (str, os.PathLike),
-}
+#: The groups an :class:`EmbeddingConfig` field belongs to (see the module doc). ``prompt`` fields choose the text a
+#: call prepends (an instruction, a named prompt); that text is part of every cache entry's own key, so these fields
+#: stay out of the fingerprint, as the ``output`` fields do.
+FIELD_GROUPS = ("forward", "pooling", "output", "prompt")
+#: a field's key rule: enter the key only where the value differs from the default (a field added after strategies
+#: were cached, whose fingerprints must not move)
+IF_CHANGED = "if_changed"
+#: what a derived key rule returns to leave its field out of the key
+OMIT: Any = object()
+#: a field's sentence-transformers rule: any value is reproduced there (written to its files, or read by nothing
+#: sentence-transformers runs once the other fields' rules hold)
+ST_ANY = "any"
+#: a field's sentence-transformers rule: whether it is reproduced depends on the model (decoder or encoder) or on
+#: sentence-transformers' own tables, so ``Embedder.sentence_transformers_compatible`` checks it
+ST_BY_EMBEDDER = "by_embedder"
 
 
-def mistyped_options(config_class: type, options: Mapping[str, Any]) -> list[str]:
-    """``"steps: expected int, got 'many'"`` for each value of ``options`` (a YAML mapping, say) whose field in the
-    dataclass ``config_class`` is declared a plain ``int``, ``float``, ``bool`` or ``str`` (or one of those
-    ``| None``) and that is not one; fields of other types are left to the class."""
-    declared = {f.name: f.type for f in fields(config_class) if isinstance(f.type, str)}
-    problems = []
-    for name, value in options.items():
-        parts = [part.strip() for part in declared.get(name, "").split("|")]
-        optional = "None" in parts
-        plain = [part for part in parts if part != "None"]
-        if len(plain) != 1 or plain[0] not in _PLAIN_TYPES or (value is None and optional):
-            continue
-        is_bool_for_number = isinstance(value, bool) and plain[0] != "bool"
-        if is_bool_for_number or not isinstance(value, _PLAIN_TYPES[plain[0]]):
-            hint = " (YAML reads 2e-5 as text: write 2.0e-5)" if plain[0] == "float" and _numeric_text(value) else ""
-            problems.append(f"{name}: expected {plain[0]}{' or null' if optional else ''}, got {value!r}{hint}")
-    return problems
+def _field(group: str, default: Any = MISSING, *, factory: Any = MISSING, key: Any = None, st: Any = ST_ANY) -> Any:
+    """A dataclass field of :class:`EmbeddingConfig` that declares its ``group`` (one of :data:`FIELD_GROUPS`);
+    for the forward and pooling groups, how it enters the cache key (``key``: ``None`` its value as is,
+    :data:`IF_CHANGED`, or a function of the config returning the key's value or :data:`OMIT`); and whether a
+    saved sentence-transformers folder reproduces it (``st``: :data:`ST_ANY`, :data:`ST_BY_EMBEDDER`, or a
+    function of the config that says whether this value is reproduced)."""
+    if group not in FIELD_GROUPS:
+        raise ValueError(f"group={group!r} is not one of {FIELD_GROUPS}")
+    metadata = {"group": group, "key": key, "st": st}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-def _numeric_text(value: Any) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return isinstance(value, str)
+def field_group(f: Field[Any]) -> str | None:
+    """The group a field of :class:`EmbeddingConfig` declares (None: it declares none, which a test refuses)."""
+    return f.metadata.get("group")
+
+
+def sentence_transformers_expressible(config: EmbeddingConfig) -> bool:
+    """True when every field whose sentence-transformers rule is a check of the config alone passes it (the
+    fields whose rule is :data:`ST_BY_EMBEDDER` are left to ``Embedder.sentence_transformers_compatible``)."""
+    rules = [f.metadata.get("st") for f in fields(config)]
+    return all(rule(config) for rule in rules if callable(rule))
 
 
 @dataclass(frozen=True)
@@ -144,39 +171,55 @@ class EmbeddingConfig:
     transformers' convention.
     """
 
-    pooling: str = "mean"
-    layer: LayerSpec = -1
-    final_norm: bool | None = None
-    attention: str = "causal"
-    echo: bool = False
-    echo_template: str = DEFAULT_ECHO_TEMPLATE
-    instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE
-    query_instruction: str | None = None
-    plain_prefix: str = ""  # put before a text embedded without an instruction, kept out of pooling (GritLM)
+    pooling: str = _field("pooling", "mean", st=ST_BY_EMBEDDER)
+    layer: LayerSpec = _field(  # noqa: RUF009 (a field specifier)
+        "pooling", -1, key=lambda cfg: list(cfg.layers), st=lambda cfg: cfg.layers == (-1,)
+    )
+    final_norm: bool | None = _field("pooling", None, st=lambda cfg: cfg.final_norm is None)
+    attention: str = _field("forward", "causal", st=ST_BY_EMBEDDER)
+    echo: bool = _field("forward", False, st=lambda cfg: not cfg.echo)
+    echo_template: str = _field(
+        "forward", DEFAULT_ECHO_TEMPLATE, key=lambda cfg: cfg.echo_template if cfg.echo else None
+    )
+    instruction_template: str = _field("forward", DEFAULT_INSTRUCTION_TEMPLATE)
+    query_instruction: str | None = _field("prompt", None)
+    # put before a text embedded without an instruction, kept out of pooling (GritLM)
+    plain_prefix: str = _field("forward", "", key=IF_CHANGED, st=lambda cfg: not cfg.plain_prefix)
     # put after a text embedded with an instruction, pooled with the text (bge-en-icl's "\n<response>", whose end
     # last-token pooling reads)
-    instruction_suffix: str = ""
-    pool_special_tokens: bool = True  # False: special tokens (BOS, ...) never pooled, as LLM2Vec's embed mask
+    instruction_suffix: str = _field("forward", "", key=IF_CHANGED, st=lambda cfg: not cfg.instruction_suffix)
+    # False: special tokens (BOS, ...) never pooled, as LLM2Vec's embed mask
+    pool_special_tokens: bool = _field("forward", True, key=IF_CHANGED, st=lambda cfg: cfg.pool_special_tokens)
     # which tokens an instruction keeps out of pooling: "offsets" those before the text (by character offsets),
     # "token_count" the first len(tokenizer.tokenize(prefix)) tokens of the sequence, BOS included (NV-Embed)
     # "text_tokens": only the last len(text tokenised alone) tokens are pooled (LLM2Vec's embed mask)
-    instruction_mask: str = "offsets"
-    add_eos: bool | None = None
-    eos_token: str | None = None  # the token appended for last-token pooling; None: the tokenizer's EOS
-    max_length: int | None = None  # None: the model's own limit (at most 512), resolved on load
-    normalize: bool = True
-    dim: int | None = None
-    latent: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)
+    instruction_mask: str = _field("forward", "offsets", key=IF_CHANGED)
+    add_eos: bool | None = _field("forward", None, st=ST_BY_EMBEDDER)
+    # the token appended for last-token pooling; None: the tokenizer's EOS
+    eos_token: str | None = _field("forward", None, key=IF_CHANGED, st=ST_BY_EMBEDDER)
+    max_length: int | None = _field("forward", None)  # None: the model's own limit (at most 512), resolved on load
+    normalize: bool = _field("output", True)
+    dim: int | None = _field("output", None, st=lambda cfg: cfg.dim is None)
+    latent: LatentAttentionConfig = _field(  # noqa: RUF009 (a field specifier, like dataclasses.field)
+        "pooling",
+        factory=LatentAttentionConfig,
+        key=lambda cfg: cfg.latent.key() if cfg.pooling == "latent_attention" else OMIT,
+    )
     # --- a published model's own conventions (read from its folder; see lmembed.models.sentence_transformers_folder)
-    prompt_style: str = "lmembed"
-    include_prompt: bool = False
-    prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    document_instruction: str | None = None
-    lowercase: bool = False
-    similarity: str = "cosine"
-    head: tuple[dict[str, Any], ...] = ()
-    route: str | None = None
+    prompt_style: str = _field("forward", "lmembed", key=IF_CHANGED)
+    include_prompt: bool = _field("forward", False, key=IF_CHANGED)
+    prompts: dict[str, str] = _field("prompt", factory=dict)  # noqa: RUF009 (a field specifier)
+    default_prompt_name: str | None = _field("prompt", None)
+    document_instruction: str | None = _field("prompt", None)
+    lowercase: bool = _field("forward", False, key=IF_CHANGED)
+    similarity: str = _field("output", "cosine")
+    head: tuple[dict[str, Any], ...] = _field(
+        "pooling",
+        (),
+        key=lambda cfg: [dict(layer) for layer in cfg.head] if cfg.head else OMIT,
+        st=lambda cfg: not any(layer.get("route") for layer in cfg.head),  # sentence-transformers has no routes
+    )
+    route: str | None = _field("pooling", None, key=lambda cfg: cfg.route if cfg.head else OMIT)
 
     def __hash__(self) -> int:  # prompts and head are dicts: hash the JSON form (equal configs, equal hashes)
         return hash(self.to_json())
@@ -192,8 +235,8 @@ class EmbeddingConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        if self.pooling not in POOLINGS:
-            raise ConfigError(f"pooling={self.pooling!r} is unknown; choose one of {', '.join(POOLINGS)}")
+        if self.pooling not in POOLING_HELP:  # the registry itself, read live (a pooling registered at run time counts)
+            raise ConfigError(f"pooling={self.pooling!r} is unknown; choose one of {', '.join(POOLING_HELP)}")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"attention={self.attention!r} is unknown; choose one of {', '.join(ATTENTIONS)}")
         layers = self.layers
@@ -254,50 +297,34 @@ class EmbeddingConfig:
 
     # ------------------------------------------------------------------ groups
     def forward_key(self) -> dict[str, Any]:
-        """Fields that change the transformer's input or mask."""
-        key: dict[str, Any] = {
-            "attention": self.attention,
-            "echo": self.echo,
-            "echo_template": self.echo_template if self.echo else None,
-            "instruction_template": self.instruction_template,
-            "add_eos": self.add_eos,
-            "max_length": self.max_length,
-            "last": self.pooling == "last",  # decides whether an EOS token is appended
-            **self._convention_key(),
-        }
-        # fields added later enter the key only when set, so earlier strategies keep their fingerprints
-        optional = {
-            "plain_prefix": "",
-            "instruction_suffix": "",
-            "pool_special_tokens": True,
-            "eos_token": None,
-            "instruction_mask": "offsets",
-        }
-        key.update({name: getattr(self, name) for name, default in optional.items() if getattr(self, name) != default})
-        return key
-
-    def _convention_key(self) -> dict[str, Any]:
-        """The published-model fields that change the input or pool mask, only where they differ from the
-        defaults (so strategies without them keep their old fingerprints and cache entries)."""
-        key: dict[str, Any] = {}
-        if self.prompt_style != "lmembed":
-            key["prompt_style"] = self.prompt_style
-        if self.include_prompt:
-            key["include_prompt"] = True
-        if self.lowercase:
-            key["lowercase"] = True
-        return key
+        """The forward fields (those declared ``_field("forward", ...)``): they change the transformer's input or
+        mask. ``last`` is derived from the pooling, because last-token pooling decides whether an EOS is appended."""
+        return {**self._group_key("forward"), "last": self.pooling == "last"}
 
     def pooling_key(self) -> dict[str, Any]:
-        """Fields that only read hidden states."""
-        key: dict[str, Any] = {"pooling": self.pooling, "layer": list(self.layers), "final_norm": self.final_norm}
-        if self.pooling == "latent_attention":
-            key["latent"] = self.latent.key()
-        if self.head:
-            key["head"] = [dict(layer) for layer in self.head]
-            key["route"] = self.route
+        """The pooling fields (those declared ``_field("pooling", ...)``): they only read hidden states.
+        ``positions`` is derived: weighted-mean pooling counts positions over the whole sequence under
+        sentence-transformers' prompt style."""
+        key = self._group_key("pooling")
         if self.pooling == "weighted_mean" and self.prompt_style != "lmembed":
             key["positions"] = "sequence"
+        return key
+
+    def _group_key(self, group: str) -> dict[str, Any]:
+        """Each field of ``group`` under the key rule its declaration gives (see :func:`_field`)."""
+        key: dict[str, Any] = {}
+        for f in fields(self):
+            if field_group(f) != group:
+                continue
+            rule = f.metadata.get("key")
+            value = getattr(self, f.name)
+            if rule is None:
+                key[f.name] = value
+            elif rule == IF_CHANGED:
+                if value != f.default:
+                    key[f.name] = value
+            elif (derived := rule(self)) is not OMIT:
+                key[f.name] = derived
         return key
 
     def fingerprint(self) -> str:

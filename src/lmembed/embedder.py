@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from lmembed.atomic import atomic_folder, atomic_write_text
-from lmembed.config import EmbeddingConfig, for_side
+from lmembed.config import EmbeddingConfig, for_side, sentence_transformers_expressible
 from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documents
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
@@ -238,8 +238,8 @@ class Embedder:
         ``backend="torch"``, which uses torch's dynamic int8): it is calibrated on the first texts encoded (or
         on :meth:`calibrate`'s) and checked by a quality gate that warns with the gap when int8 vectors drift
         from float32 ones; on ONNX Runtime each token row is quantised on its own range, so an int8 vector does not
-        depend on which texts share its batch beyond float32's own rounding (none for minilm; up to ~1e-2 for a
-        left-padded decoder, ``bench/int8_products.py --graphs``). ``quantize="int8"`` is the older spelling of
+        depend on which texts share its batch beyond float32's own rounding (measured per model by
+        ``bench/int8_products.py --graphs``: bench/results/int8-products/). ``quantize="int8"`` is the older spelling of
         ``precision="int8"``. ``threads`` sets the ONNX Runtime threads (default: torch's); ``max_batch_tokens``
         bounds batches by padded tokens as well as by ``batch_size``. ``rope_scale`` (> 1) interpolates a RoPE
         decoder's positions linearly (:func:`lmembed.models.context.interpolate_positions`: Llama, Mistral, Qwen2,
@@ -554,21 +554,16 @@ class Embedder:
         return directory
 
     def sentence_transformers_compatible(self) -> bool:
-        """True when sentence-transformers can reproduce this strategy exactly."""
+        """True when sentence-transformers can reproduce this strategy exactly: each strategy field's own rule
+        (declared on the field, :func:`lmembed.config.sentence_transformers_expressible`), then the fields whose
+        rule needs the model (``ST_BY_EMBEDDER``): the pooling, the attention and the appended EOS."""
         cfg = self.config
-        uses_eos = wants_eos(cfg, self.backbone.is_decoder)
+        uses_eos = wants_eos(cfg, self.backbone.is_decoder)  # add_eos, eos_token (and pooling="last" on a decoder)
         return (
-            cfg.pooling in ST_POOLING_MODES
-            and cfg.layers == (-1,)
-            and cfg.final_norm is None
-            and not cfg.echo
+            sentence_transformers_expressible(cfg)
+            and cfg.pooling in ST_POOLING_MODES
             and not (self.backbone.is_decoder and cfg.attention == "bidirectional")
             and not uses_eos
-            and cfg.dim is None
-            and not cfg.plain_prefix
-            and not cfg.instruction_suffix
-            and cfg.pool_special_tokens
-            and not any(layer.get("route") for layer in cfg.head)
         )
 
 

@@ -6,10 +6,16 @@ Each option is one field, and the field carries everything said about it: its ty
 those the command line offers, its flag and help text (:func:`flag`). ``lmembed.cli.options`` turns the
 fields into command-line options, so an option added here is offered by every command that takes the group,
 with no other edit. This module imports nothing heavy: the command line reads it to print ``--help``.
+
+:class:`LoraOptions` is training's LoRA group. Another options dataclass that offers one of these options
+declares it with :func:`field_of` (the same type, flag and help; its own default where it differs), so an
+option is declared once: training's model side (:class:`lmembed.training.train_config.TrainedModel`) is built
+this way from :class:`ModelOptions` and :class:`LoraOptions`.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -82,8 +88,12 @@ class Flag:
 
 
 def flag(default: Any, *decls: str, help: str, **more: Any) -> Any:
-    """A dataclass field with ``default`` that the command line offers as ``decls`` (see :class:`Flag`)."""
-    return field(default=default, metadata={FLAG: Flag(decls, help, **more)})
+    """A dataclass field with ``default`` that the command line offers as ``decls`` (see :class:`Flag`); a list
+    or dict default is copied for each instance (a ``default_factory``)."""
+    metadata = {FLAG: Flag(decls, help, **more)}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: copy.copy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def parse_layer(value: str | int | tuple[int, ...] | None) -> int | tuple[int, ...] | None:
@@ -162,9 +172,65 @@ class EngineOptions:
         return values
 
 
+def parse_targets(value: str | list[str] | None) -> str | list[str] | None:
+    """--lora-targets: 'all-linear' stays; 'q_proj, v_proj' → ['q_proj', 'v_proj']; lists and None stay."""
+    if value is None or isinstance(value, list) or value == "all-linear":
+        return value
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """Training's LoRA group: adapters or full fine-tuning, and the adapters' shape (NV-Embed's r=16, alpha=32,
+    dropout 0.1 by default). ``lora=None`` picks LoRA for decoders and full fine-tuning for encoders."""
+
+    lora: bool | None = flag(
+        None, "--lora/--no-lora", help="LoRA adapters or full fine-tuning (default: LoRA for decoders)."
+    )
+    lora_r: int = flag(16, "--lora-r", help="LoRA rank.")
+    lora_alpha: int = flag(32, "--lora-alpha", help="LoRA alpha.")
+    lora_dropout: float = flag(0.1, "--lora-dropout", help="LoRA dropout.")
+    lora_target_modules: str | list[str] = flag(  # noqa: RUF009 (a field)
+        "all-linear",
+        "--lora-targets",
+        help="Comma list of module names for LoRA, or 'all-linear'.",
+        cli_type=str | None,
+        parse=parse_targets,
+    )
+
+
+_KEEP: Any = object()
+
+
+def field_of(group: type, name: str, *, default: Any = _KEEP, help: str | None = None) -> Any:
+    """A new dataclass field declared as field ``name`` of the options dataclass ``group`` (same type, flag and
+    help), for another options dataclass that offers it too (training's model side reuses :class:`ModelOptions`
+    and :class:`LoraOptions` this way); ``default`` and ``help`` replace the group's where given."""
+    declared = {f.name: f for f in fields(group)}[name]
+    spec: Flag = declared.metadata[FLAG]
+    return flag(
+        declared.default if default is _KEEP else default,
+        *spec.decls,
+        help=spec.help if help is None else help,
+        cli_type=spec.cli_type,
+        parse=spec.parse,
+        min=spec.min,
+    )
+
+
 def flags_of(options: type) -> dict[str, Flag]:
     """The fields of an options dataclass the command line offers, by field name, in field order."""
     return {f.name: f.metadata[FLAG] for f in fields(options) if FLAG in f.metadata}
 
 
-__all__ = ["EngineOptions", "Flag", "ModelOptions", "flag", "flags_of", "parse_layer"]
+__all__ = [
+    "EngineOptions",
+    "Flag",
+    "LoraOptions",
+    "ModelOptions",
+    "field_of",
+    "flag",
+    "flags_of",
+    "parse_layer",
+    "parse_targets",
+]

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from lmembed import EmbeddingConfig
+from lmembed import EmbeddingConfig, config
 from lmembed.encoding.inputs import InputBuilder
 from lmembed.pooling import poolers
 from lmembed.pooling.layers import LayerSelectionError, normalize_layer
 
 TEXT = "the cat sat on the mat"
 OTHERS = ["hello", "a much longer text that forces padding of the first one and more words here"]
-POOLINGS = ["cls", "mean", "last", "weighted_mean", "latent_attention"]
+POOLINGS = list(config.POOLINGS)  # every registered pooling (the README says each is tested)
 
 
 @pytest.mark.parametrize("family", ["llama", "bert"])

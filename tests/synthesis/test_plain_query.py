@@ -12,7 +12,8 @@ import yaml
 
 from lmembed.synthesis.generators import LocalGenerator, Request, TinyGenerator
 from lmembed.synthesis.parsing import QUERY_REASONS, parse_query_line
-from lmembed.synthesis.recipes import RecipeError, load_recipe
+from lmembed.synthesis.recipes import SynthesisRecipeError as RecipeError
+from lmembed.synthesis.recipes import load_recipe
 from lmembed.synthesis.synthesize import synthesize
 from test_relabel_recipes import IDS, TOPICS, encode
 

@@ -343,7 +343,7 @@ def test_cli_registers_train_command():
 
     from lmembed.cli import app
 
-    result = CliRunner().invoke(app, ["train", "--help"])
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "160"})  # rich cuts long names at 80
     assert result.exit_code == 0 and "--grad-cache-chunk" in result.output
     failed = CliRunner().invoke(app, ["train", "--data", "x.jsonl"])
     assert failed.exit_code == 2 and "no model given" in failed.output and "Traceback" not in failed.output

@@ -17,6 +17,7 @@ from lmembed.cli.options import (
     load_embedder,
     options_command,
 )
+from lmembed.config import PORTABLE_PRECISIONS
 from lmembed.io import read_text_lines
 from lmembed.options import ModelOptions
 
@@ -25,7 +26,7 @@ EXPORTED = Exclude("dim", "dtype", "device", "backend", "precision", "calibratio
 
 console = Console(stderr=True)
 FORMATS = ("onnx",)
-PRECISIONS = ("float32", "int8")
+PRECISIONS = PORTABLE_PRECISIONS  # float32 or int8: the graph ONNX Runtime runs
 
 
 @options_command

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin, get_type
 
 import typer
 
+from lmembed.config import BACKENDS, PORTABLE_PRECISIONS
 from lmembed.errors import LmembedError
 from lmembed.options import (
     ATTENTION_DOC,
@@ -109,7 +110,7 @@ InstructionOpt = Annotated[
 ]
 DEFAULT_BATCH_SIZE = 32
 #: What --precision accepts: the torch backend's other float types are chosen with --dtype.
-CLI_PRECISIONS = ("float32", "int8")
+CLI_PRECISIONS = PORTABLE_PRECISIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,8 +199,8 @@ def check_backend(backend: str | None, precision: str, calibration: Path | None)
     the calibration texts (read and checked here, so a bad file fails before the model loads)."""
     from lmembed.io import read_text_lines  # lazy: keeps --help fast
 
-    if backend not in (None, "torch", "onnx"):
-        raise typer.BadParameter(f"{backend!r}: choose torch or onnx", param_hint="--backend")
+    if backend is not None and backend not in BACKENDS:
+        raise typer.BadParameter(f"{backend!r}: choose {' or '.join(BACKENDS)}", param_hint="--backend")
     if precision not in CLI_PRECISIONS:
         raise typer.BadParameter(
             f"{precision!r}: choose {' or '.join(CLI_PRECISIONS)} (bfloat16/float16: use --dtype)",

@@ -54,45 +54,14 @@ import yaml
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.io import read_text
+from lmembed.schema import FileModel, KeyPath, Where, check_fields, check_keys, read_yaml_file
 from lmembed.training.recipes import RecipeError, apply_overrides, load_recipe, parse_recipe
 from lmembed.training.train_config import TrainConfig
 
-TOP_KEYS = (
-    "name",
-    "description",
-    "paper",
-    "claim",
-    "paper_result",
-    "scale",
-    "model",
-    "device",
-    "dtype",
-    "strategy",
-    "train",
-    "seeds",
-    "evaluate",
-    "arms",
-    "compare",
-)
-ARM_KEYS = ("model", "strategy", "train", "recipe", "overrides", "model_from", "description")
-EVAL_KEYS = (
-    "tasks",
-    "max_docs",
-    "max_queries",
-    "max_items",
-    "sample_seed",
-    "batch_size",
-    "instructions",
-    "max_length",
-)
-TASK_KEYS = ("name", "path", "type", "split")
-COMPARE_KEYS = ("a", "b", "minus", "claim", "tasks")
 CLAIMS = {"better": 1, "worse": -1, "none": 0}
 DEVICES = ("cpu", "cuda", "auto")
 LAYER_NAMES = ("mid", "middle", "penultimate", "last")
 _ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
-_STRATEGY_KEYS = tuple(f.name for f in fields(EmbeddingConfig))
-_TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
 # Set by the experiment for every run; an experiment file may not set them for an arm.
 _RUN_OWNED = ("output", "seed", "resume", "model")
 
@@ -101,54 +70,76 @@ class ExperimentSpecError(LmembedError, ValueError):
     """An experiment file (or a ``--set`` value) is malformed; the message names the file and line."""
 
 
-# ---------------------------------------------------------------------------------------------- YAML with lines
-Path_ = tuple[str | int, ...]
+# ---------------------------------------------------------------------------------------------- the file's schema
+class ExperimentFile(FileModel):
+    """The top level of an experiment file (see the module doc); :func:`parse_spec` checks each value."""
+
+    name: Any = None
+    description: Any = None
+    paper: Any = None
+    claim: Any = None
+    paper_result: Any = None
+    scale: Any = None
+    model: Any = None
+    device: Any = None
+    dtype: Any = None
+    strategy: Any = None  # EmbeddingConfig's fields (checked against them)
+    train: Any = None  # TrainConfig's fields (checked against them)
+    seeds: Any = None
+    evaluate: Any = None
+    arms: Any = None
+    compare: Any = None
 
 
-def load_yaml_with_lines(text: str) -> tuple[Any, dict[Path_, int]]:
-    """The YAML document and, for every key path (``("arms", "echo", "strategy")``), its 1-based line."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-        lines: dict[Path_, int] = {}
+class ArmFile(FileModel):
+    """One arm under ``arms``."""
 
-        def walk(current: yaml.Node, path: Path_) -> None:
-            lines[path] = current.start_mark.line + 1
-            if isinstance(current, yaml.MappingNode):
-                for key_node, value_node in current.value:
-                    key = loader.construct_object(key_node)
-                    lines[(*path, key)] = key_node.start_mark.line + 1
-                    walk(value_node, (*path, key))
-                    lines[(*path, key)] = key_node.start_mark.line + 1
-            elif isinstance(current, yaml.SequenceNode):
-                for index, item in enumerate(current.value):
-                    walk(item, (*path, index))
-
-        if node is not None:
-            walk(node, ())
-        return data, lines
-    finally:
-        loader.dispose()
+    model: Any = None
+    strategy: Any = None
+    train: Any = None
+    recipe: Any = None
+    overrides: Any = None
+    model_from: Any = None
+    description: Any = None
 
 
-class _Where:
-    """Turns a key path into ``FILE:LINE: path`` for messages (the nearest known line for new keys)."""
+class ModelFromFile(FileModel):
+    """An arm's ``model_from``: an earlier stage of another arm's recipe."""
 
-    def __init__(self, source: str, lines: Mapping[Path_, int]) -> None:
-        self.source = source
-        self.lines = lines
+    arm: Any = None
+    stage: Any = None
 
-    def __call__(self, path: Path_) -> str:
-        probe = tuple(path)
-        while probe and probe not in self.lines:
-            probe = probe[:-1]
-        line = self.lines.get(probe)
-        label = ".".join(str(p) for p in path) or "(top level)"
-        return f"{self.source}:{line}: {label}" if line else f"{self.source}: {label}"
 
-    def error(self, path: Path_, message: str) -> ExperimentSpecError:
-        return ExperimentSpecError(f"{self(path)}: {message}")
+class EvaluateFile(FileModel):
+    """The ``evaluate`` section."""
+
+    tasks: Any = None
+    max_docs: Any = None
+    max_queries: Any = None
+    max_items: Any = None
+    sample_seed: Any = None
+    batch_size: Any = None
+    instructions: Any = None
+    max_length: Any = None
+
+
+class TaskFile(FileModel):
+    """A task of ``evaluate.tasks`` given as a mapping."""
+
+    name: Any = None
+    path: Any = None
+    type: Any = None
+    split: Any = None
+
+
+class CompareFile(FileModel):
+    """One comparison under ``compare``."""
+
+    a: Any = None
+    b: Any = None
+    minus: Any = None
+    claim: Any = None
+    tasks: Any = None
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -314,7 +305,7 @@ def apply_settings(data: dict[str, Any], settings: Sequence[str]) -> dict[str, A
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def _mapping(where: _Where, path: Path_, value: Any, what: str) -> dict[str, Any]:
+def _mapping(where: Where, path: KeyPath, value: Any, what: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -322,13 +313,7 @@ def _mapping(where: _Where, path: Path_, value: Any, what: str) -> dict[str, Any
     return value
 
 
-def _unknown(where: _Where, path: Path_, value: Mapping[str, Any], known: Sequence[str], what: str) -> None:
-    for key in value:
-        if key not in known:
-            raise where.error((*path, key), f"unknown {what} key {key!r}; known: {', '.join(known)}")
-
-
-def _positive_int(where: _Where, path: Path_, value: Any, *, allow_none: bool = True, minimum: int = 1) -> int | None:
+def _positive_int(where: Where, path: KeyPath, value: Any, *, allow_none: bool = True, minimum: int = 1) -> int | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -336,7 +321,7 @@ def _positive_int(where: _Where, path: Path_, value: Any, *, allow_none: bool = 
     return value
 
 
-def _check_layer(where: _Where, path: Path_, value: Any) -> None:
+def _check_layer(where: Where, path: KeyPath, value: Any) -> None:
     if isinstance(value, bool):
         raise where.error(path, f"layer {value!r} is not a layer")
     if isinstance(value, int):
@@ -350,14 +335,14 @@ def _check_layer(where: _Where, path: Path_, value: Any) -> None:
     raise where.error(path, f"layer {value!r}: use an int, a list of ints, {', '.join(LAYER_NAMES)} or 'a+b' (fused)")
 
 
-def _option_path(path: Path_, options: Mapping[str, Any], message: str) -> Path_:
+def _option_path(path: KeyPath, options: Mapping[str, Any], message: str) -> KeyPath:
     """The path of the option a config error names (``steps=0 must be ...`` → ``path + ("steps",)``)."""
     named = re.match(r"\s*(\w+)=", message)
     return (*path, named.group(1)) if named and named.group(1) in options else path
 
 
-def _check_strategy(where: _Where, path: Path_, strategy: Mapping[str, Any]) -> None:
-    _unknown(where, path, strategy, _STRATEGY_KEYS, "strategy")
+def _check_strategy(where: Where, path: KeyPath, strategy: Mapping[str, Any]) -> None:
+    check_fields(EmbeddingConfig, strategy, where, prefix=path, unknown="unknown strategy key {key!r}; known: {known}")
     plain = {k: v for k, v in strategy.items() if k != "layer"}
     try:
         EmbeddingConfig.from_dict(plain)
@@ -367,8 +352,8 @@ def _check_strategy(where: _Where, path: Path_, strategy: Mapping[str, Any]) -> 
         _check_layer(where, (*path, "layer"), strategy["layer"])
 
 
-def _check_train(where: _Where, path: Path_, options: Mapping[str, Any]) -> None:
-    _unknown(where, path, options, _TRAIN_KEYS, "training")
+def _check_train(where: Where, path: KeyPath, options: Mapping[str, Any]) -> None:
+    check_fields(TrainConfig, options, where, prefix=path, unknown="unknown training key {key!r}; known: {known}")
     for key in _RUN_OWNED:
         if key in options:
             raise where.error((*path, key), f"{key!r} is set by the experiment for every run; remove it here")
@@ -378,7 +363,7 @@ def _check_train(where: _Where, path: Path_, options: Mapping[str, Any]) -> None
         raise where.error(_option_path(path, options, str(exc)), str(exc)) from exc
 
 
-def _task_refs(where: _Where, path: Path_, value: Any) -> tuple[TaskRef, ...]:
+def _task_refs(where: Where, path: KeyPath, value: Any) -> tuple[TaskRef, ...]:
     if not isinstance(value, list) or not value:
         raise where.error(path, "must be a non-empty list of task names or {path: ..., type: ...} mappings")
     refs = []
@@ -388,7 +373,7 @@ def _task_refs(where: _Where, path: Path_, value: Any) -> tuple[TaskRef, ...]:
             continue
         if not isinstance(item, dict):
             raise where.error((*path, i), "a task is a name or a mapping with 'path'")
-        _unknown(where, (*path, i), item, TASK_KEYS, "task")
+        check_keys(TaskFile, item, where, (*path, i), "task")
         if not item.get("path") and not item.get("name"):
             raise where.error((*path, i), "a task mapping needs 'path' (or 'name' of a known task)")
         refs.append(
@@ -406,9 +391,9 @@ def _task_refs(where: _Where, path: Path_, value: Any) -> tuple[TaskRef, ...]:
     return tuple(refs)
 
 
-def _evaluation(where: _Where, value: Any) -> EvalSpec:
+def _evaluation(where: Where, value: Any) -> EvalSpec:
     data = _mapping(where, ("evaluate",), value, "evaluate")
-    _unknown(where, ("evaluate",), data, EVAL_KEYS, "evaluate")
+    check_keys(EvaluateFile, data, where, ("evaluate",), "evaluate")
     if "tasks" not in data:
         raise where.error(("evaluate",), "needs 'tasks' (names such as scifact, stsbenchmark, or paths)")
     instructions = data.get("instructions")
@@ -426,7 +411,7 @@ def _evaluation(where: _Where, value: Any) -> EvalSpec:
     )
 
 
-def _seeds(where: _Where, value: Any) -> tuple[int, ...]:
+def _seeds(where: Where, value: Any) -> tuple[int, ...]:
     if value is None:
         return (0,)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -442,7 +427,7 @@ def _seeds(where: _Where, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _recipe(where: _Where, path: Path_, value: Any, base: Path) -> tuple[dict[str, Any], str | None]:
+def _recipe(where: Where, path: KeyPath, value: Any, base: Path) -> tuple[dict[str, Any], str | None]:
     """A recipe (file path or inline mapping) as a checked mapping, and its path if it came from a file.
 
     A relative path is taken from the current directory, else from the experiment file's folder."""
@@ -462,7 +447,7 @@ def _recipe(where: _Where, path: Path_, value: Any, base: Path) -> tuple[dict[st
 
 
 def _arm(
-    where: _Where,
+    where: Where,
     name: Any,
     value: Any,
     shared: Mapping[str, Any],
@@ -470,11 +455,11 @@ def _arm(
     model: str,
     strategy: Mapping[str, Any],
 ) -> ArmSpec:
-    path: Path_ = ("arms", name)
+    path: KeyPath = ("arms", name)
     if not isinstance(name, str) or not _ARM_NAME.fullmatch(name):
         raise where.error(path, "an arm name is letters, digits, '.', '_', '+' or '-' (it names a folder)")
     data = _mapping(where, path, value, "an arm")
-    _unknown(where, path, data, ARM_KEYS, "arm")
+    check_keys(ArmFile, data, where, path, "arm")
     own_strategy = _mapping(where, (*path, "strategy"), data.get("strategy"), "strategy")
     merged_strategy = {**strategy, **own_strategy}
     _check_strategy(where, (*path, "strategy"), merged_strategy)
@@ -501,7 +486,7 @@ def _arm(
     model_from = None
     if "model_from" in data:
         source = _mapping(where, (*path, "model_from"), data["model_from"], "model_from")
-        _unknown(where, (*path, "model_from"), source, ("arm", "stage"), "model_from")
+        check_keys(ModelFromFile, source, where, (*path, "model_from"), "model_from")
         if not isinstance(source.get("arm"), str) or not isinstance(source.get("stage"), str):
             raise where.error((*path, "model_from"), "needs 'arm' (a recipe arm) and 'stage' (one of its stages)")
         model_from = (source["arm"], source["stage"])
@@ -521,13 +506,13 @@ def _arm(
     )
 
 
-def _check_model_from(where: _Where, arms: Sequence[ArmSpec]) -> None:
+def _check_model_from(where: Where, arms: Sequence[ArmSpec]) -> None:
     by_name = {arm.name: arm for arm in arms}
     for arm in arms:
         if arm.model_from is None:
             continue
         source, stage = arm.model_from
-        path: Path_ = ("arms", arm.name, "model_from")
+        path: KeyPath = ("arms", arm.name, "model_from")
         if source not in by_name or by_name[source].recipe is None:
             raise where.error(path, f"arm {source!r} is not a recipe arm of this experiment")
         stages = [s.get("name") for s in by_name[source].recipe.get("stages", [])]  # type: ignore[union-attr]
@@ -535,7 +520,7 @@ def _check_model_from(where: _Where, arms: Sequence[ArmSpec]) -> None:
             raise where.error(path, f"recipe arm {source!r} has no stage {stage!r}; its stages: {', '.join(stages)}")
 
 
-def _comparisons(where: _Where, value: Any, arms: Sequence[ArmSpec]) -> tuple[CompareSpec, ...]:
+def _comparisons(where: Where, value: Any, arms: Sequence[ArmSpec]) -> tuple[CompareSpec, ...]:
     names = [arm.name for arm in arms]
     if value is None:
         return tuple(CompareSpec(a=name, b=names[0]) for name in names[1:])
@@ -543,12 +528,12 @@ def _comparisons(where: _Where, value: Any, arms: Sequence[ArmSpec]) -> tuple[Co
         raise where.error(("compare",), "must be a list of {a: ARM, b: ARM, claim: better|worse|none}")
     out = []
     for i, item in enumerate(value):
-        path: Path_ = ("compare", i)
+        path: KeyPath = ("compare", i)
         if isinstance(item, list) and len(item) == 2:
             item = {"a": item[0], "b": item[1]}
         if not isinstance(item, dict):
             raise where.error(path, "a comparison is {a: ARM, b: ARM, claim: better|worse|none, tasks: [...]}")
-        _unknown(where, path, item, COMPARE_KEYS, "compare")
+        check_keys(CompareFile, item, where, path, "compare")
         for side in ("a", "b"):
             if item.get(side) not in names:
                 raise where.error((*path, side), f"{item.get(side)!r} is not an arm; arms: {', '.join(names)}")
@@ -577,12 +562,12 @@ def _comparisons(where: _Where, value: Any, arms: Sequence[ArmSpec]) -> tuple[Co
     return tuple(out)
 
 
-def parse_spec(data: Any, source: str = "experiment", lines: Mapping[Path_, int] | None = None) -> ExperimentSpec:
+def parse_spec(data: Any, source: str = "experiment", lines: Mapping[KeyPath, int] | None = None) -> ExperimentSpec:
     """Check a loaded experiment mapping (``lines`` from :func:`load_yaml_with_lines` for messages)."""
-    where = _Where(source, lines or {})
+    where = Where(source, lines or {}, ExperimentSpecError)
     if not isinstance(data, dict):
         raise where.error((), "an experiment file is a mapping with 'model', 'arms' and 'evaluate'")
-    _unknown(where, (), data, TOP_KEYS, "top-level")
+    check_keys(ExperimentFile, data, where, (), "top-level")
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise where.error(("model",), "must name the base model (a bundled name, a folder or a Hub id)")
@@ -592,7 +577,9 @@ def parse_spec(data: Any, source: str = "experiment", lines: Mapping[Path_, int]
     strategy = _mapping(where, ("strategy",), data.get("strategy"), "strategy")
     _check_strategy(where, ("strategy",), strategy)
     shared_train = _mapping(where, ("train",), data.get("train"), "train")
-    _unknown(where, ("train",), shared_train, _TRAIN_KEYS, "training")
+    check_fields(
+        TrainConfig, shared_train, where, prefix=("train",), unknown="unknown training key {key!r}; known: {known}"
+    )
     arms_data = data.get("arms")
     if not isinstance(arms_data, dict) or not arms_data:
         raise where.error(("arms",), "must be a mapping of arm name → arm (at least one)")
@@ -627,14 +614,7 @@ def load_spec(path: str | Path, settings: Sequence[str] = ()) -> ExperimentSpec:
     path = Path(path)
     if not path.is_file():
         raise ExperimentSpecError(f"{path}: no such experiment file")
-    try:
-        data, lines = load_yaml_with_lines(read_text(path))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ExperimentSpecError(f"{path}{line}: invalid YAML ({exc.problem})") from exc
-    except yaml.YAMLError as exc:
-        raise ExperimentSpecError(f"{path}: invalid YAML ({exc})") from exc
+    data, lines = read_yaml_file(path, ExperimentSpecError, read_text(path))
     if settings:
         if not isinstance(data, dict):
             raise ExperimentSpecError(f"{path}: an experiment file is a mapping")

@@ -13,7 +13,9 @@ from lmembed.rerank.base import RERANKER_FILE, Reranker
 from lmembed.rerank.cross_encoder import CrossEncoderReranker
 from lmembed.rerank.llm import LLMReranker
 
-KINDS: dict[str, type[Reranker]] = {"cross-encoder": CrossEncoderReranker, "llm": LLMReranker}
+#: The reranker registry: each class under the ``kind`` it records in lmembed_reranker.json. Training's torch-free
+#: ``RERANKER_KINDS`` (train_config.py) lists the same names plus ``auto``; a test checks the two agree.
+KINDS: dict[str, type[Reranker]] = {cls.kind: cls for cls in (CrossEncoderReranker, LLMReranker)}
 
 
 def detect_kind(path: str) -> str:

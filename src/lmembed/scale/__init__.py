@@ -27,7 +27,7 @@ from typing import Any
 #: only plans (:mod:`lmembed.scale.staging`) never imports torch.
 _EXPORTS = {
     "ENGINES": "engines",
-    "Engine": "engines",
+    "JobEngine": "engines",
     "LocalEngine": "engines",
     "make_engine": "engines",
     "BadRowError": "errors",

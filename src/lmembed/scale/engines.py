@@ -5,7 +5,7 @@ the encode pass over the shards still missing from the cache. An engine only dec
 what they compute, and the files they write, are the same, so a job started on one engine may be
 finished on the other.
 
-The encode pass is one use of :meth:`Engine.map_shards` (a :class:`~lmembed.protocols.ShardMapper`: a worker
+The encode pass is one use of :meth:`JobEngine.map_shards` (a :class:`~lmembed.protocols.ShardMapper`: a worker
 built once per actor, called once per shard); synthesis runs its shards through the same method
 (``lmembed.synthesis.synthesize(..., engine=make_engine("ray"))``).
 """
@@ -28,8 +28,9 @@ from lmembed.scale.staging import Planner, PlanSettings
 from lmembed.scale.work import EmbedderSpec, InProcess, ModelProvider, ShardEncoder, ShardSettings
 
 
-class Engine(Protocol):
-    """Where a sharded job's work runs."""
+class JobEngine(Protocol):
+    """Where a sharded job's work runs (``--engine local|ray``). Not the encoding engine
+    (:class:`~lmembed.encoding.engine.EncodingEngine`), which turns texts into vectors inside each worker."""
 
     name: str
 
@@ -90,7 +91,7 @@ class LocalEngine:
         return LocalShards().map_shards(worker, args, shards, stage=stage)
 
 
-def make_engine(engine: str | Engine | EngineOptions = "local", **options: Any) -> Engine:
+def make_engine(engine: str | JobEngine | EngineOptions = "local", **options: Any) -> JobEngine:
     """An engine from its :class:`~lmembed.options.EngineOptions` (or from a name, ``local`` or ``ray``, and
     those options as keywords: ``make_engine("ray", workers=2)``), or ``engine`` itself when it is one already.
     The options are described on :class:`~lmembed.options.EngineOptions`."""
@@ -120,7 +121,7 @@ def engine_options(engine: str | EngineOptions, **options: Any) -> EngineOptions
     return EngineOptions(engine=engine, **options)
 
 
-def describe(engine: Engine) -> dict[str, Any]:
+def describe(engine: JobEngine) -> dict[str, Any]:
     """What ran a job, for its report."""
     return {
         "engine": engine.name,

@@ -38,7 +38,7 @@ from lmembed.embedder import Embedder, check_strategy, postprocess
 from lmembed.encoding.cache import EmbeddingCache, read_shard
 from lmembed.encoding.engine import resolve_max_length
 from lmembed.errors import ConfigError
-from lmembed.scale.engines import Engine, describe
+from lmembed.scale.engines import JobEngine, describe
 from lmembed.scale.errors import ScaleError
 from lmembed.scale.progress import ProgressCallback, ProgressTracker
 from lmembed.scale.shard_plan import ShardPlan, build_plan
@@ -145,7 +145,7 @@ class EncodeJob:
     # ------------------------------------------------------------------ running
     def run(
         self,
-        engine: Engine,
+        engine: JobEngine,
         *,
         spec: EmbedderSpec | None = None,
         on_progress: ProgressCallback | None = None,
@@ -222,7 +222,7 @@ class EncodeJob:
     def _load_plan(self) -> ShardPlan | None:
         return ShardPlan.load(self.folder) if ShardPlan.exists(self.folder) else None
 
-    def _plan(self, engine: Engine) -> ShardPlan:
+    def _plan(self, engine: JobEngine) -> ShardPlan:
         if self.staging.exists():
             shutil.rmtree(self.staging)
         self.staging.mkdir(parents=True)
@@ -248,7 +248,7 @@ class EncodeJob:
         plan.save(self.folder, meta)
         return ShardPlan.load(self.folder)
 
-    def _shard_settings(self, engine: Engine) -> ShardSettings:
+    def _shard_settings(self, engine: JobEngine) -> ShardSettings:
         return ShardSettings(
             job_id=self.job_id,
             plan_dir=str(self.folder),

@@ -31,7 +31,7 @@ from lmembed.embedder import Embedder
 from lmembed.encoding.inputs import validate_texts
 from lmembed.errors import ConfigError
 from lmembed.options import EngineOptions
-from lmembed.scale.engines import Engine, make_engine
+from lmembed.scale.engines import JobEngine, make_engine
 from lmembed.scale.job import DEFAULT_SHARD_ROWS, STORAGE_DTYPES, EncodeJob, JobReport
 from lmembed.scale.progress import ProgressCallback
 from lmembed.scale.sources import CorpusSource, memory_source, open_source
@@ -52,7 +52,7 @@ class ShardedExecutor:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: JobEngine,
         *,
         spec: EmbedderSpec | None = None,
         shard_rows: int = DEFAULT_SHARD_ROWS,
@@ -122,7 +122,7 @@ class ShardedExecutor:
 
 def scaled(
     embedder: Embedder,
-    engine: str | Engine | EngineOptions = "ray",
+    engine: str | JobEngine | EngineOptions = "ray",
     *,
     spec: EmbedderSpec | None = None,
     shard_rows: int = DEFAULT_SHARD_ROWS,
@@ -187,7 +187,7 @@ def encode_corpus(
     embedder: Embedder,
     corpus: CorpusLike,
     *,
-    engine: str | Engine | EngineOptions = "local",
+    engine: str | JobEngine | EngineOptions = "local",
     instruction: str | None = None,
     batch_size: int = 32,
     shard_rows: int = DEFAULT_SHARD_ROWS,

@@ -15,24 +15,38 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-import yaml
-
 from lmembed.errors import ConfigError, UnknownNameError
+from lmembed.schema import Where, read_yaml_file
 
-KINDS = ("e5-mistral", "gecko", "corpus-only")
-_REQUIRED = {
-    "e5-mistral": ("families", "knobs"),
-    "gecko": ("generate", "keys", "query_likelihood", "relevance"),
-    "corpus-only": ("generate", "keys"),
+
+@dataclass(frozen=True)
+class SynthesisKind:
+    """One kind of synthesis recipe: the fields its recipe file must hold, the runner that generates its rows
+    (``module:Class``, imported when a run starts, implementing :class:`~lmembed.synthesis.runner.RecipeRunner`),
+    and whether it reads seed passages and an embedder (``--corpus``, ``--embedder``)."""
+
+    required: tuple[str, ...]
+    runner: str
+    reads_passages: bool = False
+
+
+#: The registry of synthesis kinds: every list of kinds, the recipe check and ``synthesize`` read it.
+SYNTHESIS_KINDS: dict[str, SynthesisKind] = {
+    "e5-mistral": SynthesisKind(("families", "knobs"), "lmembed.synthesis.e5_mistral:E5MistralRunner"),
+    "gecko": SynthesisKind(
+        ("generate", "keys", "query_likelihood", "relevance"), "lmembed.synthesis.gecko:GeckoRunner", True
+    ),
+    "corpus-only": SynthesisKind(("generate", "keys"), "lmembed.synthesis.corpus_only:CorpusOnlyRunner", True),
 }
+KINDS = tuple(SYNTHESIS_KINDS)
 
 
-class RecipeError(ConfigError):
+class SynthesisRecipeError(ConfigError):
     """A synthesis recipe file is missing, unreadable or lacks a field its kind needs."""
 
 
 @dataclass(frozen=True)
-class Recipe:
+class SynthesisRecipe:
     """A loaded recipe: where it came from, its kind and version, its fields."""
 
     path: Path
@@ -47,7 +61,7 @@ class Recipe:
     def require(self, key: str, where: dict[str, Any] | None = None, label: str = "") -> Any:
         source = self.data if where is None else where
         if key not in source:
-            raise RecipeError(f"{self.path}: {label}{key!r} is missing")
+            raise SynthesisRecipeError(f"{self.path}: {label}{key!r} is missing")
         return source[key]
 
     def provenance(self) -> dict[str, str]:
@@ -76,26 +90,22 @@ def find_recipe(name: str | Path) -> Path:
     raise UnknownNameError(f"synthesis recipe {str(name)!r} is not a file nor one of: {', '.join(known) or 'none'}")
 
 
-def load_recipe(name: str | Path) -> Recipe:
+def load_recipe(name: str | Path) -> SynthesisRecipe:
     """Read and check a recipe file (a path or a known stem such as ``e5-mistral``)."""
     path = find_recipe(name)
     raw = path.read_bytes()
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise RecipeError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from exc
+    data, lines = read_yaml_file(path, SynthesisRecipeError, raw.decode("utf-8", errors="replace"))
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe is a YAML mapping")
+        raise SynthesisRecipeError(f"{path}: a recipe is a YAML mapping")
+    where = Where(str(path), lines, SynthesisRecipeError)
     kind = data.get("kind")
-    if kind not in KINDS:
-        raise RecipeError(f"{path}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
-    recipe = Recipe(path, kind, str(data.get("version", "1")), hashlib.sha256(raw).hexdigest()[:12], data)
+    if kind not in SYNTHESIS_KINDS:
+        raise where.error(("kind",), f"'kind' must be one of {', '.join(SYNTHESIS_KINDS)}, got {kind!r}")
+    recipe = SynthesisRecipe(path, kind, str(data.get("version", "1")), hashlib.sha256(raw).hexdigest()[:12], data)
     plain = data.get("answer", "json")
     if plain not in ("json", "plain-query") or (kind == "e5-mistral" and plain != "json"):
-        raise RecipeError(f"{path}: 'answer' must be json or plain-query (gecko, corpus-only), got {plain!r}")
-    for key in _REQUIRED[kind]:
+        raise where.error(("answer",), f"'answer' must be json or plain-query (gecko, corpus-only), got {plain!r}")
+    for key in SYNTHESIS_KINDS[kind].required:
         if not (key == "keys" and plain == "plain-query"):  # a plain-text query answer has no JSON keys
             recipe.require(key)
     if kind == "e5-mistral":

@@ -38,7 +38,7 @@ from lmembed.atomic import atomic_write_json, atomic_write_text
 from lmembed.errors import ConfigError
 from lmembed.protocols import LocalShards, ShardMapper
 from lmembed.synthesis.generators import Generator, Usage
-from lmembed.synthesis.recipes import Recipe
+from lmembed.synthesis.recipes import SynthesisRecipe
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class PlanMismatch(ConfigError):
 class Context:
     """What a recipe's stages are given."""
 
-    recipe: Recipe
+    recipe: SynthesisRecipe
     generator: Generator
     parts: Path
     seed: int = 0
@@ -99,7 +99,7 @@ class RecipeRunner(Protocol):
 
 
 @dataclass
-class Progress:
+class ShardLog:
     """Per-shard progress: rows/s, acceptance rate and ETA, logged and appended to ``progress.log``."""
 
     total_shards: int
@@ -187,7 +187,7 @@ def run_shards(
     _check_plan(parts / "plan.json", context, items, shard_size)
     shards = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
     todo = [i for i in range(len(shards)) if not (parts / f"{shard_name(i)}.stats.json").exists()]
-    progress = Progress(len(shards), parts / "progress.log", echo)
+    progress = ShardLog(len(shards), parts / "progress.log", echo)
     if echo and len(todo) < len(shards):
         echo(f"resuming: {len(shards) - len(todo)} of {len(shards)} shards already done")
     usage = Usage(**context.generator.usage.to_dict())  # the plan's (a brainstorm), then each shard's

@@ -20,6 +20,7 @@ own copy of the generator; the output is the same::
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,26 +28,19 @@ from typing import Any
 from lmembed.errors import ConfigError
 from lmembed.protocols import ShardMapper
 from lmembed.synthesis.generators import Generator
-from lmembed.synthesis.recipes import Recipe, load_recipe
+from lmembed.synthesis.recipes import SYNTHESIS_KINDS, SynthesisRecipe, load_recipe
 from lmembed.synthesis.runner import Context, Encode, RecipeRunner, run_shards
 
 
 def _runner(kind: str) -> RecipeRunner:
-    if kind == "e5-mistral":
-        from lmembed.synthesis.e5_mistral import E5MistralRunner
-
-        return E5MistralRunner()
-    if kind == "gecko":
-        from lmembed.synthesis.gecko import GeckoRunner
-
-        return GeckoRunner()
-    from lmembed.synthesis.corpus_only import CorpusOnlyRunner
-
-    return CorpusOnlyRunner()
+    """The runner of a registered synthesis kind (:data:`~lmembed.synthesis.recipes.SYNTHESIS_KINDS`), imported
+    now: each kind's module loads only when a run of that kind starts."""
+    module, name = SYNTHESIS_KINDS[kind].runner.split(":")
+    return getattr(importlib.import_module(module), name)()
 
 
 def synthesize(
-    recipe: str | Path | Recipe,
+    recipe: str | Path | SynthesisRecipe,
     generator: Generator,
     output: str | Path,
     *,
@@ -66,8 +60,8 @@ def synthesize(
     for a Ray cluster: the generator and ``encode`` then travel to the workers pickled, so use a picklable
     ``encode`` such as :class:`~lmembed.synthesis.retrieval.EmbedderEncode`). A generator's request or token
     budget is counted by each worker's copy: on Ray it bounds each worker, not the run."""
-    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    if recipe.kind in ("gecko", "corpus-only"):
+    recipe = recipe if isinstance(recipe, SynthesisRecipe) else load_recipe(recipe)
+    if SYNTHESIS_KINDS[recipe.kind].reads_passages:
         if corpus is None or not corpus[0]:
             raise ConfigError(f"recipe {recipe.path} ({recipe.kind}) needs a corpus of passages (--corpus)")
         if encode is None:

@@ -57,50 +57,30 @@ embeds: the positives plus random others; a synthesize step's seed passages) and
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import inspect
 import json
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
-
-from lmembed.datasets import resolve_local
-from lmembed.errors import LmembedError
-from lmembed.io import read_text
-from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
-from lmembed.synthesis.generators import GENERATOR_OPTIONS
-from lmembed.synthesis.recipes import find_recipe
-from lmembed.training import converters as conv
-from lmembed.training.rows import BATCHING_MODES
-from lmembed.training.train_config import (
-    OBJECTIVE_NAMES,
-    ObjectiveConfig,
-    ObjectiveConfigError,
-    TrainConfig,
-    TrainConfigError,
+from lmembed.training.recipe_data import prepare_data, resolve_data, resolve_input
+from lmembed.training.recipe_schema import (
+    TRAINER_STAGES,
+    Recipe,
+    RecipeError,
+    apply_overrides,
+    load_recipe,
+    parse_recipe,
+    stage_option_names,
 )
+from lmembed.training.train_config import ObjectiveConfig, ObjectiveConfigError, TrainConfig, TrainConfigError
 
 log = logging.getLogger(__name__)
 
-# ``rerank``: the contrastive trainer training a reranker (TrainConfig.reranker; default cross-encoder).
-STAGE_TYPES = ("contrastive", "rerank", *OBJECTIVE_NAMES)
-TRAINER_STAGES = ("contrastive", "rerank")
-PREPARE_KINDS = ("beir", "classification", "clustering", "sts", "pairs", "rows", "synthesize")
-RECIPE_KEYS = {"name", "description", "paper", "model", "output", "defaults", "prepare", "stages", "evaluate"}
-SPECIAL_OVERRIDES = ("model", "output", "teacher", "generator", "max_rows", "max_corpus")
 _PLACEHOLDER = re.compile(r"\{(output|prepared:[^}]+)\}")
-
-
-class RecipeError(LmembedError, ValueError):
-    """A recipe file is malformed; the message names the recipe and, where it applies, the stage."""
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -140,224 +120,6 @@ class RecipeResult:
         }
 
 
-@dataclass
-class Recipe:
-    """A parsed recipe file (see the module docstring)."""
-
-    name: str
-    model: str
-    output: str
-    stages: list[dict[str, Any]]
-    prepare: list[dict[str, Any]] = field(default_factory=list)
-    defaults: dict[str, Any] = field(default_factory=dict)
-    evaluate: dict[str, Any] = field(default_factory=dict)
-    description: str = ""
-    paper: str = ""
-    source: Path | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)  # applied last, to stages that know the field
-
-
-# ---------------------------------------------------------------------------------------------- loading
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(read_text(path))
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: invalid YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe is a mapping with 'model', 'stages' ...")
-    return data
-
-
-def _check_stage(where: str, stage: Any, seen: set[str]) -> None:
-    if not isinstance(stage, dict):
-        raise RecipeError(f"{where}: a stage must be a mapping")
-    name = stage.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise RecipeError(f"{where}: every stage needs a 'name' of letters, digits, '-', '_' or '.'")
-    if name in seen:
-        raise RecipeError(f"{where}: stage name {name!r} is used twice")
-    seen.add(name)
-    if stage.get("type", "contrastive") not in STAGE_TYPES:
-        raise RecipeError(f"{where}: stage type {stage.get('type')!r} is unknown; choose one of {STAGE_TYPES}")
-    if stage.get("batching", "blended") not in BATCHING_MODES:
-        raise RecipeError(f"{where}: batching {stage['batching']!r} is unknown; choose one of {BATCHING_MODES}")
-
-
-def _check_prepare(where: str, step: Any, seen: set[str]) -> None:
-    if not isinstance(step, dict) or not isinstance(step.get("name"), str):
-        raise RecipeError(f"{where}: a prepare step is a mapping with a 'name'")
-    if step["name"] in seen:
-        raise RecipeError(f"{where}: prepared data name {step['name']!r} is used twice")
-    seen.add(step["name"])
-    if step.get("kind") not in PREPARE_KINDS:
-        raise RecipeError(f"{where}: kind {step.get('kind')!r} is unknown; choose one of {PREPARE_KINDS}")
-    if step["kind"] == "synthesize":
-        _check_synthesize(where, step)
-    elif "input" not in step:
-        raise RecipeError(f"{where}: a prepare step needs an 'input'")
-    _check_step_values(where, step)
-
-
-#: The keys a ``synthesize`` step reads besides the common ones (``name``, ``kind``, ``output``, ``max_rows``,
-#: ``seed``, ``mine``, ``options``: the generator's options).
-_SYNTHESIZE_KEYS = {
-    "recipe",
-    "generator",
-    "input",
-    "embedder",
-    "embedder_options",
-    "limit",
-    "corpus_limit",
-    "shard_size",
-}
-_COMMON_KEYS = {"name", "kind", "output", "max_rows", "seed", "mine", "options"}
-
-
-def _check_synthesize(where: str, step: dict[str, Any]) -> None:
-    """A synthesize step names a synthesis recipe that exists and a generator; its keys are known."""
-    _refuse_unknown(where, "synthesize step", step, _SYNTHESIZE_KEYS | _COMMON_KEYS)
-    for key in ("recipe", "generator"):
-        if not isinstance(step.get(key), str) or not step[key]:
-            raise RecipeError(f"{where}: a synthesize step needs '{key}'")
-    try:
-        find_recipe(step["recipe"])
-    except LmembedError as exc:
-        raise RecipeError(f"{where}: {exc}") from exc
-    for key in ("limit", "corpus_limit", "shard_size"):
-        value = step.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise RecipeError(f"{where}: {key} must be a whole number >= 1, got {value!r}")
-
-
-#: Each prepare kind's converter; a step's ``options`` go to it, beside the arguments the recipe passes itself.
-_CONVERTERS = {
-    "beir": conv.beir_rows,
-    "classification": conv.classification_rows,
-    "clustering": conv.clustering_rows,
-    "sts": conv.sts_rows,
-    "pairs": conv.pair_rows,
-}
-_PASSED = {"instruction", "task", "max_rows", "seed"}
-_PASSED_BY_KIND = {"beir": {"split"}, "sts": {"teacher", "num_negatives", "mining"}}
-#: The keys of a step's ``mine`` the recipe reads itself (the others go to :func:`mine_hard_negatives`).
-_MINE_OWN = {"teacher", "teacher_options", "corpus", "max_corpus"}
-
-
-def _keywords(function: Any) -> set[str]:
-    """The parameters of ``function`` that can be given by name, but its first (the data)."""
-    params = list(inspect.signature(function).parameters.values())[1:]
-    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-
-
-def _check_step_values(where: str, step: dict[str, Any]) -> None:
-    """A prepare step's numbers are whole numbers and its ``options``/``mine`` keys are ones the converter and
-    the miner take (found here, naming the step, rather than as a TypeError when the step runs)."""
-    mine = step.get("mine")
-    numbers = {key: step.get(key) for key in ("seed", "max_rows")}
-    if isinstance(mine, dict):
-        numbers |= {f"mine.{key}": mine.get(key) for key in ("k", "max_corpus")}
-    for key, value in numbers.items():
-        try:
-            int(value) if value is not None else None
-        except (TypeError, ValueError):
-            raise RecipeError(f"{where}: {key} must be a whole number, got {value!r}") from None
-    options = step.get("options") or {}
-    if not isinstance(options, dict):
-        raise RecipeError(f"{where}: options must be a mapping")
-    converter = _CONVERTERS.get(step["kind"])
-    passed = _PASSED | _PASSED_BY_KIND.get(step["kind"], set())
-    if step["kind"] == "synthesize":
-        known = set(GENERATOR_OPTIONS - {"budget"}) | {"max_requests", "max_tokens"}
-    else:
-        known = _keywords(converter) - passed if converter else set()
-    _refuse_unknown(where, "options", options, known)
-    if isinstance(mine, dict):
-        _refuse_unknown(where, "mine", mine, _keywords(mine_hard_negatives) - {"rows", "corpus", "stats"} | _MINE_OWN)
-
-
-def _refuse_unknown(where: str, what: str, given: Mapping[str, Any], known: set[str]) -> None:
-    if unknown := sorted(set(given) - known):
-        known_keys = ", ".join(sorted(known)) or "none"
-        raise RecipeError(f"{where}: {what}: unknown key(s) {', '.join(unknown)}; known: {known_keys}")
-
-
-def parse_recipe(data: Mapping[str, Any], source: Path | None = None) -> Recipe:
-    """Validate the structure of a recipe mapping (stage options are checked when the stage runs)."""
-    where = str(source or "recipe")
-    unknown = sorted(set(data) - RECIPE_KEYS)
-    if unknown:
-        raise RecipeError(f"{where}: unknown top-level key(s) {', '.join(unknown)}; known: {sorted(RECIPE_KEYS)}")
-    stages = data.get("stages")
-    if not isinstance(stages, list) or not stages:
-        raise RecipeError(f"{where}: 'stages' must be a non-empty list")
-    names: set[str] = set()
-    for i, stage in enumerate(stages):
-        _check_stage(f"{where}: stage {i + 1}", stage, names)
-    prepared: set[str] = set()
-    for i, step in enumerate(data.get("prepare") or []):
-        _check_prepare(f"{where}: prepare step {i + 1}", step, prepared)
-    if not data.get("model") and not stages[0].get("model"):
-        raise RecipeError(f"{where}: no 'model' given")
-    name = str(data.get("name") or (source.stem if source else "recipe"))
-    return Recipe(
-        name=name,
-        model=str(data.get("model") or ""),
-        output=str(data.get("output") or f"runs/recipes/{name}"),
-        stages=copy.deepcopy(list(stages)),
-        prepare=copy.deepcopy(list(data.get("prepare") or [])),
-        defaults=dict(data.get("defaults") or {}),
-        evaluate=dict(data.get("evaluate") or {}),
-        description=str(data.get("description") or ""),
-        paper=str(data.get("paper") or ""),
-        source=source,
-    )
-
-
-def load_recipe(path: str | Path) -> Recipe:
-    """Read and validate a recipe YAML file."""
-    path = Path(path)
-    if not path.exists():
-        raise RecipeError(f"recipe {path} does not exist")
-    return parse_recipe(_read_yaml(path), path)
-
-
-def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any] | None) -> Recipe:
-    """A copy of ``recipe`` with test/benchmark overrides applied (see the module docstring)."""
-    if not overrides:
-        return recipe
-    recipe = copy.deepcopy(recipe)
-    extra = {k: v for k, v in overrides.items() if k not in SPECIAL_OVERRIDES}
-    if overrides.get("model"):
-        recipe.model = str(overrides["model"])
-        recipe.stages[0].pop("model", None)
-    if overrides.get("output"):
-        recipe.output = str(overrides["output"])
-    for step in recipe.prepare:
-        if overrides.get("max_rows") is not None:
-            step["max_rows"] = min(int(overrides["max_rows"]), int(step.get("max_rows") or 1 << 62))
-        if overrides.get("teacher") and isinstance(step.get("mine"), dict):
-            step["mine"]["teacher"] = str(overrides["teacher"])
-        if step.get("kind") == "synthesize":
-            _override_synthesis(step, overrides)
-        if overrides.get("max_corpus") is not None and isinstance(step.get("mine"), dict):
-            step["mine"]["max_corpus"] = int(overrides["max_corpus"])
-    unknown = sorted(set(extra) - _known(TrainConfig) - _known(ObjectiveConfig))
-    if unknown:
-        raise RecipeError(f"override(s) {', '.join(unknown)} match no stage option")
-    recipe.overrides.update(extra)
-    return recipe
-
-
-def _override_synthesis(step: dict[str, Any], overrides: Mapping[str, Any]) -> None:
-    """A synthesize step's generator, embedder (the teacher) and seed passages, as the overrides say."""
-    if overrides.get("generator"):
-        step["generator"] = str(overrides["generator"])
-    if overrides.get("teacher") and step.get("embedder"):
-        step["embedder"] = str(overrides["teacher"])
-    if overrides.get("max_corpus") is not None:
-        step["corpus_limit"] = min(int(overrides["max_corpus"]), int(step.get("corpus_limit") or 1 << 62))
-
-
 # ---------------------------------------------------------------------------------------------- strings and paths
 def _substitute(value: Any, context: Mapping[str, str]) -> Any:
     """Replace ``{output}`` / ``{prepared:NAME}`` in every string of a nested value."""
@@ -377,199 +139,12 @@ def _substitute(value: Any, context: Mapping[str, str]) -> Any:
     return value
 
 
-def resolve_input(spec: str) -> Path:
-    """An existing path, or a dataset name / relative path found by :mod:`lmembed.datasets`."""
-    try:
-        return resolve_local(spec)
-    except Exception as exc:
-        raise RecipeError(f"input {spec!r} is neither a path nor a dataset lmembed can find locally") from exc
-
-
-def resolve_data(data: Sequence[Any]) -> list[Any]:
-    """Data-source paths made concrete: existing paths stay, dataset names / shared paths resolve (a plain
-    string, or the ``path`` of a source given as a mapping)."""
-    out = []
-    for item in data:
-        if isinstance(item, str):
-            item = str(resolve_input(item))
-        elif isinstance(item, dict) and isinstance(item.get("path"), str):
-            item = {**item, "path": str(resolve_input(item["path"]))}
-        out.append(item)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- prepare
-def _spec_hash(step: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(step, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-_TEACHERS: dict[str, Any] = {}
-
-
-def _teacher(name: str, options: Mapping[str, Any]) -> Any:
-    """Load (once per process) the mining teacher, with the embedding cache on."""
-    key = json.dumps([name, dict(options)], sort_keys=True)
-    if key not in _TEACHERS:
-        from lmembed.embedder import Embedder  # lazy: keeps `lmembed --help` free of torch
-
-        _TEACHERS.clear()  # keep at most one teacher in memory
-        _TEACHERS[key] = Embedder.from_pretrained(name, show_progress=False, **options)
-    return _TEACHERS[key]
-
-
-def _convert(step: dict[str, Any], path: Path, teacher: Any | None) -> list[dict[str, Any]]:
-    """Rows for one prepare step, before any separate mining."""
-    kind, options = step["kind"], dict(step.get("options") or {})
-    common = {"max_rows": step.get("max_rows"), "seed": int(step.get("seed", 0))}
-    instruction, task = step.get("instruction"), step.get("task") or step["name"]
-    if kind == "beir":
-        return conv.beir_rows(path, step.get("split", "train"), instruction=instruction, task=task, **common, **options)
-    if kind == "classification":
-        return conv.classification_rows(path, instruction=instruction, task=task, **common, **options)
-    if kind == "clustering":
-        return conv.clustering_rows(path, instruction=instruction, task=task, **common, **options)
-    if kind == "sts":
-        mine = dict(step.get("mine") or {})
-        for key in ("teacher", "teacher_options", "corpus"):
-            mine.pop(key, None)
-        k = int(mine.pop("k", 7))
-        if "max_corpus" in mine:
-            options.setdefault("pool_size", int(mine.pop("max_corpus")))
-        return conv.sts_rows(
-            path,
-            instruction=conv.STS_INSTRUCTION if instruction is None else instruction,  # "": none
-            task=task,
-            teacher=teacher,
-            num_negatives=k,
-            mining=mine,
-            **common,
-            **options,
-        )
-    if kind == "pairs":
-        return conv.pair_rows(path, instruction=instruction, task=task, **common, **options)
-    rows = read_rows(path)
-    return rows[: common["max_rows"]] if common["max_rows"] else rows
-
-
-def _mine(step: dict[str, Any], rows: list[dict[str, Any]], path: Path, teacher: Any) -> list[dict[str, Any]]:
-    options = dict(step["mine"])
-    for key in ("teacher", "teacher_options"):
-        options.pop(key, None)
-    corpus_spec = options.pop("corpus", None)
-    max_corpus = options.pop("max_corpus", None)
-    if corpus_spec:
-        corpus = load_corpus(resolve_input(corpus_spec))
-    elif step["kind"] == "beir":
-        corpus = load_corpus(path)
-    else:
-        corpus = None
-    if corpus is not None and max_corpus is not None:
-        corpus = _shrink_corpus(corpus, rows, int(max_corpus), int(step.get("seed", 0)))
-    stats = MiningStats()
-    mined = mine_hard_negatives(teacher, rows, corpus, stats=stats, **options)
-    log.info("mined %s: %s", step["name"], stats.to_dict())
-    return mined
-
-
-def _shrink_corpus(corpus: list[str], rows: list[dict[str, Any]], size: int, seed: int) -> list[str]:
-    """The rows' positives plus random other documents, ``size`` in all (at least the positives)."""
-    positives = list(dict.fromkeys(p for r in rows for p in _as_list(r.get("positive"))))
-    taken = set(positives)
-    others = [t for t in dict.fromkeys(corpus) if t not in taken]
-    room = max(0, size - len(positives))
-    if len(others) > room:
-        keep = np.sort(np.random.default_rng(seed).choice(len(others), size=room, replace=False))
-        others = [others[int(i)] for i in keep]
-    return positives + others
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _synthesize(step: dict[str, Any], corpus: Path | None, target: Path) -> list[dict[str, Any]]:
-    """Rows of a ``synthesize`` step, generated (or resumed) into ``target``'s ``.synth.jsonl`` beside it."""
-    # lazy: the synthesis runners load transformers or httpx, which the other prepare kinds never need
-    from lmembed.synthesis.generators import Budget, build_generator
-    from lmembed.synthesis.retrieval import embedder_encode
-    from lmembed.synthesis.synthesize import read_passages, synthesize
-
-    options = dict(step.get("options") or {})
-    budget = Budget(options.pop("max_requests", None), options.pop("max_tokens", None))
-    generator = build_generator(step["generator"], budget=budget, **options)
-    passages = read_passages(corpus, step.get("corpus_limit")) if corpus is not None else None
-    embedder = step.get("embedder")
-    encode = embedder_encode(_teacher(embedder, step.get("embedder_options") or {})) if embedder else None
-    caps = [int(v) for v in (step.get("limit"), step.get("max_rows")) if v is not None]
-    synthesized = target.with_name(target.name.removesuffix(".jsonl") + ".synth.jsonl")
-    try:
-        stats = synthesize(
-            step["recipe"],
-            generator,
-            synthesized,
-            corpus=passages,
-            encode=encode,
-            seed=int(step.get("seed", 0)),
-            shard_size=int(step.get("shard_size", 32)),
-            limit=min(caps) if caps else None,
-            echo=log.info,
-        )
-    except LmembedError as exc:
-        raise RecipeError(f"prepare step {step['name']!r}: {exc}") from exc
-    finally:
-        close = getattr(generator, "close", None)  # an endpoint generator holds an HTTP client
-        if close is not None:
-            close()
-    log.info(
-        "synthesized %s: %d rows (%.0f%% of %d accepted, rejected %s)%s",
-        step["name"],
-        stats["rows"],
-        100 * stats["acceptance"],
-        stats["attempted"],
-        stats["rejected"] or "none",
-        "".join(f"; note: {note}" for note in stats["notes"]),
-    )
-    rows = read_rows(synthesized)
-    return rows[: int(step["max_rows"])] if step.get("max_rows") else rows
-
-
-def prepare_data(step: dict[str, Any], output: Path) -> Path:
-    """Run one prepare step; reuses the file when it was written from the same step before."""
-    target = Path(step.get("output") or output / "data" / f"{step['name']}.jsonl")
-    stamp = target.with_name(target.name + ".recipe.json")
-    digest = _spec_hash(step)
-    if target.exists() and stamp.exists() and json.loads(stamp.read_text()).get("hash") == digest:
-        log.info("prepared data %s is up to date", target)
-        return target
-    path = resolve_input(str(step["input"])) if "input" in step else None
-    mine = step.get("mine")
-    teacher = _teacher(mine["teacher"], mine.get("teacher_options") or {}) if isinstance(mine, dict) else None
-    if step["kind"] == "synthesize":
-        rows = _synthesize(step, path, target)
-    else:
-        assert path is not None  # every other kind needs an input (_check_prepare)
-        rows = _convert(step, path, teacher)
-    if teacher is not None and step["kind"] != "sts":
-        rows = _mine(step, rows, path, teacher)
-    if not rows:
-        raise RecipeError(f"prepare step {step['name']!r} produced no rows")
-    write_rows(rows, target)
-    stamp.write_text(json.dumps({"hash": digest, "rows": len(rows), "step": step}, default=str, indent=2))
-    return target
-
-
 # ---------------------------------------------------------------------------------------------- stages
-def _known(config_class: type) -> set[str]:
-    return {f.name for f in fields(config_class)}
-
-
 def stage_options(recipe: Recipe, stage: Mapping[str, Any], model: str, output: Path) -> dict[str, Any]:
     """The config options of one stage: recipe defaults (fields the stage knows) + the stage's own."""
     kind = stage.get("type", "contrastive")
     trainer = kind in TRAINER_STAGES
-    known = _known(TrainConfig if trainer else ObjectiveConfig)
+    known = stage_option_names(TrainConfig if trainer else ObjectiveConfig)
     options = {k: v for k, v in recipe.defaults.items() if k in known}
     options.update({k: v for k, v in stage.items() if k not in ("name", "type")})
     options.update({k: v for k, v in recipe.overrides.items() if k in known})

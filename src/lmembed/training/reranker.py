@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,34 @@ from lmembed.training.trainable import LoraSettings, TrainedTensors
 __all__ = ["TrainableReranker", "build_trainable_reranker"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KindTraining:
+    """How one reranker kind trains: peft's ``task_type`` for its LoRA adapters, whether it has a score head of
+    its own (a cross-encoder's new head: trained in full beside the adapters, under ``head_lr``; an LLM reranker
+    reads the LM head it has), and whether it is a decoder whatever its config says."""
+
+    peft_task_type: str
+    own_head: bool
+    decoder: bool
+
+
+#: One entry per kind of ``lmembed.rerank.loading.KINDS`` (a test checks the two agree): the only place training
+#: tells the kinds apart.
+KIND_TRAINING: dict[str, KindTraining] = {
+    "cross-encoder": KindTraining(peft_task_type="SEQ_CLS", own_head=True, decoder=False),
+    "llm": KindTraining(peft_task_type="CAUSAL_LM", own_head=False, decoder=True),
+}
+
+
+def kind_training(reranker: Reranker) -> KindTraining:
+    """The :data:`KIND_TRAINING` entry of ``reranker``'s kind; a kind without one cannot be trained."""
+    if reranker.kind not in KIND_TRAINING:
+        raise ConfigError(
+            f"reranker kind {reranker.kind!r} cannot be trained: the trainable kinds are {', '.join(KIND_TRAINING)}"
+        )
+    return KIND_TRAINING[reranker.kind]
 
 
 class TrainableReranker(TrainedTensors, nn.Module):
@@ -63,7 +92,7 @@ class TrainableReranker(TrainedTensors, nn.Module):
             target_modules=target if isinstance(target, str) else list(target),
             bias="none",
             # a cross-encoder's new score head is trained in full beside the adapters (peft's modules_to_save)
-            task_type="SEQ_CLS" if reranker.kind == "cross-encoder" else "CAUSAL_LM",
+            task_type=kind_training(reranker).peft_task_type,
         )
         return get_peft_model(reranker.model, config)
 
@@ -82,7 +111,7 @@ class TrainableReranker(TrainedTensors, nn.Module):
     def head_parameter_names(self) -> list[str]:
         """The trainable parameters outside the base model (a cross-encoder's score head: ``classifier``,
         ``score``), which ``head_lr`` applies to; an LLM reranker has none (it reads the LM head it has)."""
-        if self.reranker.kind != "cross-encoder":
+        if not kind_training(self.reranker).own_head:
             return []
         base = self.reranker.model.base_model if not self.uses_lora else self.model.get_base_model().base_model
         inside = {id(p) for p in base.parameters()}
@@ -151,7 +180,7 @@ def build_trainable_reranker(
             f"{reranker.name} has {reranker.num_labels} labels; a reranker is trained with one score per pair "
             "(load it with num_labels=1)"
         )
-    decoder = reranker.kind == "llm" or bool(config_says_decoder(reranker.model.config))
+    decoder = kind_training(reranker).decoder or bool(config_says_decoder(reranker.model.config))
     use_lora = decoder if config.lora is None else config.lora
     lora = LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
     return TrainableReranker(reranker, lora=lora if use_lora else None)

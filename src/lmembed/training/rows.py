@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.config import mistyped_options, unknown_options
+from lmembed.config import unknown_options
 from lmembed.datasets import resolve_local
 from lmembed.errors import ConfigError, LmembedError
 from lmembed.io import (
@@ -56,6 +56,7 @@ from lmembed.io import (
     read_corpus,
     read_queries,
 )
+from lmembed.schema import Where, check_fields
 from lmembed.synthesis.decontaminate import DecontaminationReport, DecontaminationSettings, decontaminate
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,7 @@ class DataSource:
                 raise TrainingDataError(f"unknown data source option(s): {', '.join(unknown)}")
             if "path" not in spec:
                 raise TrainingDataError(f"data source {spec!r} has no 'path'")
-            if mistyped := mistyped_options(cls, spec):
-                raise TrainingDataError(f"data source {spec['path']}: {'; '.join(mistyped)}")
+            check_fields(cls, spec, Where(f"data source {spec['path']}", error=TrainingDataError))  # plain types
             return cls(**spec)
         raise TrainingDataError(f"a data source must be a path or a mapping, got {type(spec).__name__}")
 

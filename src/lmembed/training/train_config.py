@@ -2,7 +2,8 @@
 
 :class:`TrainConfig` holds a contrastive run's settings as one dataclass that round-trips through YAML;
 :class:`ObjectiveConfig` those of a pre-training stage (:mod:`lmembed.training.stages`: MNTP, SimCSE,
-Anchor, AnglE pairs). Both share the model-side fields of :class:`ModelOptions`.
+Anchor, AnglE pairs). Both share the model-side fields of :class:`TrainedModel` (declared as those of
+:class:`lmembed.options.ModelOptions` and its LoRA group).
 
 A TrainConfig's fields are reachable from the command line (``lmembed train``) and from a YAML file
 (``--config run.yaml``); options given on the command line override the file. Defaults follow
@@ -27,26 +28,45 @@ A YAML file holds the same fields; a data source is a path or a mapping of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lmembed.config import mistyped_options, unknown_options
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
+from lmembed.options import LoraOptions, ModelOptions, field_of, flag
+from lmembed.schema import Where, check_fields, read_yaml_file
 from lmembed.synthesis.eval_texts import parse_names
 from lmembed.training.loss_names import NEEDS_NEGATIVES, canonical_loss_name
 from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
 
 DTYPES = ("float32", "bfloat16")
+#: Training's device default (a GPU when there is one); encoding's is ``cpu`` (lmembed.options.DEFAULT_DEVICE).
+TRAIN_DEVICE = "auto"
 # The pre-training stages (lmembed.training.stages), by the name ObjectiveConfig.objective takes.
 OBJECTIVE_NAMES = ("mntp", "simcse", "anchor", "angle", "grit")
 SIMILARITY_ALIASES = {"cos": "cosine", "cosine": "cosine", "dot": "dot"}
 # What TrainConfig.reranker takes: the kind of reranker trained (auto: decided by the model's folder).
 RERANKER_KINDS = ("cross-encoder", "llm", "auto")
+
+
+DATA_DOC = "Training JSONL file or BEIR folder; repeat to mix datasets."
+RERANKER_DOC = (
+    "Train the model as a reranker: cross-encoder, llm (yes/no prompt) or auto (by its folder); each row's "
+    "positive and --num-negatives negatives are scored with its query (use a reranker --loss)."
+)
+LOSS_DOC = (
+    "infonce, triplet, gte, matryoshka; margin_mse or distill_kl distil the rows' teacher_scores; "
+    "a reranker: listwise_softmax or pointwise_bce."
+)
+BATCHING_DOC = "blended (rows of all datasets) or homogeneous (one dataset per batch)."
+DECONTAMINATE_DOC = (
+    "Comma list of evaluation sets (scifact,nfcorpus): drop rows whose query or positive repeats their "
+    "items (exact, n-gram, near-duplicate, BM25); the report goes to the output folder."
+)
+EVAL_DATA_DOC = "BEIR folder or dataset name for dev nDCG@10; repeatable."
 
 
 class TrainConfigError(LmembedError, ValueError):
@@ -57,14 +77,6 @@ class ObjectiveConfigError(LmembedError, ValueError):
     """A pre-training stage option is invalid."""
 
 
-def check_mapping(config_class: type, data: Mapping[str, Any], error: type[Exception], what: str) -> None:
-    """Refuse keys of ``data`` that name no field of ``config_class``, and values of the wrong plain type."""
-    if unknown := unknown_options(config_class, data):
-        raise error(f"unknown {what} option(s): {', '.join(unknown)}")
-    if mistyped := mistyped_options(config_class, data):
-        raise error("; ".join(mistyped))
-
-
 def check_at_least(error: type[Exception], minimum: int, **values: float) -> None:
     """Raise ``error`` naming the first of ``values`` that is below ``minimum``."""
     for name, value in values.items():
@@ -73,26 +85,29 @@ def check_at_least(error: type[Exception], minimum: int, **values: float) -> Non
 
 
 @dataclass
-class ModelOptions:
+class TrainedModel:
     """What is trained and how it is read out; shared by contrastive runs and objective stages.
 
-    Strategy fields left as ``None`` keep the model's own (a saved Embedder's ``lmembed.json`` or
-    lmembed's defaults). ``lora=None`` picks LoRA for decoders and full fine-tuning for encoders.
+    Not a second options model: every field is declared as the same field of :class:`lmembed.options.ModelOptions`
+    (``pooling``, ``attention``, ``max_length``, ``dtype``, ``device``: same type, flag and help) or of its LoRA
+    group :class:`lmembed.options.LoraOptions`, with training's own defaults where they differ (``device``:
+    ``auto``, a GPU when there is one). Strategy fields left as ``None`` keep the model's own (a saved Embedder's
+    ``lmembed.json`` or lmembed's defaults). ``lora=None`` picks LoRA for decoders and full fine-tuning for encoders.
     """
 
-    model: str = ""
+    model: str = flag("", "--model", "-m", help="Bundled name, local directory or Hub id.")
     # extraction strategy
-    pooling: str | None = None
-    attention: str | None = None
-    max_length: int | None = None
+    pooling: str | None = field_of(ModelOptions, "pooling")
+    attention: str | None = field_of(ModelOptions, "attention")
+    max_length: int | None = field_of(ModelOptions, "max_length")
     # model side
-    lora: bool | None = None
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.1
-    lora_target_modules: str | list[str] = "all-linear"
-    dtype: str = "float32"
-    device: str = "auto"
+    lora: bool | None = field_of(LoraOptions, "lora")
+    lora_r: int = field_of(LoraOptions, "lora_r")
+    lora_alpha: int = field_of(LoraOptions, "lora_alpha")
+    lora_dropout: float = field_of(LoraOptions, "lora_dropout")
+    lora_target_modules: str | list[str] = field_of(LoraOptions, "lora_target_modules")  # noqa: RUF009 (a field)
+    dtype: str = field_of(ModelOptions, "dtype", help="Weights dtype: float32 or bfloat16 (autocast).")
+    device: str = field_of(ModelOptions, "device", default=TRAIN_DEVICE)
 
     def check_model_options(self, error: type[ValueError]) -> None:
         """Raise ``error`` naming the first invalid model-side option."""
@@ -105,10 +120,10 @@ class ModelOptions:
 
 
 @dataclass
-class TrainConfig(ModelOptions):
+class TrainConfig(TrainedModel):
     """Everything that defines a training run (see ``lmembed train --help`` for the flags).
 
-    The model-side fields come from :class:`ModelOptions`. ``batch_size`` is the global batch: under
+    The model-side fields come from :class:`TrainedModel`. ``batch_size`` is the global batch: under
     several processes each one embeds an equal share and in-batch negatives are gathered from all of
     them. ``num_negatives`` hard negatives are attached to every query (topped up with random texts of
     the same dataset when a row has fewer).
@@ -121,48 +136,54 @@ class TrainConfig(ModelOptions):
     learns slowly at the backbone's rate).
     """
 
-    data: list[DataSource] = field(default_factory=list)
-    output: str = "runs/train"
-    reranker: str | None = None
+    data: list[DataSource] = flag([], "--data", help=DATA_DOC, cli_type=list[str] | None)  # noqa: RUF009 (a field)
+    output: str = flag("runs/train", "--output", "-o", help="Output folder.")
+    reranker: str | None = flag(None, "--reranker", help=RERANKER_DOC)
     reranker_options: dict[str, Any] = field(default_factory=dict)
     head_lr: float | None = None  # a reranker's new score head (cross-encoder); default: lr
-    merge_lora: bool = True
-    gradient_checkpointing: bool = False
+    merge_lora: bool = flag(
+        True, "--merge-lora/--keep-adapter", help="Save with LoRA merged, or keep the adapter (--keep-adapter)."
+    )
+    gradient_checkpointing: bool = flag(
+        False, "--gradient-checkpointing", help="Recompute activations in backward to save memory."
+    )
     # objective
-    loss: str = "infonce"
-    temperature: float | None = None
-    similarity: str = "cosine"
+    loss: str = flag("infonce", "--loss", help=LOSS_DOC)
+    temperature: float | None = flag(None, "--temperature", help="Temperature (default: the loss's own, InfoNCE 0.02).")
+    similarity: str = flag("cosine", "--similarity", help="cos (cosine) or dot.")
     in_batch_negatives: bool = True
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
-    num_negatives: int = 1
+    num_negatives: int = flag(1, "--num-negatives", help="Hard negatives per query.")
     # optimisation
-    batch_size: int = 32
-    grad_cache_chunk: int | None = None
-    steps: int = 1000
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    warmup_steps: int = 50
-    max_grad_norm: float | None = 1.0
-    seed: int = 42
+    batch_size: int = flag(32, "--batch-size", help="Global batch size.")
+    grad_cache_chunk: int | None = flag(None, "--grad-cache-chunk", help="Use GradCache with chunks of this many rows.")
+    steps: int = flag(1000, "--steps", help="Optimisation steps.")
+    lr: float = flag(2e-5, "--lr", help="Peak learning rate.")
+    weight_decay: float = flag(0.01, "--weight-decay", help="AdamW weight decay.")
+    warmup_steps: int = flag(50, "--warmup-steps", help="Linear warm-up steps.")
+    max_grad_norm: float | None = flag(1.0, "--max-grad-norm", help="Gradient clipping norm.")
+    seed: int = flag(42, "--seed", help="Random seed.")
     # data
     mixing: str = "uniform"
     # rows of several datasets per batch, or "homogeneous": one dataset per batch (SFR), drawn with the mixture
     # weights; "round_robin": one dataset per batch, the datasets in turn (equal steps per dataset)
-    batching: str = "blended"
-    skip_invalid: bool = False
-    decontaminate_against: list[str] = field(default_factory=list)  # evaluation sets training must not repeat
+    batching: str = flag("blended", "--batching", help=BATCHING_DOC)
+    skip_invalid: bool = flag(False, "--skip-invalid", help="Skip (and count) invalid rows instead of stopping.")
+    decontaminate_against: list[str] = flag(  # noqa: RUF009 (a field: evaluation sets training must not repeat)
+        [], "--decontaminate-against", help=DECONTAMINATE_DOC, cli_type=str | None
+    )
     # logging, evaluation, checkpoints
     log_every: int = 1
-    save_every: int = 0
+    save_every: int = flag(0, "--save-every", help="Checkpoint every N steps (0: off).")
     keep_checkpoints: int = 2
-    eval_data: list[str] = field(default_factory=list)
-    eval_split: str = "test"
-    eval_every: int = 0
-    eval_max_queries: int | None = None
-    eval_max_docs: int | None = None
+    eval_data: list[str] = flag([], "--eval-data", help=EVAL_DATA_DOC, cli_type=list[str] | None)  # noqa: RUF009
+    eval_split: str = flag("test", "--eval-split", help="Split of the dev sets.")
+    eval_every: int = flag(0, "--eval-every", help="Evaluate every N steps (0: off).")
+    eval_max_queries: int | None = flag(None, "--eval-max-queries", help="Evaluate on at most N queries.")
+    eval_max_docs: int | None = flag(None, "--eval-max-docs", help="Shrink dev corpora to N documents.")
     eval_batch_size: int = 32
-    resume: bool = False
-    progress: bool = True
+    resume: bool = flag(False, "--resume", help="Continue from the newest checkpoint in --output.")
+    progress: bool = flag(True, "--progress/--no-progress", help="Show a progress bar.")
 
     def __post_init__(self) -> None:
         self.data = [DataSource.parse(item) for item in (self.data or [])]
@@ -243,21 +264,22 @@ class TrainConfig(ModelOptions):
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        check_mapping(cls, data, TrainConfigError, "training")
+    def from_dict(cls, data: dict[str, Any], where: Where | None = None) -> TrainConfig:
+        """A checked config from a mapping; ``where`` (a file and its lines) is named in errors of the schema."""
+        check_fields(cls, data, where or Where("", error=TrainConfigError), unknown="unknown training option")
         return cls(**data)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
         path = Path(path)
-        try:
-            data = yaml.safe_load(read_text(path)) or {}
-        except yaml.YAMLError as exc:
-            raise TrainConfigError(f"{path}: invalid YAML ({exc})") from exc
+        data, lines = read_yaml_file(path, TrainConfigError, read_text(path))
         if not isinstance(data, dict):
-            raise TrainConfigError(f"{path}: expected a mapping of options at the top level")
+            if data is not None:
+                raise TrainConfigError(f"{path}: expected a mapping of options at the top level")
+            data = {}
+        check_fields(cls, data, Where(str(path), lines, TrainConfigError), unknown="unknown training option")
         try:
-            return cls.from_dict(data)
+            return cls(**data)
         except (TrainConfigError, TypeError, ValueError) as exc:
             raise TrainConfigError(f"{path}: {exc}") from exc
 
@@ -272,10 +294,10 @@ class TrainConfig(ModelOptions):
 
 
 @dataclass
-class ObjectiveConfig(ModelOptions):
+class ObjectiveConfig(TrainedModel):
     """Settings of one pre-training stage; ``objective`` names it (one of :data:`OBJECTIVE_NAMES`).
 
-    The model-side fields come from :class:`ModelOptions`. ``options`` go to the stage's constructor
+    The model-side fields come from :class:`TrainedModel`. ``options`` go to the stage's constructor
     (``mask_probability``, ``temperature``, ``dropout``, ``alpha``, ``max_target_length`` ...).
     ``lora=None`` means LoRA for decoders, full fine-tuning for encoders (the Anchor paper trains
     stage I with all parameters: set ``lora: false``).
@@ -309,7 +331,7 @@ class ObjectiveConfig(ModelOptions):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ObjectiveConfig:
-        check_mapping(cls, data, ObjectiveConfigError, "objective")
+        check_fields(cls, data, Where("", error=ObjectiveConfigError), unknown="unknown objective option")
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lmembed.config import BACKENDS as BACKENDS
+from lmembed.config import PRECISIONS as PRECISIONS
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
 from lmembed.models.attention import configure_attention, configured_mode, mask_for
@@ -43,10 +45,9 @@ from lmembed.pooling.layers import find_final_norm, normalize_layer, select_stat
 
 log = logging.getLogger(__name__)
 
-#: Backends lmembed can run a model on.
-BACKENDS = ("torch", "onnx")
-#: Precisions: the backbone's own floating types, and int8 (quantised, quality-gated).
-PRECISIONS = ("float32", "bfloat16", "float16", "int8")
+# Backends lmembed can run a model on, and the precisions: the backbone's own floating types, and int8 (quantised,
+# quality-gated). The registry lives in lmembed.config, free of torch, so the CLI reads it without importing torch;
+# it is re-exported here (BACKENDS, PRECISIONS) for the backends.
 
 #: ``batches_for(texts)``: the engine's tokenisation of calibration texts into padded numpy batches
 #: (input_ids, attention_mask, pool_mask).

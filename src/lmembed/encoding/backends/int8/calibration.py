@@ -39,7 +39,7 @@ CALIBRATION_TOKENS = 1024
 #: Real tokens of calibration input recorded at most: every batch gives the same share of its rows, so the mix of
 #: text lengths is kept. The per-row recipe takes no activation ranges from calibration, only the outlier channels
 #: and the error sample, and a float32 pass over a few hundred long texts took longer than the encoding it was for
-#: (85 s of the main job's 148 s int8 preparation for smollm2-135m, ``bench/main_job_time.py``).
+#: (``bench/main_job_time.py`` times the int8 preparation: bench/results/main-job-time/).
 CALIBRATION_MAX_TOKENS = 16384
 
 

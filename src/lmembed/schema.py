@@ -1,0 +1,231 @@
+"""The schema layer of the files users write (training configs, recipes, experiments, synthesis recipes).
+
+Three pieces, shared by every such file so that each mistake is reported the same way, as
+``FILE:LINE: key.path: message``:
+
+* :func:`load_yaml_with_lines`: the YAML document and the line of every key path in it;
+* :class:`Where`: turns a key path into ``FILE:LINE: key.path`` and builds the file type's own error
+  (``ExperimentSpecError``, ``TrainConfigError`` ...);
+* :func:`check_fields`: validates a mapping against the fields of an options dataclass through a pydantic
+  model derived from the dataclass's own declaration (unknown keys forbidden, plain ``int``/``float``/
+  ``bool``/``str`` fields strict: YAML's ``2e-5`` is text, not a float), and :func:`schema_error` turns a
+  pydantic ``ValidationError`` into the file type's error, one ``FILE:LINE: key.path: message`` per problem.
+
+A file's structure is declared as a :class:`FileModel` (a pydantic model: unknown keys forbidden) and checked
+with :func:`check_keys`; the checks a type cannot say (an arm that names no arm, a seed listed twice) stay with
+the file's reader, raised through the same :class:`Where`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import types
+from collections.abc import Mapping
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+#: A key path in a file: ``("arms", "echo", "strategy")``, ``("data", 0, "path")``.
+KeyPath = tuple[str | int, ...]
+
+#: The plain field types checked strictly, by name.
+_PLAIN = {int: "int", float: "float", bool: "bool", str: "str"}
+#: pydantic's error types for a value of the wrong plain type.
+_TYPE_ERRORS = {
+    "int_type": "int",
+    "int_parsing": "int",
+    "int_from_float": "int",
+    "float_type": "float",
+    "float_parsing": "float",
+    "bool_type": "bool",
+    "bool_parsing": "bool",
+    "string_type": "str",
+}
+
+
+def load_yaml_with_lines(text: str) -> tuple[Any, dict[KeyPath, int]]:
+    """The YAML document and, for every key path (``("arms", "echo", "strategy")``), its 1-based line."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+        lines: dict[KeyPath, int] = {}
+
+        def walk(current: yaml.Node, path: KeyPath) -> None:
+            lines[path] = current.start_mark.line + 1
+            if isinstance(current, yaml.MappingNode):
+                for key_node, value_node in current.value:
+                    key = loader.construct_object(key_node)
+                    walk(value_node, (*path, key))
+                    lines[(*path, key)] = key_node.start_mark.line + 1  # the key's line, not its value's
+            elif isinstance(current, yaml.SequenceNode):
+                for index, item in enumerate(current.value):
+                    walk(item, (*path, index))
+
+        if node is not None:
+            walk(node, ())
+        return data, lines
+    finally:
+        loader.dispose()
+
+
+def read_yaml_file(path: Path, error: type[Exception], text: str) -> tuple[Any, dict[KeyPath, int]]:
+    """:func:`load_yaml_with_lines` of a file's ``text``; invalid YAML is ``error`` naming the file and line."""
+    try:
+        return load_yaml_with_lines(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise error(f"{path}{line}: invalid YAML ({exc.problem})") from exc
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: invalid YAML ({exc})") from exc
+
+
+class FileModel(BaseModel):
+    """A mapping of a file users write: its keys are the fields (unknown keys forbidden); values are ``Any``
+    unless a type says all there is to check (the file's reader checks the rest, with its own messages)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class Where:
+    """Turns a key path into ``FILE:LINE: key.path`` for messages (the nearest known line for keys the file
+    does not have), and builds errors of the file type's own class.
+
+    Without a source (a mapping built in code) the label is the key path alone."""
+
+    def __init__(self, source: str, lines: Mapping[KeyPath, int] | None = None, error: type[Exception] = ValueError):
+        self.source = source
+        self.lines = lines or {}
+        self.error_class = error
+
+    def line(self, path: KeyPath) -> int | None:
+        """The line of ``path``, or of its nearest parent the file has."""
+        probe = tuple(path)
+        while probe and probe not in self.lines:
+            probe = probe[:-1]
+        return self.lines.get(probe)
+
+    def at(self, path: KeyPath) -> str:
+        """``FILE:LINE`` of ``path`` (``FILE`` alone when the line is not known)."""
+        line = self.line(path)
+        return f"{self.source}:{line}" if line else self.source
+
+    def __call__(self, path: KeyPath) -> str:
+        label = ".".join(str(p) for p in path) or "(top level)"
+        return f"{self.at(path)}: {label}" if self.source else label
+
+    def error(self, path: KeyPath, message: str) -> Exception:
+        """The file type's error: ``FILE:LINE: key.path: message``."""
+        return self.error_class(f"{self(path)}: {message}")
+
+
+def _plain(annotation: Any) -> tuple[type | None, bool]:
+    """``(int, True)`` for ``int | None``; ``(None, ...)`` for a type that is not one plain type."""
+    optional = False
+    if get_origin(annotation) in (Union, types.UnionType):
+        parts = [a for a in get_args(annotation) if a is not type(None)]
+        optional = len(parts) < len(get_args(annotation))
+        annotation = parts[0] if len(parts) == 1 else None
+    return (annotation if annotation in _PLAIN else None), optional
+
+
+@functools.cache
+def fields_model(config_class: type) -> type[BaseModel]:
+    """The pydantic model of an options dataclass's fields: every field optional (the dataclass keeps its
+    defaults), unknown keys forbidden, plain-typed fields strict, others checked by the dataclass itself."""
+    hints = get_type_hints(config_class)
+    spec: dict[str, Any] = {}
+    for f in fields(config_class):
+        plain, optional = _plain(hints[f.name])
+        kind: Any = Any if plain is None else (plain | None if optional else plain)
+        spec[f.name] = (kind, None if f.default is MISSING else f.default)
+    config = ConfigDict(extra="forbid", strict=True)
+    return create_model(f"{config_class.__name__}Fields", __config__=config, **spec)
+
+
+def _describe(error: Mapping[str, Any], model: type[BaseModel] | None, unknown: str) -> str:
+    """One pydantic error in lmembed's words (``unknown``: the message of an unknown key, a format string that
+    may name the ``{key}`` and the ``{known}`` keys)."""
+    kind, value = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        known = ", ".join(model.model_fields) if model is not None and len(error["loc"]) == 1 else ""
+        return unknown.format(key=error["loc"][-1], known=known or "none")
+    if kind in _TYPE_ERRORS:
+        optional = False
+        name = error["loc"][0] if error["loc"] else None
+        if model is not None and name in model.model_fields:
+            optional = _plain(model.model_fields[name].annotation)[1]
+        expected = _TYPE_ERRORS[kind]
+        hint = " (YAML reads 2e-5 as text: write 2.0e-5)" if expected == "float" and _numeric_text(value) else ""
+        return f"expected {expected}{' or null' if optional else ''}, got {value!r}{hint}"
+    return str(error["msg"])
+
+
+def _numeric_text(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
+
+
+def schema_error(
+    exc: ValidationError,
+    where: Where,
+    *,
+    prefix: KeyPath = (),
+    model: type[BaseModel] | None = None,
+    unknown: str = "unknown key",
+) -> Exception:
+    """``where``'s error for a pydantic ``ValidationError``: one ``FILE:LINE: key.path: message`` per problem,
+    unknown keys first (``unknown`` is their message), joined by ``; ``."""
+    problems = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    parts = [f"{where((*prefix, *e['loc']))}: {_describe(e, model, unknown)}" for e in problems]
+    return where.error_class("; ".join(parts))
+
+
+def check_fields(
+    config_class: type,
+    data: Mapping[str, Any],
+    where: Where,
+    *,
+    prefix: KeyPath = (),
+    unknown: str = "unknown option",
+) -> None:
+    """Refuse keys of ``data`` that name no field of the dataclass ``config_class`` and values of the wrong
+    plain type, as ``where``'s error (see :func:`schema_error`)."""
+    model = fields_model(config_class)
+    plain = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in data.items()}
+    try:
+        model.model_validate(plain)
+    except ValidationError as exc:
+        raise schema_error(exc, where, prefix=prefix, model=model, unknown=unknown) from None
+
+
+def check_keys(model: type[FileModel], data: Mapping[str, Any], where: Where, path: KeyPath, what: str) -> FileModel:
+    """``data`` (a mapping at ``path`` in the file) checked against ``model``: an unknown key is ``where``'s error
+    ``FILE:LINE: path.key: unknown WHAT key 'key'; known: ...``, a value of the wrong declared type names its key."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise schema_error(
+            exc, where, prefix=path, model=model, unknown=f"unknown {what} key {{key!r}}; known: {{known}}"
+        ) from None
+
+
+__all__ = [
+    "FileModel",
+    "KeyPath",
+    "Where",
+    "check_fields",
+    "check_keys",
+    "fields_model",
+    "load_yaml_with_lines",
+    "read_yaml_file",
+    "schema_error",
+]
