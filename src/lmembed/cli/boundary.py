@@ -5,7 +5,8 @@ the file and line, or the HTTP field, as the library's error says) and a non-zer
 traceback. ``lmembed --debug ...`` or ``LMEMBED_DEBUG=1`` lets the exception through with its traceback.
 
 Exit status: 2 for a problem with the input, 1 for anything else (a bug: the message says so and how to see
-the traceback), 130 when interrupted. What counts as a problem with the input is :data:`USER_ERRORS`:
+the traceback), 130 when interrupted. A closed pipe on output (``lmembed ... | head``) ends quietly with 1.
+What counts as a problem with the input is :data:`USER_ERRORS`:
 
 - :class:`~lmembed.errors.LmembedError` and its subclasses: the library raises these on purpose for a bad
   option value, missing or malformed data, an unusable model, naming the argument or the file and line;
@@ -22,6 +23,8 @@ is a bug and is reported as one.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +89,21 @@ def report(exc: BaseException) -> int:
     return status
 
 
+def closed_pipe() -> int:
+    """The reader of our output went away (``lmembed ... | head``): not an error to report. As Python's docs
+    advise (signal module, "Note on SIGPIPE"), what is left to flush goes to ``os.devnull`` so the interpreter's
+    exit does not raise again; the status is 1, as click gives for the same case while printing help."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fileno = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            continue  # replaced or closed (a test runner's capture): nothing will be flushed to a pipe
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fileno)
+        os.close(devnull)
+    return 1
+
+
 def guarded(ctx: typer.Context, call: Callable[[], Any]) -> Any:
     """Run ``call``; turn any exception that is not typer's own into a message and an exit status."""
     try:
@@ -95,6 +113,8 @@ def guarded(ctx: typer.Context, call: Callable[[], Any]) -> Any:
     except KeyboardInterrupt:
         _console.print("[yellow]interrupted[/yellow]")
         raise typer.Exit(130) from None
+    except BrokenPipeError:
+        raise typer.Exit(closed_pipe()) from None
     except Exception as exc:
         if debug_enabled(ctx):
             raise

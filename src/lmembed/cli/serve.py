@@ -24,6 +24,12 @@ SERVED = ModelOptions(no_cache=True)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
+def served_names(given: list[str] | None, model: str) -> list[str]:
+    """``--served-model-name`` values (repeated or comma lists) in order, without repeats; ``[model]`` if none."""
+    names = [name.strip() for value in given or () for name in value.split(",") if name.strip()]
+    return list(dict.fromkeys(names)) or [model]
+
+
 @options_command
 def serve(
     model: Annotated[str, typer.Argument(help="Bundled name, saved Embedder folder or Hub id.")],
@@ -33,7 +39,12 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
     served_model_name: Annotated[
-        str | None, typer.Option("--served-model-name", help="The name clients pass as `model` (default: MODEL).")
+        list[str] | None,
+        typer.Option(
+            "--served-model-name",
+            help="The names clients may pass as `model`, the first one reported (default: MODEL); repeat it or give "
+            "a comma list to accept a client's default name, e.g. 'mine,text-embedding-ada-002'.",
+        ),
     ] = None,
     max_batch_tokens: Annotated[
         int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward pass (texts x longest).")
@@ -78,8 +89,15 @@ def serve(
     ] = False,
     api_key: Annotated[
         str | None,
-        typer.Option("--api-key", envvar="LMEMBED_API_KEY", help="Require 'Authorization: Bearer KEY' (else 401)."),
+        typer.Option(
+            "--api-key",
+            envvar="LMEMBED_API_KEY",
+            help="Require 'Authorization: Bearer KEY' (else 401), on every route but /health (/metrics too).",
+        ),
     ] = None,
+    public_metrics: Annotated[
+        bool, typer.Option("--public-metrics", help="With --api-key: let /metrics answer without the key.")
+    ] = False,
     body_timeout: Annotated[
         float, typer.Option("--body-timeout", min=0.001, help="Seconds a request body may take to arrive (else 408).")
     ] = 10.0,
@@ -101,7 +119,7 @@ def serve(
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
     """Serve MODEL_OR_DIR over HTTP: /v1/embeddings (OpenAI-compatible), /v1/search, /v1/rerank (with --rerank),
-    /health, /metrics."""
+    Cohere v2 (/v2/embed, /v2/rerank), Text Embeddings Inference (/embed, /rerank, /info), /health, /metrics."""
     if log_level not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}: choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     # lazy: FastAPI, uvicorn, FAISS and torch load only when the server starts, not for --help
@@ -120,6 +138,7 @@ def serve(
         max_inputs=max_inputs,
         truncate=not no_truncate,
         api_key=api_key,
+        public_metrics=public_metrics,
         body_timeout_s=body_timeout,
         max_header_bytes=max_header_bytes,
         max_connections_per_client=max_connections_per_client,
@@ -137,9 +156,11 @@ def serve(
     if options.precision == "int8" and recorded:
         embedder.calibrate(recorded)  # as the index was built
     reranker = open_reranker(rerank, device=options.device) if rerank else None
+    names = served_names(served_model_name, model)
     app = create_app(
         embedder,
-        model_name=served_model_name or model,
+        model_name=names[0],
+        aliases=names[1:],
         index=index,
         limits=limits,
         reranker=reranker,

@@ -8,9 +8,21 @@ endpoint                    what it does
                             dense, BM25 or hybrid, optionally reranked (:mod:`lmembed.serving.rerank`)
 ``POST /v1/rerank``         Cohere/Jina-style reranking with the loaded reranker (404 without one)
 ``GET /v1/models``          the served model, with its dimension and strategy
+``POST /v2/embed``          Cohere v2 embeddings (float, int8, uint8, binary, ubinary, base64: :mod:`.compat`)
+``POST /v2/rerank``         Cohere v2 reranking (404 without a reranker)
+``POST /embed``, ``POST /`` Text Embeddings Inference's embeddings (``{"inputs": ...}`` → a list of vectors)
+``POST /rerank``            Text Embeddings Inference's reranking (404 without a reranker)
+``GET /info``               Text Embeddings Inference's model information
 ``GET /health``             200 once warmed up (one forward pass done), 503 before and while shutting down
-``GET /metrics``            Prometheus metrics (:mod:`lmembed.serving.metrics`)
+``GET /metrics``            Prometheus metrics (:mod:`lmembed.serving.metrics`); with an API key, it needs the key
+                            too unless ``Limits.public_metrics``
 =========================== ==================================================================================
+
+The model answers to each of its served names (``model_name`` and ``aliases``: a client's default name such as
+``text-embedding-ada-002`` can be mapped on purpose). A request body is refused before it is parsed when it nests
+deeper than :data:`~lmembed.serving.schemas.MAX_JSON_DEPTH`; embedding texts, search queries and rerank pairs
+count against ``--max-tokens-in-flight``. When the server is idle after large requests, it hands freed heap memory
+back to the operating system (:mod:`lmembed.serving.memory`).
 
 The server keeps its own encoding engine over the Embedder's backbone (no embedding cache: requests are
 not worth caching, and it must not write a cache shard per pass), reads out with the Embedder's strategy,
@@ -22,9 +34,10 @@ queued text before it stops.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -41,14 +54,27 @@ from lmembed.index.manifest import check_embedder
 from lmembed.load_spec import LoadSpec
 from lmembed.rerank import Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
+from lmembed.serving.compat import (
+    CompatEmbedRequest,
+    cohere_embed_body,
+    cohere_rerank_body,
+    cohere_rerank_checks,
+    parse_cohere_embed,
+    parse_tei_embed,
+    parse_tei_rerank,
+    tei_rerank_body,
+)
 from lmembed.serving.errors import ApiError
-from lmembed.serving.limits import GuardMiddleware, Limits, TokenAdmission
+from lmembed.serving.limits import ENDPOINTS, GuardMiddleware, Limits, TokenAdmission
+from lmembed.serving.memory import MemoryTrimmer
 from lmembed.serving.metrics import ServerMetrics
 from lmembed.serving.rerank import (
     WARM_UP_PAIR,
+    RerankRequest,
     RerankService,
     parse_rerank_request,
     parse_search_stages,
+    ranking,
     rerank_body,
 )
 from lmembed.serving.schemas import embedding_body, parse_embedding_request, parse_json, parse_search_request
@@ -72,10 +98,13 @@ class ServerState:
         limits: Limits,
         reranker: Reranker | None = None,
         reranker_name: str | None = None,
+        aliases: Sequence[str] = (),
     ) -> None:
         self.embedder = embedder
         self.config = embedder.config
         self.model_name = model_name
+        self.aliases = tuple(a for a in dict.fromkeys(aliases) if a != model_name)
+        self.trimmer = MemoryTrimmer()
         self.index = index
         self.limits = limits
         self.metrics = ServerMetrics()
@@ -106,7 +135,7 @@ class ServerState:
 
     @property
     def served(self) -> set[str]:
-        return {self.model_name}
+        return {self.model_name, *self.aliases}
 
     def instruction_for(self, input_type: str | None, instruction: str | None) -> str | None:
         """Queries get the request's instruction or the strategy's, documents the strategy's document prompt (as
@@ -117,21 +146,52 @@ class ServerState:
         return instruction or self.config.named_prompt(None)
 
     async def embed(
-        self, texts: list[str], instruction: str | None, dimensions: int | None, field: str, side: str | None = None
+        self,
+        texts: list[str],
+        instruction: str | None,
+        dimensions: int | None,
+        field: str,
+        side: str | None = None,
+        normalize: bool | None = None,
     ) -> tuple[np.ndarray, int]:
         """Final vectors (as ``Embedder.encode`` returns them; ``side="query"`` as ``encode_queries``) and the
-        number of tokens embedded."""
+        number of tokens embedded (``normalize``: L2-normalise or not, whatever the strategy says)."""
         features = await self.tokenizer.features(texts, instruction, field)
         lengths = [len(f) for f in features]
         tokens = sum(lengths)
         self.admission.admit(tokens)
+        self.trimmer.note(tokens)
         batcher = self.query_batcher if side == "query" and self.query_batcher is not None else self.batcher
         try:
             raw = await batcher.embed(texts, lengths, instruction, features)
         finally:
             self.admission.release(tokens)
         config = self.config if dimensions is None else self.config.with_options(dim=dimensions)
+        if normalize is not None:
+            config = config.with_options(normalize=normalize)
         return postprocess(raw, config), tokens
+
+    async def embed_compat(self, request: Request, req: CompatEmbedRequest, field: str) -> tuple[np.ndarray, int]:
+        """The vectors of a Cohere or TEI embedding request (as ``/v1/embeddings`` embeds them)."""
+        instruction = self.instruction_for(req.input_type, None)
+        work = self.embed(req.texts, instruction, req.dimensions, field, req.input_type, req.normalize)
+        vectors, tokens = await unless_disconnected(request, work)
+        self.metrics.tokens.inc(tokens)
+        return vectors, tokens
+
+    async def score(self, request: Request, req: RerankRequest) -> tuple[np.ndarray, int]:
+        """The reranker's scores of a rerank request's documents (their tokens admitted as in flight)."""
+        if self.rerank is None:
+            raise ApiError(404, "no reranker is loaded; start the server with --rerank MODEL", "no_reranker")
+        pairs = [(req.query, document) for document in req.documents]
+        self.trimmer.note((len(req.query) * len(pairs) + sum(map(len, req.documents))) // 4)  # even if refused
+        return await unless_disconnected(request, self.rerank.score(pairs, self.admission))
+
+    def parse_rerank(self, payload: dict[str, Any]) -> RerankRequest:
+        if self.rerank is None:
+            raise ApiError(404, "no reranker is loaded; start the server with --rerank MODEL", "no_reranker")
+        name = self.rerank.name
+        return parse_rerank_request(payload, served={name}, default_model=name, max_inputs=self.limits.max_inputs)
 
     async def warm_up(self) -> None:
         try:
@@ -208,8 +268,10 @@ def create_app(
     limits: Limits | None = None,
     reranker: Reranker | None = None,
     reranker_name: str | None = None,
+    aliases: Sequence[str] = (),
 ) -> FastAPI:
-    """The server application for ``embedder`` (served under ``model_name``, by default the model's name).
+    """The server application for ``embedder`` (served under ``model_name``, by default the model's name, and
+    under each of ``aliases``: requests may name any of them).
 
     With an ``index``, ``/v1/search`` searches it; the index must have been built with this model and
     strategy (an :class:`~lmembed.index.IndexMismatchError` otherwise). With a ``reranker`` (served under
@@ -217,10 +279,11 @@ def create_app(
     """
     if index is not None:
         check_embedder(index.manifest, embedder, index.path or "(in memory)")
-    state = ServerState(embedder, model_name or embedder.name, index, limits or Limits(), reranker, reranker_name)
+    name = model_name or embedder.name
+    state = ServerState(embedder, name, index, limits or Limits(), reranker, reranker_name, aliases)
     app = FastAPI(title="lmembed", version=__version__, lifespan=state.lifespan)
     app.state.lmembed = state
-    app.add_middleware(GuardMiddleware, limits=state.limits, metrics=state.metrics)
+    app.add_middleware(GuardMiddleware, limits=state.limits, metrics=state.metrics, on_idle=state.trimmer.idle)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -229,7 +292,11 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error_response(state, ApiError(exc.status_code, f"{request.url.path}: {exc.detail}", code))
+        path = request.url.path
+        message = f"{path}: {exc.detail}"
+        if exc.status_code == 404 and f"/v1{path}" in ENDPOINTS:
+            message += f"; the OpenAI-compatible routes are under /v1: use /v1{path} (a client's base URL ends in /v1)"
+        return _error_response(state, ApiError(exc.status_code, message, code))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -275,8 +342,10 @@ def create_app(
         how = {"mode": stages.mode, "fusion": stages.fusion, "vectors": vectors}
         scores, rows = await asyncio.to_thread(state.index.search_rows, req.queries, depth, **how)
         results = state.index.hits(scores, rows)
+        state.trimmer.note(sum(map(len, req.queries)) // 4 + depth * len(req.queries))  # even if reranking is refused
         if stages.rerank:
-            results = await unless_disconnected(request, state.rerank.rerank_hits(req.queries, results, req.k))
+            reranked = state.rerank.rerank_hits(req.queries, results, req.k, state.admission)
+            results = await unless_disconnected(request, reranked)
         data = [
             {
                 "object": "search_result",
@@ -300,22 +369,82 @@ def create_app(
 
     @app.post("/v1/rerank")
     async def rerank(request: Request) -> Response:
-        if state.rerank is None:
-            raise ApiError(404, "no reranker is loaded; start the server with --rerank MODEL", "no_reranker")
-        req = parse_rerank_request(
-            parse_json(await request.body()),
-            served={state.rerank.name},
-            default_model=state.rerank.name,
-            max_inputs=state.limits.max_inputs,
-        )
-        pairs = [(req.query, document) for document in req.documents]
-        scores, tokens = await unless_disconnected(request, state.rerank.score(pairs))
+        req = state.parse_rerank(parse_json(await request.body()))
+        scores, tokens = await state.score(request, req)
         return JSONResponse(rerank_body(req, scores, tokens))
+
+    @app.post("/v2/embed")
+    async def cohere_embed(request: Request) -> Response:
+        req = parse_cohere_embed(
+            parse_json(await request.body()),
+            served=state.served,
+            default_model=state.model_name,
+            max_inputs=state.limits.max_inputs,
+            dim=embedder.dim,
+            max_length=state.tokenizer.max_length,
+            truncates=state.limits.truncate,
+        )
+        vectors, tokens = await state.embed_compat(request, req, "texts")
+        body = await asyncio.to_thread(cohere_embed_body, req, vectors, tokens)
+        return JSONResponse(body)
+
+    @app.post("/v2/rerank")
+    async def cohere_rerank(request: Request) -> Response:
+        payload = parse_json(await request.body())
+        req = state.parse_rerank(payload)
+        cohere_rerank_checks(payload, state.rerank.reranker.max_length if state.rerank else 0)
+        scores, tokens = await state.score(request, req)
+        documents = req.documents if req.return_documents else None
+        return JSONResponse(cohere_rerank_body(ranking(scores, req.top_n), scores, documents, tokens))
+
+    @app.post("/embed")
+    @app.post("/")
+    async def tei_embed(request: Request) -> Response:
+        req = parse_tei_embed(
+            parse_json(await request.body()),
+            default_model=state.model_name,
+            max_inputs=state.limits.max_inputs,
+            dim=embedder.dim,
+        )
+        vectors, _ = await state.embed_compat(request, req, "inputs")
+        return Response(json.dumps(vectors.tolist()).encode(), media_type=JSON)
+
+    @app.post("/rerank")
+    async def tei_rerank(request: Request) -> Response:
+        payload = parse_json(await request.body())
+        req = state.parse_rerank(parse_tei_rerank(payload))
+        scores, _ = await state.score(request, req)
+        return JSONResponse(tei_rerank_body(ranking(scores), scores, req.documents, req.return_documents))
+
+    @app.get("/info")
+    async def tei_info() -> dict[str, Any]:
+        limits = state.limits
+        info: dict[str, Any] = {
+            "model_id": state.model_name,
+            "model_sha": None,
+            "model_dtype": str(embedder.backbone.dtype).removeprefix("torch."),
+            "model_type": {"embedding": {"pooling": state.config.pooling}},
+            "served_model_names": [state.model_name, *state.aliases],
+            "strategy": state.config.label(),
+            "dimensions": embedder.dim,
+            "max_concurrent_requests": limits.max_concurrent_requests,
+            "max_input_length": state.tokenizer.max_length,
+            "max_batch_tokens": limits.max_batch_tokens,
+            "max_batch_requests": None,
+            "max_client_batch_size": limits.max_inputs,
+            "auto_truncate": limits.truncate,
+            "tokenization_workers": 1,
+            "version": __version__,
+        }
+        if state.rerank is not None:
+            info["reranker"] = {"model_id": state.rerank.name, "max_input_length": state.rerank.reranker.max_length}
+        return info
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {
             "id": state.model_name,
+            "aliases": list(state.aliases),
             "object": "model",
             "created": state.created,
             "owned_by": "lmembed",

@@ -19,8 +19,8 @@ an accelerator) run the forward passes, each one pass at a time, in *windows*:
    window send their next request in that time, and join this window instead of waiting a whole window for
    the next; a lone request waits ``max_wait_s`` only. Once the queue holds more than a window takes, nothing
    waits: texts arriving then would not join this window (it is full of older ones), and the workers
-   would idle for nothing (in ``bench/serve_sim.py``'s closed loop that idling was 4-5 % of the time at
-   16 x 1 and 64 x 1).
+   would idle for nothing (``bench/serve_sim.py`` measures that idle time in a closed loop:
+   bench/results/serve_sim/).
 3. **Passes, by length inside the window.** The window's texts are split by instruction (texts with
    different instructions cannot share a pass), sorted by length and cut into passes by
    :func:`plan_passes`: the cut that costs least, counting a pass as its *padded* tokens (texts x longest,
@@ -42,10 +42,9 @@ waiting for.
 
 **Workers.** On a CPU each worker runs its passes on an equal share of torch's intra-op threads (torch keeps the
 count per thread): two one-thread passes side by side keep two cores busier than one pass split over both (the
-small passes of a server under load do not split well). On this 2-core machine, MiniLM, closed-loop clients on
-loopback, two workers gave 17-30 % more texts/s than one in the same run (``bench/serve_load.py --variant
-one-worker="--workers 1"``). Matrix kernels give the same bits on one thread as on two here (tested), so a vector
-is still the one ``Embedder.encode`` of its pass gives.
+small passes of a server under load do not split well); ``bench/serve_load.py --variant one-worker="--workers 1"``
+compares two workers with one in the same run (bench/results/serve_load/). Matrix kernels give the same bits on one
+thread as on two here (tested), so a vector is still the one ``Embedder.encode`` of its pass gives.
 
 Each pass is one call of the encoding engine, ``encode_raw(texts, [strategy], instruction=..., features=...)``
 with the pass's texts in arrival order and one forward batch, the call ``Embedder.encode`` makes: a served vector
@@ -89,7 +88,7 @@ log = logging.getLogger(__name__)
 #: less than a pass of its own. A judgement for small encoders on CPU, where a one-text pass costs about as
 #: much as a hundred tokens of a full one; larger, it merges more lengths into a pass.
 PASS_COST_TOKENS = 64
-#: ... but never fewer tokens than this (below it, the fixed cost of passes dominates: 16 x PASS_COST_TOKENS).
+#: ... but never fewer tokens than this: below it, the fixed cost of passes would dominate a window.
 WINDOW_FLOOR_TOKENS = 16 * PASS_COST_TOKENS
 #: The wait for a window to fill lasts until no text has arrived for ``max_wait_s``, at most this many times it.
 WAIT_CAP = 10

@@ -17,7 +17,8 @@ hold a connection each, never a slot, so they cannot starve the others. Connecti
 capped by the server (:mod:`lmembed.serving.server`, ``429`` and close), and texts by the tokens in flight
 (:class:`TokenAdmission`, once a request's texts are tokenised), so a few huge requests cannot fill the queue.
 
-``/health`` and ``/metrics`` are exempt from these, so probes and scrapers keep working under load. The
+``/health`` is exempt from these, so probes keep working under load; so is ``/metrics``, except that with an API
+key it needs the key too (unless ``public_metrics`` opens it to scrapers without one). The
 middleware also records every request's status and latency in the metrics. The other limits (inputs per
 request, text length, ``dimensions``, ``k``) are checked where the request is parsed.
 """
@@ -43,9 +44,25 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+METRICS_PATH = "/metrics"
 #: Refusals after which the connection is closed (the rest of the request is unread or its framing is unsafe).
 CLOSING = frozenset({400, 408, 413, 431})
-ENDPOINTS = frozenset({"/v1/embeddings", "/v1/search", "/v1/rerank", "/v1/models", "/health", "/metrics"})
+ENDPOINTS = frozenset(
+    {
+        "/v1/embeddings",
+        "/v1/search",
+        "/v1/rerank",
+        "/v1/models",
+        "/v2/embed",
+        "/v2/rerank",
+        "/embed",
+        "/rerank",
+        "/info",
+        "/",
+        "/health",
+        "/metrics",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -59,15 +76,16 @@ class Limits:
     max_top_k: int = 1000
     truncate: bool = True  # False: a text longer than the model's max_length is refused (400)
     api_key: str | None = None
+    public_metrics: bool = False  # True: /metrics answers without the API key
     body_timeout_s: float = 10.0  # the whole body must arrive within this (408 otherwise)
     max_header_bytes: int = 16384  # names, values and line ends of all header lines (431 otherwise)
     max_connections_per_client: int = 64  # open connections from one address (429 and close otherwise)
-    max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429 otherwise; one request alone passes)
+    max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429; rerank pairs over it alone: 413)
     batch_wait_s: float = 0.005  # a free worker with less queued than a window waits until none came for this long
     # A window of the scheduler admits this share of the queued tokens (batcher). At saturation a text waits for the
-    # window running when it arrives, then for its place in its own (texts run by length inside a window). On this
-    # 2-core machine, minilm, 64 closed-loop clients x 1 text (bench/serve_load.py): p99/p50 1.75 at 0.5 and 1.52 at
-    # 0.25, for about 8 % of throughput (more, smaller passes); bench/serve_sim.py shows the same trade without a model.
+    # window running when it arrives, then for its place in its own (texts run by length inside a window). A smaller
+    # share shortens the tail latency and costs some throughput (more, smaller passes): bench/serve_load.py measures
+    # the trade with a model (bench/results/serve_load/share-0.25), bench/serve_sim.py without one.
     window_share: float = 0.25
     # Forward passes run at once, each on its own thread with an equal share of torch's threads (1: one pass at a
     # time on all of them; None: two on a CPU with two threads or more, else one, batcher.forward_workers).
@@ -125,10 +143,13 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class GuardMiddleware:
     """Authentication, request size and concurrency limits, and per-request metrics (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, *, limits: Limits, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, *, limits: Limits, metrics: ServerMetrics, on_idle: Callable[[], None] | None = None
+    ) -> None:
         self.app = app
         self.limits = limits
         self.metrics = metrics
+        self.on_idle = on_idle  # called when the last request in flight is answered (the server trims its memory)
         self.in_flight = 0  # touched only on the event loop's thread
         self._expected = f"Bearer {limits.api_key}".encode() if limits.api_key else None
 
@@ -148,13 +169,27 @@ class GuardMiddleware:
             await send(message)
 
         try:
-            if path in OPEN_PATHS:
+            if path == METRICS_PATH and self._expected is not None and not self.limits.public_metrics:
+                if await self._authorised(scope, tracked):
+                    await self.app(scope, receive, tracked)
+            elif path in OPEN_PATHS:
                 await self.app(scope, receive, tracked)
             else:
                 await self._guarded(scope, receive, tracked)
         finally:
             self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
             self.metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - start)
+
+    async def _authorised(self, scope: Scope, send: Send) -> bool:
+        """True without an API key or with the right one; else answers 401 and returns False."""
+        if self._expected is None:
+            return True
+        given = _header(scope, b"authorization") or b""
+        if hmac.compare_digest(given, self._expected):
+            return True
+        message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
+        await send_error(send, ApiError(401, message, "invalid_api_key"), self.metrics)
+        return False
 
     def _framing_error(self, scope: Scope) -> ApiError | None:
         headers = scope.get("headers", ())
@@ -179,12 +214,8 @@ class GuardMiddleware:
         if framing is not None:
             await send_error(send, framing, self.metrics)
             return
-        if self._expected is not None:
-            given = _header(scope, b"authorization") or b""
-            if not hmac.compare_digest(given, self._expected):
-                message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
-                await send_error(send, ApiError(401, message, "invalid_api_key"), self.metrics)
-                return
+        if not await self._authorised(scope, send):
+            return
         body = await self._read_body(scope, receive, send)  # before a slot: a slow body holds none
         if body is None:
             return
@@ -207,6 +238,8 @@ class GuardMiddleware:
                 done = True
                 self.in_flight -= 1
                 self.metrics.in_flight.dec()
+                if self.in_flight == 0 and self.on_idle is not None:
+                    self.on_idle()
 
         async def send_and_finish(message: Message) -> None:
             # The slot frees before the response's last bytes go out, so a client that sends its next
@@ -270,14 +303,25 @@ class GuardMiddleware:
 
 class TokenAdmission:
     """Admission by the tokens of the requests in flight (see the module doc): a request whose tokens would take
-    the total over ``limit`` is refused with 429, unless nothing else is in flight (so any request can run).
+    the total over ``limit`` is refused with 429 (retry later), unless nothing else is in flight (so any embedding
+    request can run). Embedding texts, search queries and rerank pairs all count; rerank pairs (``/v1/rerank``,
+    reranked search) are admitted with ``alone=False``: more than ``limit`` of them is 413 even alone, since their
+    number is the client's choice (documents, ``rerank_top_k``) rather than bounded by ``--max-inputs`` texts.
     Used on the event loop's thread only."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.in_flight = 0
 
-    def admit(self, tokens: int) -> None:
+    def admit(self, tokens: int, *, alone: bool = True) -> None:
+        """Count ``tokens`` in flight, or refuse them (``alone``: a request over the limit passes by itself)."""
+        if not alone and tokens > self.limit:
+            raise ApiError(
+                413,
+                f"this request has {tokens} tokens, more than the limit of {self.limit} tokens in flight "
+                "(--max-tokens-in-flight); send it in smaller requests",
+                "too_many_tokens",
+            )
         if self.in_flight and self.in_flight + tokens > self.limit:
             raise ApiError(
                 429,

@@ -39,10 +39,14 @@ from lmembed.lexical.fusion import FUSIONS
 from lmembed.rerank.base import Features, Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
 from lmembed.serving.errors import ApiError, bad_request
-from lmembed.serving.limits import Limits
+from lmembed.serving.limits import Limits, TokenAdmission
 from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
 
 DEFAULT_RERANK_TOP_K = 100
+#: Tokens kept past the reranker's max_length when a long query is cut (so the cut never reaches a kept token).
+QUERY_MARGIN = 8
+#: Pairs tokenised at a time (the token budget is checked after each chunk).
+ENCODE_CHUNK = 256
 WARM_UP_PAIR = ("warm-up", "warm-up")
 
 
@@ -122,26 +126,82 @@ class RerankService:
     async def start(self) -> None:
         await self.batcher.start()
 
+    def _encode(self, pairs: list[tuple[str, str]], budget: int | None = None) -> list[Features]:
+        """The pairs' features, each distinct query first cut to what a pair can hold of it (on the tokenizing
+        thread), tokenised ``ENCODE_CHUNK`` pairs at a time: past ``budget`` tokens it stops and refuses (413),
+        so 200,000 pairs are not all tokenised only to be refused."""
+        cut = {query: self.bounded_query(query) for query in dict.fromkeys(q for q, _ in pairs)}
+        features: list[Features] = []
+        tokens = 0
+        for start in range(0, len(pairs), ENCODE_CHUNK):
+            chunk = self.tokenizing.encode_pairs([(cut[q], d) for q, d in pairs[start : start + ENCODE_CHUNK]])
+            tokens += sum(len(f["input_ids"]) for f in chunk)
+            if budget is not None and tokens > budget:
+                raise ApiError(
+                    413,
+                    f"this request's first {start + len(chunk)} of {len(pairs)} query-document pairs have {tokens} "
+                    f"tokens, more than the limit of {budget} tokens in flight (--max-tokens-in-flight); send fewer "
+                    "documents or a smaller rerank_top_k",
+                    "too_many_tokens",
+                )
+            features.extend(chunk)
+        return features
+
+    def bounded_query(self, query: str) -> str:
+        """``query`` cut after its first ``max_length + 8`` tokens: no pair keeps more of a query than the reranker
+        reads (truncation keeps the query's first tokens), so the features are the same, but a query of a million
+        characters is tokenised once here, not once per candidate (which took GBs for 100 candidates)."""
+        keep = self.reranker.max_length + QUERY_MARGIN
+        if len(query) <= keep * 4:
+            return query
+        tokenizer = self.tokenizing.tokenizer
+        if not getattr(tokenizer, "is_fast", False):
+            return query  # no offsets to cut at
+        for text in (query[: keep * 32], query):
+            offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if len(offsets) > keep:
+                return query[: offsets[keep - 1][1]]
+            if len(text) == len(query):
+                break
+        return query
+
     async def stop(self) -> None:
         await self.batcher.stop()
         self.executor.shutdown(wait=True)
 
-    async def score(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, int]:
-        """Activated scores of ``pairs`` (input order) and the tokens they took."""
+    async def score(
+        self, pairs: Sequence[tuple[str, str]], admission: TokenAdmission | None = None
+    ) -> tuple[np.ndarray, int]:
+        """Activated scores of ``pairs`` (input order) and the tokens they took; with an ``admission``, the pairs'
+        tokens count against the server's tokens in flight (413/429 beyond them) while they are scored."""
         loop = asyncio.get_running_loop()
         try:
-            features = await loop.run_in_executor(self.executor, self.tokenizing.encode_pairs, list(pairs))
+            budget = admission.limit if admission is not None else None
+            features = await loop.run_in_executor(self.executor, self._encode, list(pairs), budget)
         except InputError as exc:
             raise bad_request(str(exc), "invalid_input") from None
         lengths = [len(f["input_ids"]) for f in features]
-        scores = await self.batcher.embed(pairs, lengths, None, features)
-        self.metrics.tokens.inc(sum(lengths))
-        return scores[:, 0], sum(lengths)
+        tokens = sum(lengths)
+        if admission is not None:
+            admission.admit(tokens, alone=False)
+        try:
+            scores = await self.batcher.embed(pairs, lengths, None, features)
+        finally:
+            if admission is not None:
+                admission.release(tokens)
+        self.metrics.tokens.inc(tokens)
+        return scores[:, 0], tokens
 
-    async def rerank_hits(self, queries: Sequence[str], results: Sequence[Sequence[Hit]], k: int) -> list[list[Hit]]:
+    async def rerank_hits(
+        self,
+        queries: Sequence[str],
+        results: Sequence[Sequence[Hit]],
+        k: int,
+        admission: TokenAdmission | None = None,
+    ) -> list[list[Hit]]:
         """Each query's hits reordered by the reranker, the ``k`` best (``rerank_hits``, through the batcher)."""
         pairs = candidate_pairs(queries, results)
-        scores = (await self.score(pairs))[0].tolist() if pairs else []
+        scores = (await self.score(pairs, admission))[0].tolist() if pairs else []
         return reorder_hits(results, scores, k)
 
 
@@ -225,8 +285,13 @@ def parse_rerank_request(
     return RerankRequest(query, documents, model or default_model, top_n, return_documents)
 
 
+def ranking(scores: np.ndarray, top_n: int | None = None) -> list[int]:
+    """Indices best first (ties keep the documents' order), the ``top_n`` first."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_n]
+
+
 def rerank_body(req: RerankRequest, scores: np.ndarray, tokens: int) -> dict[str, Any]:
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: req.top_n]
+    order = ranking(scores, req.top_n)
     results = []
     for i in order:
         item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}

@@ -50,14 +50,58 @@ class SearchRequest:
     instruction: str | None = None
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
+#: Deepest nesting of arrays and objects a request body may have (no endpoint's schema needs more than 4).
+MAX_JSON_DEPTH = 32
+
+
+def json_depth_over(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when ``body`` nests arrays and objects deeper than ``limit`` (brackets inside strings do not count).
+
+    Cheap and bounded, run before the parser (whose recursion a body of 100,000 ``[`` would exhaust): a body with
+    at most ``limit`` opening brackets is passed at once; otherwise escapes are dropped, everything but brackets
+    and quotes is deleted (in C), and the rest is scanned until the depth passes ``limit``."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    marks = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_MARKS)
+    depth, in_string = 0, False
+    for mark in marks:
+        if mark == 0x22:  # '"'
+            in_string = not in_string
+        elif in_string:
+            continue
+        elif mark in (0x5B, 0x7B):  # '[' '{'
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+_NOT_MARKS = bytes(c for c in range(256) if c not in b'[]{}"')
+
+
+def parse_json(body: bytes) -> Any:
     """The request body as a JSON object."""
+    payload = parse_json_value(body)
+    if not isinstance(payload, dict):
+        raise bad_request("request body must be a JSON object", "invalid_json")
+    return payload
+
+
+def parse_json_value(body: bytes) -> Any:
+    """The request body as any JSON value, its nesting bounded by :data:`MAX_JSON_DEPTH` before it is parsed."""
+    if json_depth_over(body):
+        raise bad_request(
+            f"request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels (the server's JSON depth limit)",
+            "json_too_deep",
+        )
     try:
         payload = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON ({exc})", "invalid_json") from None
-    if not isinstance(payload, dict):
-        raise bad_request("request body must be a JSON object", "invalid_json")
+    except RecursionError:  # not reached below MAX_JSON_DEPTH; kept so the parser's limit is never a 500
+        raise bad_request("request body nests too deeply to parse", "json_too_deep") from None
     return payload
 
 
@@ -117,7 +161,8 @@ def _model(payload: dict[str, Any], served: Collection[str], default: str) -> st
         return default
     if not isinstance(model, str) or model not in served:
         raise bad_request(
-            f"model {model!r} is not served here; this server serves {', '.join(sorted(served))}",
+            f"model {model!r} is not served here; this server serves {', '.join(sorted(served))} (a client's default "
+            f"name can be added on purpose: lmembed serve ... --served-model-name NAME,{model})",
             "model_not_found",
             "model",
         )

@@ -364,6 +364,7 @@ class EndpointGenerator:
         self.budget = budget or Budget()
         self._lock = threading.Lock()
         key = os.environ.get(api_key_env)
+        self._secret = key or None  # redacted from every message this generator raises or logs
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
         self._httpx = httpx
@@ -425,9 +426,9 @@ class EndpointGenerator:
                 with self._lock:
                     self.usage.retries += 1
                 delay = self.backoff * 2**attempt * (1 + random.random() / 4)
-                log.info("%s: %s; retry %d in %.2fs", url, last, attempt + 1, delay)
+                log.info("%s: %s; retry %d in %.2fs", url, redact(last, self._secret), attempt + 1, delay)
                 time.sleep(delay)
-        raise GeneratorError(f"{url}: gave up after {self.retries + 1} tries: {last}")
+        raise GeneratorError(redact(f"{url}: gave up after {self.retries + 1} tries: {last}", self._secret))
 
     def _attempt(self, url: str, payload: dict[str, Any]) -> dict[str, Any] | str:
         """The answer's JSON, or why it is worth another try (a fatal answer raises)."""
@@ -439,10 +440,11 @@ class EndpointGenerator:
         if response.status_code in self.RETRY_STATUS:
             return f"HTTP {response.status_code}"
         status = response.status_code
+        detail = _detail(response, self._secret) if status >= 400 else ""
         if status in (401, 403):
-            raise GeneratorError(f"{url}: HTTP {status}: the API key was refused ({_detail(response)})", status)
+            raise GeneratorError(f"{url}: HTTP {status}: the API key was refused ({detail})", status)
         if status >= 400:
-            raise GeneratorError(f"{url}: HTTP {status}: {_detail(response)}", status)
+            raise GeneratorError(f"{url}: HTTP {status}: {detail}", status)
         try:
             return response.json()
         except ValueError as exc:
@@ -514,15 +516,24 @@ class EndpointGenerator:
         return 1.0 if text.startswith("yes") else 0.0
 
 
-def _detail(response: Any) -> str:
+REDACTED = "[redacted]"
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` (the user's API key) replaced, wherever a server or a library put it."""
+    return text.replace(secret, REDACTED) if secret else text
+
+
+def _detail(response: Any, secret: str | None = None) -> str:
+    """What an error answer says, the key redacted before it is cut to 200 characters (so no part of it shows)."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:200]
+        return redact(response.text, secret)[:200]
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
-        return str(error.get("message", error))[:200]
-    return json.dumps(body)[:200]
+        return redact(str(error.get("message", error)), secret)[:200]
+    return redact(json.dumps(body), secret)[:200]
 
 
 #: The options :func:`build_generator` reads (each kind takes its own; the others are ignored).

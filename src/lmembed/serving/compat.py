@@ -1,0 +1,241 @@
+"""Cohere v2 and Text Embeddings Inference (TEI) routes: their request fields and response shapes, served by the
+same engine, batcher, limits, metrics and API key as the OpenAI routes.
+
+Cohere v2 (``cohere.ClientV2(base_url=...)``)
+    ``POST /v2/embed``: ``texts``, ``model``, ``input_type`` (``search_query`` embeds as a query, with its
+    instruction; ``search_document`` as a document; ``classification``/``clustering`` as plain text),
+    ``embedding_types`` (default ``["float"]``), ``output_dimension`` (Matryoshka), ``truncate`` (``END``, or
+    ``NONE`` on a ``--no-truncate`` server), ``max_tokens`` (accepted when it is at least what the model reads).
+    Answer: ``{"id", "embeddings": {type: [...]}, "texts", "meta": {"billed_units": {"input_tokens"}}}``.
+
+    ``POST /v2/rerank``: ``query``, ``documents`` (strings), ``top_n``, ``model``, ``max_tokens_per_doc``
+    (accepted when it is at least what the reranker reads). Answer: ``{"id", "results": [{"index",
+    "relevance_score"}], "meta"}``, best first.
+
+Embedding types (Cohere's names; lmembed's quantisation, documented here since Cohere does not publish its own):
+
+* ``float``: the served vector; ``base64``: its little-endian float32 bytes, base64-encoded;
+* ``int8``: each vector scaled by its own largest magnitude to 127 and rounded (``round(v / max|v| * 127)``):
+  a per-vector scale, so cosine similarity is kept to within rounding, whatever the model's value range;
+* ``uint8``: the ``int8`` values plus 128 (0 to 255);
+* ``ubinary``: one bit per dimension, 1 where the value is above 0, packed 8 per byte, first dimension in the
+  high bit (``numpy.packbits``); ``binary``: the same bytes minus 128, as signed int8 (Cohere's definition).
+  Both need a dimension divisible by 8 (else 400).
+
+TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
+    ``POST /embed`` (and ``POST /``): ``inputs`` (a string or a list), ``normalize`` (default true: L2-normalised
+    whatever the strategy; false: as the strategy gives them), ``dimensions``, ``prompt_name`` (``query`` embeds
+    as a query, ``document``/``passage`` as a document), ``truncate`` and ``truncation_direction`` (``Right``
+    only; the server's ``--no-truncate`` decides). Answer: a list of vectors.
+
+    ``POST /rerank``: ``query``, ``texts``, ``return_text``, ``raw_scores`` (false only: scores are the
+    reranker's activated ones). Answer: ``[{"index", "score", "text"?}]``, best first.
+
+    ``GET /info``: the model, its limits and the server's version.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lmembed.serving.errors import bad_request
+from lmembed.serving.schemas import _model, _positive_int, _texts
+
+EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+COHERE_INPUT_TYPES = {
+    "search_query": "query",
+    "search_document": "document",
+    "classification": None,
+    "clustering": None,
+}
+TEI_PROMPTS = {"query": "query", "document": "document", "passage": "document"}
+
+
+@dataclass(frozen=True)
+class CompatEmbedRequest:
+    """An embedding request of Cohere v2 or TEI, in lmembed's terms."""
+
+    texts: list[str]
+    model: str
+    input_type: str | None = None
+    dimensions: int | None = None
+    embedding_types: tuple[str, ...] = ("float",)
+    normalize: bool | None = None  # None: as the strategy says
+
+
+def _flag(payload: dict[str, Any], field: str, default: bool) -> bool:
+    value = payload.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{field}' must be true or false, got {value!r}", f"invalid_{field}", field)
+    return value
+
+
+def _reads_at_least(payload: dict[str, Any], field: str, max_length: int, what: str) -> None:
+    """A per-text token cap is accepted when it cuts nothing the model would read (else 400, saying why)."""
+    value = payload.get(field)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"'{field}' must be a positive integer, got {value!r}", f"invalid_{field}", field)
+    if value < max_length:
+        raise bad_request(
+            f"'{field}' is {value}; this server does not cut texts shorter than {what} reads ({max_length} tokens): "
+            f"leave it out or send {max_length} or more",
+            f"invalid_{field}",
+            field,
+        )
+
+
+def parse_cohere_embed(
+    payload: dict[str, Any],
+    *,
+    served: Collection[str],
+    default_model: str,
+    max_inputs: int,
+    dim: int,
+    max_length: int,
+    truncates: bool,
+) -> CompatEmbedRequest:
+    """Validate a Cohere v2 ``/v2/embed`` body (see the module doc)."""
+    for field in ("images", "inputs"):
+        if payload.get(field) is not None:
+            raise bad_request(f"'{field}' is not served here; send 'texts'", "unsupported_input", field)
+    texts = _texts(payload.get("texts"), "texts", max_inputs)
+    model = _model(payload, served, default_model)
+    input_type = payload.get("input_type")
+    if input_type is not None and input_type not in COHERE_INPUT_TYPES:
+        raise bad_request(
+            f"'input_type' must be one of {', '.join(COHERE_INPUT_TYPES)}, got {input_type!r}",
+            "invalid_input_type",
+            "input_type",
+        )
+    types = payload.get("embedding_types") or ["float"]
+    if not isinstance(types, list) or any(t not in EMBEDDING_TYPES for t in types):
+        raise bad_request(
+            f"'embedding_types' must be a list of {', '.join(EMBEDDING_TYPES)}, got {types!r}",
+            "invalid_embedding_types",
+            "embedding_types",
+        )
+    dimensions = payload.get("output_dimension")
+    if dimensions is not None:
+        dimensions = _positive_int(dimensions, "output_dimension", dim, "invalid_dimensions", f"the model has {dim}")
+    if {"binary", "ubinary"} & set(types) and (dimensions or dim) % 8:
+        raise bad_request(
+            f"binary embeddings pack 8 dimensions per byte; {dimensions or dim} dimensions do not divide by 8",
+            "invalid_embedding_types",
+            "embedding_types",
+        )
+    truncate = payload.get("truncate", "END")
+    allowed = ("END",) if truncates else ("NONE",)
+    if truncate not in allowed:
+        how = "cuts long texts at their end (END)" if truncates else "refuses long texts (NONE, --no-truncate)"
+        raise bad_request(f"'truncate' is {truncate!r}; this server {how}", "invalid_truncate", "truncate")
+    _reads_at_least(payload, "max_tokens", max_length, "the model")
+    side = COHERE_INPUT_TYPES.get(input_type) if input_type is not None else None
+    return CompatEmbedRequest(texts, model, side, dimensions, tuple(dict.fromkeys(types)))
+
+
+def quantise(vectors: np.ndarray, kind: str) -> list[Any]:
+    """``vectors`` as Cohere's embedding type ``kind`` (see the module doc for the scales)."""
+    vectors = np.ascontiguousarray(vectors, dtype="<f4")
+    if kind == "float":
+        return vectors.tolist()
+    if kind == "base64":
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+    if kind in ("int8", "uint8"):
+        peak = np.maximum(np.abs(vectors).max(axis=1, keepdims=True), 1e-12)
+        q = np.clip(np.rint(vectors / peak * 127), -127, 127).astype(np.int16)
+        return (q if kind == "int8" else q + 128).tolist()
+    packed = np.packbits(vectors > 0, axis=1).astype(np.int16)  # ubinary
+    return (packed if kind == "ubinary" else packed - 128).tolist()
+
+
+def cohere_embed_body(req: CompatEmbedRequest, vectors: np.ndarray, tokens: int) -> dict[str, Any]:
+    return {
+        "id": str(uuid.uuid4()),
+        "response_type": "embeddings_by_type",
+        "embeddings": {kind: quantise(vectors, kind) for kind in req.embedding_types},
+        "texts": req.texts,
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+    }
+
+
+def cohere_rerank_checks(payload: dict[str, Any], max_length: int) -> None:
+    """Cohere v2's extra rerank fields (the rest is ``/v1/rerank``'s schema)."""
+    _reads_at_least(payload, "max_tokens_per_doc", max_length, "the reranker")
+
+
+def cohere_rerank_body(order: list[int], scores: np.ndarray, documents: list[str] | None, tokens: int) -> dict:
+    results: list[dict[str, Any]] = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if documents is not None:
+            item["document"] = {"text": documents[i]}
+        results.append(item)
+    meta = {"api_version": {"version": "2"}, "billed_units": {"search_units": 1, "input_tokens": tokens}}
+    return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
+
+
+def _direction(payload: dict[str, Any]) -> None:
+    direction = payload.get("truncation_direction")
+    if direction is not None and str(direction).lower() != "right":
+        raise bad_request(
+            f"'truncation_direction' is {direction!r}; this server cuts long texts on the right only",
+            "invalid_truncation_direction",
+            "truncation_direction",
+        )
+
+
+def parse_tei_embed(payload: dict[str, Any], *, default_model: str, max_inputs: int, dim: int) -> CompatEmbedRequest:
+    """Validate a TEI ``/embed`` body (see the module doc)."""
+    texts = _texts(payload.get("inputs"), "inputs", max_inputs)
+    normalize = _flag(payload, "normalize", True)
+    _flag(payload, "truncate", False)  # the server's --no-truncate decides; the field is checked, not obeyed
+    _direction(payload)
+    prompt = payload.get("prompt_name")
+    if prompt is not None and prompt not in TEI_PROMPTS:
+        raise bad_request(
+            f"'prompt_name' must be one of {', '.join(TEI_PROMPTS)}, got {prompt!r}",
+            "invalid_prompt_name",
+            "prompt_name",
+        )
+    dimensions = payload.get("dimensions")
+    if dimensions is not None:
+        dimensions = _positive_int(dimensions, "dimensions", dim, "invalid_dimensions", f"the model has {dim}")
+    side = TEI_PROMPTS.get(prompt) if prompt is not None else None
+    return CompatEmbedRequest(texts, default_model, side, dimensions, ("float",), True if normalize else None)
+
+
+def parse_tei_rerank(payload: dict[str, Any]) -> dict[str, Any]:
+    """A TEI ``/rerank`` body as a ``/v1/rerank`` body (``texts`` → ``documents``), its own fields checked."""
+    if _flag(payload, "raw_scores", False):
+        raise bad_request(
+            "'raw_scores' true is not served: scores are the reranker's activated ones",
+            "invalid_raw_scores",
+            "raw_scores",
+        )
+    _flag(payload, "truncate", False)
+    _direction(payload)
+    return_text = _flag(payload, "return_text", False)
+    out = {"query": payload.get("query"), "documents": payload.get("texts"), "return_documents": return_text}
+    if "texts" not in payload:
+        raise bad_request("'texts' is required", "missing_input", "texts")
+    return out
+
+
+def tei_rerank_body(order: list[int], scores: np.ndarray, documents: list[str], return_text: bool) -> list[dict]:
+    out = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "score": float(scores[i])}
+        if return_text:
+            item["text"] = documents[i]
+        out.append(item)
+    return out

@@ -1,0 +1,147 @@
+"""The server as its users' client libraries see it, on a live server on a free 127.0.0.1 port: Cohere's ``ClientV2``
+(``/v2/embed`` with every embedding type, ``/v2/rerank``), ``huggingface_hub.InferenceClient`` and plain TEI bodies
+(``/embed``, ``/rerank``, ``/info``), LangChain's ``OpenAIEmbeddings`` with the settings docs/serving.md gives, a
+client's default model name mapped by an alias, and the 404 that points a base URL without ``/v1`` to it. Vectors
+equal the in-process ``Embedder``'s, rankings the in-process reranker's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+import pytest
+
+from helpers import TOY_DOCS, save_tiny_cross_encoder
+from lmembed.rerank import load_reranker
+from lmembed.serving.app import create_app
+from lmembed.serving.compat import quantise
+from lmembed.serving.server import BackgroundServer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TEXTS = ["the cat sat on the mat", "protein folding and gene expression", "a horse in the field"]
+
+
+@pytest.fixture(scope="module")
+def ce_folder(tmp_path_factory):
+    return save_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "ce", seed=9)
+
+
+@contextmanager
+def serving(embedder, reranker=None, **kwargs) -> Iterator[BackgroundServer]:
+    app = create_app(embedder, model_name="tiny", reranker=reranker, reranker_name="tiny-ce", **kwargs)
+    with BackgroundServer(app) as server:
+        deadline = time.monotonic() + 30
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server did not warm up"
+            time.sleep(0.01)
+        yield server
+
+
+def test_cohere_client_v2_embeds_and_reranks_as_in_process(make_embedder, ce_folder):
+    cohere = pytest.importorskip("cohere")
+    emb = make_embedder("bert", query_instruction="Find: ")
+    reranker = load_reranker(str(ce_folder))
+    assert emb.dim % 8 == 0  # binary types pack 8 dimensions a byte
+    with serving(emb, load_reranker(str(ce_folder))) as server:
+        client = cohere.ClientV2(base_url=server.url, api_key="unused", timeout=30)
+        types = ["float", "int8", "uint8", "binary", "ubinary"]
+        docs = client.embed(model="tiny", texts=TEXTS, input_type="search_document", embedding_types=types)
+        expected = emb.encode_corpus(TEXTS)
+        np.testing.assert_array_equal(np.array(docs.embeddings.float_, dtype=np.float32), expected)
+        for kind in types[1:]:
+            assert getattr(docs.embeddings, kind) == quantise(expected, kind), kind
+        queries = client.embed(model="tiny", texts=TEXTS[:1], input_type="search_query", embedding_types=["float"])
+        np.testing.assert_array_equal(
+            np.array(queries.embeddings.float_, dtype=np.float32), emb.encode_queries(TEXTS[:1])
+        )
+        assert not np.array_equal(np.array(queries.embeddings.float_), expected[:1])  # the query got its instruction
+        assert docs.meta.billed_units.input_tokens > 0
+
+        query = "cat on the mat"
+        ranked = client.rerank(model="tiny-ce", query=query, documents=TOY_DOCS, top_n=3)
+        scores = reranker.score(query, TOY_DOCS)
+        order = np.argsort(-scores, kind="stable")[:3]
+        assert [r.index for r in ranked.results] == order.tolist()
+        np.testing.assert_allclose([r.relevance_score for r in ranked.results], scores[order], atol=1e-5)
+        with pytest.raises(cohere.core.ApiError) as refused:
+            client.embed(model="other", texts=TEXTS, input_type="search_document", embedding_types=["float"])
+        assert refused.value.status_code == 400 and "--served-model-name" in str(refused.value.body)
+
+
+def test_quantised_types_follow_their_definitions():
+    v = np.array([[0.5, -0.25, 0.0, 1.0, -1.0, 0.1, 0.2, -0.3, 0.0, 2.0, 0, 0, 0, 0, 0, -2.0]], dtype=np.float32)
+    int8 = np.array(quantise(v, "int8"))
+    assert int8.min() >= -127 and int8.max() == 127 and int8[0, 9] == 127 and int8[0, 15] == -127
+    assert quantise(v, "uint8") == (int8 + 128).tolist()
+    ubinary = np.array(quantise(v, "ubinary"))
+    assert ubinary.tolist() == [[int("10010110", 2), int("01000000", 2)]]  # bit = value > 0, first dimension high
+    assert quantise(v, "binary") == (ubinary - 128).tolist()
+    cos = float(v[0] @ int8[0] / np.linalg.norm(v[0]) / np.linalg.norm(int8[0]))
+    assert cos > 0.999
+
+
+def test_tei_routes_and_huggingface_hub_client(make_embedder, ce_folder):
+    hub = pytest.importorskip("huggingface_hub")
+    emb = make_embedder("bert", normalize=False)
+    reranker = load_reranker(str(ce_folder))
+    with serving(emb, load_reranker(str(ce_folder))) as server:
+        client = hub.InferenceClient(model=server.url + "/embed", timeout=30)
+        vectors = client.feature_extraction(TEXTS[0])
+        raw = emb.encode(TEXTS[:1])
+        normalised = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+        np.testing.assert_allclose(vectors, normalised, atol=1e-6)  # TEI normalises by default
+        assert not np.allclose(np.linalg.norm(raw), 1.0)  # so the default was not a no-op
+        # TEI's root route, and normalize: false (the strategy's own vectors)
+        root = hub.InferenceClient(model=server.url, timeout=30).feature_extraction(TEXTS[1], normalize=False)
+        np.testing.assert_array_equal(root, emb.encode(TEXTS[1:2]))
+        plain = httpx.post(server.url + "/embed", json={"inputs": TEXTS, "normalize": False}, timeout=30)
+        np.testing.assert_array_equal(np.array(plain.json(), dtype=np.float32), emb.encode(TEXTS))
+
+        query = "gene study"
+        body = {"query": query, "texts": TOY_DOCS, "return_text": True}
+        ranked = httpx.post(server.url + "/rerank", json=body, timeout=30).json()
+        scores = reranker.score(query, TOY_DOCS)
+        order = np.argsort(-scores, kind="stable")
+        assert [r["index"] for r in ranked] == order.tolist()
+        assert [r["text"] for r in ranked] == [TOY_DOCS[i] for i in order]
+        np.testing.assert_allclose([r["score"] for r in ranked], scores[order], atol=1e-5)
+        refused = httpx.post(server.url + "/rerank", json={**body, "raw_scores": True}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_raw_scores"
+
+        info = httpx.get(server.url + "/info").json()
+        assert info["model_id"] == "tiny" and info["max_client_batch_size"] == 2048
+        assert info["reranker"]["model_id"] == "tiny-ce" and info["dimensions"] == emb.dim
+
+
+def test_langchain_with_the_documented_settings_and_a_mapped_default_name(make_embedder):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    emb = make_embedder("bert")
+    with serving(emb, aliases=["text-embedding-ada-002"]) as server:
+        # LangChain's default model name is text-embedding-ada-002: served here because the operator mapped it
+        client = langchain_openai.OpenAIEmbeddings(
+            base_url=server.url + "/v1", api_key="unused", check_embedding_ctx_length=False, max_retries=0
+        )
+        vectors = np.array(client.embed_documents(TEXTS), dtype=np.float32)
+        np.testing.assert_array_equal(vectors, emb.encode(TEXTS))
+        cards = httpx.get(server.url + "/v1/models").json()["data"]
+        assert cards[0]["id"] == "tiny" and cards[0]["aliases"] == ["text-embedding-ada-002"]
+        other = httpx.post(server.url + "/v1/embeddings", json={"model": "text-embedding-3-small", "input": "x"})
+        assert other.status_code == 400 and "text-embedding-3-small" in other.json()["error"]["message"]
+        # a base URL without /v1: the 404 says where the route is
+        missing = httpx.post(server.url + "/embeddings", json={"input": "x"})
+        assert missing.status_code == 404 and "use /v1/embeddings" in missing.json()["error"]["message"]
+
+
+def test_served_model_name_takes_several_names():
+    from lmembed.cli.serve import served_names
+
+    assert served_names(None, "minilm") == ["minilm"]
+    assert served_names(["mine,text-embedding-ada-002", "text-embedding-3-small", "mine"], "m") == [
+        "mine",
+        "text-embedding-ada-002",
+        "text-embedding-3-small",
+    ]

@@ -1,0 +1,157 @@
+"""Hostile traffic on a live server on 127.0.0.1: deeply nested JSON is a 400 naming the depth limit on every route
+(never a 500 RecursionError), rerank pairs and search queries count against ``--max-tokens-in-flight`` (413 for pairs
+over it alone, naming the flag), ``/metrics`` needs the API key unless opened with ``public_metrics``, and
+the idle server trims its heap after large requests."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from helpers import TOY_DOCS, save_tiny_cross_encoder
+from lmembed.index import Index
+from lmembed.rerank import load_reranker
+from lmembed.serving.app import create_app
+from lmembed.serving.limits import Limits
+from lmembed.serving.schemas import MAX_JSON_DEPTH, json_depth_over
+from lmembed.serving.server import BackgroundServer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROUTES = ["/v1/embeddings", "/v1/search", "/v1/rerank", "/v2/embed", "/v2/rerank", "/embed", "/rerank"]
+
+
+@pytest.fixture(scope="module")
+def ce_folder(tmp_path_factory):
+    return save_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "ce", seed=3)
+
+
+@contextmanager
+def serving(embedder, **kwargs) -> Iterator[tuple[BackgroundServer, object]]:
+    app = create_app(embedder, model_name="tiny", reranker_name="tiny-ce", **kwargs)
+    with BackgroundServer(app) as server:
+        deadline = time.monotonic() + 30
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server did not warm up"
+            time.sleep(0.01)
+        yield server, app.state.lmembed
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def test_depth_scan_counts_brackets_outside_strings_only():
+    assert json_depth_over(b"[" * 100_000)
+    texts = {"query": "[[[[" * 50, "documents": ["{" * 500, 'a \\" [[[[[[[[' * 20, "\\\\" + "[" * 40]}
+    assert not json_depth_over(json.dumps(texts).encode())
+    nested: object = ["x"]
+    for _ in range(MAX_JSON_DEPTH - 1):
+        nested = [nested]
+    assert not json_depth_over(json.dumps(nested).encode())
+    assert json_depth_over(json.dumps([nested]).encode())
+    # an escaped backslash closes the string: the brackets after it count
+    assert json_depth_over(b'{"q": "\\\\", "x": ' + b"[" * 40 + b"]" * 40 + b"}")
+
+
+def test_nested_json_is_a_400_naming_the_limit_on_every_route(make_embedder, ce_folder, tmp_path):
+    emb = make_embedder("bert")
+    Index.build(emb, [(str(i), d) for i, d in enumerate(TOY_DOCS)], tmp_path / "index", kind="flat")
+    index = Index.open(tmp_path / "index")
+    with serving(emb, index=index, reranker=load_reranker(str(ce_folder))) as (server, _):
+        hostile = b"[" * 100_000
+        for route in ROUTES:
+            error = error_of(httpx.post(server.url + route, content=hostile, timeout=30), 400)
+            assert error["code"] == "json_too_deep" and f"deeper than {MAX_JSON_DEPTH} levels" in error["message"]
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'code="json_too_deep",status="400"} 7.0' in metrics and "internal_error" not in metrics
+        ok = httpx.post(server.url + "/v1/search", json={"query": "cat", "k": 2, "rerank": True}, timeout=30)
+        assert ok.status_code == 200  # still serving
+
+
+def test_rerank_pairs_and_search_queries_count_against_the_token_budget(make_embedder, ce_folder, tmp_path):
+    emb = make_embedder("bert")
+    docs = [(str(i), " ".join(["protein gene cell study"] * 8)) for i in range(40)]
+    Index.build(emb, docs, tmp_path / "index", kind="flat")
+    limits = Limits(max_tokens_in_flight=400)
+    kwargs = {"index": Index.open(tmp_path / "index"), "reranker": load_reranker(str(ce_folder)), "limits": limits}
+    with serving(emb, **kwargs) as (server, state):
+        long_docs = [doc for _, doc in docs]
+        for route, body in [
+            ("/v1/rerank", {"query": "gene", "documents": long_docs}),
+            ("/v2/rerank", {"query": "gene", "documents": long_docs}),
+            ("/rerank", {"query": "gene", "texts": long_docs}),
+            ("/v1/search", {"query": "gene", "k": 2, "rerank": True, "rerank_top_k": 40}),
+        ]:
+            error = error_of(httpx.post(server.url + route, json=body, timeout=30), 413)
+            assert error["code"] == "too_many_tokens", route
+            assert "limit of 400 tokens in flight (--max-tokens-in-flight)" in error["message"], route
+        assert state.admission.in_flight == 0  # every refusal released what it held
+        # texts to embed (and search queries) are bounded by --max-inputs: over the limit, alone, they still pass
+        assert httpx.post(server.url + "/v1/embeddings", json={"input": long_docs}, timeout=30).status_code == 200
+        small = {"query": "gene", "documents": long_docs[:3]}
+        assert httpx.post(server.url + "/v1/rerank", json=small, timeout=30).status_code == 200
+        reranked = {"query": "gene", "k": 2, "rerank": True, "rerank_top_k": 3}
+        assert httpx.post(server.url + "/v1/search", json=reranked, timeout=30).status_code == 200
+
+
+def test_metrics_need_the_api_key_unless_opened(make_embedder):
+    emb = make_embedder("bert")
+    with serving(emb, limits=Limits(api_key="s3cret")) as (server, _):
+        error = error_of(httpx.get(server.url + "/metrics"), 401)
+        assert error["code"] == "invalid_api_key"
+        assert httpx.get(server.url + "/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
+        scraped = httpx.get(server.url + "/metrics", headers={"Authorization": "Bearer s3cret"})
+        assert scraped.status_code == 200 and 'lmembed_requests_total{endpoint="/metrics",status="401"} 2.0' in (
+            scraped.text
+        )
+        assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
+        assert httpx.post(server.url + "/embed", json={"inputs": "x"}).status_code == 401  # nor do TEI routes skip it
+    with serving(emb, limits=Limits(api_key="s3cret", public_metrics=True)) as (server, _):
+        assert httpx.get(server.url + "/metrics").status_code == 200
+        assert httpx.post(server.url + "/v2/embed", json={"texts": ["x"]}).status_code == 401
+    with serving(emb) as (server, _):
+        assert httpx.get(server.url + "/metrics").status_code == 200  # no key: open, as before
+
+
+def test_the_idle_server_trims_its_heap_after_large_requests(make_embedder):
+    emb = make_embedder("bert")
+    with serving(emb) as (server, state):
+        trimmer = state.trimmer
+        if not trimmer.available:
+            pytest.skip("no malloc_trim in this C library")
+        trimmer.threshold, trimmer.min_interval_s = 100, 0.0
+        before = trimmer.trims
+        assert httpx.post(server.url + "/v1/embeddings", json={"input": ["a cat"]}).status_code == 200
+        time.sleep(0.2)
+        assert trimmer.trims == before  # a few tokens: no trim
+        texts = [" ".join(["protein gene cell"] * 20)] * 8
+        assert httpx.post(server.url + "/v1/embeddings", json={"input": texts}).status_code == 200
+        deadline = time.monotonic() + 10
+        while trimmer.trims == before:
+            assert time.monotonic() < deadline, "no trim after a large request"
+            time.sleep(0.01)
+
+
+def test_a_long_query_is_cut_to_what_a_pair_keeps_with_the_same_features(ce_folder):
+    from prometheus_client import CollectorRegistry
+
+    from lmembed.serving.rerank import RerankService
+
+    reranker = load_reranker(str(ce_folder))
+    service = RerankService(reranker, "ce", max_batch_tokens=4096, registry=CollectorRegistry())
+    try:
+        query = "protein folding, gene expression in the cell " * 2000
+        cut = service.bounded_query(query)
+        assert len(cut) < len(query) // 10
+        pairs = [(query, doc) for doc in TOY_DOCS]
+        assert service._encode(pairs) == reranker.encode_pairs(pairs)
+        assert service.bounded_query("short query") == "short query"
+    finally:
+        service.executor.shutdown()
