@@ -140,5 +140,6 @@ def test_a_gecko_run_relabels_by_relevance_alone_and_says_so(served, tmp_path):
     assert {row["query"] for row in rows} == {"protein gene cell"}
     assert all(row["provenance"]["relabel"] == RELEVANCE_ONLY for row in rows)
     assert all(row["provenance"]["generator"] == f"endpoint:{model}@{url}" for row in rows)
-    (note,) = stats["notes"]
+    note, fallback = stats["notes"]  # relevance alone, and all equal here: the retriever's order is kept, and said
     assert RELEVANCE_ONLY in note and "returned no prompt log-probabilities" in note
+    assert "retriever-order" in fallback

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from lmembed.cli import (
+    adapt,
     cache,
     decontaminate,
     doctor,
@@ -29,8 +30,9 @@ from lmembed.paths import DEBUG_ENV_VAR, VERBOSE_ENV_VAR
 ROOT_HELP = (
     "lmembed: turn language models into text-embedding models and put them to work. Extract embeddings with any "
     "pooling, layer or attention (encode, doctor), evaluate MTEB-exact (eval, sweep, report), train and mine "
-    "hard negatives (train, mine, experiment), build, search and rerank indexes (index, search), serve an "
-    "OpenAI-compatible API (serve), export to ONNX and int8 (export); --engine ray scales encoding out."
+    "hard negatives (train, mine, experiment), adapt a model to a corpus with nothing but the corpus (adapt), "
+    "build, search and rerank indexes (index, search), serve an OpenAI-, Cohere- and TEI-compatible API (serve), "
+    "export to ONNX and int8 (export); --engine ray scales encoding out."
 )
 
 app = typer.Typer(
@@ -91,6 +93,7 @@ app.command("eval")(evaluate.eval_command)
 app.command("sweep")(evaluate.sweep)
 app.command("report")(evaluate.report)
 app.command("train")(train.train)
+app.command("adapt")(adapt.adapt)
 app.command("experiment")(experiment.experiment)
 app.command("mine")(mine.mine)
 app.command("decontaminate")(decontaminate.decontaminate_command)

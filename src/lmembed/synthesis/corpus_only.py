@@ -5,12 +5,23 @@ kept for distillation (``teacher_scores``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from lmembed.synthesis.gecko import generation_requests, passage_items, read_answer
 from lmembed.synthesis.retrieval import corpus_embeddings, top_k
 from lmembed.synthesis.runner import Context, ShardResult
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _opens(query: str, passage: str) -> bool:
+    """Whether ``query`` (case and punctuation aside) is the opening of ``passage``."""
+    words = _words(query)
+    return bool(words) and _words(passage)[: len(words)] == words
 
 
 class CorpusOnlyRunner:
@@ -28,7 +39,9 @@ class CorpusOnlyRunner:
         kept = []
         for item, answer in zip(items, context.generator.generate(generation_requests(items, context)), strict=True):
             parsed = read_answer(answer, item, context)
-            if parsed.ok:
+            if parsed.ok and _opens(parsed.value["query"], context.corpus_texts[item["index"]]):
+                result.reject("copy", answer)  # a query that is its passage's opening teaches nothing
+            elif parsed.ok:
                 result.repaired += parsed.repaired
                 kept.append((item, parsed.value["query"]))
             else:

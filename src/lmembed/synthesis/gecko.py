@@ -12,7 +12,9 @@ description, which the model is then not asked for, is the recipe's ``instructio
 the passage shown to the generator (retrieval and the rows keep it whole).
 
 A generator that gives no prompt log-probabilities (most endpoints) relabels by relevance alone; the run's notes
-and every row's provenance (``relabel``) say so.
+and every row's provenance (``relabel``) say so. When every candidate scores the same (such an endpoint answering
+every relevance question alike), the ranking falls back to the retriever's order: the notes say so, and the rows'
+provenance has ``ranking: retriever-order``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from lmembed.synthesis.retrieval import corpus_embeddings, top_k
 from lmembed.synthesis.runner import Context, ShardResult
 
 BOTH, RELEVANCE_ONLY = "query-likelihood+relevance", "relevance-only"
+#: the relabelling when every candidate scored the same (an endpoint without log-probabilities whose relevance
+#: answers are all equal): the fused ranking is then the retriever's, and the notes and provenance say so
+RETRIEVER_ORDER = "retriever-order"
 
 
 def _seed(*parts: Any) -> int:
@@ -150,7 +155,16 @@ class GeckoRunner:
             [render(recipe.data["relevance"], query=query, passage=prompt_passage(context, c)) for c in candidates]
         )
         fused = rrf(*([ql, rc] if ql is not None else [rc]), k=int(recipe.get("rrf_k", 60)))
-        ranked = sorted(range(len(candidates)), key=lambda j: -fused[j])
+        ranked = sorted(range(len(candidates)), key=lambda j: -fused[j])  # stable: ties keep the retriever's order
+        relabel, ranking = (BOTH if ql is not None else RELEVANCE_ONLY), "fused"
+        if ql is None and len(set(rc)) == 1:  # relevance alone, all equal: rrf ranks ties in the retriever's order
+            ranking = RETRIEVER_ORDER
+            note = (
+                f"relabel: {RETRIEVER_ORDER} (every candidate of a query scored the same, so the positive and "
+                "negative follow the retriever's ranking)"
+            )
+            if note not in context.notes:
+                context.notes.append(note)
         low, high = recipe.get("negative_ranks", [3, 8])
         pool = ranked[max(1, low - 1) : high] or ranked[1:]
         negative = random.Random(_seed(context.seed, item["id"], "negative")).choice(pool)
@@ -175,7 +189,8 @@ class GeckoRunner:
                 prompt="generate",
                 seed_passage=item["id"],
                 positive_is_seed=candidates[positive] == item["index"],
-                relabel=BOTH if ql is not None else RELEVANCE_ONLY,
+                relabel=relabel,
+                ranking=ranking,
                 positive=scores(positive),
                 negative=scores(negative),
             ),

@@ -210,10 +210,17 @@ def run_shards(
     return _finish(output, parts, len(shards), context, usage, len(done), seconds, progress.rows)
 
 
+def _generator_label(generator: Generator) -> str:
+    """The generator as the plan names it: its name, and its own seed when it has a non-zero one (``tiny:1`` makes
+    other answers than ``tiny``, so its shards are not ``tiny``'s)."""
+    seed = getattr(generator, "seed", None)
+    return f"{generator.name}:{seed}" if isinstance(seed, int) and seed else generator.name
+
+
 def _check_plan(path: Path, context: Context, items: list[dict[str, Any]], shard_size: int) -> None:
     plan = {
         "recipe": context.recipe.provenance(),
-        "generator": context.generator.name,
+        "generator": _generator_label(context.generator),
         "seed": context.seed,
         "shard_size": shard_size,
         "items": len(items),

@@ -80,11 +80,25 @@ def read_passages(path: str | Path, limit: int | None = None) -> tuple[list[str]
     from lmembed.io import CORPUS_FILE, find_file, iter_lines, read_corpus
 
     path = Path(path)
-    if path.is_dir():
-        ids, texts = read_corpus(find_file(path, CORPUS_FILE))
-    elif path.suffix in (".jsonl", ".gz"):
-        ids, texts = read_corpus(path)
+    if path.is_dir() or path.suffix in (".jsonl", ".gz"):
+        corpus = find_file(path, CORPUS_FILE) if path.is_dir() else path
+        ids, texts = read_corpus(corpus)
+        _check_passages(corpus, texts)
     else:
         pairs = [(f"line-{n}", line.strip()) for n, line in iter_lines(path) if line.strip()]
         ids, texts = [p[0] for p in pairs], [p[1] for p in pairs]
+    if not ids:
+        raise ConfigError(f"{path}: the passages file is empty (no passage to make rows from)")
     return (ids[:limit], texts[:limit]) if limit is not None else (ids, texts)
+
+
+def _check_passages(path: Path, texts: list[str]) -> None:
+    """A passage with neither title nor text is refused naming its line (it would make a row with an empty
+    positive); a non-string title or text is refused by the corpus reader already."""
+    from lmembed.io import DataFormatError, iter_jsonl
+
+    if all(texts):
+        return
+    for position, (line_no, _row) in enumerate(iter_jsonl(path)):
+        if not texts[position]:
+            raise DataFormatError(path, line_no, "the passage has neither title nor text")

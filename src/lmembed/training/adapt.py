@@ -1,0 +1,422 @@
+"""``lmembed adapt``: adapt an embedder to a corpus with nothing but the corpus.
+
+The run, step by step (each step's knobs in :mod:`lmembed.training.adapt_recipe`, ``recipes/adapt/default.yaml``):
+
+1. **Pseudo-queries** from the corpus alone, from any mix of sources: a document's title as a query for its body
+   (GTE/E5's weak pairs); spans cropped from a document as queries for the rest of it (inverse cloze: the span is
+   cut out of the positive, so the pair is not a string match); queries an LLM writes through a ``synthesize``
+   corpus-only recipe when a generator is given.
+2. **Filters**: a query that copies its passage's opening, or whose word trigrams are mostly found in the passage,
+   teaches nothing and is dropped; so are near-duplicates (same words) of a query kept already.
+3. **Held-back slice**: a seeded share of the queries is kept out of training; retrieving their own documents from
+   the corpus (nDCG@10) picks the checkpoint to keep, and is reported before and after.
+4. **Negatives** mined by the starting model, positive-aware (TopK-PercPos as in NV-Embed): candidates scoring
+   close to the query's own document are dropped as likely false negatives, and the own document never is one.
+5. **Labels**: with a teacher (an embedder, ``self`` for the starting model, or ``reranker:NAME``), its scores
+   of the positive and negatives are kept as ``teacher_scores`` and the loss is MarginMSE; else InfoNCE with the
+   mined negatives and the batch's other documents.
+6. **Training** with the contrastive :class:`~lmembed.training.trainer.Trainer` (encoders fully, decoders with
+   LoRA by default), checkpointed at every selection step, so ``resume`` continues an interrupted run.
+
+Output folder::
+
+    OUT/rows.jsonl          training rows, each with its provenance (source, document id, line)
+    OUT/heldout.jsonl       the held-back pseudo-queries (query, document id)
+    OUT/adapt_summary.json  counts per source, rejects by reason, mining, selection history, time, memory
+    OUT/adapt.log           the run's log
+    OUT/checkpoints/ ...    the trainer's checkpoints (resume)
+    OUT/model/              the adapted Embedder (Embedder.from_pretrained(OUT/model))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import resource
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmembed.atomic import atomic_write_text
+from lmembed.errors import LmembedError
+from lmembed.io import DataFormatError, iter_jsonl, iter_lines, read_jsonl, string_field
+from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
+from lmembed.training.adapt_recipe import AdaptRecipe
+
+log = logging.getLogger(__name__)
+
+ROWS_FILE = "rows.jsonl"
+HELDOUT_FILE = "heldout.jsonl"
+SUMMARY_FILE = "adapt_summary.json"
+LOG_FILE = "adapt.log"
+SELECTION_FILE = "selection.json"
+BEST_STATE_FILE = "best_state.pt"
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+class AdaptError(LmembedError, ValueError):
+    """The corpus or the options of ``lmembed adapt`` cannot make a run; the message names the file and line."""
+
+
+# ---------------------------------------------------------------------------------------------- the corpus
+@dataclass(frozen=True)
+class Document:
+    """One corpus document: its id, title (may be empty), body, and the line it was read from."""
+
+    id: str
+    title: str
+    text: str
+    line: int
+
+    @property
+    def full(self) -> str:
+        """The text the document is embedded as (title and body, as BEIR's corpus text)."""
+        return (self.title + " " + self.text).strip()
+
+
+def read_adapt_corpus(path: str | Path) -> list[Document]:
+    """Documents of a BEIR ``corpus.jsonl`` (or a BEIR folder holding one), or of a text file with one document per
+    line. A document with no text, a non-string field, a repeated id, an empty file: :class:`AdaptError` naming the
+    file and line."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "corpus.jsonl"
+    if not path.is_file():
+        raise AdaptError(f"{path}: no such corpus file (--corpus takes a BEIR corpus.jsonl or a text file)")
+    docs: list[Document] = []
+    try:
+        if path.suffix in (".jsonl", ".gz"):
+            seen: set[str] = set()
+            for line_no, row in iter_jsonl(path):
+                doc_id = string_field(row, "_id", path, line_no)
+                if doc_id in seen:
+                    raise AdaptError(f"{path}:{line_no}: _id: document id {doc_id!r} is repeated")
+                seen.add(doc_id)
+                title = _string(row, "title", path, line_no)
+                text = _string(row, "text", path, line_no)
+                if not (title.strip() or text.strip()):
+                    raise AdaptError(f"{path}:{line_no}: text: document {doc_id!r} has neither title nor text")
+                docs.append(Document(doc_id, title.strip(), text.strip(), line_no))
+        else:
+            for line_no, line in iter_lines(path):
+                if line.strip():
+                    docs.append(Document(f"line-{line_no}", "", line.strip(), line_no))
+    except DataFormatError as exc:
+        raise AdaptError(str(exc)) from exc
+    if not docs:
+        raise AdaptError(f"{path}: the corpus is empty (no documents to make queries from)")
+    if len({d.full for d in docs}) < 2:
+        raise AdaptError(
+            f"{path}: the corpus has one distinct document; adapting needs at least two (a query must be told "
+            "apart from other documents)"
+        )
+    return docs
+
+
+def _string(row: dict[str, Any], key: str, path: Path, line_no: int) -> str:
+    value = row.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise AdaptError(f"{path}:{line_no}: {key}: must be a string, got {type(value).__name__}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- query sources
+@dataclass
+class PseudoQuery:
+    """A query made from a document, with the positive to train on and where it came from."""
+
+    query: str
+    positive: str
+    doc: int  # index of the source document
+    source: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def title_queries(docs: Sequence[Document], min_words: int = 2) -> list[PseudoQuery]:
+    """Each titled document's title as a query for its body (documents without a body or title give none)."""
+    return [
+        PseudoQuery(d.title, d.text, i, "title")
+        for i, d in enumerate(docs)
+        if d.title and d.text and len(_words(d.title)) >= min_words
+    ]
+
+
+def crop_queries(
+    docs: Sequence[Document],
+    *,
+    per_document: int = 2,
+    min_words: int = 6,
+    max_words: int = 24,
+    min_rest_words: int = 8,
+    seed: int = 0,
+) -> list[PseudoQuery]:
+    """Random word spans of each document's body as queries; the positive is the document with the span cut out
+    (inverse cloze). A document too short to keep ``min_rest_words`` words once a span is cut gives none."""
+    rng = np.random.default_rng(seed)
+    out: list[PseudoQuery] = []
+    for i, d in enumerate(docs):
+        words = _words(d.text)
+        longest = min(max_words, len(words) - min_rest_words)
+        if longest < min_words:
+            continue
+        for _ in range(per_document):
+            length = int(rng.integers(min_words, longest + 1))
+            start = int(rng.integers(0, len(words) - length + 1))
+            span = " ".join(words[start : start + length])
+            rest = " ".join(words[:start] + words[start + length :])
+            positive = (d.title + " " + rest).strip()
+            out.append(PseudoQuery(span, positive, i, "crop", {"start_word": start, "words": length}))
+    return out
+
+
+def generated_queries(
+    docs: Sequence[Document],
+    generator: Any,
+    encode: Callable[[Sequence[str], str], np.ndarray],
+    output: Path,
+    *,
+    recipe: str = "corpus-only-plain",
+    limit: int | None = None,
+    shard_size: int = 16,
+    seed: int = 0,
+) -> tuple[list[PseudoQuery], dict[str, Any]]:
+    """Queries a generator writes for the documents, through ``synthesize``'s corpus-only recipe (its round-trip
+    check and parser); its output (and resumable shards) go to ``output``. Returns the queries and its stats."""
+    from lmembed.synthesis.synthesize import synthesize
+
+    chosen = list(docs)[:limit] if limit else list(docs)
+    ids, texts = [d.id for d in chosen], [d.full for d in chosen]
+    stats = synthesize(recipe, generator, output, corpus=(ids, texts), encode=encode, seed=seed, shard_size=shard_size)
+    index = {d.id: i for i, d in enumerate(docs)}
+    out = []
+    for row in read_jsonl(output):
+        doc_id = (row.get("provenance") or {}).get("seed_passage")
+        if doc_id in index and isinstance(row.get("query"), str):
+            i = index[doc_id]
+            out.append(PseudoQuery(row["query"], docs[i].full, i, "generator"))
+    return out, stats
+
+
+# ---------------------------------------------------------------------------------------------- filters
+def normalise(text: str) -> str:
+    """Lower case words only (punctuation and spacing ignored)."""
+    return " ".join(_WORD.findall(text.lower()))
+
+
+def copied_reason(query: str, passage: str, max_copied: float = 0.8) -> str | None:
+    """Why a query copies its passage (``prefix``: it is the passage's opening; ``copy``: at least ``max_copied``
+    of its word trigrams, or for a query under three words the whole query, are found in the passage), or None."""
+    q, p = normalise(query), normalise(passage)
+    if not q:
+        return "empty"
+    if p.startswith(q):
+        return "prefix"
+    words, passage_words = q.split(), p.split()
+    if len(words) < 3:
+        return None
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    seen = {tuple(passage_words[i : i + 3]) for i in range(len(passage_words) - 2)}
+    share = sum(g in seen for g in grams) / len(grams)
+    return "copy" if share >= max_copied else None
+
+
+def filter_queries(
+    queries: Sequence[PseudoQuery], *, max_copied: float = 0.8, min_words: int = 2
+) -> tuple[list[PseudoQuery], Counter[str]]:
+    """The queries worth training on, and the count of those dropped by reason (``prefix``, ``copy``,
+    ``too_short``, ``duplicate``: same words, in any order and case, as a query kept already)."""
+    kept: list[PseudoQuery] = []
+    dropped: Counter[str] = Counter()
+    seen: set[frozenset[str]] = set()
+    for q in queries:
+        words = normalise(q.query).split()
+        if len(words) < min_words:
+            dropped["too_short"] += 1
+            continue
+        reason = copied_reason(q.query, q.positive, max_copied)
+        if reason:
+            dropped[reason] += 1
+            continue
+        key = frozenset(words)
+        if key in seen:
+            dropped["duplicate"] += 1
+            continue
+        seen.add(key)
+        kept.append(q)
+    return kept, dropped
+
+
+def hold_back(
+    queries: Sequence[PseudoQuery], fraction: float, max_queries: int, seed: int
+) -> tuple[list[PseudoQuery], list[PseudoQuery]]:
+    """A seeded split into (training, held back): ``fraction`` of the queries, at most ``max_queries``, at least
+    one; training keeps at least one."""
+    if len(queries) < 2:
+        raise AdaptError(
+            f"only {len(queries)} pseudo-query survived the filters: adapting needs at least two (one to train on, "
+            "one to pick the step with); give a larger corpus, or enable more query sources in the recipe"
+        )
+    order = np.random.default_rng(seed).permutation(len(queries))
+    n = max(1, min(max_queries, round(fraction * len(queries)), len(queries) - 1))
+    held = set(order[:n].tolist())
+    return [q for i, q in enumerate(queries) if i not in held], [q for i, q in enumerate(queries) if i in held]
+
+
+# ---------------------------------------------------------------------------------------------- mining, labels
+def mine_rows(
+    embedder: Any,
+    queries: Sequence[PseudoQuery],
+    docs: Sequence[Document],
+    *,
+    k: int = 3,
+    method: str = "perc_pos",
+    margin: float | None = 0.95,
+    skip_top: int = 0,
+    batch_size: int = 32,
+) -> tuple[list[dict[str, Any]], MiningStats]:
+    """Training rows with negatives mined from the corpus by ``embedder``: candidates are scored against the
+    query's own (whole) document, which is never a negative; the row's positive is then the query's own positive
+    (a body, or a document with its span cut out)."""
+    stats = MiningStats()
+    mining_rows = [{"query": q.query, "positive": docs[q.doc].full} for q in queries]
+    mined = mine_hard_negatives(
+        embedder,
+        mining_rows,
+        [d.full for d in docs],
+        k=k,
+        method=method,
+        margin=margin,
+        skip_top=skip_top,
+        batch_size=batch_size,
+        with_scores=True,
+        stats=stats,
+    )
+    rows = []
+    for q, m in zip(queries, mined, strict=True):
+        own = {docs[q.doc].full, q.positive}
+        negatives = [n for n in m["negatives"] if n not in own]
+        rows.append(
+            {
+                "query": q.query,
+                "positive": q.positive,
+                "negatives": negatives,
+                "provenance": {"source": q.source, "doc_id": docs[q.doc].id, "line": docs[q.doc].line, **q.extra},
+            }
+        )
+    return rows, stats
+
+
+def label_rows(rows: list[dict[str, Any]], teacher: Any, num_negatives: int) -> list[dict[str, Any]]:
+    """Add ``teacher_scores`` (positive, then the first ``num_negatives`` negatives) from ``teacher``: a reranker
+    (``score(query, documents)``) or an embedder (cosine of its vectors). Rows with fewer negatives are dropped
+    (a distillation loss needs the same number of scores in every row)."""
+    usable = [r for r in rows if len(r["negatives"]) >= num_negatives]
+    for row in usable:
+        row["negatives"] = row["negatives"][:num_negatives]
+    if not usable:
+        return []
+    if hasattr(teacher, "score") and not hasattr(teacher, "encode_queries"):
+        for row in usable:
+            scores = np.asarray(teacher.score(row["query"], [row["positive"], *row["negatives"]]), dtype=float)
+            row["teacher_scores"] = {"positive": float(scores[0]), "negatives": [float(s) for s in scores[1:]]}
+        return usable
+    q = _unit(teacher.encode_queries([r["query"] for r in usable]))
+    docs = [d for r in usable for d in (r["positive"], *r["negatives"])]
+    d = _unit(teacher.encode_corpus(docs)).reshape(len(usable), 1 + num_negatives, -1)
+    scores = np.einsum("rd,rkd->rk", q, d)
+    for row, s in zip(usable, scores, strict=True):
+        row["teacher_scores"] = {"positive": float(s[0]), "negatives": [float(x) for x in s[1:]]}
+    return usable
+
+
+def _unit(x: Any) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- selection
+@dataclass
+class HeldOut:
+    """Held-back pseudo-queries and the corpus slice they are retrieved from."""
+
+    queries: list[str]
+    targets: list[int]  # index into ``documents`` of each query's own document
+    documents: list[str]
+
+    @classmethod
+    def build(cls, held: Sequence[PseudoQuery], docs: Sequence[Document], max_documents: int, seed: int) -> HeldOut:
+        own = sorted({q.doc for q in held})
+        others = [i for i in range(len(docs)) if i not in set(own)]
+        room = max(0, max_documents - len(own))
+        if len(others) > room:
+            others = sorted(np.random.default_rng(seed).choice(others, room, replace=False).tolist())
+        chosen = own + others
+        where = {doc: i for i, doc in enumerate(chosen)}
+        return cls([q.query for q in held], [where[q.doc] for q in held], [docs[i].full for i in chosen])
+
+    def score(self, embedder: Any, batch_size: int = 32) -> dict[str, float]:
+        """nDCG@10 and MRR@10 of retrieving each query's own document (one relevant document each)."""
+        q = _unit(embedder.encode_queries(self.queries, batch_size=batch_size))
+        d = _unit(embedder.encode_corpus(self.documents, batch_size=batch_size))
+        sims = q @ d.T
+        own = sims[np.arange(len(self.targets)), self.targets]
+        ranks = (sims > own[:, None]).sum(axis=1) + 1  # ties count in the query's favour
+        top = ranks <= 10
+        ndcg = float(np.mean(np.where(top, 1.0 / np.log2(ranks + 1), 0.0)))
+        mrr = float(np.mean(np.where(top, 1.0 / ranks, 0.0)))
+        return {"ndcg@10": ndcg, "mrr@10": mrr}
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory (MB), and the GPU's peak allocation when one was used."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            peak += torch.cuda.max_memory_allocated() / 2**20
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return round(peak, 1)
+
+
+def corpus_digest(docs: Sequence[Document]) -> str:
+    digest = hashlib.sha256()
+    for d in docs:
+        digest.update(f"{d.id}\t{d.full}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+__all__ = [
+    "AdaptError",
+    "AdaptRecipe",
+    "Document",
+    "HeldOut",
+    "PseudoQuery",
+    "copied_reason",
+    "crop_queries",
+    "filter_queries",
+    "generated_queries",
+    "hold_back",
+    "label_rows",
+    "mine_rows",
+    "read_adapt_corpus",
+    "title_queries",
+    "write_rows",
+]

@@ -1,0 +1,401 @@
+"""The run of ``lmembed adapt`` (see :mod:`lmembed.training.adapt` for the method and the output folder): make the
+rows, score the held-back pseudo-queries, train with checkpoints, keep the best step, save and report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmembed.embedder import Embedder
+from lmembed.errors import LmembedError
+from lmembed.mining import read_rows
+from lmembed.training import checkpoint as ckpt
+from lmembed.training.adapt import (
+    BEST_STATE_FILE,
+    HELDOUT_FILE,
+    LOG_FILE,
+    ROWS_FILE,
+    SELECTION_FILE,
+    SUMMARY_FILE,
+    AdaptError,
+    Document,
+    HeldOut,
+    PseudoQuery,
+    corpus_digest,
+    crop_queries,
+    filter_queries,
+    generated_queries,
+    hold_back,
+    label_rows,
+    mine_rows,
+    peak_memory_mb,
+    read_adapt_corpus,
+    title_queries,
+    write_json,
+    write_rows,
+)
+from lmembed.training.adapt_recipe import AdaptRecipe, load_adapt_recipe
+from lmembed.training.rows import TrainDataset, parse_row
+from lmembed.training.train_config import TrainConfig
+from lmembed.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "adapt_plan.json"
+
+
+@dataclass
+class AdaptResult:
+    """What :func:`run_adapt` made: the model folder and the summary it wrote."""
+
+    output: Path
+    model_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class _SelectingTrainer(Trainer):
+    """The trainer, plus: every ``every`` steps (and at the last) the held-back pseudo-queries are scored, the best
+    step's trainable weights are kept in ``best_state.pt``, and that step's weights are the ones saved."""
+
+    def __init__(self, config: TrainConfig, held: HeldOut, every: int, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.held, self.every = held, every
+        self.selection_path = self.output / SELECTION_FILE
+        self.history: list[dict[str, Any]] = []
+
+    def start_selection(self, before: dict[str, float]) -> None:
+        """Step 0 (the starting model) is the first candidate: adapting never keeps weights worse than it on the
+        held-back queries."""
+        self.history = [{"step": 0, **before}]
+        self._keep_best(0)
+        self._write_selection()
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        resumed = super().resume(path)
+        if resumed:
+            data = json.loads(self.selection_path.read_text())
+            self.history = [h for h in data["history"] if h["step"] <= self.step]
+        return resumed
+
+    def _keep_best(self, step: int) -> None:
+        best = max(self.history, key=lambda h: (h["ndcg@10"], -h["step"]))
+        if best["step"] == step:
+            scratch = self.output / f".tmp-{BEST_STATE_FILE}"
+            torch.save({"step": step, "state": self.model.trainable_state_dict()}, scratch)
+            os.replace(scratch, self.output / BEST_STATE_FILE)
+
+    def _write_selection(self) -> None:
+        best = max(self.history, key=lambda h: (h["ndcg@10"], -h["step"]))
+        write_json(self.selection_path, {"history": self.history, "best_step": best["step"]})
+
+    def _after_step(self, result: Any) -> None:
+        if self.step % self.every == 0 or self.step == self.config.steps:
+            self.model.eval()
+            with torch.no_grad():
+                scores = self.held.score(self.model.embedder)
+            self.model.train()
+            self.history = [h for h in self.history if h["step"] != self.step] + [{"step": self.step, **scores}]
+            log.info("step %d: held-back pseudo-queries nDCG@10 %.4f", self.step, scores["ndcg@10"])
+            self._keep_best(self.step)
+            self._write_selection()
+        super()._after_step(result)
+
+    def save_model(self, directory: str | Path | None = None) -> Path | None:
+        saved = torch.load(self.output / BEST_STATE_FILE, map_location=self.model.device, weights_only=True)
+        if saved["step"] != self.step:
+            log.info("keeping step %d (best on the held-back pseudo-queries), not %d", saved["step"], self.step)
+            self.model.load_trainable_state_dict(saved["state"])
+            self.model.weights_changed()
+        return super().save_model(directory)
+
+
+def _load_teacher(teacher: str | Any | None, embedder: Embedder, device: str) -> Any:
+    if teacher is None or not isinstance(teacher, str):
+        return teacher
+    if teacher == "self":
+        return embedder
+    if teacher.startswith("reranker:"):
+        from lmembed.rerank import load_reranker
+
+        return load_reranker(teacher.removeprefix("reranker:"))
+    return Embedder.from_pretrained(teacher, device=device, show_progress=False)
+
+
+def make_queries(
+    docs: list[Document], recipe: AdaptRecipe, embedder: Any, output: Path, generator: Any | None
+) -> tuple[list[PseudoQuery], dict[str, Any]]:
+    """Every enabled source's pseudo-queries, and what each made."""
+    made: list[PseudoQuery] = []
+    report: dict[str, Any] = {}
+    src = recipe.sources
+    if src.titles.enabled:
+        titles = title_queries(docs, src.titles.min_words)
+        report["titles"] = {"made": len(titles)}
+        made += titles
+    if src.crops.enabled:
+        c = src.crops
+        crops = crop_queries(
+            docs,
+            per_document=c.per_document,
+            min_words=c.min_words,
+            max_words=c.max_words,
+            min_rest_words=c.min_rest_words,
+            seed=recipe.seed,
+        )
+        report["crops"] = {"made": len(crops)}
+        made += crops
+    if generator is not None:
+        from lmembed.synthesis.retrieval import embedder_encode
+
+        g = src.generator
+        generated, stats = generated_queries(
+            docs,
+            generator,
+            embedder_encode(embedder),
+            output / "generated.jsonl",
+            recipe=g.recipe,
+            limit=g.limit,
+            shard_size=g.shard_size,
+            seed=recipe.seed,
+        )
+        report["generator"] = {"made": len(generated), "synthesize": stats}
+        made += generated
+    return made, report
+
+
+def _check_output(output: Path, resume: bool) -> None:
+    if resume:
+        return
+    if (output / SUMMARY_FILE).exists() or ckpt.list_checkpoints(output) or (output / PLAN_FILE).exists():
+        raise AdaptError(
+            f"{output} already holds an adapt run; pass --resume to continue it, or choose another output folder"
+        )
+
+
+def run_adapt(
+    model: str | Embedder,
+    corpus: str | Path,
+    output: str | Path,
+    *,
+    recipe: AdaptRecipe | str | Path | None = None,
+    generator: Any | None = None,
+    teacher: str | Any | None = None,
+    resume: bool = False,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    device: str = "auto",
+    lora: bool | None = None,
+    progress: bool = True,
+) -> AdaptResult:
+    """Adapt ``model`` to ``corpus`` into ``output`` (see :mod:`lmembed.training.adapt`). ``model`` is a name,
+    a folder, or an Embedder; ``teacher`` an embedder's name, ``self``, ``reranker:NAME`` or a ready object."""
+    started = time.perf_counter()
+    recipe = recipe if isinstance(recipe, AdaptRecipe) else load_adapt_recipe(recipe)
+    output = Path(output)
+    docs = read_adapt_corpus(corpus)  # bad input is refused before anything is written
+    _check_output(output, resume)
+    training = recipe.training
+    steps = steps or training.steps
+    batch_size = batch_size or training.batch_size
+    if isinstance(model, Embedder):
+        embedder, model_name = model, "(given)"
+    else:
+        train_device = "cpu" if device == "auto" and not torch.cuda.is_available() else device
+        train_device = "cuda" if train_device == "auto" else train_device
+        embedder = Embedder.from_pretrained(
+            model, device=train_device, max_length=training.max_length, cache=False, show_progress=False
+        )
+        model_name = str(model)
+    created = not output.exists()
+    output.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(output / LOG_FILE)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    root = logging.getLogger("lmembed")
+    level = root.level
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > logging.INFO:
+        root.setLevel(logging.INFO)
+    try:
+        return _run(
+            docs,
+            recipe,
+            embedder,
+            model_name,
+            corpus,
+            output,
+            generator,
+            teacher,
+            resume,
+            steps,
+            batch_size,
+            device,
+            lora,
+            progress,
+            started,
+        )
+    except LmembedError:
+        kept = [output / PLAN_FILE, output / "generated.jsonl.parts"]  # rows made, or a generator's resumable shards
+        if created and not any(p.exists() for p in kept):  # refused before anything worth keeping: leave nothing
+            root.removeHandler(handler)
+            handler.close()
+            shutil.rmtree(output, ignore_errors=True)
+        raise
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+def _run(
+    docs: list[Document],
+    recipe: AdaptRecipe,
+    embedder: Embedder,
+    model_name: str,
+    corpus: str | Path,
+    output: Path,
+    generator: Any | None,
+    teacher: str | Any | None,
+    resume: bool,
+    steps: int,
+    batch_size: int,
+    device: str,
+    lora: bool | None,
+    progress: bool,
+    started: float,
+) -> AdaptResult:
+    training = recipe.training
+    teacher_name = teacher if isinstance(teacher, str) or teacher is None else type(teacher).__name__
+    plan = {
+        "model": model_name,
+        "corpus": str(corpus),
+        "corpus_digest": corpus_digest(docs),
+        "documents": len(docs),
+        "recipe": recipe.model_dump(),
+        "generator": None if generator is None else getattr(generator, "name", type(generator).__name__),
+        "teacher": teacher_name,
+    }
+    timings: dict[str, float] = {}
+    plan_path = output / PLAN_FILE
+    if resume and plan_path.exists():
+        saved = json.loads(plan_path.read_text())
+        changed = [k for k in plan if saved.get(k) != plan[k]]
+        if changed:
+            raise AdaptError(
+                f"{plan_path}: the run in {output} was made with another {', '.join(changed)}; resume it with the "
+                "same options, or choose another output folder"
+            )
+        rows = read_rows(output / ROWS_FILE)
+        held_rows = read_rows(output / HELDOUT_FILE)
+        index = {d.id: i for i, d in enumerate(docs)}
+        held = [
+            PseudoQuery(r["query"], docs[index[r["doc_id"]]].full, index[r["doc_id"]], r["source"]) for r in held_rows
+        ]
+        report = saved["report"]
+    else:
+        t0 = time.perf_counter()
+        made, sources = make_queries(docs, recipe, embedder, output, generator)
+        kept, dropped = filter_queries(
+            made, max_copied=recipe.filters.max_copied, min_words=recipe.filters.min_query_words
+        )
+        train_q, held = hold_back(kept, recipe.selection.fraction, recipe.selection.max_queries, recipe.seed)
+        timings["queries_s"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        m = recipe.mining
+        rows, stats = mine_rows(
+            embedder,
+            train_q,
+            docs,
+            k=m.k,
+            method=m.method,
+            margin=m.margin,
+            skip_top=m.skip_top,
+            batch_size=m.batch_size,
+        )
+        timings["mining_s"] = round(time.perf_counter() - t0, 2)
+        if teacher is not None:
+            t0 = time.perf_counter()
+            rows = label_rows(rows, _load_teacher(teacher, embedder, device), max(1, training.num_negatives))
+            timings["labels_s"] = round(time.perf_counter() - t0, 2)
+            if not rows:
+                raise AdaptError("no row kept a mined negative to label with the teacher: mining.k is too strict")
+        report = {
+            "sources": sources,
+            "dropped": dict(dropped),
+            "kept": len(kept),
+            "train_rows": len(rows),
+            "held_back": len(held),
+            "by_source": dict(Counter(r["provenance"]["source"] for r in rows)),
+            "mining": stats.to_dict(),
+        }
+        write_rows(rows, output / ROWS_FILE)
+        write_rows(
+            [{"query": q.query, "doc_id": docs[q.doc].id, "source": q.source} for q in held], output / HELDOUT_FILE
+        )
+        write_json(plan_path, {**plan, "report": report})
+    log.info("adapt: %s", json.dumps(report))
+    held_out = HeldOut.build(held, docs, recipe.selection.max_documents, recipe.seed)
+    examples = [parse_row({k: v for k, v in r.items() if k != "provenance"}) for r in rows]
+    dataset = TrainDataset("adapt", examples, sorted({d.full for d in docs}))
+    config = TrainConfig(
+        model=model_name,
+        output=str(output),
+        steps=steps,
+        batch_size=batch_size,
+        lr=training.lr,
+        warmup_steps=min(training.warmup_steps, steps - 1) if steps > 1 else 0,
+        temperature=training.temperature,
+        num_negatives=max(1, training.num_negatives) if teacher is not None else training.num_negatives,
+        loss=training.teacher_loss if teacher is not None else training.loss,
+        save_every=min(recipe.selection.every, steps),
+        seed=recipe.seed,
+        device=device,
+        lora=lora,
+        resume=resume and bool(ckpt.list_checkpoints(output)),
+        progress=progress,
+    )
+    trainer = _SelectingTrainer(
+        config, held_out, min(recipe.selection.every, steps), model=embedder, datasets=[dataset]
+    )
+    if not config.resume:  # a resumed run reads its selection history back (_SelectingTrainer.resume)
+        t0 = time.perf_counter()
+        trainer.model.eval()
+        with torch.no_grad():
+            before = held_out.score(trainer.model.embedder)
+        trainer.model.train()
+        timings["score_before_s"] = round(time.perf_counter() - t0, 2)
+        trainer.start_selection(before)
+    t0 = time.perf_counter()
+    result = trainer.train()
+    timings["train_s"] = round(time.perf_counter() - t0, 2)
+    history = trainer.history
+    best = max(history, key=lambda h: (h["ndcg@10"], -h["step"]))
+    summary = {
+        **plan,
+        "report": report,
+        "selection": {
+            "history": history,
+            "before": history[0],
+            "after": best,
+            "best_step": best["step"],
+            "last_step": result.end_step,
+        },
+        "steps": steps,
+        "batch_size": batch_size,
+        "lora": trainer.model.uses_lora,
+        "seconds": round(time.perf_counter() - started, 2),
+        "timings": timings,
+        "peak_memory_mb": peak_memory_mb(),
+        "model_dir": str(result.model_dir),
+    }
+    write_json(output / SUMMARY_FILE, summary)
+    assert result.model_dir is not None
+    return AdaptResult(output, result.model_dir, summary)

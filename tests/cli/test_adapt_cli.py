@@ -1,0 +1,156 @@
+"""``lmembed adapt`` from the command line: a run on a tiny model saved as a folder, and bad input refused with
+exit 2, a message naming the file (and line), and nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import write_jsonl
+from lmembed.cli.app import app
+
+BODIES = [
+    "the cat sat on the mat and the dog sat on the rug in the cell of the man",
+    "protein folding in the cell is a study of the gene and the protein result",
+    "a man was riding a horse on the rug and the woman was eating food there",
+    "the movie was great and the movie was bad for the man and the woman friend",
+    "language model embedding vector search is retrieval with a language model text",
+    "gene expression study of the cell and the protein result in science text",
+]
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, make_embedder) -> Path:
+    folder = tmp_path / "tiny"
+    make_embedder("bert", pooling="mean").save(folder)
+    return folder
+
+
+@pytest.fixture
+def recipe(tmp_path) -> Path:
+    path = tmp_path / "adapt.yaml"
+    path.write_text(
+        "sources:\n  crops: {per_document: 3, min_words: 3, max_words: 6, min_rest_words: 4}\n"
+        "selection: {fraction: 0.2, every: 2}\nmining: {k: 2}\n"
+        "training: {steps: 2, batch_size: 4, warmup_steps: 1, lr: 0.001, max_length: 32}\n"
+    )
+    return path
+
+
+def invoke(*argv: str):
+    return CliRunner().invoke(app, list(argv))
+
+
+def test_adapt_writes_a_model_that_loads_and_encodes(tmp_path, tiny_model_dir, recipe, one_torch_thread):
+    from lmembed import Embedder
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(BODIES) + "\n")
+    out = tmp_path / "out"
+    result = invoke(
+        "adapt",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus),
+        "-o",
+        str(out),
+        "--recipe",
+        str(recipe),
+        "--device",
+        "cpu",
+        "--no-progress",
+    )
+    assert result.exit_code == 0, result.output
+    assert "adapted model" in result.output and "nDCG@10" in result.output
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    assert summary["report"]["by_source"] == {"crop": summary["report"]["train_rows"]}  # no titles in a text file
+    vectors = Embedder.from_pretrained(out / "model", show_progress=False).encode(["the cat", "a gene"])
+    assert vectors.shape[0] == 2
+
+
+def test_adapt_with_the_tiny_generator(tmp_path, tiny_model_dir, recipe, one_torch_thread):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": b} for i, b in enumerate(BODIES)])
+    out = tmp_path / "out"
+    result = invoke(
+        "adapt",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus),
+        "-o",
+        str(out),
+        "--recipe",
+        str(recipe),
+        "--generator",
+        "tiny",
+        "--device",
+        "cpu",
+        "--no-progress",
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    assert summary["report"]["sources"]["generator"]["synthesize"]["attempted"] == len(BODIES)
+    assert (out / "generated.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([], ["corpus.jsonl", "empty"]),
+        ([{"_id": "a", "text": "the cat"}, {"_id": "b", "title": "", "text": ""}], ["corpus.jsonl:2", "neither"]),
+        ([{"_id": "a", "text": "the cat sat"}], ["corpus.jsonl", "one distinct document"]),
+    ],
+    ids=["empty", "no-text", "one-document"],
+)
+def test_bad_corpora_exit_2_and_write_nothing(tmp_path, tiny_model_dir, rows, expected):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", rows)
+    out = tmp_path / "out"
+    result = invoke("adapt", "--model", str(tiny_model_dir), "--corpus", str(corpus), "-o", str(out))
+    assert result.exit_code == 2, result.output
+    assert all(text in result.output for text in expected), result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_a_model_that_cannot_be_loaded_exits_2_and_writes_nothing(tmp_path):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": b} for i, b in enumerate(BODIES)])
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "notamodel" / "readme.txt").write_text("no weights here")
+    out = tmp_path / "out"
+    result = invoke("adapt", "--model", str(tmp_path / "notamodel"), "--corpus", str(corpus), "-o", str(out))
+    assert result.exit_code == 2, result.output
+    assert "notamodel" in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_a_bad_recipe_exits_2_naming_file_and_line(tmp_path, tiny_model_dir):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": b} for i, b in enumerate(BODIES)])
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("training:\n  steps: 2\n  optimiser: sgd\n")
+    result = invoke(
+        "adapt",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus),
+        "-o",
+        str(tmp_path / "o"),
+        "--recipe",
+        str(recipe),
+    )
+    assert result.exit_code == 2, result.output
+    assert "bad.yaml:3" in result.output and "optimiser" in result.output
+
+
+def test_a_corpus_that_makes_too_few_queries_exits_2_and_leaves_nothing(tmp_path, tiny_model_dir):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("the cat\nthe dog\n")  # no titles, too short to crop
+    out = tmp_path / "out"
+    result = invoke("adapt", "--model", str(tiny_model_dir), "--corpus", str(corpus), "-o", str(out))
+    assert result.exit_code == 2, result.output
+    assert "pseudo-query" in result.output and "at least two" in result.output
+    assert not out.exists()

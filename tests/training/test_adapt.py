@@ -1,0 +1,329 @@
+"""``lmembed adapt``'s library side: query sources, the copied-span filter, mining and labels on hand-made data,
+bad corpora, the recipe file, and a whole run (with a resume after an interruption) on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from helpers import write_jsonl
+from lmembed.training.adapt import (
+    AdaptError,
+    Document,
+    PseudoQuery,
+    copied_reason,
+    crop_queries,
+    filter_queries,
+    generated_queries,
+    hold_back,
+    label_rows,
+    mine_rows,
+    read_adapt_corpus,
+    title_queries,
+)
+from lmembed.training.adapt_recipe import AdaptRecipe, AdaptRecipeError, load_adapt_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+BODIES = [
+    "the cat sat on the mat and the dog sat on the rug in the cell of the man",
+    "protein folding in the cell is a study of the gene and the protein result",
+    "a man was riding a horse on the rug and the woman was eating food there",
+    "the movie was great and the movie was bad for the man and the woman friend",
+    "language model embedding vector search is retrieval with a language model text",
+    "gene expression study of the cell and the protein result in science text",
+    "the dog was eating food on the mat and the cat was riding the horse first",
+    "retrieval of the document for the query is search with an embedding vector",
+]
+TITLES = ["cat and dog", "protein folding", "riding a horse", "great movie", "vector search", "", "dog food", ""]
+
+
+def corpus_file(tmp_path: Path) -> Path:
+    rows = [{"_id": f"d{i}", "title": t, "text": b} for i, (t, b) in enumerate(zip(TITLES, BODIES, strict=True))]
+    return write_jsonl(tmp_path / "corpus.jsonl", rows)
+
+
+def docs() -> list[Document]:
+    return [Document(f"d{i}", t, b, i + 1) for i, (t, b) in enumerate(zip(TITLES, BODIES, strict=True))]
+
+
+# ---------------------------------------------------------------------------------------------- sources
+def test_titles_query_their_own_bodies_and_untitled_documents_give_none():
+    queries = title_queries(docs())
+    assert [q.query for q in queries] == [t for t in TITLES if t]
+    assert all(q.positive == BODIES[q.doc] and q.source == "title" for q in queries)
+
+
+def test_crops_are_cut_out_of_their_positive_and_short_documents_give_none():
+    short = Document("s", "", "the cat sat on the mat", 9)
+    queries = crop_queries([*docs(), short], per_document=2, min_words=3, max_words=6, min_rest_words=5, seed=1)
+    assert len(queries) == 2 * len(BODIES)  # the short document gives none
+    for q in queries:
+        words, body = q.query.split(), BODIES[q.doc].split()
+        assert 3 <= len(words) <= 6
+        start = q.extra["start_word"]
+        assert body[start : start + len(words)] == words
+        assert q.positive.endswith(" ".join(body[:start] + body[start + len(words) :]))
+    again = crop_queries(docs(), per_document=2, min_words=3, max_words=6, min_rest_words=5, seed=1)
+    assert [q.query for q in again] == [q.query for q in queries[: len(again)]]  # seeded
+
+
+def test_generator_queries_come_through_the_corpus_only_recipe(tmp_path):
+    from lmembed.synthesis.generators import TinyGenerator
+
+    def encode(texts, side):  # a bag-of-words encoder: the round trip finds the seed passage
+        vocab = sorted({w for t in BODIES for w in t.split()})
+        return np.array([[t.split().count(w) for w in vocab] for t in texts], dtype=np.float32) + 1e-3
+
+    queries, stats = generated_queries(
+        docs(),
+        TinyGenerator(),
+        encode,
+        tmp_path / "generated.jsonl",
+        recipe=str(REPO / "recipes/synthesis/corpus-only-plain.yaml"),
+    )
+    assert stats["attempted"] == len(BODIES)
+    assert queries and all(q.source == "generator" and q.positive == docs()[q.doc].full for q in queries)
+
+
+# ---------------------------------------------------------------------------------------------- filters
+def test_copied_spans_are_caught():
+    passage = "Protein folding in the cell is a study of the gene"
+    assert copied_reason("protein folding in the", passage) == "prefix"
+    assert copied_reason("PROTEIN, folding!", passage) == "prefix"  # case and punctuation do not hide it
+    assert copied_reason("a study of the gene", passage) == "copy"
+    assert copied_reason("how do genes fold proteins", passage) is None
+    assert copied_reason("study gene", passage) is None  # two words: no trigram to copy
+
+
+def test_filter_drops_copies_duplicates_and_short_queries():
+    qs = [
+        PseudoQuery("the cat sat", "the cat sat on the mat", 0, "crop"),  # prefix
+        PseudoQuery("dog rug cell", "the cat sat on the mat", 0, "crop"),
+        PseudoQuery("Cell rug DOG", "a dog", 1, "crop"),  # same words as the one kept
+        PseudoQuery("cat", "the dog", 1, "title"),  # too short
+    ]
+    kept, dropped = filter_queries(qs)
+    assert [q.query for q in kept] == ["dog rug cell"]
+    assert dropped == {"prefix": 1, "duplicate": 1, "too_short": 1}
+
+
+def test_hold_back_is_seeded_and_refuses_too_few_queries():
+    qs = [PseudoQuery(f"q {i}", "p", i, "crop") for i in range(20)]
+    train, held = hold_back(qs, 0.25, 3, seed=0)
+    assert len(held) == 3 and len(train) == 17 and not {q.query for q in held} & {q.query for q in train}
+    assert [q.query for q in hold_back(qs, 0.25, 3, seed=0)[1]] == [q.query for q in held]
+    with pytest.raises(AdaptError, match="at least two"):
+        hold_back(qs[:1], 0.5, 3, seed=0)
+
+
+# ---------------------------------------------------------------------------------------------- mining, labels
+class Axes:
+    """A hand-made embedder: each text's vector is given by a table (queries and documents alike)."""
+
+    def __init__(self, table: dict[str, list[float]]):
+        self.table = table
+
+    def encode_queries(self, texts, instruction=None, batch_size=32):
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+    def encode_corpus(self, texts, batch_size=32):
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+
+def test_mining_never_takes_the_own_document_and_drops_likely_false_negatives():
+    d = [
+        Document("a", "", "own doc", 1),
+        Document("b", "", "twin doc", 2),
+        Document("c", "", "hard doc", 3),
+        Document("e", "", "easy doc", 4),
+    ]
+    table = {
+        "q": [1.0, 0.0, 0.0],
+        "own doc": [0.9, 0.1, 0.0],
+        "own": [0.8, 0.2, 0.0],  # the training positive (the document with its span cut out)
+        "twin doc": [1.0, 0.02, 0.0],  # closer to the query than its own document: a likely false negative
+        "hard doc": [0.6, 0.8, 0.0],
+        "easy doc": [0.0, 0.0, 1.0],
+    }
+    rows, stats = mine_rows(Axes(table), [PseudoQuery("q", "own", 0, "crop")], d, k=2, method="perc_pos", margin=0.95)
+    assert rows[0]["negatives"] == ["hard doc", "easy doc"]
+    assert rows[0]["positive"] == "own" and rows[0]["provenance"] == {"source": "crop", "doc_id": "a", "line": 1}
+    assert stats.queries == 1
+
+
+def test_labels_from_an_embedder_teacher_and_from_a_reranker():
+    table = {"q": [1.0, 0.0], "p": [1.0, 0.0], "n1": [0.0, 1.0], "n2": [1.0, 1.0]}
+    rows = [
+        {"query": "q", "positive": "p", "negatives": ["n1", "n2"]},
+        {"query": "q", "positive": "p", "negatives": []},
+    ]
+    labelled = label_rows([dict(r) for r in rows], Axes(table), num_negatives=1)
+    assert len(labelled) == 1  # the row without a negative cannot be distilled
+    assert labelled[0]["negatives"] == ["n1"]
+    assert labelled[0]["teacher_scores"]["positive"] == pytest.approx(1.0)
+    assert labelled[0]["teacher_scores"]["negatives"] == [pytest.approx(0.0)]
+
+    class Reranker:
+        def score(self, query, documents):
+            return [len(doc) for doc in documents]
+
+    labelled = label_rows([dict(rows[0])], Reranker(), num_negatives=2)
+    assert labelled[0]["teacher_scores"] == {"positive": 1.0, "negatives": [2.0, 2.0]}
+
+
+# ---------------------------------------------------------------------------------------------- bad corpora
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([], "the corpus is empty"),
+        (
+            [{"_id": "a", "title": "", "text": "the cat"}, {"_id": "b", "title": "  ", "text": ""}],
+            r"corpus.jsonl:2: .*neither",
+        ),
+        ([{"_id": "a", "text": "the cat"}, {"_id": "b", "text": 7}], r"corpus.jsonl:2: text: must be a string"),
+        ([{"_id": "a", "text": "the cat"}], "one distinct document"),
+        ([{"_id": "a", "text": "the cat"}, {"_id": "a", "text": "the dog"}], r"corpus.jsonl:2: _id: .*repeated"),
+    ],
+)
+def test_bad_corpora_are_refused_naming_file_and_line(tmp_path, lines, message):
+    path = write_jsonl(tmp_path / "corpus.jsonl", lines)
+    with pytest.raises(AdaptError, match=message):
+        read_adapt_corpus(path)
+
+
+def test_a_text_file_is_one_document_per_line(tmp_path):
+    path = tmp_path / "docs.txt"
+    path.write_text("the cat sat\n\nthe dog ran\n")
+    assert [(d.id, d.text) for d in read_adapt_corpus(path)] == [("line-1", "the cat sat"), ("line-3", "the dog ran")]
+
+
+# ---------------------------------------------------------------------------------------------- recipe
+def test_the_recipe_file_holds_the_defaults():
+    assert load_adapt_recipe(REPO / "recipes" / "adapt" / "default.yaml") == AdaptRecipe()
+    assert load_adapt_recipe("lora").training.lr == pytest.approx(1e-4)  # a recipe by its name
+    with pytest.raises(AdaptRecipeError, match=r"no such recipe file, nor one of the adapt recipes .*default"):
+        load_adapt_recipe("nonesuch")
+
+
+def test_a_recipe_with_an_unknown_key_names_file_line_and_key(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("training:\n  steps: 10\n  stpes: 5\n")
+    with pytest.raises(AdaptRecipeError, match=r"r.yaml:3: training.stpes"):
+        load_adapt_recipe(path)
+    path.write_text("sources:\n  crops:\n    min_words: 0\n")
+    with pytest.raises(AdaptRecipeError, match=r"r.yaml:3: sources.crops.min_words"):
+        load_adapt_recipe(path)
+    path.write_text("training:\n  steps: 7\n")
+    assert load_adapt_recipe(path).training.steps == 7
+
+
+# ---------------------------------------------------------------------------------------------- a whole run
+def tiny_recipe(**training) -> AdaptRecipe:
+    data = {
+        "sources": {"crops": {"per_document": 3, "min_words": 3, "max_words": 6, "min_rest_words": 4}},
+        "selection": {"fraction": 0.2, "every": 2},
+        "mining": {"k": 2},
+        "training": {"steps": 4, "batch_size": 4, "warmup_steps": 1, "lr": 1e-3, "max_length": 32, **training},
+    }
+    return AdaptRecipe.model_validate(data)
+
+
+def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder, one_torch_thread):
+    from lmembed import Embedder
+    from lmembed.training.adapt_run import run_adapt
+
+    out = tmp_path / "out"
+    result = run_adapt(
+        make_embedder("bert", pooling="mean"),
+        corpus_file(tmp_path),
+        out,
+        recipe=tiny_recipe(),
+        device="cpu",
+        progress=False,
+    )
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    assert [h["step"] for h in summary["selection"]["history"]] == [0, 2, 4]
+    assert summary["selection"]["after"]["ndcg@10"] >= summary["selection"]["before"]["ndcg@10"]
+    assert summary["report"]["by_source"].keys() <= {"title", "crop"} and summary["report"]["train_rows"] > 0
+    assert summary["peak_memory_mb"] > 0 and summary["seconds"] > 0
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert all(r["provenance"]["source"] in ("title", "crop") for r in rows)
+    assert any(r["negatives"] for r in rows)
+    assert (out / "heldout.jsonl").exists() and (out / "adapt.log").read_text()
+    model = Embedder.from_pretrained(result.model_dir, show_progress=False)
+    assert model.encode(["the cat"]).shape[0] == 1
+    with pytest.raises(AdaptError, match="already holds an adapt run"):
+        run_adapt(
+            make_embedder("bert", pooling="mean"),
+            corpus_file(tmp_path),
+            out,
+            recipe=tiny_recipe(),
+            device="cpu",
+            progress=False,
+        )
+
+
+def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_thread, monkeypatch):
+    from lmembed.training import adapt_run
+
+    out = tmp_path / "out"
+    real_step = adapt_run._SelectingTrainer.train_step
+
+    def interrupted(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        adapt_run.run_adapt(
+            make_embedder("bert", pooling="mean"),
+            corpus_file(tmp_path),
+            out,
+            recipe=tiny_recipe(),
+            device="cpu",
+            progress=False,
+        )
+    assert not (out / "model").exists() and not (out / "adapt_summary.json").exists()
+    rows_before = (out / "rows.jsonl").read_text()
+    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
+    result = adapt_run.run_adapt(
+        make_embedder("bert", pooling="mean"),
+        corpus_file(tmp_path),
+        out,
+        recipe=tiny_recipe(),
+        device="cpu",
+        progress=False,
+        resume=True,
+    )
+    assert (out / "rows.jsonl").read_text() == rows_before  # the rows are read back, not made again
+    assert [h["step"] for h in result.summary["selection"]["history"]] == [0, 2, 4]
+    assert result.model_dir.is_dir()
+    with pytest.raises(AdaptError, match="another recipe"):
+        adapt_run.run_adapt(
+            make_embedder("bert", pooling="mean"),
+            corpus_file(tmp_path),
+            out,
+            recipe=tiny_recipe(lr=1e-4),
+            device="cpu",
+            progress=False,
+            resume=True,
+        )
+
+
+def test_a_teacher_labels_the_rows_and_the_loss_distils(tmp_path, make_embedder, one_torch_thread):
+    from lmembed.training.adapt_run import run_adapt
+
+    out = tmp_path / "out"
+    embedder = make_embedder("bert", pooling="mean")
+    result = run_adapt(
+        embedder, corpus_file(tmp_path), out, recipe=tiny_recipe(steps=2), teacher="self", device="cpu", progress=False
+    )
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert rows and all(len(r["teacher_scores"]["negatives"]) == 1 for r in rows)
+    assert yaml.safe_load((out / "train_config.yaml").read_text())["loss"] == "margin_mse"
+    assert result.model_dir.is_dir()
