@@ -69,6 +69,36 @@ def test_the_cli_refuses_an_unregistered_backend_naming_the_registered_ones():
     assert "--backend" in str(caught.value.param_hint)
 
 
+def test_every_named_backend_has_a_builder():
+    assert set(backends.BUILDERS) == set(config.BACKENDS)
+
+
+class _ToyBackend(backends.TorchBackend):
+    """A toy backend: the torch backend's states, doubled (so its vectors differ before normalisation)."""
+
+    name = "toy"
+
+    def states(self, input_ids, attention_mask, configs, mode):
+        return [2 * states for states in super().states(input_ids, attention_mask, configs, mode)]
+
+
+def test_a_toy_backend_needs_only_its_class_its_builder_and_its_name(monkeypatch, tokenizer):
+    """Row "a backend": a module implementing base.Backend, its builder in backends.BUILDERS and its name in
+    config.BACKENDS (what the command line accepts); a decoder needs no family entry."""
+    from conftest import tiny_model
+    from lmembed import Embedder
+
+    monkeypatch.setitem(backends.BUILDERS, "toy", lambda backbone, precision, threads: _ToyBackend(backbone))
+    monkeypatch.setattr(config, "BACKENDS", (*config.BACKENDS, "toy"))
+    assert cli_options.check_backend("toy", "float32", None) is None
+    model = tiny_model("llama", len(tokenizer))
+    plain = Embedder.from_model(model, tokenizer, EmbeddingConfig(normalize=False), use_cache=False)
+    toy = Embedder.from_model(model, tokenizer, EmbeddingConfig(normalize=False), use_cache=False, backend="toy")
+    texts = ["the cat sat", "a model of language"]
+    assert toy.backend.name == "toy"
+    np.testing.assert_allclose(toy.encode(texts), 2 * plain.encode(texts), rtol=1e-5, atol=1e-6)
+
+
 def test_reranker_kinds_agree_with_training():
     assert set(rerank_loading.KINDS) == set(train_config.RERANKER_KINDS) - {"auto"}
     assert set(rerank_loading.KINDS) == set(training_reranker.KIND_TRAINING)

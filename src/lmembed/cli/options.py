@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin, get_type
 
 import typer
 
-from lmembed.config import BACKENDS, PORTABLE_PRECISIONS
+from lmembed import config
+from lmembed.config import PORTABLE_PRECISIONS
 from lmembed.errors import LmembedError
 from lmembed.options import (
     ATTENTION_DOC,
@@ -199,8 +200,9 @@ def check_backend(backend: str | None, precision: str, calibration: Path | None)
     the calibration texts (read and checked here, so a bad file fails before the model loads)."""
     from lmembed.io import read_text_lines  # lazy: keeps --help fast
 
-    if backend is not None and backend not in BACKENDS:
-        raise typer.BadParameter(f"{backend!r}: choose {' or '.join(BACKENDS)}", param_hint="--backend")
+    names = config.BACKENDS  # read when called: the registry as it stands (a backend registered at run time too)
+    if backend is not None and backend not in names:
+        raise typer.BadParameter(f"{backend!r}: choose {' or '.join(names)}", param_hint="--backend")
     if precision not in CLI_PRECISIONS:
         raise typer.BadParameter(
             f"{precision!r}: choose {' or '.join(CLI_PRECISIONS)} (bfloat16/float16: use --dtype)",

@@ -9,34 +9,21 @@
 
 Pooling is never part of a backend: each returns the token states a strategy pools, and the engine pools them.
 What else a backend can do (calibrate, export a graph) is declared on ``base.Backend``; a new backend subclasses
-it and is named in :func:`make_backend`.
+it and its builder is registered in :data:`BUILDERS` (and its name in ``config.BACKENDS`` for the command line).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from lmembed.encoding.backends.base import BACKENDS, PRECISIONS, Backend, BackendError, TorchBackend
 from lmembed.models.families import check_verified
 from lmembed.models.loading import Backbone
 
-__all__ = ["BACKENDS", "PRECISIONS", "Backend", "BackendError", "TorchBackend", "make_backend"]
+__all__ = ["BACKENDS", "BUILDERS", "PRECISIONS", "Backend", "BackendError", "TorchBackend", "make_backend"]
 
 
-def make_backend(
-    backbone: Backbone, backend: str | None = None, precision: str | None = None, *, threads: int | None = None
-) -> Backend:
-    """The backend named ``backend`` at ``precision``. Defaults: torch at the backbone's own dtype; int8 without a
-    backend named runs on ONNX Runtime."""
-    if backend is not None and backend not in BACKENDS:
-        raise BackendError(f"backend={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
-    if precision is not None and precision not in PRECISIONS:
-        raise BackendError(f"precision={precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
-    backend = backend or ("onnx" if precision == "int8" and not _torch_int8(backbone) else "torch")
-    if backend == "onnx":
-        # lazy: keeps onnxruntime out of `import lmembed` and of the torch-only path
-        from lmembed.encoding.backends.onnx_backend import OnnxBackend
-
-        check_verified(backbone.model, backbone.is_decoder, "int8" if precision == "int8" else "onnx")
-        return OnnxBackend(backbone, precision or "float32", threads=threads)
+def _torch(backbone: Backbone, precision: str | None, threads: int | None) -> Backend:
     native = TorchBackend(backbone)
     if precision not in (None, native.precision) and not (precision == "int8" and _torch_int8(backbone)):
         raise BackendError(
@@ -46,6 +33,32 @@ def make_backend(
     if _torch_int8(backbone):
         native.precision = "int8"
     return native
+
+
+def _onnx(backbone: Backbone, precision: str | None, threads: int | None) -> Backend:
+    # lazy: keeps onnxruntime out of `import lmembed` and of the torch-only path
+    from lmembed.encoding.backends.onnx_backend import OnnxBackend
+
+    check_verified(backbone.model, backbone.is_decoder, "int8" if precision == "int8" else "onnx")
+    return OnnxBackend(backbone, precision or "float32", threads=threads)
+
+
+#: Each backend's builder ``(backbone, precision, threads) -> Backend``: the one place a backend is built
+#: (``BACKENDS``, torch-free in :mod:`lmembed.config`, holds the names the command line accepts).
+BUILDERS: dict[str, Callable[[Backbone, str | None, int | None], Backend]] = {"torch": _torch, "onnx": _onnx}
+
+
+def make_backend(
+    backbone: Backbone, backend: str | None = None, precision: str | None = None, *, threads: int | None = None
+) -> Backend:
+    """The backend named ``backend`` at ``precision``. Defaults: torch at the backbone's own dtype; int8 without a
+    backend named runs on ONNX Runtime."""
+    if backend is not None and backend not in BUILDERS:
+        raise BackendError(f"backend={backend!r} is unknown; choose one of {', '.join(BUILDERS)}")
+    if precision is not None and precision not in PRECISIONS:
+        raise BackendError(f"precision={precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
+    backend = backend or ("onnx" if precision == "int8" and not _torch_int8(backbone) else "torch")
+    return BUILDERS[backend](backbone, precision, threads)
 
 
 def _torch_int8(backbone: Backbone) -> bool:
