@@ -56,7 +56,7 @@ HELDOUT_FILE = "heldout.jsonl"
 SUMMARY_FILE = "adapt_summary.json"
 LOG_FILE = "adapt.log"
 SELECTION_FILE = "selection.json"
-BEST_STATE_FILE = "best_state.pt"
+BEST_STATE_FILE = "best_state.safetensors"
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 

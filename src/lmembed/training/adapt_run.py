@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
@@ -90,7 +92,8 @@ class _SelectingTrainer(Trainer):
         best = max(self.history, key=lambda h: (h["ndcg@10"], -h["step"]))
         if best["step"] == step:
             scratch = self.output / f".tmp-{BEST_STATE_FILE}"
-            torch.save({"step": step, "state": self.model.trainable_state_dict()}, scratch)
+            state = {k: v.detach().cpu().contiguous() for k, v in self.model.trainable_state_dict().items()}
+            save_file(state, str(scratch), metadata={"step": str(step)})  # tensors only: read without unpickling
             os.replace(scratch, self.output / BEST_STATE_FILE)
 
     def _write_selection(self) -> None:
@@ -110,10 +113,12 @@ class _SelectingTrainer(Trainer):
         super()._after_step(result)
 
     def save_model(self, directory: str | Path | None = None) -> Path | None:
-        saved = torch.load(self.output / BEST_STATE_FILE, map_location=self.model.device, weights_only=True)
-        if saved["step"] != self.step:
-            log.info("keeping step %d (best on the held-back pseudo-queries), not %d", saved["step"], self.step)
-            self.model.load_trainable_state_dict(saved["state"])
+        with safe_open(str(self.output / BEST_STATE_FILE), framework="pt", device=str(self.model.device)) as f:
+            best_step = int((f.metadata() or {}).get("step", -1))
+            state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+        if best_step != self.step:
+            log.info("keeping step %d (best on the held-back pseudo-queries), not %d", best_step, self.step)
+            self.model.load_trainable_state_dict(state)
             self.model.weights_changed()
         return super().save_model(directory)
 
