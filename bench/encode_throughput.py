@@ -13,7 +13,8 @@ Rounds are interleaved (every contender once per round, ``--repeats`` rounds) an
 over rounds; ratios are taken within this run. Agreement: min cosine of lmembed float32 vectors to
 ``st-torch``'s, of int8 vectors to lmembed torch float32's. With ``--decoder-texts N`` the decoder
 ``smollm2-135m`` is also timed on N texts with the main job's four strategies (one forward pass), torch float32
-vs onnx float32 vs onnx int8. Results: ``bench/results/encode-throughput/result.json`` and ``table.md``.
+vs onnx float32 vs onnx int8. ``--engine serial|pipelined`` (default pipelined) picks lmembed's encoding engine
+path (``EncodingEngine.pipelined``). Results: ``bench/results/encode-throughput/result.json`` and ``table.md``.
 
     python bench/encode_throughput.py --n 2000 --repeats 3 --st-onnx-python /tmp/st-onnx-venv/bin/python \\
         --decoder-texts 200
@@ -153,6 +154,8 @@ def minilm_section(args: argparse.Namespace) -> dict:
     onnx32 = Embedder.from_pretrained("minilm", cache=False, show_progress=False, backend="onnx")
     int8 = Embedder.from_pretrained("minilm", cache=False, show_progress=False, precision="int8")
     int8.calibrate(texts[1::7][:256])
+    for emb in (fp32, onnx32, int8):
+        emb.engine.pipelined = args.engine == "pipelined"
     st = SentenceTransformer(fp32.backbone.path, device="cpu")
     bs = args.batch_size
     local: dict[str, Callable[[], np.ndarray]] = {
@@ -245,6 +248,8 @@ def decoder_section(args: argparse.Namespace) -> dict:
         "int8": Embedder.from_pretrained("smollm2-135m", precision="int8", **kwargs),
     }
     embedders["int8"].calibrate(load_texts(2000)[3::7][:256])
+    for emb in embedders.values():
+        emb.engine.pipelined = args.engine == "pipelined"
     configs = [c.with_options(max_length=MAIN_JOB_DECODER_MAX_LENGTH) for c in configs]
     bs = args.batch_size
 
@@ -322,6 +327,9 @@ def main() -> None:
     parser.add_argument("--decoder-texts", type=int, default=0, help="also time smollm2-135m on this many texts")
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--tag", default="", help="suffix of the result files (result-TAG.json, table-TAG.md)")
+    parser.add_argument(
+        "--engine", choices=("serial", "pipelined"), default="pipelined", help="lmembed's encoding engine path"
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -332,6 +340,7 @@ def main() -> None:
     from lmembed.atomic import atomic_write_json, atomic_write_text
 
     result: dict = {"cpu_threads": torch.get_num_threads(), "load_average_at_start": os.getloadavg()}
+    result["engine"] = args.engine  # EncodingEngine.pipelined of every lmembed contender
     OUT.mkdir(parents=True, exist_ok=True)
     suffix = f"-{args.tag}" if args.tag else ""
 

@@ -2,8 +2,9 @@
 # Builds .gpu/ (git-ignored), what bench/gpu_checks.sh needs on a GPU machine that has no network and takes at most
 # 64 MiB with it: minilm's real weights in float16 as a stand-in package, SmolLM2-135M's config and tokenizer (its
 # 540 MB of weights cannot travel: bench/gpu_random_smollm2.py gives it random ones there; throughput does not depend
-# on them), the benchmark's texts (STSBenchmark test, the first 2,500 SciFact documents) and the wheels the GPU image
-# lacks. Run here, after run.sh install; then carry .gpu and run: bash bench/gpu_checks.sh
+# on them; its tokenizer also stands in for the 0.5B Qwen2 shape, which bench/gpu_throughput.py builds there from
+# Qwen2-0.5B's config values), the benchmark's texts (STSBenchmark test, the first 2,500 SciFact documents) and the
+# wheels the GPU image lacks. Run here, after run.sh install; then carry .gpu and run: bash bench/gpu_checks.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
@@ -42,3 +43,5 @@ python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .gpu/whl pytrec-eval-terrier gguf bm25s
 du -sh .gpu
+# what travels besides .gpu: the files git tracks or would track (the device tool carries them, 64 MiB in all with .gpu)
+git ls-files -z --cached --others --exclude-standard | du -ch --files0-from=- 2>/dev/null | tail -1 | sed 's/total/working tree/'

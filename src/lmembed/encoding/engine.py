@@ -13,12 +13,18 @@ the longest of them), so short texts share large batches and long ones small one
 Finished batches go to the embedding cache while the call is still running (a shard at least every
 :data:`CACHE_FLUSH_ROWS` texts or :data:`CACHE_FLUSH_SECONDS` seconds, each written atomically), so a
 run that is killed part-way keeps most of its work: the next call computes only what was not written.
+
+The stages run pipelined by default (``EncodingEngine.pipelined``; :mod:`lmembed.encoding.pipeline`): a worker thread
+tokenises and collates ahead of the forward passes (on CUDA into pinned memory, copied without blocking), and on
+CUDA a batch is read back while the next one computes. ``pipelined=False`` runs them in series, the reference: the
+same batches and kernels, so the same vectors bit for bit.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,6 +44,7 @@ from lmembed.encoding.backends.graph import position_ids_from_mask
 from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, model_key, text_key
 from lmembed.encoding.chunking import Chunking, token_windows
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
+from lmembed.encoding.pipeline import COLLATE_THREAD, QUEUE_DEPTH, Prefetcher, ReadBack
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
 
@@ -46,6 +53,7 @@ log = logging.getLogger(__name__)
 PROGRESS_MIN_TEXTS = 256
 CACHE_FLUSH_ROWS = 2048  # a cache shard is written at least this often (in texts) ...
 CACHE_FLUSH_SECONDS = 30.0  # ... and at least this often (in seconds) while an encode call runs
+TOKENISE_CHUNK = 4096  # the pipelined path tokenises this many texts per call (a stop is seen between calls)
 
 
 @dataclass
@@ -56,22 +64,40 @@ class Batch:
     rows: list[int]
 
 
-def collate(features: Sequence[Features], pad_id: int, side: str, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Pad token ids and masks to the longest sequence of the batch, on the given side."""
+def collate_host(
+    features: Sequence[Features], pad_id: int, side: str, *, pin: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """Token ids, attention mask and pool mask of a batch in host memory, padded to its longest sequence on the
+    given side; with ``pin``, in pinned (page-locked) memory, for a non-blocking copy to a CUDA device."""
     width = max(len(f) for f in features)
-    ids = np.full((len(features), width), pad_id, dtype=np.int64)
-    attn = np.zeros((len(features), width), dtype=np.int64)
-    pool = np.zeros((len(features), width), dtype=np.int64)
+    tensors = tuple(torch.empty((len(features), width), dtype=torch.int64, pin_memory=pin) for _ in range(3))
+    ids, attn, pool = (t.numpy() for t in tensors)  # numpy views: the rows are written in place
+    ids.fill(pad_id)
+    attn.fill(0)
+    pool.fill(0)
     for row, feat in enumerate(features):  # numpy takes a list into a slice in one call (no tensor per row)
         n = len(feat)
         cols = slice(width - n, width) if side == "left" else slice(0, n)
         ids[row, cols] = feat.input_ids
         attn[row, cols] = 1
         pool[row, cols] = feat.pool_mask
-    return tuple(torch.from_numpy(a).to(device) for a in (ids, attn, pool))
+    return tensors
 
 
-__all__ = ["Batch", "EncodingEngine", "collate", "plan_batches", "position_ids_from_mask", "resolve_max_length"]
+def collate(features: Sequence[Features], pad_id: int, side: str, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Pad token ids and masks to the longest sequence of the batch, on the given side."""
+    return tuple(t.to(device) for t in collate_host(features, pad_id, side))
+
+
+__all__ = [
+    "Batch",
+    "EncodingEngine",
+    "collate",
+    "collate_host",
+    "plan_batches",
+    "position_ids_from_mask",
+    "resolve_max_length",
+]
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
@@ -132,6 +158,17 @@ class _CacheWriter:
         self.last_flush = time.monotonic()
 
 
+@dataclass
+class _RunStats:
+    """What one compute call logs."""
+
+    tokens: int = 0
+    padded: int = 0
+    seconds: float = 0.0
+    tokenise_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+
+
 def resolve_max_length(backbone: Backbone, requested: int | None) -> int:
     limits = [requested or 512]
     model_max = getattr(backbone.model.config, "max_position_embeddings", None)
@@ -141,7 +178,13 @@ def resolve_max_length(backbone: Backbone, requested: int | None) -> int:
 
 
 class EncodingEngine:
-    """Runs a backbone over texts for one or more extraction strategies."""
+    """Runs a backbone over texts for one or more extraction strategies.
+
+    ``pipelined`` (default True) overlaps the host's work with the forward passes: a worker thread tokenises and
+    collates the next batches (on CUDA into pinned memory, copied without blocking) while the current one computes,
+    and on CUDA a batch's vectors are read back while the next one computes. False runs the stages in series, as
+    the reference: both give the same batches and the same vectors, bit for bit. A call of one batch runs in
+    series either way."""
 
     def __init__(
         self,
@@ -154,8 +197,12 @@ class EncodingEngine:
         show_progress: bool = True,
         backend: Backend | None = None,
         max_batch_tokens: int | None = None,
+        pipelined: bool = True,
     ) -> None:
         self.backbone = backbone
+        # the switch between the two paths of _compute (same batches, same vectors bit for bit): True overlaps
+        # tokenising/collating and the read-back with the forward passes; False runs every stage in series
+        self.pipelined = pipelined
         self.backend = backend or TorchBackend(backbone)
         # training's path (forward_pool's default) needs gradients: torch, whatever runs encode
         self.torch_backend = self.backend if self.backend.differentiable else TorchBackend(backbone)
@@ -181,6 +228,7 @@ class EncodingEngine:
             padding_side=self.padding_side,
             show_progress=False,
             backend=self.backend,
+            pipelined=self.pipelined,
         )
 
     # ------------------------------------------------------------------ public
@@ -367,19 +415,55 @@ class EncodingEngine:
         features: Sequence[Features] | None = None,
     ) -> None:
         """Fill ``outputs`` at ``rows``; ``on_batch(rows)`` is called after each batch is written there. With
-        ``features`` (one per text of ``texts``), the texts are not tokenised again."""
+        ``features`` (one per text of ``texts``), the texts are not tokenised again. Pipelined or in series
+        (:attr:`pipelined`); a call of one batch has nothing to overlap and runs in series."""
         builder, mode = self._reading(configs[0])
+        several = len(rows) > batch_size or self.max_batch_tokens is not None
+        run = self._run_pipelined if self.pipelined and several else self._run_serial
+        stats = run(builder, mode, texts, rows, configs, outputs, instruction, batch_size, on_batch, features)
+        log.info(
+            "encoded %d texts (%d tokens, %.0f%% padding) on %s %s in %.1f s (%.1f texts/s, %s); tokenised in %.1f s, "
+            "backend prepared in %.1f s",
+            len(rows),
+            stats.tokens,
+            100 * (1 - stats.tokens / max(stats.padded, 1)),
+            self.backend.name,
+            self.backend.precision,
+            stats.seconds,
+            len(rows) / max(stats.seconds, 1e-9),
+            "pipelined" if run == self._run_pipelined else "in series",
+            stats.tokenise_seconds,
+            stats.prepare_seconds,
+        )
+
+    def _prepare(self, builder: InputBuilder, configs: list[EmbeddingConfig], mode: str, batch_size: int) -> None:
+        self.backend.prepare(
+            configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
+        )
+
+    def _run_serial(
+        self,
+        builder: InputBuilder,
+        mode: str,
+        texts: Sequence[str],
+        rows: list[int],
+        configs: list[EmbeddingConfig],
+        outputs: list[np.ndarray],
+        instruction: str | None,
+        batch_size: int,
+        on_batch: Callable[[list[int]], None] | None,
+        features: Sequence[Features] | None,
+    ) -> _RunStats:
+        """The reference path: tokenise everything, then per batch collate, compute and read back, in series."""
+        stats = _RunStats()
         start = time.perf_counter()
         if features is None:
             features = builder.build_all([texts[i] for i in rows], instruction)
         else:
             features = [features[i] for i in rows]
         tokenised = time.perf_counter()
-        self.backend.prepare(
-            configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
-        )
+        self._prepare(builder, configs, mode, batch_size)
         prepared = time.perf_counter()
-        padded = 0
         with self._progress(len(rows), configs) as advance, torch.inference_mode():
             for batch in self._batches(features, rows, batch_size):
                 pooled = self.forward_pool(
@@ -387,25 +471,100 @@ class EncodingEngine:
                 )
                 for out, vectors in zip(outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
-                padded += batch.attention_mask.numel()  # a shape: no device sync in the loop
+                stats.padded += batch.attention_mask.numel()  # a shape: no device sync in the loop
                 advance(len(batch.rows))
                 if on_batch is not None:
                     on_batch(batch.rows)
-        seconds = time.perf_counter() - prepared
-        tokens = sum(len(f) for f in features)  # the attention mask's ones, counted without reading it
-        log.info(
-            "encoded %d texts (%d tokens, %.0f%% padding) on %s %s in %.1f s (%.1f texts/s); tokenised in %.1f s, "
-            "backend prepared in %.1f s",
-            len(rows),
-            tokens,
-            100 * (1 - tokens / max(padded, 1)),
-            self.backend.name,
-            self.backend.precision,
-            seconds,
-            len(rows) / max(seconds, 1e-9),
-            tokenised - start,
-            prepared - tokenised,
-        )
+        stats.seconds = time.perf_counter() - prepared
+        stats.tokens = sum(len(f) for f in features)  # the attention mask's ones, counted without reading it
+        stats.tokenise_seconds, stats.prepare_seconds = tokenised - start, prepared - tokenised
+        return stats
+
+    def _run_pipelined(
+        self,
+        builder: InputBuilder,
+        mode: str,
+        texts: Sequence[str],
+        rows: list[int],
+        configs: list[EmbeddingConfig],
+        outputs: list[np.ndarray],
+        instruction: str | None,
+        batch_size: int,
+        on_batch: Callable[[list[int]], None] | None,
+        features: Sequence[Features] | None,
+    ) -> _RunStats:
+        """The serial path's batches and kernels, its stages overlapped (:mod:`lmembed.encoding.pipeline`): a
+        ``Prefetcher`` thread tokenises and collates ahead (bounded) while the device computes, and a ``ReadBack``
+        brings each batch home while the next one computes (CUDA)."""
+        stats = _RunStats()
+        start = time.perf_counter()
+        # before the thread starts: calibration (int8) tokenises with the same tokenizer, which is not shared
+        self._prepare(builder, configs, mode, batch_size)
+        stats.prepare_seconds = time.perf_counter() - start
+        device = self.backbone.device
+        cuda = device.type == "cuda"
+        feed = partial(self._feed, builder, texts, rows, instruction, features, batch_size, cuda, stats)
+        with (
+            Prefetcher(feed, depth=QUEUE_DEPTH, name=COLLATE_THREAD) as batches,
+            self._progress(len(rows), configs) as advance,
+            torch.inference_mode(),
+        ):
+
+            def done(finished: list[int]) -> None:
+                advance(len(finished))
+                if on_batch is not None:
+                    on_batch(finished)
+
+            readback = ReadBack(outputs, done, device)
+            try:
+                for batch in batches:
+                    ids, attn, pool = (
+                        t.to(device, non_blocking=cuda)
+                        for t in (batch.input_ids, batch.attention_mask, batch.pool_mask)
+                    )
+                    pooled = self.forward_pool(ids, attn, pool, configs, backend=self.backend)
+                    stats.padded += attn.numel()
+                    readback.push(batch.rows, pooled)
+                    readback.settle()  # the batch before this one, whose copy ran while this one computed
+                readback.drain()
+            except BaseException:
+                readback.salvage()  # finished batches still reach on_batch (the cache), unless it is what failed
+                raise
+        stats.seconds = time.perf_counter() - start - stats.prepare_seconds - stats.tokenise_seconds  # as serially
+        return stats
+
+    def _feed(
+        self,
+        builder: InputBuilder,
+        texts: Sequence[str],
+        rows: list[int],
+        instruction: str | None,
+        features: Sequence[Features] | None,
+        batch_size: int,
+        pin: bool,
+        stats: _RunStats,
+        stop: threading.Event,
+    ) -> Iterator[Batch]:
+        """The producer of the pipelined path (on its own thread): tokenise (in chunks, so a stop is seen soon),
+        plan the batches as the serial path does, then collate them one by one, in pinned memory for CUDA."""
+        start = time.perf_counter()
+        if features is None:
+            wanted = [texts[i] for i in rows]
+            built: list[Features] = []
+            for first in range(0, len(wanted), TOKENISE_CHUNK):
+                if stop.is_set():
+                    return
+                built.extend(builder.build_all(wanted[first : first + TOKENISE_CHUNK], instruction))
+            features = built
+        else:
+            features = [features[i] for i in rows]
+        stats.tokenise_seconds = time.perf_counter() - start
+        stats.tokens = sum(len(f) for f in features)
+        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens):
+            if stop.is_set():
+                return
+            ids, attn, pool = collate_host([features[j] for j in chunk], self.pad_id, self.padding_side, pin=pin)
+            yield Batch(ids, attn, pool, [rows[j] for j in chunk])
 
     def prepare_backend(self, configs: Sequence[EmbeddingConfig], instruction: str | None = None) -> Path:
         """Build (or load) the backend's graph for ``configs`` without encoding anything; returns its export

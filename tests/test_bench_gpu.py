@@ -1,0 +1,69 @@
+"""bench/gpu_throughput.py's dry run (tiny random models, synthetic texts, CPU): the GPU check cannot rot unseen."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import bundled_or_skip
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu_throughput.py"
+MODELS = ("minilm", "smollm2-135m", "qwen2-0.5b")
+
+
+def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--dry", "--out", str(out), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_dry_run_measures_every_cell_and_compares_vectors(tmp_path):
+    bundled_or_skip("minilm")  # the tokenizers: minilm's, and SmolLM2's for both decoders
+    bundled_or_skip("smollm2-135m")
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    table = (tmp_path / "table.md").read_text()
+    assert result["dry"] and "Dry run" in table
+    assert list(result["models"]) == list(MODELS)
+    for name, section in result["models"].items():
+        assert f"## {name}:" in table
+        assert len(section["cells"]) == 4  # batch sizes x (short, long)
+        for cell in section["cells"].values():
+            assert not cell["errors"]
+            rates = cell["texts_per_s"]
+            for dtype in ("float16", "bfloat16"):
+                for label in (f"st-{dtype}", f"lmembed-{dtype}-serial", f"lmembed-{dtype}-packed"):
+                    assert rates[label] > 0
+                assert f"lmembed-{dtype}-packed / st-float16" in cell["ratios"]
+                agree = cell["agreement"]
+                # tiny random models: lmembed and sentence-transformers read the same tokens
+                assert agree[f"min_cos lmembed-{dtype}-serial vs st-{dtype}"] >= 0.999
+                assert agree[f"min_cos lmembed-{dtype}-packed vs serial"] >= 0.999
+                if f"lmembed-{dtype}" in rates:  # the pipelined engine (EncodingEngine.pipelined)
+                    assert agree[f"lmembed-{dtype} vs serial: bit-for-bit"] is True
+
+
+def test_time_budget_stops_cleanly_and_still_writes(tmp_path):
+    done = _run(tmp_path, "--budget-s", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["models"] == {} and "time budget" in result["stopped"]
+    assert "Stopped early" in (tmp_path / "table.md").read_text()
+
+
+def test_cpu_without_dry_is_refused(tmp_path):
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(tmp_path)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert refused.returncode == 2 and "--dry" in refused.stderr
+    assert not (tmp_path / "result.json").exists()
+
+
+@pytest.mark.parametrize("bad", [["--batch-sizes", "0"], ["--models", "bert-large"], ["--repeats", "0"]])
+def test_bad_options_are_refused(bad, tmp_path):
+    done = _run(tmp_path, *bad)
+    assert done.returncode == 2 and bad[0] in done.stderr
