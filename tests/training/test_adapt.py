@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from helpers import write_jsonl
@@ -69,6 +70,66 @@ def test_crops_are_cut_out_of_their_positive_and_short_documents_give_none():
         assert q.positive.endswith(" ".join(body[:start] + body[start + len(words) :]))
     again = crop_queries(docs(), per_document=2, min_words=3, max_words=6, min_rest_words=5, seed=1)
     assert [q.query for q in again] == [q.query for q in queries[: len(again)]]  # seeded
+
+
+def test_a_title_shared_by_several_documents_is_no_query_for_any_of_them():
+    shared = [*docs(), Document("x", "Cat and DOG", "a different body about cats and dogs at home", 9)]
+    assert "cat and dog" not in [q.query.lower() for q in title_queries(shared)]
+    assert len(title_queries(shared)) == len(title_queries(docs())) - 1
+    assert [q.query for q in title_queries(shared, unique=False)].count("cat and dog") == 1  # and "Cat and DOG"
+    assert len(title_queries(shared, unique=False)) == len(title_queries(docs())) + 1
+
+
+def test_crops_skip_the_documents_they_are_told_to():
+    queries = crop_queries(docs(), per_document=1, min_words=3, max_words=6, min_rest_words=5, seed=1, skip={0, 2})
+    assert sorted(q.doc for q in queries) == [1, 3, 4, 5, 6, 7]
+
+
+def test_by_default_only_untitled_documents_are_cropped(tmp_path):
+    from lmembed.training.adapt_run import make_queries
+
+    short = {"min_words": 3, "max_words": 6, "min_rest_words": 5}  # the bodies here are short
+    made, report = make_queries(docs(), AdaptRecipe.model_validate({"sources": {"crops": short}}), None, tmp_path, None)
+    titled = {i for i, t in enumerate(TITLES) if t}
+    assert {q.doc for q in made if q.source == "title"} == titled
+    assert {q.doc for q in made if q.source == "crop"} == set(range(len(BODIES))) - titled
+    assert report == {"titles": {"made": len(titled)}, "crops": {"made": len(BODIES) - len(titled)}}
+    recipe = AdaptRecipe.model_validate({"sources": {"crops": {**short, "only_untitled": False}}})
+    assert {q.doc for q in make_queries(docs(), recipe, None, tmp_path, None)[0] if q.source == "crop"} == set(
+        range(len(BODIES))
+    )
+
+
+def test_merge_interpolates_weights_and_scales_a_lora_update_exactly():
+    import torch
+
+    from lmembed.training.adapt_run import merge_states
+
+    start = {"w": torch.zeros(2, 2), "b": torch.ones(2)}
+    adapted = {"w": torch.full((2, 2), 4.0), "b": torch.full((2,), 3.0)}
+    merged = merge_states(start, adapted, 0.25, lora=False)
+    assert torch.equal(merged["w"], torch.ones(2, 2)) and torch.equal(merged["b"], torch.full((2,), 1.5))
+    assert torch.equal(merge_states(start, adapted, 1.0, lora=False)["w"], adapted["w"])
+    a0, a1, b1 = torch.randn(3, 5), torch.randn(3, 5), torch.randn(4, 3)
+    lora_start = {"x.lora_A.weight": a0, "x.lora_B.weight": torch.zeros(4, 3)}
+    lora = merge_states(lora_start, {"x.lora_A.weight": a1, "x.lora_B.weight": b1}, 0.5, lora=True)
+    update = lora["x.lora_B.weight"] @ lora["x.lora_A.weight"]
+    assert torch.allclose(update, 0.5 * (b1 @ a1))  # the update B·A is halved, not quartered
+    with pytest.raises(AdaptError, match=r"start_state\.safetensors"):
+        merge_states({"w": start["w"]}, adapted, 0.5, lora=False)
+
+
+def test_training_cuts_texts_at_its_own_length_and_the_model_keeps_its_window(make_embedder):
+    from lmembed.training.trainable import TrainableEmbedder
+
+    embedder = make_embedder("bert", pooling="mean")
+    trainable = TrainableEmbedder(embedder)
+    text = " ".join(BODIES)
+    window = embedder.engine.input_builder(embedder.config).max_length
+    full = trainable.tokenize([text])["input_ids"].shape[1]
+    trainable.train_max_length, trainable._builder = 8, None
+    assert trainable.tokenize([text])["input_ids"].shape[1] == 8 < full <= window
+    assert embedder.engine.input_builder(embedder.config).max_length == window  # encoding is not cut
 
 
 def test_generator_queries_come_through_the_corpus_only_recipe(tmp_path):
@@ -256,6 +317,17 @@ def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder
     assert (out / "heldout.jsonl").exists() and (out / "adapt.log").read_text()
     model = Embedder.from_pretrained(result.model_dir, show_progress=False)
     assert model.encode(["the cat"]).shape[0] == 1
+    # the saved weights are the merge of the start and the kept step (recipe default 0.5), the window the model's own
+    from safetensors.torch import load_file
+
+    start, best = load_file(str(out / "start_state.safetensors")), load_file(str(out / "best_state.safetensors"))
+    saved = model.backbone.model.state_dict()
+    step = summary["selection"]["best_step"]
+    for name in ("model.embeddings.word_embeddings.weight", "model.encoder.layer.0.attention.self.query.weight"):
+        expected = start[name] + 0.5 * (best[name] - start[name]) if step > 0 else start[name]
+        assert torch.allclose(saved[name.removeprefix("model.")], expected, atol=1e-6)
+    assert step == 0 or not torch.allclose(start[name], best[name])
+    assert summary["selection"]["saved"]["step"] == step
     with pytest.raises(AdaptError, match="already holds an adapt run"):
         run_adapt(
             make_embedder("bert", pooling="mean"),

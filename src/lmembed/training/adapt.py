@@ -3,9 +3,10 @@
 The run, step by step (each step's knobs in :mod:`lmembed.training.adapt_recipe`, ``recipes/adapt/default.yaml``):
 
 1. **Pseudo-queries** from the corpus alone, from any mix of sources: a document's title as a query for its body
-   (GTE/E5's weak pairs); spans cropped from a document as queries for the rest of it (inverse cloze: the span is
-   cut out of the positive, so the pair is not a string match); queries an LLM writes through a ``synthesize``
-   corpus-only recipe when a generator is given.
+   (GTE/E5's weak pairs; a title several documents share names none of them and is skipped); spans cropped from a
+   document as queries for the rest of it (inverse cloze: the span is cut out of the positive, so the pair is not
+   a string match), by default only from documents that gave no title query; queries an LLM writes through a
+   ``synthesize`` corpus-only recipe when a generator is given.
 2. **Filters**: a query that copies its passage's opening, or whose word trigrams are mostly found in the passage,
    teaches nothing and is dropped; so are near-duplicates (same words) of a query kept already.
 3. **Held-back slice**: a seeded share of the queries is kept out of training; retrieving their own documents from
@@ -16,7 +17,12 @@ The run, step by step (each step's knobs in :mod:`lmembed.training.adapt_recipe`
    of the positive and negatives are kept as ``teacher_scores`` and the loss is MarginMSE; else InfoNCE with the
    mined negatives and the batch's other documents.
 6. **Training** with the contrastive :class:`~lmembed.training.trainer.Trainer` (encoders fully, decoders with
-   LoRA by default), checkpointed at every selection step, so ``resume`` continues an interrupted run.
+   LoRA by default), texts cut to ``training.max_length`` tokens (128 by default, the length sentence-transformers
+   models such as minilm were trained at; the saved model keeps its own window), checkpointed at every selection
+   step, so ``resume`` continues an interrupted run.
+7. **Merge**: the kept weights are ``start + merge × (adapted − start)`` (weight-space ensembling, WiSE-FT; with
+   LoRA the adapter's update is scaled by ``merge``). The pseudo-queries are not the user's queries, and a model
+   tuned to them alone drifts from what made it good; ``merge: 1`` keeps the adapted weights as they are.
 
 Output folder::
 
@@ -25,6 +31,8 @@ Output folder::
     OUT/adapt_summary.json  counts per source, rejects by reason, mining, selection history, time, memory
     OUT/adapt.log           the run's log
     OUT/checkpoints/ ...    the trainer's checkpoints (resume)
+    OUT/best_state.safetensors, OUT/start_state.safetensors
+                            the kept step's and the starting trainable weights (the merge's two ends)
     OUT/model/              the adapted Embedder (Embedder.from_pretrained(OUT/model))
 """
 
@@ -36,7 +44,7 @@ import logging
 import re
 import resource
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +65,7 @@ SUMMARY_FILE = "adapt_summary.json"
 LOG_FILE = "adapt.log"
 SELECTION_FILE = "selection.json"
 BEST_STATE_FILE = "best_state.safetensors"
+START_STATE_FILE = "start_state.safetensors"
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -144,12 +153,15 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
-def title_queries(docs: Sequence[Document], min_words: int = 2) -> list[PseudoQuery]:
-    """Each titled document's title as a query for its body (documents without a body or title give none)."""
+def title_queries(docs: Sequence[Document], min_words: int = 2, unique: bool = True) -> list[PseudoQuery]:
+    """Each titled document's title as a query for its body (documents without a body or title give none). With
+    ``unique``, a title that more than one document carries (same words, any case) is no query for any of them:
+    it names a group (a section, a tag list), and its other documents would be false negatives."""
+    counts = Counter(normalise(d.title) for d in docs if d.title)
     return [
         PseudoQuery(d.title, d.text, i, "title")
         for i, d in enumerate(docs)
-        if d.title and d.text and len(_words(d.title)) >= min_words
+        if d.title and d.text and len(_words(d.title)) >= min_words and not (unique and counts[normalise(d.title)] > 1)
     ]
 
 
@@ -161,12 +173,17 @@ def crop_queries(
     max_words: int = 24,
     min_rest_words: int = 8,
     seed: int = 0,
+    skip: Collection[int] = (),
 ) -> list[PseudoQuery]:
     """Random word spans of each document's body as queries; the positive is the document with the span cut out
-    (inverse cloze). A document too short to keep ``min_rest_words`` words once a span is cut gives none."""
+    (inverse cloze). A document too short to keep ``min_rest_words`` words once a span is cut gives none, and so
+    does every document whose index is in ``skip``."""
     rng = np.random.default_rng(seed)
     out: list[PseudoQuery] = []
+    skipped = set(skip)
     for i, d in enumerate(docs):
+        if i in skipped:
+            continue
         words = _words(d.text)
         longest = min(max_words, len(words) - min_rest_words)
         if longest < min_words:

@@ -22,10 +22,12 @@ class AdaptRecipeError(ConfigError):
 
 
 class TitleSource(FileModel):
-    """Titles as queries for their own bodies (documents without a title give none)."""
+    """Titles as queries for their own bodies (documents without a title give none). ``unique``: a title that
+    several documents share (a section name, a tag list, a template) names none of them and is not used."""
 
     enabled: bool = True
     min_words: int = Field(2, ge=1)
+    unique: bool = True
 
 
 class CropSource(FileModel):
@@ -33,10 +35,11 @@ class CropSource(FileModel):
     the pair teaches the topic, not the string match."""
 
     enabled: bool = True
-    per_document: int = Field(2, ge=1)
+    per_document: int = Field(1, ge=1)
     min_words: int = Field(6, ge=1)
     max_words: int = Field(24, ge=1)
     min_rest_words: int = Field(8, ge=1)  # words the document must keep once the span is cut out
+    only_untitled: bool = True  # crop only documents that gave no title query (titles are the closer proxy)
 
 
 class GeneratorSource(FileModel):
@@ -91,9 +94,11 @@ class Training(FileModel):
     warmup_steps: int = Field(15, ge=0)
     temperature: float = Field(0.05, gt=0)
     num_negatives: int = Field(1, ge=0)
-    max_length: int | None = Field(None, ge=8)  # None: the model's own (what it is used with afterwards)
+    max_length: int | None = Field(128, ge=8)  # tokens per text while training (None: the model's own); the
+    # saved model keeps its own window
     loss: str = "infonce"
     teacher_loss: str = "margin_mse"
+    merge: float = Field(0.5, gt=0, le=1)  # the kept weights: start + merge × (adapted − start) (1: as adapted)
 
 
 class AdaptRecipe(FileModel):

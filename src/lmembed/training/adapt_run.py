@@ -27,6 +27,7 @@ from lmembed.training.adapt import (
     LOG_FILE,
     ROWS_FILE,
     SELECTION_FILE,
+    START_STATE_FILE,
     SUMMARY_FILE,
     AdaptError,
     Document,
@@ -68,9 +69,9 @@ class _SelectingTrainer(Trainer):
     """The trainer, plus: every ``every`` steps (and at the last) the held-back pseudo-queries are scored, the best
     step's trainable weights are kept in ``best_state.pt``, and that step's weights are the ones saved."""
 
-    def __init__(self, config: TrainConfig, held: HeldOut, every: int, **kwargs: Any) -> None:
+    def __init__(self, config: TrainConfig, held: HeldOut, every: int, merge: float = 1.0, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.held, self.every = held, every
+        self.held, self.every, self.merge = held, every, merge
         self.selection_path = self.output / SELECTION_FILE
         self.history: list[dict[str, Any]] = []
 
@@ -118,9 +119,41 @@ class _SelectingTrainer(Trainer):
             state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
         if best_step != self.step:
             log.info("keeping step %d (best on the held-back pseudo-queries), not %d", best_step, self.step)
-            self.model.load_trainable_state_dict(state)
-            self.model.weights_changed()
+        if self.merge < 1.0 and best_step > 0:
+            with safe_open(str(self.output / START_STATE_FILE), framework="pt", device=str(self.model.device)) as f:
+                start = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+            state = merge_states(start, state, self.merge, lora=self.model.uses_lora)
+            log.info("merged: start + %.2f × (step %d − start)", self.merge, best_step)
+        self.model.load_trainable_state_dict(state)
+        self.model.weights_changed()
         return super().save_model(directory)
+
+    def keep_start(self) -> None:
+        """The starting trainable weights, kept for the merge (written once; a resumed run reads them back)."""
+        path = self.output / START_STATE_FILE
+        if not path.exists():
+            scratch = self.output / f".tmp-{START_STATE_FILE}"
+            state = {k: v.detach().cpu().contiguous() for k, v in self.model.trainable_state_dict().items()}
+            save_file(state, str(scratch))
+            os.replace(scratch, path)
+
+
+def merge_states(
+    start: dict[str, torch.Tensor], adapted: dict[str, torch.Tensor], weight: float, *, lora: bool
+) -> dict[str, torch.Tensor]:
+    """``start + weight × (adapted − start)`` per tensor (weight-space ensembling). With LoRA the update is
+    ``B·A`` and ``B`` starts at zero: scaling ``B`` (and any other tensor that starts at zero) by ``weight`` scales
+    the update exactly, where interpolating ``A`` too would scale it by ``weight²``."""
+    if set(start) != set(adapted):
+        raise AdaptError(f"{START_STATE_FILE}: its tensors are not the trained ones; start the run again")
+    merged = {}
+    for name, new in adapted.items():
+        old = start[name].to(device=new.device, dtype=new.dtype)
+        if lora and "lora_A" in name:
+            merged[name] = new
+        else:
+            merged[name] = old + weight * (new - old)
+    return merged
 
 
 def _load_teacher(teacher: str | Any | None, embedder: Embedder, device: str) -> Any:
@@ -142,10 +175,12 @@ def make_queries(
     made: list[PseudoQuery] = []
     report: dict[str, Any] = {}
     src = recipe.sources
+    titled: set[int] = set()
     if src.titles.enabled:
-        titles = title_queries(docs, src.titles.min_words)
+        titles = title_queries(docs, src.titles.min_words, src.titles.unique)
         report["titles"] = {"made": len(titles)}
         made += titles
+        titled = {q.doc for q in titles}
     if src.crops.enabled:
         c = src.crops
         crops = crop_queries(
@@ -155,6 +190,7 @@ def make_queries(
             max_words=c.max_words,
             min_rest_words=c.min_rest_words,
             seed=recipe.seed,
+            skip=titled if c.only_untitled else (),
         )
         report["crops"] = {"made": len(crops)}
         made += crops
@@ -216,9 +252,7 @@ def run_adapt(
     else:
         train_device = "cpu" if device == "auto" and not torch.cuda.is_available() else device
         train_device = "cuda" if train_device == "auto" else train_device
-        embedder = Embedder.from_pretrained(
-            model, device=train_device, max_length=training.max_length, cache=False, show_progress=False
-        )
+        embedder = Embedder.from_pretrained(model, device=train_device, cache=False, show_progress=False)
         model_name = str(model)
     created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
@@ -368,8 +402,10 @@ def _run(
         progress=progress,
     )
     trainer = _SelectingTrainer(
-        config, held_out, min(recipe.selection.every, steps), model=embedder, datasets=[dataset]
+        config, held_out, min(recipe.selection.every, steps), training.merge, model=embedder, datasets=[dataset]
     )
+    trainer.model.train_max_length = training.max_length
+    trainer.keep_start()
     if not config.resume:  # a resumed run reads its selection history back (_SelectingTrainer.resume)
         t0 = time.perf_counter()
         trainer.model.eval()
@@ -383,6 +419,11 @@ def _run(
     timings["train_s"] = round(time.perf_counter() - t0, 2)
     history = trainer.history
     best = max(history, key=lambda h: (h["ndcg@10"], -h["step"]))
+    merged = best
+    if training.merge < 1.0 and best["step"] > 0:  # the saved (merged) weights, scored like every step
+        trainer.model.eval()
+        with torch.no_grad():
+            merged = {"step": best["step"], "merge": training.merge, **held_out.score(trainer.model.embedder)}
     summary = {
         **plan,
         "report": report,
@@ -390,6 +431,7 @@ def _run(
             "history": history,
             "before": history[0],
             "after": best,
+            "saved": merged,
             "best_step": best["step"],
             "last_step": result.end_step,
         },

@@ -166,6 +166,8 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
         if gradient_checkpointing:
             self._enable_checkpointing()
         self._builder: InputBuilder | None = None
+        #: Tokens a text is cut to while training (``None``: the model's own window, which it keeps for use).
+        self.train_max_length: int | None = None
         self.extra_layers: tuple[int, ...] = ()
         self.train()
 
@@ -258,7 +260,7 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
                 backbone.tokenizer,
                 self.config,
                 is_decoder=backbone.is_decoder,
-                max_length=resolve_max_length(backbone, self.config.max_length),
+                max_length=self.train_max_length or resolve_max_length(backbone, self.config.max_length),
             )
         return self._builder
 

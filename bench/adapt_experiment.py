@@ -1,0 +1,254 @@
+"""Issue 38's experiment, minilm arms: on each BEIR set, ``lmembed adapt`` with its defaults (corpus.jsonl only)
+against the starting model and the title baseline, scored on that set's test queries with paired 95% intervals.
+
+Per set (in order; every stage is kept in ``--work`` and skipped when done, so an interrupted run resumes):
+
+1. ``adapt``: ``run_adapt("minilm", corpus)`` with the default recipe (``recipes/adapt/default.yaml``); its
+   summary holds the time and peak memory.
+2. ``title``: the issue's baseline: each document's title as a query for its body, in-batch negatives only, 150
+   steps x 32, tau 0.05, lr 2e-5 (``lmembed train``'s Trainer), texts cut at the same training length as adapt's
+   (``--train-max-length``, 128) so the two have the same budget.
+3. test-split nDCG@10 per query of: ``start`` (minilm), ``title``, ``adapt`` (the saved, merged model), and two
+   analysis arms, reported and never used to choose anything: ``adapt-unmerged`` (the kept step's weights as
+   trained: the merge's other end) and ``title-merged`` (the title baseline merged with the start as adapt merges).
+
+Figures are differences against the named baselines (start, title) measured in the same run, with percentile
+paired bootstrap intervals (``lmembed.experiments.stats.paired_bootstrap``, 10,000 resamples). Output:
+``--out``/experiment.json and table.md; the log in ``--out``/experiment.log.
+
+    python bench/adapt_experiment.py --sets scifact nfcorpus arguana --work runs/adapt-bench \
+        --out bench/results/adapt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from lmembed.atomic import atomic_write_text
+from lmembed.paths import shared_datasets_dir
+
+log = logging.getLogger("adapt_experiment")
+MODEL = "minilm"
+
+
+def _json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def adapt_stage(corpus: Path, work: Path) -> dict[str, Any]:
+    from lmembed.training.adapt_run import run_adapt
+
+    out = work / "adapt"
+    summary = out / "adapt_summary.json"
+    if summary.exists():
+        return json.loads(summary.read_text())
+    started = time.perf_counter()
+    result = run_adapt(MODEL, corpus, out, device="cpu", progress=False, resume=out.exists())
+    log.info("adapt %s: %.0f s", corpus.parent.name, time.perf_counter() - started)
+    return result.summary
+
+
+def title_stage(corpus: Path, work: Path, max_length: int) -> dict[str, Any]:
+    from lmembed.embedder import Embedder
+    from lmembed.training.adapt import peak_memory_mb, read_adapt_corpus
+    from lmembed.training.rows import TrainDataset, parse_row
+    from lmembed.training.train_config import TrainConfig
+    from lmembed.training.trainer import Trainer
+
+    out = work / "title"
+    done = out / "title_summary.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    docs = read_adapt_corpus(corpus)
+    rows = [{"query": d.title, "positive": d.text} for d in docs if d.title.strip() and d.text.strip()]
+    started = time.perf_counter()
+    embedder = Embedder.from_pretrained(MODEL, device="cpu", show_progress=False)
+    config = TrainConfig(
+        model=MODEL,
+        output=str(out),
+        steps=150,
+        batch_size=32,
+        lr=2e-5,
+        warmup_steps=15,
+        temperature=0.05,
+        num_negatives=0,
+        loss="infonce",
+        save_every=150,
+        seed=42,
+        device="cpu",
+        lora=False,
+        resume=False,
+        progress=False,
+    )
+    dataset = TrainDataset("titles", [parse_row(r) for r in rows], sorted({d.full for d in docs}))
+    trainer = Trainer(config, model=embedder, datasets=[dataset])
+    trainer.model.train_max_length = max_length
+    result = trainer.train()
+    summary = {
+        "rows": len(rows),
+        "seconds": round(time.perf_counter() - started, 2),
+        "peak_memory_mb": peak_memory_mb(),
+        "model_dir": str(result.model_dir),
+        "train_max_length": max_length,
+    }
+    _json(done, summary)
+    return summary
+
+
+def _unmerged(model_dir: Path, best_state: Path) -> Any:
+    """The adapted model with the kept step's trained weights (merge 1)."""
+    from safetensors.torch import load_file
+
+    from lmembed.embedder import Embedder
+    from lmembed.training.trainable import TrainableEmbedder
+
+    embedder = Embedder.from_pretrained(str(model_dir), device="cpu", show_progress=False, cache=False)
+    trainable = TrainableEmbedder(embedder)
+    trainable.load_trainable_state_dict(load_file(str(best_state)))
+    trainable.eval()
+    return embedder
+
+
+def _merged(model_dir: Path, weight: float = 0.5) -> Any:
+    """``model_dir``'s weights merged with the starting model's as adapt merges (start + weight x (trained -
+    start)): the title baseline given adapt's last step, to tell the merge's share from the rest."""
+    from lmembed.embedder import Embedder
+    from lmembed.training.adapt_run import merge_states
+
+    trained = Embedder.from_pretrained(str(model_dir), device="cpu", show_progress=False, cache=False)
+    start = Embedder.from_pretrained(MODEL, device="cpu", show_progress=False, cache=False)
+    model = trained.backbone.model
+    state = merge_states(start.backbone.model.state_dict(), model.state_dict(), weight, lora=False)
+    model.load_state_dict(state)
+    trained.backbone.invalidate_fingerprint()
+    return trained
+
+
+def score_stage(name: str, folder: Path, arms: dict[str, Any], work: Path) -> dict[str, dict[str, float]]:
+    import torch
+
+    from lmembed.embedder import Embedder
+    from lmembed.evaluation.tasks.retrieval import RetrievalTask
+
+    done = work / "scores.json"
+    scores: dict[str, dict[str, float]] = json.loads(done.read_text()) if done.exists() else {}
+    task = RetrievalTask.from_path(folder, name=name, split="test")
+    for arm, model in arms.items():
+        if arm in scores:
+            continue
+        started = time.perf_counter()
+        embedder = model() if callable(model) else Embedder.from_pretrained(model, device="cpu", show_progress=False)
+        with torch.no_grad():
+            result = task.evaluate(embedder, batch_size=32)
+        scores[arm] = dict(zip(result.items.ids, result.items.values, strict=True))
+        log.info("%s %s: nDCG@10 %.4f (%.0f s)", name, arm, result.scores["ndcg_at_10"], time.perf_counter() - started)
+        _json(done, scores)
+    return scores
+
+
+def compare(scores: dict[str, dict[str, float]], a: str, b: str) -> dict[str, float]:
+    from lmembed.experiments.stats import paired_bootstrap
+
+    ids = sorted(scores[b])
+    x, y = [scores[a][q] for q in ids], [scores[b][q] for q in ids]
+    interval = paired_bootstrap(x, y, resamples=10_000, seed=0)
+    return {
+        "a": a,
+        "b": b,
+        "a_mean": 100 * sum(x) / len(x),
+        "b_mean": 100 * sum(y) / len(y),
+        "difference": 100 * interval.difference,
+        "low": 100 * interval.low,
+        "high": 100 * interval.high,
+        "queries": len(ids),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sets", nargs="+", default=["scifact", "nfcorpus", "arguana"])
+    parser.add_argument("--work", type=Path, default=Path("runs/adapt-bench"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/adapt"))
+    parser.add_argument("--train-max-length", type=int, default=128)
+    parser.add_argument("--skip-title", nargs="*", default=[], help="sets whose title baseline is not run")
+    parser.add_argument(
+        "--stage",
+        choices=["adapt", "title", "all"],
+        default="all",
+        help="adapt or title: only that stage for each set (one process per stage keeps peak memory its own)",
+    )
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(message)s",
+        handlers=[logging.StreamHandler(), logging.FileHandler(args.out / "experiment.log")],
+    )
+    beir = shared_datasets_dir() / "beir"
+    path = args.out / "experiment.json"
+    report: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"model": MODEL, "sets": {}}
+    for name in args.sets:
+        folder = beir / name
+        work = args.work / name
+        work.mkdir(parents=True, exist_ok=True)
+        if args.stage == "title":
+            title_stage(folder / "corpus.jsonl", work, args.train_max_length)
+            continue
+        adapt = adapt_stage(folder / "corpus.jsonl", work)
+        if args.stage == "adapt":
+            continue
+        arms: dict[str, Any] = {"start": MODEL, "adapt": adapt["model_dir"]}
+        best = Path(adapt["model_dir"]).parent / "best_state.safetensors"
+        if adapt["selection"]["best_step"] > 0 and adapt["recipe"]["training"]["merge"] < 1:
+            arms["adapt-unmerged"] = lambda d=adapt["model_dir"], b=best: _unmerged(Path(d), b)
+        title = None
+        if name not in args.skip_title:
+            title = title_stage(folder / "corpus.jsonl", work, args.train_max_length)
+            arms["title"] = title["model_dir"]
+            arms["title-merged"] = lambda d=title["model_dir"]: _merged(Path(d))
+        scores = score_stage(name, folder, arms, work)
+        pairs = [
+            ("adapt", "start"),
+            ("title", "start"),
+            ("adapt", "title"),
+            ("adapt-unmerged", "start"),
+            ("adapt", "adapt-unmerged"),
+            ("title-merged", "start"),
+            ("title-merged", "title"),
+        ]
+        report["sets"][name] = {
+            "adapt": {k: adapt[k] for k in ("seconds", "peak_memory_mb", "timings", "report", "selection")},
+            "title": title,
+            "comparisons": [compare(scores, a, b) for a, b in pairs if a in scores and b in scores],
+        }
+        _json(path, report)
+    if args.stage != "all":
+        return
+    lines = [
+        "| set | comparison | a | b | a − b [95% CI] | queries |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, data in report["sets"].items():
+        for c in data["comparisons"]:
+            lines.append(
+                f"| {name} | {c['a']} vs {c['b']} | {c['a_mean']:.2f} | {c['b_mean']:.2f} | "
+                f"{c['difference']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}] | {c['queries']} |"
+            )
+    lines += ["", "| set | adapt time (s) | adapt peak memory (MB) | title time (s) |", "|---|---|---|---|"]
+    for name, data in report["sets"].items():
+        t = data["title"] or {}
+        lines.append(
+            f"| {name} | {data['adapt']['seconds']:.0f} | {data['adapt']['peak_memory_mb']:.0f} | "
+            f"{t.get('seconds', float('nan')):.0f} |"
+        )
+    atomic_write_text(args.out / "table.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
