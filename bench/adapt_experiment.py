@@ -133,11 +133,11 @@ def score_stage(name: str, folder: Path, arms: dict[str, Any], work: Path) -> di
     import torch
 
     from lmembed.embedder import Embedder
-    from lmembed.evaluation.tasks.retrieval import RetrievalTask
+    from lmembed.training.dev_eval import load_eval_tasks
 
     done = work / "scores.json"
     scores: dict[str, dict[str, float]] = json.loads(done.read_text()) if done.exists() else {}
-    task = RetrievalTask.from_path(folder, name=name, split="test")
+    task = load_eval_tasks([str(folder)], "test")[0]  # the set's MTEB settings (ArguAna: self-hits dropped)
     for arm, model in arms.items():
         if arm in scores:
             continue
@@ -176,6 +176,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/adapt"))
     parser.add_argument("--train-max-length", type=int, default=128)
     parser.add_argument("--skip-title", nargs="*", default=[], help="sets whose title baseline is not run")
+    parser.add_argument("--arms", nargs="*", default=None, help="score only these arms (default: all)")
     parser.add_argument(
         "--stage",
         choices=["adapt", "title", "all"],
@@ -211,6 +212,8 @@ def main() -> None:
             title = title_stage(folder / "corpus.jsonl", work, args.train_max_length)
             arms["title"] = title["model_dir"]
             arms["title-merged"] = lambda d=title["model_dir"]: _merged(Path(d))
+        if args.arms:
+            arms = {k: v for k, v in arms.items() if k in args.arms}
         scores = score_stage(name, folder, arms, work)
         pairs = [
             ("adapt", "start"),
