@@ -29,15 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmembed.atomic import atomic_write_text
+from lmembed.atomic import atomic_write_json, atomic_write_text
 from lmembed.paths import shared_datasets_dir
 
 log = logging.getLogger("adapt_experiment")
 MODEL = "minilm"
-
-
-def _json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def adapt_stage(corpus: Path, work: Path) -> dict[str, Any]:
@@ -96,7 +92,7 @@ def title_stage(corpus: Path, work: Path, max_length: int) -> dict[str, Any]:
         "model_dir": str(result.model_dir),
         "train_max_length": max_length,
     }
-    _json(done, summary)
+    atomic_write_json(done, summary)
     return summary
 
 
@@ -147,7 +143,7 @@ def score_stage(name: str, folder: Path, arms: dict[str, Any], work: Path) -> di
             result = task.evaluate(embedder, batch_size=32)
         scores[arm] = dict(zip(result.items.ids, result.items.values, strict=True))
         log.info("%s %s: nDCG@10 %.4f (%.0f s)", name, arm, result.scores["ndcg_at_10"], time.perf_counter() - started)
-        _json(done, scores)
+        atomic_write_json(done, scores)
     return scores
 
 
@@ -229,7 +225,7 @@ def main() -> None:
             "title": title,
             "comparisons": [compare(scores, a, b) for a, b in pairs if a in scores and b in scores],
         }
-        _json(path, report)
+        atomic_write_json(path, report)
     if args.stage != "all":
         return
     lines = [

@@ -40,8 +40,13 @@ def recipe(tmp_path) -> Path:
     return path
 
 
-def invoke(*argv: str):
-    return CliRunner().invoke(app, list(argv))
+def adapt(model: Path, corpus: Path, out: Path, *options: str):
+    """``lmembed adapt --model M --corpus C -o OUT [options]`` through the CLI."""
+    return CliRunner().invoke(app, ["adapt", "--model", str(model), "--corpus", str(corpus), "-o", str(out), *options])
+
+
+def untitled_corpus(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": b} for i, b in enumerate(BODIES)])
 
 
 def test_adapt_writes_a_model_that_loads_and_encodes(tmp_path, tiny_model_dir, recipe, one_torch_thread):
@@ -50,20 +55,7 @@ def test_adapt_writes_a_model_that_loads_and_encodes(tmp_path, tiny_model_dir, r
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(BODIES) + "\n")
     out = tmp_path / "out"
-    result = invoke(
-        "adapt",
-        "--model",
-        str(tiny_model_dir),
-        "--corpus",
-        str(corpus),
-        "-o",
-        str(out),
-        "--recipe",
-        str(recipe),
-        "--device",
-        "cpu",
-        "--no-progress",
-    )
+    result = adapt(tiny_model_dir, corpus, out, "--recipe", str(recipe), "--device", "cpu", "--no-progress")
     assert result.exit_code == 0, result.output
     assert "adapted model" in result.output and "nDCG@10" in result.output
     summary = json.loads((out / "adapt_summary.json").read_text())
@@ -73,23 +65,10 @@ def test_adapt_writes_a_model_that_loads_and_encodes(tmp_path, tiny_model_dir, r
 
 
 def test_adapt_with_the_tiny_generator(tmp_path, tiny_model_dir, recipe, one_torch_thread):
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": b} for i, b in enumerate(BODIES)])
+    corpus = untitled_corpus(tmp_path)
     out = tmp_path / "out"
-    result = invoke(
-        "adapt",
-        "--model",
-        str(tiny_model_dir),
-        "--corpus",
-        str(corpus),
-        "-o",
-        str(out),
-        "--recipe",
-        str(recipe),
-        "--generator",
-        "tiny",
-        "--device",
-        "cpu",
-        "--no-progress",
+    result = adapt(
+        tiny_model_dir, corpus, out, "--recipe", str(recipe), "--generator", "tiny", "--device", "cpu", "--no-progress"
     )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "adapt_summary.json").read_text())
@@ -109,7 +88,7 @@ def test_adapt_with_the_tiny_generator(tmp_path, tiny_model_dir, recipe, one_tor
 def test_bad_corpora_exit_2_and_write_nothing(tmp_path, tiny_model_dir, rows, expected):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", rows)
     out = tmp_path / "out"
-    result = invoke("adapt", "--model", str(tiny_model_dir), "--corpus", str(corpus), "-o", str(out))
+    result = adapt(tiny_model_dir, corpus, out)
     assert result.exit_code == 2, result.output
     assert all(text in result.output for text in expected), result.output
     assert "Traceback" not in result.output
@@ -117,31 +96,21 @@ def test_bad_corpora_exit_2_and_write_nothing(tmp_path, tiny_model_dir, rows, ex
 
 
 def test_a_model_that_cannot_be_loaded_exits_2_and_writes_nothing(tmp_path):
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": b} for i, b in enumerate(BODIES)])
+    corpus = untitled_corpus(tmp_path)
     (tmp_path / "notamodel").mkdir()
     (tmp_path / "notamodel" / "readme.txt").write_text("no weights here")
     out = tmp_path / "out"
-    result = invoke("adapt", "--model", str(tmp_path / "notamodel"), "--corpus", str(corpus), "-o", str(out))
+    result = adapt(tmp_path / "notamodel", corpus, out)
     assert result.exit_code == 2, result.output
     assert "notamodel" in result.output and "Traceback" not in result.output
     assert not out.exists()
 
 
 def test_a_bad_recipe_exits_2_naming_file_and_line(tmp_path, tiny_model_dir):
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": b} for i, b in enumerate(BODIES)])
+    corpus = untitled_corpus(tmp_path)
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("training:\n  steps: 2\n  optimiser: sgd\n")
-    result = invoke(
-        "adapt",
-        "--model",
-        str(tiny_model_dir),
-        "--corpus",
-        str(corpus),
-        "-o",
-        str(tmp_path / "o"),
-        "--recipe",
-        str(recipe),
-    )
+    result = adapt(tiny_model_dir, corpus, tmp_path / "o", "--recipe", str(recipe))
     assert result.exit_code == 2, result.output
     assert "bad.yaml:3" in result.output and "optimiser" in result.output
 
@@ -150,7 +119,7 @@ def test_a_corpus_that_makes_too_few_queries_exits_2_and_leaves_nothing(tmp_path
     corpus = tmp_path / "docs.txt"
     corpus.write_text("the cat\nthe dog\n")  # no titles, too short to crop
     out = tmp_path / "out"
-    result = invoke("adapt", "--model", str(tiny_model_dir), "--corpus", str(corpus), "-o", str(out))
+    result = adapt(tiny_model_dir, corpus, out)
     assert result.exit_code == 2, result.output
     assert "pseudo-query" in result.output and "at least two" in result.output
     assert not out.exists()

@@ -293,19 +293,26 @@ def tiny_recipe(**training) -> AdaptRecipe:
     return AdaptRecipe.model_validate(data)
 
 
-def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder, one_torch_thread):
-    from lmembed import Embedder
+def adapt_tiny(make_embedder, tmp_path: Path, out: Path, recipe: AdaptRecipe | None = None, **options):
+    """``run_adapt`` of a tiny BERT on the test corpus, with :func:`tiny_recipe` unless another is given."""
     from lmembed.training.adapt_run import run_adapt
 
-    out = tmp_path / "out"
-    result = run_adapt(
+    return run_adapt(
         make_embedder("bert", pooling="mean"),
         corpus_file(tmp_path),
         out,
-        recipe=tiny_recipe(),
+        recipe=recipe or tiny_recipe(),
         device="cpu",
         progress=False,
+        **options,
     )
+
+
+def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder, one_torch_thread):
+    from lmembed import Embedder
+
+    out = tmp_path / "out"
+    result = adapt_tiny(make_embedder, tmp_path, out)
     summary = json.loads((out / "adapt_summary.json").read_text())
     assert [h["step"] for h in summary["selection"]["history"]] == [0, 2, 4]
     assert summary["selection"]["after"]["ndcg@10"] >= summary["selection"]["before"]["ndcg@10"]
@@ -329,14 +336,7 @@ def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder
     assert step == 0 or not torch.allclose(start[name], best[name])
     assert summary["selection"]["saved"]["step"] == step
     with pytest.raises(AdaptError, match="already holds an adapt run"):
-        run_adapt(
-            make_embedder("bert", pooling="mean"),
-            corpus_file(tmp_path),
-            out,
-            recipe=tiny_recipe(),
-            device="cpu",
-            progress=False,
-        )
+        adapt_tiny(make_embedder, tmp_path, out)
 
 
 def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_thread, monkeypatch):
@@ -352,39 +352,16 @@ def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_
 
     monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        adapt_run.run_adapt(
-            make_embedder("bert", pooling="mean"),
-            corpus_file(tmp_path),
-            out,
-            recipe=tiny_recipe(),
-            device="cpu",
-            progress=False,
-        )
+        adapt_tiny(make_embedder, tmp_path, out)
     assert not (out / "model").exists() and not (out / "adapt_summary.json").exists()
     rows_before = (out / "rows.jsonl").read_text()
     monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
-    result = adapt_run.run_adapt(
-        make_embedder("bert", pooling="mean"),
-        corpus_file(tmp_path),
-        out,
-        recipe=tiny_recipe(),
-        device="cpu",
-        progress=False,
-        resume=True,
-    )
+    result = adapt_tiny(make_embedder, tmp_path, out, resume=True)
     assert (out / "rows.jsonl").read_text() == rows_before  # the rows are read back, not made again
     assert [h["step"] for h in result.summary["selection"]["history"]] == [0, 2, 4]
     assert result.model_dir.is_dir()
     with pytest.raises(AdaptError, match="another recipe"):
-        adapt_run.run_adapt(
-            make_embedder("bert", pooling="mean"),
-            corpus_file(tmp_path),
-            out,
-            recipe=tiny_recipe(lr=1e-4),
-            device="cpu",
-            progress=False,
-            resume=True,
-        )
+        adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(lr=1e-4), resume=True)
 
 
 def test_a_teacher_labels_the_rows_and_the_loss_distils(tmp_path, make_embedder, one_torch_thread):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from collections import Counter
@@ -15,8 +14,9 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save
 
+from lmembed.atomic import atomic_write
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
 from lmembed.mining import read_rows
@@ -92,10 +92,7 @@ class _SelectingTrainer(Trainer):
     def _keep_best(self, step: int) -> None:
         best = max(self.history, key=lambda h: (h["ndcg@10"], -h["step"]))
         if best["step"] == step:
-            scratch = self.output / f".tmp-{BEST_STATE_FILE}"
-            state = {k: v.detach().cpu().contiguous() for k, v in self.model.trainable_state_dict().items()}
-            save_file(state, str(scratch), metadata={"step": str(step)})  # tensors only: read without unpickling
-            os.replace(scratch, self.output / BEST_STATE_FILE)
+            self._write_state(BEST_STATE_FILE, {"step": str(step)})
 
     def _write_selection(self) -> None:
         best = max(self.history, key=lambda h: (h["ndcg@10"], -h["step"]))
@@ -120,22 +117,22 @@ class _SelectingTrainer(Trainer):
         if best_step != self.step:
             log.info("keeping step %d (best on the held-back pseudo-queries), not %d", best_step, self.step)
         if self.merge < 1.0 and best_step > 0:
-            with safe_open(str(self.output / START_STATE_FILE), framework="pt", device=str(self.model.device)) as f:
-                start = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+            start = load_file(str(self.output / START_STATE_FILE), device=str(self.model.device))
             state = merge_states(start, state, self.merge, lora=self.model.uses_lora)
             log.info("merged: start + %.2f × (step %d − start)", self.merge, best_step)
-        self.model.load_trainable_state_dict(state)
-        self.model.weights_changed()
+        self.model.load_trainable_state_dict(state)  # which calls weights_changed
         return super().save_model(directory)
 
     def keep_start(self) -> None:
         """The starting trainable weights, kept for the merge (written once; a resumed run reads them back)."""
-        path = self.output / START_STATE_FILE
-        if not path.exists():
-            scratch = self.output / f".tmp-{START_STATE_FILE}"
-            state = {k: v.detach().cpu().contiguous() for k, v in self.model.trainable_state_dict().items()}
-            save_file(state, str(scratch))
-            os.replace(scratch, path)
+        if not (self.output / START_STATE_FILE).exists():
+            self._write_state(START_STATE_FILE)
+
+    def _write_state(self, name: str, metadata: dict[str, str] | None = None) -> None:
+        """The trainable weights as ``OUT/name``, safetensors (tensors only: read back without unpickling),
+        written atomically."""
+        state = {k: v.contiguous() for k, v in self.model.trainable_state_dict().items()}  # CPU copies already
+        atomic_write(self.output / name, lambda handle: handle.write(save(state, metadata=metadata)))
 
 
 def merge_states(
