@@ -117,6 +117,8 @@ def test_merge_interpolates_weights_and_scales_a_lora_update_exactly():
     assert torch.allclose(update, 0.5 * (b1 @ a1))  # the update B·A is halved, not quartered
     with pytest.raises(AdaptError, match=r"start_state\.safetensors"):
         merge_states({"w": start["w"]}, adapted, 0.5, lora=False)
+    with pytest.raises(AdaptError, match=r"start_state\.safetensors: w has shape \(3,\)"):
+        merge_states({**start, "w": torch.zeros(3)}, adapted, 0.5, lora=False)
 
 
 def test_training_cuts_texts_at_its_own_length_and_the_model_keeps_its_window(make_embedder):
@@ -280,6 +282,12 @@ def test_a_recipe_with_an_unknown_key_names_file_line_and_key(tmp_path):
         load_adapt_recipe(path)
     path.write_text("training:\n  steps: 7\n")
     assert load_adapt_recipe(path).training.steps == 7
+    path.write_text("training:\n  merge: 0\n")
+    with pytest.raises(AdaptRecipeError, match=r"r.yaml:2: training.merge"):
+        load_adapt_recipe(path)
+    path.write_text("sources:\n  titles:\n    unique: maybe\n")
+    with pytest.raises(AdaptRecipeError, match=r"r.yaml:3: sources.titles.unique"):
+        load_adapt_recipe(path)
 
 
 # ---------------------------------------------------------------------------------------------- a whole run

@@ -145,6 +145,11 @@ def merge_states(
         raise AdaptError(f"{START_STATE_FILE}: its tensors are not the trained ones; start the run again")
     merged = {}
     for name, new in adapted.items():
+        if start[name].shape != new.shape:
+            raise AdaptError(
+                f"{START_STATE_FILE}: {name} has shape {tuple(start[name].shape)}, the trained one "
+                f"{tuple(new.shape)}; start the run again"
+            )
         old = start[name].to(device=new.device, dtype=new.dtype)
         if lora and "lora_A" in name:
             merged[name] = new
