@@ -121,6 +121,18 @@ def test_merge_interpolates_weights_and_scales_a_lora_update_exactly():
         merge_states({**start, "w": torch.zeros(3)}, adapted, 0.5, lora=False)
 
 
+def test_a_state_of_the_wrong_shape_is_refused_naming_the_tensor(make_embedder):
+    from lmembed.errors import ConfigError
+    from lmembed.training.trainable import TrainableEmbedder
+
+    trainable = TrainableEmbedder(make_embedder("bert", pooling="mean"))
+    state = trainable.trainable_state_dict()
+    name = next(iter(state))
+    state[name] = torch.zeros(3)
+    with pytest.raises(ConfigError, match=rf"{name} has shape \(3,\)"):
+        trainable.load_trainable_state_dict(state)
+
+
 def test_training_cuts_texts_at_its_own_length_and_the_model_keeps_its_window(make_embedder):
     from lmembed.training.trainable import TrainableEmbedder
 

@@ -82,6 +82,14 @@ class TrainedTensors:
                 f"checkpoint does not match {self.checkpoint_kind}: missing {missing[:5]}, unexpected "
                 f"{unexpected[:5]} (was it written with {self.checkpoint_hint}?)"
             )
+        wrong = [name for name, param in params.items() if tuple(state[name].shape) != tuple(param.shape)]
+        if wrong:
+            name = wrong[0]
+            raise ConfigError(
+                f"checkpoint does not match {self.checkpoint_kind}: {name} has shape {tuple(state[name].shape)}, "
+                f"the model's is {tuple(params[name].shape)} ({len(wrong)} tensor(s) differ; was it written with "
+                f"{self.checkpoint_hint}?)"
+            )
         with torch.no_grad():
             for name, param in params.items():
                 param.copy_(state[name].to(device=param.device, dtype=param.dtype))
