@@ -169,6 +169,29 @@ class _RunStats:
     prepare_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One call of :meth:`EncodingEngine._compute`: what both paths (serial, pipelined) read. ``outputs`` are filled
+    at ``rows``; ``on_batch(rows)`` follows each batch written; ``features``, when given, are ``texts`` tokenised."""
+
+    builder: InputBuilder
+    mode: str
+    texts: Sequence[str]
+    rows: list[int]
+    configs: list[EmbeddingConfig]
+    outputs: list[np.ndarray]
+    instruction: str | None
+    batch_size: int
+    on_batch: Callable[[list[int]], None] | None
+    features: Sequence[Features] | None
+
+    def features_of_rows(self, build: Callable[[list[str]], list[Features]]) -> list[Features]:
+        """The rows' features: the given ones, else ``build`` of the rows' texts."""
+        if self.features is not None:
+            return [self.features[i] for i in self.rows]
+        return build([self.texts[i] for i in self.rows])
+
+
 def resolve_max_length(backbone: Backbone, requested: int | None) -> int:
     limits = [requested or 512]
     model_max = getattr(backbone.model.config, "max_position_embeddings", None)
@@ -418,9 +441,10 @@ class EncodingEngine:
         ``features`` (one per text of ``texts``), the texts are not tokenised again. Pipelined or in series
         (:attr:`pipelined`); a call of one batch has nothing to overlap and runs in series."""
         builder, mode = self._reading(configs[0])
+        job = _Job(builder, mode, texts, rows, configs, outputs, instruction, batch_size, on_batch, features)
         several = len(rows) > batch_size or self.max_batch_tokens is not None
         run = self._run_pipelined if self.pipelined and several else self._run_serial
-        stats = run(builder, mode, texts, rows, configs, outputs, instruction, batch_size, on_batch, features)
+        stats = run(job)
         log.info(
             "encoded %d texts (%d tokens, %.0f%% padding) on %s %s in %.1f s (%.1f texts/s, %s); tokenised in %.1f s, "
             "backend prepared in %.1f s",
@@ -441,88 +465,60 @@ class EncodingEngine:
             configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
         )
 
-    def _run_serial(
-        self,
-        builder: InputBuilder,
-        mode: str,
-        texts: Sequence[str],
-        rows: list[int],
-        configs: list[EmbeddingConfig],
-        outputs: list[np.ndarray],
-        instruction: str | None,
-        batch_size: int,
-        on_batch: Callable[[list[int]], None] | None,
-        features: Sequence[Features] | None,
-    ) -> _RunStats:
+    def _run_serial(self, job: _Job) -> _RunStats:
         """The reference path: tokenise everything, then per batch collate, compute and read back, in series."""
         stats = _RunStats()
         start = time.perf_counter()
-        if features is None:
-            features = builder.build_all([texts[i] for i in rows], instruction)
-        else:
-            features = [features[i] for i in rows]
+        features = job.features_of_rows(partial(job.builder.build_all, instruction=job.instruction))
         tokenised = time.perf_counter()
-        self._prepare(builder, configs, mode, batch_size)
+        self._prepare(job.builder, job.configs, job.mode, job.batch_size)
         prepared = time.perf_counter()
-        with self._progress(len(rows), configs) as advance, torch.inference_mode():
-            for batch in self._batches(features, rows, batch_size):
+        with self._progress(len(job.rows), job.configs) as advance, torch.inference_mode():
+            for batch in self._batches(features, job.rows, job.batch_size):
                 pooled = self.forward_pool(
-                    batch.input_ids, batch.attention_mask, batch.pool_mask, configs, backend=self.backend
+                    batch.input_ids, batch.attention_mask, batch.pool_mask, job.configs, backend=self.backend
                 )
-                for out, vectors in zip(outputs, pooled, strict=True):
+                for out, vectors in zip(job.outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
                 stats.padded += batch.attention_mask.numel()  # a shape: no device sync in the loop
                 advance(len(batch.rows))
-                if on_batch is not None:
-                    on_batch(batch.rows)
+                if job.on_batch is not None:
+                    job.on_batch(batch.rows)
         stats.seconds = time.perf_counter() - prepared
         stats.tokens = sum(len(f) for f in features)  # the attention mask's ones, counted without reading it
         stats.tokenise_seconds, stats.prepare_seconds = tokenised - start, prepared - tokenised
         return stats
 
-    def _run_pipelined(
-        self,
-        builder: InputBuilder,
-        mode: str,
-        texts: Sequence[str],
-        rows: list[int],
-        configs: list[EmbeddingConfig],
-        outputs: list[np.ndarray],
-        instruction: str | None,
-        batch_size: int,
-        on_batch: Callable[[list[int]], None] | None,
-        features: Sequence[Features] | None,
-    ) -> _RunStats:
+    def _run_pipelined(self, job: _Job) -> _RunStats:
         """The serial path's batches and kernels, its stages overlapped (:mod:`lmembed.encoding.pipeline`): a
         ``Prefetcher`` thread tokenises and collates ahead (bounded) while the device computes, and a ``ReadBack``
         brings each batch home while the next one computes (CUDA)."""
         stats = _RunStats()
         start = time.perf_counter()
         # before the thread starts: calibration (int8) tokenises with the same tokenizer, which is not shared
-        self._prepare(builder, configs, mode, batch_size)
+        self._prepare(job.builder, job.configs, job.mode, job.batch_size)
         stats.prepare_seconds = time.perf_counter() - start
         device = self.backbone.device
         cuda = device.type == "cuda"
-        feed = partial(self._feed, builder, texts, rows, instruction, features, batch_size, cuda, stats)
         with (
-            Prefetcher(feed, depth=QUEUE_DEPTH, name=COLLATE_THREAD) as batches,
-            self._progress(len(rows), configs) as advance,
+            Prefetcher(partial(self._feed, job, cuda, stats), depth=QUEUE_DEPTH, name=COLLATE_THREAD) as batches,
+            self._progress(len(job.rows), job.configs) as advance,
             torch.inference_mode(),
         ):
 
             def done(finished: list[int]) -> None:
                 advance(len(finished))
-                if on_batch is not None:
-                    on_batch(finished)
+                if job.on_batch is not None:
+                    job.on_batch(finished)
 
-            readback = ReadBack(outputs, done, device)
+            readback = ReadBack(job.outputs, done, device)
             try:
                 for batch in batches:
                     ids, attn, pool = (
                         t.to(device, non_blocking=cuda)
                         for t in (batch.input_ids, batch.attention_mask, batch.pool_mask)
                     )
-                    pooled = self.forward_pool(ids, attn, pool, configs, backend=self.backend)
+                    pooled = self.forward_pool(ids, attn, pool, job.configs, backend=self.backend)
                     stats.padded += attn.numel()
                     readback.push(batch.rows, pooled)
                     readback.settle()  # the batch before this one, whose copy ran while this one computed
@@ -533,38 +529,29 @@ class EncodingEngine:
         stats.seconds = time.perf_counter() - start - stats.prepare_seconds - stats.tokenise_seconds  # as serially
         return stats
 
-    def _feed(
-        self,
-        builder: InputBuilder,
-        texts: Sequence[str],
-        rows: list[int],
-        instruction: str | None,
-        features: Sequence[Features] | None,
-        batch_size: int,
-        pin: bool,
-        stats: _RunStats,
-        stop: threading.Event,
-    ) -> Iterator[Batch]:
+    def _feed(self, job: _Job, pin: bool, stats: _RunStats, stop: threading.Event) -> Iterator[Batch]:
         """The producer of the pipelined path (on its own thread): tokenise (in chunks, so a stop is seen soon),
         plan the batches as the serial path does, then collate them one by one, in pinned memory for CUDA."""
         start = time.perf_counter()
-        if features is None:
-            wanted = [texts[i] for i in rows]
+
+        def build(wanted: list[str]) -> list[Features]:
             built: list[Features] = []
             for first in range(0, len(wanted), TOKENISE_CHUNK):
                 if stop.is_set():
-                    return
-                built.extend(builder.build_all(wanted[first : first + TOKENISE_CHUNK], instruction))
-            features = built
-        else:
-            features = [features[i] for i in rows]
+                    break
+                built.extend(job.builder.build_all(wanted[first : first + TOKENISE_CHUNK], job.instruction))
+            return built
+
+        features = job.features_of_rows(build)
+        if stop.is_set():
+            return
         stats.tokenise_seconds = time.perf_counter() - start
         stats.tokens = sum(len(f) for f in features)
-        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens):
+        for chunk in plan_batches([len(f) for f in features], job.batch_size, self.max_batch_tokens):
             if stop.is_set():
                 return
             ids, attn, pool = collate_host([features[j] for j in chunk], self.pad_id, self.padding_side, pin=pin)
-            yield Batch(ids, attn, pool, [rows[j] for j in chunk])
+            yield Batch(ids, attn, pool, [job.rows[j] for j in chunk])
 
     def prepare_backend(self, configs: Sequence[EmbeddingConfig], instruction: str | None = None) -> Path:
         """Build (or load) the backend's graph for ``configs`` without encoding anything; returns its export
