@@ -36,15 +36,15 @@ log = logging.getLogger("adapt_experiment")
 MODEL = "minilm"
 
 
-def adapt_stage(corpus: Path, work: Path) -> dict[str, Any]:
+def adapt_stage(corpus: Path, work: Path, variant: str = "adapt", recipe: Path | None = None) -> dict[str, Any]:
     from lmembed.training.adapt_run import run_adapt
 
-    out = work / "adapt"
+    out = work / variant
     summary = out / "adapt_summary.json"
     if summary.exists():
         return json.loads(summary.read_text())
     started = time.perf_counter()
-    result = run_adapt(MODEL, corpus, out, device="cpu", progress=False, resume=out.exists())
+    result = run_adapt(MODEL, corpus, out, recipe=recipe, device="cpu", progress=False, resume=out.exists())
     log.info("adapt %s: %.0f s", corpus.parent.name, time.perf_counter() - started)
     return result.summary
 
@@ -125,15 +125,17 @@ def _merged(model_dir: Path, weight: float = 0.5) -> Any:
     return trained
 
 
-def score_stage(name: str, folder: Path, arms: dict[str, Any], work: Path) -> dict[str, dict[str, float]]:
+def score_stage(
+    name: str, folder: Path, arms: dict[str, Any], work: Path, split: str = "test"
+) -> dict[str, dict[str, float]]:
     import torch
 
     from lmembed.embedder import Embedder
     from lmembed.training.dev_eval import load_eval_tasks
 
-    done = work / "scores.json"
+    done = work / ("scores.json" if split == "test" else f"scores-{split}.json")
     scores: dict[str, dict[str, float]] = json.loads(done.read_text()) if done.exists() else {}
-    task = load_eval_tasks([str(folder)], "test")[0]  # the set's MTEB settings (ArguAna: self-hits dropped)
+    task = load_eval_tasks([str(folder)], split)[0]  # the set's MTEB settings (ArguAna: self-hits dropped)
     for arm, model in arms.items():
         if arm in scores:
             continue
@@ -174,6 +176,18 @@ def main() -> None:
     parser.add_argument("--skip-title", nargs="*", default=[], help="sets whose title baseline is not run")
     parser.add_argument("--arms", nargs="*", default=None, help="score only these arms (default: all)")
     parser.add_argument(
+        "--split",
+        default="test",
+        help="qrels split scored: test for the report; train (SciFact) or dev (NFCorpus) to choose between variants",
+    )
+    parser.add_argument(
+        "--variant",
+        nargs="*",
+        default=[],
+        metavar="NAME=RECIPE",
+        help="also adapt with this recipe file into --work/SET/NAME and score it (arms NAME, NAME-unmerged)",
+    )
+    parser.add_argument(
         "--stage",
         choices=["adapt", "title", "all"],
         default="all",
@@ -187,7 +201,8 @@ def main() -> None:
         handlers=[logging.StreamHandler(), logging.FileHandler(args.out / "experiment.log")],
     )
     beir = shared_datasets_dir() / "beir"
-    path = args.out / "experiment.json"
+    variants = dict(v.split("=", 1) for v in args.variant)
+    path = args.out / ("experiment.json" if args.split == "test" else f"selection-{args.split}.json")
     report: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"model": MODEL, "sets": {}}
     for name in args.sets:
         folder = beir / name
@@ -197,12 +212,17 @@ def main() -> None:
             title_stage(folder / "corpus.jsonl", work, args.train_max_length)
             continue
         adapt = adapt_stage(folder / "corpus.jsonl", work)
+        runs = {"adapt": adapt}
+        for variant, recipe in variants.items():
+            runs[variant] = adapt_stage(folder / "corpus.jsonl", work, variant, Path(recipe))
         if args.stage == "adapt":
             continue
-        arms: dict[str, Any] = {"start": MODEL, "adapt": adapt["model_dir"]}
-        best = Path(adapt["model_dir"]).parent / "best_state.safetensors"
-        if adapt["selection"]["best_step"] > 0 and adapt["recipe"]["training"]["merge"] < 1:
-            arms["adapt-unmerged"] = lambda d=adapt["model_dir"], b=best: _unmerged(Path(d), b)
+        arms: dict[str, Any] = {"start": MODEL}
+        for variant, run in runs.items():
+            arms[variant] = run["model_dir"]
+            best = Path(run["model_dir"]).parent / "best_state.safetensors"
+            if run["selection"]["best_step"] > 0 and run["recipe"]["training"]["merge"] < 1:
+                arms[f"{variant}-unmerged"] = lambda d=run["model_dir"], b=best: _unmerged(Path(d), b)
         title = None
         if name not in args.skip_title:
             title = title_stage(folder / "corpus.jsonl", work, args.train_max_length)
@@ -210,8 +230,8 @@ def main() -> None:
             arms["title-merged"] = lambda d=title["model_dir"]: _merged(Path(d))
         if args.arms:
             arms = {k: v for k, v in arms.items() if k in args.arms}
-        scores = score_stage(name, folder, arms, work)
-        pairs = [
+        scores = score_stage(name, folder, arms, work, args.split)
+        pairs = [(v, b) for v in variants for b in ("start", "title", "adapt")] + [
             ("adapt", "start"),
             ("title", "start"),
             ("adapt", "title"),
@@ -221,7 +241,11 @@ def main() -> None:
             ("title-merged", "title"),
         ]
         report["sets"][name] = {
-            "adapt": {k: adapt[k] for k in ("seconds", "peak_memory_mb", "timings", "report", "selection")},
+            "split": args.split,
+            **{
+                v: {k: r[k] for k in ("seconds", "peak_memory_mb", "timings", "report", "selection")}
+                for v, r in runs.items()
+            },
             "title": title,
             "comparisons": [compare(scores, a, b) for a, b in pairs if a in scores and b in scores],
         }
@@ -245,7 +269,8 @@ def main() -> None:
             f"| {name} | {data['adapt']['seconds']:.0f} | {data['adapt']['peak_memory_mb']:.0f} | "
             f"{t.get('seconds', float('nan')):.0f} |"
         )
-    atomic_write_text(args.out / "table.md", "\n".join(lines) + "\n")
+    table = "table.md" if args.split == "test" else f"selection-{args.split}.md"
+    atomic_write_text(args.out / table, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

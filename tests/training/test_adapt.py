@@ -328,6 +328,15 @@ def adapt_tiny(make_embedder, tmp_path: Path, out: Path, recipe: AdaptRecipe | N
     )
 
 
+def test_in_batch_only_skips_mining(tmp_path, make_embedder, one_torch_thread):
+    out = tmp_path / "out"
+    adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(num_negatives=0, steps=2))
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    assert summary["report"]["mining"] == {"skipped": "training.num_negatives is 0"}
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert rows and all(r["negatives"] == [] and r["provenance"]["doc_id"] for r in rows)
+
+
 def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder, one_torch_thread):
     from lmembed import Embedder
 

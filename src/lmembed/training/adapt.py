@@ -292,6 +292,17 @@ def hold_back(
 
 
 # ---------------------------------------------------------------------------------------------- mining, labels
+def _row(q: PseudoQuery, docs: Sequence[Document], negatives: list[str]) -> dict[str, Any]:
+    d = docs[q.doc]
+    provenance = {"source": q.source, "doc_id": d.id, "line": d.line, **q.extra}
+    return {"query": q.query, "positive": q.positive, "negatives": negatives, "provenance": provenance}
+
+
+def unmined_rows(queries: Sequence[PseudoQuery], docs: Sequence[Document]) -> list[dict[str, Any]]:
+    """Training rows without mined negatives (in-batch negatives only)."""
+    return [_row(q, docs, []) for q in queries]
+
+
 def mine_rows(
     embedder: Any,
     queries: Sequence[PseudoQuery],
@@ -323,15 +334,7 @@ def mine_rows(
     rows = []
     for q, m in zip(queries, mined, strict=True):
         own = {docs[q.doc].full, q.positive}
-        negatives = [n for n in m["negatives"] if n not in own]
-        rows.append(
-            {
-                "query": q.query,
-                "positive": q.positive,
-                "negatives": negatives,
-                "provenance": {"source": q.source, "doc_id": docs[q.doc].id, "line": docs[q.doc].line, **q.extra},
-            }
-        )
+        rows.append(_row(q, docs, [n for n in m["negatives"] if n not in own]))
     return rows, stats
 
 

@@ -43,6 +43,7 @@ from lmembed.training.adapt import (
     peak_memory_mb,
     read_adapt_corpus,
     title_queries,
+    unmined_rows,
     write_json,
     write_rows,
 )
@@ -351,16 +352,20 @@ def _run(
         timings["queries_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
         m = recipe.mining
-        rows, stats = mine_rows(
-            embedder,
-            train_q,
-            docs,
-            k=m.k,
-            method=m.method,
-            margin=m.margin,
-            skip_top=m.skip_top,
-            batch_size=m.batch_size,
-        )
+        if training.num_negatives == 0 and teacher is None:  # in-batch negatives only: nothing to mine
+            rows, mining = unmined_rows(train_q, docs), {"skipped": "training.num_negatives is 0"}
+        else:
+            rows, stats = mine_rows(
+                embedder,
+                train_q,
+                docs,
+                k=m.k,
+                method=m.method,
+                margin=m.margin,
+                skip_top=m.skip_top,
+                batch_size=m.batch_size,
+            )
+            mining = stats.to_dict()
         timings["mining_s"] = round(time.perf_counter() - t0, 2)
         if teacher is not None:
             t0 = time.perf_counter()
@@ -375,7 +380,7 @@ def _run(
             "train_rows": len(rows),
             "held_back": len(held),
             "by_source": dict(Counter(r["provenance"]["source"] for r in rows)),
-            "mining": stats.to_dict(),
+            "mining": mining,
         }
         write_rows(rows, output / ROWS_FILE)
         write_rows(
