@@ -18,6 +18,14 @@ paired bootstrap intervals (``lmembed.experiments.stats.paired_bootstrap``, 10,0
 
     python bench/adapt_experiment.py --sets scifact nfcorpus arguana --work runs/adapt-bench \
         --out bench/results/adapt
+
+Choosing a recipe: ``--variant NAME=RECIPE`` (``--teacher NAME=TEACHER``) also adapts with that recipe file into
+``--work/SET/NAME`` and scores it (arms NAME, NAME-unmerged, compared with start, title and adapt); ``--split`` scores
+another qrels split (SciFact ``train``, NFCorpus ``dev``) into ``--out``/selection-SPLIT.json and .md, so recipes
+are chosen on queries the test score never sees:
+
+    python bench/adapt_experiment.py --sets scifact --split train --out bench/results/adapt/selection \
+        --variant hybrid=bench/adapt_variants/hybrid.yaml --teacher hybrid=hybrid
 """
 
 from __future__ import annotations
@@ -36,7 +44,9 @@ log = logging.getLogger("adapt_experiment")
 MODEL = "minilm"
 
 
-def adapt_stage(corpus: Path, work: Path, variant: str = "adapt", recipe: Path | None = None) -> dict[str, Any]:
+def adapt_stage(
+    corpus: Path, work: Path, variant: str = "adapt", recipe: Path | None = None, teacher: str | None = None
+) -> dict[str, Any]:
     from lmembed.training.adapt_run import run_adapt
 
     out = work / variant
@@ -44,7 +54,9 @@ def adapt_stage(corpus: Path, work: Path, variant: str = "adapt", recipe: Path |
     if summary.exists():
         return json.loads(summary.read_text())
     started = time.perf_counter()
-    result = run_adapt(MODEL, corpus, out, recipe=recipe, device="cpu", progress=False, resume=out.exists())
+    result = run_adapt(
+        MODEL, corpus, out, recipe=recipe, teacher=teacher, device="cpu", progress=False, resume=out.exists()
+    )
     log.info("adapt %s: %.0f s", corpus.parent.name, time.perf_counter() - started)
     return result.summary
 
@@ -188,6 +200,9 @@ def main() -> None:
         help="also adapt with this recipe file into --work/SET/NAME and score it (arms NAME, NAME-unmerged)",
     )
     parser.add_argument(
+        "--teacher", nargs="*", default=[], metavar="NAME=TEACHER", help="a variant's --teacher (e.g. hybrid)"
+    )
+    parser.add_argument(
         "--stage",
         choices=["adapt", "title", "all"],
         default="all",
@@ -202,6 +217,7 @@ def main() -> None:
     )
     beir = shared_datasets_dir() / "beir"
     variants = dict(v.split("=", 1) for v in args.variant)
+    teachers = dict(v.split("=", 1) for v in args.teacher)
     path = args.out / ("experiment.json" if args.split == "test" else f"selection-{args.split}.json")
     report: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"model": MODEL, "sets": {}}
     for name in args.sets:
@@ -214,7 +230,7 @@ def main() -> None:
         adapt = adapt_stage(folder / "corpus.jsonl", work)
         runs = {"adapt": adapt}
         for variant, recipe in variants.items():
-            runs[variant] = adapt_stage(folder / "corpus.jsonl", work, variant, Path(recipe))
+            runs[variant] = adapt_stage(folder / "corpus.jsonl", work, variant, Path(recipe), teachers.get(variant))
         if args.stage == "adapt":
             continue
         arms: dict[str, Any] = {"start": MODEL}
@@ -262,13 +278,13 @@ def main() -> None:
                 f"| {name} | {c['a']} vs {c['b']} | {c['a_mean']:.2f} | {c['b_mean']:.2f} | "
                 f"{c['difference']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}] | {c['queries']} |"
             )
-    lines += ["", "| set | adapt time (s) | adapt peak memory (MB) | title time (s) |", "|---|---|---|---|"]
+    lines += ["", "| set | run | time (s) | peak memory (MB) |", "|---|---|---|---|"]
     for name, data in report["sets"].items():
-        t = data["title"] or {}
-        lines.append(
-            f"| {name} | {data['adapt']['seconds']:.0f} | {data['adapt']['peak_memory_mb']:.0f} | "
-            f"{t.get('seconds', float('nan')):.0f} |"
-        )
+        for run in ("adapt", *variants):
+            if run in data:
+                lines.append(f"| {name} | {run} | {data[run]['seconds']:.0f} | {data[run]['peak_memory_mb']:.0f} |")
+        if data.get("title"):
+            lines.append(f"| {name} | title | {data['title']['seconds']:.0f} | {data['title']['peak_memory_mb']:.0f} |")
     table = "table.md" if args.split == "test" else f"selection-{args.split}.md"
     atomic_write_text(args.out / table, "\n".join(lines) + "\n")
     print("\n".join(lines))

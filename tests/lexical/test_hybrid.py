@@ -47,6 +47,25 @@ def test_a_query_without_a_known_word_hits_nothing_even_beside_a_stopword_only_d
         np.testing.assert_allclose(scores[q], alone_scores[0])
 
 
+def test_scores_of_every_document_equal_search_and_bm25s():
+    docs = DOCS
+    ours = LexicalIndex.build(docs, [f"d{i}" for i in range(len(docs))])
+    reference = bm25s.BM25()
+    reference.index(bm25s.tokenize(docs, stopwords="en", show_progress=False), show_progress=False)
+    for query in QUERIES:
+        every = ours.scores(query)
+        assert every.shape == (len(docs),)
+        scores, rows = ours.search([query], k=len(docs))
+        hits = rows[0] >= 0
+        np.testing.assert_allclose(every[rows[0][hits]], scores[0][hits], rtol=1e-6)
+        assert np.all(np.delete(every, rows[0][hits]) == 0)  # a document that shares no word scores 0
+        words = bm25s.tokenize(query, stopwords="en", return_ids=False, show_progress=False)[0]
+        if words and any(w in reference.vocab_dict for w in words):
+            expected = reference.get_scores([w for w in words if w in reference.vocab_dict])
+            np.testing.assert_allclose(every, expected, rtol=1e-6, atol=1e-9)
+    assert not ours.scores("zebra").any() and not ours.scores("").any()
+
+
 # a hand-made pair of runs for one query: dense cosines and BM25 scores
 DENSE = {"a": 0.9, "b": 0.8, "c": 0.1}
 LEXICAL = {"c": 12.0, "d": 7.0, "a": 3.0}

@@ -250,6 +250,34 @@ def test_labels_from_an_embedder_teacher_and_from_a_reranker():
     assert labelled[0]["teacher_scores"] == {"positive": 1.0, "negatives": [2.0, 2.0]}
 
 
+def test_the_hybrid_teacher_adds_bm25_scaled_by_the_querys_best_document():
+    pytest.importorskip("bm25s")
+    from lmembed.lexical.bm25 import LexicalIndex
+    from lmembed.training.adapt import HybridTeacher
+
+    d = [
+        Document("a", "Kinase", "tyrosine kinase inhibitors in leukaemia", 1),
+        Document("b", "", "kinase activity of enzymes", 2),
+        Document("c", "", "weather and the sea", 3),
+    ]
+    fulls = [x.full for x in d]
+    # the dense part alone cannot tell b from c: only BM25 (b shares "kinase") can
+    table = {"kinase inhibitors": [1.0, 0.0], fulls[0]: [1.0, 0.0], fulls[1]: [0.0, 1.0], fulls[2]: [0.0, 1.0]}
+    teacher = HybridTeacher(Axes(table), d, weight=0.5)
+    bm25 = LexicalIndex.build(fulls, ["a", "b", "c"]).scores("kinase inhibitors")
+    assert bm25[0] > bm25[1] > 0 == bm25[2]
+    row = {"query": "kinase inhibitors", "positive": "tyrosine kinase inhibitors in leukaemia"}
+    rows = [{**row, "negatives": [fulls[1], fulls[2]], "provenance": {"doc_id": "a"}}]
+    labelled = label_rows(rows, teacher, num_negatives=2)
+    scores = labelled[0]["teacher_scores"]
+    assert scores["positive"] == pytest.approx(1.0 + 0.5)  # cos 1, and the query's best BM25 document
+    assert scores["negatives"] == [pytest.approx(0.5 * bm25[1] / bm25[0]), pytest.approx(0.0)]
+    # a query without an indexed word: the dense part alone
+    table["zzz"] = [1.0, 0.0]
+    rows = [{"query": "zzz", "positive": "x", "negatives": [fulls[1]], "provenance": {"doc_id": "a"}}]
+    assert label_rows(rows, teacher, 1)[0]["teacher_scores"] == {"positive": 1.0, "negatives": [0.0]}
+
+
 # ---------------------------------------------------------------------------------------------- bad corpora
 @pytest.mark.parametrize(
     ("lines", "message"),
@@ -335,6 +363,18 @@ def test_in_batch_only_skips_mining(tmp_path, make_embedder, one_torch_thread):
     assert summary["report"]["mining"] == {"skipped": "training.num_negatives is 0"}
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert rows and all(r["negatives"] == [] and r["provenance"]["doc_id"] for r in rows)
+
+
+def test_the_hybrid_teacher_labels_a_run_from_the_corpus_alone(tmp_path, make_embedder, one_torch_thread):
+    pytest.importorskip("bm25s")
+    out = tmp_path / "out"
+    recipe = tiny_recipe(steps=2, hybrid_weight=100.0)
+    adapt_tiny(make_embedder, tmp_path, out, recipe, teacher="hybrid")
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert rows and all(len(r["teacher_scores"]["negatives"]) == 1 for r in rows)
+    # the recipe's weight reaches the teacher: a cosine is at most 1, so only its BM25 part lifts a score past 2
+    assert max(r["teacher_scores"]["positive"] for r in rows) > 2.0
+    assert json.loads((out / "adapt_summary.json").read_text())["teacher"] == "hybrid"
 
 
 def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder, one_torch_thread):

@@ -43,7 +43,9 @@ def adapt(
     teacher: Annotated[
         str | None,
         typer.Option(
-            "--teacher", help="Label with a teacher (MarginMSE): an embedder, 'self', or reranker:NAME_OR_FOLDER."
+            "--teacher",
+            help="Label with a teacher (MarginMSE): an embedder, 'self', reranker:NAME_OR_FOLDER, or 'hybrid' "
+            "(the starting model fused with BM25 over the corpus: no other model).",
         ),
     ] = None,
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="Training steps (recipe's by default).")] = None,

@@ -104,6 +104,15 @@ class LexicalIndex:
         rows[asked, :depth] = np.where(hit, found, -1)
         return scores, rows
 
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document (in row order) for ``query``: zeros when it holds no indexed word."""
+        tokens = self.tokenizer.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)[0]
+        unknown = self.tokenizer.get_vocab_dict().get("")
+        known = [int(t) for t in tokens if t != unknown]
+        if not known or self.count == 0:
+            return np.zeros(self.count, dtype=np.float32)
+        return np.asarray(self.retriever.get_scores(known), dtype=np.float32)
+
     def known_words(self, texts: Sequence[str]) -> list[int]:
         """How many distinct indexed words each text holds (stop words and words the corpus lacks do not count)."""
         tokens = self.tokenizer.tokenize(list(texts), update_vocab=False, return_as="ids", show_progress=False)

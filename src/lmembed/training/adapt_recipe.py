@@ -98,6 +98,7 @@ class Training(FileModel):
     # saved model keeps its own window
     loss: str = "infonce"
     teacher_loss: str = "margin_mse"
+    hybrid_weight: float = Field(0.25, ge=0)  # --teacher hybrid: the BM25 share of its score (see HybridTeacher)
     merge: float = Field(0.5, gt=0, le=1)  # the kept weights: start + merge × (adapted − start) (1: as adapted)
 
 

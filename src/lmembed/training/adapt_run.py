@@ -8,6 +8,7 @@ import logging
 import shutil
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from lmembed.training.adapt import (
     AdaptError,
     Document,
     HeldOut,
+    HybridTeacher,
     PseudoQuery,
     corpus_digest,
     crop_queries,
@@ -159,11 +161,15 @@ def merge_states(
     return merged
 
 
-def _load_teacher(teacher: str | Any | None, embedder: Embedder, device: str) -> Any:
+def _load_teacher(
+    teacher: str | Any | None, embedder: Embedder, device: str, docs: Sequence[Document], recipe: AdaptRecipe
+) -> Any:
     if teacher is None or not isinstance(teacher, str):
         return teacher
     if teacher == "self":
         return embedder
+    if teacher == "hybrid":
+        return HybridTeacher(embedder, docs, recipe.training.hybrid_weight, recipe.mining.batch_size)
     if teacher.startswith("reranker:"):
         from lmembed.rerank import load_reranker
 
@@ -369,7 +375,9 @@ def _run(
         timings["mining_s"] = round(time.perf_counter() - t0, 2)
         if teacher is not None:
             t0 = time.perf_counter()
-            rows = label_rows(rows, _load_teacher(teacher, embedder, device), max(1, training.num_negatives))
+            rows = label_rows(
+                rows, _load_teacher(teacher, embedder, device, docs, recipe), max(1, training.num_negatives)
+            )
             timings["labels_s"] = round(time.perf_counter() - t0, 2)
             if not rows:
                 raise AdaptError("no row kept a mined negative to label with the teacher: mining.k is too strict")
