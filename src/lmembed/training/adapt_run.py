@@ -357,20 +357,10 @@ def _run(
         train_q, held = hold_back(kept, recipe.selection.fraction, recipe.selection.max_queries, recipe.seed)
         timings["queries_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
-        m = recipe.mining
         if training.num_negatives == 0 and teacher is None:  # in-batch negatives only: nothing to mine
             rows, mining = unmined_rows(train_q, docs), {"skipped": "training.num_negatives is 0"}
         else:
-            rows, stats = mine_rows(
-                embedder,
-                train_q,
-                docs,
-                k=m.k,
-                method=m.method,
-                margin=m.margin,
-                skip_top=m.skip_top,
-                batch_size=m.batch_size,
-            )
+            rows, stats = mine_rows(embedder, train_q, docs, **recipe.mining.model_dump())  # its keys: the options
             mining = stats.to_dict()
         timings["mining_s"] = round(time.perf_counter() - t0, 2)
         if teacher is not None:
