@@ -122,6 +122,28 @@ def _unmerged(model_dir: Path, best_state: Path) -> Any:
     return embedder
 
 
+def _last_step(model_dir: Path, weight: float) -> Any:
+    """The run's last checkpoint (``checkpoints/step-*/trainable.safetensors``), merged with the start by ``weight``
+    (1: as trained): the training's effect where the held-back selection kept an earlier step."""
+    from safetensors.torch import load_file
+
+    from lmembed.embedder import Embedder
+    from lmembed.training.adapt_run import merge_states
+    from lmembed.training.trainable import TrainableEmbedder
+
+    last = sorted((model_dir.parent / "checkpoints").glob("step-*"))[-1]
+    embedder = Embedder.from_pretrained(str(model_dir), device="cpu", show_progress=False, cache=False)
+    trainable = TrainableEmbedder(embedder)
+    trainable.load_trainable_state_dict(load_file(str(last / "trainable.safetensors")))
+    trainable.eval()
+    if weight < 1:
+        start = Embedder.from_pretrained(MODEL, device="cpu", show_progress=False, cache=False)
+        model = embedder.backbone.model
+        model.load_state_dict(merge_states(start.backbone.model.state_dict(), model.state_dict(), weight, lora=False))
+        embedder.backbone.invalidate_fingerprint()
+    return embedder
+
+
 def _merged(model_dir: Path, weight: float = 0.5) -> Any:
     """``model_dir``'s weights merged with the starting model's as adapt merges (start + weight x (trained -
     start)): the title baseline given adapt's last step, to tell the merge's share from the rest."""
@@ -239,6 +261,10 @@ def main() -> None:
             best = Path(run["model_dir"]).parent / "best_state.safetensors"
             if run["selection"]["best_step"] > 0 and run["recipe"]["training"]["merge"] < 1:
                 arms[f"{variant}-unmerged"] = lambda d=run["model_dir"], b=best: _unmerged(Path(d), b)
+            if run["selection"]["best_step"] < run["selection"]["last_step"]:  # the training's own effect
+                merge = run["recipe"]["training"]["merge"]
+                arms[f"{variant}-last"] = lambda d=run["model_dir"], w=merge: _last_step(Path(d), w)
+                arms[f"{variant}-last-unmerged"] = lambda d=run["model_dir"]: _last_step(Path(d), 1.0)
         title = None
         if name not in args.skip_title:
             title = title_stage(folder / "corpus.jsonl", work, args.train_max_length)
@@ -247,7 +273,7 @@ def main() -> None:
         if args.arms:
             arms = {k: v for k, v in arms.items() if k in args.arms}
         scores = score_stage(name, folder, arms, work, args.split)
-        pairs = [(v, b) for v in variants for b in ("start", "title", "adapt")] + [
+        pairs = [(f"{v}{x}", b) for v in variants for x in ("", "-last") for b in ("start", "title", "adapt")] + [
             ("adapt", "start"),
             ("title", "start"),
             ("adapt", "title"),
