@@ -121,7 +121,7 @@ def worker_pool(
         for process in processes:  # one that outlives SIGTERM (busy in native code, or a handler of its own)
             if process.is_alive():
                 process.kill()
-                process.join(5)
+                process.join(60)  # SIGKILL cannot be caught: this returns once it is gone (slower when loaded)
         raise
     else:
         pool.shutdown(wait=True)
