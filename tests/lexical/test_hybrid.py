@@ -140,3 +140,16 @@ def test_index_bm25_and_hybrid_modes(bert, tmp_path, monkeypatch):
     assert [h.id for h in Index.open(folder, bert).search("zebra", 3, mode="bm25")] == ["new"]
     with pytest.raises(ConfigError, match="mode='sparse'"):
         index.search("cat", mode="sparse")
+
+
+def test_bm25_without_bm25s_says_which_extra_installs_it(monkeypatch, tmp_path):
+    import sys
+
+    from lmembed.lexical.bm25 import LexicalIndexError
+
+    saved = LexicalIndex.build(DOCS, [f"d{i}" for i in range(len(DOCS))]).save(tmp_path)
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # as if it were not installed: its import raises ImportError
+    with pytest.raises(LexicalIndexError, match=r"needs the bm25s package .*pip install 'lmembed\[hybrid\]'"):
+        LexicalIndex.build(DOCS, [f"d{i}" for i in range(len(DOCS))])
+    with pytest.raises(LexicalIndexError, match="needs the bm25s package"):
+        LexicalIndex.load(saved.parent)

@@ -278,6 +278,37 @@ def test_the_hybrid_teacher_adds_bm25_scaled_by_the_querys_best_document():
     assert label_rows(rows, teacher, 1)[0]["teacher_scores"] == {"positive": 1.0, "negatives": [0.0]}
 
 
+def test_the_teacher_draws_its_own_best_documents_as_candidates_never_the_querys_own():
+    pytest.importorskip("bm25s")
+    from lmembed.training.adapt import HybridTeacher
+
+    d = [
+        Document("a", "Kinase", "tyrosine kinase inhibitors in leukaemia", 1),
+        Document("b", "", "kinase activity of enzymes", 2),
+        Document("c", "", "weather and the sea", 3),
+        Document("e", "", "the sea and its weather", 4),
+    ]
+    fulls = [x.full for x in d]
+    # by cosine c and e beat b; BM25 (b shares "kinase") lifts b above them
+    table = {"kinase inhibitors": [1.0, 0.0], fulls[0]: [1.0, 0.0], fulls[1]: [0.0, 1.0]}
+    table |= {fulls[2]: [0.6, 0.8], fulls[3]: [0.5, 0.866]}
+    query = PseudoQuery("kinase inhibitors", "tyrosine kinase inhibitors in leukaemia", 0, "title")
+    dense_only = HybridTeacher(Axes(table), d, weight=0.0)
+    assert dense_only.lexical is None  # weight 0: no BM25 index is built
+    row = dense_only.candidate_rows([query], k=2)[0]
+    assert row["negatives"] == [fulls[2], fulls[3]] and row["provenance"]["doc_id"] == "a"
+    assert row["teacher_scores"]["positive"] == pytest.approx(1.0)
+    assert row["teacher_scores"]["negatives"] == [pytest.approx(0.6), pytest.approx(0.5, abs=1e-4)]
+    hybrid = HybridTeacher(Axes(table), d, weight=2.0)
+    row = hybrid.candidate_rows([query], k=2)[0]
+    assert row["negatives"] == [fulls[1], fulls[2]]  # BM25 brought b in; the own document is never a candidate
+    assert row["teacher_scores"]["positive"] == pytest.approx(3.0)
+    scores = row["teacher_scores"]["negatives"]
+    assert scores[0] > scores[1] == pytest.approx(0.6)
+    with pytest.raises(AdaptError, match=r"mining\.k is 4"):
+        hybrid.candidate_rows([query], k=4)
+
+
 # ---------------------------------------------------------------------------------------------- bad corpora
 @pytest.mark.parametrize(
     ("lines", "message"),
@@ -336,11 +367,11 @@ def test_a_recipe_names_only_what_it_changes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- a whole run
-def tiny_recipe(**training) -> AdaptRecipe:
+def tiny_recipe(mining: dict | None = None, **training) -> AdaptRecipe:
     data = {
         "sources": {"crops": {"per_document": 3, "min_words": 3, "max_words": 6, "min_rest_words": 4}},
         "selection": {"fraction": 0.2, "every": 2},
-        "mining": {"k": 2},
+        "mining": {"k": 2, **(mining or {})},
         "training": {"steps": 4, "batch_size": 4, "warmup_steps": 1, "lr": 1e-3, "max_length": 32, **training},
     }
     return AdaptRecipe.model_validate(data)
@@ -380,6 +411,28 @@ def test_the_hybrid_teacher_labels_a_run_from_the_corpus_alone(tmp_path, make_em
     # the recipe's weight reaches the teacher: a cosine is at most 1, so only its BM25 part lifts a score past 2
     assert max(r["teacher_scores"]["positive"] for r in rows) > 2.0
     assert json.loads((out / "adapt_summary.json").read_text())["teacher"] == "hybrid"
+
+
+def test_teacher_candidates_train_a_listwise_distillation(tmp_path, make_embedder, one_torch_thread):
+    pytest.importorskip("bm25s")
+    out = tmp_path / "out"
+    recipe = tiny_recipe({"candidates": "teacher", "k": 3}, steps=2, num_negatives=3, teacher_loss="distill_kl")
+    adapt_tiny(make_embedder, tmp_path, out, recipe, teacher="hybrid")
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    corpus = {x.full: x.id for x in docs()}
+    assert rows and all(len(r["negatives"]) == len(r["teacher_scores"]["negatives"]) == 3 for r in rows)
+    assert all(r["provenance"]["doc_id"] not in {corpus[n] for n in r["negatives"]} for r in rows)
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    assert summary["report"]["mining"] == {"candidates": "teacher", "k": 3, "rows": len(rows)}
+    assert yaml.safe_load((out / "train_config.yaml").read_text())["loss"] == "distill_kl"
+
+
+def test_teacher_candidates_need_a_teacher_that_ranks_the_corpus(tmp_path, make_embedder, one_torch_thread):
+    recipe = tiny_recipe({"candidates": "teacher"}, steps=2)
+    out = tmp_path / "out"
+    with pytest.raises(AdaptError, match=r"mining\.candidates is .teacher. but no --teacher"):
+        adapt_tiny(make_embedder, tmp_path, out, recipe)
+    assert not out.exists()  # refused before anything worth keeping was written
 
 
 def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder, one_torch_thread):

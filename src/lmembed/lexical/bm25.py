@@ -35,7 +35,7 @@ FORMAT_VERSION = 2  # 2: the digest covers the texts as well as the ids
 
 
 class LexicalIndexError(LmembedError, ValueError):
-    """A saved BM25 index cannot be read."""
+    """A saved BM25 index cannot be read, or BM25 is asked for without the bm25s package."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,23 @@ def ids_digest(ids: Sequence[str], texts: Sequence[str] | None = None) -> str:
     return digest.hexdigest()
 
 
+INSTALL_HINT = "pip install 'lmembed[hybrid]'"
+
+
+def _bm25s() -> tuple[Any, Any]:
+    """bm25s and its tokenizer class (lazy: an optional extra, needed only for BM25); missing, a
+    :class:`LexicalIndexError` that says which extra installs it."""
+    try:
+        import bm25s
+        from bm25s.tokenization import Tokenizer
+    except ImportError as exc:
+        raise LexicalIndexError(
+            f"BM25 (search or eval with bm25 or hybrid, adapt's hybrid teacher) needs the bm25s package "
+            f"({exc.name} is missing): {INSTALL_HINT}"
+        ) from None
+    return bm25s, Tokenizer
+
+
 class LexicalIndex:
     """BM25 over ``count`` documents; :meth:`search` returns rows into the index."""
 
@@ -70,9 +87,7 @@ class LexicalIndex:
 
     @classmethod
     def build(cls, texts: Sequence[str], ids: Sequence[str], params: LexicalParams | None = None) -> LexicalIndex:
-        import bm25s  # lazy: an optional extra (``pip install lmembed[hybrid]``), only needed for BM25
-        from bm25s.tokenization import Tokenizer
-
+        bm25s, Tokenizer = _bm25s()
         params = params or LexicalParams()
         tokenizer = Tokenizer(stopwords=params.stopwords)
         tokens = tokenizer.tokenize(list(texts), return_as="tuple", show_progress=False)
@@ -134,9 +149,6 @@ class LexicalIndex:
     @classmethod
     def load(cls, folder: Path) -> LexicalIndex | None:
         """The BM25 index saved in ``folder/bm25``, or None when there is none."""
-        import bm25s  # lazy: optional extra
-        from bm25s.tokenization import Tokenizer
-
         source = folder / LEXICAL_DIR
         if not source.exists() and not source.is_symlink():
             return None
@@ -146,6 +158,7 @@ class LexicalIndex:
         )
         if not record_file.is_file():
             return None
+        bm25s, Tokenizer = _bm25s()
         try:
             record = json.loads(record_file.read_text(encoding="utf-8"))
             if not isinstance(record, dict) or record.get("format") != FORMAT_VERSION:  # older: ids-only digest

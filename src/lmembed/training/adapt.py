@@ -369,16 +369,32 @@ class HybridTeacher:
     ``cos(q, d) + weight × bm25(q, d) / max_d' bm25(q, d')`` (the lexical part scaled to [0, 1] per query).
     Dense and lexical retrieval fail on different queries, and their fusion retrieves better than either (on BEIR
     sets as on most collections), so its scores hold what the starting model alone does not know about the
-    corpus: its rare terms. Rows are scored by the corpus documents they came from (:meth:`label`): a positive by
-    its whole document (a body without its title, a document without its cropped span), a negative as itself."""
+    corpus: its rare terms. With ``weight`` 0 it is the embedder alone (no BM25 index is built).
+
+    Rows are scored by the corpus documents they came from: a positive by its whole document (a body without its
+    title, a document without its cropped span), a negative as itself. :meth:`label` scores rows mined already;
+    :meth:`candidate_rows` makes rows whose negatives are the teacher's own best documents for the query."""
 
     def __init__(self, embedder: Any, docs: Sequence[Document], weight: float = 0.25, batch_size: int = 32) -> None:
-        from lmembed.lexical.bm25 import LexicalIndex
-
         self.embedder, self.docs, self.weight, self.batch_size = embedder, docs, weight, batch_size
-        self.lexical = LexicalIndex.build([d.full for d in docs], [d.id for d in docs])
+        self.lexical: Any = None
+        if weight > 0:
+            from lmembed.lexical.bm25 import LexicalIndex
+
+            self.lexical = LexicalIndex.build([d.full for d in docs], [d.id for d in docs])
         self.row = {d.full: i for i, d in enumerate(docs)}
         self.by_id = {d.id: i for i, d in enumerate(docs)}
+
+    def _fused(self, query: str, dense: np.ndarray, columns: Any) -> np.ndarray:
+        """The teacher's scores of the documents ``columns`` (``dense``: their cosines with the query)."""
+        if self.lexical is None:
+            return dense
+        lexical = self.lexical.scores(query)
+        top = float(lexical.max()) if lexical.size else 0.0
+        return dense + (self.weight * lexical[columns] / top if top > 0 else 0.0)
+
+    def _encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        return _unit(self.embedder.encode_queries(list(queries), batch_size=self.batch_size))
 
     def label(self, rows: list[dict[str, Any]], num_negatives: int) -> None:
         """Set each row's ``teacher_scores`` (its positive, then its first ``num_negatives`` negatives)."""
@@ -386,13 +402,32 @@ class HybridTeacher:
         used = sorted({j for w in wanted for j in w})
         where = {j: k for k, j in enumerate(used)}
         doc_vectors = _unit(self.embedder.encode_corpus([self.docs[j].full for j in used], batch_size=self.batch_size))
-        query_vectors = _unit(self.embedder.encode_queries([r["query"] for r in rows], batch_size=self.batch_size))
+        query_vectors = self._encode_queries([r["query"] for r in rows])
         for row, w, q in zip(rows, wanted, query_vectors, strict=True):
-            lexical = self.lexical.scores(row["query"])
-            top = float(lexical.max()) if lexical.size else 0.0
-            dense = doc_vectors[[where[j] for j in w]] @ q
-            fused = dense + (self.weight * lexical[w] / top if top > 0 else 0.0)
+            fused = self._fused(row["query"], doc_vectors[[where[j] for j in w]] @ q, w)
             row["teacher_scores"] = {"positive": float(fused[0]), "negatives": [float(x) for x in fused[1:]]}
+
+    def candidate_rows(self, queries: Sequence[PseudoQuery], k: int) -> list[dict[str, Any]]:
+        """One row per query whose negatives are the teacher's ``k`` best documents of the whole corpus other than
+        the query's own (no false-negative filter: a near-positive gets a near-positive score, which a listwise
+        loss learns as such), with ``teacher_scores``. Dynamic listwise distillation's candidate lists (RocketQAv2),
+        drawn by the teacher, so documents only BM25 finds are among them."""
+        if k >= len(self.docs):
+            raise AdaptError(f"mining.k is {k}: the corpus has only {len(self.docs)} documents to draw candidates from")
+        doc_vectors = _unit(self.embedder.encode_corpus([d.full for d in self.docs], batch_size=self.batch_size))
+        query_vectors = self._encode_queries([q.query for q in queries])
+        rows = []
+        every = slice(None)
+        for q, vector in zip(queries, query_vectors, strict=True):
+            fused = self._fused(q.query, doc_vectors @ vector, every)
+            own = float(fused[q.doc])
+            fused[q.doc] = -np.inf
+            best = np.argpartition(-fused, k)[:k]
+            best = best[np.argsort(-fused[best], kind="stable")]
+            row = _row(q, self.docs, [self.docs[j].full for j in best])
+            row["teacher_scores"] = {"positive": own, "negatives": [float(fused[j]) for j in best]}
+            rows.append(row)
+        return rows
 
 
 def _unit(x: Any) -> np.ndarray:

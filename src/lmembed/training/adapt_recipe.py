@@ -8,7 +8,7 @@ an unknown key or a value of the wrong type is refused as ``FILE:LINE: key: mess
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -67,8 +67,11 @@ class Filters(FileModel):
 
 class Mining(FileModel):
     """Hard negatives from the starting model, positive-aware (NV-Retriever's TopK-PercPos by default); the
-    query's own document is never a negative."""
+    query's own document is never a negative. ``candidates: teacher`` (with an embedder teacher or ``hybrid``):
+    the teacher's own ``k`` best documents instead, unfiltered, for a listwise distillation loss; ``method``,
+    ``margin`` and ``skip_top`` then do not apply."""
 
+    candidates: Literal["model", "teacher"] = "model"
     method: str = "perc_pos"
     margin: float | None = 0.95
     k: int = Field(3, ge=1)

@@ -177,6 +177,23 @@ def _load_teacher(
     return Embedder.from_pretrained(teacher, device=device, show_progress=False)
 
 
+def _candidate_teacher(
+    teacher: str | Any | None, embedder: Embedder, device: str, docs: Sequence[Document], recipe: AdaptRecipe
+) -> HybridTeacher:
+    """The teacher that draws each query's candidates (``mining.candidates: teacher``): ``hybrid``, or an
+    embedder (``self``, a name, or an Embedder) ranking the corpus by cosine."""
+    loaded = _load_teacher(teacher, embedder, device, docs, recipe)
+    if isinstance(loaded, HybridTeacher):
+        return loaded
+    if loaded is None or not hasattr(loaded, "encode_corpus"):
+        what = "no --teacher" if loaded is None else f"the teacher {teacher!r} (a reranker)"
+        raise AdaptError(
+            f"mining.candidates is 'teacher' but {what} can rank the whole corpus: give --teacher hybrid, self or "
+            "an embedder, or set mining.candidates to 'model'"
+        )
+    return HybridTeacher(loaded, docs, weight=0.0, batch_size=recipe.mining.batch_size)
+
+
 def make_queries(
     docs: list[Document], recipe: AdaptRecipe, embedder: Any, output: Path, generator: Any | None
 ) -> tuple[list[PseudoQuery], dict[str, Any]]:
@@ -357,13 +374,18 @@ def _run(
         train_q, held = hold_back(kept, recipe.selection.fraction, recipe.selection.max_queries, recipe.seed)
         timings["queries_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
-        if training.num_negatives == 0 and teacher is None:  # in-batch negatives only: nothing to mine
+        if recipe.mining.candidates == "teacher":  # the teacher draws and scores each query's candidates
+            drawn = _candidate_teacher(teacher, embedder, device, docs, recipe)
+            rows = drawn.candidate_rows(train_q, recipe.mining.k)
+            mining = {"candidates": "teacher", "k": recipe.mining.k, "rows": len(rows)}
+        elif training.num_negatives == 0 and teacher is None:  # in-batch negatives only: nothing to mine
             rows, mining = unmined_rows(train_q, docs), {"skipped": "training.num_negatives is 0"}
         else:
-            rows, stats = mine_rows(embedder, train_q, docs, **recipe.mining.model_dump())  # its keys: the options
+            options = recipe.mining.model_dump(exclude={"candidates"})  # the other keys: mine_rows' options
+            rows, stats = mine_rows(embedder, train_q, docs, **options)
             mining = stats.to_dict()
         timings["mining_s"] = round(time.perf_counter() - t0, 2)
-        if teacher is not None:
+        if teacher is not None and recipe.mining.candidates == "model":
             t0 = time.perf_counter()
             rows = label_rows(
                 rows, _load_teacher(teacher, embedder, device, docs, recipe), max(1, training.num_negatives)
