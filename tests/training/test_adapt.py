@@ -427,12 +427,48 @@ def test_teacher_candidates_train_a_listwise_distillation(tmp_path, make_embedde
     assert yaml.safe_load((out / "train_config.yaml").read_text())["loss"] == "distill_kl"
 
 
-def test_teacher_candidates_need_a_teacher_that_ranks_the_corpus(tmp_path, make_embedder, one_torch_thread):
-    recipe = tiny_recipe({"candidates": "teacher"}, steps=2)
+@pytest.mark.parametrize(
+    ("recipe", "teacher", "message"),
+    [
+        ({"mining": {"k": 2, "candidates": "teacher"}}, None, r"mining\.candidates is 'teacher' but no --teacher"),
+        ({"selection": {"metric": "teacher"}}, None, r"selection\.metric is 'teacher' but no --teacher"),
+        ({"selection": {"metric": "teacher"}}, "reranker:x", r"selection\.metric .* 'reranker:x' \(a reranker\)"),
+    ],
+)
+def test_what_needs_a_teacher_ranking_the_corpus_is_refused_before_anything_is_written(
+    tmp_path, make_embedder, recipe, teacher, message
+):
     out = tmp_path / "out"
-    with pytest.raises(AdaptError, match=r"mining\.candidates is .teacher. but no --teacher"):
-        adapt_tiny(make_embedder, tmp_path, out, recipe)
-    assert not out.exists()  # refused before anything worth keeping was written
+    with pytest.raises(AdaptError, match=message):
+        adapt_tiny(make_embedder, tmp_path, out, AdaptRecipe.model_validate(recipe), teacher=teacher)
+    assert not out.exists()
+
+
+def test_agreement_with_the_teacher_by_hand():
+    from lmembed.training.adapt import agreement
+
+    teacher = np.array([[3.0, 2.0, 1.0, 0.0]])
+    assert agreement(teacher, teacher, 1.0, depth=2) == pytest.approx(1.0)
+    # the student puts the teacher's second best first and its third second: gains e^0 = 1 and e^-1 (teacher's best
+    # two, temperature 1); the student's top two earn e^-1 at rank 1 and nothing at rank 2
+    student = np.array([[0.0, 3.0, 2.0, 1.0]])
+    ideal = 1.0 + np.exp(-1.0) / np.log2(3)
+    assert agreement(student, teacher, 1.0, depth=2) == pytest.approx(np.exp(-1.0) / ideal)
+
+
+def test_selection_can_follow_the_teachers_ranking(tmp_path, make_embedder, one_torch_thread):
+    pytest.importorskip("bm25s")
+    out = tmp_path / "out"
+    recipe = AdaptRecipe.model_validate(
+        {**tiny_recipe(steps=2).model_dump(), "selection": {"fraction": 0.2, "every": 1, "metric": "teacher"}}
+    )
+    result = adapt_tiny(make_embedder, tmp_path, out, recipe, teacher="hybrid")
+    selection = json.loads((out / "selection.json").read_text())
+    assert selection["metric"] == "teacher_ndcg@10"
+    history = result.summary["selection"]["history"]
+    assert [h["step"] for h in history] == [0, 1, 2] and all(0 < h["teacher_ndcg@10"] <= 1 for h in history)
+    best = max(history, key=lambda h: (h["teacher_ndcg@10"], -h["step"]))
+    assert selection["best_step"] == best["step"] == result.summary["selection"]["best_step"]
 
 
 def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder, one_torch_thread):

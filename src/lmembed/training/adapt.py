@@ -407,6 +407,12 @@ class HybridTeacher:
             fused = self._fused(row["query"], doc_vectors[[where[j] for j in w]] @ q, w)
             row["teacher_scores"] = {"positive": float(fused[0]), "negatives": [float(x) for x in fused[1:]]}
 
+    def score_matrix(self, queries: Sequence[str], columns: Sequence[int]) -> np.ndarray:
+        """The teacher's scores of the corpus documents ``columns`` for each query (queries x columns)."""
+        docs = _unit(self.embedder.encode_corpus([self.docs[j].full for j in columns], batch_size=self.batch_size))
+        dense = self._encode_queries(queries) @ docs.T
+        return np.stack([self._fused(text, dense[i], list(columns)) for i, text in enumerate(queries)])
+
     def candidate_rows(self, queries: Sequence[PseudoQuery], k: int) -> list[dict[str, Any]]:
         """One row per query whose negatives are the teacher's ``k`` best documents of the whole corpus other than
         the query's own (no false-negative filter: a near-positive gets a near-positive score, which a listwise
@@ -438,11 +444,15 @@ def _unit(x: Any) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- selection
 @dataclass
 class HeldOut:
-    """Held-back pseudo-queries and the corpus slice they are retrieved from."""
+    """Held-back pseudo-queries and the corpus slice they are retrieved from; with :meth:`follow`, also a
+    teacher's scores of that slice, which :meth:`score` measures the student's agreement with."""
 
     queries: list[str]
     targets: list[int]  # index into ``documents`` of each query's own document
     documents: list[str]
+    columns: list[int] = field(default_factory=list)  # the corpus index of each of ``documents``
+    teacher: np.ndarray | None = None  # queries x documents: the teacher's scores (see :meth:`follow`)
+    temperature: float = 0.05
 
     @classmethod
     def build(cls, held: Sequence[PseudoQuery], docs: Sequence[Document], max_documents: int, seed: int) -> HeldOut:
@@ -453,7 +463,12 @@ class HeldOut:
             others = sorted(np.random.default_rng(seed).choice(others, room, replace=False).tolist())
         chosen = own + others
         where = {doc: i for i, doc in enumerate(chosen)}
-        return cls([q.query for q in held], [where[q.doc] for q in held], [docs[i].full for i in chosen])
+        return cls([q.query for q in held], [where[q.doc] for q in held], [docs[i].full for i in chosen], chosen)
+
+    def follow(self, teacher: HybridTeacher, temperature: float) -> None:
+        """Score the slice with ``teacher`` once; :meth:`score` then also gives ``teacher_ndcg@10``."""
+        self.teacher = teacher.score_matrix(self.queries, self.columns)
+        self.temperature = temperature
 
     def score(self, embedder: Any, batch_size: int = 32) -> dict[str, float]:
         """nDCG@10 and MRR@10 of retrieving each query's own document (one relevant document each)."""
@@ -465,7 +480,27 @@ class HeldOut:
         top = ranks <= 10
         ndcg = float(np.mean(np.where(top, 1.0 / np.log2(ranks + 1), 0.0)))
         mrr = float(np.mean(np.where(top, 1.0 / ranks, 0.0)))
-        return {"ndcg@10": ndcg, "mrr@10": mrr}
+        scores = {"ndcg@10": ndcg, "mrr@10": mrr}
+        if self.teacher is not None:
+            scores["teacher_ndcg@10"] = agreement(sims, self.teacher, self.temperature)
+        return scores
+
+
+def agreement(student: np.ndarray, teacher: np.ndarray, temperature: float, depth: int = 10) -> float:
+    """Mean nDCG@``depth`` of the student's ranking (``student``: queries x documents) judged by the teacher's:
+    the teacher's ``depth`` best documents of each query are the relevant ones, each graded by its softmax weight
+    ``exp((t - t_best) / temperature)``; 1 when the student's top ``depth`` is the teacher's, in its order."""
+    rows = np.arange(teacher.shape[0])[:, None]
+    depth = min(depth, teacher.shape[1])
+    best = np.argsort(-teacher, axis=1, kind="stable")[:, :depth]
+    gains = np.exp((teacher[rows, best] - teacher[rows, best[:, :1]]) / temperature)
+    relevance = np.zeros_like(teacher, dtype=np.float64)
+    relevance[rows, best] = gains
+    discount = 1.0 / np.log2(np.arange(2, depth + 2))
+    ranked = np.argsort(-student, axis=1, kind="stable")[:, :depth]
+    dcg = (relevance[rows, ranked] * discount).sum(axis=1)
+    ideal = (gains * discount).sum(axis=1)
+    return float(np.mean(dcg / ideal))
 
 
 def peak_memory_mb() -> float:

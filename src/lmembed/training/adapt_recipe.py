@@ -86,6 +86,10 @@ class Selection(FileModel):
     max_queries: int = Field(200, ge=1)
     max_documents: int = Field(1000, ge=2)  # the corpus they are retrieved from is cut to this many (theirs kept)
     every: int = Field(50, ge=1)  # evaluate (and checkpoint) every N steps
+    # own: nDCG@10 of retrieving each query's own document; teacher: nDCG@10 against the --teacher's ranking of
+    # the slice (its 10 best documents, graded by its softmax), for a distillation run whose own-document score
+    # saturates
+    metric: Literal["own", "teacher"] = "own"
 
 
 class Training(FileModel):

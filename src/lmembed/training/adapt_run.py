@@ -72,9 +72,17 @@ class _SelectingTrainer(Trainer):
     """The trainer, plus: every ``every`` steps (and at the last) the held-back pseudo-queries are scored, the best
     step's trainable weights are kept in ``best_state.pt``, and that step's weights are the ones saved."""
 
-    def __init__(self, config: TrainConfig, held: HeldOut, every: int, merge: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        held: HeldOut,
+        every: int,
+        merge: float = 1.0,
+        metric: str = "ndcg@10",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(config, **kwargs)
-        self.held, self.every, self.merge = held, every, merge
+        self.held, self.every, self.merge, self.metric = held, every, merge, metric
         self.selection_path = self.output / SELECTION_FILE
         self.history: list[dict[str, Any]] = []
 
@@ -92,14 +100,18 @@ class _SelectingTrainer(Trainer):
             self.history = [h for h in data["history"] if h["step"] <= self.step]
         return resumed
 
+    def best(self) -> dict[str, Any]:
+        """The history's best step by the selection metric (the earliest of equals)."""
+        return max(self.history, key=lambda h: (h[self.metric], -h["step"]))
+
     def _keep_best(self, step: int) -> None:
-        best = max(self.history, key=lambda h: (h["ndcg@10"], -h["step"]))
-        if best["step"] == step:
+        if self.best()["step"] == step:
             self._write_state(BEST_STATE_FILE, {"step": str(step)})
 
     def _write_selection(self) -> None:
-        best = max(self.history, key=lambda h: (h["ndcg@10"], -h["step"]))
-        write_json(self.selection_path, {"history": self.history, "best_step": best["step"]})
+        write_json(
+            self.selection_path, {"history": self.history, "metric": self.metric, "best_step": self.best()["step"]}
+        )
 
     def _after_step(self, result: Any) -> None:
         if self.step % self.every == 0 or self.step == self.config.steps:
@@ -108,7 +120,7 @@ class _SelectingTrainer(Trainer):
                 scores = self.held.score(self.model.embedder)
             self.model.train()
             self.history = [h for h in self.history if h["step"] != self.step] + [{"step": self.step, **scores}]
-            log.info("step %d: held-back pseudo-queries nDCG@10 %.4f", self.step, scores["ndcg@10"])
+            log.info("step %d: held-back pseudo-queries %s", self.step, _scores_text(scores))
             self._keep_best(self.step)
             self._write_selection()
         super()._after_step(result)
@@ -136,6 +148,10 @@ class _SelectingTrainer(Trainer):
         written atomically."""
         state = {k: v.contiguous() for k, v in self.model.trainable_state_dict().items()}  # CPU copies already
         atomic_write(self.output / name, lambda handle: handle.write(save(state, metadata=metadata)))
+
+
+def _scores_text(scores: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.4f}" for name, value in scores.items())
 
 
 def merge_states(
@@ -177,20 +193,39 @@ def _load_teacher(
     return Embedder.from_pretrained(teacher, device=device, show_progress=False)
 
 
+def _ranks_corpus(teacher: str | Any | None) -> bool:
+    """Whether ``teacher`` can rank a whole corpus (``hybrid``, ``self``, an embedder; not a reranker)."""
+    if teacher is None:
+        return False
+    if isinstance(teacher, str):
+        return not teacher.startswith("reranker:")
+    return isinstance(teacher, HybridTeacher) or hasattr(teacher, "encode_corpus")
+
+
+def _check_ranking_teacher(recipe: AdaptRecipe, teacher: str | Any | None) -> None:
+    """Refuse, before anything is written, a recipe key that needs a teacher ranking the corpus without one."""
+    wants = [
+        ("mining.candidates", recipe.mining.candidates, "model"),
+        ("selection.metric", recipe.selection.metric, "own"),
+    ]
+    for key, value, other in wants:
+        if value == "teacher" and not _ranks_corpus(teacher):
+            what = "no --teacher" if teacher is None else f"the teacher {teacher!r} (a reranker)"
+            raise AdaptError(
+                f"{key} is 'teacher' but {what} can rank the whole corpus: give --teacher hybrid, self or an "
+                f"embedder, or set {key} to '{other}'"
+            )
+
+
 def _candidate_teacher(
     teacher: str | Any | None, embedder: Embedder, device: str, docs: Sequence[Document], recipe: AdaptRecipe
 ) -> HybridTeacher:
-    """The teacher that draws each query's candidates (``mining.candidates: teacher``): ``hybrid``, or an
-    embedder (``self``, a name, or an Embedder) ranking the corpus by cosine."""
+    """The teacher that ranks the whole corpus (``mining.candidates: teacher`` draws each query's candidates with
+    it, ``selection.metric: teacher`` follows its ranking): ``hybrid``, or an embedder (``self``, a name, or an
+    Embedder) ranking the corpus by cosine (checked beforehand by :func:`_check_ranking_teacher`)."""
     loaded = _load_teacher(teacher, embedder, device, docs, recipe)
     if isinstance(loaded, HybridTeacher):
         return loaded
-    if loaded is None or not hasattr(loaded, "encode_corpus"):
-        what = "no --teacher" if loaded is None else f"the teacher {teacher!r} (a reranker)"
-        raise AdaptError(
-            f"mining.candidates is 'teacher' but {what} can rank the whole corpus: give --teacher hybrid, self or "
-            "an embedder, or set mining.candidates to 'model'"
-        )
     return HybridTeacher(loaded, docs, weight=0.0, batch_size=recipe.mining.batch_size)
 
 
@@ -270,6 +305,7 @@ def run_adapt(
     output = Path(output)
     docs = read_adapt_corpus(corpus)  # bad input is refused before anything is written
     _check_output(output, resume)
+    _check_ranking_teacher(recipe, teacher)
     training = recipe.training
     steps = steps or training.steps
     batch_size = batch_size or training.batch_size
@@ -350,6 +386,7 @@ def _run(
     }
     timings: dict[str, float] = {}
     plan_path = output / PLAN_FILE
+    drawn: HybridTeacher | None = None  # a teacher that ranks the corpus, once built
     if resume and plan_path.exists():
         saved = json.loads(plan_path.read_text())
         changed = [k for k in plan if saved.get(k) != plan[k]]
@@ -387,9 +424,9 @@ def _run(
         timings["mining_s"] = round(time.perf_counter() - t0, 2)
         if teacher is not None and recipe.mining.candidates == "model":
             t0 = time.perf_counter()
-            rows = label_rows(
-                rows, _load_teacher(teacher, embedder, device, docs, recipe), max(1, training.num_negatives)
-            )
+            labeller = _load_teacher(teacher, embedder, device, docs, recipe)
+            drawn = labeller if isinstance(labeller, HybridTeacher) else None
+            rows = label_rows(rows, labeller, max(1, training.num_negatives))
             timings["labels_s"] = round(time.perf_counter() - t0, 2)
             if not rows:
                 raise AdaptError("no row kept a mined negative to label with the teacher: mining.k is too strict")
@@ -409,6 +446,10 @@ def _run(
         write_json(plan_path, {**plan, "report": report})
     log.info("adapt: %s", json.dumps(report))
     held_out = HeldOut.build(held, docs, recipe.selection.max_documents, recipe.seed)
+    metric = "ndcg@10"
+    if recipe.selection.metric == "teacher":  # agreement with the teacher's ranking picks the step
+        held_out.follow(drawn or _candidate_teacher(teacher, embedder, device, docs, recipe), training.temperature)
+        metric = "teacher_ndcg@10"
     examples = [parse_row({k: v for k, v in r.items() if k != "provenance"}) for r in rows]
     dataset = TrainDataset("adapt", examples, sorted({d.full for d in docs}))
     config = TrainConfig(
@@ -429,7 +470,13 @@ def _run(
         progress=progress,
     )
     trainer = _SelectingTrainer(
-        config, held_out, min(recipe.selection.every, steps), training.merge, model=embedder, datasets=[dataset]
+        config,
+        held_out,
+        min(recipe.selection.every, steps),
+        training.merge,
+        metric,
+        model=embedder,
+        datasets=[dataset],
     )
     trainer.model.train_max_length = training.max_length
     trainer.keep_start()
@@ -445,7 +492,7 @@ def _run(
     result = trainer.train()
     timings["train_s"] = round(time.perf_counter() - t0, 2)
     history = trainer.history
-    best = max(history, key=lambda h: (h["ndcg@10"], -h["step"]))
+    best = trainer.best()
     merged = best
     if training.merge < 1.0 and best["step"] > 0:  # the saved (merged) weights, scored like every step
         trainer.model.eval()
