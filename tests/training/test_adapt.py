@@ -250,21 +250,25 @@ def test_labels_from_an_embedder_teacher_and_from_a_reranker():
     assert labelled[0]["teacher_scores"] == {"positive": 1.0, "negatives": [2.0, 2.0]}
 
 
+# documents for the hybrid teacher: only a and b hold the query's words ("kinase inhibitors")
+KINASE = [
+    Document("a", "Kinase", "tyrosine kinase inhibitors in leukaemia", 1),
+    Document("b", "", "kinase activity of enzymes", 2),
+    Document("c", "", "weather and the sea", 3),
+    Document("e", "", "the sea and its weather", 4),
+]
+
+
 def test_the_hybrid_teacher_adds_bm25_scaled_by_the_querys_best_document():
     pytest.importorskip("bm25s")
     from lmembed.lexical.bm25 import LexicalIndex
     from lmembed.training.adapt import HybridTeacher
 
-    d = [
-        Document("a", "Kinase", "tyrosine kinase inhibitors in leukaemia", 1),
-        Document("b", "", "kinase activity of enzymes", 2),
-        Document("c", "", "weather and the sea", 3),
-    ]
-    fulls = [x.full for x in d]
+    d, fulls = KINASE, [x.full for x in KINASE]
     # the dense part alone cannot tell b from c: only BM25 (b shares "kinase") can
     table = {"kinase inhibitors": [1.0, 0.0], fulls[0]: [1.0, 0.0], fulls[1]: [0.0, 1.0], fulls[2]: [0.0, 1.0]}
     teacher = HybridTeacher(Axes(table), d, weight=0.5)
-    bm25 = LexicalIndex.build(fulls, ["a", "b", "c"]).scores("kinase inhibitors")
+    bm25 = LexicalIndex.build(fulls, [x.id for x in d]).scores("kinase inhibitors")
     assert bm25[0] > bm25[1] > 0 == bm25[2]
     row = {"query": "kinase inhibitors", "positive": "tyrosine kinase inhibitors in leukaemia"}
     rows = [{**row, "negatives": [fulls[1], fulls[2]], "provenance": {"doc_id": "a"}}]
@@ -282,13 +286,7 @@ def test_the_teacher_draws_its_own_best_documents_as_candidates_never_the_querys
     pytest.importorskip("bm25s")
     from lmembed.training.adapt import HybridTeacher
 
-    d = [
-        Document("a", "Kinase", "tyrosine kinase inhibitors in leukaemia", 1),
-        Document("b", "", "kinase activity of enzymes", 2),
-        Document("c", "", "weather and the sea", 3),
-        Document("e", "", "the sea and its weather", 4),
-    ]
-    fulls = [x.full for x in d]
+    d, fulls = KINASE, [x.full for x in KINASE]
     # by cosine c and e beat b; BM25 (b shares "kinase") lifts b above them
     table = {"kinase inhibitors": [1.0, 0.0], fulls[0]: [1.0, 0.0], fulls[1]: [0.0, 1.0]}
     table |= {fulls[2]: [0.6, 0.8], fulls[3]: [0.5, 0.866]}
