@@ -226,7 +226,12 @@ def test_mining_never_takes_the_own_document_and_drops_likely_false_negatives():
     }
     rows, stats = mine_rows(Axes(table), [PseudoQuery("q", "own", 0, "crop")], d, k=2, method="perc_pos", margin=0.95)
     assert rows[0]["negatives"] == ["hard doc", "easy doc"]
-    assert rows[0]["positive"] == "own" and rows[0]["provenance"] == {"source": "crop", "doc_id": "a", "line": 1}
+    provenance = rows[0]["provenance"]
+    assert rows[0]["positive"] == "own" and provenance.pop("mined_scores") == {
+        "positive": pytest.approx(0.9 / np.hypot(0.9, 0.1)),  # the miner's cosines, of the whole own document
+        "negatives": [pytest.approx(0.6), pytest.approx(0.0)],
+    }
+    assert provenance == {"source": "crop", "doc_id": "a", "line": 1}
     assert stats.queries == 1
 
 
@@ -280,6 +285,13 @@ def test_the_hybrid_teacher_adds_bm25_scaled_by_the_querys_best_document():
     table["zzz"] = [1.0, 0.0]
     rows = [{"query": "zzz", "positive": "x", "negatives": [fulls[1]], "provenance": {"doc_id": "a"}}]
     assert label_rows(rows, teacher, 1)[0]["teacher_scores"] == {"positive": 1.0, "negatives": [0.0]}
+    # rows mined by the teacher's own model carry its cosines: they are the dense part, not computed again
+    mined = {"doc_id": "a", "mined_scores": {"positive": 0.25, "negatives": [0.5, 0.75]}}
+    rows = [{**row, "negatives": [fulls[1], fulls[2]], "provenance": mined}]
+    reusing = HybridTeacher(Axes({}), d, weight=0.5, mined_by_embedder=True)  # an empty table: nothing is encoded
+    scores = label_rows(rows, reusing, num_negatives=1)[0]["teacher_scores"]
+    assert scores["positive"] == pytest.approx(0.25 + 0.5)
+    assert scores["negatives"] == [pytest.approx(0.5 + 0.5 * bm25[1] / bm25[0])]
 
 
 def test_the_teacher_draws_its_own_best_documents_as_candidates_never_the_querys_own():

@@ -26,7 +26,7 @@ The run, step by step (each step's knobs in :mod:`lmembed.training.adapt_recipe`
 
 Output folder::
 
-    OUT/rows.jsonl          training rows, each with its provenance (source, document id, line)
+    OUT/rows.jsonl          training rows, each with its provenance (source, document id, line, the miner's cosines)
     OUT/heldout.jsonl       the held-back pseudo-queries (query, document id)
     OUT/adapt_summary.json  counts per source, rejects by reason, mining, selection history, time, memory
     OUT/adapt.log           the run's log
@@ -334,7 +334,12 @@ def mine_rows(
     rows = []
     for q, m in zip(queries, mined, strict=True):
         own = {docs[q.doc].full, q.positive}
-        rows.append(_row(q, docs, [n for n in m["negatives"] if n not in own]))
+        kept = [(n, s) for n, s in zip(m["negatives"], m["negative_scores"], strict=True) if n not in own]
+        row = _row(q, docs, [n for n, _ in kept])
+        # the miner's cosines of the whole own document and of each negative: how they were chosen, and what a
+        # teacher built on the same model need not compute again
+        row["provenance"]["mined_scores"] = {"positive": m["positive_score"], "negatives": [s for _, s in kept]}
+        rows.append(row)
     return rows, stats
 
 
@@ -375,8 +380,19 @@ class HybridTeacher:
     title, a document without its cropped span), a negative as itself. :meth:`label` scores rows mined already;
     :meth:`candidate_rows` makes rows whose negatives are the teacher's own best documents for the query."""
 
-    def __init__(self, embedder: Any, docs: Sequence[Document], weight: float = 0.25, batch_size: int = 32) -> None:
+    def __init__(
+        self,
+        embedder: Any,
+        docs: Sequence[Document],
+        weight: float = 0.25,
+        batch_size: int = 32,
+        *,
+        mined_by_embedder: bool = False,
+    ) -> None:
+        """``mined_by_embedder``: the rows given to :meth:`label` were mined by ``embedder`` itself, so the cosines
+        :func:`mine_rows` kept in their provenance (``mined_scores``) are its dense part and are not computed again."""
         self.embedder, self.docs, self.weight, self.batch_size = embedder, docs, weight, batch_size
+        self.mined_by_embedder = mined_by_embedder
         self.lexical: Any = None
         if weight > 0:
             from lmembed.lexical.bm25 import LexicalIndex
@@ -398,6 +414,14 @@ class HybridTeacher:
 
     def label(self, rows: list[dict[str, Any]], num_negatives: int) -> None:
         """Set each row's ``teacher_scores`` (its positive, then its first ``num_negatives`` negatives)."""
+        mined = [r["provenance"].get("mined_scores") for r in rows] if self.mined_by_embedder else []
+        if mined and all(mined):
+            for row, cosines in zip(rows, mined, strict=True):
+                dense = np.array([cosines["positive"], *cosines["negatives"][:num_negatives]], dtype=np.float32)
+                columns = [self.by_id[row["provenance"]["doc_id"]], *(self.row[n] for n in row["negatives"])]
+                fused = self._fused(row["query"], dense, columns)
+                row["teacher_scores"] = {"positive": float(fused[0]), "negatives": [float(x) for x in fused[1:]]}
+            return
         wanted = [[self.by_id[r["provenance"]["doc_id"]], *(self.row[n] for n in r["negatives"])] for r in rows]
         used = sorted({j for w in wanted for j in w})
         where = {j: k for k, j in enumerate(used)}

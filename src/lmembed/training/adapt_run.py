@@ -184,8 +184,9 @@ def _load_teacher(
         return teacher
     if teacher == "self":
         return embedder
-    if teacher == "hybrid":
-        return HybridTeacher(embedder, docs, recipe.training.hybrid_weight, recipe.mining.batch_size)
+    if teacher == "hybrid":  # on the starting model, which mined the rows it labels
+        weight, batch = recipe.training.hybrid_weight, recipe.mining.batch_size
+        return HybridTeacher(embedder, docs, weight, batch, mined_by_embedder=True)
     if teacher.startswith("reranker:"):
         from lmembed.rerank import load_reranker
 
