@@ -357,16 +357,21 @@ def label_rows(rows: list[dict[str, Any]], teacher: Any, num_negatives: int) -> 
         return usable
     if hasattr(teacher, "score") and not hasattr(teacher, "encode_queries"):
         for row in usable:
-            scores = np.asarray(teacher.score(row["query"], [row["positive"], *row["negatives"]]), dtype=float)
-            row["teacher_scores"] = {"positive": float(scores[0]), "negatives": [float(s) for s in scores[1:]]}
+            set_teacher_scores(row, teacher.score(row["query"], [row["positive"], *row["negatives"]]))
         return usable
     q = _unit(teacher.encode_queries([r["query"] for r in usable]))
     docs = [d for r in usable for d in (r["positive"], *r["negatives"])]
     d = _unit(teacher.encode_corpus(docs)).reshape(len(usable), 1 + num_negatives, -1)
     scores = np.einsum("rd,rkd->rk", q, d)
     for row, s in zip(usable, scores, strict=True):
-        row["teacher_scores"] = {"positive": float(s[0]), "negatives": [float(x) for x in s[1:]]}
+        set_teacher_scores(row, s)
     return usable
+
+
+def set_teacher_scores(row: dict[str, Any], scores: Any) -> None:
+    """``row["teacher_scores"]`` from scores (any sequence of numbers) of its positive, then of each negative."""
+    values = np.asarray(scores, dtype=float)
+    row["teacher_scores"] = {"positive": float(values[0]), "negatives": [float(x) for x in values[1:]]}
 
 
 class HybridTeacher:
@@ -414,22 +419,21 @@ class HybridTeacher:
 
     def label(self, rows: list[dict[str, Any]], num_negatives: int) -> None:
         """Set each row's ``teacher_scores`` (its positive, then its first ``num_negatives`` negatives)."""
+        columns = [[self.by_id[r["provenance"]["doc_id"]], *(self.row[n] for n in r["negatives"])] for r in rows]
+        for row, cols, dense in zip(rows, columns, self._cosines(rows, columns, num_negatives), strict=True):
+            set_teacher_scores(row, self._fused(row["query"], dense, cols))
+
+    def _cosines(self, rows: list[dict[str, Any]], columns: list[list[int]], num_negatives: int) -> list[np.ndarray]:
+        """Each row's query cosine with its documents ``columns``: the miner's own (``mined_scores``) when it was
+        this embedder, else encoded here."""
         mined = [r["provenance"].get("mined_scores") for r in rows] if self.mined_by_embedder else []
         if mined and all(mined):
-            for row, cosines in zip(rows, mined, strict=True):
-                dense = np.array([cosines["positive"], *cosines["negatives"][:num_negatives]], dtype=np.float32)
-                columns = [self.by_id[row["provenance"]["doc_id"]], *(self.row[n] for n in row["negatives"])]
-                fused = self._fused(row["query"], dense, columns)
-                row["teacher_scores"] = {"positive": float(fused[0]), "negatives": [float(x) for x in fused[1:]]}
-            return
-        wanted = [[self.by_id[r["provenance"]["doc_id"]], *(self.row[n] for n in r["negatives"])] for r in rows]
-        used = sorted({j for w in wanted for j in w})
+            return [np.array([m["positive"], *m["negatives"][:num_negatives]], dtype=np.float32) for m in mined]
+        used = sorted({j for cols in columns for j in cols})
         where = {j: k for k, j in enumerate(used)}
         doc_vectors = _unit(self.embedder.encode_corpus([self.docs[j].full for j in used], batch_size=self.batch_size))
         query_vectors = self._encode_queries([r["query"] for r in rows])
-        for row, w, q in zip(rows, wanted, query_vectors, strict=True):
-            fused = self._fused(row["query"], doc_vectors[[where[j] for j in w]] @ q, w)
-            row["teacher_scores"] = {"positive": float(fused[0]), "negatives": [float(x) for x in fused[1:]]}
+        return [doc_vectors[[where[j] for j in cols]] @ q for cols, q in zip(columns, query_vectors, strict=True)]
 
     def score_matrix(self, queries: Sequence[str], columns: Sequence[int]) -> np.ndarray:
         """The teacher's scores of the corpus documents ``columns`` for each query (queries x columns)."""
@@ -455,7 +459,7 @@ class HybridTeacher:
             best = np.argpartition(-fused, k)[:k]
             best = best[np.argsort(-fused[best], kind="stable")]
             row = _row(q, self.docs, [self.docs[j].full for j in best])
-            row["teacher_scores"] = {"positive": own, "negatives": [float(fused[j]) for j in best]}
+            set_teacher_scores(row, [own, *fused[best]])
             rows.append(row)
         return rows
 
