@@ -103,13 +103,9 @@ class LexicalIndex:
         if not queries or self.count == 0:
             return scores, rows
         depth = min(k, self.count)
-        tokens = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
-        # bm25s maps every word the corpus lacks to the empty word, which it also gives each document with no
-        # indexed word (all stop words): left in, a query of unknown words would hit those documents
-        # (an empty list is no way out: in a batch, bm25s scores it as if it held some word), so a query left
-        # without a known word is not searched at all
-        unknown = self.tokenizer.get_vocab_dict().get("")
-        tokens = [[t for t in query if t != unknown] for query in tokens]
+        # an empty list is no way out for a query without a known word (in a batch, bm25s scores it as if it held
+        # some word), so such a query is not searched at all
+        tokens = self._known_ids(queries)
         asked = [i for i, query in enumerate(tokens) if query]
         if not asked:
             return scores, rows
@@ -121,18 +117,22 @@ class LexicalIndex:
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every document (in row order) for ``query``: zeros when it holds no indexed word."""
-        tokens = self.tokenizer.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)[0]
-        unknown = self.tokenizer.get_vocab_dict().get("")
-        known = [int(t) for t in tokens if t != unknown]
+        known = self._known_ids([query])[0]
         if not known or self.count == 0:
             return np.zeros(self.count, dtype=np.float32)
         return np.asarray(self.retriever.get_scores(known), dtype=np.float32)
 
     def known_words(self, texts: Sequence[str]) -> list[int]:
         """How many distinct indexed words each text holds (stop words and words the corpus lacks do not count)."""
+        return [len(set(ids)) for ids in self._known_ids(texts)]
+
+    def _known_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's indexed word ids. bm25s maps every word the corpus lacks to the empty word, which it also
+        gives each document with no indexed word (all stop words): left in, a text of unknown words would hit
+        those documents, so the empty word is dropped here."""
         tokens = self.tokenizer.tokenize(list(texts), update_vocab=False, return_as="ids", show_progress=False)
         unknown = self.tokenizer.get_vocab_dict().get("")
-        return [len(set(query) - {unknown}) for query in tokens]
+        return [[int(t) for t in text if t != unknown] for text in tokens]
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: Path) -> Path:
