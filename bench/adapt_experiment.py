@@ -128,7 +128,6 @@ def _last_step(model_dir: Path, weight: float) -> Any:
     from safetensors.torch import load_file
 
     from lmembed.embedder import Embedder
-    from lmembed.training.adapt_run import merge_states
     from lmembed.training.trainable import TrainableEmbedder
 
     last = sorted((model_dir.parent / "checkpoints").glob("step-*"))[-1]
@@ -136,27 +135,28 @@ def _last_step(model_dir: Path, weight: float) -> Any:
     trainable = TrainableEmbedder(embedder)
     trainable.load_trainable_state_dict(load_file(str(last / "trainable.safetensors")))
     trainable.eval()
-    if weight < 1:
-        start = Embedder.from_pretrained(MODEL, device="cpu", show_progress=False, cache=False)
-        model = embedder.backbone.model
-        model.load_state_dict(merge_states(start.backbone.model.state_dict(), model.state_dict(), weight, lora=False))
-        embedder.backbone.invalidate_fingerprint()
-    return embedder
+    return _merge_with_start(embedder, weight) if weight < 1 else embedder
 
 
 def _merged(model_dir: Path, weight: float = 0.5) -> Any:
     """``model_dir``'s weights merged with the starting model's as adapt merges (start + weight x (trained -
     start)): the title baseline given adapt's last step, to tell the merge's share from the rest."""
     from lmembed.embedder import Embedder
-    from lmembed.training.adapt_run import merge_states
 
     trained = Embedder.from_pretrained(str(model_dir), device="cpu", show_progress=False, cache=False)
+    return _merge_with_start(trained, weight)
+
+
+def _merge_with_start(embedder: Any, weight: float) -> Any:
+    """``embedder`` with its weights set to start + weight x (its own - start), as adapt merges."""
+    from lmembed.embedder import Embedder
+    from lmembed.training.adapt_run import merge_states
+
     start = Embedder.from_pretrained(MODEL, device="cpu", show_progress=False, cache=False)
-    model = trained.backbone.model
-    state = merge_states(start.backbone.model.state_dict(), model.state_dict(), weight, lora=False)
-    model.load_state_dict(state)
-    trained.backbone.invalidate_fingerprint()
-    return trained
+    model = embedder.backbone.model
+    model.load_state_dict(merge_states(start.backbone.model.state_dict(), model.state_dict(), weight, lora=False))
+    embedder.backbone.invalidate_fingerprint()
+    return embedder
 
 
 def score_stage(
