@@ -66,7 +66,7 @@ def main() -> None:
     task = load_eval_tasks([str(folder)], args.split)[0] if args.split else None
     report: dict[str, dict[str, float]] = {}
     for step in steps:
-        embedder = _at_step(args.run, step)
+        embedder = start if step == 0 else _at_step(args.run, step)  # the start is loaded once
         with torch.no_grad():
             scores = held_out.score(embedder)
             if task is not None:
