@@ -360,6 +360,8 @@ def test_the_recipe_file_holds_the_defaults():
         ("sources:\n  crops:\n    min_words: 0\n", r"r.yaml:3: sources.crops.min_words"),
         ("training:\n  merge: 0\n", r"r.yaml:2: training.merge"),
         ("training:\n  hybrid_weight: -1\n", r"r.yaml:2: training.hybrid_weight"),
+        ("mining:\n  candidates: bogus\n", r"r.yaml:2: mining.candidates: .*'model' or 'teacher'"),
+        ("selection:\n  metric: 3\n", r"r.yaml:2: selection.metric: .*'own' or 'teacher'"),
         ("sources:\n  titles:\n    unique: maybe\n", r"r.yaml:3: sources.titles.unique"),
     ],
 )
