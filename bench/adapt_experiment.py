@@ -26,11 +26,18 @@ are chosen on queries the test score never sees:
 
     python bench/adapt_experiment.py --sets scifact --split train --out bench/results/adapt/selection \
         --variant hybrid=bench/adapt_variants/hybrid.yaml --teacher hybrid=hybrid
+
+ArguAna has no split but test, so its test queries are cut into two fixed halves by a hash of the query id
+(``in_select_half``, fixed before any run used it): ``--split test-select`` scores the selection half (for choosing,
+as SciFact train and NFCorpus dev), ``--split test-report`` the other half (the report). Per-query nDCG does not
+depend on the other queries, so an arm already scored on the whole test split is sliced, not encoded again.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -159,6 +166,32 @@ def _merge_with_start(embedder: Any, weight: float) -> Any:
     return embedder
 
 
+HALVES = ("select", "report")
+
+
+def in_select_half(query_id: str) -> bool:
+    """Whether a test query belongs to the selection half (``--split test-select``); the rest is the report half."""
+    return hashlib.sha256(f"lmembed-adapt-select:{query_id}".encode()).digest()[0] % 2 == 0
+
+
+def _keep_half(task: Any, half: str) -> None:
+    if half not in HALVES:
+        raise SystemExit(f"--split test-{half}: the halves are {', '.join('test-' + h for h in HALVES)}")
+    data = task.data
+    keep = [
+        (i, t)
+        for i, t in zip(data.query_ids, data.query_texts, strict=True)
+        if in_select_half(i) == (half == HALVES[0])
+    ]
+    ids = {i for i, _ in keep}
+    task.data = dataclasses.replace(
+        data,
+        query_ids=[i for i, _ in keep],
+        query_texts=[t for _, t in keep],
+        qrels={q: r for q, r in data.qrels.items() if q in ids},
+    )
+
+
 def score_stage(
     name: str, folder: Path, arms: dict[str, Any], work: Path, split: str = "test"
 ) -> dict[str, dict[str, float]]:
@@ -169,9 +202,20 @@ def score_stage(
 
     done = work / ("scores.json" if split == "test" else f"scores-{split}.json")
     scores: dict[str, dict[str, float]] = json.loads(done.read_text()) if done.exists() else {}
-    task = load_eval_tasks([str(folder)], split)[0]  # the set's MTEB settings (ArguAna: self-hits dropped)
+    base, _, half = split.partition("-")
+    task = load_eval_tasks([str(folder)], base)[0]  # the set's MTEB settings (ArguAna: self-hits dropped)
+    whole: dict[str, dict[str, float]] = {}
+    if half:
+        _keep_half(task, half)
+        whole_path = work / ("scores.json" if base == "test" else f"scores-{base}.json")
+        whole = json.loads(whole_path.read_text()) if whole_path.exists() else {}
     for arm, model in arms.items():
         if arm in scores:
+            continue
+        if arm in whole:  # per-query scores of the whole split, sliced to the half
+            scores[arm] = {q: whole[arm][q] for q in task.data.query_ids}
+            log.info("%s %s: sliced from the whole %s split's scores", name, arm, base)
+            atomic_write_json(done, scores)
             continue
         started = time.perf_counter()
         embedder = model() if callable(model) else Embedder.from_pretrained(model, device="cpu", show_progress=False)
@@ -212,7 +256,8 @@ def main() -> None:
     parser.add_argument(
         "--split",
         default="test",
-        help="qrels split scored: test for the report; train (SciFact) or dev (NFCorpus) to choose between variants",
+        help="qrels split scored: test for the report; train (SciFact), dev (NFCorpus) or test-select (ArguAna's "
+        "selection half) to choose between variants; test-report: the other half",
     )
     parser.add_argument(
         "--variant",
