@@ -235,6 +235,25 @@ def test_mining_never_takes_the_own_document_and_drops_likely_false_negatives():
     assert stats.queries == 1
 
 
+def test_only_the_named_sources_are_mined_and_the_rows_keep_their_order():
+    d = [Document("a", "", "own doc", 1), Document("c", "", "hard doc", 3), Document("e", "", "easy doc", 4)]
+    table = {
+        "q": [1.0, 0.0, 0.0],
+        "own doc": [0.9, 0.1, 0.0],
+        "hard doc": [0.6, 0.8, 0.0],
+        "easy doc": [0.0, 0.0, 1.0],
+    }
+    queries = [PseudoQuery("q", "own doc", 0, "title"), PseudoQuery("q", "own doc", 0, "crop")]
+    rows, stats = mine_rows(Axes(table), queries, d, k=1, method="perc_pos", margin=0.95, sources={"crop"})
+    assert [r["provenance"]["source"] for r in rows] == ["title", "crop"]
+    assert rows[0]["negatives"] == [] and "mined_scores" not in rows[0]["provenance"]
+    assert rows[1]["negatives"] == ["hard doc"] and stats.queries == 1
+    rows, stats = mine_rows(Axes(table), queries, d, k=1, sources=set())  # nothing to mine: no model call
+    assert [r["negatives"] for r in rows] == [[], []] and stats.queries == 0
+    rows, _ = mine_rows(Axes(table), queries, d, k=1)  # None: every source
+    assert [r["negatives"] for r in rows] == [["hard doc"], ["hard doc"]]
+
+
 def test_labels_from_an_embedder_teacher_and_from_a_reranker():
     table = {"q": [1.0, 0.0], "p": [1.0, 0.0], "n1": [0.0, 1.0], "n2": [1.0, 1.0]}
     rows = [
@@ -363,6 +382,7 @@ def test_the_recipe_file_holds_the_defaults():
         ("mining:\n  candidates: bogus\n", r"r.yaml:2: mining.candidates: .*'model' or 'teacher'"),
         ("selection:\n  metric: 3\n", r"r.yaml:2: selection.metric: .*'own' or 'teacher'"),
         ("sources:\n  titles:\n    unique: maybe\n", r"r.yaml:3: sources.titles.unique"),
+        ("mining:\n  sources: [crop, titles]\n", r"r.yaml:2: mining.sources.1: .*'title', 'crop' or 'generator'"),
     ],
 )
 def test_a_recipe_with_a_bad_key_names_file_line_and_key(tmp_path, text, where):
@@ -411,6 +431,25 @@ def test_in_batch_only_skips_mining(tmp_path, make_embedder, one_torch_thread):
     assert summary["report"]["mining"] == {"skipped": "training.num_negatives is 0"}
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert rows and all(r["negatives"] == [] and r["provenance"]["doc_id"] for r in rows)
+
+
+def test_by_default_title_rows_get_no_mined_negative_and_crop_rows_do(tmp_path, make_embedder, one_torch_thread):
+    out = tmp_path / "out"
+    summary = adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(steps=2)).summary
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    titles = [r for r in rows if r["provenance"]["source"] == "title"]
+    crops = [r for r in rows if r["provenance"]["source"] == "crop"]
+    assert titles and crops and all(r["negatives"] == [] for r in titles)
+    assert all("mined_scores" in r["provenance"] for r in crops) and any(r["negatives"] for r in crops)
+    assert summary["report"]["mining"]["unmined"] == len(titles)
+    assert summary["report"]["mining"]["queries"] == len(crops)
+    made = summary["report"]["sources"]
+    assert made["titles"]["made"] >= len(titles) and made["crops"]["made"] >= len(crops)
+    # every source named: titles are mined too (the v2 defaults)
+    out2 = tmp_path / "out2"
+    adapt_tiny(make_embedder, tmp_path, out2, tiny_recipe({"sources": ["title", "crop"]}, steps=2))
+    rows = [json.loads(line) for line in (out2 / "rows.jsonl").read_text().splitlines()]
+    assert all("mined_scores" in r["provenance"] for r in rows)
 
 
 def test_the_hybrid_teacher_labels_a_run_from_the_corpus_alone(tmp_path, make_embedder, one_torch_thread):

@@ -313,34 +313,41 @@ def mine_rows(
     margin: float | None = 0.95,
     skip_top: int = 0,
     batch_size: int = 32,
+    sources: Collection[str] | None = None,
 ) -> tuple[list[dict[str, Any]], MiningStats]:
     """Training rows with negatives mined from the corpus by ``embedder``: candidates are scored against the
     query's own (whole) document, which is never a negative; the row's positive is then the query's own positive
-    (a body, or a document with its span cut out)."""
+    (a body, or a document with its span cut out). Only queries whose ``source`` is in ``sources`` (None: all) are
+    mined; the others' rows have no negatives (the trainer tops them up with random documents). The rows keep
+    the queries' order."""
     stats = MiningStats()
-    mining_rows = [{"query": q.query, "positive": docs[q.doc].full} for q in queries]
-    mined = mine_hard_negatives(
-        embedder,
-        mining_rows,
-        [d.full for d in docs],
-        k=k,
-        method=method,
-        margin=margin,
-        skip_top=skip_top,
-        batch_size=batch_size,
-        with_scores=True,
-        stats=stats,
+    chosen = [q for q in queries if sources is None or q.source in sources]
+    mined = (
+        mine_hard_negatives(
+            embedder,
+            [{"query": q.query, "positive": docs[q.doc].full} for q in chosen],
+            [d.full for d in docs],
+            k=k,
+            method=method,
+            margin=margin,
+            skip_top=skip_top,
+            batch_size=batch_size,
+            with_scores=True,
+            stats=stats,
+        )
+        if chosen
+        else []
     )
-    rows = []
-    for q, m in zip(queries, mined, strict=True):
+    found = {}
+    for q, m in zip(chosen, mined, strict=True):
         own = {docs[q.doc].full, q.positive}
         kept = [(n, s) for n, s in zip(m["negatives"], m["negative_scores"], strict=True) if n not in own]
         row = _row(q, docs, [n for n, _ in kept])
         # the miner's cosines of the whole own document and of each negative: how they were chosen, and what a
         # teacher built on the same model need not compute again
         row["provenance"]["mined_scores"] = {"positive": m["positive_score"], "negatives": [s for _, s in kept]}
-        rows.append(row)
-    return rows, stats
+        found[id(q)] = row
+    return [found.get(id(q)) or _row(q, docs, []) for q in queries], stats
 
 
 def label_rows(rows: list[dict[str, Any]], teacher: Any, num_negatives: int) -> list[dict[str, Any]]:

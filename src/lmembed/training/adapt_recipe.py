@@ -65,13 +65,21 @@ class Filters(FileModel):
     min_query_words: int = Field(2, ge=1)
 
 
+#: The kinds of pseudo-query (``PseudoQuery.source``), as ``mining.sources`` names them.
+QuerySource = Literal["title", "crop", "generator"]
+
+
 class Mining(FileModel):
     """Hard negatives from the starting model, positive-aware (NV-Retriever's TopK-PercPos by default); the
-    query's own document is never a negative. ``candidates: teacher`` (with an embedder teacher or ``hybrid``):
+    query's own document is never a negative. ``sources``: the kinds of pseudo-query whose rows get mined negatives
+    when training without a teacher; the others train on the batch's documents and random ones (a title sums up
+    its whole document, so its nearest other documents are often relevant to it too). With a teacher every row is
+    mined, since its scores label the negatives. ``candidates: teacher`` (with an embedder teacher or ``hybrid``):
     the teacher's own ``k`` best documents instead, unfiltered, for a listwise distillation loss; ``method``,
     ``margin`` and ``skip_top`` then do not apply."""
 
     candidates: Literal["model", "teacher"] = "model"
+    sources: list[QuerySource] = Field(default_factory=lambda: ["crop", "generator"])
     method: str = "perc_pos"
     margin: float | None = 0.95
     k: int = Field(3, ge=1)

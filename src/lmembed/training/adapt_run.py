@@ -419,9 +419,11 @@ def _run(
         elif training.num_negatives == 0 and teacher is None:  # in-batch negatives only: nothing to mine
             rows, mining = unmined_rows(train_q, docs), {"skipped": "training.num_negatives is 0"}
         else:
-            options = recipe.mining.model_dump(exclude={"candidates"})  # the other keys: mine_rows' options
-            rows, stats = mine_rows(embedder, train_q, docs, **options)
-            mining = stats.to_dict()
+            options = recipe.mining.model_dump(exclude={"candidates", "sources"})  # the rest: mine_rows' options
+            # without a teacher only mining.sources' rows are mined; a teacher's scores label every row's negatives
+            mined = None if teacher is not None else recipe.mining.sources
+            rows, stats = mine_rows(embedder, train_q, docs, **options, sources=mined)
+            mining = {**stats.to_dict(), "unmined": len(rows) - stats.queries}
         timings["mining_s"] = round(time.perf_counter() - t0, 2)
         if teacher is not None and recipe.mining.candidates == "model":
             t0 = time.perf_counter()
