@@ -55,7 +55,7 @@ from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.io import DataFormatError, iter_jsonl, iter_lines, read_jsonl, string_field
 from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
-from lmembed.training.adapt_recipe import AdaptRecipe
+from lmembed.training.adapt_recipe import AdaptRecipe, QuerySource
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class PseudoQuery:
     query: str
     positive: str
     doc: int  # index of the source document
-    source: str
+    source: QuerySource
     extra: dict[str, Any] = field(default_factory=dict)
 
 
