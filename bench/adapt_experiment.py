@@ -192,6 +192,11 @@ def _keep_half(task: Any, half: str) -> None:
     )
 
 
+def _scores_path(work: Path, split: str) -> Path:
+    """Where a set's per-query scores of ``split`` are kept (and read back: scoring resumes arm by arm)."""
+    return work / ("scores.json" if split == "test" else f"scores-{split}.json")
+
+
 def score_stage(
     name: str, folder: Path, arms: dict[str, Any], work: Path, split: str = "test"
 ) -> dict[str, dict[str, float]]:
@@ -200,14 +205,14 @@ def score_stage(
     from lmembed.embedder import Embedder
     from lmembed.training.dev_eval import load_eval_tasks
 
-    done = work / ("scores.json" if split == "test" else f"scores-{split}.json")
+    done = _scores_path(work, split)
     scores: dict[str, dict[str, float]] = json.loads(done.read_text()) if done.exists() else {}
     base, _, half = split.partition("-")
     task = load_eval_tasks([str(folder)], base)[0]  # the set's MTEB settings (ArguAna: self-hits dropped)
     whole: dict[str, dict[str, float]] = {}
     if half:
         _keep_half(task, half)
-        whole_path = work / ("scores.json" if base == "test" else f"scores-{base}.json")
+        whole_path = _scores_path(work, base)
         whole = json.loads(whole_path.read_text()) if whole_path.exists() else {}
     for arm, model in arms.items():
         if arm in scores:

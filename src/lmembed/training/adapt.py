@@ -313,7 +313,7 @@ def mine_rows(
     margin: float | None = 0.95,
     skip_top: int = 0,
     batch_size: int = 32,
-    sources: Collection[str] | None = None,
+    sources: Collection[QuerySource] | None = None,
 ) -> tuple[list[dict[str, Any]], MiningStats]:
     """Training rows with negatives mined from the corpus by ``embedder``: candidates are scored against the
     query's own (whole) document, which is never a negative; the row's positive is then the query's own positive
