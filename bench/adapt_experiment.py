@@ -166,6 +166,18 @@ def _merge_with_start(embedder: Any, weight: float) -> Any:
     return embedder
 
 
+def _with_terms(model: str, corpus: Path) -> Any:
+    """``model`` with the default recipe's term channel fitted on ``corpus`` (what adapt's last stage adds): an
+    arm that tells the channel's share from the training's."""
+    from lmembed.embedder import Embedder
+    from lmembed.training.adapt import read_adapt_corpus
+    from lmembed.training.adapt_recipe import AdaptRecipe
+
+    terms = AdaptRecipe().terms
+    embedder = Embedder.from_pretrained(model, device="cpu", show_progress=False)
+    return embedder.fit_terms([d.full for d in read_adapt_corpus(corpus)], dims=terms.dims, weight=terms.weight)
+
+
 HALVES = ("select", "report")
 
 
@@ -275,6 +287,13 @@ def main() -> None:
         "--teacher", nargs="*", default=[], metavar="NAME=TEACHER", help="a variant's --teacher (e.g. hybrid)"
     )
     parser.add_argument(
+        "--terms-arms",
+        nargs="*",
+        default=[],
+        metavar="ARM",
+        help="also score ARM+terms: that arm's model with the default term channel fitted on the set's corpus",
+    )
+    parser.add_argument(
         "--stage",
         choices=["adapt", "title", "all"],
         default="all",
@@ -320,6 +339,11 @@ def main() -> None:
             title = title_stage(folder / "corpus.jsonl", work, args.train_max_length)
             arms["title"] = title["model_dir"]
             arms["title-merged"] = lambda d=title["model_dir"]: _merged(Path(d))
+        for arm in args.terms_arms:
+            model = arms[arm]
+            if callable(model):
+                raise SystemExit(f"--terms-arms {arm}: only an arm saved as a folder (or the start) can take a channel")
+            arms[f"{arm}+terms"] = lambda m=str(model), c=folder / "corpus.jsonl": _with_terms(m, c)
         if args.arms:
             arms = {k: v for k, v in arms.items() if k in args.arms}
         scores = score_stage(name, folder, arms, work, args.split)
@@ -332,6 +356,8 @@ def main() -> None:
             ("title-merged", "start"),
             ("title-merged", "title"),
         ]
+        pairs += [(f"{a}+terms", b) for a in args.terms_arms for b in dict.fromkeys((a, "start", "title"))]
+        pairs += [("adapt", f"{a}+terms") for a in args.terms_arms]
         report["sets"][name] = {
             "split": args.split,
             **{

@@ -88,6 +88,10 @@ PINNED: dict[str, tuple[dict[str, Any], str]] = {
         "9abe0844284c2e3e",
     ),
     "max": ({"pooling": "max", "layer": 3, "final_norm": True}, "c662c2ced93e5656"),
+    "terms": (
+        {"terms": {"dims": 64, "weight": 0.5, "avg_length": 12.0, "sha256": "0" * 64}, "route": "query"},
+        "a4c41f6c581019cd",
+    ),
 }
 
 #: For each field, a base strategy and a changed value: a forward or pooling field must move the fingerprint, an
@@ -120,6 +124,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "similarity": ({}, "dot"),
     "head": ({}, ({"type": "normalize"},)),
     "route": ({"head": ({"type": "normalize", "route": "query"},)}, "query"),
+    "terms": ({}, {"dims": 64, "weight": 0.5, "avg_length": 12.0, "sha256": "0" * 64}),
 }
 
 
@@ -228,6 +233,7 @@ def _compatible_as_written_by_hand(cfg: EmbeddingConfig, is_decoder: bool) -> bo
         and not cfg.instruction_suffix
         and cfg.pool_special_tokens
         and not any(layer.get("route") for layer in cfg.head)
+        and cfg.terms is None  # added with the term channel: sentence-transformers has no such module
     )
 
 

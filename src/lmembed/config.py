@@ -157,6 +157,45 @@ class LatentAttentionConfig:
 
 
 LATENT_VARIANTS = ("lmembed", "nv-embed")
+
+
+@dataclass(frozen=True)
+class TermsConfig:
+    """A fitted term channel (:mod:`lmembed.pooling.terms`): ``dims`` hashed buckets appended to the dense vector,
+    weighed ``weight`` against it in the cosine; BM25's ``k1`` and ``b`` over documents of ``avg_length`` pooled
+    tokens (the mean of the ``documents`` it was fitted on); ``seed`` fixes each token id's bucket and sign;
+    ``sha256`` is the digest of the idf table saved beside the model (checked on load)."""
+
+    dims: int
+    weight: float
+    avg_length: float
+    sha256: str
+    documents: int = 0
+    k1: float = 1.2
+    b: float = 0.75
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = (
+            (isinstance(self.dims, int) and not isinstance(self.dims, bool) and 1 <= self.dims <= 1 << 20, "dims"),
+            (_number(self.weight) and self.weight > 0, "weight"),
+            (_number(self.avg_length) and self.avg_length > 0, "avg_length"),
+            (_number(self.k1) and self.k1 >= 0, "k1"),
+            (_number(self.b) and 0 <= self.b <= 1, "b"),
+            (isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed"),
+            (isinstance(self.documents, int) and self.documents >= 0, "documents"),
+            (isinstance(self.sha256, str) and len(self.sha256) == 64, "sha256"),
+        )
+        for ok, name in checks:
+            if not ok:
+                raise ConfigError(f"terms.{name}={getattr(self, name)!r} is not valid")
+
+
+def _number(value: Any) -> bool:
+    finite = isinstance(value, int | float) and value == value and abs(value) != float("inf")
+    return finite and not isinstance(value, bool)
+
+
 INSTRUCTION_MASKS = ("offsets", "token_count", "text_tokens")
 
 
@@ -219,7 +258,11 @@ class EmbeddingConfig:
         key=lambda cfg: [dict(layer) for layer in cfg.head] if cfg.head else OMIT,
         st=lambda cfg: not any(layer.get("route") for layer in cfg.head),  # sentence-transformers has no routes
     )
-    route: str | None = _field("pooling", None, key=lambda cfg: cfg.route if cfg.head else OMIT)
+    route: str | None = _field("pooling", None, key=lambda cfg: cfg.route if cfg.head or cfg.terms else OMIT)
+    # a term channel fitted on a corpus, appended to the vector (lmembed.pooling.terms); its table is in the folder
+    terms: TermsConfig | None = _field(  # noqa: RUF009 (a field specifier)
+        "pooling", None, key=lambda cfg: asdict(cfg.terms) if cfg.terms else OMIT, st=lambda cfg: cfg.terms is None
+    )
 
     def __hash__(self) -> int:  # prompts and head are dicts: hash the JSON form (equal configs, equal hashes)
         return hash(self.to_json())
@@ -231,6 +274,14 @@ class EmbeddingConfig:
             object.__setattr__(self, "latent", LatentAttentionConfig(**self.latent))
         if isinstance(self.head, list):
             object.__setattr__(self, "head", tuple(dict(layer) for layer in self.head))
+        if isinstance(self.terms, dict):
+            unknown = unknown_options(TermsConfig, self.terms)
+            if unknown:
+                raise ConfigError(f"unknown terms option(s): {', '.join(unknown)}")
+            try:
+                object.__setattr__(self, "terms", TermsConfig(**self.terms))
+            except TypeError as exc:
+                raise ConfigError(f"terms: {exc}") from exc
         self.validate()
 
     # ------------------------------------------------------------------ validation
@@ -278,6 +329,13 @@ class EmbeddingConfig:
             validate_head_layer(layer, f"head[{i}]")
         if self.head and self.pooling == "latent_attention":
             raise ConfigError("a post-pooling head cannot follow pooling='latent_attention'")
+        if self.terms is not None and not isinstance(self.terms, TermsConfig):
+            raise ConfigError(f"terms={self.terms!r:.80} must be a term channel's settings (a dict) or None")
+        if self.terms is not None and (self.dim is not None or not self.normalize or self.similarity != "cosine"):
+            raise ConfigError(
+                "a term channel is weighed against the dense vector in the cosine: it needs normalize=True, "
+                "similarity='cosine' and no dim truncation"
+            )
 
     def named_prompt(self, name: str | None) -> str | None:
         """The prompt called ``name`` (None: the default prompt, if the model has one); an unknown name is a
@@ -382,7 +440,7 @@ def for_side(config: EmbeddingConfig, side: str, instruction: str | None = None)
     ``query_instruction``, for documents the strategy's ``document_instruction`` (a published model's prompts)."""
     if side not in ("query", "document"):
         raise ConfigError(f"side={side!r} must be 'query' or 'document'")
-    if any(layer.get("route") for layer in config.head) and config.route != side:
+    if (config.terms or any(layer.get("route") for layer in config.head)) and config.route != side:
         config = config.with_options(route=side)
     if side == "query":
         return config, instruction or config.query_instruction

@@ -46,6 +46,7 @@ from lmembed.models.sentence_transformers_folder import (
 )
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
+from lmembed.pooling.terms import TermChannel, fit_terms, save_terms
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class Embedder:
         config: EmbeddingConfig | None = None,
         *,
         pooling_head: nn.Module | None = None,
+        terms: TermChannel | None = None,
         use_cache: bool = True,
         cache_dir: str | Path | None = None,
         show_progress: bool = True,
@@ -191,9 +193,12 @@ class Embedder:
         self.pooling_head = pooling_head
         if not isinstance(backend, Backend):
             backend = make_backend(backbone, backend, precision, threads=threads)
+        if self.config.terms is not None and (terms is None or terms.config != self.config.terms):
+            raise ConfigError("the strategy names a term channel but its fitted table was not given (terms)")
         self.engine = EncodingEngine(
             backbone,
             pooling_head=pooling_head,
+            terms=terms,
             cache_dir=cache_dir,
             use_cache=use_cache,
             show_progress=show_progress,
@@ -279,12 +284,14 @@ class Embedder:
         base.update(plan.options)  # the source's own conventions, then the caller's options over them
         base.update(given)
         head = plan.head(backbone, base)
+        terms = plan.terms(backbone, base)
         if base.get("lowercase"):
             apply_lowercase(backbone.tokenizer)
         embedder = cls(
             backbone,
             EmbeddingConfig.from_dict(base),
             pooling_head=head,
+            terms=terms,
             use_cache=cache,
             cache_dir=cache_dir,
             show_progress=show_progress,
@@ -487,6 +494,47 @@ class Embedder:
         """The same backbone, engine and executor (no reload) read out with another strategy."""
         return self._sharing(config, self.executor)
 
+    def with_terms(self, channel: TermChannel | None) -> Embedder:
+        """This model with ``channel`` appended to its vectors (None: without a term channel): the backbone is
+        shared, the engine is new (its cache keys on the channel's table)."""
+        config = self.config.with_options(terms=None if channel is None else channel.config, route=None)
+        engine = self.engine
+        shared = EncodingEngine(
+            self.backbone,
+            pooling_head=engine.pooling_head,
+            terms=channel,
+            cache_dir=engine.cache_dir,
+            use_cache=engine.use_cache,
+            padding_side=engine.padding_side,
+            show_progress=engine.show_progress,
+            backend=engine.backend,
+            max_batch_tokens=engine.max_batch_tokens,
+            pipelined=engine.pipelined,
+        )
+        embedder = Embedder(
+            self.backbone, config, pooling_head=self.pooling_head, engine=shared, executor=self.executor
+        )
+        embedder.source, embedder.attn_implementation = self.source, self.attn_implementation
+        return embedder
+
+    def fit_terms(self, documents: Sequence[str], *, dims: int = 4096, weight: float = 0.5, seed: int = 0) -> Embedder:
+        """This model with a term channel fitted on ``documents`` (:mod:`lmembed.pooling.terms`): the idf of each
+        token id over the tokens the model pools when it reads them as documents, ``dims`` hashed buckets weighed
+        ``weight`` against the dense vector in the cosine."""
+        plain = self.config.with_options(terms=None, route=None)
+        config, instruction = for_side(plain, "document")
+        builder = self.engine.input_builder(config)
+        rows = (
+            [t for t, keep in zip(f.input_ids, f.pool_mask, strict=True) if keep]
+            for start in range(0, len(documents), 4096)
+            for f in builder.build_all(validate_texts(list(documents[start : start + 4096])), instruction)
+        )
+        tokenizer = self.backbone.tokenizer
+        channel = fit_terms(
+            rows, len(tokenizer), dims=dims, weight=weight, special_ids=tokenizer.all_special_ids, seed=seed
+        )
+        return self.with_terms(channel.to(self.backbone.device))
+
     def with_executor(self, executor: Executor) -> Embedder:
         """The same model and strategy, encoded by ``executor`` (e.g. sharded jobs on a cluster)."""
         return self._sharing(self.config, executor)
@@ -541,6 +589,8 @@ class Embedder:
             head = self.pooling_head.state_dict() if head_state is None else head_state
             state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
             save_file(state, str(directory / HEAD_FILE))
+        if self.config.terms is not None and self.engine.terms is not None:
+            save_terms(self.engine.terms, directory)
         meta = {
             "format": FORMAT_VERSION,
             "base_model": self.backbone.name,

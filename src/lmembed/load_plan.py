@@ -46,6 +46,7 @@ from lmembed.models.weights import check_head_shapes
 from lmembed.paths import inside
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
+from lmembed.pooling.terms import TermChannel, load_terms
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,20 @@ class LoadPlan:
         if self.nvembed is not None:
             return self.nvembed.head(backbone, strategy)
         return None
+
+    def terms(self, backbone: Backbone, strategy: dict[str, Any]) -> TermChannel | None:
+        """The term channel the final ``strategy`` names, read from a saved folder and checked (None: none)."""
+        if not strategy.get("terms"):
+            return None
+        file = Path(self.path) / STRATEGY_FILE
+        if self.saved is None:
+            raise ConfigError(
+                f"{self.where or self.path}: a term channel (strategy option terms) is read only from a folder an "
+                "Embedder was saved to with one (its terms.safetensors)"
+            )
+        config = EmbeddingConfig.from_dict(strategy).terms
+        assert config is not None
+        return load_terms(Path(self.path), config, len(backbone.tokenizer), file).to(backbone.device)
 
 
 def read_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:

@@ -383,6 +383,8 @@ def test_the_recipe_file_holds_the_defaults():
         ("selection:\n  metric: 3\n", r"r.yaml:2: selection.metric: .*'own' or 'teacher'"),
         ("sources:\n  titles:\n    unique: maybe\n", r"r.yaml:3: sources.titles.unique"),
         ("mining:\n  sources: [crop, titles]\n", r"r.yaml:2: mining.sources.1: .*'title', 'crop' or 'generator'"),
+        ("terms:\n  dims: 3\n", r"r.yaml:2: terms.dims"),
+        ("terms:\n  weight: 0\n", r"r.yaml:2: terms.weight"),
     ],
 )
 def test_a_recipe_with_a_bad_key_names_file_line_and_key(tmp_path, text, where):
@@ -551,6 +553,31 @@ def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder
     assert summary["selection"]["saved"]["step"] == step
     with pytest.raises(AdaptError, match="already holds an adapt run"):
         adapt_tiny(make_embedder, tmp_path, out)
+
+
+def test_the_saved_model_carries_the_corpus_term_channel(tmp_path, make_embedder, one_torch_thread):
+    from lmembed import Embedder
+    from lmembed.training.adapt import read_adapt_corpus
+
+    out = tmp_path / "out"
+    result = adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(steps=2))
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    terms = summary["terms"]
+    assert terms["dims"] == 4096 and terms["weight"] == 0.5  # the recipe's defaults
+    assert terms["documents"] == len(read_adapt_corpus(corpus_file(tmp_path)))
+    assert 0 <= terms["saved_scores"]["ndcg@10"] <= 1 and summary["timings"]["terms_s"] >= 0
+    model = Embedder.from_pretrained(result.model_dir, show_progress=False, cache=False)
+    assert model.config.terms is not None and model.config.terms.sha256 == terms["sha256"]
+    assert model.encode_corpus(["the cat"]).shape == (1, model.backbone.hidden_size + 4096)
+    assert not (Path(result.model_dir) / "modules.json").exists()  # sentence-transformers cannot read the channel
+
+    plain = tmp_path / "plain"
+    no_terms = AdaptRecipe().terms.model_copy(update={"enabled": False})
+    recipe = tiny_recipe(steps=2).model_copy(update={"terms": no_terms})
+    result = adapt_tiny(make_embedder, tmp_path, plain, recipe)
+    assert json.loads((plain / "adapt_summary.json").read_text())["terms"] is None
+    assert not (Path(result.model_dir) / "terms.safetensors").exists()
+    assert Embedder.from_pretrained(result.model_dir, show_progress=False, cache=False).config.terms is None
 
 
 def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_thread, monkeypatch):

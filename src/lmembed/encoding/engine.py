@@ -47,6 +47,7 @@ from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, val
 from lmembed.encoding.pipeline import COLLATE_THREAD, QUEUE_DEPTH, Prefetcher, ReadBack
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
+from lmembed.pooling.terms import TermChannel
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,7 @@ class EncodingEngine:
         backbone: Backbone,
         *,
         pooling_head: nn.Module | None = None,
+        terms: TermChannel | None = None,
         cache_dir: Path | str | None = None,
         use_cache: bool = True,
         padding_side: str | None = None,
@@ -231,6 +233,7 @@ class EncodingEngine:
         self.torch_backend = self.backend if self.backend.differentiable else TorchBackend(backbone)
         self.max_batch_tokens = max_batch_tokens
         self.pooling_head = pooling_head
+        self.terms = terms  # a fitted term channel (lmembed.pooling.terms), appended to a strategy that names one
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.use_cache = use_cache
         self.padding_side = padding_side or ("left" if backbone.is_decoder else "right")
@@ -247,6 +250,7 @@ class EncodingEngine:
         return EncodingEngine(
             self.backbone,
             pooling_head=self.pooling_head,
+            terms=self.terms,
             use_cache=False,
             padding_side=self.padding_side,
             show_progress=False,
@@ -354,9 +358,9 @@ class EncodingEngine:
                         owner.append(b)
                         masks.append(mask)
                 pick = torch.tensor(owner, device=states.device)
-                pooled = self._pool(
-                    states[pick], torch.stack(masks).to(states.device), config, batch.attention_mask[pick]
-                )
+                chunk_masks = torch.stack(masks).to(states.device)
+                pooled = self._pool(states[pick], chunk_masks, config, batch.attention_mask[pick])
+                pooled = self._with_terms(pooled, batch.input_ids[pick], chunk_masks, config)  # a chunk's own terms
                 rows = [i for row in batch.rows for i in range(offsets[row], offsets[row + 1])]
                 out[rows] = pooled.float().cpu().numpy()
         doc_index = np.repeat(np.arange(len(texts), dtype=np.int64), np.diff(offsets))
@@ -578,13 +582,27 @@ class EncodingEngine:
         uses it whatever backend encodes."""
         mode = configs[0].attention if self.backbone.is_decoder else "bidirectional"
         states = (backend or self.torch_backend).states(input_ids, attention_mask, configs, mode)
-        return [self._pool(st, pool_mask, cfg, attention_mask) for st, cfg in zip(states, configs, strict=True)]
+        pooled = [self._pool(st, pool_mask, cfg, attention_mask) for st, cfg in zip(states, configs, strict=True)]
+        return [self._with_terms(p, input_ids, pool_mask, cfg) for p, cfg in zip(pooled, configs, strict=True)]
+
+    def _with_terms(
+        self, pooled: torch.Tensor, input_ids: torch.Tensor, pool_mask: torch.Tensor, cfg: EmbeddingConfig
+    ) -> torch.Tensor:
+        """A strategy with a term channel: the dense vector, L2-normalised, then the text's term part (weighed)."""
+        if cfg.terms is None:
+            return pooled
+        if self.terms is None or self.terms.config != cfg.terms:
+            raise ValueError("the strategy names a term channel that this model does not hold (Embedder loads it)")
+        dense = torch.nn.functional.normalize(pooled.float(), p=2, dim=-1)
+        return torch.cat([dense, self.terms(input_ids, pool_mask, cfg.route)], dim=-1).to(pooled.dtype)
 
     def output_dim(self, cfg: EmbeddingConfig) -> int:
-        """The width of ``cfg``'s raw vectors: the hidden size, or what a post-pooling head makes of it."""
+        """The width of ``cfg``'s raw vectors: the hidden size, or what a post-pooling head makes of it, and a term
+        channel's buckets after it."""
+        extra = cfg.terms.dims if cfg.terms is not None else 0
         if cfg.head and self.pooling_head is not None:
-            return self.pooling_head.output_dim(self.backbone.hidden_size, cfg.route)
-        return self.backbone.hidden_size
+            return self.pooling_head.output_dim(self.backbone.hidden_size, cfg.route) + extra
+        return self.backbone.hidden_size + extra
 
     def _pool(
         self,

@@ -117,6 +117,16 @@ class Training(FileModel):
     merge: float = Field(0.5, gt=0, le=1)  # the kept weights: start + merge × (adapted − start) (1: as adapted)
 
 
+class Terms(FileModel):
+    """The term channel fitted on the corpus once training ends (:mod:`lmembed.pooling.terms`): each token's idf
+    over the corpus, hashed into ``dims`` buckets appended to the vector, weighed ``weight`` against the dense part
+    in the cosine."""
+
+    enabled: bool = True
+    dims: int = Field(4096, ge=16, le=1 << 20)
+    weight: float = Field(0.5, gt=0, le=10)
+
+
 class AdaptRecipe(FileModel):
     version: int = 1
     seed: int = 42
@@ -125,6 +135,7 @@ class AdaptRecipe(FileModel):
     mining: Mining = Mining()
     selection: Selection = Selection()
     training: Training = Training()
+    terms: Terms = Terms()
 
     @property
     def source_names(self) -> list[str]:

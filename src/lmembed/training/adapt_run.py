@@ -9,7 +9,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from lmembed.atomic import atomic_write
+from lmembed.atomic import atomic_folder, atomic_write
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
 from lmembed.mining import read_rows
@@ -275,6 +275,17 @@ def make_queries(
     return made, report
 
 
+def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe) -> Embedder:
+    """Fit the recipe's term channel on the corpus to the model saved in ``model_dir`` and save the model again
+    with it, in place and atomically (the folder no longer carries sentence-transformers' files: that library
+    would read the model without its channel). Returns the model with its channel."""
+    embedder = Embedder.from_pretrained(str(model_dir), cache=False, show_progress=False)
+    fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
+    with atomic_folder(model_dir) as tmp:
+        fitted.save(tmp)
+    return fitted
+
+
 def _check_output(output: Path, resume: bool) -> None:
     if resume:
         return
@@ -501,9 +512,21 @@ def _run(
         trainer.model.eval()
         with torch.no_grad():
             merged = {"step": best["step"], "merge": training.merge, **held_out.score(trainer.model.embedder)}
+    assert result.model_dir is not None
+    terms = None
+    if recipe.terms.enabled:
+        t0 = time.perf_counter()
+        with_terms = attach_terms(Path(result.model_dir), docs, recipe)
+        terms = {
+            **asdict(with_terms.config.terms),  # type: ignore[arg-type]
+            "saved_scores": held_out.score(with_terms),
+        }
+        timings["terms_s"] = round(time.perf_counter() - t0, 2)
+        log.info("adapt: term channel fitted (%s)", _scores_text(terms["saved_scores"]))
     summary = {
         **plan,
         "report": report,
+        "terms": terms,
         "selection": {
             "history": history,
             "before": history[0],
@@ -521,5 +544,4 @@ def _run(
         "model_dir": str(result.model_dir),
     }
     write_json(output / SUMMARY_FILE, summary)
-    assert result.model_dir is not None
     return AdaptResult(output, result.model_dir, summary)
