@@ -431,6 +431,8 @@ class EmbeddingConfig:
             parts.append("head")
         if self.dim:
             parts.append(f"d{self.dim}")
+        if self.terms:
+            parts.append(f"terms{self.terms.dims}")
         return "+".join(parts)
 
 

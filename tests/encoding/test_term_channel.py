@@ -101,7 +101,7 @@ def test_save_and_load_reproduce_the_vectors(bert, tmp_path):
     assert (folder / TERMS_FILE).is_file()
     assert not (folder / "modules.json").exists()  # sentence-transformers would read it without the channel
     loaded = Embedder.from_pretrained(str(folder), show_progress=False, cache=False)
-    assert loaded.config.terms == fitted.config.terms
+    assert loaded.config.terms == fitted.config.terms and loaded.config.label() == "mean@-1+bidir+terms128"
     np.testing.assert_array_equal(loaded.encode_corpus(CORPUS), fitted.encode_corpus(CORPUS))
     np.testing.assert_array_equal(loaded.encode_queries(QUERIES), fitted.encode_queries(QUERIES))
     assert loaded.with_terms(None).encode_corpus(CORPUS).shape[1] == bert.backbone.hidden_size
@@ -211,3 +211,19 @@ def test_the_onnx_backend_appends_the_same_channel(tokenizer):
     assert b.backend.name == "onnx"
     np.testing.assert_allclose(b.encode_corpus(CORPUS), a.encode_corpus(CORPUS), atol=1e-5)
     np.testing.assert_allclose(b.encode_queries(QUERIES), a.encode_queries(QUERIES), atol=1e-5)
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_each_chunk_gets_the_terms_of_its_own_window(bert, late):
+    from lmembed.encoding.chunking import Chunking
+
+    fitted = bert.fit_terms(CORPUS, dims=1 << 16, weight=0.5)
+    hidden = bert.backbone.hidden_size
+    chunks = fitted.encode_corpus(
+        ["the cat sat on the mat the park is green"], chunking=Chunking(tokens=5, overlap=0, late=late)
+    )
+    first, second = chunks.vectors[0, hidden:], chunks.vectors[1, hidden:]
+    alone = fitted.encode_corpus(["the cat sat on the"])[0, hidden:]
+    assert chunks.vectors.shape[1] == hidden + (1 << 16)
+    assert np.count_nonzero(first) and np.count_nonzero(second) and not np.allclose(first, second)
+    np.testing.assert_allclose(first @ alone / (first @ first), 1.0, atol=0.05)  # the first window's own words

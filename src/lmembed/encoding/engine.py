@@ -594,7 +594,8 @@ class EncodingEngine:
         if self.terms is None or self.terms.config != cfg.terms:
             raise ValueError("the strategy names a term channel that this model does not hold (Embedder loads it)")
         dense = torch.nn.functional.normalize(pooled.float(), p=2, dim=-1)
-        return torch.cat([dense, self.terms(input_ids, pool_mask, cfg.route)], dim=-1).to(pooled.dtype)
+        terms = self.terms(input_ids.to(dense.device), pool_mask.to(dense.device), cfg.route)
+        return torch.cat([dense, terms], dim=-1).to(pooled.dtype)
 
     def output_dim(self, cfg: EmbeddingConfig) -> int:
         """The width of ``cfg``'s raw vectors: the hidden size, or what a post-pooling head makes of it, and a term
