@@ -580,6 +580,28 @@ def test_the_saved_model_carries_the_corpus_term_channel(tmp_path, make_embedder
     assert Embedder.from_pretrained(result.model_dir, show_progress=False, cache=False).config.terms is None
 
 
+def test_a_decoder_adapts_with_lora_and_keeps_its_channel(tmp_path, make_embedder, one_torch_thread):
+    from lmembed import Embedder
+    from lmembed.training.adapt_run import run_adapt
+
+    out = tmp_path / "out"
+    result = run_adapt(
+        make_embedder("llama", pooling="last"),
+        corpus_file(tmp_path),
+        out,
+        recipe=tiny_recipe(steps=2),
+        device="cpu",
+        progress=False,
+        lora=True,
+    )
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    assert summary["lora"] is True and summary["terms"]["dims"] == 4096
+    model = Embedder.from_pretrained(result.model_dir, show_progress=False, cache=False)
+    assert model.backbone.is_decoder and model.config.pooling == "last" and model.config.terms is not None
+    vectors = model.encode_queries(["the cat"])
+    assert vectors.shape == (1, model.backbone.hidden_size + 4096) and np.isfinite(vectors).all()
+
+
 def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_thread, monkeypatch):
     from lmembed.training import adapt_run
 

@@ -493,6 +493,7 @@ def _run(
         datasets=[dataset],
     )
     trainer.model.train_max_length = training.max_length
+    uses_lora = trainer.model.uses_lora  # before the saved model merges the adapters in (then it has none)
     trainer.keep_start()
     if not config.resume:  # a resumed run reads its selection history back (_SelectingTrainer.resume)
         t0 = time.perf_counter()
@@ -537,7 +538,7 @@ def _run(
         },
         "steps": steps,
         "batch_size": batch_size,
-        "lora": trainer.model.uses_lora,
+        "lora": uses_lora,
         "seconds": round(time.perf_counter() - started, 2),
         "timings": timings,
         "peak_memory_mb": peak_memory_mb(),
