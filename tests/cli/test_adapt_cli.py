@@ -123,3 +123,31 @@ def test_a_corpus_that_makes_too_few_queries_exits_2_and_leaves_nothing(tmp_path
     assert result.exit_code == 2, result.output
     assert "pseudo-query" in result.output and "at least two" in result.output
     assert not out.exists()
+
+
+def test_terms_only_fits_the_channel_to_the_model_as_it_is(tmp_path, tiny_model_dir, recipe, one_torch_thread):
+    import numpy as np
+
+    from lmembed import Embedder
+
+    out = tmp_path / "out"
+    result = adapt(tiny_model_dir, untitled_corpus(tmp_path), out, "--terms-only", "--recipe", str(recipe))
+    assert result.exit_code == 0, result.output
+    assert "model with a term channel" in result.output and "4096 dims" in result.output
+    summary = json.loads((out / "adapt_summary.json").read_text())
+    assert summary["terms_only"] and summary["documents"] == len(BODIES) and not (out / "rows.jsonl").exists()
+    fitted = Embedder.from_pretrained(str(out / "model"), show_progress=False, cache=False)
+    start = Embedder.from_pretrained(str(tiny_model_dir), show_progress=False, cache=False)
+    hidden = start.backbone.hidden_size
+    dense = fitted.encode_corpus(BODIES)[:, :hidden]  # the dense part is the untrained model's, normalised
+    expected = start.encode_corpus(BODIES)
+    np.testing.assert_allclose(dense / np.linalg.norm(dense, axis=1, keepdims=True), expected, atol=1e-5)
+    again = adapt(tiny_model_dir, untitled_corpus(tmp_path), out, "--terms-only")
+    assert again.exit_code == 2 and "already holds an adapt run" in again.output
+
+
+def test_terms_only_refuses_training_options(tmp_path, tiny_model_dir):
+    out = tmp_path / "out"
+    result = adapt(tiny_model_dir, untitled_corpus(tmp_path), out, "--terms-only", "--steps", "3")
+    assert result.exit_code == 2 and "--terms-only" in result.output and "training options" in result.output
+    assert not out.exists()

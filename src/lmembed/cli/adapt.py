@@ -6,6 +6,7 @@ Examples::
     lmembed adapt --model smollm2-135m --corpus docs.txt -o runs/adapt-docs --recipe lora
     lmembed adapt --model minilm --corpus corpus.jsonl -o runs/a --generator local:smollm2-135m --teacher self
     lmembed adapt --model minilm --corpus corpus.jsonl -o runs/a --resume     # continue an interrupted run
+    lmembed adapt --model my-model --corpus corpus.jsonl -o runs/t --terms-only   # only the corpus's term channel
 
 What it does (titles and cropped spans as queries, copied-span and duplicate filters, mined negatives, a held-back
 slice of pseudo-queries to pick the step) is described in :mod:`lmembed.training.adapt`; the steps' knobs are in
@@ -15,7 +16,7 @@ slice of pseudo-queries to pick the step) is described in :mod:`lmembed.training
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -56,6 +57,13 @@ def adapt(
     device: Annotated[str, typer.Option("--device", help="auto (a GPU when there is one), cpu, cuda ...")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    terms_only: Annotated[
+        bool,
+        typer.Option(
+            "--terms-only",
+            help="Only fit the recipe's term channel on the corpus to the model as it is (no queries, no training).",
+        ),
+    ] = False,
 ) -> None:
     """Adapt an embedder to a corpus with nothing but the corpus: pseudo-queries from titles, cropped spans (and a
     generator's, when given), negatives mined by the starting model, the step chosen on held-back pseudo-queries."""
@@ -63,6 +71,9 @@ def adapt(
     from lmembed.training.adapt_recipe import load_adapt_recipe  # lazy: keeps `lmembed --help` light
 
     plan = load_adapt_recipe(recipe)
+    if terms_only:
+        _terms_only(model, corpus, output, plan, device, generator, teacher, steps, batch_size, lora, resume)
+        return
     gen = None
     if generator is not None:
         from lmembed.synthesis.generators import build_generator
@@ -94,4 +105,21 @@ def adapt(
         f"adapted model: {result.model_dir}  (held-back pseudo-queries nDCG@10 "
         f"{selection['before']['ndcg@10']:.4f} → {selection['after']['ndcg@10']:.4f}, step {selection['best_step']}"
         f"{channel}; {result.summary['seconds']:.0f} s, peak memory {result.summary['peak_memory_mb']:.0f} MB)"
+    )
+
+
+def _terms_only(model: str, corpus: Path, output: Path, plan: Any, device: str, *training_options: Any) -> None:
+    if any(option not in (None, False) for option in training_options):
+        raise typer.BadParameter(
+            "fits the term channel alone; --generator, --teacher, --steps, --batch-size, --lora and --resume are "
+            "training options",
+            param_hint="--terms-only",
+        )
+    from lmembed.training.adapt_run import run_terms_only
+
+    result = run_terms_only(model, corpus, output, recipe=plan, device=device)
+    terms = result.summary["terms"]
+    Console(stderr=True).print(
+        f"model with a term channel: {result.model_dir}  ({result.summary['documents']} documents, {terms['dims']} "
+        f"dims appended at weight {terms['weight']}; {result.summary['seconds']:.0f} s)"
     )

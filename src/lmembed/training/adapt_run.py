@@ -52,7 +52,7 @@ from lmembed.training.adapt import (
 from lmembed.training.adapt_recipe import AdaptRecipe, load_adapt_recipe
 from lmembed.training.rows import TrainDataset, parse_row
 from lmembed.training.train_config import TrainConfig
-from lmembed.training.trainer import Trainer
+from lmembed.training.trainer import MODEL_DIR, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +284,41 @@ def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe)
     with atomic_folder(model_dir) as tmp:
         fitted.save(tmp)
     return fitted
+
+
+def run_terms_only(
+    model: str | Embedder, corpus: str | Path, output: str | Path, *, recipe: AdaptRecipe, device: str = "auto"
+) -> AdaptResult:
+    """The model as it is, with the recipe's term channel fitted on ``corpus`` (no pseudo-queries, no training):
+    ``OUTPUT/model`` and a summary of the channel, the time and the peak memory."""
+    started = time.perf_counter()
+    output = Path(output)
+    docs = read_adapt_corpus(corpus)  # bad input is refused before anything is written
+    _check_output(output, resume=False)
+    if isinstance(model, Embedder):
+        embedder, model_name = model, "(given)"
+    else:
+        where = "cpu" if device == "auto" and not torch.cuda.is_available() else device
+        embedder = Embedder.from_pretrained(model, device="cuda" if where == "auto" else where, cache=False)
+        model_name = str(model)
+    fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
+    model_dir = output / MODEL_DIR
+    with atomic_folder(model_dir) as tmp:
+        fitted.save(tmp)
+    assert fitted.config.terms is not None
+    summary = {
+        "model": model_name,
+        "corpus": str(corpus),
+        "corpus_digest": corpus_digest(docs),
+        "documents": len(docs),
+        "terms_only": True,
+        "terms": asdict(fitted.config.terms),
+        "seconds": round(time.perf_counter() - started, 2),
+        "peak_memory_mb": peak_memory_mb(),
+        "model_dir": str(model_dir),
+    }
+    write_json(output / SUMMARY_FILE, summary)
+    return AdaptResult(output, model_dir, summary)
 
 
 def _check_output(output: Path, resume: bool) -> None:
