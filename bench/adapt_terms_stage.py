@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from lmembed.atomic import atomic_write_json
-from lmembed.training.adapt import HeldOut, PseudoQuery, read_adapt_corpus
+from lmembed.training.adapt import HELDOUT_FILE, HeldOut, read_adapt_corpus
 from lmembed.training.adapt_recipe import AdaptRecipe
-from lmembed.training.adapt_run import attach_terms
+from lmembed.training.adapt_run import attach_terms, read_held_back
 
 
 def main() -> None:
@@ -45,9 +45,7 @@ def main() -> None:
     model_dir = args.dest / "model"
     started = time.perf_counter()
     fitted = attach_terms(model_dir, docs, recipe)
-    index = {d.id: i for i, d in enumerate(docs)}
-    held_rows = [json.loads(line) for line in (args.dest / "heldout.jsonl").read_text().splitlines() if line]
-    held = [PseudoQuery(r["query"], docs[index[r["doc_id"]]].full, index[r["doc_id"]], r["source"]) for r in held_rows]
+    held = read_held_back(args.dest / HELDOUT_FILE, docs)
     held_out = HeldOut.build(held, docs, recipe.selection.max_documents, recipe.seed)
     saved = held_out.score(fitted)
     seconds = round(time.perf_counter() - started, 2)

@@ -195,6 +195,7 @@ class Embedder:
             backend = make_backend(backbone, backend, precision, threads=threads)
         if self.config.terms is not None and (terms is None or terms.config != self.config.terms):
             raise ConfigError("the strategy names a term channel but its fitted table was not given (terms)")
+        _check_terms(backbone, terms)
         self.engine = EncodingEngine(
             backbone,
             pooling_head=pooling_head,
@@ -498,21 +499,10 @@ class Embedder:
         """This model with ``channel`` appended to its vectors (None: without a term channel): the backbone is
         shared, the engine is new (its cache keys on the channel's table)."""
         config = self.config.with_options(terms=None if channel is None else channel.config, route=None)
-        engine = self.engine
-        shared = EncodingEngine(
-            self.backbone,
-            pooling_head=engine.pooling_head,
-            terms=channel,
-            cache_dir=engine.cache_dir,
-            use_cache=engine.use_cache,
-            padding_side=engine.padding_side,
-            show_progress=engine.show_progress,
-            backend=engine.backend,
-            max_batch_tokens=engine.max_batch_tokens,
-            pipelined=engine.pipelined,
-        )
+        _check_terms(self.backbone, channel)
+        engine = self.engine.with_terms(channel)
         embedder = Embedder(
-            self.backbone, config, pooling_head=self.pooling_head, engine=shared, executor=self.executor
+            self.backbone, config, pooling_head=self.pooling_head, engine=engine, executor=self.executor
         )
         embedder.source, embedder.attn_implementation = self.source, self.attn_implementation
         return embedder
@@ -614,6 +604,15 @@ class Embedder:
             and cfg.pooling in ST_POOLING_MODES
             and not (self.backbone.is_decoder and cfg.attention == "bidirectional")
             and not uses_eos
+        )
+
+
+def _check_terms(backbone: Backbone, terms: TermChannel | None) -> None:
+    """A term channel's table must cover exactly the tokenizer's ids (checked once here, not per batch)."""
+    if terms is not None and terms.vocab_size != len(backbone.tokenizer):
+        raise ConfigError(
+            f"the term channel's table has {terms.vocab_size} token ids, the model's tokenizer "
+            f"{len(backbone.tokenizer)}: the channel was fitted with another tokenizer"
         )
 
 

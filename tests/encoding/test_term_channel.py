@@ -227,3 +227,13 @@ def test_each_chunk_gets_the_terms_of_its_own_window(bert, late):
     assert chunks.vectors.shape[1] == hidden + (1 << 16)
     assert np.count_nonzero(first) and np.count_nonzero(second) and not np.allclose(first, second)
     np.testing.assert_allclose(first @ alone / (first @ first), 1.0, atol=0.05)  # the first window's own words
+
+
+def test_a_channel_fitted_with_another_tokenizer_is_refused(bert):
+    from lmembed.pooling.terms import fit_terms
+
+    other = fit_terms([[5, 6, 7]], len(bert.backbone.tokenizer) + 10, dims=64, weight=0.5)
+    with pytest.raises(ConfigError, match=r"has \d+ token ids, the model's tokenizer \d+: .*another tokenizer"):
+        bert.with_terms(other)
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        Embedder(bert.backbone, bert.config.with_options(terms=other.config), terms=other, use_cache=False)

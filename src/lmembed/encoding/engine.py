@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -247,16 +248,26 @@ class EncodingEngine:
         """An engine over the same model, pooling head, backend (ONNX, int8 ...) and padding side, with no embedding
         cache, no progress bars and no token bound of its own: for callers that plan their own batches and keep
         their own results (the server's passes, a Ray worker's shards), whose vectors must be this engine's."""
-        return EncodingEngine(
-            self.backbone,
-            pooling_head=self.pooling_head,
-            terms=self.terms,
-            use_cache=False,
-            padding_side=self.padding_side,
-            show_progress=False,
-            backend=self.backend,
-            pipelined=self.pipelined,
-        )
+        return self._like(use_cache=False, show_progress=False, max_batch_tokens=None)
+
+    def with_terms(self, terms: TermChannel | None) -> EncodingEngine:
+        """An engine like this one (model, head, backend, cache, padding, batching) appending ``terms`` instead."""
+        return self._like(terms=terms)
+
+    def _like(self, **changes: Any) -> EncodingEngine:
+        """A new engine over the same backbone with this one's settings, ``changes`` over them."""
+        options: dict[str, Any] = {
+            "pooling_head": self.pooling_head,
+            "terms": self.terms,
+            "cache_dir": self.cache_dir,
+            "use_cache": self.use_cache,
+            "padding_side": self.padding_side,
+            "show_progress": self.show_progress,
+            "backend": self.backend,
+            "max_batch_tokens": self.max_batch_tokens,
+            "pipelined": self.pipelined,
+        }
+        return EncodingEngine(self.backbone, **{**options, **changes})
 
     # ------------------------------------------------------------------ public
     def encode_raw(

@@ -286,6 +286,22 @@ def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe)
     return fitted
 
 
+def _starting_model(model: str | Embedder, device: str) -> tuple[Embedder, str]:
+    """The model to adapt and the name the summary gives it (``device`` auto: a GPU when there is one)."""
+    if isinstance(model, Embedder):
+        return model, "(given)"
+    where = "cpu" if device == "auto" and not torch.cuda.is_available() else device
+    where = "cuda" if where == "auto" else where
+    return Embedder.from_pretrained(model, device=where, cache=False, show_progress=False), str(model)
+
+
+def read_held_back(path: Path, docs: Sequence[Document]) -> list[PseudoQuery]:
+    """The held-back pseudo-queries a run wrote to ``path`` (``heldout.jsonl``), against ``docs``."""
+    index = {d.id: i for i, d in enumerate(docs)}
+    rows = read_rows(path)
+    return [PseudoQuery(r["query"], docs[index[r["doc_id"]]].full, index[r["doc_id"]], r["source"]) for r in rows]
+
+
 def run_terms_only(
     model: str | Embedder, corpus: str | Path, output: str | Path, *, recipe: AdaptRecipe, device: str = "auto"
 ) -> AdaptResult:
@@ -295,12 +311,7 @@ def run_terms_only(
     output = Path(output)
     docs = read_adapt_corpus(corpus)  # bad input is refused before anything is written
     _check_output(output, resume=False)
-    if isinstance(model, Embedder):
-        embedder, model_name = model, "(given)"
-    else:
-        where = "cpu" if device == "auto" and not torch.cuda.is_available() else device
-        embedder = Embedder.from_pretrained(model, device="cuda" if where == "auto" else where, cache=False)
-        model_name = str(model)
+    embedder, model_name = _starting_model(model, device)
     fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
     model_dir = output / MODEL_DIR
     with atomic_folder(model_dir) as tmp:
@@ -356,13 +367,7 @@ def run_adapt(
     training = recipe.training
     steps = steps or training.steps
     batch_size = batch_size or training.batch_size
-    if isinstance(model, Embedder):
-        embedder, model_name = model, "(given)"
-    else:
-        train_device = "cpu" if device == "auto" and not torch.cuda.is_available() else device
-        train_device = "cuda" if train_device == "auto" else train_device
-        embedder = Embedder.from_pretrained(model, device=train_device, cache=False, show_progress=False)
-        model_name = str(model)
+    embedder, model_name = _starting_model(model, device)
     created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(output / LOG_FILE)
@@ -443,11 +448,7 @@ def _run(
                 "same options, or choose another output folder"
             )
         rows = read_rows(output / ROWS_FILE)
-        held_rows = read_rows(output / HELDOUT_FILE)
-        index = {d.id: i for i, d in enumerate(docs)}
-        held = [
-            PseudoQuery(r["query"], docs[index[r["doc_id"]]].full, index[r["doc_id"]], r["source"]) for r in held_rows
-        ]
+        held = read_held_back(output / HELDOUT_FILE, docs)
         report = saved["report"]
     else:
         t0 = time.perf_counter()
