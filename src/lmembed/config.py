@@ -159,6 +159,10 @@ class LatentAttentionConfig:
 LATENT_VARIANTS = ("lmembed", "nv-embed")
 
 
+#: Why a strategy with a term channel keeps its width and its normalisation.
+TERMS_FIXED = "a term channel is weighed against the dense vector in the cosine"
+
+
 @dataclass(frozen=True)
 class TermsConfig:
     """A fitted term channel (:mod:`lmembed.pooling.terms`): ``dims`` hashed buckets appended to the dense vector,
@@ -332,10 +336,12 @@ class EmbeddingConfig:
         if self.terms is not None and not isinstance(self.terms, TermsConfig):
             raise ConfigError(f"terms={self.terms!r:.80} must be a term channel's settings (a dict) or None")
         if self.terms is not None and (self.dim is not None or not self.normalize or self.similarity != "cosine"):
-            raise ConfigError(
-                "a term channel is weighed against the dense vector in the cosine: it needs normalize=True, "
-                "similarity='cosine' and no dim truncation"
-            )
+            raise ConfigError(f"{TERMS_FIXED}: it needs normalize=True, similarity='cosine' and no dim truncation")
+
+    def fixed_width(self) -> str | None:
+        """Why this strategy's vectors cannot be shortened (Matryoshka ``dim``) or left unnormalised, or None when
+        they can."""
+        return TERMS_FIXED if self.terms is not None else None
 
     def named_prompt(self, name: str | None) -> str | None:
         """The prompt called ``name`` (None: the default prompt, if the model has one); an unknown name is a

@@ -145,3 +145,41 @@ def test_served_model_name_takes_several_names():
         "text-embedding-ada-002",
         "text-embedding-3-small",
     ]
+
+
+def test_a_term_channel_model_keeps_its_width_and_its_sides_in_every_dialect(make_embedder):
+    """A model with a term channel cannot be shortened (the channel is weighed against the dense part in the
+    cosine): a smaller ``dimensions`` / ``output_dimension`` is a 400 naming the field, in each dialect, before any
+    work; the full width asks for nothing. Queries and documents are weighed apart (idf vs BM25) through each
+    dialect's side field."""
+    openai = pytest.importorskip("openai")
+    cohere = pytest.importorskip("cohere")
+    corpus = ["the cat sat on the mat", "a dog ran in the park", "the cat and the dog"]
+    emb = make_embedder("bert", pooling="mean").fit_terms(corpus, dims=64)
+    text = ["cat cat dog"]  # a repeated token: BM25's saturation weighs it apart from a query's idf
+    assert not np.array_equal(emb.encode_queries(text), emb.encode_corpus(text))
+    with serving(emb) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=30)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="tiny", input=text, dimensions=8)
+        error = refused.value.body
+        assert error["param"] == "dimensions" and error["code"] == "invalid_dimensions", error
+        assert "term channel" in error["message"] and str(emb.dim) in error["message"]
+        whole = client.embeddings.create(model="tiny", input=text, dimensions=emb.dim)
+        np.testing.assert_array_equal(np.array([whole.data[0].embedding], dtype=np.float32), emb.encode(text))
+
+        co = cohere.ClientV2(base_url=server.url, api_key="unused", timeout=30)
+        with pytest.raises(cohere.core.ApiError) as refused:
+            co.embed(model="tiny", texts=text, input_type="search_query", embedding_types=["float"], output_dimension=8)
+        assert refused.value.status_code == 400 and refused.value.body["error"]["param"] == "output_dimension"
+        for input_type, expected in (
+            ("search_query", emb.encode_queries(text)),
+            ("search_document", emb.encode_corpus(text)),
+        ):
+            got = co.embed(model="tiny", texts=text, input_type=input_type, embedding_types=["float"])
+            np.testing.assert_array_equal(np.array(got.embeddings.float_, dtype=np.float32), expected)
+
+        tei = httpx.post(server.url + "/embed", json={"inputs": text, "dimensions": 8}, timeout=30)
+        assert tei.status_code == 400 and tei.json()["error"]["param"] == "dimensions"
+        tei = httpx.post(server.url + "/embed", json={"inputs": text, "prompt_name": "query"}, timeout=30)
+        np.testing.assert_array_equal(np.array(tei.json(), dtype=np.float32), emb.encode_queries(text))

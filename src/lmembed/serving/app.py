@@ -311,6 +311,7 @@ def create_app(
             default_model=state.model_name,
             max_inputs=state.limits.max_inputs,
             dim=embedder.dim,
+            fixed_width=embedder.config.fixed_width(),
         )
         instruction = state.instruction_for(req.input_type, req.instruction)
         vectors, tokens = await unless_disconnected(
@@ -381,6 +382,7 @@ def create_app(
             default_model=state.model_name,
             max_inputs=state.limits.max_inputs,
             dim=embedder.dim,
+            fixed_width=embedder.config.fixed_width(),
             max_length=state.tokenizer.max_length,
             truncates=state.limits.truncate,
         )
@@ -405,6 +407,7 @@ def create_app(
             default_model=state.model_name,
             max_inputs=state.limits.max_inputs,
             dim=embedder.dim,
+            fixed_width=embedder.config.fixed_width(),
         )
         vectors, _ = await state.embed_compat(request, req, "inputs")
         return Response(json.dumps(vectors.tolist()).encode(), media_type=JSON)

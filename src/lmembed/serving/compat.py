@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from lmembed.serving.errors import bad_request
-from lmembed.serving.schemas import _model, _positive_int, _texts
+from lmembed.serving.schemas import _dimensions, _model, _texts
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
 COHERE_INPUT_TYPES = {
@@ -103,6 +103,7 @@ def parse_cohere_embed(
     dim: int,
     max_length: int,
     truncates: bool,
+    fixed_width: str | None = None,
 ) -> CompatEmbedRequest:
     """Validate a Cohere v2 ``/v2/embed`` body (see the module doc)."""
     for field in ("images", "inputs"):
@@ -124,9 +125,7 @@ def parse_cohere_embed(
             "invalid_embedding_types",
             "embedding_types",
         )
-    dimensions = payload.get("output_dimension")
-    if dimensions is not None:
-        dimensions = _positive_int(dimensions, "output_dimension", dim, "invalid_dimensions", f"the model has {dim}")
+    dimensions = _dimensions(payload, "output_dimension", dim, fixed_width)
     if {"binary", "ubinary"} & set(types) and (dimensions or dim) % 8:
         raise bad_request(
             f"binary embeddings pack 8 dimensions per byte; {dimensions or dim} dimensions do not divide by 8",
@@ -194,7 +193,9 @@ def _direction(payload: dict[str, Any]) -> None:
         )
 
 
-def parse_tei_embed(payload: dict[str, Any], *, default_model: str, max_inputs: int, dim: int) -> CompatEmbedRequest:
+def parse_tei_embed(
+    payload: dict[str, Any], *, default_model: str, max_inputs: int, dim: int, fixed_width: str | None = None
+) -> CompatEmbedRequest:
     """Validate a TEI ``/embed`` body (see the module doc)."""
     texts = _texts(payload.get("inputs"), "inputs", max_inputs)
     normalize = _flag(payload, "normalize", True)
@@ -207,9 +208,7 @@ def parse_tei_embed(payload: dict[str, Any], *, default_model: str, max_inputs: 
             "invalid_prompt_name",
             "prompt_name",
         )
-    dimensions = payload.get("dimensions")
-    if dimensions is not None:
-        dimensions = _positive_int(dimensions, "dimensions", dim, "invalid_dimensions", f"the model has {dim}")
+    dimensions = _dimensions(payload, "dimensions", dim, fixed_width)
     side = TEI_PROMPTS.get(prompt) if prompt is not None else None
     return CompatEmbedRequest(texts, default_model, side, dimensions, ("float",), True if normalize else None)
 

@@ -188,10 +188,36 @@ def _positive_int(value: Any, field: str, upper: int, code: str, what: str) -> i
     return value
 
 
+def _dimensions(payload: dict[str, Any], field: str, dim: int, fixed_width: str | None) -> int | None:
+    """The request's ``field`` (Matryoshka: how many dimensions to keep), 1 to ``dim``; where the model's vectors
+    cannot be shortened (``fixed_width`` says why), only ``dim`` itself, which asks for nothing."""
+    value = payload.get(field)
+    if value is None:
+        return None
+    value = _positive_int(value, field, dim, "invalid_dimensions", f"the model has {dim}")
+    if fixed_width is None:
+        return value
+    if value != dim:
+        raise bad_request(
+            f"'{field}' must be {dim} or absent for this model, got {value}: its vectors cannot be shortened "
+            f"({fixed_width})",
+            "invalid_dimensions",
+            field,
+        )
+    return None
+
+
 def parse_embedding_request(
-    payload: dict[str, Any], *, served: Collection[str], default_model: str, max_inputs: int, dim: int
+    payload: dict[str, Any],
+    *,
+    served: Collection[str],
+    default_model: str,
+    max_inputs: int,
+    dim: int,
+    fixed_width: str | None = None,
 ) -> EmbeddingRequest:
-    """Validate a ``/v1/embeddings`` body (see the module doc); ``dim`` is the largest ``dimensions``."""
+    """Validate a ``/v1/embeddings`` body (see the module doc); ``dim`` is the largest ``dimensions``, and the only
+    one where ``fixed_width`` says why the model's vectors cannot be shortened."""
     texts = _texts(payload.get("input"), "input", max_inputs)
     model = _model(payload, served, default_model)
     encoding_format = payload.get("encoding_format") or "float"
@@ -201,9 +227,7 @@ def parse_embedding_request(
             "invalid_encoding_format",
             "encoding_format",
         )
-    dimensions = payload.get("dimensions")
-    if dimensions is not None:
-        dimensions = _positive_int(dimensions, "dimensions", dim, "invalid_dimensions", f"the model has {dim}")
+    dimensions = _dimensions(payload, "dimensions", dim, fixed_width)
     input_type = payload.get("input_type")
     if input_type is not None and input_type not in INPUT_TYPES:
         raise bad_request(
