@@ -442,11 +442,15 @@ class EmbeddingConfig:
         return "+".join(parts)
 
 
+#: The two sides of an asymmetric search model: how a text is read depends on which it is (:func:`for_side`).
+SIDES = ("query", "document")
+
+
 def for_side(config: EmbeddingConfig, side: str, instruction: str | None = None) -> tuple[EmbeddingConfig, str | None]:
     """How ``side`` (``"query"`` or ``"document"``) texts are read under ``config``: the strategy (an asymmetric
     model's head reads that side's route) and the prefix: for queries ``instruction`` or the strategy's
     ``query_instruction``, for documents the strategy's ``document_instruction`` (a published model's prompts)."""
-    if side not in ("query", "document"):
+    if side not in SIDES:
         raise ConfigError(f"side={side!r} must be 'query' or 'document'")
     if (config.terms or any(layer.get("route") for layer in config.head)) and config.route != side:
         config = config.with_options(route=side)

@@ -351,6 +351,29 @@ def test_encode_command_on_ray_takes_the_prompt_name_and_the_default_prompt(
         assert np.array_equal(vectors["ray", name], vectors["local", name]), name
 
 
+def test_encode_command_on_ray_reads_each_side_as_locally(cluster, tmp_path, monkeypatch, one_torch_thread):
+    """--side query / document on Ray: the workers read the side's strategy (the term channel's query or document
+    weighting) and prompt (the query instruction for queries only), as the local command does."""
+    monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
+    texts = [t for t in corpus_texts(30) if t]
+    emb = uncached("bert", pooling="mean", query_instruction=INSTRUCTION).fit_terms(texts, dims=64)
+    model = str(emb.save(tmp_path / "model"))
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n")
+    runner = CliRunner()
+    vectors = {}
+    for engine in ("local", "ray"):
+        for side in ("query", "document"):
+            out = tmp_path / f"{engine}-{side}.npy"
+            argv = ["encode", str(source), "-o", str(out), "--model", model, "--engine", engine, "--side", side]
+            result = runner.invoke(app, [*argv, *(["--workers", "1"] if engine == "ray" else [])])
+            assert result.exit_code == 0, result.output
+            vectors[engine, side] = np.load(out)
+    assert not np.allclose(vectors["local", "query"], vectors["local", "document"], atol=1e-3)
+    for side in ("query", "document"):
+        assert np.array_equal(vectors["ray", side], vectors["local", side]), side
+
+
 def test_index_build_on_ray_holds_the_local_vectors(cluster, tmp_path, monkeypatch, one_torch_thread):
     from lmembed.index import Index
 

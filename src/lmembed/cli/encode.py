@@ -23,6 +23,7 @@ from lmembed.cli.options import (
     options_command,
     worker_spec,
 )
+from lmembed.config import SIDES, for_side
 from lmembed.io import read_text_lines, read_texts_field
 from lmembed.options import EngineOptions, ModelOptions
 
@@ -61,6 +62,15 @@ def encode(
             "without it (and --instruction) the model's default prompt applies, if it has one.",
         ),
     ] = None,
+    side: Annotated[
+        str | None,
+        typer.Option(
+            "--side",
+            help="Embed the texts as search 'query' (with --instruction or the model's query prompt, as "
+            "encode_queries) or 'document' (with the model's document prompt, as encode_corpus): what an asymmetric "
+            "model (query/document routes, a term channel, published prompts) needs. Without it: as they are.",
+        ),
+    ] = None,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
@@ -71,17 +81,41 @@ def encode(
     job: run the same command again after an interruption and only the missing shards are encoded."""
     if output.suffix not in OUTPUT_SUFFIXES:
         raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
+    _check_side(side, instruction, prompt_name)
     check_writable(output, "--output")
     check_engine(engine, options)
     if engine.engine == "ray":
         path = check_input_file(input, "INPUT")
-        _encode_on_ray(path, output, model, field, instruction, prompt_name, batch_size, options, engine)
+        _encode_on_ray(path, output, model, field, instruction, prompt_name, side, batch_size, options, engine)
         return
     texts = read_texts(check_input_file(input, "INPUT"), field)
     emb = load_embedder(model, options)
-    vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction, prompt_name=prompt_name)
+    if side == "query":
+        vectors = emb.encode_queries(texts, instruction=instruction, batch_size=batch_size)
+    elif side == "document":
+        vectors = emb.encode_corpus(texts, batch_size=batch_size)
+    else:
+        vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction, prompt_name=prompt_name)
     write_vectors(vectors, texts, output)
     console.print(f"wrote {vectors.shape[0]} × {vectors.shape[1]} vectors ({emb.config.label()}) to {output}")
+
+
+def _check_side(side: str | None, instruction: str | None, prompt_name: str | None) -> None:
+    """Refuse a --side that is none, or prompt options the side decides itself, before anything is loaded."""
+    if side is None:
+        return
+    if side not in SIDES:
+        raise typer.BadParameter(f"{side!r} is not a side; use one of {', '.join(SIDES)}", param_hint="--side")
+    if prompt_name is not None:
+        raise typer.BadParameter(
+            f"--side {side} takes the model's {side} prompt; drop --prompt-name (or --side, to name a prompt)",
+            param_hint="--prompt-name",
+        )
+    if side == "document" and instruction is not None:
+        raise typer.BadParameter(
+            "documents are embedded without an instruction (as encode_corpus): drop --instruction or use --side query",
+            param_hint="--instruction",
+        )
 
 
 def _encode_on_ray(
@@ -91,17 +125,22 @@ def _encode_on_ray(
     field: str,
     instruction: str | None,
     prompt_name: str | None,
+    side: str | None,
     batch_size: int,
     options: ModelOptions,
     engine: EngineOptions,
 ) -> None:
     """``lmembed encode --engine ray``: a sharded job streamed from the file; vectors written as they are assembled.
-    The prompt is chosen as ``Embedder.encode`` chooses it: ``--instruction``, else ``--prompt-name``, else the
-    model's default prompt."""
+    The strategy and the prompt are those the local command uses: with ``--side``, that side's
+    (:func:`~lmembed.config.for_side`, as ``encode_queries``/``encode_corpus``); else as ``Embedder.encode``
+    chooses: ``--instruction``, else ``--prompt-name``, else the model's default prompt."""
     from lmembed.scale import encode_corpus, open_texts  # lazy: Ray Data is optional and heavy
 
     emb = load_embedder(model, options)
-    if instruction is None:
+    if side is not None:
+        config, instruction = for_side(emb.config, side, instruction)
+        emb = emb.with_config(config)
+    elif instruction is None:
         instruction = emb.config.named_prompt(prompt_name)
     done = encode_corpus(
         emb,

@@ -47,7 +47,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lmembed import __version__
-from lmembed.config import for_side
+from lmembed.config import SIDES, for_side
 from lmembed.embedder import Embedder, postprocess
 from lmembed.index import Index
 from lmembed.index.manifest import check_embedder
@@ -141,7 +141,7 @@ class ServerState:
         """Queries get the request's instruction or the strategy's, documents the strategy's document prompt (as
         ``encode_queries``/``encode_corpus``); other texts the request's instruction or the model's default prompt
         (as ``encode``)."""
-        if input_type in ("query", "document"):
+        if input_type in SIDES:
             return for_side(self.config, input_type, instruction)[1]
         return instruction or self.config.named_prompt(None)
 

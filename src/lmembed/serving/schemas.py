@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from lmembed.config import SIDES
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
 from lmembed.serving.errors import ApiError, bad_request
 
 ENCODING_FORMATS = ("float", "base64")
-INPUT_TYPES = ("query", "document")
+INPUT_TYPES = SIDES
 
 
 @dataclass(frozen=True)
