@@ -542,10 +542,11 @@ class Embedder:
     def export(self, directory: str | Path, format: str = "onnx", *, calibration: Sequence[str] | None = None) -> Path:
         """Write a deployable graph of this Embedder's strategy to ``directory``: ``model.onnx`` returns exactly the
         hidden states the strategy pools (pooling stays in lmembed), with ``manifest.json`` (what it was built from;
-        for int8 the quality-gate report), the tokenizer and ``lmembed.json`` (the strategy). The graph comes from
-        the export cache (built there first if absent), so ``backend="onnx"`` runs this very graph. ``directory``
-        is filled under a temporary name and renamed into place. int8 needs ``calibration`` texts (or a
-        previous :meth:`calibrate`)."""
+        for int8 the quality-gate report), the tokenizer, ``lmembed.json`` (the strategy) and what acts after
+        pooling (a pooling head's weights, a term channel's table), in the files ``save`` gives them. The graph
+        comes from the export cache (built there first if absent), so ``backend="onnx"`` runs this very graph.
+        ``directory`` is filled under a temporary name and renamed into place. int8 needs ``calibration`` texts (or
+        a previous :meth:`calibrate`)."""
         if format != "onnx":
             raise ConfigError(f"format={format!r} is unknown; the only export format is 'onnx'")
         backend = self.engine.backend
@@ -555,6 +556,17 @@ class Embedder:
             self.calibrate(calibration)
         source = self.engine.prepare_backend([self.config])
         return _copy_export(source, Path(directory), self)
+
+    def _save_after_pooling(self, directory: Path, head_state: dict[str, Tensor] | None = None) -> None:
+        """Write what turns pooled states into this Embedder's vectors: its head's weights and its term table."""
+        if isinstance(self.pooling_head, PostPoolingHead):
+            save_head_layers(self.pooling_head, directory, head_state)
+        elif self.pooling_head is not None:
+            head = self.pooling_head.state_dict() if head_state is None else head_state
+            state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
+            save_file(state, str(directory / HEAD_FILE))
+        if self.config.terms is not None and self.engine.terms is not None:
+            save_terms(self.engine.terms, directory)
 
     def save(
         self,
@@ -573,14 +585,7 @@ class Embedder:
         model = self.backbone.model
         model.save_pretrained(directory, state_dict=backbone_state)
         self.backbone.tokenizer.save_pretrained(directory)
-        if isinstance(self.pooling_head, PostPoolingHead):
-            save_head_layers(self.pooling_head, directory, head_state)
-        elif self.pooling_head is not None:
-            head = self.pooling_head.state_dict() if head_state is None else head_state
-            state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
-            save_file(state, str(directory / HEAD_FILE))
-        if self.config.terms is not None and self.engine.terms is not None:
-            save_terms(self.engine.terms, directory)
+        self._save_after_pooling(directory, head_state)
         meta = {
             "format": FORMAT_VERSION,
             "base_model": self.backbone.name,
@@ -630,6 +635,7 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
         for item in source.iterdir():
             shutil.copy2(item, tmp / item.name)
         embedder.backbone.tokenizer.save_pretrained(tmp)
+        embedder._save_after_pooling(tmp)  # the graph stops where pooling starts: the head and term table travel
         meta = {
             "format": FORMAT_VERSION,
             "base_model": embedder.backbone.name,

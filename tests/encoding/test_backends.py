@@ -195,6 +195,30 @@ def test_export_command_writes_a_graph_that_gives_the_torch_vectors(tokenizer, t
     assert bad.exit_code == 2 and "the only format is onnx" in bad.output
 
 
+def test_an_export_holds_what_acts_after_pooling(tokenizer, tmp_path):
+    """The graph stops where pooling starts, so an export carries the pooling head's weights and the term table,
+    in the files a saved model keeps them in, the table hashing to the strategy's sha256."""
+    from typer.testing import CliRunner
+
+    from lmembed.cli.app import app
+    from lmembed.load_plan import HEAD_FILE
+    from lmembed.pooling.terms import TERMS_FILE, load_terms
+
+    config = EmbeddingConfig(pooling="latent_attention")
+    emb = Embedder.from_model(tiny_model("bert", len(tokenizer)), tokenizer, config, use_cache=False)
+    saved = tmp_path / "model"
+    emb.fit_terms(TEXTS, dims=64).save(saved)
+    kept = {p.name for p in saved.iterdir()} - {"model.safetensors", "config.json"}
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(out), "--model", str(saved), "--format", "onnx"])
+    assert result.exit_code == 0, result.output
+    exported = {p.name for p in out.iterdir()}
+    assert kept <= exported and {TERMS_FILE, HEAD_FILE} <= kept, (kept, exported)
+    strategy = EmbeddingConfig.from_dict(json.loads((out / "lmembed.json").read_text())["strategy"])
+    channel = load_terms(out, strategy.terms, len(tokenizer), out / "lmembed.json")  # checks the sha256
+    np.testing.assert_array_equal(channel.idf.numpy(), load_terms(saved, strategy.terms, len(tokenizer), saved).idf)
+
+
 @pytest.mark.gpu
 def test_gpu_half_precision_sdpa_agrees_with_cpu_float32(tokenizer):
     if not torch.cuda.is_available():
