@@ -86,6 +86,19 @@ def test_environment_variables_are_read_in_one_place():
     assert not readers, "LMEMBED_* read outside paths.py:\n" + "\n".join(readers)
 
 
+def test_consoles_are_made_in_one_place():
+    """Only ``terminal.py`` builds rich consoles: one written to a log is then full width and never wrapped at 80
+    columns, whichever command prints."""
+    makers = [
+        f"{path.relative_to(SRC)}:{number}: {line.strip()}"
+        for path in sorted(SRC.rglob("*.py"))
+        if path.name != "terminal.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"(?<![.\w])Console\(", line)
+    ]
+    assert not makers, "rich consoles built outside terminal.py:\n" + "\n".join(makers)
+
+
 def test_every_package_and_module_says_what_it_holds():
     import ast
 

@@ -3,6 +3,7 @@ imports), the root help says what lmembed is; progress and tables read in a log 
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -140,3 +141,20 @@ def test_tables_in_a_log_are_full_width(monkeypatch, capsys, columns):
         assert "| " + " | ".join(["a" * 50] * 4) + " |" in out.splitlines()
     else:  # COLUMNS set by the user is honoured, as rich does
         assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_a_command_in_a_log_shows_no_library_bars(make_embedder, tmp_path):
+    """Run as in a batch job (stderr a file): transformers' own bars (loading weights, writing shards) would each
+    leave a line of carriage returns there; the command's own lines stay, unwrapped."""
+    model = make_embedder("bert", pooling="mean").save(tmp_path / "model")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\na dog ran\n")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    env.pop("COLUMNS", None)
+    argv = ["encode", str(texts), "-o", str(tmp_path / "v.npy"), "--model", str(model), "--no-cache"]
+    run = subprocess.run(
+        [sys.executable, "-m", "lmembed.cli", *argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert "Loading weights" not in run.stderr and "\r" not in run.stderr, run.stderr
+    assert f"wrote 2 × {make_embedder('bert').dim} vectors" in run.stderr and run.stderr.count("\n") == 1, run.stderr

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.cli.options import check_writable
 
 
@@ -100,7 +100,7 @@ def adapt(
     channel = ""
     if terms:
         channel = f", with the term channel {terms['saved_scores']['ndcg@10']:.4f} ({terms['dims']} dims appended)"
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True)
     console.print(
         f"adapted model: {result.model_dir}  (held-back pseudo-queries nDCG@10 "
         f"{selection['before']['ndcg@10']:.4f} → {selection['after']['ndcg@10']:.4f}, step {selection['best_step']}"
@@ -119,7 +119,7 @@ def _terms_only(model: str, corpus: Path, output: Path, plan: Any, device: str, 
 
     result = run_terms_only(model, corpus, output, recipe=plan, device=device)
     terms = result.summary["terms"]
-    Console(stderr=True).print(
+    terminal.console(stderr=True).print(
         f"model with a term channel: {result.model_dir}  ({result.summary['documents']} documents, {terms['dims']} "
         f"dims appended at weight {terms['weight']}; {result.summary['seconds']:.0f} s)"
     )

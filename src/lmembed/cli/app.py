@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Annotated
 
 import typer
 
+from lmembed import terminal
 from lmembed.cli import (
     adapt,
     cache,
@@ -83,6 +85,15 @@ def root(
 ) -> None:
     # the root help is ROOT_HELP (typer prefers a callback's docstring, so this callback has none)
     show_step_log(verbose)
+    quiet_library_bars()
+
+
+def quiet_library_bars() -> None:
+    """In a log (stderr not a terminal) the Hugging Face libraries' own tqdm bars (loading weights, writing
+    shards) would each leave a line of carriage returns; lmembed's progress lines say what runs. Set before they
+    are imported (commands import them lazily); an explicit HF_HUB_DISABLE_PROGRESS_BARS is left as it is."""
+    if not terminal.is_terminal():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 app.command("encode")(encode.encode)

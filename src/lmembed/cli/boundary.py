@@ -29,10 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from lmembed import terminal
 from lmembed.errors import LmembedError
 from lmembed.paths import DEBUG_ENV_VAR, debug_from_env
 
@@ -49,7 +49,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     FileExistsError,
 )
 
-_console = Console(stderr=True, highlight=False, soft_wrap=True)
+_console = terminal.console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def debug_enabled(ctx: typer.Context | None = None) -> bool:

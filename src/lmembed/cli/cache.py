@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.paths import embedding_cache_dir
 
 app = typer.Typer(help="Inspect or clear the embedding cache.", no_args_is_help=True)
@@ -22,7 +22,7 @@ def clear(directory: DirectoryOpt = None) -> None:
     from lmembed.encoding.cache import clear_cache  # lazy: keeps --help fast
 
     removed = clear_cache(directory)
-    Console(stderr=True).print(f"removed {removed} cache shard(s) from {directory or embedding_cache_dir()}")
+    terminal.console(stderr=True).print(f"removed {removed} cache shard(s) from {directory or embedding_cache_dir()}")
 
 
 @app.command("info")
@@ -31,4 +31,6 @@ def info(directory: DirectoryOpt = None) -> None:
     from lmembed.encoding.cache import cache_size  # lazy: keeps --help fast
 
     files, size = cache_size(directory)
-    Console(stderr=True).print(f"{directory or embedding_cache_dir()}: {files} shard(s), {size / 2**20:.1f} MiB")
+    terminal.console(stderr=True).print(
+        f"{directory or embedding_cache_dir()}: {files} shard(s), {size / 2**20:.1f} MiB"
+    )

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.atomic import atomic_write_text
 from lmembed.cli.options import check_writable
 from lmembed.io import iter_jsonl
@@ -66,8 +66,8 @@ def decontaminate_command(
     atomic_write_text(output, "".join(json.dumps(raw[i], ensure_ascii=False) + "\n" for i in report.kept))
     atomic_write_text(_beside(output, ".json"), json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(_beside(output, ".md"), report.markdown())
-    Console(stderr=True, soft_wrap=True).print(report.markdown(), markup=False)
-    Console(stderr=True).print(f"kept {len(report.kept)} of {report.rows} rows: {output}")
+    terminal.console(stderr=True, soft_wrap=True).print(report.markdown(), markup=False)
+    terminal.console(stderr=True).print(f"kept {len(report.kept)} of {report.rows} rows: {output}")
 
 
 def _beside(output: Path, suffix: str) -> Path:

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from lmembed import terminal
 from lmembed.cli.options import Exclude, load_embedder, options_command
 from lmembed.errors import ModelLoadError
 from lmembed.models.bundled import BUNDLED
@@ -41,7 +42,7 @@ def doctor(
 
     options = replace(options, no_cache=True)  # every vector computed: a cached one would hide what is checked
     given = {f.name: getattr(options, f.name) for f in fields(EmbeddingConfig) if hasattr(options, f.name)}
-    out = Console(soft_wrap=True)
+    out = terminal.console(soft_wrap=True)
     local = model in BUNDLED or Path(model).expanduser().exists()
     hub_id = None if local else presets.hub_id_of(model)  # a Hub id: resolved without the network
     if hub_id is not None and not weights_here(hub_id):
@@ -68,7 +69,7 @@ def doctor(
         out.print(f"{MARKS[check.passed]}  {check.name}: {escape(check.detail)}", soft_wrap=True)
     failed = [c.name for c in checks if c.passed is False]
     if failed:
-        Console(stderr=True).print(f"[red]{len(failed)} check(s) failed[/]: {', '.join(failed)}")
+        terminal.console(stderr=True).print(f"[red]{len(failed)} check(s) failed[/]: {', '.join(failed)}")
         raise typer.Exit(1)
 
 

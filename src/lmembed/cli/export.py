@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.cli.options import (
     Exclude,
     ModelOpt,
@@ -24,7 +24,7 @@ from lmembed.options import ModelOptions
 #: Export offers the strategy options; the runtime ones are its own (--precision, --calibration) or fixed.
 EXPORTED = Exclude("dim", "dtype", "device", "backend", "precision", "calibration", "no_cache")
 
-console = Console(stderr=True)
+console = terminal.console(stderr=True)
 FORMATS = ("onnx",)
 PRECISIONS = PORTABLE_PRECISIONS  # float32 or int8: the graph ONNX Runtime runs
 

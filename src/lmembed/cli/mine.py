@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     BatchSizeOpt,
@@ -82,6 +82,6 @@ def mine(
         stats=stats,
     )
     write_rows(mined, output)
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True)
     console.print(json.dumps(stats.to_dict()))
     console.print(f"wrote {len(mined)} rows to {output}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.table import Table
 
 from lmembed import terminal
@@ -14,7 +13,7 @@ COLUMNS = ("name", "hub_id", "installed", "converted", "description")
 
 def models() -> None:
     """List the bundled offline models and the converted-model cache."""
-    err = Console(stderr=True)
+    err = terminal.console(stderr=True)
     table = Table(title="bundled models")
     for column in COLUMNS:
         table.add_column(column)

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
+
+from lmembed import terminal
 
 if TYPE_CHECKING:  # torch loads only when a command runs
     from lmembed.rerank import Reranker
 
-console = Console(stderr=True)
+console = terminal.console(stderr=True)
 MODES = ("dense", "bm25", "hybrid")
 FUSIONS = ("rrf", "minmax")
 
@@ -120,5 +121,5 @@ def evaluate_in_stages(
             staged.append(item)
             written += [write_result(r, output) for r in (item.first, item.reranked) if r is not None]
     if staged:
-        Console().print(stage_table(staged))
+        terminal.console().print(stage_table(staged))
     console.print(f"results written under {output}/ ({len(written)} files)")

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.cli.options import check_engine, check_writable, options_command
 from lmembed.options import EngineOptions
 
@@ -82,7 +82,7 @@ def synthesize_command(
         raise typer.BadParameter(
             "a request or token budget is counted in one process: use --engine local", param_hint=option
         )
-    console = Console(stderr=True, soft_wrap=True)
+    console = terminal.console(stderr=True, soft_wrap=True)
     passages = read_passages(corpus, corpus_limit) if corpus is not None else None
     encode = EmbedderEncode(embedder) if embedder else None
     gen = build_generator(

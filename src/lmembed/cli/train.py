@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 
 import typer
-from rich.console import Console
 
+from lmembed import terminal
 from lmembed.cli.boundary import GuardedCommand
 from lmembed.cli.options import check_writable
 from lmembed.options import Flag, flags_of, parse_targets
@@ -108,7 +108,9 @@ def train(**options: Any) -> None:
 
     result = Trainer(cfg).train()
     if result.model_dir is not None:
-        Console(stderr=True).print(f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})")
+        terminal.console(stderr=True).print(
+            f"trained model: {result.model_dir}  (steps {result.start_step}→{result.end_step})"
+        )
 
 
 _PARAMETERS = _parameters()
@@ -127,7 +129,7 @@ def _run_recipe(path: Path, overrides: dict[str, Any]) -> None:
         result = run_recipe(path, overrides=overrides)
     except RecipeError as exc:
         raise typer.BadParameter(f"--recipe {path}: {exc}") from exc
-    Console(stderr=True).print(f"recipe {path} finished: {result}")
+    terminal.console(stderr=True).print(f"recipe {path} finished: {result}")
 
 
 def build_config(config_file: Path | None, options: dict[str, Any]) -> TrainConfig:
