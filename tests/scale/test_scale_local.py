@@ -141,6 +141,15 @@ def test_snapshot_rebuilds_the_same_model_and_refuses_injected_adapters(tmp_path
         Snapshot.of(lora_embedder()).load("cpu")
 
 
+def test_snapshot_carries_a_term_channel(one_torch_thread):
+    texts = [t for t in corpus_texts(30) if t]
+    emb = uncached("bert", pooling="mean").fit_terms(texts, dims=64)
+    copy = pickle.loads(pickle.dumps(Snapshot.of(emb))).load("cpu")
+    assert copy.config.terms == emb.config.terms
+    assert np.array_equal(copy.encode_queries(texts), emb.encode_queries(texts))
+    assert np.array_equal(copy.encode_corpus(texts), emb.encode_corpus(texts))
+
+
 # ---------------------------------------------------------------------------------------------- plan and cache
 def test_plan_follows_the_engine_order_and_shares_repeated_texts(tmp_path):
     emb = uncached("llama")

@@ -138,6 +138,21 @@ def test_latent_attention_head_is_trained_and_saved(tmp_path, tokenizer, data_fi
     np.testing.assert_allclose(encode(loaded), expected, atol=1e-5)
 
 
+def test_a_term_channel_is_kept_through_training(tmp_path, tokenizer, data_file):
+    """A model with a fitted term channel trains (its vectors carry the channel, as they will be read) and is saved
+    with the same table: the channel is fitted on a corpus, not trained (saving it used to fail)."""
+    emb = tiny_embedder(tokenizer).fit_terms(TEXTS, dims=64)
+    trainer = Trainer(make_config(tmp_path, data_file, steps=2), model=emb)
+    trainer.train_step()
+    trainer.train_step()
+    trainer.model.eval()
+    expected = encode(trainer.model.embedder)
+    assert expected.shape[1] == emb.backbone.hidden_size + 64
+    loaded = Embedder.from_pretrained(str(trainer.save_model()), cache=False, show_progress=False)
+    assert loaded.config.terms == emb.config.terms
+    np.testing.assert_allclose(encode(loaded), expected, atol=1e-5)
+
+
 def test_encoder_with_triplet_loss_keeps_sentence_transformers_files(tmp_path, tokenizer, data_file):
     emb = tiny_embedder(tokenizer, family="bert", attention="causal")
     result = Trainer(make_config(tmp_path, data_file, loss="triplet", steps=2, lora=None), model=emb).train()

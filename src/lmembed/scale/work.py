@@ -32,6 +32,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
 from lmembed.load_spec import LoadSpec
+from lmembed.pooling.terms import TermChannel
 from lmembed.scale.errors import BadRowError, ScaleError
 from lmembed.scale.shard_plan import ShardPlan
 from lmembed.scale.sources import locate
@@ -110,6 +111,7 @@ class Snapshot:
     config: EmbeddingConfig
     pooling_head: torch.nn.Module | None
     name: str
+    terms: TermChannel | None = None
 
     @classmethod
     def of(cls, embedder: Embedder) -> Snapshot:
@@ -125,6 +127,7 @@ class Snapshot:
             config=embedder.config,
             pooling_head=None if head is None else copy.deepcopy(head).to("cpu"),
             name=embedder.backbone.name,
+            terms=None if embedder.engine.terms is None else copy.deepcopy(embedder.engine.terms).to("cpu"),
         )
 
     def load(self, device: str) -> Embedder:
@@ -139,7 +142,13 @@ class Snapshot:
             ) from None
         model.to(dtype=self.dtype).eval()
         embedder = Embedder.from_model(
-            model, self.tokenizer, self.config, pooling_head=self.pooling_head, use_cache=False, show_progress=False
+            model,
+            self.tokenizer,
+            self.config,
+            pooling_head=self.pooling_head,
+            terms=self.terms,
+            use_cache=False,
+            show_progress=False,
         )
         embedder.backbone.name = self.name
         return move_to(embedder, device)
@@ -154,6 +163,8 @@ def move_to(embedder: Embedder, device: str) -> Embedder:
     embedder.backbone.device = target
     if embedder.pooling_head is not None:
         embedder.pooling_head.to(target)
+    if embedder.engine.terms is not None:
+        embedder.engine.terms.to(target)
     return embedder
 
 

@@ -363,7 +363,10 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
 
     def _clone_embedder(self, model: nn.Module) -> Embedder:
         backbone = dataclasses.replace(self.embedder.backbone, model=model, _fingerprint=None)
-        return Embedder(backbone, self.config, pooling_head=self.head, use_cache=False, show_progress=False)
+        terms = self.embedder.engine.terms  # a term channel is fitted, not trained: it is saved as it came
+        return Embedder(
+            backbone, self.config, pooling_head=self.head, terms=terms, use_cache=False, show_progress=False
+        )
 
     @staticmethod
     def _save_adapter(peft_model: Any, directory: Path, base: Path) -> None:
