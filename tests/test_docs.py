@@ -115,3 +115,27 @@ def test_readme_is_a_front_door():
     assert not long, f"README.md lines over 200 characters: {long}"
     for command in ("bash run.sh ", "bash run.sh test "):
         assert any(line.startswith(command) for line in lines), f"README.md does not show `{command.strip()}`"
+
+
+#: How docs/cli.md is made: from the CLI itself (typer reads every command's options and help).
+CLI_REFERENCE = [
+    "-m",
+    "typer",
+    "lmembed.cli.app",
+    "utils",
+    "docs",
+    "--name",
+    "lmembed",
+    "--title",
+    "Command-line reference",
+]
+
+
+def test_the_cli_reference_is_the_cli(tmp_path: Path):
+    """docs/cli.md is generated from the commands, so it cannot drift from them: an option added, renamed or
+    re-described without regenerating the page fails here."""
+    fresh = tmp_path / "cli.md"
+    run = subprocess.run([sys.executable, *CLI_REFERENCE, "--output", str(fresh)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    regenerate = "python " + " ".join(CLI_REFERENCE) + " --output docs/cli.md"
+    assert (ROOT / "docs" / "cli.md").read_text() == fresh.read_text(), f"docs/cli.md is stale: {regenerate}"
