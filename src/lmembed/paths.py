@@ -110,6 +110,24 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def recipe_dirs(kind: str) -> list[Path]:
+    """Where a recipe of ``kind`` (``adapt``, ``synthesis``) given by name is looked for: ``recipes/KIND/`` in the
+    working directory, then in the checkout lmembed runs from."""
+    return [Path.cwd() / "recipes" / kind, repo_root() / "recipes" / kind]
+
+
+def find_named_recipe(kind: str, name: str | Path) -> Path | list[str]:
+    """A recipe file: ``name`` itself when it is a file, else ``NAME.yaml`` in :func:`recipe_dirs`; when there is
+    none, the names there are (for the caller's error)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    for folder in recipe_dirs(kind):
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    return sorted({p.stem for folder in recipe_dirs(kind) if folder.is_dir() for p in folder.glob("*.yaml")})
+
+
 def shared_candidates() -> list[Path]:
     """Where the project's shared data folder may be, in the order tried: ``../shared/datasets``
     beside the checkout, then beside the working directory."""

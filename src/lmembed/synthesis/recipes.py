@@ -16,6 +16,7 @@ from string import Template
 from typing import Any
 
 from lmembed.errors import ConfigError, UnknownNameError
+from lmembed.paths import find_named_recipe
 from lmembed.schema import Where, read_yaml_file
 
 
@@ -73,21 +74,12 @@ def render(template: str, **fields: Any) -> str:
     return Template(template).safe_substitute({k: str(v) for k, v in fields.items()})
 
 
-def recipe_dirs() -> list[Path]:
-    checkout = Path(__file__).resolve().parents[3]
-    return [Path.cwd() / "recipes" / "synthesis", checkout / "recipes" / "synthesis"]
-
-
 def find_recipe(name: str | Path) -> Path:
-    path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    for folder in recipe_dirs():
-        candidate = folder / f"{name}.yaml"
-        if candidate.is_file():
-            return candidate
-    known = sorted({p.stem for folder in recipe_dirs() if folder.is_dir() for p in folder.glob("*.yaml")})
-    raise UnknownNameError(f"synthesis recipe {str(name)!r} is not a file nor one of: {', '.join(known) or 'none'}")
+    """A synthesis recipe file: a path, or the stem of a file in ``recipes/synthesis/``."""
+    found = find_named_recipe("synthesis", name)
+    if isinstance(found, Path):
+        return found
+    raise UnknownNameError(f"synthesis recipe {str(name)!r} is not a file nor one of: {', '.join(found) or 'none'}")
 
 
 def load_recipe(name: str | Path) -> SynthesisRecipe:

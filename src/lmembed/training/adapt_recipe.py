@@ -14,6 +14,7 @@ from pydantic import Field
 
 from lmembed.errors import ConfigError
 from lmembed.io import read_text
+from lmembed.paths import find_named_recipe
 from lmembed.schema import FileModel, Where, check_keys, read_yaml_file
 
 
@@ -142,22 +143,12 @@ class AdaptRecipe(FileModel):
         return [name for name in ("titles", "crops") if getattr(self.sources, name).enabled]
 
 
-def recipe_dirs() -> list[Path]:
-    """Where a recipe given by name (``default``, ``lora``) is looked for: ``recipes/adapt/`` here, then in the
-    checkout lmembed runs from."""
-    return [Path.cwd() / "recipes" / "adapt", Path(__file__).resolve().parents[3] / "recipes" / "adapt"]
-
-
 def find_adapt_recipe(name: str | Path) -> Path:
-    """A recipe file: a path, or the stem of a file in :func:`recipe_dirs`."""
-    path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    for folder in recipe_dirs():
-        if (folder / f"{name}.yaml").is_file():
-            return folder / f"{name}.yaml"
-    known = sorted({p.stem for folder in recipe_dirs() if folder.is_dir() for p in folder.glob("*.yaml")})
-    raise AdaptRecipeError(f"{name}: no such recipe file, nor one of the adapt recipes ({', '.join(known) or 'none'})")
+    """A recipe file: a path, or the stem of a file in ``recipes/adapt/`` (:func:`lmembed.paths.recipe_dirs`)."""
+    found = find_named_recipe("adapt", name)
+    if isinstance(found, Path):
+        return found
+    raise AdaptRecipeError(f"{name}: no such recipe file, nor one of the adapt recipes ({', '.join(found) or 'none'})")
 
 
 def load_adapt_recipe(path: str | Path | None) -> AdaptRecipe:
