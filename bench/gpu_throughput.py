@@ -14,7 +14,9 @@ round after one warm-up); each figure is the median over the rounds:
 
 Ratios are lmembed / st-float16 and lmembed / st-bfloat16 in the same cell. Vectors, in each cell: min cosine of
 lmembed's to sentence-transformers' of the same dtype, pipelined vs serial (bit-for-bit or the largest difference),
-packed vs serial (min cosine). Models: ``minilm`` (its real weights), ``smollm2-135m`` (its architecture with
+packed vs serial (min cosine). Host, in each cell: the share of each lmembed call spent tokenising before its first
+batch could run (``EncodingEngine.last_run``): what overlapping tokenisation with compute could win at most.
+Models: ``minilm`` (its real weights), ``smollm2-135m`` (its architecture with
 random weights, made by ``bench/gpu_random_smollm2.py``) and ``qwen2-0.5b`` (Qwen2-0.5B's configuration, written
 below, with random weights built on the device; SmolLM2's byte-level BPE tokenizer stands in for Qwen2's, which is
 not carried: throughput depends on token counts, not on which ids they are).
@@ -32,6 +34,7 @@ Results: ``bench/results/gpu-throughput/result.json`` and ``table.md`` (``--out`
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import inspect
 import json
@@ -248,8 +251,12 @@ def contenders(
                 set_pipelined(emb, on)
                 return emb.encode(texts, batch_size=bs)
 
+            lm_run.engine = emb.engine  # type: ignore[attr-defined]  # measure_cell reads its last_run
+
             runs[label] = lm_run
-            runs[f"{label}-serial"] = lambda texts, bs, run=lm_run: run(texts, bs, on=False)
+            serial = functools.partial(lm_run, on=False)
+            serial.engine = emb.engine  # type: ignore[attr-defined]
+            runs[f"{label}-serial"] = serial
         else:
             notes["engine_switch"] = f"EncodingEngine has no {ENGINE_SWITCH!r}: one engine, labelled -serial"
             runs[f"{label}-serial"] = lambda texts, bs, emb=emb: emb.encode(texts, batch_size=bs)
@@ -267,6 +274,7 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
     import torch
 
     seconds: dict[str, list[float]] = {label: [] for label in runs}
+    tokenising: dict[str, list[float]] = {label: [] for label in runs if hasattr(runs[label], "engine")}
     vectors: dict[str, np.ndarray] = {}
     errors: dict[str, str] = {}
     for label, run in runs.items():
@@ -286,6 +294,8 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
             start = time.perf_counter()
             vectors[label] = run(texts, bs)
             seconds[label].append(time.perf_counter() - start)
+            if label in tokenising and run.engine.last_run is not None:  # type: ignore[attr-defined]
+                tokenising[label].append(run.engine.last_run.tokenise_seconds)  # type: ignore[attr-defined]
         print(f"  round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in seconds.items() if v), flush=True)
     rate = {label: len(texts) / float(np.median(s)) for label, s in seconds.items() if s}
     ratios = {
@@ -294,6 +304,13 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
         if base in rate
         for label in rate
         if label.startswith("lmembed-")
+    }
+    # the host's tokenising, before the first batch can run (batches are planned from every length): the share of
+    # the call during which the device waits for it, whichever path runs
+    host = {
+        f"tokenising share {label}": float(np.median(t)) / float(np.median(seconds[label]))
+        for label, t in tokenising.items()
+        if t and seconds[label]
     }
     agreement: dict[str, Any] = {}
     for d in args.dtypes:
@@ -315,6 +332,7 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
         "texts_per_s": rate,
         "ratios": ratios,
         "agreement": agreement,
+        "host": host,
         "errors": errors,
     }
 
@@ -398,6 +416,12 @@ def table(result: dict) -> str:
             for label in (x for x in labels if x.startswith("lmembed-")):
                 row = [m["cells"][c]["ratios"].get(f"{label} / {base}") for c in done]
                 lines.append(f"| {label} | " + " | ".join("-" if v is None else f"**{v:.2f}x**" for v in row) + " |")
+        shares = list(dict.fromkeys(k for c in done for k in m["cells"][c].get("host", {})))
+        if shares:
+            lines += ["", "| host | " + " | ".join(done) + " |", "|---|" + "---:|" * len(done)]
+            for share in shares:
+                row = [m["cells"][c].get("host", {}).get(share) for c in done]
+                lines.append(f"| {share} | " + " | ".join("-" if v is None else f"{v:.0%}" for v in row) + " |")
         checks = list(dict.fromkeys(k for c in done for k in m["cells"][c]["agreement"]))
         lines += ["", "| vectors | " + " | ".join(done) + " |", "|---|" + "---:|" * len(done)]
         for check in checks:

@@ -108,10 +108,7 @@ def main() -> None:
         "",
         "| arm | texts/s | x torch | min cosine to torch |",
         "|---|---|---|---|",
-        *(
-            f"| {r['arm']} | {r['texts_per_s']:.1f} | {r['x_torch']:.2f} | {r['min_cos_to_torch']:.6f} |"
-            for r in rows
-        ),
+        *(f"| {r['arm']} | {r['texts_per_s']:.1f} | {r['x_torch']:.2f} | {r['min_cos_to_torch']:.6f} |" for r in rows),
         "",
         f"The compiled arm's first encode (compiling, {len(texts)} texts) took {compile_s:.0f} s.",
     ]

@@ -118,6 +118,26 @@ def test_pipelined_vectors_equal_serial_bit_for_bit(make_embedder, monkeypatch, 
     assert pipeline_threads() == []
 
 
+def test_the_last_run_says_what_it_did_on_either_path(make_embedder):
+    """``engine.last_run``: the real tokens of the texts, the padded tokens of the batches that ran, the seconds of
+    each stage; the same counts from both paths (the same batches)."""
+    emb = make_embedder("llama")
+    engine = emb.engine
+    texts = texts_of(29)
+    assert engine.last_run is None
+    builder = InputBuilder(emb.backbone.tokenizer, emb.config, is_decoder=True, max_length=emb.config.max_length)
+    tokens = sum(len(f) for f in builder.build_all(list(dict.fromkeys(texts)), None))  # a repeat is encoded once
+    runs = []
+    for pipelined in (False, True):
+        engine.pipelined = pipelined
+        engine.encode_raw(texts, [emb.config], batch_size=BATCH)
+        runs.append(engine.last_run)
+    for run in runs:
+        assert run.tokens == tokens and run.padded > run.tokens  # texts of 1-40 words pad their batches
+        assert run.seconds > 0 and run.tokenise_seconds > 0 and run.prepare_seconds >= 0
+    assert (runs[0].tokens, runs[0].padded) == (runs[1].tokens, runs[1].padded)
+
+
 def test_one_batch_runs_in_series_and_uncached_keeps_the_switch(make_embedder, monkeypatch):
     emb = make_embedder("llama")
     engine = emb.engine

@@ -161,8 +161,11 @@ class _CacheWriter:
 
 
 @dataclass
-class _RunStats:
-    """What one compute call logs."""
+class RunStats:
+    """What one compute call of the engine did (:attr:`EncodingEngine.last_run`, and the log line at ``-v``): the
+    real and the padded tokens of its batches, its seconds computing (after tokenising and preparing, as the serial
+    path counts them), tokenising every text (on the pipelined path, on the producer thread, while nothing computes:
+    batches are planned from every length) and preparing the backend (an export, int8 calibration)."""
 
     tokens: int = 0
     padded: int = 0
@@ -243,6 +246,8 @@ class EncodingEngine:
         self.cache_flush_seconds = CACHE_FLUSH_SECONDS
         tok = backbone.tokenizer
         self.pad_id = next((t for t in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) if t is not None), 0)
+        # what the last compute call did (the last to finish, where several threads share the engine); None before
+        self.last_run: RunStats | None = None
 
     def uncached(self) -> EncodingEngine:
         """An engine over the same model, pooling head, backend (ONNX, int8 ...) and padding side, with no embedding
@@ -460,6 +465,7 @@ class EncodingEngine:
         several = len(rows) > batch_size or self.max_batch_tokens is not None
         run = self._run_pipelined if self.pipelined and several else self._run_serial
         stats = run(job)
+        self.last_run = stats
         log.info(
             "encoded %d texts (%d tokens, %.0f%% padding) on %s %s in %.1f s (%.1f texts/s, %s); tokenised in %.1f s, "
             "backend prepared in %.1f s",
@@ -480,9 +486,9 @@ class EncodingEngine:
             configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=batch_size), pool=self._pool
         )
 
-    def _run_serial(self, job: _Job) -> _RunStats:
+    def _run_serial(self, job: _Job) -> RunStats:
         """The reference path: tokenise everything, then per batch collate, compute and read back, in series."""
-        stats = _RunStats()
+        stats = RunStats()
         start = time.perf_counter()
         features = job.features_of_rows(partial(job.builder.build_all, instruction=job.instruction))
         tokenised = time.perf_counter()
@@ -504,11 +510,11 @@ class EncodingEngine:
         stats.tokenise_seconds, stats.prepare_seconds = tokenised - start, prepared - tokenised
         return stats
 
-    def _run_pipelined(self, job: _Job) -> _RunStats:
+    def _run_pipelined(self, job: _Job) -> RunStats:
         """The serial path's batches and kernels, its stages overlapped (:mod:`lmembed.encoding.pipeline`): a
         ``Prefetcher`` thread tokenises and collates ahead (bounded) while the device computes, and a ``ReadBack``
         brings each batch home while the next one computes (CUDA)."""
-        stats = _RunStats()
+        stats = RunStats()
         start = time.perf_counter()
         # before the thread starts: calibration (int8) tokenises with the same tokenizer, which is not shared
         self._prepare(job.builder, job.configs, job.mode, job.batch_size)
@@ -544,7 +550,7 @@ class EncodingEngine:
         stats.seconds = time.perf_counter() - start - stats.prepare_seconds - stats.tokenise_seconds  # as serially
         return stats
 
-    def _feed(self, job: _Job, pin: bool, stats: _RunStats, stop: threading.Event) -> Iterator[Batch]:
+    def _feed(self, job: _Job, pin: bool, stats: RunStats, stop: threading.Event) -> Iterator[Batch]:
         """The producer of the pipelined path (on its own thread): tokenise (in chunks, so a stop is seen soon),
         plan the batches as the serial path does, then collate them one by one, in pinned memory for CUDA."""
         start = time.perf_counter()
