@@ -22,6 +22,7 @@ BEIR folders hold ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jso
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import logging
 import zlib
@@ -333,3 +334,12 @@ def read_qrels(path: str | Path) -> Qrels:
             logger.warning("%s:%d: repeated judgment for (%s, %s); keeping the last", path, line_no, query_id, doc_id)
         docs[doc_id] = score
     return qrels
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB chunks (what indexes and checkpoints record of their files)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

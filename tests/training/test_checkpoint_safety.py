@@ -112,9 +112,62 @@ def test_resume_refuses_a_malformed_state_naming_the_file(run):
     step = output / "checkpoints" / "step-0000002"
     forged = {"format": 1, "state": {"object": "os.system"}}
     (step / "scheduler.safetensors").write_bytes(safetensors_bytes({}, metadata={ckpt.STATE_KEY: json.dumps(forged)}))
+    _record_sha256(step, "scheduler.safetensors")  # a forgery that rewrites state.json too passes the checksum ...
     result = train(args, 3, "--resume")
     assert result.exit_code == 2, result.output
+    # ... and is refused by what the state holds, nothing in it run
     assert f"{step / 'scheduler.safetensors'}: the state holds a value lmembed does not store" in result.output
+
+
+def _record_sha256(step, name: str) -> None:
+    info = json.loads((step / ckpt.STATE_FILE).read_text())
+    info[ckpt.FILES_KEY][name] = ckpt.sha256_file(step / name)
+    (step / ckpt.STATE_FILE).write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("name", ["trainable.safetensors", "optimizer.safetensors", "rng-rank0.safetensors"])
+def test_a_file_changed_after_its_checkpoint_was_written_is_refused(run, name):
+    """Every file of a checkpoint is covered by the sha256 its state.json records: one byte changed in any of them
+    (a damaged disk, a copy cut short, a hand edit) is refused naming the file and the field, before it is read."""
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    info = json.loads((step / ckpt.STATE_FILE).read_text())
+    assert set(info[ckpt.FILES_KEY]) == {p.name for p in step.iterdir()} - {ckpt.STATE_FILE}
+    data = bytearray((step / name).read_bytes())
+    data[-1] ^= 0x01  # the last byte: tensor data, so the file still parses
+    (step / name).write_bytes(bytes(data))
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"{step / name}: its sha256 is not the one" in said and f"(files.{name})" in said, said
+
+
+def test_a_checkpoint_file_linked_out_of_its_folder_is_refused(run, tmp_path):
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    outside = tmp_path / "elsewhere.safetensors"
+    (step / "optimizer.safetensors").rename(outside)
+    (step / "optimizer.safetensors").symlink_to(outside)
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    assert "files.optimizer.safetensors" in " ".join(result.output.split()), result.output
+
+
+def test_a_checkpoint_from_before_checksums_still_resumes_with_a_warning(run, caplog):
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    info = json.loads((step / ckpt.STATE_FILE).read_text())
+    del info[ckpt.FILES_KEY]
+    (step / ckpt.STATE_FILE).write_text(json.dumps(info))
+    with caplog.at_level("WARNING", logger="lmembed.training.checkpoint"):
+        result = train(args, 3, "--resume")
+    assert result.exit_code == 0, result.output
+    assert any("written without checksums" in r.getMessage() for r in caplog.records)
+    latest = output / "checkpoints" / "step-0000003"
+    assert ckpt.FILES_KEY in json.loads((latest / ckpt.STATE_FILE).read_text())  # the next one has them
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ anything is read there.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from lmembed.index.errors import IndexFormatError, IndexIntegrityError, IndexPathError
 from lmembed.index.manifest import MANIFEST_FILE
+from lmembed.io import sha256_file
 from lmembed.lexical.bm25 import LEXICAL_DIR
 from lmembed.paths import inside
 
@@ -35,16 +35,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREVIOUS_MANIFEST = "manifest.previous.json"
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    """The sha256 hex digest of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def checksums(folder: Path, names: list[str]) -> dict[str, str]:

@@ -6,7 +6,13 @@ the run exactly where it stood after that step:
 * ``trainable.safetensors``: the trained tensors (LoRA adapters or the whole backbone, and the head);
 * ``optimizer.safetensors`` and ``scheduler.safetensors``: their ``state_dict``;
 * ``rng-rank<r>.safetensors``: every random generator of process ``r`` (python, numpy, torch, CUDA);
-* ``state.json``: the step number and run facts; written last.
+* ``state.json``: the step number and run facts, and ``files``: the sha256 of every other file of the folder;
+  written last.
+
+On load each file the checkpoint is read from must lie in the folder (a link out of it is refused) and hash to the
+sha256 ``state.json`` records for it, before anything in it is read: a file damaged or changed after it was
+written is refused, naming it. A checkpoint written before checksums existed still loads, with a warning (its
+files cannot be checked), and the run's next checkpoint has them.
 
 No file is a pickle: a run folder may be shared, and unpickling a file can run any code it names. A nested state
 (an optimizer's, a scheduler's, the RNGs') is stored as safetensors: its tensors as tensors, and the structure
@@ -23,7 +29,9 @@ its own RNG file; ``barrier`` keeps them in step.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -41,6 +49,10 @@ from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import LmembedError
+from lmembed.io import sha256_file
+from lmembed.paths import inside
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
@@ -52,6 +64,7 @@ RNG_FILE = "rng-rank{rank}.safetensors"
 PICKLED_FILES = ("optimizer.pt", "scheduler.pt", "rng-rank{rank}.pt")
 STATE_KEY = "lmembed.state"  # the metadata entry holding a state's JSON structure
 STATE_FORMAT = 1
+FILES_KEY = "files"  # state.json: {file name: sha256} of every other file of the checkpoint
 _NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -238,9 +251,11 @@ def state_bytes(state: Any) -> bytes:
     return safetensors_bytes(tensors, metadata={STATE_KEY: text})
 
 
-def write_state(path: Path, state: Any) -> None:
+def write_state(path: Path, state: Any) -> str:
+    """Write ``state`` to ``path`` (atomically) and return the sha256 of the bytes written."""
     payload = state_bytes(state)
     atomic_write(path, lambda handle: handle.write(payload))
+    return hashlib.sha256(payload).hexdigest()
 
 
 def read_state(path: Path, *, device: str | torch.device = "cpu") -> Any:
@@ -321,9 +336,13 @@ def save_checkpoint(
         tensors = {name: t.contiguous() for name, t in model_state.items()}
         payload = safetensors_bytes(tensors)
         atomic_write(scratch / WEIGHTS_FILE, lambda handle: handle.write(payload))
-        write_state(scratch / OPTIMIZER_FILE, optimizer.state_dict() if optimizer_state is None else optimizer_state)
-        write_state(scratch / SCHEDULER_FILE, scheduler.state_dict())
-        atomic_write_json(scratch / STATE_FILE, {"step": step, **(info or {})})
+        files = {WEIGHTS_FILE: hashlib.sha256(payload).hexdigest()}
+        optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+        files[OPTIMIZER_FILE] = write_state(scratch / OPTIMIZER_FILE, optimizer_state)
+        files[SCHEDULER_FILE] = write_state(scratch / SCHEDULER_FILE, scheduler.state_dict())
+        for rng in sorted(scratch.glob(RNG_FILE.format(rank="*"))):  # every rank's, written before the barrier
+            files[rng.name] = sha256_file(rng)
+        atomic_write_json(scratch / STATE_FILE, {"step": step, **(info or {}), FILES_KEY: files})
         _fsync_dir(scratch)
         if final.exists():  # a checkpoint of this step from an earlier, interrupted life of the run
             discard_dir(final)
@@ -358,11 +377,35 @@ def prune_checkpoints(output: str | Path, keep: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- loading
+def _verify(path: Path, info: dict[str, Any], names: list[str]) -> None:
+    """Each of ``names`` lies in the checkpoint folder and hashes to the sha256 ``state.json`` records for it."""
+    info_file = path / STATE_FILE
+    files = info.get(FILES_KEY)
+    if files is None:
+        log.warning(
+            "%s was written without checksums (by an older lmembed): its files cannot be checked; "
+            "the run's next checkpoint records them",
+            info_file,
+        )
+        return
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise CheckpointError(f"{info_file}: {FILES_KEY} must map each file's name to its sha256")
+    for name in names:
+        if name not in files:
+            raise CheckpointError(f"{info_file}: {FILES_KEY} has no sha256 for {name}, a file of the checkpoint")
+        file = inside(path, name, file=info_file, field=f"{FILES_KEY}.{name}", error=CheckpointError)
+        if sha256_file(file) != files[name]:
+            raise CheckpointError(
+                f"{file}: its sha256 is not the one {info_file} records ({FILES_KEY}.{name}): the file was changed "
+                "or damaged after the checkpoint was written"
+            )
+
+
 def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read a checkpoint folder; ``rng_state`` is ``None`` when this rank has no RNG file in it.
 
-    Nothing is unpickled: a checkpoint of the old pickled format, or a malformed file, is a
-    :class:`CheckpointError` naming the file."""
+    Nothing is unpickled: a checkpoint of the old pickled format, a malformed file, or one whose sha256 is not the
+    one ``state.json`` records, is a :class:`CheckpointError` naming the file."""
     path = Path(path)
     for name in PICKLED_FILES:
         old = path / name.format(rank=rank)
@@ -383,7 +426,9 @@ def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torc
     for name in (WEIGHTS_FILE, OPTIMIZER_FILE, SCHEDULER_FILE):
         if not (path / name).is_file():
             raise CheckpointError(f"{path / name}: missing; the checkpoint is incomplete")
-    rng_file = path / RNG_FILE.format(rank=rank)
+    rng_name = RNG_FILE.format(rank=rank)
+    rng_file = path / rng_name
+    _verify(path, info, [WEIGHTS_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, *([rng_name] if rng_file.exists() else [])])
     rng_state = check_rng(read_state(rng_file), rng_file) if rng_file.exists() else None
     try:
         model_state = load_file(str(path / WEIGHTS_FILE))
