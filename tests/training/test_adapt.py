@@ -627,6 +627,38 @@ def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_
         adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(lr=1e-4), resume=True)
 
 
+def test_the_kept_states_are_checked_before_a_resumed_run_reads_them(
+    tmp_path, make_embedder, one_torch_thread, monkeypatch
+):
+    """selection.json records the sha256 of best_state and start_state; a resumed run checks each before reading it
+    back: a file changed while the run was stopped is refused naming it and ``states.NAME``."""
+    from lmembed.io import sha256_file
+    from lmembed.training import adapt_run
+
+    out = tmp_path / "out"
+    real_step = adapt_run._SelectingTrainer.train_step
+
+    def interrupted(self):
+        if self.step == 3:  # after step 2's selection: a best state and a checkpoint are on disk
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(merge=0.5))
+    states = json.loads((out / "selection.json").read_text())["states"]
+    for name in ("best_state.safetensors", "start_state.safetensors"):
+        assert states[name] == [sha256_file(out / name)], name
+    data = bytearray((out / "start_state.safetensors").read_bytes())
+    data[-1] ^= 0x01
+    (out / "start_state.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
+    # the run keeps a later step than 0 only if one scores better; force it so the start state is read (the merge)
+    monkeypatch.setattr(adapt_run._SelectingTrainer, "best", lambda self: self.history[-1])
+    with pytest.raises(AdaptError, match=r"start_state\.safetensors: its sha256 is not the one .*states\.start_state"):
+        adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(merge=0.5), resume=True)
+
+
 def test_a_teacher_labels_the_rows_and_the_loss_distils(tmp_path, make_embedder, one_torch_thread):
     from lmembed.training.adapt_run import run_adapt
 

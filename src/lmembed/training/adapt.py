@@ -31,7 +31,7 @@ Output folder::
     OUT/adapt_summary.json  counts per source, rejects by reason, mining, selection history, time, memory
     OUT/adapt.log           the run's log
     OUT/checkpoints/ ...    the trainer's checkpoints (resume)
-    OUT/best_state.safetensors, OUT/start_state.safetensors
+    OUT/best_state.safetensors, OUT/start_state.safetensors (their sha256 in OUT/selection.json)
                             the kept step's and the starting trainable weights (the merge's two ends)
     OUT/model/              the adapted Embedder (Embedder.from_pretrained(OUT/model))
 """

@@ -3,6 +3,7 @@ rows, score the held-back pseudo-queries, train with checkpoints, keep the best 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -20,7 +21,9 @@ from safetensors.torch import load_file, save
 from lmembed.atomic import atomic_folder, atomic_write
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
+from lmembed.io import sha256_file
 from lmembed.mining import read_rows
+from lmembed.paths import inside
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.adapt import (
     BEST_STATE_FILE,
@@ -70,7 +73,11 @@ class AdaptResult:
 
 class _SelectingTrainer(Trainer):
     """The trainer, plus: every ``every`` steps (and at the last) the held-back pseudo-queries are scored, the best
-    step's trainable weights are kept in ``best_state.pt``, and that step's weights are the ones saved."""
+    step's trainable weights are kept in ``best_state.safetensors``, and that step's weights are the ones saved.
+
+    ``selection.json`` records the sha256 of ``best_state`` and ``start_state`` (``states``), and each is checked
+    before it is read back. A state is rewritten in two steps, the new digest recorded beside the old one before
+    the file is replaced and alone after it, so a run killed in between still finds its file recorded."""
 
     def __init__(
         self,
@@ -85,6 +92,7 @@ class _SelectingTrainer(Trainer):
         self.held, self.every, self.merge, self.metric = held, every, merge, metric
         self.selection_path = self.output / SELECTION_FILE
         self.history: list[dict[str, Any]] = []
+        self.states: dict[str, list[str]] = {}  # file name -> the sha256 digests its content may have
 
     def start_selection(self, before: dict[str, float]) -> None:
         """Step 0 (the starting model) is the first candidate: adapting never keeps weights worse than it on the
@@ -98,6 +106,7 @@ class _SelectingTrainer(Trainer):
         if resumed:
             data = json.loads(self.selection_path.read_text())
             self.history = [h for h in data["history"] if h["step"] <= self.step]
+            self.states = data.get("states", {})
         return resumed
 
     def best(self) -> dict[str, Any]:
@@ -109,8 +118,10 @@ class _SelectingTrainer(Trainer):
             self._write_state(BEST_STATE_FILE, {"step": str(step)})
 
     def _write_selection(self) -> None:
+        best = self.best()["step"] if self.history else None
         write_json(
-            self.selection_path, {"history": self.history, "metric": self.metric, "best_step": self.best()["step"]}
+            self.selection_path,
+            {"history": self.history, "metric": self.metric, "best_step": best, "states": self.states},
         )
 
     def _after_step(self, result: Any) -> None:
@@ -126,13 +137,14 @@ class _SelectingTrainer(Trainer):
         super()._after_step(result)
 
     def save_model(self, directory: str | Path | None = None) -> Path | None:
-        with safe_open(str(self.output / BEST_STATE_FILE), framework="pt", device=str(self.model.device)) as f:
+        best_file = self._verified(BEST_STATE_FILE)
+        with safe_open(str(best_file), framework="pt", device=str(self.model.device)) as f:
             best_step = int((f.metadata() or {}).get("step", -1))
             state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
         if best_step != self.step:
             log.info("keeping step %d (best on the held-back pseudo-queries), not %d", best_step, self.step)
         if self.merge < 1.0 and best_step > 0:
-            start = load_file(str(self.output / START_STATE_FILE), device=str(self.model.device))
+            start = load_file(str(self._verified(START_STATE_FILE)), device=str(self.model.device))
             state = merge_states(start, state, self.merge, lora=self.model.uses_lora)
             log.info("merged: start + %.2f × (step %d − start)", self.merge, best_step)
         self.model.load_trainable_state_dict(state)  # which calls weights_changed
@@ -145,9 +157,29 @@ class _SelectingTrainer(Trainer):
 
     def _write_state(self, name: str, metadata: dict[str, str] | None = None) -> None:
         """The trainable weights as ``OUT/name``, safetensors (tensors only: read back without unpickling),
-        written atomically."""
+        written atomically, its sha256 recorded in ``selection.json`` (see the class doc)."""
         state = {k: v.contiguous() for k, v in self.model.trainable_state_dict().items()}  # CPU copies already
-        atomic_write(self.output / name, lambda handle: handle.write(save(state, metadata=metadata)))
+        payload = save(state, metadata=metadata)
+        digest = hashlib.sha256(payload).hexdigest()
+        self.states[name] = [digest, *self.states.get(name, [])[:1]]  # the old content stays valid until replaced
+        self._write_selection()
+        atomic_write(self.output / name, lambda handle: handle.write(payload))
+        self.states[name] = [digest]
+        self._write_selection()
+
+    def _verified(self, name: str) -> Path:
+        """``OUT/name``, once its content hashes to a digest ``selection.json`` records for it."""
+        path = inside(self.output, name, file=self.selection_path, field=f"states.{name}", error=AdaptError)
+        recorded = self.states.get(name)
+        if recorded is None:  # a run begun before the digests were recorded
+            log.warning("%s: %s records no sha256 for it (an older run): not checked", path, SELECTION_FILE)
+            return path
+        if sha256_file(path) not in recorded:
+            raise AdaptError(
+                f"{path}: its sha256 is not the one {self.selection_path} records (states.{name}): the file was "
+                "changed or damaged after the run wrote it; start the run again"
+            )
+        return path
 
 
 def _scores_text(scores: dict[str, float]) -> str:
