@@ -26,7 +26,7 @@ import hashlib
 import json
 import logging
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -343,3 +343,24 @@ def sha256_file(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_recorded_files(
+    folder: Path, record: Path, files: Any, names: Sequence[str], *, key: str, error: type[LmembedError]
+) -> None:
+    """Each of ``names`` lies in ``folder`` (links followed) and hashes to the sha256 that ``record`` (a JSON file of
+    the folder: a checkpoint's ``state.json``, a run's plan) holds for it in ``files``, its ``key`` field; else
+    ``error``, naming the file and ``key.NAME``. Called before anything in those files is read."""
+    from lmembed.paths import inside  # lazy: paths and io are siblings of one layer
+
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise error(f"{record}: {key} must map each file's name to its sha256")
+    for name in names:
+        if name not in files:
+            raise error(f"{record}: {key} has no sha256 for {name}, a file of {folder}")
+        path = inside(folder, name, file=record, field=f"{key}.{name}", error=error)
+        if sha256_file(path) != files[name]:
+            raise error(
+                f"{path}: its sha256 is not the one {record} records ({key}.{name}): the file was changed or "
+                "damaged after it was written"
+            )

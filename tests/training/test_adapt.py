@@ -627,6 +627,33 @@ def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_
         adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(lr=1e-4), resume=True)
 
 
+def test_a_resumed_run_reads_back_its_rows_only_as_they_were_made(
+    tmp_path, make_embedder, one_torch_thread, monkeypatch
+):
+    """adapt_plan.json records the sha256 of rows.jsonl and heldout.jsonl; a resumed run checks both before it
+    trains on them: a row edited while the run was stopped is refused naming the file and ``files.rows.jsonl``."""
+    from lmembed.training import adapt_run
+
+    out = tmp_path / "out"
+    real_step = adapt_run._SelectingTrainer.train_step
+
+    def interrupted(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        adapt_tiny(make_embedder, tmp_path, out)
+    plan = json.loads((out / "adapt_plan.json").read_text())
+    assert set(plan["files"]) == {"rows.jsonl", "heldout.jsonl"}
+    rows = (out / "rows.jsonl").read_text().splitlines()
+    (out / "rows.jsonl").write_text("\n".join([rows[0].replace('"query": "', '"query": "x'), *rows[1:]]) + "\n")
+    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
+    with pytest.raises(AdaptError, match=r"rows\.jsonl: its sha256 is not the one .*\(files\.rows\.jsonl\)"):
+        adapt_tiny(make_embedder, tmp_path, out, resume=True)
+
+
 def test_the_kept_states_are_checked_before_a_resumed_run_reads_them(
     tmp_path, make_embedder, one_torch_thread, monkeypatch
 ):

@@ -28,6 +28,7 @@ Output folder::
 
     OUT/rows.jsonl          training rows, each with its provenance (source, document id, line, the miner's cosines)
     OUT/heldout.jsonl       the held-back pseudo-queries (query, document id)
+    OUT/adapt_plan.json     the run's options and report, and the sha256 of rows.jsonl and heldout.jsonl (resume)
     OUT/adapt_summary.json  counts per source, rejects by reason, mining, selection history, time, memory
     OUT/adapt.log           the run's log
     OUT/checkpoints/ ...    the trainer's checkpoints (resume)

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save
 from lmembed.atomic import atomic_folder, atomic_write
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
-from lmembed.io import sha256_file
+from lmembed.io import check_recorded_files, sha256_file
 from lmembed.mining import read_rows
 from lmembed.paths import inside
 from lmembed.training import checkpoint as ckpt
@@ -479,6 +479,14 @@ def _run(
                 f"{plan_path}: the run in {output} was made with another {', '.join(changed)}; resume it with the "
                 "same options, or choose another output folder"
             )
+        if "files" in saved:  # the rows and held-back queries are read back as they were made
+            check_recorded_files(
+                output, plan_path, saved["files"], [ROWS_FILE, HELDOUT_FILE], key="files", error=AdaptError
+            )
+        else:
+            log.warning(
+                "%s records no sha256 of the run's rows (an older run): they are read back unchecked", plan_path
+            )
         rows = read_rows(output / ROWS_FILE)
         held = read_held_back(output / HELDOUT_FILE, docs)
         report = saved["report"]
@@ -525,7 +533,8 @@ def _run(
         write_rows(
             [{"query": q.query, "doc_id": docs[q.doc].id, "source": q.source} for q in held], output / HELDOUT_FILE
         )
-        write_json(plan_path, {**plan, "report": report})
+        files = {name: sha256_file(output / name) for name in (ROWS_FILE, HELDOUT_FILE)}
+        write_json(plan_path, {**plan, "report": report, "files": files})
     log.info("adapt: %s", json.dumps(report))
     held_out = HeldOut.build(held, docs, recipe.selection.max_documents, recipe.seed)
     metric = "ndcg@10"

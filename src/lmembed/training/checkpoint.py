@@ -49,8 +49,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import LmembedError
-from lmembed.io import sha256_file
-from lmembed.paths import inside
+from lmembed.io import check_recorded_files, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -380,25 +379,14 @@ def prune_checkpoints(output: str | Path, keep: int) -> None:
 def _verify(path: Path, info: dict[str, Any], names: list[str]) -> None:
     """Each of ``names`` lies in the checkpoint folder and hashes to the sha256 ``state.json`` records for it."""
     info_file = path / STATE_FILE
-    files = info.get(FILES_KEY)
-    if files is None:
+    if FILES_KEY not in info:
         log.warning(
             "%s was written without checksums (by an older lmembed): its files cannot be checked; "
             "the run's next checkpoint records them",
             info_file,
         )
         return
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        raise CheckpointError(f"{info_file}: {FILES_KEY} must map each file's name to its sha256")
-    for name in names:
-        if name not in files:
-            raise CheckpointError(f"{info_file}: {FILES_KEY} has no sha256 for {name}, a file of the checkpoint")
-        file = inside(path, name, file=info_file, field=f"{FILES_KEY}.{name}", error=CheckpointError)
-        if sha256_file(file) != files[name]:
-            raise CheckpointError(
-                f"{file}: its sha256 is not the one {info_file} records ({FILES_KEY}.{name}): the file was changed "
-                "or damaged after the checkpoint was written"
-            )
+    check_recorded_files(path, info_file, info[FILES_KEY], names, key=FILES_KEY, error=CheckpointError)
 
 
 def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu") -> Checkpoint:
