@@ -307,11 +307,12 @@ def make_queries(
     return made, report
 
 
-def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe) -> Embedder:
+def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe, device: str = "cpu") -> Embedder:
     """Fit the recipe's term channel on the corpus to the model saved in ``model_dir`` and save the model again
     with it, in place and atomically (the folder no longer carries sentence-transformers' files: that library
-    would read the model without its channel). Returns the model with its channel."""
-    embedder = Embedder.from_pretrained(str(model_dir), cache=False, show_progress=False)
+    would read the model without its channel). Returns the model with its channel, loaded on ``device`` (where
+    the run trained: the held-back queries are scored with it there)."""
+    embedder = Embedder.from_pretrained(str(model_dir), device=device, cache=False, show_progress=False)
     fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
     with atomic_folder(model_dir) as tmp:
         fitted.save(tmp)
@@ -594,7 +595,7 @@ def _run(
     terms = None
     if recipe.terms.enabled:
         t0 = time.perf_counter()
-        with_terms = attach_terms(Path(result.model_dir), docs, recipe)
+        with_terms = attach_terms(Path(result.model_dir), docs, recipe, device=str(trainer.model.device))
         terms = {
             **asdict(with_terms.config.terms),  # type: ignore[arg-type]
             "saved_scores": held_out.score(with_terms),
