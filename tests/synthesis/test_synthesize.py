@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from lmembed.cli.app import app
 from lmembed.synthesis.generators import Budget, EndpointGenerator, GeneratorError, Request, TinyGenerator
 from lmembed.synthesis.parsing import parse_object, parse_string_list
-from lmembed.synthesis.runner import PlanMismatch
+from lmembed.synthesis.runner import PlanMismatch, ShardError
 from lmembed.synthesis.synthesize import synthesize
 from lmembed.training.rows import read_jsonl_examples
 
@@ -141,6 +141,19 @@ def test_a_killed_run_resumes_generating_only_the_unfinished_shards(tmp_path):
     assert second.requests == n_items - 12  # the brainstorm and the two finished shards are not generated again
     assert stats["shards_generated_now"] == stats["shards"] - 2
     assert out.read_text() == (tmp_path / "whole.jsonl").read_text().replace("whole.jsonl", "out.jsonl")
+
+
+def test_a_finished_shard_changed_before_the_output_is_assembled_is_refused(tmp_path):
+    """A shard's stats (written last) record the sha256 of its rows: a shard edited between runs is refused by name
+    when the run resumes, never written into the output."""
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(_Killed):
+        synthesize("e5-mistral", _DiesAfter(3), out, shard_size=6)
+    shard = out.with_name("out.jsonl.parts") / "shard-00000.jsonl"
+    shard.write_text(shard.read_text().replace('"', "'", 1))
+    with pytest.raises(ShardError, match=r"shard-00000\.jsonl: its sha256 is not the one shard-00000\.stats\.json"):
+        synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
+    assert not out.exists()
 
 
 def test_a_different_plan_is_refused_not_mixed_in(tmp_path):

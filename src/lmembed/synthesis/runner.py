@@ -4,7 +4,7 @@ Layout beside the output file ``OUT.jsonl``::
 
     OUT.jsonl.parts/plan.json          what the run was asked (recipe digest, generator, seed, items)
     OUT.jsonl.parts/stage-*.json       a recipe's earlier stage (E5-mistral's brainstormed tasks)
-    OUT.jsonl.parts/shard-00000.jsonl  the rows of one finished shard, with shard-00000.stats.json
+    OUT.jsonl.parts/shard-00000.jsonl  the rows of one finished shard, with shard-00000.stats.json (their sha256)
     OUT.jsonl.parts/progress.log       one line per shard: rows/s, acceptance rate, ETA
     OUT.jsonl                          every shard's rows, written once all are done
     OUT.jsonl.stats.json               totals: rows, rejections by reason, repairs, usage, rows/s
@@ -22,6 +22,7 @@ ran: a deterministic generator gives the same output file on either.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ import numpy as np
 
 from lmembed.atomic import atomic_write_json, atomic_write_text
 from lmembed.errors import ConfigError
+from lmembed.io import sha256_file
+from lmembed.paths import inside
 from lmembed.protocols import LocalShards, ShardMapper
 from lmembed.synthesis.generators import Generator, Usage
 from lmembed.synthesis.recipes import SynthesisRecipe
@@ -44,6 +47,10 @@ log = logging.getLogger(__name__)
 
 #: ``encode(texts, side)`` with side ``"query"`` or ``"document"``: L2-normalised embeddings
 Encode = Callable[[Sequence[str], str], np.ndarray]
+
+
+class ShardError(ConfigError):
+    """A finished shard whose rows are not the ones it was generated with, or that lies outside its folder."""
 
 
 class PlanMismatch(ConfigError):
@@ -160,9 +167,9 @@ class ShardWork:
         spent = {k: v - getattr(usage, k) for k, v in context.generator.usage.to_dict().items()}
         stats = {**result.to_dict(), "usage": spent, "notes": context.notes[notes:]}
         name, parts = shard_name(index), context.parts
-        atomic_write_text(
-            parts / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.rows)
-        )
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.rows)
+        atomic_write_text(parts / f"{name}.jsonl", text)
+        stats["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()  # checked when the output is assembled
         atomic_write_json(parts / f"{name}.stats.json", stats)  # the shard counts as done from here
         return stats, time.perf_counter() - started
 
@@ -253,12 +260,18 @@ def _finish(
     for index in range(n_shards):
         name = shard_name(index)
         stats = json.loads((parts / f"{name}.stats.json").read_text())
+        shard = inside(parts, f"{name}.jsonl", file=parts / f"{name}.stats.json", field="rows", error=ShardError)
+        if "sha256" in stats and sha256_file(shard) != stats["sha256"]:  # older shards recorded none
+            raise ShardError(
+                f"{shard}: its sha256 is not the one {name}.stats.json records (sha256): the shard was changed after "
+                f"it was generated; delete both files and run again to generate it anew"
+            )
         totals.attempted += stats["attempted"]
         totals.repaired += stats["repaired"]
         totals.rejected.update(stats["rejected"])
         for reason, sample in stats.get("samples", {}).items():
             totals.samples.setdefault(reason, sample)
-        lines.append((parts / f"{name}.jsonl").read_text())
+        lines.append(shard.read_text())
     text = "".join(lines)
     atomic_write_text(output, text)
     rows = text.count("\n")
