@@ -602,23 +602,29 @@ def test_a_decoder_adapts_with_lora_and_keeps_its_channel(tmp_path, make_embedde
     assert vectors.shape == (1, model.backbone.hidden_size + 4096) and np.isfinite(vectors).all()
 
 
-def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_thread, monkeypatch):
+def _stop_before(monkeypatch, step: int):
+    """Make the adapt trainer stop (KeyboardInterrupt) when it reaches ``step``; returns what lets it run on."""
     from lmembed.training import adapt_run
 
-    out = tmp_path / "out"
     real_step = adapt_run._SelectingTrainer.train_step
 
     def interrupted(self):
-        if self.step == 2:
+        if self.step == step:
             raise KeyboardInterrupt
         return real_step(self)
 
     monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", interrupted)
+    return lambda: monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
+
+
+def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_thread, monkeypatch):
+    out = tmp_path / "out"
+    resume = _stop_before(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         adapt_tiny(make_embedder, tmp_path, out)
     assert not (out / "model").exists() and not (out / "adapt_summary.json").exists()
     rows_before = (out / "rows.jsonl").read_text()
-    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
+    resume()
     result = adapt_tiny(make_embedder, tmp_path, out, resume=True)
     assert (out / "rows.jsonl").read_text() == rows_before  # the rows are read back, not made again
     assert [h["step"] for h in result.summary["selection"]["history"]] == [0, 2, 4]
@@ -632,24 +638,15 @@ def test_a_resumed_run_reads_back_its_rows_only_as_they_were_made(
 ):
     """adapt_plan.json records the sha256 of rows.jsonl and heldout.jsonl; a resumed run checks both before it
     trains on them: a row edited while the run was stopped is refused naming the file and ``files.rows.jsonl``."""
-    from lmembed.training import adapt_run
-
     out = tmp_path / "out"
-    real_step = adapt_run._SelectingTrainer.train_step
-
-    def interrupted(self):
-        if self.step == 2:
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", interrupted)
+    resume = _stop_before(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         adapt_tiny(make_embedder, tmp_path, out)
     plan = json.loads((out / "adapt_plan.json").read_text())
     assert set(plan["files"]) == {"rows.jsonl", "heldout.jsonl"}
     rows = (out / "rows.jsonl").read_text().splitlines()
     (out / "rows.jsonl").write_text("\n".join([rows[0].replace('"query": "', '"query": "x'), *rows[1:]]) + "\n")
-    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
+    resume()
     with pytest.raises(AdaptError, match=r"rows\.jsonl: its sha256 is not the one .*\(files\.rows\.jsonl\)"):
         adapt_tiny(make_embedder, tmp_path, out, resume=True)
 
@@ -660,17 +657,9 @@ def test_the_kept_states_are_checked_before_a_resumed_run_reads_them(
     """selection.json records the sha256 of best_state and start_state; a resumed run checks each before reading it
     back: a file changed while the run was stopped is refused naming it and ``states.NAME``."""
     from lmembed.io import sha256_file
-    from lmembed.training import adapt_run
 
     out = tmp_path / "out"
-    real_step = adapt_run._SelectingTrainer.train_step
-
-    def interrupted(self):
-        if self.step == 3:  # after step 2's selection: a best state and a checkpoint are on disk
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", interrupted)
+    resume = _stop_before(monkeypatch, 3)  # after step 2's selection: a best state and a checkpoint are on disk
     with pytest.raises(KeyboardInterrupt):
         adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(merge=0.5))
     states = json.loads((out / "selection.json").read_text())["states"]
@@ -679,9 +668,11 @@ def test_the_kept_states_are_checked_before_a_resumed_run_reads_them(
     data = bytearray((out / "start_state.safetensors").read_bytes())
     data[-1] ^= 0x01
     (out / "start_state.safetensors").write_bytes(bytes(data))
-    monkeypatch.setattr(adapt_run._SelectingTrainer, "train_step", real_step)
+    resume()
     # the run keeps a later step than 0 only if one scores better; force it so the start state is read (the merge)
-    monkeypatch.setattr(adapt_run._SelectingTrainer, "best", lambda self: self.history[-1])
+    from lmembed.training.adapt_run import _SelectingTrainer
+
+    monkeypatch.setattr(_SelectingTrainer, "best", lambda self: self.history[-1])
     with pytest.raises(AdaptError, match=r"start_state\.safetensors: its sha256 is not the one .*states\.start_state"):
         adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(merge=0.5), resume=True)
 
