@@ -82,20 +82,25 @@ def spy_forward(engine, monkeypatch: pytest.MonkeyPatch, fail_at: int | None = N
 
 # ---------------------------------------------------------------------------- same vectors
 @pytest.mark.parametrize(
-    ("family", "padding_side", "max_batch_tokens"),
+    ("family", "padding_side", "max_batch_tokens", "plan_window"),
     [
-        ("bert", None, None),  # right padding (the encoder's own)
-        ("bert", None, 120),
-        ("llama", None, None),  # left padding (the decoder's own)
-        ("llama", None, 120),
-        ("llama", "right", None),
+        ("bert", None, None, None),  # right padding (the encoder's own)
+        ("bert", None, 120, None),
+        ("llama", None, None, None),  # left padding (the decoder's own)
+        ("llama", None, 120, None),
+        ("llama", "right", None, None),
+        ("bert", None, None, 7),  # planned 7 texts at a time
+        ("llama", None, 120, 10),
     ],
 )
-def test_pipelined_vectors_equal_serial_bit_for_bit(make_embedder, monkeypatch, family, padding_side, max_batch_tokens):
+def test_pipelined_vectors_equal_serial_bit_for_bit(
+    make_embedder, monkeypatch, family, padding_side, max_batch_tokens, plan_window
+):
     emb = make_embedder(family)
     engine = emb.engine
     engine.padding_side = padding_side or engine.padding_side
     engine.max_batch_tokens = max_batch_tokens
+    engine.plan_window = plan_window
     second = "cls" if family == "bert" else "last"
     configs = [emb.config, emb.config.with_options(pooling=second)]  # two strategies, one forward pass
     texts = texts_of(29)
@@ -116,6 +121,41 @@ def test_pipelined_vectors_equal_serial_bit_for_bit(make_embedder, monkeypatch, 
     for a, b in zip(serial, pipelined, strict=True):
         assert np.array_equal(a, b)
     assert pipeline_threads() == []
+
+
+def test_a_plan_window_plans_each_window_apart_and_computes_before_the_last_is_tokenised(make_embedder, monkeypatch):
+    """``plan_window``: batches never mix texts of two windows; on the pipelined path the first forward pass runs
+    before the last window is tokenised (the producer tokenises window after window, behind the bounded queue)."""
+    emb = make_embedder("bert")
+    engine = emb.engine
+    engine.plan_window = 6
+    texts = [f"text {i} " + " ".join(WORDS[: 1 + (7 * i) % 30]) for i in range(36)]
+    events: list[tuple[str, Any]] = []
+    real_build = InputBuilder.build_all
+
+    def build_all(self, wanted, *args, **kwargs):
+        events.append(("tokenise", len(wanted)))
+        return real_build(self, wanted, *args, **kwargs)
+
+    real_forward = engine.forward_pool
+
+    def forward_pool(ids, *args, **kwargs):
+        events.append(("forward", ids.shape[0]))
+        return real_forward(ids, *args, **kwargs)
+
+    monkeypatch.setattr(InputBuilder, "build_all", build_all)
+    monkeypatch.setattr(engine, "forward_pool", forward_pool)
+    rows: list[list[int]] = []
+    out = [np.zeros((len(texts), engine.output_dim(emb.config)), dtype=np.float32)]
+    engine._compute(texts, list(range(len(texts))), [emb.config], out, None, BATCH, on_batch=rows.append)
+    assert [n for kind, n in events if kind == "tokenise"] == [6] * 6  # one window at a time
+    first_forward = next(i for i, (kind, _) in enumerate(events) if kind == "forward")
+    last_tokenise = max(i for i, (kind, _) in enumerate(events) if kind == "tokenise")
+    assert first_forward < last_tokenise
+    assert all(len({r // 6 for r in batch}) == 1 for batch in rows), rows  # each batch inside one window
+    assert sorted(r for batch in rows for r in batch) == list(range(36))
+    engine.pipelined = False  # the serial path plans the same windows: the same vectors, bit for bit
+    np.testing.assert_array_equal(out[0], engine.encode_raw(texts, [emb.config], batch_size=BATCH)[0])
 
 
 def test_the_last_run_says_what_it_did_on_either_path(make_embedder):

@@ -102,10 +102,19 @@ __all__ = [
 ]
 
 
-def plan_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
+def plan_batches(
+    lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None, window: int | None = None
+) -> list[list[int]]:
     """Indices of ``lengths`` grouped into batches: longest first (an out-of-memory error shows early), at most
     ``batch_size`` per batch and, with ``max_batch_tokens``, at most that many padded tokens (a text longer
-    than the budget goes alone)."""
+    than the budget goes alone). With ``window``, each run of ``window`` consecutive texts is planned on its own
+    (sorted within it), in order: what lets the pipelined engine start computing before every text is tokenised."""
+    if window is not None and window < len(lengths):
+        return [
+            [first + j for j in chunk]
+            for first in range(0, len(lengths), window)
+            for chunk in plan_batches(lengths[first : first + window], batch_size, max_batch_tokens)
+        ]
     order = sorted(range(len(lengths)), key=lambda j: -lengths[j])
     batches: list[list[int]] = []
     current: list[int] = []
@@ -190,11 +199,14 @@ class _Job:
     on_batch: Callable[[list[int]], None] | None
     features: Sequence[Features] | None
 
-    def features_of_rows(self, build: Callable[[list[str]], list[Features]]) -> list[Features]:
-        """The rows' features: the given ones, else ``build`` of the rows' texts."""
+    def features_of_rows(
+        self, build: Callable[[list[str]], list[Features]], rows: Sequence[int] | None = None
+    ) -> list[Features]:
+        """The features of ``rows`` (default: all the job's rows): the given ones, else ``build`` of their texts."""
+        rows = self.rows if rows is None else rows
         if self.features is not None:
-            return [self.features[i] for i in self.rows]
-        return build([self.texts[i] for i in self.rows])
+            return [self.features[i] for i in rows]
+        return build([self.texts[i] for i in rows])
 
 
 def resolve_max_length(backbone: Backbone, requested: int | None) -> int:
@@ -227,11 +239,16 @@ class EncodingEngine:
         backend: Backend | None = None,
         max_batch_tokens: int | None = None,
         pipelined: bool = True,
+        plan_window: int | None = None,
     ) -> None:
         self.backbone = backbone
         # the switch between the two paths of _compute (same batches, same vectors bit for bit): True overlaps
         # tokenising/collating and the read-back with the forward passes; False runs every stage in series
         self.pipelined = pipelined
+        # texts tokenised and planned together (plan_batches' window): None plans a call's texts all at once (every
+        # length known first: the least padding); N plans N at a time, so on the pipelined path the first batches
+        # compute while the rest is tokenised. Either path gives the same batches for the same setting.
+        self.plan_window = plan_window
         self.backend = backend or TorchBackend(backbone)
         # training's path (forward_pool's default) needs gradients: torch, whatever runs encode
         self.torch_backend = self.backend if self.backend.differentiable else TorchBackend(backbone)
@@ -271,6 +288,7 @@ class EncodingEngine:
             "backend": self.backend,
             "max_batch_tokens": self.max_batch_tokens,
             "pipelined": self.pipelined,
+            "plan_window": self.plan_window,
         }
         return EncodingEngine(self.backbone, **{**options, **changes})
 
@@ -415,7 +433,7 @@ class EncodingEngine:
         return list(groups.values())
 
     def _batches(self, features: list[Features], rows: list[int], batch_size: int) -> Iterator[Batch]:
-        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens):
+        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens, self.plan_window):
             ids, attn, pool = collate(
                 [features[j] for j in chunk], self.pad_id, self.padding_side, self.backbone.device
             )
@@ -547,13 +565,15 @@ class EncodingEngine:
             except BaseException:
                 readback.salvage()  # finished batches still reach on_batch (the cache), unless it is what failed
                 raise
-        stats.seconds = time.perf_counter() - start - stats.prepare_seconds - stats.tokenise_seconds  # as serially
+        # as serially: without windows every text is tokenised before the first batch; with them, while batches run
+        waited = stats.tokenise_seconds if self.plan_window is None else 0.0
+        stats.seconds = time.perf_counter() - start - stats.prepare_seconds - waited
         return stats
 
     def _feed(self, job: _Job, pin: bool, stats: RunStats, stop: threading.Event) -> Iterator[Batch]:
         """The producer of the pipelined path (on its own thread): tokenise (in chunks, so a stop is seen soon),
-        plan the batches as the serial path does, then collate them one by one, in pinned memory for CUDA."""
-        start = time.perf_counter()
+        plan the batches as the serial path does, then collate them one by one, in pinned memory for CUDA. With a
+        ``plan_window``, window after window: a window's batches are handed on before the next is tokenised."""
 
         def build(wanted: list[str]) -> list[Features]:
             built: list[Features] = []
@@ -563,16 +583,19 @@ class EncodingEngine:
                 built.extend(job.builder.build_all(wanted[first : first + TOKENISE_CHUNK], job.instruction))
             return built
 
-        features = job.features_of_rows(build)
-        if stop.is_set():
-            return
-        stats.tokenise_seconds = time.perf_counter() - start
-        stats.tokens = sum(len(f) for f in features)
-        for chunk in plan_batches([len(f) for f in features], job.batch_size, self.max_batch_tokens):
+        window = self.plan_window or max(len(job.rows), 1)  # plan_batches' windows, tokenised one at a time
+        for first in range(0, len(job.rows), window):
+            start = time.perf_counter()
+            features = job.features_of_rows(build, job.rows[first : first + window])
             if stop.is_set():
                 return
-            ids, attn, pool = collate_host([features[j] for j in chunk], self.pad_id, self.padding_side, pin=pin)
-            yield Batch(ids, attn, pool, [job.rows[j] for j in chunk])
+            stats.tokenise_seconds += time.perf_counter() - start
+            stats.tokens += sum(len(f) for f in features)
+            for chunk in plan_batches([len(f) for f in features], job.batch_size, self.max_batch_tokens):
+                if stop.is_set():
+                    return
+                ids, attn, pool = collate_host([features[j] for j in chunk], self.pad_id, self.padding_side, pin=pin)
+                yield Batch(ids, attn, pool, [job.rows[first + j] for j in chunk])
 
     def prepare_backend(self, configs: Sequence[EmbeddingConfig], instruction: str | None = None) -> Path:
         """Build (or load) the backend's graph for ``configs`` without encoding anything; returns its export
