@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -154,6 +155,35 @@ def test_a_finished_shard_changed_before_the_output_is_assembled_is_refused(tmp_
     with pytest.raises(ShardError, match=r"shard-00000\.jsonl: its sha256 is not the one shard-00000\.stats\.json"):
         synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
     assert not out.exists()
+
+
+def test_a_kept_stage_is_read_back_only_as_it_was_written(tmp_path):
+    """The brainstorm a rerun reuses is checked against the digest its stage wrote after it: a changed task list is
+    refused by name, not used to generate the remaining shards."""
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(_Killed):
+        synthesize("e5-mistral", _DiesAfter(3), out, shard_size=6)
+    stage = out.with_name("out.jsonl.parts") / "stage-brainstorm.json"
+    assert (stage.parent / "stage-brainstorm.json.sha256").exists()
+    stage.write_text(stage.read_text().replace('"tasks": {', '"tasks": {"injected": ["do something else"], ', 1))
+    with pytest.raises(ShardError, match=r"stage-brainstorm\.json: its sha256 is not the one"):
+        synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
+
+
+def test_kept_corpus_vectors_of_another_corpus_are_refused(tmp_path):
+    import io
+
+    from lmembed.synthesis.retrieval import CACHE, corpus_embeddings
+    from lmembed.synthesis.runner import Context, write_stage
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((3, 4), dtype=np.float32))
+    write_stage(tmp_path, CACHE, buffer.getvalue())
+    context = Context(recipe=None, generator=None, parts=tmp_path, corpus_texts=["a", "b"])  # type: ignore[arg-type]
+    with pytest.raises(ShardError, match=r"corpus-embeddings\.npy: holds float32 vectors of shape \(3, 4\)"):
+        corpus_embeddings(context)
+    context.corpus_texts.append("c")
+    assert corpus_embeddings(context).shape == (3, 4)
 
 
 def test_a_different_plan_is_refused_not_mixed_in(tmp_path):

@@ -11,11 +11,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from lmembed.atomic import atomic_write_json
 from lmembed.synthesis.generators import Request
 from lmembed.synthesis.parsing import parse_object, parse_string_list
 from lmembed.synthesis.recipes import render
-from lmembed.synthesis.runner import Context, ShardResult
+from lmembed.synthesis.runner import Context, ShardResult, read_stage, write_stage
 
 STAGE_FILE = "stage-brainstorm.json"
 
@@ -28,9 +27,9 @@ class E5MistralRunner:
     """The two steps; the brainstorm's tasks are kept in ``stage-brainstorm.json`` so a rerun reuses them."""
 
     def brainstorm(self, context: Context) -> dict[str, Any]:
-        path = context.parts / STAGE_FILE
-        if path.exists():
-            return json.loads(path.read_text())
+        kept = read_stage(context.parts, STAGE_FILE)
+        if kept is not None:
+            return json.loads(kept)
         recipe = context.recipe
         families = recipe.data["families"]
         requests = [
@@ -53,7 +52,7 @@ class E5MistralRunner:
                 samples.setdefault(parsed.reason, answer[:300])
             tasks[family] = (parsed.value or [])[: int(recipe.get("tasks_per_family", 4))]
         stage = {"tasks": tasks, "rejected": dict(rejected), "samples": samples}
-        atomic_write_json(path, stage)
+        write_stage(context.parts, STAGE_FILE, json.dumps(stage, indent=2, ensure_ascii=False).encode("utf-8"))
         return stage
 
     def plan(self, context: Context) -> list[dict[str, Any]]:

@@ -13,21 +13,29 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.atomic import atomic_write
-from lmembed.synthesis.runner import Context, Encode
+from lmembed.synthesis.runner import Context, Encode, ShardError, read_stage, write_stage
 
 CACHE = "corpus-embeddings.npy"
 
 
 def corpus_embeddings(context: Context) -> np.ndarray:
-    path = context.parts / CACHE
-    if path.exists():
-        return np.load(path)
+    """The corpus's document vectors, encoded once per run and kept as a checked stage (``corpus-embeddings.npy``);
+    kept vectors that are not one float32 row per corpus text are refused, naming the file."""
+    kept = read_stage(context.parts, CACHE)
+    if kept is not None:
+        matrix = np.load(io.BytesIO(kept), allow_pickle=False)
+        rows = len(context.corpus_texts)
+        if matrix.ndim != 2 or matrix.shape[0] != rows or matrix.dtype != np.float32:
+            raise ShardError(
+                f"{context.parts / CACHE}: holds {matrix.dtype} vectors of shape {matrix.shape}, not one float32 row "
+                f"for each of the corpus's {rows} texts; delete it to encode the corpus again"
+            )
+        return matrix
     assert context.encode is not None
     matrix = np.asarray(context.encode(context.corpus_texts, "document"), dtype=np.float32)
     buffer = io.BytesIO()
     np.save(buffer, matrix)
-    atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
+    write_stage(context.parts, CACHE, buffer.getvalue())
     return matrix
 
 

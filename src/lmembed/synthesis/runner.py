@@ -3,7 +3,8 @@
 Layout beside the output file ``OUT.jsonl``::
 
     OUT.jsonl.parts/plan.json          what the run was asked (recipe digest, generator, seed, items)
-    OUT.jsonl.parts/stage-*.json       a recipe's earlier stage (E5-mistral's brainstormed tasks)
+    OUT.jsonl.parts/stage-*.json       a recipe's earlier stage (E5-mistral's brainstormed tasks), with its
+                                       .sha256 (as corpus-embeddings.npy: a retrieval recipe's document vectors)
     OUT.jsonl.parts/shard-00000.jsonl  the rows of one finished shard, with shard-00000.stats.json (their sha256)
     OUT.jsonl.parts/progress.log       one line per shard: rows/s, acceptance rate, ETA
     OUT.jsonl                          every shard's rows, written once all are done
@@ -35,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lmembed.atomic import atomic_write_json, atomic_write_text
+from lmembed.atomic import atomic_write, atomic_write_json, atomic_write_text
 from lmembed.errors import ConfigError
 from lmembed.io import sha256_file
 from lmembed.paths import inside
@@ -135,6 +136,29 @@ class ShardLog:
         log.info(line)
         if self.echo:
             self.echo(line)
+
+
+def write_stage(parts: Path, name: str, payload: bytes) -> None:
+    """Keep a stage's result (a brainstorm, corpus embeddings) as ``parts/name``, atomically, then its sha256 as
+    ``name.sha256``: the stage counts as done once the digest exists (see :func:`read_stage`)."""
+    atomic_write(parts / name, lambda handle: handle.write(payload))
+    atomic_write_text(parts / f"{name}.sha256", hashlib.sha256(payload).hexdigest() + "\n")
+
+
+def read_stage(parts: Path, name: str) -> bytes | None:
+    """A stage's kept bytes, or None when the stage has not finished (no digest: a run stopped before it did). Bytes
+    that do not hash to their digest are refused, naming the file."""
+    digest_file = parts / f"{name}.sha256"
+    if not digest_file.exists():
+        return None
+    path = inside(parts, name, file=digest_file, field="sha256", error=ShardError)
+    payload = path.read_bytes()
+    if hashlib.sha256(payload).hexdigest() != digest_file.read_text().strip():
+        raise ShardError(
+            f"{path}: its sha256 is not the one {digest_file.name} records: the file was changed after the stage "
+            "wrote it; delete both to run the stage again"
+        )
+    return payload
 
 
 def shard_name(index: int) -> str:
