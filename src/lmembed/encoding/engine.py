@@ -94,6 +94,7 @@ def collate(features: Sequence[Features], pad_id: int, side: str, device: torch.
 __all__ = [
     "Batch",
     "EncodingEngine",
+    "RunStats",
     "collate",
     "collate_host",
     "plan_batches",
@@ -173,8 +174,9 @@ class _CacheWriter:
 class RunStats:
     """What one compute call of the engine did (:attr:`EncodingEngine.last_run`, and the log line at ``-v``): the
     real and the padded tokens of its batches, its seconds computing (after tokenising and preparing, as the serial
-    path counts them), tokenising every text (on the pipelined path, on the producer thread, while nothing computes:
-    batches are planned from every length) and preparing the backend (an export, int8 calibration)."""
+    path counts them), tokenising every text (on the pipelined path on the producer thread: before the first batch
+    can compute, batches being planned from every length, unless ``plan_window`` plans window by window) and
+    preparing the backend (an export, int8 calibration)."""
 
     tokens: int = 0
     padded: int = 0
