@@ -336,7 +336,11 @@ class EmbeddingConfig:
         if self.terms is not None and not isinstance(self.terms, TermsConfig):
             raise ConfigError(f"terms={self.terms!r:.80} must be a term channel's settings (a dict) or None")
         if self.terms is not None and (self.dim is not None or not self.normalize or self.similarity != "cosine"):
-            raise ConfigError(f"{TERMS_FIXED}: it needs normalize=True, similarity='cosine' and no dim truncation")
+            wanted = {"dim": None, "normalize": True, "similarity": "cosine"}
+            wrong = ", ".join(f"{k}={getattr(self, k)!r}" for k, v in wanted.items() if getattr(self, k) != v)
+            raise ConfigError(
+                f"{wrong}: {TERMS_FIXED}, so it needs normalize=True, similarity='cosine' and no dim truncation"
+            )
 
     def fixed_width(self) -> str | None:
         """Why this strategy's vectors cannot be shortened (Matryoshka ``dim``) or left unnormalised, or None when
