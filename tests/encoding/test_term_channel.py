@@ -179,8 +179,9 @@ def test_a_table_outside_the_folder_or_missing_is_refused(bert, tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"dim": 8}, "a term channel is weighed against the dense vector"),
-        ({"normalize": False}, "a term channel is weighed against the dense vector"),
+        ({"dim": 8}, "^dim=8: a term channel is weighed against the dense vector"),
+        ({"normalize": False}, "^normalize=False: a term channel is weighed against the dense vector"),
+        ({"similarity": "dot"}, "^similarity='dot': a term channel is weighed against the dense vector"),
         ({"terms": {"dims": 0}}, r"terms\.dims=0 is not valid"),
         ({"terms": {"bogus": 1}}, r"unknown terms option\(s\): bogus"),
         ({"terms": {"weight": float("nan")}}, r"terms\.weight=nan is not valid"),
