@@ -48,3 +48,11 @@ def published_scores(task: str, model: str = "sentence-transformers/all-MiniLM-L
         if entry["model"] == model and entry["task"] == task:
             return {"main_score": float(entry["main_score"]), **{k: float(v) for k, v in entry["metrics"].items()}}
     return {}
+
+
+def write_report(folder: Path, name: str, result: dict, lines: list[str]) -> None:
+    """A benchmark's figures as ``folder/name.json`` and its table as ``folder/name.md``, the table printed too."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (folder / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

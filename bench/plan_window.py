@@ -19,12 +19,11 @@ Results: ``bench/results/encode-throughput/plan-window.json`` and ``plan-window.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
 
-from _common import REPO, read_jsonl, shared_or_exit
+from _common import REPO, read_jsonl, shared_or_exit, write_report
 from lmembed import Embedder
 from lmembed.encoding.engine import plan_batches
 from lmembed.encoding.inputs import InputBuilder
@@ -90,8 +89,6 @@ def main() -> None:
         "tokenise_first_window_s": first,
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plan-window.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# Planning batches window by window: padding against the wait before the first batch",
         "",
@@ -112,8 +109,7 @@ def main() -> None:
         f"| tokenise every text (baseline) | {tokenise_all:.2f} | 1.000 |",
         *(f"| tokenise one window of {w} | {s:.2f} | {s / tokenise_all:.3f} |" for w, s in first.items()),
     ]
-    (args.out / "plan-window.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "plan-window", result, lines)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ every ratio is against ``torch`` in the same run. Agreement: the lowest cosine o
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import REPO
+from _common import REPO, write_report
 from encode_throughput import load_texts
 from lmembed import Embedder
 
@@ -98,8 +97,6 @@ def main() -> None:
         "compile_first_encode_s": compile_s,
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "torch-compile.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# torch.compile on the CPU (minilm)",
         "",
@@ -112,8 +109,7 @@ def main() -> None:
         "",
         f"The compiled arm's first encode (compiling, {len(texts)} texts) took {compile_s:.0f} s.",
     ]
-    (args.out / "torch-compile.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "torch-compile", result, lines)
 
 
 if __name__ == "__main__":
