@@ -56,3 +56,12 @@ def write_report(folder: Path, name: str, result: dict, lines: list[str]) -> Non
     (folder / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (folder / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
+    """The lines of a Markdown table: ``header``, then one line per row (cells as they are printed)."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(map(str, r)) + " |" for r in rows),
+    ]

@@ -23,7 +23,7 @@ import random
 import time
 from pathlib import Path
 
-from _common import REPO, read_jsonl, shared_or_exit, write_report
+from _common import REPO, markdown_table, read_jsonl, shared_or_exit, write_report
 from lmembed import Embedder
 from lmembed.encoding.engine import plan_batches
 from lmembed.encoding.inputs import InputBuilder
@@ -96,18 +96,24 @@ def main() -> None:
         f"minilm's tokenisation, at most {args.max_length} tokens, {real} real tokens. Baseline: no window (every "
         "length known first), in this run.",
         "",
-        "| batch | window | padded / real tokens | x baseline padding |",
-        "|---|---|---|---|",
-        *(
-            f"| {r['batch_size']} | {r['window'] or 'none (baseline)'} | {r['padded_over_real']:.3f} "
-            f"| {r['x_baseline_padding']:.3f} |"
-            for r in rows
+        *markdown_table(
+            ["batch", "window", "padded / real tokens", "x baseline padding"],
+            [
+                [
+                    r["batch_size"],
+                    r["window"] or "none (baseline)",
+                    f"{r['padded_over_real']:.3f}",
+                    f"{r['x_baseline_padding']:.3f}",
+                ]
+                for r in rows
+            ],
         ),
         "",
-        "| before the first batch can be planned | seconds | x baseline |",
-        "|---|---|---|",
-        f"| tokenise every text (baseline) | {tokenise_all:.2f} | 1.000 |",
-        *(f"| tokenise one window of {w} | {s:.2f} | {s / tokenise_all:.3f} |" for w, s in first.items()),
+        *markdown_table(
+            ["before the first batch can be planned", "seconds", "x baseline"],
+            [["tokenise every text (baseline)", f"{tokenise_all:.2f}", "1.000"]]
+            + [[f"tokenise one window of {w}", f"{s:.2f}", f"{s / tokenise_all:.3f}"] for w, s in first.items()],
+        ),
     ]
     write_report(args.out, "plan-window", result, lines)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import REPO, write_report
+from _common import REPO, markdown_table, write_report
 from encode_throughput import load_texts
 from lmembed import Embedder
 
@@ -103,9 +103,13 @@ def main() -> None:
         f"`{result['command']}`, torch {torch.__version__}, {torch.get_num_threads()} threads, {len(texts)} texts; "
         f"median of {args.repeats} interleaved rounds; ratios against `torch` (the shipped backend) in this run.",
         "",
-        "| arm | texts/s | x torch | min cosine to torch |",
-        "|---|---|---|---|",
-        *(f"| {r['arm']} | {r['texts_per_s']:.1f} | {r['x_torch']:.2f} | {r['min_cos_to_torch']:.6f} |" for r in rows),
+        *markdown_table(
+            ["arm", "texts/s", "x torch", "min cosine to torch"],
+            [
+                [r["arm"], f"{r['texts_per_s']:.1f}", f"{r['x_torch']:.2f}", f"{r['min_cos_to_torch']:.6f}"]
+                for r in rows
+            ],
+        ),
         "",
         f"The compiled arm's first encode (compiling, {len(texts)} texts) took {compile_s:.0f} s.",
     ]
