@@ -15,6 +15,7 @@ from lmembed.evaluation.results import (
     read_result,
     result_path,
     results_markdown,
+    strategy_digest,
     strategy_slug,
     write_result,
 )
@@ -126,6 +127,30 @@ def test_strategy_slug() -> None:
     long_a = strategy_slug({"x": "a" * 300})
     long_b = strategy_slug({"x": "a" * 299 + "b"})
     assert len(long_a) <= 100 and long_a != long_b
+
+
+def labelled(label: str, **strategy) -> TaskResult:
+    result = make_result(strategy={"pooling": "mean", "layer": -1, **strategy})
+    result.extra["strategy_label"] = label  # what the evaluation runner records (EmbeddingConfig.label)
+    return result
+
+
+def test_a_strategy_is_shown_and_filed_by_its_label(tmp_path: Path) -> None:
+    """Results name their strategy by its label (``mean@-1``) in folders, tables and charts, not by a slug of every
+    field; strategies that share a label (they differ in a field it leaves out) keep apart by a digest."""
+    short, long = labelled("mean@-1", max_length=128), labelled("mean@-1", max_length=512)
+    terms = labelled("mean@-1+terms4096", terms={"dims": 4096})
+    paths = [write_result(r, tmp_path) for r in (short, long, terms)]
+    assert len({p.parent for p in paths}) == 3
+    assert all(p.parent.name.startswith(("mean--1-", "mean--1+terms4096-")) for p in paths), paths
+    table = build_table(load_results(tmp_path))
+    names = sorted(row[1] for row in table.rows)
+    assert names[2] == "mean@-1+terms4096"  # a label of its own is shown as it is
+    assert names[:2] == sorted(
+        f"mean@-1 [{d}]" for d in (strategy_digest(short.strategy), strategy_digest(long.strategy))
+    )
+    assert "| mean@-1+terms4096 |" in results_markdown(load_results(tmp_path))
+    assert result_path(tmp_path, make_result()).parent.name == "layer=-1_pooling=mean"  # no label: the slug, as before
 
 
 def test_markdown_summary() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from lmembed.atomic import atomic_savefig
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.metrics import cutoff_auc
-from lmembed.evaluation.results import strategy_slug
+from lmembed.evaluation.results import strategy_label
 
 Curve = tuple[list[int], list[float]]  # cut-offs, metric values
 
@@ -37,7 +37,7 @@ def cutoff_curves(results: Iterable[TaskResult], metric: str = "ndcg") -> dict[s
         curve = result_curve(result, metric)
         if curve is None:
             continue
-        label = f"{result.model_name or 'unknown'} / {strategy_slug(result.strategy)}"
+        label = f"{result.model_name or 'unknown'} / {strategy_label(result)}"
         out.setdefault(result.task_name, {}).setdefault(label, curve)
     return out
 

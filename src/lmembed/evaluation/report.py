@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,7 @@ from pathlib import Path
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
-from lmembed.evaluation.results import load_results, strategy_slug
+from lmembed.evaluation.results import load_results, strategy_digest, strategy_label, strategy_slug
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +84,27 @@ def _newest_first(results: Iterable[TaskResult]) -> list[TaskResult]:
     return sorted(results, key=mtime, reverse=True)
 
 
+def _row_names(results: list[TaskResult]) -> dict[tuple[str, str], Row]:
+    """Each (model, strategy slug)'s row: the model and the strategy's label, with the strategy's digest added
+    where two strategies of one model share a label."""
+    keys = {(r.model_name or "unknown", strategy_slug(r.strategy)): r for r in results}
+    shared = Counter((model, strategy_label(r)) for (model, _), r in keys.items())
+    names = {}
+    for (model, slug), r in keys.items():
+        label = strategy_label(r)
+        names[model, slug] = (model, label if shared[model, label] == 1 else f"{label} [{strategy_digest(r.strategy)}]")
+    return names
+
+
 def build_table(results: Iterable[TaskResult]) -> ScoreTable:
-    """Arrange results into a :class:`ScoreTable`; for duplicates the newest file wins."""
+    """Arrange results into a :class:`ScoreTable` (rows named by model and strategy label); for duplicates the
+    newest file wins."""
     scores: dict[Row, dict[str, float]] = defaultdict(dict)
     types: dict[str, set[str]] = defaultdict(set)
-    for r in _newest_first(results):
-        row = (r.model_name or "unknown", strategy_slug(r.strategy))
+    ordered = _newest_first(results)
+    names = _row_names(ordered)
+    for r in ordered:
+        row = names[r.model_name or "unknown", strategy_slug(r.strategy)]
         if r.task_name in scores[row]:
             logger.warning("several results for %s / %s; using the newest", row, r.task_name)
             continue

@@ -68,6 +68,28 @@ def strategy_slug(strategy: Mapping[str, Any] | str | None) -> str:
     return slug
 
 
+def strategy_label(result: TaskResult) -> str:
+    """How a result's strategy is shown in tables and charts: the label it was evaluated under
+    (``EmbeddingConfig.label``, e.g. ``mean@-1+bidir``, kept in ``extra["strategy_label"]``), or the slug of its
+    strategy for a result that has none."""
+    label = result.extra.get("strategy_label")
+    return label if isinstance(label, str) and label else strategy_slug(result.strategy)
+
+
+def strategy_digest(strategy: Mapping[str, Any] | str | None) -> str:
+    """Eight hex digits of the whole strategy: what tells apart two strategies that share a label (they may differ
+    in a field the label leaves out, such as ``max_length``)."""
+    return hashlib.sha256(json.dumps(strategy, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def strategy_dir_name(result: TaskResult) -> str:
+    """The folder of a result's strategy: its label made path-safe, then :func:`strategy_digest` (so strategies that
+    share a label keep apart); the slug of the strategy for a result without a label."""
+    if not isinstance(result.extra.get("strategy_label"), str):
+        return strategy_slug(result.strategy)
+    return strategy_slug(f"{strategy_label(result)}-{strategy_digest(result.strategy)}")
+
+
 def _compact(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "+".join(_compact(v) for v in value)
@@ -78,9 +100,7 @@ def _compact(value: Any) -> str:
 
 def result_path(out_dir: str | Path, result: TaskResult) -> Path:
     """Where :func:`write_result` puts ``result``."""
-    return (
-        Path(out_dir) / model_dir_name(result.model_name) / strategy_slug(result.strategy) / f"{result.task_name}.json"
-    )
+    return Path(out_dir) / model_dir_name(result.model_name) / strategy_dir_name(result) / f"{result.task_name}.json"
 
 
 def _clean(value: Any) -> Any:
@@ -215,11 +235,11 @@ def results_markdown(results: Iterable[TaskResult], *, percent: bool = True) -> 
     """A Markdown table with one row per result: model, strategy, task, type, split, score, time."""
     header = "| model | strategy | task | type | split | main metric | main score | eval time (s) |"
     lines = [header, "|---|---|---|---|---|---|---:|---:|"]
-    ordered = sorted(results, key=lambda r: (r.model_name, strategy_slug(r.strategy), r.task_type, r.task_name))
+    ordered = sorted(results, key=lambda r: (r.model_name, strategy_label(r), r.task_type, r.task_name))
     for r in ordered:
         score = r.main_score * 100 if percent else r.main_score
         lines.append(
-            f"| {r.model_name} | {strategy_slug(r.strategy)} | {r.task_name} | {r.task_type} | {r.split} "
+            f"| {r.model_name} | {strategy_label(r)} | {r.task_name} | {r.task_type} | {r.split} "
             f"| {r.main_metric} | {score:.2f} | {r.evaluation_time:.1f} |"
         )
     return "\n".join(lines) + "\n"
