@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,14 +85,25 @@ def _newest_first(results: Iterable[TaskResult]) -> list[TaskResult]:
 
 
 def _row_names(results: list[TaskResult]) -> dict[tuple[str, str], Row]:
-    """Each (model, strategy slug)'s row: the model and the strategy's label, with the strategy's digest added
-    where two strategies of one model share a label."""
+    """Each (model, strategy slug)'s row: the model and the strategy's label; where strategies of one model share a
+    label, the fields in which they differ follow it (``mean@-1 max_length=128``), else their digest."""
     keys = {(r.model_name or "unknown", strategy_slug(r.strategy)): r for r in results}
-    shared = Counter((model, strategy_label(r)) for (model, _), r in keys.items())
-    names = {}
+    groups: dict[tuple[str, str], list[tuple[str, TaskResult]]] = defaultdict(list)
     for (model, slug), r in keys.items():
-        label = strategy_label(r)
-        names[model, slug] = (model, label if shared[model, label] == 1 else f"{label} [{strategy_digest(r.strategy)}]")
+        groups[model, strategy_label(r)].append((slug, r))
+    names: dict[tuple[str, str], Row] = {}
+    for (model, label), members in groups.items():
+        strategies = [r.strategy if isinstance(r.strategy, dict) else {} for _, r in members]
+        differing = sorted(
+            {k for st in strategies for k in st if len({json.dumps(s.get(k), default=str) for s in strategies}) > 1}
+        )
+        for (slug, r), strategy in zip(members, strategies, strict=True):
+            if len(members) == 1:
+                names[model, slug] = (model, label)
+            elif differing:
+                names[model, slug] = (model, label + " " + " ".join(f"{k}={strategy.get(k)}" for k in differing))
+            else:
+                names[model, slug] = (model, f"{label} [{strategy_digest(r.strategy)}]")
     return names
 
 
