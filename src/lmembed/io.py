@@ -349,17 +349,21 @@ def check_recorded_files(
     folder: Path, record: Path, files: Any, names: Sequence[str], *, key: str, error: type[LmembedError]
 ) -> None:
     """Each of ``names`` lies in ``folder`` (links followed) and hashes to the sha256 that ``record`` (a JSON file of
-    the folder: a checkpoint's ``state.json``, a run's plan) holds for it in ``files``, its ``key`` field; else
-    ``error``, naming the file and ``key.NAME``. Called before anything in those files is read."""
+    the folder: a checkpoint's ``state.json``, a run's plan) holds for it in ``files``, its ``key`` field (one digest,
+    or a list of those its content may have: a file being replaced); else ``error``, naming the file and
+    ``key.NAME``. Called before anything in those files is read."""
     from lmembed.paths import inside  # lazy: paths and io are siblings of one layer
 
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+    def digests(value: Any) -> list[Any]:
+        return value if isinstance(value, list) else [value]
+
+    if not isinstance(files, dict) or not all(isinstance(d, str) for v in files.values() for d in digests(v)):
         raise error(f"{record}: {key} must map each file's name to its sha256")
     for name in names:
         if name not in files:
             raise error(f"{record}: {key} has no sha256 for {name}, a file of {folder}")
         path = inside(folder, name, file=record, field=f"{key}.{name}", error=error)
-        if sha256_file(path) != files[name]:
+        if sha256_file(path) not in digests(files[name]):
             raise error(
                 f"{path}: its sha256 is not the one {record} records ({key}.{name}): the file was changed or "
                 "damaged after it was written"

@@ -152,7 +152,11 @@ def test_a_finished_shard_changed_before_the_output_is_assembled_is_refused(tmp_
         synthesize("e5-mistral", _DiesAfter(3), out, shard_size=6)
     shard = out.with_name("out.jsonl.parts") / "shard-00000.jsonl"
     shard.write_text(shard.read_text().replace('"', "'", 1))
-    with pytest.raises(ShardError, match=r"shard-00000\.jsonl: its sha256 is not the one shard-00000\.stats\.json"):
+    with pytest.raises(
+        ShardError,
+        match=r"shard-00000\.jsonl: its sha256 is not the one \S*/shard-00000\.stats\.json "
+        r"records \(files\.shard-00000\.jsonl\)",
+    ):
         synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
     assert not out.exists()
 

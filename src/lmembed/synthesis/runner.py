@@ -38,7 +38,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_write, atomic_write_json, atomic_write_text
 from lmembed.errors import ConfigError
-from lmembed.io import sha256_file
+from lmembed.io import check_recorded_files
 from lmembed.paths import inside
 from lmembed.protocols import LocalShards, ShardMapper
 from lmembed.synthesis.generators import Generator, Usage
@@ -193,7 +193,8 @@ class ShardWork:
         name, parts = shard_name(index), context.parts
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.rows)
         atomic_write_text(parts / f"{name}.jsonl", text)
-        stats["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()  # checked when the output is assembled
+        # checked when the output is assembled
+        stats["files"] = {f"{name}.jsonl": hashlib.sha256(text.encode("utf-8")).hexdigest()}
         atomic_write_json(parts / f"{name}.stats.json", stats)  # the shard counts as done from here
         return stats, time.perf_counter() - started
 
@@ -285,10 +286,9 @@ def _finish(
         name = shard_name(index)
         stats = json.loads((parts / f"{name}.stats.json").read_text())
         shard = inside(parts, f"{name}.jsonl", file=parts / f"{name}.stats.json", field="rows", error=ShardError)
-        if "sha256" in stats and sha256_file(shard) != stats["sha256"]:  # older shards recorded none
-            raise ShardError(
-                f"{shard}: its sha256 is not the one {name}.stats.json records (sha256): the shard was changed after "
-                f"it was generated; delete both files and run again to generate it anew"
+        if "files" in stats:  # older shards recorded none
+            check_recorded_files(
+                parts, parts / f"{name}.stats.json", stats["files"], [shard.name], key="files", error=ShardError
             )
         totals.attempted += stats["attempted"]
         totals.repaired += stats["repaired"]

@@ -169,17 +169,13 @@ class _SelectingTrainer(Trainer):
 
     def _verified(self, name: str) -> Path:
         """``OUT/name``, once its content hashes to a digest ``selection.json`` records for it."""
-        path = inside(self.output, name, file=self.selection_path, field=f"states.{name}", error=AdaptError)
-        recorded = self.states.get(name)
-        if recorded is None:  # a run begun before the digests were recorded
-            log.warning("%s: %s records no sha256 for it (an older run): not checked", path, SELECTION_FILE)
-            return path
-        if sha256_file(path) not in recorded:
-            raise AdaptError(
-                f"{path}: its sha256 is not the one {self.selection_path} records (states.{name}): the file was "
-                "changed or damaged after the run wrote it; start the run again"
+        if name in self.states:
+            check_recorded_files(self.output, self.selection_path, self.states, [name], key="states", error=AdaptError)
+        else:  # a run begun before the digests were recorded
+            log.warning(
+                "%s: %s records no sha256 for it (an older run): not checked", self.output / name, SELECTION_FILE
             )
-        return path
+        return inside(self.output, name, file=self.selection_path, field=f"states.{name}", error=AdaptError)
 
 
 def _scores_text(scores: dict[str, float]) -> str:
