@@ -309,6 +309,11 @@ def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe,
     would read the model without its channel). Returns the model with its channel, loaded on ``device`` (where
     the run trained: the held-back queries are scored with it there)."""
     embedder = Embedder.from_pretrained(str(model_dir), device=device, cache=False, show_progress=False)
+    return _save_with_terms(embedder, docs, recipe, model_dir)
+
+
+def _save_with_terms(embedder: Embedder, docs: Sequence[Document], recipe: AdaptRecipe, model_dir: Path) -> Embedder:
+    """``embedder`` with the recipe's term channel fitted on the corpus, saved to ``model_dir`` atomically."""
     fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
     with atomic_folder(model_dir) as tmp:
         fitted.save(tmp)
@@ -341,10 +346,8 @@ def run_terms_only(
     docs = read_adapt_corpus(corpus)  # bad input is refused before anything is written
     _check_output(output, resume=False)
     embedder, model_name = _starting_model(model, device)
-    fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
     model_dir = output / MODEL_DIR
-    with atomic_folder(model_dir) as tmp:
-        fitted.save(tmp)
+    fitted = _save_with_terms(embedder, docs, recipe, model_dir)
     assert fitted.config.terms is not None
     summary = {
         "model": model_name,
