@@ -18,6 +18,7 @@ from conftest import WORDS, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.encoding.inputs import InputBuilder
 from lmembed.encoding.pipeline import COLLATE_THREAD, Prefetcher, ReadBack
+from lmembed.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -156,6 +157,16 @@ def test_a_plan_window_plans_each_window_apart_and_computes_before_the_last_is_t
     assert sorted(r for batch in rows for r in batch) == list(range(36))
     engine.pipelined = False  # the serial path plans the same windows: the same vectors, bit for bit
     np.testing.assert_array_equal(out[0], engine.encode_raw(texts, [emb.config], batch_size=BATCH)[0])
+
+
+def test_a_plan_window_of_no_texts_is_refused_by_name(make_embedder):
+    emb = make_embedder("bert")
+    emb.engine.plan_window = 0
+    for pipelined in (True, False):
+        emb.engine.pipelined = pipelined
+        with pytest.raises(ConfigError, match=r"plan_window=0 must be a number of texts"):
+            emb.engine.encode_raw(texts_of(9), [emb.config], batch_size=BATCH)
+    assert pipeline_threads() == []
 
 
 def test_the_last_run_says_what_it_did_on_either_path(make_embedder):

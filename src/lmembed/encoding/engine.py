@@ -110,6 +110,7 @@ def plan_batches(
     ``batch_size`` per batch and, with ``max_batch_tokens``, at most that many padded tokens (a text longer
     than the budget goes alone). With ``window``, each run of ``window`` consecutive texts is planned on its own
     (sorted within it), in order: what lets the pipelined engine start computing before every text is tokenised."""
+    _check_window(window)
     if window is not None and window < len(lengths):
         return [
             [first + j for j in chunk]
@@ -131,6 +132,11 @@ def plan_batches(
     if current:
         batches.append(current)
     return batches
+
+
+def _check_window(window: int | None) -> None:
+    if window is not None and window < 1:
+        raise ConfigError(f"plan_window={window!r} must be a number of texts (>= 1) or None")
 
 
 class _CacheWriter:
@@ -585,7 +591,8 @@ class EncodingEngine:
                 built.extend(job.builder.build_all(wanted[first : first + TOKENISE_CHUNK], job.instruction))
             return built
 
-        window = self.plan_window or max(len(job.rows), 1)  # plan_batches' windows, tokenised one at a time
+        _check_window(self.plan_window)
+        window = max(len(job.rows), 1) if self.plan_window is None else self.plan_window  # tokenised one at a time
         for first in range(0, len(job.rows), window):
             start = time.perf_counter()
             features = job.features_of_rows(build, job.rows[first : first + window])
