@@ -4,7 +4,8 @@
 # 540 MB of weights cannot travel: bench/gpu_random_smollm2.py gives it random ones there; throughput does not depend
 # on them; its tokenizer also stands in for the 0.5B Qwen2 shape, which bench/gpu_throughput.py builds there from
 # Qwen2-0.5B's config values), the benchmark's texts (STSBenchmark test, the first 2,500 SciFact documents) and the
-# wheels the GPU image lacks. Run here, after run.sh install; then carry .gpu and run: bash bench/gpu_checks.sh
+# wheels the GPU image lacks (pydantic among them: without it the GPU tests failed to collect on the 2026-11-28
+# H200). Run here, after run.sh install; then carry .gpu and run: bash bench/gpu_checks.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
@@ -41,7 +42,7 @@ lines = (shared / "beir/scifact/corpus.jsonl").read_text().splitlines(keepends=T
 PY
 python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .gpu/whl pytrec-eval-terrier gguf bm25s
+  -d .gpu/whl pytrec-eval-terrier gguf bm25s pydantic pydantic-core annotated-types typing-inspection
 du -sh .gpu
 # what travels besides .gpu: the files git tracks or would track (the device tool carries them, 64 MiB in all with .gpu)
 git ls-files -z --cached --others --exclude-standard | du -ch --files0-from=- 2>/dev/null | tail -1 | sed 's/total/working tree/'

@@ -260,8 +260,8 @@ def contenders(
             serial.engine = emb.engine  # type: ignore[attr-defined]
             runs[f"{label}-serial"] = serial
             if dtype == args.dtypes[0]:  # one dtype: the cell's time budget is shared by every arm
-
-                def windowed(texts: list[str], bs: int, emb: Any = emb) -> np.ndarray:
+                # lm_run bound now: called later, a free name would find the last dtype's (it did, before stop 48)
+                def windowed(texts: list[str], bs: int, emb: Any = emb, lm_run: Callable = lm_run) -> np.ndarray:
                     emb.engine.plan_window = max(bs, len(texts) // 4)  # four windows a cell
                     try:
                         return lm_run(texts, bs)
@@ -270,6 +270,17 @@ def contenders(
 
                 windowed.engine = emb.engine  # type: ignore[attr-defined]
                 runs[f"{label}-window"] = windowed
+                if hasattr(emb.engine, "pin_inputs"):
+
+                    def pageable(texts: list[str], bs: int, emb: Any = emb, lm_run: Callable = lm_run) -> np.ndarray:
+                        emb.engine.pin_inputs = False  # batches collated into pageable memory (pinned by default)
+                        try:
+                            return lm_run(texts, bs)
+                        finally:
+                            emb.engine.pin_inputs = True
+
+                    pageable.engine = emb.engine  # type: ignore[attr-defined]
+                    runs[f"{label}-pageable"] = pageable
         else:
             notes["engine_switch"] = f"EncodingEngine has no {ENGINE_SWITCH!r}: one engine, labelled -serial"
             runs[f"{label}-serial"] = lambda texts, bs, emb=emb: emb.encode(texts, batch_size=bs)
@@ -311,6 +322,9 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
                 tokenising[label].append(run.engine.last_run.tokenise_seconds)  # type: ignore[attr-defined]
         print(f"  round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in seconds.items() if v), flush=True)
     rate = {label: len(texts) / float(np.median(s)) for label, s in seconds.items() if s}
+    # the first round meets every batch shape of the cell for the first time (the warm-up saw two batches): what a
+    # call over new texts pays, as a corpus encoded once does
+    first = {label: len(texts) / s[0] for label, s in seconds.items() if s}
     ratios = {
         f"{label} / {base}": rate[label] / rate[base]
         for base in (f"st-{d}" for d in args.dtypes)
@@ -334,6 +348,9 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
         serial = vectors.get(f"{ours}-serial")
         if serial is not None and f"{ours}-window" in vectors:  # other batches: equal within float rounding
             agreement[f"min_cos {ours}-window vs serial"] = _min_cos(vectors[f"{ours}-window"], serial)
+        if serial is not None and f"{ours}-pageable" in vectors:
+            same = bool(np.array_equal(vectors[f"{ours}-pageable"], serial))
+            agreement[f"{ours}-pageable vs serial: bit-for-bit"] = same
         if serial is not None and ours in vectors:
             agreement[f"{ours} vs serial: bit-for-bit"] = bool(np.array_equal(vectors[ours], serial))
             agreement[f"{ours} vs serial: max abs diff"] = float(np.abs(vectors[ours] - serial).max())
@@ -346,6 +363,13 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
         "seconds": seconds,
         "texts_per_s": rate,
         "ratios": ratios,
+        "first_round_ratios": {
+            f"{label} / {base}": first[label] / first[base]
+            for base in (f"st-{d}" for d in args.dtypes)
+            if base in first
+            for label in first
+            if label.startswith("lmembed-")
+        },
         "agreement": agreement,
         "host": host,
         "errors": errors,
@@ -431,6 +455,13 @@ def table(result: dict) -> str:
             for label in (x for x in labels if x.startswith("lmembed-")):
                 row = [m["cells"][c]["ratios"].get(f"{label} / {base}") for c in done]
                 lines.append(f"| {label} | " + " | ".join("-" if v is None else f"**{v:.2f}x**" for v in row) + " |")
+        base = f"st-{result['dtypes'][0]}"
+        if any("first_round_ratios" in m["cells"][c] for c in done):
+            head = f"| first round / {base} (new shapes) | "
+            lines += ["", head + " | ".join(done) + " |", "|---|" + "---:|" * len(done)]
+            for label in (x for x in labels if x.startswith("lmembed-")):
+                row = [m["cells"][c].get("first_round_ratios", {}).get(f"{label} / {base}") for c in done]
+                lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in row) + " |")
         shares = list(dict.fromkeys(k for c in done for k in m["cells"][c].get("host", {})))
         if shares:
             lines += ["", "| host | " + " | ".join(done) + " |", "|---|" + "---:|" * len(done)]
@@ -467,6 +498,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=330.0, help="stop between rounds after this many seconds")
     parser.add_argument("--no-packed", action="store_true", help="leave out the packed (padding-free) rows")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {', '.join(DTYPES)}")
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     if unknown := [m for m in args.models if m not in MODELS]:
@@ -485,7 +517,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dry:
         args.n_short, args.n_long, args.repeats = min(args.n_short, 12), min(args.n_long, 6), 1
         args.batch_sizes = [min(b, 4 * (i + 1)) for i, b in enumerate(args.batch_sizes)]
-    args.dtypes = DTYPES
+    args.dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    if not args.dtypes or (unknown := [d for d in args.dtypes if d not in DTYPES]):
+        parser.error(f"--dtypes: choose among {', '.join(DTYPES)}; got {', '.join(unknown) if args.dtypes else 'none'}")
     return args
 
 

@@ -46,8 +46,10 @@ def test_dry_run_measures_every_cell_and_compares_vectors(tmp_path):
                 assert agree[f"min_cos lmembed-{dtype}-packed vs serial"] >= 0.999
                 if f"lmembed-{dtype}" in rates:  # the pipelined engine (EncodingEngine.pipelined)
                     assert agree[f"lmembed-{dtype} vs serial: bit-for-bit"] is True
-                if dtype == "float16":  # the first dtype also plans a quarter of the texts at a time
+                if dtype == "float16":  # the first dtype also plans a quarter of the texts at a time, and pages
                     assert agree["min_cos lmembed-float16-window vs serial"] >= 0.999
+                    assert agree["lmembed-float16-pageable vs serial: bit-for-bit"] is True
+                    assert cell["first_round_ratios"]["lmembed-float16-pageable / st-float16"] > 0
                 # the host's tokenising, as a share of each lmembed call (engine.last_run), where it can be read
                 assert 0 < cell["host"][f"tokenising share lmembed-{dtype}-serial"] < 1
 
@@ -67,7 +69,19 @@ def test_cpu_without_dry_is_refused(tmp_path):
     assert not (tmp_path / "result.json").exists()
 
 
-@pytest.mark.parametrize("bad", [["--batch-sizes", "0"], ["--models", "bert-large"], ["--repeats", "0"]])
+def test_one_dtype_measures_only_its_own_rows(tmp_path):
+    bundled_or_skip("minilm")
+    done = _run(tmp_path, "--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    rates = next(iter(result["models"]["minilm"]["cells"].values()))["texts_per_s"]
+    assert result["dtypes"] == ["float16"] and not any("bfloat16" in label for label in rates)
+    assert "first round / st-float16" in (tmp_path / "table.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "bad", [["--batch-sizes", "0"], ["--models", "bert-large"], ["--repeats", "0"], ["--dtypes", "float8"]]
+)
 def test_bad_options_are_refused(bad, tmp_path):
     done = _run(tmp_path, *bad)
     assert done.returncode == 2 and bad[0] in done.stderr

@@ -17,7 +17,7 @@ import lmembed.encoding.engine as engine_module
 from conftest import WORDS, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.encoding.inputs import InputBuilder
-from lmembed.encoding.pipeline import COLLATE_THREAD, Prefetcher, ReadBack
+from lmembed.encoding.pipeline import COLLATE_THREAD, TOKENISE_THREAD, Prefetcher, ReadBack
 from lmembed.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -38,7 +38,8 @@ def texts_of(n: int, seed: int = 0) -> list[str]:
 
 
 def pipeline_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == COLLATE_THREAD]
+    """The pipeline's threads alive: the producer, and its helper tokenising the next window."""
+    return [t for t in threading.enumerate() if t.name == COLLATE_THREAD or t.name.startswith(TOKENISE_THREAD)]
 
 
 def within(seconds: float, call: Callable[[], Any]) -> Any:
@@ -157,6 +158,42 @@ def test_a_plan_window_plans_each_window_apart_and_computes_before_the_last_is_t
     assert sorted(r for batch in rows for r in batch) == list(range(36))
     engine.pipelined = False  # the serial path plans the same windows: the same vectors, bit for bit
     np.testing.assert_array_equal(out[0], engine.encode_raw(texts, [emb.config], batch_size=BATCH)[0])
+
+
+def test_the_next_window_is_tokenised_beside_the_forward_passes(make_embedder, monkeypatch):
+    """With ``plan_window``, window k+1 is tokenised on the helper thread while window k's batches compute, not
+    after the bounded queue has taken them: the first forward pass waits (at most 5 s) for the second window's
+    tokenising to begin, which a producer tokenising behind its queue would not begin until that pass ended."""
+    emb = make_embedder("bert")
+    engine = emb.engine
+    engine.plan_window = 12
+    texts = [f"text {i} " + " ".join(WORDS[: 1 + (7 * i) % 30]) for i in range(36)]
+    second_window = threading.Event()
+    tokenised_on: list[str] = []
+    waited: list[bool] = []
+    real_build = InputBuilder.build_all
+
+    def build_all(self, wanted, *args, **kwargs):
+        tokenised_on.append(threading.current_thread().name)
+        if len(tokenised_on) == 2:
+            second_window.set()
+        return real_build(self, wanted, *args, **kwargs)
+
+    real_forward = engine.forward_pool
+
+    def forward_pool(ids, *args, **kwargs):
+        if not waited:
+            waited.append(second_window.wait(5))
+        return real_forward(ids, *args, **kwargs)
+
+    monkeypatch.setattr(InputBuilder, "build_all", build_all)
+    monkeypatch.setattr(engine, "forward_pool", forward_pool)
+    vectors = within(30, lambda: engine.encode_raw(texts, [emb.config], batch_size=2)[0])
+    assert waited == [True]
+    assert len(tokenised_on) == 3 and all(name.startswith(TOKENISE_THREAD) for name in tokenised_on)
+    assert pipeline_threads() == []
+    engine.pipelined = False
+    np.testing.assert_array_equal(vectors, engine.encode_raw(texts, [emb.config], batch_size=2)[0])
 
 
 def test_a_plan_window_of_no_texts_is_refused_by_name(make_embedder):
@@ -410,6 +447,12 @@ def test_gpu_pipelined_pinned_copies_equal_serial(tokenizer, monkeypatch, family
     assert pinned_inputs and all(pinned_inputs)
     assert pinned_outputs and all(pinned_outputs)
     assert np.array_equal(serial, pipelined)
+    pinned_inputs.clear()
+    engine.pin_inputs = False  # pageable, still copied without blocking
+    pageable = engine.encode_raw(texts, [emb.config], batch_size=8)[0]
+    torch.cuda.synchronize()
+    assert pinned_inputs and not any(pinned_inputs)
+    assert np.array_equal(serial, pageable)
     assert pipeline_threads() == []
 
 

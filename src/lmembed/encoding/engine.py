@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -45,7 +46,7 @@ from lmembed.encoding.backends.graph import position_ids_from_mask
 from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, model_key, text_key
 from lmembed.encoding.chunking import Chunking, token_windows
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
-from lmembed.encoding.pipeline import COLLATE_THREAD, QUEUE_DEPTH, Prefetcher, ReadBack
+from lmembed.encoding.pipeline import COLLATE_THREAD, QUEUE_DEPTH, TOKENISE_THREAD, Prefetcher, ReadBack
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
 from lmembed.pooling.terms import TermChannel
@@ -229,10 +230,10 @@ class EncodingEngine:
     """Runs a backbone over texts for one or more extraction strategies.
 
     ``pipelined`` (default True) overlaps the host's work with the forward passes: a worker thread tokenises and
-    collates the next batches (on CUDA into pinned memory, copied without blocking) while the current one computes,
-    and on CUDA a batch's vectors are read back while the next one computes. False runs the stages in series, as
-    the reference: both give the same batches and the same vectors, bit for bit. A call of one batch runs in
-    series either way."""
+    collates the next batches (on CUDA into pinned memory, ``pin_inputs``, copied without blocking) while the
+    current one computes, and on CUDA a batch's vectors are read back while the next one computes. False runs the
+    stages in series, as the reference: both give the same batches and the same vectors, bit for bit. A call of one
+    batch runs in series either way."""
 
     def __init__(
         self,
@@ -248,6 +249,7 @@ class EncodingEngine:
         max_batch_tokens: int | None = None,
         pipelined: bool = True,
         plan_window: int | None = None,
+        pin_inputs: bool = True,
     ) -> None:
         self.backbone = backbone
         # the switch between the two paths of _compute (same batches, same vectors bit for bit): True overlaps
@@ -257,6 +259,10 @@ class EncodingEngine:
         # length known first: the least padding); N plans N at a time, so on the pipelined path the first batches
         # compute while the rest is tokenised. Either path gives the same batches for the same setting.
         self.plan_window = plan_window
+        # the pipelined path on CUDA collates into pinned (page-locked) memory, copied without blocking; False
+        # collates into pageable memory (the driver stages the copy). Measured side by side on an H200, pinned was
+        # as fast or faster in 7 of 11 cells (bench/results/gpu-throughput/h200-stop48, the -pinned row of run 2)
+        self.pin_inputs = pin_inputs
         self.backend = backend or TorchBackend(backbone)
         # training's path (forward_pool's default) needs gradients: torch, whatever runs encode
         self.torch_backend = self.backend if self.backend.differentiable else TorchBackend(backbone)
@@ -297,6 +303,7 @@ class EncodingEngine:
             "max_batch_tokens": self.max_batch_tokens,
             "pipelined": self.pipelined,
             "plan_window": self.plan_window,
+            "pin_inputs": self.pin_inputs,
         }
         return EncodingEngine(self.backbone, **{**options, **changes})
 
@@ -548,7 +555,9 @@ class EncodingEngine:
         device = self.backbone.device
         cuda = device.type == "cuda"
         with (
-            Prefetcher(partial(self._feed, job, cuda, stats), depth=QUEUE_DEPTH, name=COLLATE_THREAD) as batches,
+            Prefetcher(
+                partial(self._feed, job, cuda and self.pin_inputs, stats), depth=QUEUE_DEPTH, name=COLLATE_THREAD
+            ) as batches,
             self._progress(len(job.rows), job.configs) as advance,
             torch.inference_mode(),
         ):
@@ -580,8 +589,10 @@ class EncodingEngine:
 
     def _feed(self, job: _Job, pin: bool, stats: RunStats, stop: threading.Event) -> Iterator[Batch]:
         """The producer of the pipelined path (on its own thread): tokenise (in chunks, so a stop is seen soon),
-        plan the batches as the serial path does, then collate them one by one, in pinned memory for CUDA. With a
-        ``plan_window``, window after window: a window's batches are handed on before the next is tokenised."""
+        plan the batches as the serial path does, then collate them one by one (in pinned memory with ``pin``). With a
+        ``plan_window``, window after window, the next window tokenised on a thread of its own (``TOKENISE_THREAD``)
+        while this one's batches are collated and computed: the tokenizer (Rust) runs beside the forward passes
+        instead of behind the bounded queue."""
 
         def build(wanted: list[str]) -> list[Features]:
             built: list[Features] = []
@@ -591,20 +602,30 @@ class EncodingEngine:
                 built.extend(job.builder.build_all(wanted[first : first + TOKENISE_CHUNK], job.instruction))
             return built
 
-        _check_window(self.plan_window)
-        window = max(len(job.rows), 1) if self.plan_window is None else self.plan_window  # tokenised one at a time
-        for first in range(0, len(job.rows), window):
+        def tokenise(first: int) -> tuple[list[Features], float]:
             start = time.perf_counter()
             features = job.features_of_rows(build, job.rows[first : first + window])
-            if stop.is_set():
-                return
-            stats.tokenise_seconds += time.perf_counter() - start
-            stats.tokens += sum(len(f) for f in features)
-            for chunk in plan_batches([len(f) for f in features], job.batch_size, self.max_batch_tokens):
+            return features, time.perf_counter() - start
+
+        _check_window(self.plan_window)
+        window = max(len(job.rows), 1) if self.plan_window is None else self.plan_window
+        firsts = list(range(0, len(job.rows), window))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=TOKENISE_THREAD) as ahead:
+            pending = ahead.submit(tokenise, firsts[0]) if firsts else None
+            for k, first in enumerate(firsts):
+                assert pending is not None
+                features, seconds = pending.result()
                 if stop.is_set():
                     return
-                ids, attn, pool = collate_host([features[j] for j in chunk], self.pad_id, self.padding_side, pin=pin)
-                yield Batch(ids, attn, pool, [job.rows[first + j] for j in chunk])
+                pending = ahead.submit(tokenise, firsts[k + 1]) if k + 1 < len(firsts) else None
+                stats.tokenise_seconds += seconds
+                stats.tokens += sum(len(f) for f in features)
+                for chunk in plan_batches([len(f) for f in features], job.batch_size, self.max_batch_tokens):
+                    if stop.is_set():
+                        return
+                    batch = [features[j] for j in chunk]
+                    ids, attn, pool = collate_host(batch, self.pad_id, self.padding_side, pin=pin)
+                    yield Batch(ids, attn, pool, [job.rows[first + j] for j in chunk])
 
     def prepare_backend(self, configs: Sequence[EmbeddingConfig], instruction: str | None = None) -> Path:
         """Build (or load) the backend's graph for ``configs`` without encoding anything; returns its export

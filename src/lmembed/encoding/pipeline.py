@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COLLATE_THREAD = "lmembed-collate"  # the name of the producer thread (tokenising and collating)
+TOKENISE_THREAD = "lmembed-tokenise"  # the producer's helper, tokenising the next window ahead (plan_window)
 QUEUE_DEPTH = 2  # batches collated ahead of the one computing: bounds the host memory the pipeline holds
 _POLL_SECONDS = 0.05  # how often a blocked queue operation looks at the stop flag / the producer's health
 
@@ -70,13 +71,18 @@ class Prefetcher(Generic[T]):
 
     # ------------------------------------------------------------------ producer side
     def _run(self, produce: Callable[[threading.Event], Iterable[T]]) -> None:
+        items = produce(self._stop)
         try:
-            for value in produce(self._stop):
+            for value in items:
                 if not self._put(_Item(value)):
                     return
             self._put(_END)
         except BaseException as error:  # handed to the consumer, who raises it
             self._put(_Failure(error))
+        finally:  # a generator stopped early runs its own clean-up (helper threads) here, before the thread ends
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
     def _put(self, message: Any) -> bool:
         """Queue ``message``, waiting for room unless the consumer stops; False when it stopped."""
