@@ -5,6 +5,7 @@
 so a text that fits is now tokenised once (``InputBuilder._build_bare``); a text over the budget is still cut and
 tokenised again. The baseline, in the same run, is the two-pass path (``InputBuilder._build_cut``), which still
 serves wrapped texts; both give the same features (checked here, and in tests/encoding/test_inputs_one_pass.py).
+A second table times the pooling mask of a whole text: every token's offsets against the leading tokens' only.
 
 Texts: SciFact abstracts of at least 200 words cut at 300 (``bench/gpu_throughput.py``'s long texts) and
 STSBenchmark test sentences (its short texts); tokenizers: minilm's (WordPiece) and SmolLM2's (byte-level BPE);
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from _common import REPO, markdown_table, write_report
 from gpu_throughput import real_texts
 from lmembed import Embedder
+from lmembed.encoding.inputs import InputBuilder
 from lmembed.models.bundled import resolve_bundled
 
 OUT = REPO / "bench" / "results" / "encode-throughput"
@@ -44,7 +46,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     texts = real_texts(args.n_short, args.n_long)
-    rows, result = [], {"repeats": args.repeats, "texts": {k: len(v) for k, v in texts.items()}, "cells": []}
+    rows, masks, result = [], [], {"repeats": args.repeats, "texts": {k: len(v) for k, v in texts.items()}, "cells": []}
     for model in ("minilm", "smollm2-135m"):
         emb = Embedder.from_pretrained(str(resolve_bundled(model)), cache=False, show_progress=False)
         for max_length in (512, 256):
@@ -74,6 +76,16 @@ def main() -> None:
                 )
                 rows[-1] += [f"{ours:.3f}", f"**{ours / baseline:.2f}x**", "yes" if same else "**no**"]
                 print(rows[-1], flush=True)
+            # the pooling mask of a whole text: every token's offsets (the rule) vs the leading tokens' only
+            encodings = builder._encode(texts["long"], special=True)
+            rule = best(
+                lambda e=encodings: [InputBuilder._pool_mask(x.offsets, x.special_tokens_mask, 0) for x in e],
+                args.repeats,
+            )
+            lead = best(lambda e=encodings: [InputBuilder._whole_mask(x, True) for x in e], args.repeats)
+            result["cells"].append({"model": model, "max_length": max_length, "mask_rule_s": rule, "mask_lead_s": lead})
+            masks.append([model, max_length, f"long ({len(encodings)})", f"{rule:.4f}", f"{lead:.4f}"])
+            masks[-1].append(f"**{lead / rule:.2f}x**")
     header = ["tokenizer", "max length", "texts", "fit", "two passes s", "one pass s", "time / two passes", "equal"]
     lines = [
         "# Tokenising texts read as they are: one pass where they fit vs two (baseline, same run)",
@@ -81,6 +93,11 @@ def main() -> None:
         f"`python bench/tokenise_passes.py`; best of {args.repeats}; `fit`: the share of texts within the budget.",
         "",
         *markdown_table(header, rows),
+        "",
+        "The pooling mask of a text read whole, from its encoding: every token's offsets (the rule, baseline) against",
+        "the leading tokens' offsets only (`InputBuilder._whole_mask`, what `build_all` now uses on both paths).",
+        "",
+        *markdown_table(["tokenizer", "max length", "texts", "all offsets s", "leading offsets s", "ratio"], masks),
     ]
     write_report(OUT, "tokenise-passes", result, lines)
 

@@ -100,3 +100,15 @@ def test_wrapped_texts_keep_the_two_pass_path(strategy: dict[str, Any]) -> None:
     assert not builder._bare(instruction)
     budget, limit = builder._budget(instruction)
     assert builder.build_all(TEXTS, instruction) == builder._build_cut(TEXTS, instruction, budget, limit)
+
+
+@pytest.mark.parametrize("pool_special", [True, False])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_whole_text_mask_reads_as_the_offsets_rule(kind: str, pool_special: bool) -> None:
+    """``_whole_mask`` (only the leading tokens' offsets read) equals ``_pool_mask``'s rule for a text with nothing
+    excluded (every token's offsets read): specials by ``pool_special``, the rest where their text ends past 0."""
+    builder = _builder(kind, 512)
+    odd = ["\u200b\u200bzero width first", "\t\n the cat", "🙂 first", "<s> the", "[CLS] the dog", " ", "a"]
+    for enc in builder._encode(TEXTS + odd, special=True):
+        want = builder._pool_mask(enc.offsets, enc.special_tokens_mask, 0, pool_special)
+        assert builder._whole_mask(enc, pool_special) == want, (kind, enc.tokens)

@@ -198,6 +198,8 @@ class InputBuilder:
         elif start and self.config.instruction_mask == "token_count":
             skip = min(self._prefix_count(prefix), len(ids))
             pool_mask = [0] * skip + [1] * (len(ids) - skip)
+        elif start == 0:
+            pool_mask = self._whole_mask(enc, self.config.pool_special_tokens)
         else:
             pool_mask = self._pool_mask(enc.offsets, enc.special_tokens_mask, start, self.config.pool_special_tokens)
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
@@ -213,6 +215,22 @@ class InputBuilder:
         if prefix not in self._prefix_counts:
             self._prefix_counts[prefix] = len(self.tokenizer.tokenize(prefix))
         return self._prefix_counts[prefix]
+
+    @staticmethod
+    def _whole_mask(enc: Any, pool_special: bool) -> list[int]:
+        """:meth:`_pool_mask` with ``start=0``, read without converting every token's offsets to Python: a token
+        with no text (end offset 0, such as a prepended space marker) can only come before the first token that has
+        some, since offsets never go back, so only the leading tokens' offsets are looked at."""
+        special = enc.special_tokens_mask
+        mask = [1] * len(special) if pool_special else [1 - s for s in special]
+        for i, is_special in enumerate(special):
+            if is_special:
+                continue
+            span = enc.token_to_chars(i)
+            if span is not None and span[1] > 0:
+                break
+            mask[i] = 0
+        return mask
 
     @staticmethod
     def _pool_mask(
