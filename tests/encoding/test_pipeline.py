@@ -238,8 +238,10 @@ def test_one_batch_runs_in_series_and_uncached_keeps_the_switch(make_embedder, m
 
 
 # ---------------------------------------------------------------------------- failures and shutdown
-def test_a_failing_tokeniser_surfaces_in_the_caller(make_embedder, monkeypatch):
+@pytest.mark.parametrize("plan_window", [None, 4])  # windows: the poison is in the third, tokenised ahead
+def test_a_failing_tokeniser_surfaces_in_the_caller(make_embedder, monkeypatch, plan_window):
     emb = make_embedder("llama")
+    emb.engine.plan_window = plan_window
     original = InputBuilder._encode
 
     def encode(self, texts, **kwargs):
@@ -283,8 +285,10 @@ def test_a_failing_collate_surfaces_after_the_batches_before_it(make_embedder, m
     assert pipeline_threads() == []
 
 
-def test_an_interrupt_in_on_batch_stops_the_worker(make_embedder):
+@pytest.mark.parametrize("plan_window", [None, 6])  # windows: the helper may be tokenising the next one
+def test_an_interrupt_in_on_batch_stops_the_worker(make_embedder, plan_window):
     emb = make_embedder("llama")
+    emb.engine.plan_window = plan_window
     texts = texts_of(30)
     outputs = [np.zeros((len(texts), emb.engine.output_dim(emb.config)), dtype=np.float32)]
     seen: list[list[int]] = []
