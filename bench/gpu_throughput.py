@@ -260,27 +260,10 @@ def contenders(
             serial.engine = emb.engine  # type: ignore[attr-defined]
             runs[f"{label}-serial"] = serial
             if dtype == args.dtypes[0]:  # one dtype: the cell's time budget is shared by every arm
-                # lm_run bound now: called later, a free name would find the last dtype's (it did, before stop 48)
-                def windowed(texts: list[str], bs: int, emb: Any = emb, lm_run: Callable = lm_run) -> np.ndarray:
-                    emb.engine.plan_window = max(bs, len(texts) // 4)  # four windows a cell
-                    try:
-                        return lm_run(texts, bs)
-                    finally:
-                        emb.engine.plan_window = None
-
-                windowed.engine = emb.engine  # type: ignore[attr-defined]
-                runs[f"{label}-window"] = windowed
+                # four windows a cell; the batches collated into pageable memory (pinned by default)
+                runs[f"{label}-window"] = engine_variant(emb, lm_run, "plan_window", lambda t, bs: max(bs, len(t) // 4))
                 if hasattr(emb.engine, "pin_inputs"):
-
-                    def pageable(texts: list[str], bs: int, emb: Any = emb, lm_run: Callable = lm_run) -> np.ndarray:
-                        emb.engine.pin_inputs = False  # batches collated into pageable memory (pinned by default)
-                        try:
-                            return lm_run(texts, bs)
-                        finally:
-                            emb.engine.pin_inputs = True
-
-                    pageable.engine = emb.engine  # type: ignore[attr-defined]
-                    runs[f"{label}-pageable"] = pageable
+                    runs[f"{label}-pageable"] = engine_variant(emb, lm_run, "pin_inputs", lambda t, bs: False)
         else:
             notes["engine_switch"] = f"EncodingEngine has no {ENGINE_SWITCH!r}: one engine, labelled -serial"
             runs[f"{label}-serial"] = lambda texts, bs, emb=emb: emb.encode(texts, batch_size=bs)
@@ -291,6 +274,23 @@ def contenders(
 
             runs[f"{label}-packed"] = packed_run
     return runs, notes
+
+
+def engine_variant(emb: Any, lm_run: Callable, setting: str, value: Callable[[list[str], int], Any]) -> Callable:
+    """``lm_run`` with ``emb.engine.<setting>`` set to ``value(texts, batch_size)`` for each call, restored after.
+    Built by a call, so each arm keeps its own Embedder (closures defined in the loop over dtypes found the last
+    one's, before stop 48)."""
+
+    def run(texts: list[str], bs: int) -> np.ndarray:
+        before = getattr(emb.engine, setting)
+        setattr(emb.engine, setting, value(texts, bs))
+        try:
+            return lm_run(texts, bs)
+        finally:
+            setattr(emb.engine, setting, before)
+
+    run.engine = emb.engine  # type: ignore[attr-defined]  # measure_cell reads its last_run
+    return run
 
 
 def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: argparse.Namespace, clock) -> dict:
