@@ -167,6 +167,7 @@ class Embedder:
         precision: str | None = None,
         threads: int | None = None,
         max_batch_tokens: int | None = None,
+        plan_window: int | None = None,
         engine: EncodingEngine | None = None,
         executor: Executor | None = None,
     ) -> None:
@@ -205,6 +206,7 @@ class Embedder:
             show_progress=show_progress,
             backend=backend,
             max_batch_tokens=max_batch_tokens,
+            plan_window=plan_window,
         )
 
     # ------------------------------------------------------------------ construction
@@ -231,6 +233,7 @@ class Embedder:
         precision: str | None = None,
         threads: int | None = None,
         max_batch_tokens: int | None = None,
+        plan_window: int | None = None,
         rope_scale: float | None = None,
         config: EmbeddingConfig | None = None,
         **strategy: Any,
@@ -247,7 +250,9 @@ class Embedder:
         depend on which texts share its batch beyond float32's own rounding (measured per model by
         ``bench/int8_products.py --graphs``: bench/results/int8-products/). ``quantize="int8"`` is the older spelling of
         ``precision="int8"``. ``threads`` sets the ONNX Runtime threads (default: torch's); ``max_batch_tokens``
-        bounds batches by padded tokens as well as by ``batch_size``. ``rope_scale`` (> 1) interpolates a RoPE
+        bounds batches by padded tokens as well as by ``batch_size``; ``plan_window`` tokenises and plans that many
+        texts at a time, the next window tokenised while the current one computes (``EncodingEngine.plan_window``:
+        for long texts on a small model on a GPU). ``rope_scale`` (> 1) interpolates a RoPE
         decoder's positions linearly (:func:`lmembed.models.context.interpolate_positions`: Llama, Mistral, Qwen2,
         Qwen3) so that ``rope_scale`` times its trained window can be read; other models refuse it.
 
@@ -300,6 +305,7 @@ class Embedder:
             precision=precision,
             threads=threads,
             max_batch_tokens=max_batch_tokens,
+            plan_window=plan_window,
         )
         embedder.published = plan.published  # the published family it was loaded as
         embedder.published_folder = plan.folder  # what a sentence-transformers folder decided, and which file did
@@ -320,10 +326,11 @@ class Embedder:
         show_progress: bool = True,
         threads: int | None = None,
         max_batch_tokens: int | None = None,
+        plan_window: int | None = None,
     ) -> Embedder:
         """The Embedder ``spec`` describes (:mod:`lmembed.load_spec`), loaded from ``source`` when given (a copy of
         the same model elsewhere), else from ``spec.source``; what is local to this process (device, cache,
-        progress, threads, batch size) is the caller's. int8 is calibrated on the recorded texts, so it quantises
+        progress, threads, batching) is the caller's. int8 is calibrated on the recorded texts, so it quantises
         exactly as the original did."""
         where = source or spec.source
         if where is None:
@@ -336,6 +343,7 @@ class Embedder:
             show_progress=show_progress,
             threads=threads,
             max_batch_tokens=max_batch_tokens,
+            plan_window=plan_window,
             **spec.loading(),
         )
         if spec.calibration:

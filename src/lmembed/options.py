@@ -50,6 +50,10 @@ PRECISION_DOC = (
     "calibrated on --calibration texts and checked against float32 by a quality gate that warns with the gap."
 )
 DTYPE_DOC = "float32, bfloat16 or float16."
+PLAN_WINDOW_DOC = (
+    "Tokenise and batch N texts at a time, the next N tokenised while these compute (default: all first, the "
+    "least padding). Pays for long texts on a small model on a GPU."
+)
 CALIBRATION_DOC = (
     "--precision int8: a text file, one text per line, a few hundred of your own texts to calibrate on "
     "(default: a sample of the first texts encoded)."
@@ -133,6 +137,7 @@ class ModelOptions:
     precision: str = flag(DEFAULT_PRECISION, "--precision", help=PRECISION_DOC)
     calibration: Path | None = flag(None, "--calibration", help=CALIBRATION_DOC)  # noqa: RUF009 (a field)
     no_cache: bool = flag(False, "--no-cache", help="Do not read or write the embedding cache.")
+    plan_window: int | None = flag(None, "--plan-window", min=1, help=PLAN_WINDOW_DOC)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer", parse_layer(self.layer))  # '15,16' from a file or a flag → (15, 16)

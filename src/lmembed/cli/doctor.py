@@ -24,10 +24,13 @@ ModelArg = Annotated[str, typer.Argument(help="Bundled name, local directory or 
 MARKS = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}
 
 
+NOT_LOADED = Exclude("backend", "precision", "calibration", "no_cache", "plan_window")  # flags doctor does not read
+
+
 @options_command
 def doctor(
     model: ModelArg,
-    options: Annotated[ModelOptions, Exclude("backend", "precision", "calibration", "no_cache")] = ModelOptions(),
+    options: Annotated[ModelOptions, NOT_LOADED] = ModelOptions(),
 ) -> None:
     """Print the strategy MODEL resolves to and what decided each field (option, lmembed.json, a published
     family's preset, the model, lmembed's default), then check it on the real model: attention mode, a text

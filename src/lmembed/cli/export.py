@@ -22,7 +22,7 @@ from lmembed.io import read_text_lines
 from lmembed.options import ModelOptions
 
 #: Export offers the strategy options; the runtime ones are its own (--precision, --calibration) or fixed.
-EXPORTED = Exclude("dim", "dtype", "device", "backend", "precision", "calibration", "no_cache")
+EXPORTED = Exclude("dim", "dtype", "device", "backend", "precision", "calibration", "no_cache", "plan_window")
 
 console = terminal.console(stderr=True)
 FORMATS = ("onnx",)

@@ -110,7 +110,7 @@ def serve(
     max_tokens_in_flight: Annotated[
         int, typer.Option("--max-tokens-in-flight", min=1, help="Tokens admitted and not yet answered (else 429).")
     ] = 131072,
-    options: Annotated[ModelOptions, Exclude("no_cache")] = SERVED,
+    options: Annotated[ModelOptions, Exclude("no_cache", "plan_window")] = SERVED,
     graceful_timeout: Annotated[
         float, typer.Option("--graceful-timeout", min=0, help="Seconds requests in flight get to finish on shutdown.")
     ] = 30.0,

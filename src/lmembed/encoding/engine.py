@@ -258,6 +258,7 @@ class EncodingEngine:
         # texts tokenised and planned together (plan_batches' window): None plans a call's texts all at once (every
         # length known first: the least padding); N plans N at a time, so on the pipelined path the first batches
         # compute while the rest is tokenised. Either path gives the same batches for the same setting.
+        _check_window(plan_window)
         self.plan_window = plan_window
         # the pipelined path on CUDA collates into pinned (page-locked) memory, copied without blocking; False
         # collates into pageable memory (the driver stages the copy). Measured side by side on an H200, pinned was
