@@ -3,9 +3,9 @@
 # 64 MiB with it: minilm's real weights in float16 as a stand-in package, SmolLM2-135M's config and tokenizer (its
 # 540 MB of weights cannot travel: bench/gpu_random_smollm2.py gives it random ones there; throughput does not depend
 # on them; its tokenizer also stands in for the 0.5B Qwen2 shape, which bench/gpu_throughput.py builds there from
-# Qwen2-0.5B's config values), the benchmark's texts (STSBenchmark test, the first 2,500 SciFact documents) and the
-# wheels the GPU image lacks (pydantic among them: without it the GPU tests failed to collect on the 2026-11-28
-# H200). Run here, after run.sh install; then carry .gpu and run: bash bench/gpu_checks.sh
+# Qwen2-0.5B's config values), the benchmark's texts (STSBenchmark test; those of the first 2,500 SciFact documents
+# with 200+ words) and the wheels the GPU image lacks (pydantic among them: without it the GPU tests failed to
+# collect on the 2026-11-28 H200). Run here, after run.sh install; then carry .gpu and run: bash bench/gpu_checks.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
@@ -37,8 +37,14 @@ data = Path(".gpu/shared/datasets")
 (data / "sts/stsbenchmark").mkdir(parents=True)
 (data / "beir/scifact").mkdir(parents=True)
 shutil.copy(shared / "sts/stsbenchmark/test.jsonl", data / "sts/stsbenchmark/test.jsonl")
+# the documents bench/gpu_throughput.py reads as long texts (200+ words), in order: the same texts in a third the size
+import json
+def words(line):
+    doc = json.loads(line)
+    return len((doc.get("title", "") + " " + doc["text"]).split())
 lines = (shared / "beir/scifact/corpus.jsonl").read_text().splitlines(keepends=True)[:2500]
-(data / "beir/scifact/corpus.jsonl").write_text("".join(lines))
+long = [line for line in lines if words(line) >= 200]
+(data / "beir/scifact/corpus.jsonl").write_text("".join(long))
 PY
 python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
