@@ -3,13 +3,15 @@
 ``InputBuilder.build_all`` used to tokenise every text twice: alone (to find where to cut it) and then wrapped
 (with its special tokens). For a text with nothing wrapped around it the second pass gives the first one's tokens,
 so a text that fits is now tokenised once (``InputBuilder._build_bare``); a text over the budget is still cut and
-tokenised again. The baseline, in the same run, is the two-pass path (``InputBuilder._build_cut``), which still
+tokenised again, and a text far over the budget is cut where a prefix of it shows (``_cuts_from_prefixes``: the rest
+is never tokenised). The baseline, in the same run, is the two-pass path (``InputBuilder._build_cut``), which still
 serves wrapped texts; both give the same features (checked here, and in tests/encoding/test_inputs_one_pass.py).
 A second table times the pooling mask of a whole text: every token's offsets against the leading tokens' only.
 
 Texts: SciFact abstracts of at least 200 words cut at 300 (``bench/gpu_throughput.py``'s long texts) and
 STSBenchmark test sentences (its short texts); tokenizers: minilm's (WordPiece) and SmolLM2's (byte-level BPE);
-max length 512 (most long texts fit) and 256 (most are cut). Best of ``--repeats`` timings.
+max length 512 (most long texts fit) and 256 (most are cut); and "documents" of 20 abstracts each. Best of
+``--repeats`` timings.
 Results: ``bench/results/encode-throughput/tokenise-passes.json`` and ``.md``.
 
     python bench/tokenise_passes.py
@@ -46,6 +48,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     texts = real_texts(args.n_short, args.n_long)
+    # documents as a user's long files hold them: 20 abstracts each (~30,000 characters), cut at max_length
+    texts["documents"] = [" ".join(texts["long"][i : i + 20]) for i in range(0, len(texts["long"]), 20)]
     rows, masks, result = [], [], {"repeats": args.repeats, "texts": {k: len(v) for k, v in texts.items()}, "cells": []}
     for model in ("minilm", "smollm2-135m"):
         emb = Embedder.from_pretrained(str(resolve_bundled(model)), cache=False, show_progress=False)

@@ -86,8 +86,9 @@ def test_texts_that_fit_are_tokenised_once(kind: str, monkeypatch: pytest.Monkey
     assert tokenised == fitting
     tokenised.clear()
     long = TEXTS[4] * 40
-    builder.build_all([long, TEXTS[0]])  # one over the budget: tokenised whole, then cut and tokenised again
-    assert len(tokenised) == 3 and tokenised[:2] == [long, TEXTS[0]] and long.startswith(tokenised[2])
+    builder.build_all([long, TEXTS[0]])  # one over the budget: a prefix tokenised, then the cut text
+    prefix, fitting_text, cut = tokenised
+    assert fitting_text == TEXTS[0] and long.startswith(prefix) and len(prefix) < len(long) and prefix.startswith(cut)
 
 
 @pytest.mark.parametrize(
@@ -112,3 +113,57 @@ def test_the_whole_text_mask_reads_as_the_offsets_rule(kind: str, pool_special: 
     for enc in builder._encode(TEXTS + odd, special=True):
         want = builder._pool_mask(enc.offsets, enc.special_tokens_mask, 0, pool_special)
         assert builder._whole_mask(enc, pool_special) == want, (kind, enc.tokens)
+
+
+def _random_texts(seed: int, n: int) -> list[str]:
+    """Long texts of every kind of piece a tokenizer splits on: words in and out of the vocabularies, punctuation,
+    runs of spaces and newlines, accents, emoji, CJK, digits, literal special tokens, a very long unknown word."""
+    import random
+
+    rng = random.Random(seed)
+    pieces = [
+        *("the", "cat", "sat", "on", "mat", "protein", "gene", "study", "result", "hello", "friend", "longer"),
+        *(",", ".", "!", "?", ":", "'s", "(", ")", "--", "  ", "\n", "\n\n", "\t", "   "),
+        *("Ünïcödé", "àccents", "🙂", "🙂🙂", "漢字", "字", "12345", "3.14", "</s>", "[SEP]", "<s>", "x" * 70),
+    ]
+    texts = []
+    for _ in range(n):
+        words = [rng.choice(pieces) for _ in range(rng.randint(40, 400))]
+        joiners = [rng.choice([" ", " ", " ", "", "  "]) for _ in words]
+        texts.append("".join(w + j for w, j in zip(words, joiners, strict=True)))
+    return texts
+
+
+@pytest.mark.parametrize("max_length", [8, 24, 64])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_long_text_cut_on_a_prefix_gives_the_whole_texts_features(kind: str, max_length: int) -> None:
+    """Texts far over the budget are cut where their prefix's tokens say (the rest never tokenised): the features
+    equal the two-pass path's, which tokenises every text whole, on 60 random long texts per tokenizer and length."""
+    builder = _builder(kind, max_length)
+    texts = _random_texts(seed=max_length, n=60)
+    budget, limit = builder._budget(None)
+    assert builder._prefixes_are_exact()  # every kind here splits locally: the prefix path is really taken ...
+    assert len(builder._cuts_from_prefixes(texts, budget)) > 30  # ... for most of the texts
+    expected = builder._build_cut(texts, None, budget, limit)
+    got = builder.build_all(texts)
+    for text, want, have in zip(texts, expected, got, strict=True):
+        assert (have.input_ids, have.pool_mask) == (want.input_ids, want.pool_mask), (kind, max_length, text[:200])
+
+
+def test_a_tokenizer_that_reads_the_whole_text_at_once_is_never_cut_on_a_prefix() -> None:
+    """No pre-tokenizer (the model sees the text as one piece) or an unknown step: every text is tokenised whole."""
+    from tokenizers import Tokenizer, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "a": 1, "b": 2}
+    rust = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))  # no pre-tokenizer: one piece
+    whole = PreTrainedTokenizerFast(tokenizer_object=rust, unk_token="[UNK]", eos_token="[UNK]")
+    builder = InputBuilder(whole, EmbeddingConfig(pooling="mean"), is_decoder=False, max_length=8)
+    assert not builder._prefixes_are_exact()
+    assert builder._cuts_from_prefixes(["a b " * 500], 8) == {}
+    builder = _builder("wordpiece-bert", 8)
+    builder.tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.NFKC(), normalizers.BertNormalizer()]
+    )
+    builder._prefix_safe = None
+    assert builder._prefixes_are_exact()  # a sequence of local steps is local
