@@ -1,9 +1,10 @@
 """Cutting long texts on a prefix, checked at volume: features equal to tokenising every text whole.
 
-``InputBuilder._cuts_from_prefixes`` finds a long text's cut on a prefix of it, where the tokenizer's steps are
+``InputBuilder._exact_prefixes`` finds a long text's cut on a prefix of it, where the tokenizer's steps are
 local. ``tests/encoding/test_inputs_one_pass.py`` checks it on 60 random long texts per tokenizer kind and length;
 this runs the same comparison on many more, with harder pieces mixed in (combining accents, ligatures, zero-width
-and control characters, runs of 100 spaces, 300-letter words), over the suite's seven tokenizer kinds and, with
+and control characters, runs of 100 spaces, 300-letter words), read as they are and with a sentence-transformers
+prompt (truncated by the tokenizer), over the suite's seven tokenizer kinds and, with
 ``--gemma``, the bundled gemma3-270m's (SentencePiece BPE with byte fallback). It counts the texts compared, those
 cut on a prefix and the mismatches (the figure that must be 0), and exits 1 on any mismatch.
 
@@ -22,6 +23,7 @@ from _common import REPO
 
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "encoding")]
 import test_inputs_one_pass as cases  # noqa: E402  (the suite's tokenizer kinds and random texts)
+from lmembed.encoding.inputs import InputBuilder  # noqa: E402
 
 HARD = [" " * 100, "\n" * 30, "a" * 300, "🙂" * 50, "x.y.z" * 20, "«»", "—", "\u0301", "e\u0301", "ﬁ", "Å", "ß", "İ"]
 HARD += ["\u200b", "\x00", "\x07"]
@@ -46,13 +48,27 @@ def compare(name: str, builder_for: Any, seeds: int, n: int) -> tuple[int, int, 
         budget, limit = builder._budget(None)
         for seed in range(seeds):
             batch = texts(seed * 1000 + max_length, n)
-            via_prefix += len(builder._cuts_from_prefixes(batch, budget))
-            want = builder._build_cut(batch, None, budget, limit)
-            for text, w, g in zip(batch, want, builder.build_all(batch), strict=True):
-                checked += 1
-                if (w.input_ids, w.pool_mask) != (g.input_ids, g.pool_mask):
-                    bad += 1
-                    print(f"MISMATCH {name} max_length={max_length}: {text[:120]!r}", flush=True)
+            via_prefix += len(builder._exact_prefixes(batch, budget))
+            want = builder._build_cut(batch, None, budget, limit, prefixes=False)
+            pairs = [("plain", want, builder.build_all(batch))]
+            # sentence-transformers prompts: the prompted string truncated by the tokenizer, read whole or on a prefix
+            prompted = InputBuilder(
+                builder.tokenizer,
+                builder.config.with_options(prompt_style="sentence_transformers", instruction_template="{instruction}"),
+                is_decoder=builder.eos_id is not None,
+                max_length=max_length,
+            )
+            got = prompted.build_all(batch, "query: ")
+            kept = max_length - (1 if prompted.eos_id is not None else 0) - prompted.num_special  # as _build_prompted
+            via_prefix += len(prompted._exact_prefixes(["query: " + t for t in batch], kept))
+            prompted._exact_prefixes = lambda strings, budget: {}  # type: ignore[method-assign]  # read whole
+            pairs.append(("prompted", prompted.build_all(batch, "query: "), got))
+            for kind, expected, got in pairs:
+                for text, w, g in zip(batch, expected, got, strict=True):
+                    checked += 1
+                    if (w.input_ids, w.pool_mask) != (g.input_ids, g.pool_mask):
+                        bad += 1
+                        print(f"MISMATCH {name} {kind} max_length={max_length}: {text[:120]!r}", flush=True)
     print(f"{name}: {checked} texts, {via_prefix} cut on a prefix, {bad} mismatches", flush=True)
     return checked, via_prefix, bad
 

@@ -3,7 +3,7 @@
 ``InputBuilder.build_all`` used to tokenise every text twice: alone (to find where to cut it) and then wrapped
 (with its special tokens). For a text with nothing wrapped around it the second pass gives the first one's tokens,
 so a text that fits is now tokenised once (``InputBuilder._build_bare``); a text over the budget is still cut and
-tokenised again, and a text far over the budget is cut where a prefix of it shows (``_cuts_from_prefixes``: the rest
+tokenised again, and a text far over the budget is cut where a prefix of it shows (``_exact_prefixes``: the rest
 is never tokenised). The baseline, in the same run, is the two-pass path (``InputBuilder._build_cut``), which still
 serves wrapped texts; both give the same features (checked here, and in tests/encoding/test_inputs_one_pass.py).
 A second table times the pooling mask of a whole text: every token's offsets against the leading tokens' only.
@@ -57,12 +57,14 @@ def main() -> None:
             builder = emb.engine.input_builder(emb.config, max_length=max_length)
             budget, limit = builder._budget(None)
             for length, batch in texts.items():
-                two = builder._build_cut(batch, None, budget, limit)
+                two = builder._build_cut(batch, None, budget, limit, prefixes=False)
                 one = builder.build_all(batch)
                 same = [(a.input_ids, a.pool_mask) for a in one] == [(b.input_ids, b.pool_mask) for b in two]
                 fit = sum(len(e) - builder.num_special <= budget for e in builder._encode(batch, special=True))
                 cut = builder._build_cut
-                baseline = best(lambda c=cut, t=batch, b=budget, m=limit: c(t, None, b, m), args.repeats)
+                baseline = best(
+                    lambda c=cut, t=batch, b=budget, m=limit: c(t, None, b, m, prefixes=False), args.repeats
+                )
                 ours = best(lambda b=builder, t=batch: b.build_all(t), args.repeats)
                 cell = {
                     "model": model,

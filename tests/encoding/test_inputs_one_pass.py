@@ -62,7 +62,7 @@ def test_one_pass_gives_the_two_pass_features(kind: str, max_length: int) -> Non
     builder = _builder(kind, max_length)
     assert builder._bare(None)
     budget, limit = builder._budget(None)
-    expected = builder._build_cut(TEXTS, None, budget, limit)
+    expected = builder._build_cut(TEXTS, None, budget, limit, prefixes=False)
     got = builder.build_all(TEXTS)
     for text, want, have in zip(TEXTS, expected, got, strict=True):
         assert (have.input_ids, have.pool_mask) == (want.input_ids, want.pool_mask), (kind, max_length, text)
@@ -100,7 +100,9 @@ def test_wrapped_texts_keep_the_two_pass_path(strategy: dict[str, Any]) -> None:
     instruction = "find the passage" if "instruction_template" in strategy else None
     assert not builder._bare(instruction)
     budget, limit = builder._budget(instruction)
-    assert builder.build_all(TEXTS, instruction) == builder._build_cut(TEXTS, instruction, budget, limit)
+    assert builder.build_all(TEXTS, instruction) == builder._build_cut(
+        TEXTS, instruction, budget, limit, prefixes=False
+    )
 
 
 @pytest.mark.parametrize("pool_special", [True, False])
@@ -143,8 +145,8 @@ def test_a_long_text_cut_on_a_prefix_gives_the_whole_texts_features(kind: str, m
     texts = _random_texts(seed=max_length, n=60)
     budget, limit = builder._budget(None)
     assert builder._prefixes_are_exact()  # every kind here splits locally: the prefix path is really taken ...
-    assert len(builder._cuts_from_prefixes(texts, budget)) > 30  # ... for most of the texts
-    expected = builder._build_cut(texts, None, budget, limit)
+    assert len(builder._exact_prefixes(texts, budget)) > 30  # ... for most of the texts
+    expected = builder._build_cut(texts, None, budget, limit, prefixes=False)
     got = builder.build_all(texts)
     for text, want, have in zip(texts, expected, got, strict=True):
         assert (have.input_ids, have.pool_mask) == (want.input_ids, want.pool_mask), (kind, max_length, text[:200])
@@ -160,10 +162,57 @@ def test_a_tokenizer_that_reads_the_whole_text_at_once_is_never_cut_on_a_prefix(
     whole = PreTrainedTokenizerFast(tokenizer_object=rust, unk_token="[UNK]", eos_token="[UNK]")
     builder = InputBuilder(whole, EmbeddingConfig(pooling="mean"), is_decoder=False, max_length=8)
     assert not builder._prefixes_are_exact()
-    assert builder._cuts_from_prefixes(["a b " * 500], 8) == {}
+    assert builder._exact_prefixes(["a b " * 500], 8) == {}
     builder = _builder("wordpiece-bert", 8)
     builder.tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(
         [normalizers.NFKC(), normalizers.BertNormalizer()]
     )
     builder._prefix_safe = None
     assert builder._prefixes_are_exact()  # a sequence of local steps is local
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [{"instruction_template": "Instruct: {instruction}\nQuery: "}, {"echo": True}, {"plain_prefix": "<|embed|>\n"}],
+)
+@pytest.mark.parametrize("kind", ["bpe-roberta", "smollm2-decoder", "unigram-xlmr"])
+def test_wrapped_long_texts_cut_on_a_prefix_as_on_the_whole_text(kind: str, strategy: dict[str, Any]) -> None:
+    builder = _builder(kind, 64, **strategy)
+    instruction = "find the passage" if "instruction_template" in strategy else None
+    texts = _random_texts(seed=7, n=40)
+    budget, limit = builder._budget(instruction)
+    assert builder._exact_prefixes(texts, budget)  # the prefix path is taken
+    whole = builder._build_cut(texts, instruction, budget, limit, prefixes=False)
+    assert builder.build_all(texts, instruction) == whole
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("kind", ["wordpiece-bert", "bpe-roberta", "smollm2-decoder", "minilm"])
+def test_prompted_long_texts_read_on_a_prefix_are_truncated_as_whole(
+    kind: str, side: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sentence-transformers prompts: a prompted string is truncated by the tokenizer to its first tokens; where a
+    prefix shows them exactly only the prefix is read (right truncation; left truncation keeps the end: never)."""
+    make, decoder = KINDS[kind]
+    tokenizer = make()
+    tokenizer.truncation_side = side
+    config = EmbeddingConfig(
+        pooling="last" if decoder else "mean",
+        prompt_style="sentence_transformers",
+        instruction_template="{instruction}",
+    )
+    builder = InputBuilder(tokenizer, config, is_decoder=decoder, max_length=32)
+    texts = _random_texts(seed=11, n=40)
+    taken: list[int] = []
+    exact = builder._exact_prefixes
+
+    def spy(strings: Any, budget: int) -> dict[int, int]:
+        found = exact(strings, budget)
+        taken.append(len(found))
+        return found
+
+    monkeypatch.setattr(builder, "_exact_prefixes", spy)
+    got = builder.build_all(texts, "query: ")
+    assert (sum(taken) > 20) if side == "right" else not taken
+    monkeypatch.setattr(builder, "_exact_prefixes", lambda strings, budget: {})  # every string read whole
+    assert got == builder.build_all(texts, "query: ")

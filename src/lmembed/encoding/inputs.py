@@ -146,7 +146,7 @@ class InputBuilder:
         self._prompt_lengths: dict[str, int] = {}
         self._prefix_counts: dict[str, int] = {}
         self._lead: int | None = None  # special tokens before a text (_leading_specials)
-        self._prefix_safe: bool | None = None  # whether a prefix may stand for a long text (_cuts_from_prefixes)
+        self._prefix_safe: bool | None = None  # whether a prefix may stand for a long text (_exact_prefixes)
 
     # -------------------------------------------------------------- wrapping
     def _prefix(self, text: str, instruction: str | None) -> tuple[str, int]:
@@ -302,10 +302,10 @@ class InputBuilder:
         string tokenised is the text itself, so its encoding with special tokens is its plain one (ids and offsets)
         with the post-processor's ``num_special`` around it: a text within ``budget`` is not cut, and one over it
         is cut where its plain encoding would put the cut, then tokenised again (cut) as :meth:`_build_cut` does.
-        A long text's cut is found on a prefix of it where that is exact (:meth:`_cuts_from_prefixes`). Tokenising
+        A long text's cut is found on a prefix of it where that is exact (:meth:`_exact_prefixes`). Tokenising
         was up to two thirds of an encode call on a GPU (bench/gpu_throughput.py); this halves it for texts that
         fit, and reads little more than ``max_length`` tokens of a long one."""
-        cuts = self._cuts_from_prefixes(texts, budget)
+        cuts = {i: texts[i][:end] for i, end in self._exact_prefixes(texts, budget).items()}
         rest = [i for i in range(len(texts)) if i not in cuts]
         encodings = dict(zip(rest, self._encode([texts[i] for i in rest], special=True), strict=True))
         last = self._leading_specials() + budget - 1  # where the plain encoding's last kept token is
@@ -320,32 +320,33 @@ class InputBuilder:
                 encodings[i] = enc
         return [self._features(encodings[i], "") for i in range(len(texts))]
 
-    def _cuts_from_prefixes(self, texts: Sequence[str], budget: int) -> dict[int, str]:
-        """The cut text (as :meth:`_build_cut` cuts it: up to the end of its ``budget``-th token) of each long text
-        whose prefix shows it exactly, by index. A prefix of ``PREFIX_CHARS`` characters per token is tokenised
-        alone; its tokens before the last ``PREFIX_MARGIN_WORDS`` words (and ``PREFIX_MARGIN_CHARS`` characters) are
-        the whole text's when every step before the model is local (``LOCAL_NORMALIZERS``,
-        ``LOCAL_PRE_TOKENIZERS``: the model then reads one word at a time). A text whose cut falls nearer the
-        prefix's end than that, or with fewer tokens, is left to be tokenised whole."""
-        span = PREFIX_CHARS * budget + PREFIX_MARGIN_CHARS
+    def _exact_prefixes(self, texts: Sequence[str], budget: int) -> dict[int, int]:
+        """For each long text whose prefix shows its first ``budget`` tokens exactly, by index: where its
+        ``budget``-th token ends (where :meth:`_build_cut` cuts it). The prefix, ``texts[i][:prefix_span(budget)]``
+        (``PREFIX_CHARS`` characters a token), is tokenised alone; its tokens before the last ``PREFIX_MARGIN_WORDS``
+        words (and ``PREFIX_MARGIN_CHARS`` characters) are the whole text's when every step before the model is
+        local (``LOCAL_NORMALIZERS``, ``LOCAL_PRE_TOKENIZERS``: the model then reads one word at a time). A text
+        whose ``budget``-th token falls nearer the prefix's end than that, or that has fewer tokens, is left out
+        (tokenised whole by the caller)."""
+        span = prefix_span(budget)
         long = [i for i, text in enumerate(texts) if len(text) > span]
         if not long or not self._prefixes_are_exact():
             return {}
-        cuts: dict[int, str] = {}
+        ends: dict[int, int] = {}
         for i, enc in zip(long, self._encode([texts[i][:span] for i in long], special=False), strict=True):
             if len(enc) <= budget:
                 continue
             word, last_word = enc.token_to_word(budget - 1), enc.token_to_word(len(enc) - 1)
-            span_of_cut = enc.token_to_chars(budget - 1)
-            if word is None or last_word is None or span_of_cut is None:
+            span_of_token = enc.token_to_chars(budget - 1)
+            if word is None or last_word is None or span_of_token is None:
                 continue
-            end = span_of_cut[1]
+            end = span_of_token[1]
             if last_word - word >= PREFIX_MARGIN_WORDS and span - end >= PREFIX_MARGIN_CHARS:
-                cuts[i] = texts[i][:end]
-        return cuts
+                ends[i] = end
+        return ends
 
     def _prefixes_are_exact(self) -> bool:
-        """Whether this tokenizer's normalizer and pre-tokenizer are local kinds (see ``_cuts_from_prefixes``)."""
+        """Whether this tokenizer's normalizer and pre-tokenizer are local kinds (see :meth:`_exact_prefixes`)."""
         if self._prefix_safe is None:
             try:
                 state = json.loads(self.tokenizer.backend_tokenizer.to_str())
@@ -363,14 +364,20 @@ class InputBuilder:
             self._lead = next((i for i, special in enumerate(probe) if not special), len(probe))
         return self._lead
 
-    def _build_cut(self, texts: Sequence[str], instruction: str | None, budget: int, limit: int) -> list[Features]:
+    def _build_cut(
+        self, texts: Sequence[str], instruction: str | None, budget: int, limit: int, *, prefixes: bool = True
+    ) -> list[Features]:
         """Each text cut to ``budget`` tokens of its own (by the offset of its last kept token), wrapped, tokenised
-        again whole and masked for pooling."""
-        plain = self._encode(texts, special=False)  # only the long texts' offsets are read
-        cut = [
-            text if len(enc) <= budget else text[: enc.offsets[budget - 1][1]]
-            for text, enc in zip(texts, plain, strict=True)
-        ]
+        again whole and masked for pooling. A long text's cut is found on a prefix where that is exact
+        (:meth:`_exact_prefixes`); ``prefixes=False`` tokenises every text whole first (the reference the tests
+        and bench/tokenise_passes.py compare with)."""
+        ends = self._exact_prefixes(texts, budget) if prefixes else {}
+        rest = [i for i in range(len(texts)) if i not in ends]
+        plain = dict(zip(rest, self._encode([texts[i] for i in rest], special=False), strict=True))
+        for i, enc in plain.items():  # only the long texts' offsets are read
+            if len(enc) > budget:
+                ends[i] = enc.token_to_chars(budget - 1)[1]
+        cut = [text[: ends[i]] if i in ends else text for i, text in enumerate(texts)]
         prefixes = [self._prefix(text, instruction)[0] for text in cut]
         suffix = self._suffix(instruction)
         wrapped = self._encode(
@@ -389,7 +396,16 @@ class InputBuilder:
         tokens (counted as it counts them) left out of pooling unless ``include_prompt``."""
         prompt = self.config.instruction_template.format(instruction=instruction) if instruction else ""
         room = self.max_length - (1 if self.eos_id is not None else 0)
-        encodings = self._encode([prompt + text for text in texts], special=True, max_length=room)
+        strings = [prompt + text for text in texts]
+        # truncation keeps a string's first ``kept`` tokens: where a prefix shows them exactly, the prefix is read
+        kept = room - self.num_special
+        right = self.tokenizer.truncation_side == "right"
+        exact = self._exact_prefixes(strings, kept) if right and kept >= 1 else {}
+        rest = [i for i in range(len(strings)) if i not in exact]
+        order = [*exact, *rest]
+        given = [strings[i][: prefix_span(kept)] for i in exact] + [strings[i] for i in rest]
+        by_index = dict(zip(order, self._encode(given, special=True, max_length=room), strict=True))
+        encodings = [by_index[i] for i in range(len(strings))]
         skip = 0 if not prompt or self.config.include_prompt else self._prompt_length(prompt, room)
         features = []
         for enc in encodings:
@@ -408,6 +424,11 @@ class InputBuilder:
             closing = bool(ids) and ids[-1] in set(self.tokenizer.all_special_ids)
             self._prompt_lengths[prompt] = len(ids) - (1 if closing else 0)
         return self._prompt_lengths[prompt]
+
+
+def prefix_span(budget: int) -> int:
+    """How many characters of a long text are tokenised to find its first ``budget`` tokens (``_exact_prefixes``)."""
+    return PREFIX_CHARS * budget + PREFIX_MARGIN_CHARS
 
 
 def _local(step: Any, kinds: frozenset[str], *, none_ok: bool) -> bool:
