@@ -51,3 +51,10 @@ def test_a_window_of_no_texts_is_refused_by_name(model, tmp_path):
     assert not out.exists()
     with pytest.raises(ConfigError, match=r"plan_window=0 must be a number of texts"):
         Embedder.from_pretrained(model, plan_window=0)
+
+
+def test_a_window_on_ray_is_refused_by_name_before_anything_starts(model, tmp_path):
+    """Ray's workers load the model from its spec and plan their own shards: the flag would do nothing there."""
+    result, out = _encode(tmp_path, model, "--plan-window", "4", "--engine", "ray")
+    assert result.exit_code == 2 and "--plan-window" in result.output and "--engine local" in result.output
+    assert not out.exists()

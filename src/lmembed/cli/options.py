@@ -224,13 +224,19 @@ def check_backend(backend: str | None, precision: str, calibration: Path | None)
 
 
 def check_engine(engine: EngineOptions, model: ModelOptions | None = None) -> str:
-    """Refuse an unknown engine, Ray options given to the local engine, or int8 on Ray, before any work starts."""
+    """Refuse an unknown engine, Ray options given to the local engine, or int8 or a plan window on Ray, before any
+    work starts."""
     if engine.engine not in ENGINES:
         raise typer.BadParameter(f"{engine.engine!r}: choose one of {', '.join(ENGINES)}", param_hint="--engine")
     if engine.engine == "ray" and model is not None and model.precision == "int8":
         # each worker would calibrate on its own shard: vectors would disagree
         raise typer.BadParameter(
             "int8 runs with --engine local (calibrated once, in one process)", param_hint="--precision"
+        )
+    if engine.engine == "ray" and model is not None and model.plan_window is not None:
+        # each worker plans its own shards with the engine it loads from the spec
+        raise typer.BadParameter(
+            "--plan-window applies to --engine local (Ray workers plan their shards)", param_hint="--plan-window"
         )
     if engine.engine == "local" and (engine.ray_address is not None or engine.workers is not None):
         option = "--ray-address" if engine.ray_address is not None else "--workers"
