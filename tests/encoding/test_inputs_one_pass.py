@@ -39,7 +39,38 @@ def _bundled(name: str) -> Callable[[], Any]:
     return load
 
 
+#: The pre-tokenizer regex of the Llama-3 / Qwen2 tokenizers (a split before byte-level BPE), written out.
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_regex_tokenizer() -> Any:
+    """Qwen2's and Llama-3's kind: that regex split, then byte-level BPE (trained here on a few sentences)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    corpus = [" ".join(TEXTS)] * 3 + ["Hello there, friend! It's a longer text: 12 cats, 3.5 dogs."]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
 KINDS: dict[str, tuple[Callable[[], Any], bool]] = {
+    "split-regex-decoder": (split_regex_tokenizer, True),
     "wordpiece-bert": (wordpiece_tokenizer, False),
     "wordpiece-mpnet": (lambda: wordpiece_tokenizer(fairseq=True), False),
     "bpe-roberta": (bpe_tokenizer, False),
