@@ -3,7 +3,9 @@
 For each model, batch size (``--batch-sizes``, 32 and 128) and text length (short: STSBenchmark sentences, ~10
 words; long: SciFact abstracts of at least 200 words cut at 300), every contender encodes the same texts (mean
 pooling, normalised vectors, at most ``--max-length`` tokens), in interleaved rounds (every contender once per
-round after one warm-up); each figure is the median over the rounds:
+round after one warm-up; ``--repeats`` rounds at least, more while a contender has measured under ``--cell-seconds``
+in the cell, up to ``--max-repeats``: a small model's calls are 0.1 s, and three of them moved by +-0.15x between
+runs); each figure is the median over the rounds:
 
 * ``st-float16`` / ``st-bfloat16``, the baselines: ``SentenceTransformer`` over the same folder with
   ``torch_dtype`` float16 / bfloat16 (its default SDPA);
@@ -308,9 +310,13 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
             errors[label] = f"{type(exc).__name__}: {exc}"[:400]
             print(f"  {label} failed: {errors[label]}", flush=True)
     live = {label: run for label, run in runs.items() if label not in errors}
-    for round_ in range(args.repeats):
+    for round_ in range(args.max_repeats):
         if round_ and clock() > args.budget_s:
             print(f"  time budget: {round_} rounds", flush=True)
+            break
+        # past --repeats, more rounds while the quickest contender has measured under --cell-seconds in all: short
+        # calls (a small model's cell is 0.1 s) get more rounds, so their medians move less between runs
+        if round_ >= args.repeats and min(sum(s) for s in seconds.values() if s) >= args.cell_seconds:
             break
         for label, run in live.items():
             if args.device != "cpu":
@@ -418,7 +424,9 @@ def table(result: dict) -> str:
         "",
         f"{result['date']}; torch {result['versions']['torch']}, transformers {result['versions']['transformers']}, "
         f"sentence-transformers {result['versions']['sentence_transformers']}; max {result['max_length']} tokens, "
-        f"mean pooling, normalised; median of up to {result['repeats']} interleaved rounds after a warm-up; "
+        f"mean pooling, normalised; median of {result['repeats']} to {result.get('max_repeats', result['repeats'])} "
+        f"interleaved rounds after a warm-up (more where calls are short, to {result.get('cell_seconds', 0)} s a "
+        "contender); "
         f"{result['elapsed_s']:.0f} s of a {result['budget_s']:.0f} s budget.",
     ]
     if result.get("dry"):
@@ -495,7 +503,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-short", type=int, default=2048)
     parser.add_argument("--n-long", type=int, default=512)
     parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds in every cell (at least)")
+    parser.add_argument(
+        "--max-repeats", type=int, default=None, help="rounds at most, while --cell-seconds is not met (15; --dry: 1)"
+    )
+    parser.add_argument(
+        "--cell-seconds",
+        type=float,
+        default=2.0,
+        help="more rounds (up to --max-repeats) until each contender has measured this long in the cell",
+    )
     parser.add_argument("--budget-s", type=float, default=330.0, help="stop between rounds after this many seconds")
     parser.add_argument("--no-packed", action="store_true", help="leave out the packed (padding-free) rows")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {', '.join(DTYPES)}")
@@ -517,6 +534,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dry:
         args.n_short, args.n_long, args.repeats = min(args.n_short, 12), min(args.n_long, 6), 1
         args.batch_sizes = [min(b, 4 * (i + 1)) for i, b in enumerate(args.batch_sizes)]
+    if args.max_repeats is None:
+        args.max_repeats = 1 if args.dry else 15
+    args.max_repeats = max(args.max_repeats, args.repeats)
     args.dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     if not args.dtypes or (unknown := [d for d in args.dtypes if d not in DTYPES]):
         parser.error(f"--dtypes: choose among {', '.join(DTYPES)}; got {', '.join(unknown) if args.dtypes else 'none'}")
@@ -554,6 +574,8 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "max_length": args.max_length,
         "repeats": args.repeats,
+        "max_repeats": args.max_repeats,
+        "cell_seconds": args.cell_seconds,
         "dtypes": list(args.dtypes),
         "budget_s": args.budget_s,
         "texts": {k: len(v) for k, v in texts.items()},

@@ -79,6 +79,17 @@ def test_one_dtype_measures_only_its_own_rows(tmp_path):
     assert "first round / st-float16" in (tmp_path / "table.md").read_text()
 
 
+@pytest.mark.parametrize(("cell_seconds", "rounds"), [("1000", 3), ("0", 1)])
+def test_short_cells_get_more_rounds_up_to_the_most(tmp_path, cell_seconds, rounds):
+    """Past --repeats, rounds go on while a contender has measured under --cell-seconds, up to --max-repeats."""
+    bundled_or_skip("minilm")
+    extra = ["--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8", "--no-packed"]
+    done = _run(tmp_path, *extra, "--max-repeats", "3", "--cell-seconds", cell_seconds)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = json.loads((tmp_path / "result.json").read_text())["models"]["minilm"]["cells"]
+    assert [cell["rounds"] for cell in cells.values()] == [rounds, rounds]
+
+
 @pytest.mark.parametrize(
     "bad", [["--batch-sizes", "0"], ["--models", "bert-large"], ["--repeats", "0"], ["--dtypes", "float8"]]
 )
