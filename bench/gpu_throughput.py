@@ -510,7 +510,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--cell-seconds",
         type=float,
-        default=2.0,
+        default=1.0,
         help="more rounds (up to --max-repeats) until each contender has measured this long in the cell",
     )
     parser.add_argument("--budget-s", type=float, default=330.0, help="stop between rounds after this many seconds")
