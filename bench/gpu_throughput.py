@@ -1,7 +1,8 @@
 """GPU encoding throughput (issue 40): lmembed vs sentence-transformers in float16 and bfloat16, one run.
 
-For each model, batch size (``--batch-sizes``, 32 and 128) and text length (short: STSBenchmark sentences, ~10
-words; long: SciFact abstracts of at least 200 words cut at 300), every contender encodes the same texts (mean
+For each model, batch size (``--batch-sizes``, 32 and 128) and text length (``--lengths``; short: STSBenchmark
+sentences, ~10 words; long: SciFact abstracts of at least 200 words cut at 300; on request, documents: five whole
+abstracts joined, ~7,000 characters, read up to the max length), every contender encodes the same texts (mean
 pooling, normalised vectors, at most ``--max-length`` tokens), in interleaved rounds (every contender once per
 round after one warm-up; ``--repeats`` rounds at least, more while a contender has measured under ``--cell-seconds``
 in the cell, up to ``--max-repeats``: a small model's calls are 0.1 s, and three of them moved by +-0.15x between
@@ -56,7 +57,8 @@ from _common import REPO, read_jsonl, shared_or_exit
 OUT = REPO / "bench" / "results" / "gpu-throughput"
 MODELS = ("minilm", "smollm2-135m", "qwen2-0.5b")
 DTYPES = ("float16", "bfloat16")
-LENGTHS = ("short", "long")
+LENGTHS = ("short", "long", "documents")
+DEFAULT_LENGTHS = ("short", "long")  # --lengths: documents (five whole abstracts a text) on request
 #: Qwen2-0.5B's configuration (its config.json on the Hub), built with random weights on the device.
 QWEN2_05B = {
     "hidden_size": 896,
@@ -92,13 +94,16 @@ def set_pipelined(embedder: Any, on: bool) -> bool:
 
 # ---------------------------------------------------------------------------------------------------- texts
 def real_texts(n_short: int, n_long: int) -> dict[str, list[str]]:
-    """Short: STSBenchmark test sentences (both sides); long: SciFact abstracts of 200+ words, cut at 300 words."""
+    """Short: STSBenchmark test sentences (both sides); long: SciFact abstracts of 200+ words, cut at 300 words;
+    documents: five of those abstracts whole, joined (~7,000 characters: far over ``--max-length``; half as many)."""
     sts = read_jsonl(shared_or_exit("sts/stsbenchmark/test.jsonl"))
     short = [r[side] for side in ("sentence1", "sentence2") for r in sts][:n_short]
     docs = read_jsonl(shared_or_exit("beir/scifact/corpus.jsonl"))
     words = [(d.get("title", "") + " " + d["text"]).split() for d in docs]
-    long = [" ".join(w[:300]) for w in words if len(w) >= 200][:n_long]
-    return {"short": short, "long": long}
+    whole = [w for w in words if len(w) >= 200]
+    long = [" ".join(w[:300]) for w in whole][:n_long]
+    documents = [" ".join(" ".join(w) for w in whole[i : i + 5]) for i in range(0, len(whole), 5)][: n_long // 2]
+    return {"short": short, "long": long, "documents": documents}
 
 
 def synthetic_texts(n_short: int, n_long: int) -> dict[str, list[str]]:
@@ -108,9 +113,11 @@ def synthetic_texts(n_short: int, n_long: int) -> dict[str, list[str]]:
     def text(i: int, words: int) -> str:
         return " ".join(vocab[(i * 7 + k * 3) % len(vocab)] for k in range(words))
 
+    long = [text(i, 40 + (i * 13) % 80) for i in range(n_long)]
     return {
         "short": [text(i, 6 + i % 12) for i in range(n_short)],
-        "long": [text(i, 40 + (i * 13) % 80) for i in range(n_long)],
+        "long": long,
+        "documents": [" ".join(long[i : i + 5] * 3) for i in range(0, len(long), 2)],
     }
 
 
@@ -396,11 +403,12 @@ def model_section(
     share = TEXT_SHARE.get(name, 1.0)
     texts = {k: v[: max(1, int(len(v) * share))] for k, v in texts.items()}
     section["tokenizer"] = "SmolLM2's (byte-level BPE, 49,152 tokens)" if name != "minilm" else "minilm's (WordPiece)"
-    for length in LENGTHS:
+    for length in args.lengths:
         counts = [len(ids) for ids in tokenizer(texts[length], truncation=True, max_length=args.max_length).input_ids]
         section[f"mean_tokens_{length}"] = float(np.mean(counts))
+    section["lengths"] = list(args.lengths)
     for bs in args.batch_sizes:
-        for length in LENGTHS:
+        for length in args.lengths:
             cell = f"batch {bs}, {length}"
             if clock() > args.budget_s:
                 section["cells"][cell] = {"skipped": f"time budget ({args.budget_s:.0f} s) spent"}
@@ -434,7 +442,7 @@ def table(result: dict) -> str:
     if result.get("stopped"):
         lines += ["", f"Stopped early: {result['stopped']}"]
     for name, m in result["models"].items():
-        if "mean_tokens_long" not in m:  # a section still loading its models
+        if "lengths" not in m:  # a section still loading its models
             continue
         cells = list(m["cells"])
         done = [c for c in cells if "texts_per_s" in m["cells"][c]]
@@ -442,7 +450,9 @@ def table(result: dict) -> str:
             "",
             f"## {name}: {m['weights']} weights, tokenizer {m['tokenizer']}",
             "",
-            f"Mean tokens per text: short {m['mean_tokens_short']:.1f}, long {m['mean_tokens_long']:.1f}. "
+            "Mean tokens per text (as read, at most the max length): "
+            + ", ".join(f"{length} {m[f'mean_tokens_{length}']:.1f}" for length in m["lengths"])
+            + ". "
             + "; ".join(f"{k}: {v}" for k, v in m["notes"].items()),
             "",
         ]
@@ -516,6 +526,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=330.0, help="stop between rounds after this many seconds")
     parser.add_argument("--no-packed", action="store_true", help="leave out the packed (padding-free) rows")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {', '.join(DTYPES)}")
+    parser.add_argument(
+        "--lengths", default=",".join(DEFAULT_LENGTHS), help=f"comma list of {', '.join(LENGTHS)} (the texts' cells)"
+    )
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     if unknown := [m for m in args.models if m not in MODELS]:
@@ -534,6 +547,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dry:
         args.n_short, args.n_long, args.repeats = min(args.n_short, 12), min(args.n_long, 6), 1
         args.batch_sizes = [min(b, 4 * (i + 1)) for i, b in enumerate(args.batch_sizes)]
+    args.lengths = tuple(x.strip() for x in args.lengths.split(",") if x.strip())
+    if not args.lengths or (unknown := [x for x in args.lengths if x not in LENGTHS]):
+        parser.error(
+            f"--lengths: choose among {', '.join(LENGTHS)}; got {', '.join(unknown) if args.lengths else 'none'}"
+        )
     if args.max_repeats is None:
         args.max_repeats = 1 if args.dry else 15
     args.max_repeats = max(args.max_repeats, args.repeats)

@@ -69,14 +69,18 @@ def test_cpu_without_dry_is_refused(tmp_path):
     assert not (tmp_path / "result.json").exists()
 
 
-def test_one_dtype_measures_only_its_own_rows(tmp_path):
+def test_one_dtype_measures_only_its_own_rows_and_documents_on_request(tmp_path):
     bundled_or_skip("minilm")
-    done = _run(tmp_path, "--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8")
+    extra = ["--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8", "--lengths", "short,documents"]
+    done = _run(tmp_path, *extra)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
-    rates = next(iter(result["models"]["minilm"]["cells"].values()))["texts_per_s"]
+    cells = result["models"]["minilm"]["cells"]
+    assert list(cells) == ["batch 4, short", "batch 4, documents"]  # --dry caps the batch size
+    rates = cells["batch 4, documents"]["texts_per_s"]
     assert result["dtypes"] == ["float16"] and not any("bfloat16" in label for label in rates)
-    assert "first round / st-float16" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "first round / st-float16" in table and "documents" in table
 
 
 @pytest.mark.parametrize(("cell_seconds", "rounds"), [("1000", 3), ("0", 1)])
@@ -91,7 +95,14 @@ def test_short_cells_get_more_rounds_up_to_the_most(tmp_path, cell_seconds, roun
 
 
 @pytest.mark.parametrize(
-    "bad", [["--batch-sizes", "0"], ["--models", "bert-large"], ["--repeats", "0"], ["--dtypes", "float8"]]
+    "bad",
+    [
+        ["--batch-sizes", "0"],
+        ["--models", "bert-large"],
+        ["--repeats", "0"],
+        ["--dtypes", "float8"],
+        ["--lengths", "x"],
+    ],
 )
 def test_bad_options_are_refused(bad, tmp_path):
     done = _run(tmp_path, *bad)
