@@ -338,13 +338,7 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
     # the first round meets every batch shape of the cell for the first time (the warm-up saw two batches): what a
     # call over new texts pays, as a corpus encoded once does
     first = {label: len(texts) / s[0] for label, s in seconds.items() if s}
-    ratios = {
-        f"{label} / {base}": rate[label] / rate[base]
-        for base in (f"st-{d}" for d in args.dtypes)
-        if base in rate
-        for label in rate
-        if label.startswith("lmembed-")
-    }
+    ratios = _ratios(rate, args.dtypes)
     # the host's tokenising, before the first batch can run (batches are planned from every length): the share of
     # the call during which the device waits for it, whichever path runs
     host = {
@@ -376,16 +370,21 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
         "seconds": seconds,
         "texts_per_s": rate,
         "ratios": ratios,
-        "first_round_ratios": {
-            f"{label} / {base}": first[label] / first[base]
-            for base in (f"st-{d}" for d in args.dtypes)
-            if base in first
-            for label in first
-            if label.startswith("lmembed-")
-        },
+        "first_round_ratios": _ratios(first, args.dtypes),
         "agreement": agreement,
         "host": host,
         "errors": errors,
+    }
+
+
+def _ratios(rates: dict[str, float], dtypes: tuple[str, ...]) -> dict[str, float]:
+    """Each lmembed arm's texts/s over each sentence-transformers baseline's, keyed ``"<arm> / st-<dtype>"``."""
+    return {
+        f"{label} / {base}": rates[label] / rates[base]
+        for base in (f"st-{d}" for d in dtypes)
+        if base in rates
+        for label in rates
+        if label.startswith("lmembed-")
     }
 
 
@@ -547,18 +546,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dry:
         args.n_short, args.n_long, args.repeats = min(args.n_short, 12), min(args.n_long, 6), 1
         args.batch_sizes = [min(b, 4 * (i + 1)) for i, b in enumerate(args.batch_sizes)]
-    args.lengths = tuple(x.strip() for x in args.lengths.split(",") if x.strip())
-    if not args.lengths or (unknown := [x for x in args.lengths if x not in LENGTHS]):
-        parser.error(
-            f"--lengths: choose among {', '.join(LENGTHS)}; got {', '.join(unknown) if args.lengths else 'none'}"
-        )
+    args.lengths = _choices(parser, "--lengths", args.lengths, LENGTHS)
     if args.max_repeats is None:
         args.max_repeats = 1 if args.dry else 15
     args.max_repeats = max(args.max_repeats, args.repeats)
-    args.dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-    if not args.dtypes or (unknown := [d for d in args.dtypes if d not in DTYPES]):
-        parser.error(f"--dtypes: choose among {', '.join(DTYPES)}; got {', '.join(unknown) if args.dtypes else 'none'}")
+    args.dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
     return args
+
+
+def _choices(parser: argparse.ArgumentParser, option: str, value: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma list of at least one of ``allowed``; anything else ends the run with ``option`` named."""
+    chosen = tuple(x.strip() for x in value.split(",") if x.strip())
+    if not chosen or (unknown := [x for x in chosen if x not in allowed]):
+        parser.error(f"{option}: choose among {', '.join(allowed)}; got {', '.join(unknown) if chosen else 'none'}")
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -139,13 +139,16 @@ def test_wrapped_texts_keep_the_two_pass_path(strategy: dict[str, Any]) -> None:
 @pytest.mark.parametrize("pool_special", [True, False])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_whole_text_mask_reads_as_the_offsets_rule(kind: str, pool_special: bool) -> None:
-    """``_whole_mask`` (only the leading tokens' offsets read) equals ``_pool_mask``'s rule for a text with nothing
-    excluded (every token's offsets read): specials by ``pool_special``, the rest where their text ends past 0."""
+    """``_pool_mask`` with nothing excluded (only the leading tokens' offsets read) equals the rule read on every
+    token's offsets: specials by ``pool_special``, the rest where their text ends past 0."""
     builder = _builder(kind, 512)
     odd = ["\u200b\u200bzero width first", "\t\n the cat", "🙂 first", "<s> the", "[CLS] the dog", " ", "a"]
     for enc in builder._encode(TEXTS + odd, special=True):
-        want = builder._pool_mask(enc.offsets, enc.special_tokens_mask, 0, pool_special)
-        assert builder._whole_mask(enc, pool_special) == want, (kind, enc.tokens)
+        rule = [
+            (1 if pool_special else 0) if is_special else int(end > 0)
+            for (_, end), is_special in zip(enc.offsets, enc.special_tokens_mask, strict=True)
+        ]
+        assert builder._pool_mask(enc, 0, pool_special) == rule, (kind, enc.tokens)
 
 
 def _random_texts(seed: int, n: int) -> list[str]:

@@ -219,10 +219,8 @@ class InputBuilder:
         elif start and self.config.instruction_mask == "token_count":
             skip = min(self._prefix_count(prefix), len(ids))
             pool_mask = [0] * skip + [1] * (len(ids) - skip)
-        elif start == 0:
-            pool_mask = self._whole_mask(enc, self.config.pool_special_tokens)
         else:
-            pool_mask = self._pool_mask(enc.offsets, enc.special_tokens_mask, start, self.config.pool_special_tokens)
+            pool_mask = self._pool_mask(enc, start, self.config.pool_special_tokens)
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)
             pool_mask.append(1)
@@ -238,37 +236,28 @@ class InputBuilder:
         return self._prefix_counts[prefix]
 
     @staticmethod
-    def _whole_mask(enc: Any, pool_special: bool) -> list[int]:
-        """:meth:`_pool_mask` with ``start=0``, read without converting every token's offsets to Python: a token
-        with no text (end offset 0, such as a prepended space marker) can only come before the first token that has
-        some, since offsets never go back, so only the leading tokens' offsets are looked at."""
+    def _pool_mask(enc: Any, start: int, pool_special: bool = True) -> list[int]:
+        """1 on tokens of the text proper (their text ends past ``start``, the wrapper's length); special tokens
+        count when no prefix is excluded or when they come after the text has started (e.g. a closing [SEP]/EOS),
+        unless ``pool_special`` is False. With nothing excluded (``start`` 0) only the leading tokens' offsets are
+        read: a token with no text (end offset 0, such as a prepended space marker) can only come before the first
+        token that has some, since offsets never go back, so no other token's offsets need converting to Python."""
         special = enc.special_tokens_mask
-        mask = [1] * len(special) if pool_special else [1 - s for s in special]
-        for i, is_special in enumerate(special):
-            if is_special:
-                continue
-            span = enc.token_to_chars(i)
-            if span is not None and span[1] > 0:
-                break
-            mask[i] = 0
-        return mask
-
-    @staticmethod
-    def _pool_mask(
-        offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, pool_special: bool = True
-    ) -> list[int]:
-        """1 on tokens of the text proper; special tokens count when no prefix is excluded or
-        when they come after the text has started (e.g. a closing [SEP]/EOS), unless ``pool_special`` is False."""
-        if start == 0:  # nothing excluded before the text: every token with text in it, and the special ones
-            return [
-                (1 if pool_special else 0) if is_special else int(end > 0)
-                for (_, end), is_special in zip(offsets, special, strict=True)
-            ]
+        if start == 0:
+            mask = [1] * len(special) if pool_special else [1 - s for s in special]
+            for i, is_special in enumerate(special):
+                if is_special:
+                    continue
+                span = enc.token_to_chars(i)
+                if span is not None and span[1] > 0:
+                    break
+                mask[i] = 0
+            return mask
         mask = []
         seen_text = False
-        for (_, end), is_special in zip(offsets, special, strict=True):
+        for (_, end), is_special in zip(enc.offsets, special, strict=True):
             if is_special:
-                mask.append(1 if pool_special and (start == 0 or seen_text) else 0)
+                mask.append(1 if pool_special and seen_text else 0)
                 continue
             inside = end > start
             seen_text = seen_text or inside
@@ -314,10 +303,9 @@ class InputBuilder:
                 cuts[i] = texts[i][: encodings[i].token_to_chars(last)[1]]
         if cuts:
             order = sorted(cuts)
-            for i, enc in zip(
-                order, self._encode([cuts[i] for i in order], special=True, max_length=limit), strict=True
-            ):
-                encodings[i] = enc
+            encodings.update(
+                zip(order, self._encode([cuts[i] for i in order], special=True, max_length=limit), strict=True)
+            )
         return [self._features(encodings[i], "") for i in range(len(texts))]
 
     def _exact_prefixes(self, texts: Sequence[str], budget: int) -> dict[int, int]:
