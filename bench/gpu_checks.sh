@@ -10,7 +10,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/
 python3 -c "import torch,transformers,sentence_transformers as s;print('torch',torch.__version__,'transformers',transformers.__version__,'st',s.__version__)" | tee -a $OUT/device.txt
 python3 bench/gpu_random_smollm2.py 2>&1 | tail -1
 timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/training/test_cuda.py tests/encoding/test_backends.py \
-  tests/encoding/test_packed.py tests/encoding/test_pipeline.py tests/scale/test_scale.py 2>&1 | tee $OUT/gpu-tests.log | tail -8
+  tests/encoding/test_packed.py tests/encoding/test_pipeline.py tests/encoding/test_cuda_graphs.py \
+  tests/models/test_family_matrix.py tests/scale/test_scale.py 2>&1 | tee $OUT/gpu-tests.log | tail -8
 echo "setup and tests: $(( $(date +%s) - start )) s" | tee -a $OUT/device.txt
 timeout 400 python3 bench/gpu_throughput.py --budget-s "${BUDGET_S:-330}" 2>&1 | grep -v "Loading weights" \
   | tee $OUT/gpu-throughput.log | tail -40

@@ -14,13 +14,17 @@ runs); each figure is the median over the rounds:
   (``EncodingEngine.pipelined = True``), ``lmembed-<dtype>-serial`` the same Embedder with it off;
 * ``lmembed-<dtype>-window`` (the first dtype only): the pipelined engine planning a quarter of the cell's texts
   at a time (``EncodingEngine.plan_window``), so its first batches compute while the rest is tokenised;
+* ``lmembed-<dtype>-graphs``: the pipelined engine on the ``cuda-graphs`` backend
+  (:mod:`lmembed.encoding.backends.cuda_graphs`: each batch widened to a bucketed shape, its forward pass captured
+  once as a CUDA graph and replayed; the graphs are captured in the warm-up and first round, which the ``first
+  round`` rows show); on the dry run's CPU the widened batches run eagerly;
 * ``lmembed-<dtype>-packed``: :func:`lmembed.encoding.packed.encode_packed` on that Embedder's engine (each batch
   packed in one row, no padding; torch's varlen flash kernel on CUDA), where the model allows it.
 
 Ratios are lmembed / st-float16 and lmembed / st-bfloat16 in the same cell. Vectors, in each cell: min cosine of
 lmembed's to sentence-transformers' of the same dtype, pipelined vs serial (bit-for-bit or the largest difference),
-packed vs serial (min cosine). Host, in each cell: the share of each lmembed call spent tokenising before its first
-batch could run (``EncodingEngine.last_run``): what overlapping tokenisation with compute could win at most.
+packed and graphs vs serial (min cosine). Host, in each cell: the share of each lmembed call spent tokenising before
+its first batch could run (``EncodingEngine.last_run``): what overlapping tokenisation with compute could win at most.
 Models: ``minilm`` (its real weights), ``smollm2-135m`` (its architecture with
 random weights, made by ``bench/gpu_random_smollm2.py``) and ``qwen2-0.5b`` (Qwen2-0.5B's configuration, written
 below, with random weights built on the device; SmolLM2's byte-level BPE tokenizer stands in for Qwen2's, which is
@@ -269,10 +273,13 @@ def contenders(
             serial.engine = emb.engine  # type: ignore[attr-defined]
             runs[f"{label}-serial"] = serial
             if dtype == args.dtypes[0]:  # one dtype: the cell's time budget is shared by every arm
-                # four windows a cell; the batches collated into pageable memory (pinned by default)
+                # four windows a cell
                 runs[f"{label}-window"] = engine_variant(emb, lm_run, "plan_window", lambda t, bs: max(bs, len(t) // 4))
-                if hasattr(emb.engine, "pin_inputs"):
-                    runs[f"{label}-pageable"] = engine_variant(emb, lm_run, "pin_inputs", lambda t, bs: False)
+            graphs = graph_backend(emb, args)
+            if graphs is not None:
+                runs[f"{label}-graphs"] = engine_variant(emb, lm_run, "backend", lambda t, bs, g=graphs: g)
+            else:
+                notes["graphs"] = "this lmembed has no cuda-graphs backend"
         else:
             notes["engine_switch"] = f"EncodingEngine has no {ENGINE_SWITCH!r}: one engine, labelled -serial"
             runs[f"{label}-serial"] = lambda texts, bs, emb=emb: emb.encode(texts, batch_size=bs)
@@ -283,6 +290,16 @@ def contenders(
 
             runs[f"{label}-packed"] = packed_run
     return runs, notes
+
+
+def graph_backend(emb: Any, args: argparse.Namespace) -> Any:
+    """The cuda-graphs backend over ``emb``'s model (its graphs captured in the cell's first calls); on the dry run's
+    CPU, the same widened batches run eagerly. None where lmembed has no such backend (an older commit)."""
+    try:
+        from lmembed.encoding.backends.cuda_graphs import CudaGraphBackend
+    except ImportError:
+        return None
+    return CudaGraphBackend(emb.engine.backbone, capture=args.device != "cpu")
 
 
 def engine_variant(emb: Any, lm_run: Callable, setting: str, value: Callable[[list[str], int], Any]) -> Callable:
@@ -349,15 +366,14 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
     agreement: dict[str, Any] = {}
     for d in args.dtypes:
         st, ours = f"st-{d}", f"lmembed-{d}"
-        for label in (ours, f"{ours}-serial", f"{ours}-packed"):
+        for label in (ours, f"{ours}-serial", f"{ours}-packed", f"{ours}-graphs"):
             if label in vectors and st in vectors:
                 agreement[f"min_cos {label} vs {st}"] = _min_cos(vectors[label], vectors[st])
         serial = vectors.get(f"{ours}-serial")
         if serial is not None and f"{ours}-window" in vectors:  # other batches: equal within float rounding
             agreement[f"min_cos {ours}-window vs serial"] = _min_cos(vectors[f"{ours}-window"], serial)
-        if serial is not None and f"{ours}-pageable" in vectors:
-            same = bool(np.array_equal(vectors[f"{ours}-pageable"], serial))
-            agreement[f"{ours}-pageable vs serial: bit-for-bit"] = same
+        if serial is not None and f"{ours}-graphs" in vectors:  # wider batches: equal within float rounding
+            agreement[f"min_cos {ours}-graphs vs serial"] = _min_cos(vectors[f"{ours}-graphs"], serial)
         if serial is not None and ours in vectors:
             agreement[f"{ours} vs serial: bit-for-bit"] = bool(np.array_equal(vectors[ours], serial))
             agreement[f"{ours} vs serial: max abs diff"] = float(np.abs(vectors[ours] - serial).max())

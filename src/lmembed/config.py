@@ -41,7 +41,7 @@ HEAD_LAYERS = {
 ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
 #: The backend registry: the runtimes lmembed runs a model on. Kept here, free of torch, so the CLI checks --backend
 #: against it without importing torch; lmembed.encoding.backends re-exports it and builds each one.
-BACKENDS = ("torch", "onnx")
+BACKENDS = ("torch", "onnx", "cuda-graphs")
 #: the backbone's own floating types (the torch backend's; the CLI sets them with --dtype)
 FLOAT_PRECISIONS = ("float32", "bfloat16", "float16")
 #: quantised precisions (quality-gated)

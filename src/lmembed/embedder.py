@@ -241,9 +241,11 @@ class Embedder:
         """Load a bundled name (``minilm``, ``smollm2-135m``, ``gemma3-270m``), a directory (a saved
         Embedder or any transformers checkpoint) or a Hub id.
 
-        ``backend`` runs the transformer: ``"torch"`` (default; the reference, CPU or GPU) or ``"onnx"`` (ONNX
+        ``backend`` runs the transformer: ``"torch"`` (default; the reference, CPU or GPU), ``"onnx"`` (ONNX
         Runtime on the CPU: the model is exported once, cached, and run as a fused graph; vectors agree with
-        torch's to cosine >= 0.9999). ``precision="int8"`` quantises (on ONNX Runtime unless
+        torch's to cosine >= 0.9999) or ``"cuda-graphs"`` (the torch model on a GPU, each batch widened to a bucketed
+        shape whose pass is captured once as a CUDA graph and replayed:
+        :mod:`lmembed.encoding.backends.cuda_graphs`). ``precision="int8"`` quantises (on ONNX Runtime unless
         ``backend="torch"``, which uses torch's dynamic int8): it is calibrated on the first texts encoded (or
         on :meth:`calibrate`'s) and checked by a quality gate that warns with the gap when int8 vectors drift
         from float32 ones; on ONNX Runtime each token row is quantised on its own range, so an int8 vector does not

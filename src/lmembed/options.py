@@ -41,9 +41,11 @@ ROPE_SCALE_DOC = (
 )
 DEVICE_DOC = "cpu, cuda, cuda:N or auto (a GPU when there is one)."
 BACKEND_DOC = (
-    "What runs the model: 'torch' (the reference; CPU or GPU; the default for float32) or 'onnx' (ONNX Runtime on "
+    "What runs the model: 'torch' (the reference; CPU or GPU; the default for float32), 'onnx' (ONNX Runtime on "
     "the CPU: exported once, cached, run as a fused graph; vectors within cosine 0.9999 of torch's; the default for "
-    "int8; needs pip install 'lmembed\\[onnx]')."
+    "int8; needs pip install 'lmembed\\[onnx]') or 'cuda-graphs' (the torch model on a GPU, each batch widened to a "
+    "bucketed shape whose forward pass is captured once as a CUDA graph and replayed: for small models, whose "
+    "passes are bound by launching kernels; vectors within float rounding of torch's)."
 )
 PRECISION_DOC = (
     "float32 (default), or int8: quantised (per-row activations, per-column weights on --backend onnx), "

@@ -47,7 +47,7 @@ def _encode(saved_model, texts, out, *options):
 
 
 def test_cli_precisions_are_library_precisions():
-    assert set(CLI_PRECISIONS) <= set(PRECISIONS) and BACKENDS == ("torch", "onnx")
+    assert set(CLI_PRECISIONS) <= set(PRECISIONS) and BACKENDS == ("torch", "onnx", "cuda-graphs")
 
 
 def test_encode_on_onnx_and_int8_from_the_command_line(saved_model, files, tmp_path):

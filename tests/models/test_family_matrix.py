@@ -129,6 +129,42 @@ def test_onnx_gives_sentence_transformers_vectors(built, model_type):
     assert cosines(encode(built, model_type, backend="onnx"), reference).min() >= EXACT
 
 
+@pytest.mark.parametrize("model_type", _on("cuda-graphs"))
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_cuda_graph_buckets_give_sentence_transformers_vectors(built, model_type, padding_side):
+    """The cuda-graphs backend widens every batch to a bucket (here 16 rows and 64 tokens: the ten texts are 3 to
+    40 tokens long) with masked padding on the right; run eagerly at that shape (what a replay computes: no GPU
+    here), each family's vectors stay sentence-transformers' and the torch backend's."""
+    if padding_side == "left" and ENCODER_FAMILIES[model_type].positions == OWN:
+        pytest.skip(f"{model_type} numbers its positions itself: lmembed pads it on the right")
+    from lmembed.encoding.backends.cuda_graphs import CudaGraphBackend
+
+    _, reference = built(model_type)
+    emb = built.embedder(model_type)
+    emb.engine.padding_side = padding_side
+    plain = emb.encode(TEXTS, batch_size=len(TEXTS))
+    graphs = CudaGraphBackend(emb.backbone, capture=False, min_row_step=16, min_width_step=64)
+    emb.engine.backend = graphs
+    widened = emb.encode(TEXTS, batch_size=len(TEXTS))
+    assert graphs.eager_passes == 1
+    assert cosines(widened, reference).min() >= EXACT
+    np.testing.assert_allclose(widened, plain, atol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", _on("cuda-graphs"))
+def test_gpu_cuda_graphs_capture_every_family_and_give_sentence_transformers_vectors(built, model_type):
+    """On a GPU, each family's forward pass is captured and replayed (float32): nothing in it reads device values on
+    the host, and the replays give sentence-transformers' vectors."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    _, reference = built(model_type)
+    emb = built.embedder(model_type, device="cuda", backend="cuda-graphs")
+    vectors = emb.encode(TEXTS, batch_size=4)
+    assert emb.backend.name == "cuda-graphs" and len(emb.backend.graphs) >= 2
+    assert cosines(vectors, reference).min() >= EXACT
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="ONNX Runtime's fused Attention takes ReduceSum(attention_mask) as each row's key length, which assumes "

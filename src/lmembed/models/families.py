@@ -62,8 +62,8 @@ AFTER_PADDING = "after_padding"
 #: ``forward`` takes no position ids: the model numbers its positions itself (right padding only).
 OWN = "own"
 #: What a verified family may run on: ``torch`` (float and torch's dynamic int8), ``onnx`` (float32 graph), ``int8``
-#: (the quantised ONNX graph).
-ALL_BACKENDS = ("torch", "onnx", "int8")
+#: (the quantised ONNX graph), ``cuda-graphs`` (the torch model on a GPU, replayed per bucketed batch shape).
+ALL_BACKENDS = ("torch", "onnx", "int8", "cuda-graphs")
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,18 @@ ENCODER_FAMILIES: dict[str, EncoderFamily] = {
     "bert-generation": EncoderFamily(COUNTED),
     "roformer": EncoderFamily(OWN),  # rotary positions from the row's own index
     "deberta": EncoderFamily(COUNTED),
-    "convbert": EncoderFamily(COUNTED),
+    "convbert": EncoderFamily(
+        COUNTED,
+        ("torch", "onnx", "int8"),
+        "its span convolutions read the padding beside a text, so the wider batches of cuda-graphs change its vectors",
+    ),
     "nomic_bert": EncoderFamily(COUNTED),
     "gte": EncoderFamily(COUNTED),
     "jina_embeddings_v3": EncoderFamily(COUNTED),
     "ibert": EncoderFamily(AFTER_PADDING),
     "deberta-v2": EncoderFamily(
         COUNTED,
-        ("torch", "onnx"),
+        ("torch", "onnx", "cuda-graphs"),
         "int8's calibration reads the relative-position projections as if they were token rows",
     ),
     "modernbert": EncoderFamily(COUNTED),

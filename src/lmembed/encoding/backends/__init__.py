@@ -5,7 +5,10 @@
 * ``onnx`` (``onnx_backend.OnnxBackend``): an exported graph (``graph``) run by ONNX Runtime on the CPU
   (``runtime``), float32 with fused attention/LayerNorm/GELU, or int8 (the ``int8`` package: rounding,
   calibration, graph rewriting, the recipe) checked by a quality gate (``quality``); exports are cached on disk
-  (``store``).
+  (``store``);
+* ``cuda-graphs`` (``cuda_graphs.CudaGraphBackend``): the torch model on a GPU, each batch widened to a bucketed
+  shape whose forward pass is captured once as a CUDA graph and replayed (the host launches one graph instead of
+  every kernel).
 
 Pooling is never part of a backend: each returns the token states a strategy pools, and the engine pools them.
 What else a backend can do (calibrate, export a graph) is declared on ``base.Backend``; a new backend subclasses
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lmembed.encoding.backends.base import BACKENDS, PRECISIONS, Backend, BackendError, TorchBackend
+from lmembed.encoding.backends.base import BACKENDS, PRECISIONS, Backend, BackendError, TorchBackend, dtype_name
 from lmembed.models.families import check_verified
 from lmembed.models.loading import Backbone
 
@@ -35,6 +38,20 @@ def _torch(backbone: Backbone, precision: str | None, threads: int | None) -> Ba
     return native
 
 
+def _cuda_graphs(backbone: Backbone, precision: str | None, threads: int | None) -> Backend:
+    # lazy, as ONNX: the module is only needed where a GPU runs it
+    from lmembed.encoding.backends.cuda_graphs import CudaGraphBackend
+
+    if _torch_int8(backbone) or precision == "int8":
+        raise BackendError("backend='cuda-graphs' runs float models; int8 runs on backend='onnx' (or 'torch' on a CPU)")
+    native = dtype_name(backbone.dtype)
+    if precision not in (None, native):
+        raise BackendError(
+            f"backend='cuda-graphs' runs the model at its loaded dtype ({native}); load it with dtype={precision!r}"
+        )
+    return CudaGraphBackend(backbone)
+
+
 def _onnx(backbone: Backbone, precision: str | None, threads: int | None) -> Backend:
     # lazy: keeps onnxruntime out of `import lmembed` and of the torch-only path
     from lmembed.encoding.backends.onnx_backend import OnnxBackend
@@ -45,7 +62,11 @@ def _onnx(backbone: Backbone, precision: str | None, threads: int | None) -> Bac
 
 #: Each backend's builder ``(backbone, precision, threads) -> Backend``: the one place a backend is built
 #: (``BACKENDS``, torch-free in :mod:`lmembed.config`, holds the names the command line accepts).
-BUILDERS: dict[str, Callable[[Backbone, str | None, int | None], Backend]] = {"torch": _torch, "onnx": _onnx}
+BUILDERS: dict[str, Callable[[Backbone, str | None, int | None], Backend]] = {
+    "torch": _torch,
+    "onnx": _onnx,
+    "cuda-graphs": _cuda_graphs,
+}
 
 
 def make_backend(

@@ -142,7 +142,7 @@ class TorchBackend(Backend):
 
     def __init__(self, backbone: Backbone, precision: str | None = None) -> None:
         super().__init__(backbone)
-        self.precision = precision or _dtype_name(backbone.dtype)
+        self.precision = precision or dtype_name(backbone.dtype)
         check_verified(backbone.model, backbone.is_decoder, "torch")
         params = forward_parameters(backbone.model)
         # positions the way the model's own forward numbers them (families.ENCODER_FAMILIES; decoders: 0, 1, 2 ...
@@ -225,7 +225,7 @@ class TorchBackend(Backend):
         )
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     return names.get(dtype, str(dtype).removeprefix("torch."))
 
