@@ -21,6 +21,8 @@ runs); each figure is the median over the rounds:
 * ``lmembed-<dtype>-packed``: :func:`lmembed.encoding.packed.encode_packed` on that Embedder's engine (each batch
   packed in one row, no padding; torch's varlen flash kernel on CUDA), where the model allows it.
 
+``--arms`` picks lmembed's rows (all by default; ``bench/gpu_checks.sh`` runs ``pipelined,graphs``).
+
 Ratios are lmembed / st-float16 and lmembed / st-bfloat16 in the same cell. Vectors, in each cell: min cosine of
 lmembed's to sentence-transformers' of the same dtype, pipelined vs serial (bit-for-bit or the largest difference),
 packed and graphs vs serial (min cosine). Host, in each cell: the share of each lmembed call spent tokenising before
@@ -62,6 +64,8 @@ OUT = REPO / "bench" / "results" / "gpu-throughput"
 MODELS = ("minilm", "smollm2-135m", "qwen2-0.5b")
 DTYPES = ("float16", "bfloat16")
 LENGTHS = ("short", "long", "documents")
+#: lmembed's arms (--arms): the default engine (pipelined), its serial reference, windows, CUDA graphs, packing.
+ARMS = ("pipelined", "serial", "window", "graphs", "packed")
 DEFAULT_LENGTHS = ("short", "long")  # --lengths: documents (five whole abstracts a text) on request
 #: Qwen2-0.5B's configuration (its config.json on the Hub), built with random weights on the device.
 QWEN2_05B = {
@@ -260,6 +264,7 @@ def contenders(
             **({"attention": "causal"} if name != "minilm" else {}),
         )
         label = f"lmembed-{dtype}"
+        arms = args.arms
         if set_pipelined(emb, True):
 
             def lm_run(texts: list[str], bs: int, emb: Any = emb, on: bool = True) -> np.ndarray:
@@ -268,22 +273,24 @@ def contenders(
 
             lm_run.engine = emb.engine  # type: ignore[attr-defined]  # measure_cell reads its last_run
 
-            runs[label] = lm_run
-            serial = functools.partial(lm_run, on=False)
-            serial.engine = emb.engine  # type: ignore[attr-defined]
-            runs[f"{label}-serial"] = serial
-            if dtype == args.dtypes[0]:  # one dtype: the cell's time budget is shared by every arm
+            if "pipelined" in arms:
+                runs[label] = lm_run
+            if "serial" in arms:
+                serial = functools.partial(lm_run, on=False)
+                serial.engine = emb.engine  # type: ignore[attr-defined]
+                runs[f"{label}-serial"] = serial
+            if "window" in arms and dtype == args.dtypes[0]:  # one dtype: every arm shares the cell's time budget
                 # four windows a cell
                 runs[f"{label}-window"] = engine_variant(emb, lm_run, "plan_window", lambda t, bs: max(bs, len(t) // 4))
-            graphs = graph_backend(emb, args)
+            graphs = graph_backend(emb, args) if "graphs" in arms else None
             if graphs is not None:
                 runs[f"{label}-graphs"] = engine_variant(emb, lm_run, "backend", lambda t, bs, g=graphs: g)
-            else:
+            elif "graphs" in arms:
                 notes["graphs"] = "this lmembed has no cuda-graphs backend"
         else:
             notes["engine_switch"] = f"EncodingEngine has no {ENGINE_SWITCH!r}: one engine, labelled -serial"
             runs[f"{label}-serial"] = lambda texts, bs, emb=emb: emb.encode(texts, batch_size=bs)
-        if not args.no_packed:
+        if "packed" in arms:
 
             def packed_run(texts: list[str], bs: int, emb: Any = emb) -> np.ndarray:
                 return _normalised(encode_packed(emb.engine, texts, emb.config, batch_size=bs))
@@ -372,8 +379,10 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
         serial = vectors.get(f"{ours}-serial")
         if serial is not None and f"{ours}-window" in vectors:  # other batches: equal within float rounding
             agreement[f"min_cos {ours}-window vs serial"] = _min_cos(vectors[f"{ours}-window"], serial)
-        if serial is not None and f"{ours}-graphs" in vectors:  # wider batches: equal within float rounding
-            agreement[f"min_cos {ours}-graphs vs serial"] = _min_cos(vectors[f"{ours}-graphs"], serial)
+        reference = serial if serial is not None else vectors.get(ours)
+        if reference is not None and f"{ours}-graphs" in vectors:  # wider batches: equal within float rounding
+            against = "serial" if serial is not None else "pipelined"
+            agreement[f"min_cos {ours}-graphs vs {against}"] = _min_cos(vectors[f"{ours}-graphs"], reference)
         if serial is not None and ours in vectors:
             agreement[f"{ours} vs serial: bit-for-bit"] = bool(np.array_equal(vectors[ours], serial))
             agreement[f"{ours} vs serial: max abs diff"] = float(np.abs(vectors[ours] - serial).max())
@@ -539,7 +548,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="more rounds (up to --max-repeats) until each contender has measured this long in the cell",
     )
     parser.add_argument("--budget-s", type=float, default=330.0, help="stop between rounds after this many seconds")
-    parser.add_argument("--no-packed", action="store_true", help="leave out the packed (padding-free) rows")
+    parser.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma list of lmembed's arms, of {', '.join(ARMS)} (pipelined: the default engine, lmembed-<dtype>)",
+    )
     parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {', '.join(DTYPES)}")
     parser.add_argument(
         "--lengths", default=",".join(DEFAULT_LENGTHS), help=f"comma list of {', '.join(LENGTHS)} (the texts' cells)"
@@ -567,6 +580,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.max_repeats = 1 if args.dry else 15
     args.max_repeats = max(args.max_repeats, args.repeats)
     args.dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
+    args.arms = _choices(parser, "--arms", args.arms, ARMS)
     return args
 
 

@@ -72,9 +72,10 @@ def test_cpu_without_dry_is_refused(tmp_path):
     assert not (tmp_path / "result.json").exists()
 
 
-def test_one_dtype_measures_only_its_own_rows_and_documents_on_request(tmp_path):
+def test_one_dtype_and_two_arms_measure_only_their_rows_and_documents_on_request(tmp_path):
     bundled_or_skip("minilm")
     extra = ["--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8", "--lengths", "short,documents"]
+    extra += ["--arms", "pipelined,graphs"]
     done = _run(tmp_path, *extra)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
@@ -82,6 +83,9 @@ def test_one_dtype_measures_only_its_own_rows_and_documents_on_request(tmp_path)
     assert list(cells) == ["batch 4, short", "batch 4, documents"]  # --dry caps the batch size
     rates = cells["batch 4, documents"]["texts_per_s"]
     assert result["dtypes"] == ["float16"] and not any("bfloat16" in label for label in rates)
+    assert sorted(rates) == ["lmembed-float16", "lmembed-float16-graphs", "st-float16"]  # the arms asked for
+    # no serial arm: the widened batches are compared with the default engine's
+    assert cells["batch 4, documents"]["agreement"]["min_cos lmembed-float16-graphs vs pipelined"] >= 0.999
     table = (tmp_path / "table.md").read_text()
     assert "first round / st-float16" in table and "documents" in table
 
@@ -90,7 +94,7 @@ def test_one_dtype_measures_only_its_own_rows_and_documents_on_request(tmp_path)
 def test_short_cells_get_more_rounds_up_to_the_most(tmp_path, cell_seconds, rounds):
     """Past --repeats, rounds go on while a contender has measured under --cell-seconds, up to --max-repeats."""
     bundled_or_skip("minilm")
-    extra = ["--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8", "--no-packed"]
+    extra = ["--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8", "--arms", "pipelined,serial"]
     done = _run(tmp_path, *extra, "--max-repeats", "3", "--cell-seconds", cell_seconds)
     assert done.returncode == 0, done.stderr[-3000:]
     cells = json.loads((tmp_path / "result.json").read_text())["models"]["minilm"]["cells"]
@@ -105,6 +109,7 @@ def test_short_cells_get_more_rounds_up_to_the_most(tmp_path, cell_seconds, roun
         ["--repeats", "0"],
         ["--dtypes", "float8"],
         ["--lengths", "x"],
+        ["--arms", "pipelined,turbo"],
     ],
 )
 def test_bad_options_are_refused(bad, tmp_path):
