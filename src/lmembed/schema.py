@@ -14,11 +14,15 @@ Three pieces, shared by every such file so that each mistake is reported the sam
 A file's structure is declared as a :class:`FileModel` (a pydantic model: unknown keys forbidden) and checked
 with :func:`check_keys`; the checks a type cannot say (an arm that names no arm, a seed listed twice) stay with
 the file's reader, raised through the same :class:`Where`.
+
+JSON files that lmembed wrote and reads back (a run's record, an experiment's summary) are hostile until checked
+too: :func:`read_checked_json` reads one and checks the fields its reader uses, naming the file and the field.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import types
 from collections.abc import Mapping
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 
 #: A key path in a file: ``("arms", "echo", "strategy")``, ``("data", 0, "path")``.
 KeyPath = tuple[str | int, ...]
@@ -229,3 +233,20 @@ __all__ = [
     "read_yaml_file",
     "schema_error",
 ]
+
+
+def read_checked_json(path: Path, schema: type[BaseModel] | TypeAdapter, error: type[Exception], what: str) -> Any:
+    """The JSON document of ``path`` (a file lmembed wrote: read as hostile), once ``schema`` accepts it; else
+    ``error``: ``FILE: not readable JSON`` or ``FILE: key.path: message (not WHAT as lmembed writes it)`` for the
+    first field that fails. Returns the document as read."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: not readable JSON ({exc})") from exc
+    try:
+        schema.validate_python(data) if isinstance(schema, TypeAdapter) else schema.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the whole file"
+        raise error(f"{path}: {where}: {first['msg']} (not {what} as lmembed writes it)") from exc
+    return data

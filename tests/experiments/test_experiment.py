@@ -228,6 +228,89 @@ def test_resume_after_a_kill_skips_finished_runs(workspace: Path, monkeypatch: p
     assert calls == ["tuned/seed-0", "tuned/seed-1"]
 
 
+def _two_untrained_arms(workspace: Path, monkeypatch: pytest.MonkeyPatch):
+    """An experiment of two arms without training (one run each), run once; and the list its reruns go to."""
+    spec = load_spec(_spec(workspace, seeds=[0], arms={"mean": {}, "cls": {"strategy": {"pooling": "cls"}}}))
+    out = workspace / "out"
+    run_experiment(spec, out)
+    calls: list[str] = []
+    real = runner_module.execute_run
+
+    def counted(spec_, run, tasks, output):
+        calls.append(run.id)
+        return real(spec_, run, tasks, output)
+
+    monkeypatch.setattr(runner_module, "execute_run", counted)
+    return spec, out, {run.id: run for run in plan_runs(spec, out)}, calls
+
+
+def test_a_run_whose_files_changed_is_run_again_on_resume_naming_the_file(workspace, monkeypatch, caplog):
+    """A finished run's run.json records its items.json's sha256 and has a checked shape: an items.json changed
+    afterwards, a run.json that is not one, or one written without the digest (an older lmembed) leaves the run
+    unfinished, said once naming the file and the field, and --resume runs it again; the summary is whole."""
+    spec, out, runs, calls = _two_untrained_arms(workspace, monkeypatch)
+    mean, cls = runs["mean/eval"], runs["cls/eval"]
+    assert mean.finished and json.loads(mean.run_file.read_text())["files"].keys() == {"items.json"}
+    items = json.loads(mean.items_file.read_text())
+    items["Toy"]["values"][0] = 1.0  # a score edited by hand
+    mean.items_file.write_text(json.dumps(items))
+    cls.run_file.write_text("[1, 2]")
+    with caplog.at_level("WARNING", logger="lmembed.experiments.plan"):
+        assert not mean.finished and not cls.finished
+        assert not mean.finished  # said once
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert "items.json: its sha256 is not the one" in said[0] and "(files.items.json)" in said[0]
+    assert "run.json: the whole file: Input should be a valid dictionary" in said[1]
+    assert all("is started over" in message for message in said)
+    run_experiment(spec, out, resume=True)
+    assert sorted(calls) == ["cls/eval", "mean/eval"] and mean.finished and cls.finished
+    assert json.loads((out / "summary.json").read_text())["scores"]["mean"]["Toy"]["n"] == 1
+
+    record = json.loads(mean.run_file.read_text())
+    del record["files"]  # as run.json was before it recorded the digest
+    mean.run_file.write_text(json.dumps(record))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lmembed.experiments.plan"):
+        assert not mean.finished
+    assert "run.json: files: Field required" in caplog.records[0].getMessage()
+
+
+def test_per_item_scores_of_another_shape_are_refused_naming_the_field(workspace, monkeypatch):
+    from lmembed.experiments.plan import RunFileError
+    from lmembed.io import sha256_file
+
+    spec, out, runs, calls = _two_untrained_arms(workspace, monkeypatch)
+    mean = runs["mean/eval"]
+    items = json.loads(mean.items_file.read_text())
+    items["Toy"]["values"].pop()  # one value fewer than the items, and the digest made to match
+    mean.items_file.write_text(json.dumps(items))
+    record = json.loads(mean.run_file.read_text())
+    record["files"]["items.json"] = sha256_file(mean.items_file)
+    mean.run_file.write_text(json.dumps(record))
+    assert mean.finished
+    with pytest.raises(RunFileError, match=r"items.json: Toy: Value error, ids, values and reference must have one"):
+        run_experiment(spec, out, resume=True)
+    assert calls == []
+
+
+def test_report_refuses_a_summary_of_another_shape_and_a_folder_without_results(workspace, monkeypatch):
+    _, out, _, _ = _two_untrained_arms(workspace, monkeypatch)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["scores"]["mean"]["Toy"]["interval"] = [0.1]
+    (out / "summary.json").write_text(json.dumps(summary))
+    elsewhere = workspace / "rendered"
+    result = CliRunner().invoke(app, ["report", str(out), "-o", str(elsewhere)])
+    assert result.exit_code == 2, result.output
+    assert "summary.json: scores.mean.Toy.interval: List should have at least 2 items" in result.output
+    assert not elsewhere.exists() or not any(elsewhere.iterdir())
+    empty = workspace / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(app, ["report", str(empty)])
+    said = " ".join(result.output.replace("│", " ").split())  # the refusal comes in a box, wrapped
+    assert result.exit_code == 2 and "no results in it" in said and "RESULTS_DIR" in said and not any(empty.iterdir())
+
+
 def test_the_dtype_is_part_of_a_run_s_fingerprint(workspace: Path):
     """A run at bfloat16 is never reused for float32 (or the other way) on ``--resume``; float32, the default, leaves
     the digest as it was before dtype joined it, so runs recorded then still count as finished."""

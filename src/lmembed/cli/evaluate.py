@@ -222,10 +222,17 @@ def report(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write report.*")] = None,
 ) -> None:
     """Render everything in a results directory: Markdown table per category + PNG bar chart."""
-    from lmembed.experiments.report import render_folder  # lazy: the evaluation stack is seconds to import
+    # lazy: the evaluation stack is seconds to import
+    from lmembed.evaluation.report import load_results
+    from lmembed.experiments.report import is_experiment_folder, render_folder
 
     if not results_dir.is_dir():
         raise typer.BadParameter(f"{results_dir}: no such folder", param_hint="RESULTS_DIR")
+    if not is_experiment_folder(results_dir) and not load_results(results_dir):
+        raise typer.BadParameter(
+            f"{results_dir}: no results in it (neither an experiment's summary.json nor result files of lmembed eval)",
+            param_hint="RESULTS_DIR",
+        )
     rendered = render_folder(results_dir, check_writable(output or results_dir, "--output", folder=True), echo=False)
     out_console.print(rendered.markdown)
     console.print(f"wrote {', '.join(str(p) for p in rendered.files.values())}")

@@ -23,9 +23,10 @@ from lmembed.atomic import atomic_write_json
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import Task
 from lmembed.evaluation.runner import parse_layer_value
-from lmembed.experiments.plan import PlannedRun, source_run
+from lmembed.experiments.plan import ITEMS_FILE, PlannedRun, source_run
 from lmembed.experiments.scoring import score_task
 from lmembed.experiments.spec import ExperimentSpec
+from lmembed.io import sha256_file
 from lmembed.training.recipes import parse_recipe, resolve_data, run_recipe
 from lmembed.training.train_config import TrainConfig
 
@@ -197,6 +198,7 @@ def _execute(spec: ExperimentSpec, run: PlannedRun, tasks: Sequence[Task], outpu
         "losses": losses,
         "tasks": {name: score.summary() for name, score in scores.items()},
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "files": {ITEMS_FILE: sha256_file(run.items_file)},  # checked before items.json is read again
     }
     atomic_write_json(run.run_file, record)
     return record

@@ -13,24 +13,81 @@ Folder layout of an experiment::
                                             run.json (scores, timings, losses), items.json (per-item scores)
     <output>/summary.json|.md|.png          written after the runs
 
-A run is finished when its ``run.json`` exists and carries the fingerprint of what it was run with
-(:meth:`~lmembed.experiments.spec.ArmSpec.fingerprint`); a run interrupted before that is started over.
+A run is finished when its ``run.json`` exists, carries the fingerprint of what it was run with
+(:meth:`~lmembed.experiments.spec.ArmSpec.fingerprint`) and the sha256 of its ``items.json``, and both files have
+the shape lmembed writes (:class:`RunRecord`, :data:`ITEMS`); a run interrupted before that is started over, and
+so is one whose files were damaged or changed since (said once, naming the file and the field).
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmembed.errors import UnknownNameError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, model_validator
+
+from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.experiments.spec import ArmSpec, ExperimentSpec
+from lmembed.io import check_recorded_files
+from lmembed.schema import read_checked_json
+
+log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 ITEMS_FILE = "items.json"
 RUNS_DIR = "runs"
+
+
+class RunFileError(LmembedError, ValueError):
+    """A run's ``run.json`` or ``items.json`` that is not as lmembed wrote it (damaged, changed, another shape)."""
+
+
+class _TaskRecord(BaseModel):
+    """What is read of one task in ``run.json``."""
+
+    model_config = ConfigDict(extra="allow")
+    task_type: str
+    main_metric: str
+    main_score: float | None
+
+
+class RunRecord(BaseModel):
+    """The fields of ``run.json`` that the planner, the runner and the summary read."""
+
+    model_config = ConfigDict(extra="allow")
+    key: str
+    arm: str
+    seed: int | None
+    steps: int
+    seconds: dict[str, float]
+    losses: dict[str, list[float]]
+    tasks: dict[str, _TaskRecord]
+    files: dict[str, str]  # file name -> sha256: items.json
+
+
+class ItemScores(BaseModel):
+    """One task's per-item scores in ``items.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+    statistic: str | None
+    ids: list[str]
+    values: list[float]
+    reference: list[float] | None
+
+    @model_validator(mode="after")
+    def _one_value_per_item(self) -> ItemScores:
+        if len(self.values) != len(self.ids) or (self.reference is not None and len(self.reference) != len(self.ids)):
+            raise ValueError("ids, values and reference must have one entry per item")
+        return self
+
+
+#: ``items.json``: task name -> its items.
+ITEMS = TypeAdapter(dict[str, ItemScores])
+#: Damaged run files already said (the planner and the runner both ask whether a run finished).
+_SAID: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -55,14 +112,28 @@ class PlannedRun:
         return self.folder / ITEMS_FILE
 
     def record(self) -> dict[str, Any] | None:
-        """This run's ``run.json`` when it finished with the current settings, else ``None``."""
+        """This run's ``run.json`` when it finished with the current settings and its ``items.json`` is the one it
+        recorded, else ``None`` (a damaged or changed file is logged once, naming it and the field)."""
         if not self.run_file.is_file():
             return None
         try:
-            record = json.loads(self.run_file.read_text())
-        except (OSError, json.JSONDecodeError):
+            record = read_checked_json(self.run_file, RunRecord, RunFileError, "a run record")
+            if record["key"] != self.key:  # run with other settings: stale, not damaged
+                return None
+            check_recorded_files(
+                self.folder, self.run_file, record["files"], [ITEMS_FILE], key="files", error=RunFileError
+            )
+        except RunFileError as exc:
+            if str(exc) not in _SAID:
+                _SAID.add(str(exc))
+                log.warning("%s; the run %s is started over", exc, self.id)
             return None
-        return record if record.get("key") == self.key else None
+        return record
+
+    def items(self) -> dict[str, dict[str, Any]]:
+        """The per-item scores of a finished run (:meth:`record` checked the file's sha256), checked for their
+        shape; :class:`RunFileError` names the file and the field otherwise."""
+        return read_checked_json(self.items_file, ITEMS, RunFileError, "a run's per-item scores")
 
     @property
     def finished(self) -> bool:

@@ -16,8 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from lmembed.atomic import atomic_savefig, atomic_write_text
+from lmembed.errors import LmembedError
 from lmembed.evaluation.report import Report, ScoreTable, render_report, type_rank
+from lmembed.schema import read_checked_json
 
 SUMMARY_FILE = "summary.json"
 MARKDOWN_FILE = "summary.md"
@@ -25,19 +29,96 @@ PNG_FILE = "summary.png"
 MISSING = "–"
 
 
+class SummaryFileError(LmembedError, ValueError):
+    """A ``summary.json`` that is not an experiment summary as lmembed writes it."""
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Head(_Open):
+    name: str
+    seeds: list[int] = []
+    paper: str | None = None
+    claim: str | None = None
+    paper_result: str | None = None
+    scale: str | None = None
+    model: str | None = None
+    device: str | None = None
+
+
+class _Task(_Open):
+    name: str
+    task_type: str
+    main_metric: str
+    scale: float
+
+
+class _Arm(_Open):
+    name: str
+    kind: str
+    runs: int
+    steps: int | None = None
+    train_seconds: float | None = None
+
+
+class _Cell(_Open):
+    mean: float | None
+    std: float | None
+    n: int
+    interval: list[float | None] | None = Field(default=None, min_length=2, max_length=2)
+    curve: list[float] | None = None
+
+
+class _Comparison(_Open):
+    a: str
+    b: str
+    task: str
+    claim: str
+    difference: float | None
+    verdict: str
+    low: float | None = None
+    high: float | None = None
+    p_value: float | None = None
+    items: int = 0
+    minus: list[str] | None = Field(default=None, min_length=2, max_length=2)
+
+
+class _Runs(_Open):
+    finished: list[str] = []
+    missing: list[str] = []
+    skipped: dict[str, str] = {}
+
+
+class ExperimentSummary(_Open):
+    """The fields of ``summary.json`` that the report reads (:mod:`lmembed.experiments.summary` writes them)."""
+
+    experiment: _Head
+    tasks: list[_Task]
+    arms: list[_Arm]
+    scores: dict[str, dict[str, _Cell]]
+    comparisons: list[_Comparison] = []
+    runs: _Runs = _Runs()
+
+
 def is_experiment_folder(folder: str | Path) -> bool:
-    """True when ``folder`` holds an experiment summary (``summary.json`` with an ``experiment`` entry)."""
+    """True when ``folder`` holds an experiment summary (``summary.json``, a JSON object with an ``experiment``
+    entry); :func:`load_summary` then checks the rest."""
     path = Path(folder) / SUMMARY_FILE
     if not path.is_file():
         return False
     try:
-        return "experiment" in json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
+    return isinstance(data, dict) and "experiment" in data
 
 
 def load_summary(folder: str | Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / SUMMARY_FILE).read_text())
+    """``summary.json`` of ``folder``, checked for every field the report reads; :class:`SummaryFileError` names the
+    file and the field otherwise."""
+    return read_checked_json(Path(folder) / SUMMARY_FILE, ExperimentSummary, SummaryFileError, "an experiment summary")
 
 
 def _number(value: float | None, scale: float = 100.0, digits: int = 2) -> str:

@@ -198,7 +198,8 @@ class ArmSpec:
     def fingerprint(self, evaluation: EvalSpec, seed: int | None, dtype: str = "float32") -> str:
         """A digest of everything that decides this arm's result for ``seed`` at ``dtype`` (stale results are
         re-run). The default float32 is left out of the digest, so runs recorded before dtype joined it still
-        match; any other dtype gives another digest (a run at bfloat16 is never reused for float32)."""
+        match; any other dtype gives another digest (a run at bfloat16 is never reused for float32). A run.json
+        written before runs recorded their items.json's sha256 is run again all the same (plan.RunRecord)."""
         payload: dict[str, Any] = {
             "arm": {
                 "model": self.model,

@@ -16,7 +16,6 @@ seeds); two such arms are compared step by step (same seeds, same data order), l
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,7 @@ def _finished(runs: Sequence[PlannedRun]) -> list[tuple[PlannedRun, dict[str, An
         record = run.record()
         if record is None:
             continue
-        items = json.loads(run.items_file.read_text()) if run.items_file.is_file() else {}
-        out.append((run, record, items))
+        out.append((run, record, run.items()))
     return out
 
 
