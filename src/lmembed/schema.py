@@ -246,7 +246,13 @@ def read_checked_json(path: Path, schema: type[BaseModel] | TypeAdapter, error: 
     try:
         schema.validate_python(data) if isinstance(schema, TypeAdapter) else schema.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the whole file"
-        raise error(f"{path}: {where}: {first['msg']} (not {what} as lmembed writes it)") from exc
+        raise error(f"{path}: {first_problem(exc)} (not {what} as lmembed writes it)") from exc
     return data
+
+
+def first_problem(exc: ValidationError) -> str:
+    """``key.path: message`` of the first problem pydantic found in a document (``the whole file`` at its top); the
+    member of a union that pydantic tried (``dict[str,any]``) is not part of the path."""
+    first = exc.errors()[0]
+    path = [str(part) for part in first["loc"] if not (isinstance(part, str) and "[" in part)]
+    return f"{'.'.join(path) or 'the whole file'}: {first['msg']}"

@@ -112,11 +112,44 @@ def test_reads_files_written_by_mteb(tmp_path: Path) -> None:
     assert loaded.model_name == "BAAI/bge-small-en-v1.5" and strategy_slug(loaded.strategy) == "5c38ec7c"
 
 
-def test_load_results_skips_other_json(tmp_path: Path) -> None:
+def test_load_results_skips_other_json(tmp_path: Path, caplog) -> None:
     write_result(make_result(), tmp_path)
     (tmp_path / "model_meta.json").write_text('{"name": "x"}')
     (tmp_path / "broken.json").write_text("{not json")
-    assert [r.task_name for r in load_results(tmp_path)] == ["SciFact"]
+    with caplog.at_level("WARNING"):
+        assert [r.task_name for r in load_results(tmp_path)] == ["SciFact"]
+    assert not caplog.records  # not task results: nothing to say
+
+
+ENTRY = {"hf_subset": "default", "main_score": 0.5}
+HOSTILE_RESULTS = {
+    "score as text": ({"scores": {"test": [{**ENTRY, "main_score": "high"}]}}, "scores.test.0.main_score"),
+    "no main score": ({"scores": {"test": [{"hf_subset": "default"}]}}, "scores.test: no main_score"),
+    "an empty split": ({"scores": {"test": []}}, "scores.test: no entry"),
+    "no split": ({"scores": {}}, "scores: Dictionary should have at least 1 item"),
+    "time as text": ({"scores": {"test": [ENTRY]}, "evaluation_time": "slow"}, "evaluation_time: Input should"),
+    "strategy a number": ({"scores": {"test": [ENTRY]}, "lmembed": {"strategy": 5}}, "lmembed.strategy: Input"),
+    "record a list": ({"scores": {"test": [ENTRY]}, "lmembed": [1]}, "lmembed: Input should be a valid dictionary"),
+    "languages a number": ({"scores": {"test": [{**ENTRY, "languages": 3}]}}, "scores.test.0.languages: Input"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_RESULTS)
+def test_a_result_file_of_another_shape_is_refused_naming_the_field_and_skipped_aloud(tmp_path, caplog, case):
+    """They ended in internal errors (KeyError, AttributeError) or vanished from the report without a word."""
+    from lmembed.evaluation.results import ResultFileError
+
+    fields, said = HOSTILE_RESULTS[case]
+    write_result(make_result(), tmp_path)
+    bad = tmp_path / "m" / "s" / "STS12.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(json.dumps({"task_name": "STS12", **fields}))
+    with pytest.raises(ResultFileError, match="not a task result in MTEB's layout") as caught:
+        read_result(bad)
+    assert str(caught.value).startswith(f"{bad}: {said}"), caught.value
+    with caplog.at_level("WARNING"):
+        assert [r.task_name for r in load_results(tmp_path)] == ["SciFact"]
+    assert [r.getMessage() for r in caplog.records] == [f"skipping {caught.value}"]
 
 
 def test_strategy_slug() -> None:

@@ -223,16 +223,15 @@ def report(
 ) -> None:
     """Render everything in a results directory: Markdown table per category + PNG bar chart."""
     # lazy: the evaluation stack is seconds to import
-    from lmembed.evaluation.report import load_results
-    from lmembed.experiments.report import is_experiment_folder, render_folder
+    from lmembed.evaluation.report import NoResultsError
+    from lmembed.experiments.report import render_folder
 
     if not results_dir.is_dir():
         raise typer.BadParameter(f"{results_dir}: no such folder", param_hint="RESULTS_DIR")
-    if not is_experiment_folder(results_dir) and not load_results(results_dir):
-        raise typer.BadParameter(
-            f"{results_dir}: no results in it (neither an experiment's summary.json nor result files of lmembed eval)",
-            param_hint="RESULTS_DIR",
-        )
-    rendered = render_folder(results_dir, check_writable(output or results_dir, "--output", folder=True), echo=False)
+    out = check_writable(output or results_dir, "--output", folder=True)
+    try:
+        rendered = render_folder(results_dir, out, echo=False, empty_ok=False)
+    except NoResultsError as exc:
+        raise typer.BadParameter(str(exc), param_hint="RESULTS_DIR") from None
     out_console.print(rendered.markdown)
     console.print(f"wrote {', '.join(str(p) for p in rendered.files.values())}")

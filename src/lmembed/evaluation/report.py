@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
+from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
 from lmembed.evaluation.results import load_results, strategy_digest, strategy_label, strategy_slug
@@ -223,11 +224,23 @@ def _table_json(table: ScoreTable) -> dict:
     }
 
 
+class NoResultsError(LmembedError, ValueError):
+    """A folder with no task results to report."""
+
+
 def render_report(
-    results_dir: str | Path, out_dir: str | Path, *, title: str = "lmembed results", echo: bool = False
+    results_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    title: str = "lmembed results",
+    echo: bool = False,
+    empty_ok: bool = True,
 ) -> Report:
-    """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``."""
+    """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``; with
+    ``empty_ok=False`` a folder without results is :class:`NoResultsError`, before anything is written."""
     results = load_results(results_dir)
+    if not results and not empty_ok:
+        raise NoResultsError(f"{results_dir}: no results in it (neither an experiment's summary.json nor result files)")
     if not results:
         logger.warning("no result files found under %s", results_dir)
     table = build_table(results)

@@ -10,6 +10,9 @@ under the extra top-level key ``"lmembed"``, which MTEB ignores.
 
 Files written by MTEB itself can be read back too (:func:`read_result`); what they lack (task
 type, strategy) is inferred from the path and the task registry (:mod:`lmembed.task_registry`).
+A result file is checked (:class:`ResultFile`) before anything in it is used: one of another shape is refused by
+:func:`read_result` naming the file and the field, and :func:`load_results` skips it with a warning that says so
+(JSON files that are not task results at all, a report's or a model's metadata, are skipped quietly).
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from lmembed import __version__
 from lmembed.atomic import atomic_write_text
+from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
 from lmembed.io import DataFormatError, read_text
+from lmembed.schema import first_problem
 from lmembed.task_registry import task_type_of
 
 logger = logging.getLogger(__name__)
@@ -184,6 +191,51 @@ def _numeric(entry: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+class ResultFileError(LmembedError, ValueError):
+    """A task result file (it names a task and holds scores) whose fields are not of MTEB's layout."""
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Scores(_Open):
+    """One split's entry for one subset: numbers by metric name."""
+
+    main_score: float | None = None
+    hf_subset: str = "default"
+    languages: list[str] | None = None
+
+
+class LmembedRecord(_Open):
+    """lmembed's own record under :data:`LMEMBED_KEY`."""
+
+    split: str | None = None
+    subset: str | None = None
+    task_type: str | None = None
+    main_metric: str | None = None
+    model_name: str | None = None
+    strategy: dict[str, Any] | str | None = None
+    extra: dict[str, Any] | None = None
+
+
+class ResultFile(_Open):
+    """The fields of a result file that :func:`read_result` reads (MTEB 2.x's layout, lmembed's record beside)."""
+
+    task_name: str
+    scores: dict[str, list[_Scores]] = Field(min_length=1)  # a split's single entry (MTEB 1.x) reads as a list
+    evaluation_time: float | None = None
+    dataset_revision: str | None = None
+    lmembed: LmembedRecord | None = None
+
+    @field_validator("scores", mode="before")
+    @classmethod
+    def _entries_as_lists(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {split: v if isinstance(v, list) else [v] for split, v in value.items()}
+        return value
+
+
 def read_result(path: str | Path) -> TaskResult:
     """Load one result file (ours or MTEB's) as a :class:`TaskResult`."""
     path = Path(path)
@@ -193,12 +245,19 @@ def read_result(path: str | Path) -> TaskResult:
         raise DataFormatError(path, exc.lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
     if not isinstance(data, dict) or "task_name" not in data or not isinstance(data.get("scores"), dict):
         raise ValueError(f"{path} is not a task result file")
+    try:
+        ResultFile.model_validate(data)
+    except ValidationError as exc:
+        raise ResultFileError(f"{path}: {first_problem(exc)} (not a task result in MTEB's layout)") from exc
     meta: Mapping[str, Any] = data.get(LMEMBED_KEY) or {}
     split = _pick_split(data["scores"], meta.get("split"))
     entries = data["scores"][split]
-    entry = _pick_entry(entries if isinstance(entries, list) else [entries], meta.get("subset"))
-    if "main_score" not in entry:
-        raise ValueError(f"{path}: split {split!r} has no main_score")
+    entries = entries if isinstance(entries, list) else [entries]
+    if not entries:
+        raise ResultFileError(f"{path}: scores.{split}: no entry (not a task result in MTEB's layout)")
+    entry = _pick_entry(entries, meta.get("subset"))
+    if entry.get("main_score") is None:
+        raise ResultFileError(f"{path}: scores.{split}: no main_score (not a task result in MTEB's layout)")
     task_name = str(data["task_name"])
     extra = dict(meta.get("extra") or {})
     extra.setdefault("languages", list(entry.get("languages") or []))
@@ -226,7 +285,9 @@ def load_results(results_dir: str | Path) -> list[TaskResult]:
             continue
         try:
             results.append(read_result(path))
-        except (ValueError, KeyError, IndexError, StopIteration, TypeError) as exc:
+        except ResultFileError as exc:  # it claims to be a result: the user should know it is left out
+            logger.warning("skipping %s", exc)
+        except ValueError as exc:  # another JSON file (a report's, a model's metadata), or not JSON
             logger.debug("skipping %s: %s", path, exc)
     return results
 

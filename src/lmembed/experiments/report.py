@@ -340,10 +340,16 @@ def experiment_report(folder: str | Path, out_dir: str | Path, *, echo: bool = F
 
 
 def render_folder(
-    results_dir: str | Path, out_dir: str | Path, *, title: str = "lmembed results", echo: bool = False
+    results_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    title: str = "lmembed results",
+    echo: bool = False,
+    empty_ok: bool = True,
 ) -> Report:
     """What ``lmembed report`` renders: an experiment folder as an experiment (:func:`experiment_report`),
-    any other folder as a table of its results (:func:`~lmembed.evaluation.report.render_report`)."""
+    any other folder as a table of its results (:func:`~lmembed.evaluation.report.render_report`; ``empty_ok``
+    as there)."""
     if is_experiment_folder(results_dir):
         return experiment_report(results_dir, out_dir, echo=echo)
-    return render_report(results_dir, out_dir, title=title, echo=echo)
+    return render_report(results_dir, out_dir, title=title, echo=echo, empty_ok=empty_ok)
