@@ -233,23 +233,31 @@ def test_engines_on_several_threads_share_the_replays(tokenizer):
     model = tiny_model("llama", len(tokenizer))
     graphs = SlowReaders(Embedder.from_model(model, tokenizer, use_cache=False).backbone)
     replayed = Embedder.from_model(model, tokenizer, use_cache=False, show_progress=False, backend=graphs)
-    sets = [texts_of(30, seed) for seed in range(3)]
-    alone = [replayed.encode(texts, batch_size=8) for texts in sets]
-    together: list[np.ndarray | None] = [None] * len(sets)
+    alone = [replayed.encode(texts, batch_size=8) for texts in TEXT_SETS]
     captured = graphs.recorded
+    _each_on_its_own_thread_as_alone(replayed, alone)
+    assert graphs.recorded == captured
+
+
+TEXT_SETS = [texts_of(30, seed) for seed in range(3)]
+
+
+def _each_on_its_own_thread_as_alone(embedder: Embedder, alone: list[np.ndarray]) -> None:
+    """Each of :data:`TEXT_SETS` encoded three times on a thread of its own, all at once: each time the vectors it
+    had when encoded alone, bit for bit."""
+    together: list[np.ndarray | None] = [None] * len(TEXT_SETS)
 
     def run(k: int) -> None:
         for _ in range(3):
-            together[k] = replayed.encode(sets[k], batch_size=8)
+            together[k] = embedder.encode(TEXT_SETS[k], batch_size=8)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(sets))]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(TEXT_SETS))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
     for k, vectors in enumerate(together):
         assert vectors is not None and np.array_equal(vectors, alone[k]), k
-    assert graphs.recorded == captured
 
 
 def test_moved_weights_are_captured_again(tokenizer):
@@ -311,22 +319,9 @@ def test_gpu_replays_give_the_torch_backends_vectors_and_their_own_bit_for_bit(t
 @pytest.mark.gpu
 def test_gpu_engines_on_several_threads_share_the_graphs(tokenizer):
     _, replayed, graphs = _gpu_embedders(tokenizer, "llama", torch.float16)
-    sets = [texts_of(40, seed) for seed in range(4)]
-    alone = [replayed.encode(texts, batch_size=8) for texts in sets]
+    alone = [replayed.encode(texts, batch_size=8) for texts in TEXT_SETS]
     captured = len(graphs.graphs)
-    together: list[np.ndarray | None] = [None] * len(sets)
-
-    def run(k: int) -> None:
-        for _ in range(3):
-            together[k] = replayed.encode(sets[k], batch_size=8)
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(sets))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    for k, vectors in enumerate(together):
-        assert vectors is not None and np.array_equal(vectors, alone[k]), k
+    _each_on_its_own_thread_as_alone(replayed, alone)
     assert len(graphs.graphs) == captured
 
 
