@@ -285,6 +285,7 @@ def contenders(
             graphs = graph_backend(emb, args) if "graphs" in arms else None
             if graphs is not None:
                 runs[f"{label}-graphs"] = engine_variant(emb, lm_run, "backend", lambda t, bs, g=graphs: g)
+                runs[f"{label}-graphs"].graphs = graphs  # type: ignore[attr-defined]  # measure_cell counts them
             elif "graphs" in arms:
                 notes["graphs"] = "this lmembed has no cuda-graphs backend"
         else:
@@ -399,6 +400,12 @@ def measure_cell(runs: dict[str, Callable], texts: list[str], bs: int, args: arg
         "agreement": agreement,
         "host": host,
         "errors": errors,
+        # the cuda-graphs arms: graphs held after the cell (captured in it or before) and passes run eagerly
+        "graphs": {
+            label: {"held": len(run.graphs.graphs), "eager_passes": run.graphs.eager_passes}
+            for label, run in runs.items()
+            if hasattr(run, "graphs")
+        },
     }
 
 
@@ -510,6 +517,14 @@ def table(result: dict) -> str:
             for share in shares:
                 row = [m["cells"][c].get("host", {}).get(share) for c in done]
                 lines.append(f"| {share} | " + " | ".join("-" if v is None else f"{v:.0%}" for v in row) + " |")
+        held = list(dict.fromkeys(k for c in done for k in m["cells"][c].get("graphs", {})))
+        if held:
+            head = "| cuda graphs: held / eager passes | "
+            lines += ["", head + " | ".join(done) + " |", "|---|" + "---:|" * len(done)]
+            for label in held:
+                row = [m["cells"][c].get("graphs", {}).get(label) for c in done]
+                cells_ = ["-" if v is None else f"{v['held']} / {v['eager_passes']}" for v in row]
+                lines.append(f"| {label} | " + " | ".join(cells_) + " |")
         checks = list(dict.fromkeys(k for c in done for k in m["cells"][c]["agreement"]))
         lines += ["", "| vectors | " + " | ".join(done) + " |", "|---|" + "---:|" * len(done)]
         for check in checks:

@@ -86,8 +86,12 @@ def test_one_dtype_and_two_arms_measure_only_their_rows_and_documents_on_request
     assert sorted(rates) == ["lmembed-float16", "lmembed-float16-graphs", "st-float16"]  # the arms asked for
     # no serial arm: the widened batches are compared with the default engine's
     assert cells["batch 4, documents"]["agreement"]["min_cos lmembed-float16-graphs vs pipelined"] >= 0.999
+    # on the dry run's CPU every widened batch runs eagerly: no graph is held
+    assert cells["batch 4, documents"]["graphs"]["lmembed-float16-graphs"]["held"] == 0
+    assert cells["batch 4, documents"]["graphs"]["lmembed-float16-graphs"]["eager_passes"] > 0
     table = (tmp_path / "table.md").read_text()
     assert "first round / st-float16" in table and "documents" in table
+    assert "| lmembed-float16-graphs | 0 / " in table  # the graphs row (none held on the CPU)
 
 
 @pytest.mark.parametrize(("cell_seconds", "rounds"), [("1000", 3), ("0", 1)])
