@@ -86,6 +86,61 @@ def test_save_and_load_round_trip(make_embedder, tmp_path, pooling):
     assert Embedder.from_pretrained(str(tmp_path / "saved"), dim=8, cache=False).encode(TEXTS).shape == (3, 8)
 
 
+@pytest.fixture
+def saved_latent(make_embedder, tmp_path):
+    """A folder an Embedder pooling with a (trained or not) latent-attention head was saved to."""
+    emb = make_embedder("llama", pooling="latent_attention", attention="bidirectional")
+    emb.save(tmp_path / "saved")
+    return tmp_path / "saved"
+
+
+def _rewrite_head(folder, change):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "pooling_head.safetensors"))
+    change(weights)
+    save_file(weights, str(folder / "pooling_head.safetensors"))
+
+
+def test_a_saved_latent_head_that_is_missing_or_not_its_own_is_refused(saved_latent, tmp_path):
+    """Without its weights a latent-attention folder pooled with a head of random weights (vectors that changed
+    with every load); a head file of another shape ended in torch's RuntimeError, one of NaN gave NaN vectors, one
+    linked from outside the folder was read."""
+    head = saved_latent / "pooling_head.safetensors"
+    original = head.read_bytes()
+    head.unlink()
+    with pytest.raises(ModelLoadError, match=r"lmembed.json: strategy.pooling is 'latent_attention', but the head's"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+    outside = tmp_path / "elsewhere.safetensors"
+    outside.write_bytes(original)
+    head.symlink_to(outside)
+    with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors.*outside"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+    head.unlink()
+    head.write_bytes(original)
+    _rewrite_head(saved_latent, lambda w: w.update({k: v[:-1] for k, v in list(w.items())[:1]}))
+    with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors: tensor .* has shape .* the strategy's head"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+    head.write_bytes(original)
+    _rewrite_head(saved_latent, lambda w: next(iter(w.values())).view(-1).__setitem__(0, float("nan")))
+    with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors: tensor .* is not finite"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+    head.write_bytes(original)
+    assert Embedder.from_pretrained(str(saved_latent), cache=False).encode(TEXTS).shape[0] == len(TEXTS)
+
+
+def test_a_latent_head_of_absurd_size_is_refused_before_anything_is_built(saved_latent):
+    meta = json.loads((saved_latent / "lmembed.json").read_text())
+    meta["strategy"]["latent"]["num_latents"] = 10**9  # 1.5 TB of latents at this width x 32 bits x heads
+    (saved_latent / "lmembed.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"latent.num_latents=1000000000 must be a whole number from 1 to 65536"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+    meta["strategy"]["latent"]["num_latents"] = "many"
+    (saved_latent / "lmembed.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"latent.num_latents='many'"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+
+
 def test_repeated_encode_is_served_from_cache(make_embedder, tmp_path, monkeypatch):
     emb = make_embedder("bert")
     emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path

@@ -146,6 +146,12 @@ class LatentAttentionConfig:
     def __post_init__(self) -> None:
         if self.variant not in LATENT_VARIANTS:
             raise ConfigError(f"latent variant={self.variant!r} is unknown; choose one of {', '.join(LATENT_VARIANTS)}")
+        for name, bound in LATENT_BOUNDS.items():  # sizes, checked before a head of them is built
+            value = getattr(self, name)
+            if name == "head_dim" and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= bound:
+                raise ConfigError(f"latent.{name}={value!r} must be a whole number from 1 to {bound}")
 
     def key(self) -> dict[str, Any]:
         """The fields as a dict, the ones added later only where set (earlier strategies keep their fingerprints)."""
@@ -157,6 +163,8 @@ class LatentAttentionConfig:
 
 
 LATENT_VARIANTS = ("lmembed", "nv-embed")
+#: The largest value of each size of a latent-attention head (NV-Embed's published head: 512 latents, 8 heads).
+LATENT_BOUNDS = {"num_latents": 1 << 16, "num_heads": 1 << 10, "hidden_mult": 64, "head_dim": 1 << 14}
 
 
 #: Why a strategy with a term channel keeps its width and its normalisation.

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file
+import torch
 from torch import nn
 
 from lmembed.config import EmbeddingConfig
@@ -42,7 +42,7 @@ from lmembed.models.sentence_transformers_folder import (
     load_weights,
     read_published_folder,
 )
-from lmembed.models.weights import check_head_shapes
+from lmembed.models.weights import check_head_shapes, load_weights_file, read_safetensors_header
 from lmembed.paths import inside
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
@@ -109,7 +109,8 @@ class LoadPlan:
         """The source's pooling or post-pooling head for the final ``strategy``, with its weights (None: none);
         a sentence-transformers folder also sets its tokenizer's truncation side here."""
         if self.saved is not None:
-            return _load_head(self.path, backbone, strategy)
+            recorded = self.saved["strategy"].get("pooling") == "latent_attention"
+            return _load_head(self.path, backbone, strategy, recorded_latent=recorded)
         if self.folder is not None:
             head = _published_head(self.folder, backbone, strategy)
             _adapt_tokenizer(backbone, self.folder)
@@ -327,7 +328,11 @@ class _NVEmbedLoad:
         return head.to(device=backbone.device, dtype=backbone.dtype).eval()
 
 
-def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
+def _load_head(
+    directory: str, backbone: Backbone, strategy: dict[str, Any], *, recorded_latent: bool = False
+) -> nn.Module | None:
+    """The head the final ``strategy`` pools with: a post-pooling head's layers, or the latent-attention head the
+    folder holds (``recorded_latent``: its own strategy pools with one, so its weights must be there)."""
     if strategy.get("head"):  # a published model's post-pooling head, saved in sentence-transformers' layout
         for i, spec in enumerate(strategy["head"]):  # sizes against the weights, before any layer is built
             if spec["type"] != "normalize":
@@ -343,10 +348,41 @@ def _load_head(directory: str, backbone: Backbone, strategy: dict[str, Any]) -> 
                 )
                 head.load_layer_state(i, load_weights(layer), str(layer))
         return head.to(device=backbone.device, dtype=backbone.dtype).eval()
-    path = Path(directory) / HEAD_FILE
-    if not path.exists():
+    strategy_file = Path(directory) / STRATEGY_FILE
+    if not (Path(directory) / HEAD_FILE).exists() and not (Path(directory) / HEAD_FILE).is_symlink():
+        if recorded_latent:  # an untrained head would pool: refused, never approximated
+            raise ModelLoadError(
+                f"{strategy_file}: strategy.pooling is 'latent_attention', but the head's trained weights "
+                f"({HEAD_FILE}) are not in {directory}"
+            )
         return None
+    path = inside(directory, HEAD_FILE, file=strategy_file, field=HEAD_FILE, error=ModelLoadError)
     cfg = EmbeddingConfig.from_dict(strategy)
+    return _load_latent_head(path, backbone, cfg)
+
+
+def _load_latent_head(path: Path, backbone: Backbone, cfg: EmbeddingConfig) -> nn.Module:
+    """The latent-attention head of ``cfg`` with the weights of ``path``: the file's tensor names and shapes are
+    checked against the head's (built on the meta device: nothing allocated) before any tensor is read, and every
+    value must be finite; :class:`ModelLoadError` names the file and the tensor otherwise."""
+    with torch.device("meta"):
+        shapes = build_latent_head(backbone.hidden_size, cfg.latent).state_dict()
+    expected = {name: tuple(t.shape) for name, t in shapes.items()}
+    recorded = read_safetensors_header(path)
+    if set(recorded) != set(expected):
+        missing, extra = sorted(set(expected) - set(recorded)), sorted(set(recorded) - set(expected))
+        raise ModelLoadError(
+            f"{path}: not the weights of this head (missing: {missing or 'none'}; unknown: {extra or 'none'})"
+        )
+    for name, shape in expected.items():
+        if recorded[name] != shape:
+            raise ModelLoadError(
+                f"{path}: tensor {name!r} has shape {list(recorded[name])}; the strategy's head needs {list(shape)}"
+            )
+    weights = load_weights_file(path)
+    for name, tensor in weights.items():
+        if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
+            raise ModelLoadError(f"{path}: tensor {name!r} is not finite floating-point weights ({tensor.dtype})")
     head = build_latent_head(backbone.hidden_size, cfg.latent)
-    head.load_state_dict(load_file(str(path)))
+    head.load_state_dict(weights)
     return head.to(device=backbone.device, dtype=backbone.dtype).eval()
