@@ -163,6 +163,79 @@ def test_repeated_encode_is_served_from_cache(make_embedder, tmp_path, monkeypat
     assert len(calls) == 3
 
 
+def _npz(path, **members: bytes) -> None:
+    """An .npz whose members are written byte for byte (headers that lie included)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(f"{name}.npy", data)
+
+
+def _npy(array, shape=None) -> bytes:
+    """``array`` as .npy bytes, its header claiming ``shape`` when given."""
+    import io
+
+    buffer = io.BytesIO()
+    header = np.lib.format.header_data_from_array_1_0(array)
+    if shape is not None:
+        header["shape"] = shape
+    np.lib.format.write_array_header_1_0(buffer, header)
+    buffer.write(array.tobytes())
+    return buffer.getvalue()
+
+
+SHARD_DAMAGE = {
+    "one column": lambda keys, vectors, path: np.savez(path, keys=keys, vectors=vectors[:, :1]),
+    "one row each": lambda keys, vectors, path: np.savez(path, keys=keys, vectors=vectors[:, 0]),
+    "whole numbers": lambda keys, vectors, path: np.savez(path, keys=keys, vectors=vectors.astype(np.int64)),
+    "NaN": lambda keys, vectors, path: np.savez(path, keys=keys, vectors=np.full_like(vectors, np.nan)),
+    "fewer vectors than keys": lambda keys, vectors, path: np.savez(path, keys=keys, vectors=vectors[:-1]),
+    "no vectors": lambda keys, vectors, path: np.savez(path, keys=keys),
+    "Python objects": lambda keys, vectors, path: np.savez(path, keys=keys, vectors=vectors.astype(object)),
+    "truncated": lambda keys, vectors, path: path.write_bytes(path.read_bytes()[:100]),
+    "empty": lambda keys, vectors, path: path.write_bytes(b""),
+    "a header of a terabyte": lambda keys, vectors, path: _npz(
+        path, keys=_npy(keys), vectors=_npy(vectors, shape=(10**9, vectors.shape[1]))
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", SHARD_DAMAGE)
+def test_a_damaged_cache_shard_is_skipped_aloud_and_its_texts_encoded_again(make_embedder, tmp_path, caplog, damage):
+    """Each ended in an internal error (BadZipFile, EOFError, KeyError, a broadcast ValueError, MemoryError for the
+    terabyte), or was served: one column broadcast over every dimension, integers cast, NaN vectors."""
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path
+    expected = emb.encode(TEXTS)
+    (shard,) = tmp_path.rglob("*.npz")
+    with np.load(shard) as data:
+        keys, vectors = data["keys"], data["vectors"]
+    SHARD_DAMAGE[damage](keys, vectors, shard)  # written over it
+    fresh = make_embedder("bert")  # a new process: nothing of the cache in memory
+    fresh.engine.use_cache, fresh.engine.cache_dir = True, tmp_path
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        np.testing.assert_allclose(fresh.encode(TEXTS), expected, atol=1e-6)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(f"skipping {shard}: ") and said.endswith("its texts are encoded again"), said
+
+
+def test_a_cache_shard_linked_from_elsewhere_is_not_read(make_embedder, tmp_path, caplog):
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path / "cache"
+    expected = emb.encode(TEXTS)
+    (shard,) = (tmp_path / "cache").rglob("*.npz")
+    with np.load(shard) as data:
+        np.savez(tmp_path / "zeros.npz", keys=data["keys"], vectors=np.zeros_like(data["vectors"]))
+    shard.unlink()
+    shard.symlink_to(tmp_path / "zeros.npz")  # it served all-zero rows
+    fresh = make_embedder("bert")
+    fresh.engine.use_cache, fresh.engine.cache_dir = True, tmp_path / "cache"
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        np.testing.assert_allclose(fresh.encode(TEXTS), expected, atol=1e-6)
+    assert "a link; a cache shard is a plain file" in caplog.records[0].getMessage()
+
+
 def test_cache_instruction_is_part_of_the_key(make_embedder, tmp_path):
     emb = make_embedder("llama")
     emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path

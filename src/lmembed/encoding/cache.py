@@ -9,22 +9,36 @@ vectors, before normalisation and Matryoshka truncation, so those options share 
 Writes are atomic: a shard is written to a temporary file in the same folder, flushed to disk and
 renamed into place, so a process killed mid-write leaves either the whole shard or none of it;
 stray temporary files are ignored on read and removed by ``clear``.
+
+Reads believe nothing: a shard is read only when it is a plain file (not a link), its two arrays' headers say
+(n, 16) uint8 keys and (n, width) float32 vectors of this model's width, no more bytes than the file holds, and
+every vector is finite (:func:`read_shard`). A shard that fails is skipped with a warning naming it and why (its
+texts are computed again); it never fills a row with a broadcast, a cast or a NaN.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import uuid
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from lmembed.atomic import atomic_write
+from lmembed.errors import LmembedError
 from lmembed.paths import embedding_cache_dir
 
+log = logging.getLogger(__name__)
+
 KEY_BYTES = 16
+
+
+class CacheShardError(LmembedError, ValueError):
+    """A cache shard that is not as lmembed writes it: damaged, changed, a link, or of another width."""
 
 
 def default_cache_dir() -> Path:
@@ -56,8 +70,9 @@ def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
 class EmbeddingCache:
     """Raw pooled vectors of one (model, strategy) pair, looked up by text."""
 
-    def __init__(self, root: Path, model_fingerprint: str, strategy_fingerprint: str) -> None:
+    def __init__(self, root: Path, model_fingerprint: str, strategy_fingerprint: str, width: int | None = None) -> None:
         self.dir = Path(root) / model_fingerprint / strategy_fingerprint
+        self.width = width  # the raw vectors' width, where the caller knows it: a shard of another is skipped
         self._index: dict[bytes, np.ndarray] | None = None
 
     def _load(self) -> dict[bytes, np.ndarray]:
@@ -67,8 +82,11 @@ class EmbeddingCache:
                 for shard in sorted(self.dir.glob("*.npz")):
                     if shard.name.startswith(".tmp-"):
                         continue
-                    with np.load(shard) as data:
-                        keys, vectors = data["keys"], data["vectors"]
+                    try:
+                        keys, vectors = read_shard(shard, self.width)
+                    except CacheShardError as exc:
+                        log.warning("skipping %s; its texts are encoded again", exc)
+                        continue
                     for key, vector in zip(keys, vectors, strict=True):
                         self._index[key.tobytes()] = vector
         return self._index
@@ -126,10 +144,51 @@ def key_array(keys: Sequence[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES).copy()
 
 
-def read_shard(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(keys, vectors)`` of one shard file: (n, 16) uint8 digests and (n, dim) raw float32 vectors."""
-    with np.load(Path(path)) as data:
-        return data["keys"], data["vectors"]
+def read_shard(path: str | Path, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, vectors)`` of one shard file: (n, 16) uint8 digests and (n, ``width``) raw float32 vectors, checked
+    from the arrays' headers before they are read, and finite; :class:`CacheShardError` names the file and the
+    array otherwise."""
+    path = Path(path)
+    if path.is_symlink():
+        raise CacheShardError(f"{path}: a link; a cache shard is a plain file lmembed wrote")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            keys_header = _npy_header(archive, "keys.npy")
+            vectors_header = _npy_header(archive, "vectors.npy")
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise CacheShardError(f"{path}: not a readable cache shard ({exc})") from exc
+    (keys_shape, keys_dtype), (shape, dtype) = keys_header, vectors_header
+    if keys_dtype != np.uint8 or len(keys_shape) != 2 or keys_shape[1] != KEY_BYTES:
+        raise CacheShardError(f"{path}: keys are {keys_dtype} {list(keys_shape)}, not (n, {KEY_BYTES}) uint8 digests")
+    if dtype != np.float32 or len(shape) != 2 or shape[0] != keys_shape[0]:
+        raise CacheShardError(f"{path}: vectors are {dtype} {list(shape)}, not ({keys_shape[0]}, width) float32")
+    if width is not None and shape[1] != width:
+        raise CacheShardError(f"{path}: vectors are {shape[1]} wide; this model's are {width}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            keys, vectors = data["keys"], data["vectors"]
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise CacheShardError(f"{path}: not a readable cache shard ({exc})") from exc
+    if not np.isfinite(vectors).all():
+        raise CacheShardError(f"{path}: vectors hold NaN or infinite values")
+    return keys, vectors
+
+
+def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of the array ``name`` of an .npz, from its header; refused when the header claims more bytes
+    than the archive holds for it (nothing is allocated first)."""
+    info = archive.getinfo(name)
+    with archive.open(info) as handle:
+        version = np.lib.format.read_magic(handle)
+        readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in readers:
+            raise ValueError(f"{name} is in npy format {version}, which lmembed does not write")
+        shape, _, dtype = readers[version](handle)
+    if dtype.hasobject:
+        raise ValueError(f"{name} holds Python objects")
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > info.file_size:
+        raise ValueError(f"{name}'s header claims {list(shape)} {dtype}, more than the file holds")
+    return tuple(shape), dtype
 
 
 def clear_cache(root: Path | None = None) -> int:

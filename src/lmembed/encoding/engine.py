@@ -428,7 +428,9 @@ class EncodingEngine:
     def _cache_for(self, config: EmbeddingConfig) -> EmbeddingCache | None:
         if not self.use_cache:
             return None
-        return EmbeddingCache(self.cache_dir, self.cache_model_key(config), config.fingerprint())
+        return EmbeddingCache(
+            self.cache_dir, self.cache_model_key(config), config.fingerprint(), width=self.output_dim(config)
+        )
 
     @staticmethod
     def _fill_from_cache(out: np.ndarray, cache: EmbeddingCache | None, keys: list[bytes]) -> list[int]:

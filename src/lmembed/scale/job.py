@@ -126,7 +126,7 @@ class EncodeJob:
         self.cache_root = Path(cache_root) if cache_root is not None else Path(embedder.engine.cache_dir)
         self.model_fingerprints = tuple(model_fingerprint(embedder, c) for c in configs)
         self.caches = [
-            EmbeddingCache(self.cache_root, fp, c.fingerprint())
+            EmbeddingCache(self.cache_root, fp, c.fingerprint(), width=embedder.engine.output_dim(c))
             for fp, c in zip(self.model_fingerprints, configs, strict=True)
         ]
         identity = {
@@ -306,7 +306,7 @@ class EncodeJob:
         slots = np.asarray(plan.slot_of_row)
         for shard in range(plan.n_shards):
             start, _ = plan.shard_slots(shard)
-            keys, raw = read_shard(cache.shard_path(shard_name(self.job_id, shard)))
+            keys, raw = read_shard(cache.shard_path(shard_name(self.job_id, shard)), cache.width)
             if not np.array_equal(keys, plan.keys[start : start + len(keys)]) or len(keys) != plan.shard_size(shard):
                 raise ScaleError(f"cache shard {shard} of job {self.job_id} does not match its plan")
             vectors = postprocess(raw, config)

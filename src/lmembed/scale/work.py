@@ -203,7 +203,7 @@ class ShardEncoder:
         self.engine = embedder.engine.uncached()  # its backend too (ONNX ...), as the driver keyed the cache
         self.plan = ShardPlan.load(Path(settings.plan_dir))
         self.caches = [
-            EmbeddingCache(Path(settings.cache_root), fp, cfg.fingerprint())
+            EmbeddingCache(Path(settings.cache_root), fp, cfg.fingerprint(), width=self.engine.output_dim(cfg))
             for fp, cfg in zip(settings.model_fingerprints, settings.configs, strict=True)
         ]
         self._staged: OrderedDict[int, pa.Table] = OrderedDict()
