@@ -133,12 +133,45 @@ def test_a_latent_head_of_absurd_size_is_refused_before_anything_is_built(saved_
     meta = json.loads((saved_latent / "lmembed.json").read_text())
     meta["strategy"]["latent"]["num_latents"] = 10**9  # 1.5 TB of latents at this width x 32 bits x heads
     (saved_latent / "lmembed.json").write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match=r"latent.num_latents=1000000000 must be a whole number from 1 to 65536"):
+    match = r"lmembed.json: strategy: latent.num_latents=1000000000 must be a whole number from 1 to 65536"
+    with pytest.raises(ModelLoadError, match=match):
         Embedder.from_pretrained(str(saved_latent), cache=False)
     meta["strategy"]["latent"]["num_latents"] = "many"
     (saved_latent / "lmembed.json").write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match=r"latent.num_latents='many'"):
+    with pytest.raises(ModelLoadError, match=r"lmembed.json: strategy: latent.num_latents='many'"):
         Embedder.from_pretrained(str(saved_latent), cache=False)
+
+
+HOSTILE_SAVED = {
+    "a list": ([1, 2], r"strategy: not an object"),
+    "no strategy": ({"is_decoder": True}, r"strategy: not an object"),
+    "strategy a string": ({"strategy": "mean"}, r"strategy: not an object"),
+    "echo as text": ({"strategy": {"echo": "false"}}, r"strategy: echo='false' must be bool"),
+    "lowercase as text": ({"strategy": {"lowercase": "false"}}, r"strategy: lowercase='false' must be bool"),
+    "max_length as text": ({"strategy": {"max_length": "x"}}, r"strategy: max_length='x' must be int or None"),
+    "max_length a fraction": ({"strategy": {"max_length": 8.5}}, r"strategy: max_length=8.5 must be int"),
+    "max_length of a trillion": (
+        {"strategy": {"max_length": 10**12}},
+        r"strategy: max_length=1000000000000 must be from 8",
+    ),
+    "dim a fraction": ({"strategy": {"dim": 3.5}}, r"strategy: dim=3.5 must be int or None"),
+    "final_norm as text": ({"strategy": {"final_norm": "x"}}, r"strategy: final_norm='x' must be bool or None"),
+    "echo_template a number": ({"strategy": {"echo_template": 5}}, r"strategy: echo_template=5 must be str"),
+    "latent with an unknown key": ({"strategy": {"latent": {"width": 3}}}, r"strategy: .*width"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_SAVED)
+def test_a_saved_strategy_of_another_shape_is_refused_naming_the_file_and_option(make_embedder, tmp_path, case):
+    """Each ended in an internal error (AttributeError, TypeError) or was believed: "false" turned echo on."""
+    make_embedder("llama").save(tmp_path / "saved")
+    meta = json.loads((tmp_path / "saved" / "lmembed.json").read_text())
+    document, said = HOSTILE_SAVED[case]
+    if isinstance(document, dict) and isinstance(document.get("strategy"), dict):
+        document = {**meta, "strategy": {**meta["strategy"], **document["strategy"]}}
+    (tmp_path / "saved" / "lmembed.json").write_text(json.dumps(document))
+    with pytest.raises(ModelLoadError, match=rf"lmembed.json: {said}"):
+        Embedder.from_pretrained(str(tmp_path / "saved"), cache=False)
 
 
 def test_repeated_encode_is_served_from_cache(make_embedder, tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ a test (tests/test_config_groups.py), so it cannot silently mix different vector
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -209,6 +210,31 @@ def _number(value: Any) -> bool:
 
 
 INSTRUCTION_MASKS = ("offsets", "token_count", "text_tokens")
+#: Bounds on a strategy's sizes (far above any model's): a larger value is a mistake or a hostile file.
+MAX_TOKENS = 1 << 20
+MAX_DIM = 1 << 20
+
+
+def _is_kind(value: Any, kind: type | None) -> bool:
+    """``value`` is of the plain ``kind`` strictly: no bool for an int, no 8.0 or "8" for an int, no "false" for a
+    bool (None: the value is None)."""
+    if kind is None:
+        return value is None
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+@functools.cache
+def _plain_fields() -> dict[str, tuple[type | None, ...]]:
+    """EmbeddingConfig's fields of plain types (bool, int, str, each or None), by name: those checked by type."""
+    plain = {"bool": bool, "int": int, "str": str, "None": None}
+    out: dict[str, tuple[type | None, ...]] = {}
+    for f in fields(EmbeddingConfig):
+        parts = [part.strip() for part in str(f.type).split("|")]
+        if all(part in plain for part in parts):
+            out[f.name] = tuple(plain[part] for part in parts)
+    return out
 
 
 @dataclass(frozen=True)
@@ -298,6 +324,11 @@ class EmbeddingConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
+        for name, kinds in _plain_fields().items():  # before any value is used: "false" is not False
+            value = getattr(self, name)
+            if not any(_is_kind(value, kind) for kind in kinds):
+                wanted = " or ".join("None" if k is None else k.__name__ for k in kinds)
+                raise ConfigError(f"{name}={value!r:.80} must be {wanted}")
         if self.pooling not in POOLING_HELP:  # the registry itself, read live (a pooling registered at run time counts)
             raise ConfigError(f"pooling={self.pooling!r} is unknown; choose one of {', '.join(POOLING_HELP)}")
         if self.attention not in ATTENTIONS:
@@ -305,10 +336,10 @@ class EmbeddingConfig:
         layers = self.layers
         if not layers or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
             raise ConfigError(f"layer={self.layer!r} must be an int or a non-empty list of ints")
-        if self.max_length is not None and self.max_length < 8:
-            raise ConfigError(f"max_length={self.max_length} is too small (need at least 8 tokens)")
-        if self.dim is not None and self.dim < 1:
-            raise ConfigError(f"dim={self.dim} must be a positive int or None")
+        if self.max_length is not None and not 8 <= self.max_length <= MAX_TOKENS:
+            raise ConfigError(f"max_length={self.max_length} must be from 8 to {MAX_TOKENS} tokens")
+        if self.dim is not None and not 1 <= self.dim <= MAX_DIM:
+            raise ConfigError(f"dim={self.dim} must be a positive int up to {MAX_DIM}, or None")
         if "{text}" not in self.echo_template:
             raise ConfigError("echo_template must contain '{text}' (the first copy of the input)")
         if self.instruction_mask not in INSTRUCTION_MASKS:

@@ -271,13 +271,24 @@ def _adapt_tokenizer(backbone: Backbone, published: PublishedModel) -> None:
 
 
 def _read_saved(name_or_path: str) -> dict[str, Any] | None:
+    """``lmembed.json`` of a saved folder, its strategy checked as a whole before anything is loaded (a refusal
+    names the file and the option)."""
     path = Path(name_or_path) / STRATEGY_FILE
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        saved = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{path}: not UTF-8 text ({exc})") from exc
+    if not isinstance(saved, dict) or not isinstance(saved.get("strategy"), dict):
+        raise ModelLoadError(f"{path}: strategy: not an object of strategy options (not as Embedder.save writes it)")
+    try:
+        EmbeddingConfig.from_dict(saved["strategy"])
+    except (ConfigError, TypeError) as exc:
+        raise ModelLoadError(f"{path}: strategy: {exc}") from exc
+    return saved
 
 
 def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone) -> None:
