@@ -79,6 +79,38 @@ def test_int8_encodes_close_to_float32_and_records_the_gate(tokenizer, tmp_path)
     assert "compensation" in int8_manifest["parts"]["recipe"]  # graphs rounded otherwise are keyed apart
 
 
+def _int8_manifest(tmp_path) -> tuple[dict, object]:
+    exports = [p / "manifest.json" for p in (tmp_path / "home" / "exports").iterdir()]
+    (path,) = [p for p in exports if json.loads(p.read_text())["parts"]["precision"] == "int8"]
+    return json.loads(path.read_text()), path
+
+
+def test_every_strategy_an_int8_graph_serves_is_gated(tokenizer, tmp_path, caplog):
+    """mean and cls pooling read the same layer, so they share one int8 graph; the gate was measured for the first
+    strategy only, and cls vectors were written unchecked ("gate passed for mean", in this process or the next)."""
+    model = tiny_model("bert", len(tokenizer))
+    options = {"precision": "int8", "threads": 1, "use_cache": False, "show_progress": False}
+    mean = Embedder.from_model(model, tokenizer, EmbeddingConfig(pooling="mean"), **options).calibrate(TEXTS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mean.encode(TEXTS[:10])
+        cls = mean.with_config(mean.config.with_options(pooling="cls"))
+        cls.encode(TEXTS[:10])  # the same process, the same graph
+    labels = {mean.config.label(), cls.config.label()}
+    assert set(cls.backend.describe()["quality_gate"]) == {cls.config.label()}
+    manifest, path = _int8_manifest(tmp_path)
+    assert set(manifest["quality_gate"]) == labels
+    # a manifest whose gate is of another shape: said, and measured again
+    manifest["quality_gate"] = ["passed"]
+    path.write_text(json.dumps(manifest))
+    fresh = Embedder.from_model(model, tokenizer, EmbeddingConfig(pooling="cls"), **options).calibrate(TEXTS)
+    with warnings.catch_warnings(), caplog.at_level("WARNING"):
+        warnings.simplefilter("ignore")
+        fresh.encode(TEXTS[:10])
+    assert any("quality_gate is not as lmembed writes it" in r.getMessage() for r in caplog.records)
+    assert set(_int8_manifest(tmp_path)[0]["quality_gate"]) == {cls.config.label()}
+
+
 def test_failing_gate_warns_with_the_gap(tokenizer, monkeypatch):
     monkeypatch.setattr(quality, "MIN_COSINE", 1.01)  # unreachable: the gate must fail and say by how much
     emb = Embedder.from_model(
