@@ -117,6 +117,40 @@ def test_exports_are_cached_and_keyed(tokenizer, tmp_path):
     assert len(list(root.iterdir())) == 2  # another readout, another graph; no temporary folder left behind
 
 
+EXPORT_DAMAGE = {
+    "graph truncated": lambda folder, tmp: (folder / "model.onnx").write_bytes(b"\x08"),
+    "graph replaced": lambda folder, tmp: (folder / "model.onnx").write_bytes(b"\x08\x07" * 50),
+    "graph gone": lambda folder, tmp: (folder / "model.onnx").unlink(),
+    "graph linked from elsewhere": lambda folder, tmp: (
+        (tmp / "elsewhere.onnx").write_bytes((folder / "model.onnx").read_bytes()),
+        (folder / "model.onnx").unlink(),
+        (folder / "model.onnx").symlink_to(tmp / "elsewhere.onnx"),
+    ),
+    "manifest not JSON": lambda folder, tmp: (folder / "manifest.json").write_text("{"),
+    "manifest without digests": lambda folder, tmp: (folder / "manifest.json").write_text(
+        json.dumps({k: v for k, v in json.loads((folder / "manifest.json").read_text()).items() if k != "files"})
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", EXPORT_DAMAGE)
+def test_a_damaged_export_is_said_and_built_again(tokenizer, tmp_path, caplog, damage):
+    """Each ended in an internal error (JSONDecodeError, ONNX Runtime's NoSuchFile / InvalidProtobuf), or was
+    loaded as it stood (a replaced graph of the right shape, a link to a graph elsewhere)."""
+    model = tiny_model("bert", len(tokenizer))
+    first = Embedder.from_model(model, tokenizer, backend="onnx", use_cache=False, show_progress=False)
+    expected = first.encode(TEXTS)
+    (folder,) = list((tmp_path / "home" / "exports").iterdir())
+    EXPORT_DAMAGE[damage](folder, tmp_path)
+    again = Embedder.from_model(model, tokenizer, backend="onnx", use_cache=False, show_progress=False)
+    with caplog.at_level("WARNING", logger="lmembed.encoding.backends.store"):
+        np.testing.assert_allclose(again.encode(TEXTS), expected, atol=1e-6)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert str(folder) in said and said.endswith("the export is built again"), said
+    assert not (folder / "model.onnx").is_symlink()
+    assert json.loads((folder / "manifest.json").read_text())["files"]["model.onnx"]
+
+
 def test_embedding_cache_keeps_backends_apart(tokenizer, tmp_path):
     model = tiny_model("bert", len(tokenizer))
     cache = tmp_path / "cache"

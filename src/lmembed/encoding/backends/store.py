@@ -10,12 +10,18 @@ or ONNX Runtime builds a new graph rather than reusing one it did not make.
 A folder is built under a temporary name beside its final place and renamed into place in one step, so a
 process killed mid-export leaves no half-written graph that a later run would load; two processes exporting
 the same key at once both succeed and one of the two identical folders is kept.
+
+The manifest records the sha256 of every file the export wrote (``files``). A folder is used only when its
+manifest is readable, is the one of its key, and every recorded file is a plain file inside it with its recorded
+digest; otherwise (damaged, changed, or written before digests were recorded) it is said, removed and built again:
+the graph ONNX Runtime loads is always the one lmembed exported.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -24,7 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.atomic import atomic_write_json
+from lmembed.errors import LmembedError
+from lmembed.io import check_recorded_files, sha256_file
 from lmembed.paths import lmembed_home
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 GRAPH_FILE = "model.onnx"
@@ -67,14 +77,22 @@ def cached_export(
     root = Path(root) if root is not None else exports_dir()
     final = root / export_key(parts)
     manifest_path = final / MANIFEST
-    if manifest_path.exists():
-        return final, json.loads(manifest_path.read_text())
+    if final.exists() or final.is_symlink():
+        try:
+            return final, read_export(final)
+        except ExportFileError as exc:
+            log.warning("%s; the export is built again", exc)
+            if final.is_symlink():
+                final.unlink()
+            else:
+                shutil.rmtree(final)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         extra = build(tmp) or {}
-        manifest = {"key": final.name, "parts": parts, **extra}
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        manifest = {"key": final.name, "parts": parts, **extra, "files": files}
         atomic_write_json(tmp / MANIFEST, manifest)
         try:
             os.replace(tmp, final)
@@ -82,17 +100,43 @@ def cached_export(
             if not manifest_path.exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-            return final, json.loads(manifest_path.read_text())
+            return final, read_export(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final, manifest
 
 
+class ExportFileError(LmembedError, ValueError):
+    """An export folder that is not as lmembed wrote it (damaged, changed, or without digests)."""
+
+
+def read_export(folder: Path) -> dict[str, Any]:
+    """The manifest of an export ``folder`` once the folder is as lmembed wrote it: a plain folder, a readable
+    manifest of its own key, and every file it records present inside it with its recorded sha256."""
+    path = folder / MANIFEST
+    if folder.is_symlink() or not path.is_file():
+        raise ExportFileError(f"{folder}: not an export folder lmembed wrote (no {MANIFEST}, or a link)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportFileError(f"{path}: not readable JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("key") != folder.name:
+        raise ExportFileError(f"{path}: key: not the manifest of this export")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or GRAPH_FILE not in files:
+        raise ExportFileError(f"{path}: files: no sha256 of {GRAPH_FILE} (written before exports recorded digests)")
+    gone = [name for name in sorted(files) if not (folder / str(name)).is_file()]
+    if gone:
+        raise ExportFileError(f"{folder}: {', '.join(map(str, gone))} recorded in {MANIFEST} but not there")
+    check_recorded_files(folder, path, files, sorted(files), key="files", error=ExportFileError)
+    return manifest
+
+
 def update_manifest(folder: Path, **fields: Any) -> dict[str, Any]:
     """Add ``fields`` to a finished export's manifest (atomically); returns the new manifest."""
     path = Path(folder) / MANIFEST
-    manifest = json.loads(path.read_text())
+    manifest = read_export(Path(folder))
     manifest.update(fields)
     atomic_write_json(path, manifest)
     return manifest
