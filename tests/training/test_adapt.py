@@ -677,6 +677,50 @@ def test_the_kept_states_are_checked_before_a_resumed_run_reads_them(
         adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(merge=0.5), resume=True)
 
 
+RESUME_DAMAGE = {
+    # a protection switched off by deleting its record: the rows read back unchecked, a swapped state believed
+    "the plan's digests deleted": ("adapt_plan.json", lambda d: d.pop("files"), r"adapt_plan.json: files: Field"),
+    "the states' digests deleted": ("selection.json", lambda d: d.pop("states"), r"selection.json: states: Field"),
+    "a state's digest deleted": (
+        "selection.json",
+        lambda d: d["states"].pop("best_state.safetensors"),
+        r"selection.json: states has no sha256 for best_state.safetensors",
+    ),
+    # shapes that ended in internal errors (AttributeError, KeyError, ValueError)
+    "the plan a list": ("adapt_plan.json", None, r"adapt_plan.json: the whole file: Input should be a valid dict"),
+    "a step as text": (
+        "selection.json",
+        lambda d: d["history"][0].update(step="x"),
+        r"selection.json: history.0.step: Input should be a valid number",
+    ),
+    "no metric in the history": (
+        "selection.json",
+        lambda d: [h.pop(d["metric"]) for h in d["history"]],
+        r"selection.json: history: an entry without",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", RESUME_DAMAGE)
+def test_a_resumed_run_refuses_run_files_of_another_shape_or_without_digests(
+    tmp_path, make_embedder, one_torch_thread, monkeypatch, case
+):
+    out = tmp_path / "out"
+    resume = _stop_before(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        adapt_tiny(make_embedder, tmp_path, out)
+    name, change, said = RESUME_DAMAGE[case]
+    data = json.loads((out / name).read_text())
+    if change is None:
+        data = [data]
+    else:
+        change(data)
+    (out / name).write_text(json.dumps(data))
+    resume()
+    with pytest.raises(AdaptError, match=said):
+        adapt_tiny(make_embedder, tmp_path, out, resume=True)
+
+
 def test_a_teacher_labels_the_rows_and_the_loss_distils(tmp_path, make_embedder, one_torch_thread):
     from lmembed.training.adapt_run import run_adapt
 

@@ -313,10 +313,16 @@ def load_recorded_tokenizer(path: str) -> Any | None:
     if not config_file.exists():
         return None
     try:
-        recorded = json.loads(config_file.read_text())
+        recorded = json.loads(config_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{config_file}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{config_file}: not UTF-8 text ({exc})") from exc
+    if not isinstance(recorded, dict):
+        raise ModelLoadError(f"{config_file}: expected an object of tokenizer settings, got {type(recorded).__name__}")
     name = recorded.get("tokenizer_class")
+    if name is not None and not isinstance(name, str):
+        raise ModelLoadError(f"{config_file}: tokenizer_class={name!r} is not a class name")
     if not isinstance(name, str) or "auto_map" in recorded:
         return None
     tokenizer_class = tokenizer_class_from_name(name) or tokenizer_class_from_name(name.removesuffix("Fast"))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, model_validator
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
@@ -24,6 +25,7 @@ from lmembed.errors import LmembedError
 from lmembed.io import check_recorded_files, sha256_file
 from lmembed.mining import read_rows
 from lmembed.paths import inside
+from lmembed.schema import read_checked_json
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.adapt import (
     BEST_STATE_FILE,
@@ -104,9 +106,11 @@ class _SelectingTrainer(Trainer):
     def resume(self, path: str | Path | None = None) -> bool:
         resumed = super().resume(path)
         if resumed:
-            data = json.loads(self.selection_path.read_text())
+            data = read_checked_json(self.selection_path, _Selection, AdaptError, "an adapt run's selection")
+            if any(self.metric not in h for h in data["history"]):
+                raise AdaptError(f"{self.selection_path}: history: an entry without {self.metric}, the run's metric")
             self.history = [h for h in data["history"] if h["step"] <= self.step]
-            self.states = data.get("states", {})
+            self.states = data["states"]
         return resumed
 
     def best(self) -> dict[str, Any]:
@@ -168,14 +172,33 @@ class _SelectingTrainer(Trainer):
         self._write_selection()
 
     def _verified(self, name: str) -> Path:
-        """``OUT/name``, once its content hashes to a digest ``selection.json`` records for it."""
-        if name in self.states:
-            check_recorded_files(self.output, self.selection_path, self.states, [name], key="states", error=AdaptError)
-        else:  # a run begun before the digests were recorded
-            log.warning(
-                "%s: %s records no sha256 for it (an older run): not checked", self.output / name, SELECTION_FILE
-            )
+        """``OUT/name``, once its content hashes to a digest ``selection.json`` records for it (a state it records
+        no digest for is refused: nothing says it is the one this run wrote)."""
+        check_recorded_files(self.output, self.selection_path, self.states, [name], key="states", error=AdaptError)
         return inside(self.output, name, file=self.selection_path, field=f"states.{name}", error=AdaptError)
+
+
+class _Selection(BaseModel):
+    """What a resumed run reads of ``selection.json``."""
+
+    model_config = ConfigDict(extra="allow")
+    history: list[dict[str, float]]  # each entry: its step and its scores
+    metric: str
+    states: dict[str, list[str]]  # file name -> the sha256 digests its content may have
+
+    @model_validator(mode="after")
+    def _steps(self) -> _Selection:
+        if not all("step" in h and float(h["step"]).is_integer() for h in self.history):
+            raise ValueError("each history entry needs a whole step")
+        return self
+
+
+class _Plan(BaseModel):
+    """What a resumed run reads of ``adapt_plan.json`` (besides the options it compares with its own)."""
+
+    model_config = ConfigDict(extra="allow")
+    report: dict[str, Any]
+    files: dict[str, str]  # rows and held-back queries -> sha256
 
 
 def _scores_text(scores: dict[str, float]) -> str:
@@ -472,21 +495,16 @@ def _run(
     plan_path = output / PLAN_FILE
     drawn: HybridTeacher | None = None  # a teacher that ranks the corpus, once built
     if resume and plan_path.exists():
-        saved = json.loads(plan_path.read_text())
+        saved = read_checked_json(plan_path, _Plan, AdaptError, "an adapt run's plan")
         changed = [k for k in plan if saved.get(k) != plan[k]]
         if changed:
             raise AdaptError(
                 f"{plan_path}: the run in {output} was made with another {', '.join(changed)}; resume it with the "
                 "same options, or choose another output folder"
             )
-        if "files" in saved:  # the rows and held-back queries are read back as they were made
-            check_recorded_files(
-                output, plan_path, saved["files"], [ROWS_FILE, HELDOUT_FILE], key="files", error=AdaptError
-            )
-        else:
-            log.warning(
-                "%s records no sha256 of the run's rows (an older run): they are read back unchecked", plan_path
-            )
+        # the rows and held-back queries are read back as they were made (_Plan requires their digests)
+        made = [ROWS_FILE, HELDOUT_FILE]
+        check_recorded_files(output, plan_path, saved["files"], made, key="files", error=AdaptError)
         rows = read_rows(output / ROWS_FILE)
         held = read_held_back(output / HELDOUT_FILE, docs)
         report = saved["report"]
