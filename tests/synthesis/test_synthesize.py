@@ -161,6 +161,37 @@ def test_a_finished_shard_changed_before_the_output_is_assembled_is_refused(tmp_
     assert not out.exists()
 
 
+RECORD_DAMAGE = {
+    # the digest deleted and the shard edited: the forged row went into the output
+    "its digest deleted": ("shard-00000.stats.json", lambda d: d.pop("files"), r"stats.json: files: Field required"),
+    "attempted as text": ("shard-00000.stats.json", lambda d: d.update(attempted="x"), r"stats.json: attempted:"),
+    "rejections a list": ("shard-00000.stats.json", lambda d: d.update(rejected=[1]), r"stats.json: rejected:"),
+    "the plan a list": ("plan.json", None, r"plan.json: the whole file: Input should be a valid dictionary"),
+}
+
+
+@pytest.mark.parametrize("case", RECORD_DAMAGE)
+def test_a_shard_record_or_plan_of_another_shape_is_refused_naming_the_field(tmp_path, case):
+    """They ended in internal errors (KeyError, TypeError, AttributeError) or were believed."""
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(_Killed):
+        synthesize("e5-mistral", _DiesAfter(3), out, shard_size=6)
+    name, change, said = RECORD_DAMAGE[case]
+    path = out.with_name("out.jsonl.parts") / name
+    data = json.loads(path.read_text())
+    if change is None:
+        data = [data]
+    else:
+        change(data)
+    path.write_text(json.dumps(data))
+    if case == "its digest deleted":
+        shard = path.with_name("shard-00000.jsonl")
+        shard.write_text(shard.read_text().replace('"', "'", 1))
+    with pytest.raises(ShardError, match=said):
+        synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
+    assert not out.exists()
+
+
 def test_a_kept_stage_is_read_back_only_as_it_was_written(tmp_path):
     """The brainstorm a rerun reuses is checked against the digest its stage wrote after it: a changed task list is
     refused by name, not used to generate the remaining shards."""

@@ -35,12 +35,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from lmembed.atomic import atomic_write, atomic_write_json, atomic_write_text
 from lmembed.errors import ConfigError
 from lmembed.io import check_recorded_files
 from lmembed.paths import inside
 from lmembed.protocols import LocalShards, ShardMapper
+from lmembed.schema import read_checked_json
 from lmembed.synthesis.generators import Generator, Usage
 from lmembed.synthesis.recipes import SynthesisRecipe
 
@@ -73,6 +75,27 @@ class Context:
 
     def provenance(self, **extra: Any) -> dict[str, Any]:
         return {"generator": self.generator.name, **self.recipe.provenance(), "seed": self.seed, **extra}
+
+
+class _Plan(BaseModel):
+    """A run's ``plan.json``, as :func:`_check_plan` compares it."""
+
+    model_config = ConfigDict(extra="allow")
+    recipe: Any
+    seed: Any
+    shard_size: int
+    items: int
+
+
+class _ShardStats(BaseModel):
+    """What assembling the output reads of a shard's ``.stats.json`` (its rows' sha256 among it)."""
+
+    model_config = ConfigDict(extra="allow")
+    attempted: int = Field(ge=0)
+    repaired: int = Field(ge=0)
+    rejected: dict[str, int]
+    samples: dict[str, str] = {}
+    files: dict[str, str]
 
 
 @dataclass
@@ -259,7 +282,7 @@ def _check_plan(path: Path, context: Context, items: list[dict[str, Any]], shard
         "first_items": items[:3],
     }
     if path.exists():
-        old = json.loads(path.read_text())
+        old = read_checked_json(path, _Plan, ShardError, "a synthesis run's plan")
         if old != json.loads(json.dumps(plan)):
             changed = sorted(k for k in plan if old.get(k) != json.loads(json.dumps(plan[k])))
             raise PlanMismatch(
@@ -284,12 +307,10 @@ def _finish(
     totals = ShardResult()
     for index in range(n_shards):
         name = shard_name(index)
-        stats = json.loads((parts / f"{name}.stats.json").read_text())
-        shard = inside(parts, f"{name}.jsonl", file=parts / f"{name}.stats.json", field="rows", error=ShardError)
-        if "files" in stats:  # older shards recorded none
-            check_recorded_files(
-                parts, parts / f"{name}.stats.json", stats["files"], [shard.name], key="files", error=ShardError
-            )
+        record = parts / f"{name}.stats.json"
+        stats = read_checked_json(record, _ShardStats, ShardError, "a synthesis shard's record")
+        shard = inside(parts, f"{name}.jsonl", file=record, field="rows", error=ShardError)
+        check_recorded_files(parts, record, stats["files"], [shard.name], key="files", error=ShardError)
         totals.attempted += stats["attempted"]
         totals.repaired += stats["repaired"]
         totals.rejected.update(stats["rejected"])
