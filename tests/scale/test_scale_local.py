@@ -198,6 +198,40 @@ def test_a_rerun_encodes_only_missing_shards(tmp_path, one_torch_thread):
     assert not third.report.planned and third.report.shards_encoded == []
 
 
+PLAN_DAMAGE = {
+    "an array changed": lambda folder: np.save(folder / "order.npy", np.load(folder / "order.npy")[::-1].copy()),
+    "an array cut short": lambda folder: np.save(folder / "lengths.npy", np.load(folder / "lengths.npy")[:3]),
+    "no digests": lambda folder: (folder / "plan.json").write_text(
+        json.dumps({k: v for k, v in json.loads((folder / "plan.json").read_text()).items() if k != "files"})
+    ),
+    "plan.json a list": lambda folder: (folder / "plan.json").write_text("[1]"),
+}
+
+
+@pytest.mark.parametrize("damage", PLAN_DAMAGE)
+def test_a_damaged_plan_is_said_and_made_again(tmp_path, one_torch_thread, caplog, damage):
+    """plan.json records the sha256 of every array of the plan; a plan that fails its checks (it was read as it
+    stood: a reordered array put vectors in other rows, a list ended in an internal error) is planned again."""
+    emb = cached(uncached("llama"), tmp_path)
+    texts = corpus_texts(30)
+    first = encode_corpus(emb, texts, batch_size=4, shard_rows=8)
+    plan = json.loads((first.job.folder / "plan.json").read_text())
+    assert set(plan["files"]) == {
+        "order.npy",
+        "slot_of_row.npy",
+        "stage_of_row.npy",
+        "offset_of_row.npy",
+        "keys.npy",
+        "lengths.npy",
+        "ids.arrow",
+    }
+    PLAN_DAMAGE[damage](first.job.folder)
+    with caplog.at_level("WARNING", logger="lmembed.scale.job"):
+        again = encode_corpus(emb, texts, batch_size=4, shard_rows=8)
+    assert any("the job is planned again" in r.getMessage() for r in caplog.records)
+    assert again.report.planned and np.array_equal(again.vectors, first.vectors)
+
+
 def test_memory_mapped_and_float16_outputs(tmp_path, one_torch_thread):
     emb = cached(uncached("llama"), tmp_path / "cache")
     texts = corpus_texts(30)

@@ -220,7 +220,14 @@ class EncodeJob:
         ]
 
     def _load_plan(self) -> ShardPlan | None:
-        return ShardPlan.load(self.folder) if ShardPlan.exists(self.folder) else None
+        """The job's plan when it has one that passes its checks; None (planned again, said) otherwise."""
+        if not ShardPlan.exists(self.folder):
+            return None
+        try:
+            return ShardPlan.load(self.folder)
+        except ScaleError as exc:  # the plan is made again from the source, the same one: shards already made match it
+            log.warning("%s; the job is planned again", exc)
+            return None
 
     def _plan(self, engine: JobEngine) -> ShardPlan:
         if self.staging.exists():

@@ -15,11 +15,14 @@ Arrays (``N`` rows, ``U`` distinct texts):
 * ``stage_of_row`` / ``offset_of_row`` (N): where the plan pass staged each row's text;
 * ``keys`` (U × 16 bytes) and ``lengths`` (U): text digests and token counts in slot order;
 * ``ids`` (N): row ids (from the data, or row numbers).
+
+``plan.json``, written last, records the sha256 of every array file (``files``); a plan is loaded only when its
+``plan.json`` has the shape :class:`PlanFile` says, every array hashes to its record and the arrays' lengths agree
+with the counts it records (:meth:`ShardPlan.load`); a job whose plan fails is planned again.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +30,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import ConfigError
+from lmembed.io import check_recorded_files, sha256_file
 from lmembed.scale.errors import BadRowError, ScaleError
 from lmembed.scale.sources import locate
+from lmembed.schema import read_checked_json
 
 PLAN_FILE = "plan.json"
 ARRAYS = ("order", "slot_of_row", "stage_of_row", "offset_of_row", "keys", "lengths")
@@ -106,20 +112,51 @@ class ShardPlan:
         table = pa.table({"id": self.ids})
         atomic_write(folder / IDS_FILE, lambda handle: _write_ipc(handle, table))
         info = {"n_rows": self.n_rows, "n_unique": self.n_unique, "shard_rows": self.shard_rows}
-        atomic_write_json(folder / PLAN_FILE, {**meta, **info, "n_shards": self.n_shards})
+        files = {name: sha256_file(folder / name) for name in plan_files()}
+        atomic_write_json(folder / PLAN_FILE, {**meta, **info, "n_shards": self.n_shards, "files": files})
 
     @classmethod
     def load(cls, folder: Path, *, memory_map: bool = True) -> ShardPlan:
-        info = json.loads((folder / PLAN_FILE).read_text())
+        """The plan in ``folder``, once ``plan.json`` has its shape, every array file its recorded sha256 and every
+        array the length ``plan.json`` records; :class:`ScaleError` names the file and field otherwise."""
+        path = folder / PLAN_FILE
+        info = read_checked_json(path, PlanFile, ScaleError, "a job's shard plan")
+        check_recorded_files(folder, path, info["files"], plan_files(), key="files", error=ScaleError)
         mode = "r" if memory_map else None
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode=mode) for name in ARRAYS}
-        with pa.memory_map(str(folder / IDS_FILE)) as source:
-            ids = pa.ipc.open_file(source).read_all().column("id").combine_chunks()
-        return cls(n_rows=int(info["n_rows"]), shard_rows=int(info["shard_rows"]), ids=ids, **arrays)
+        try:
+            arrays = {name: np.load(folder / f"{name}.npy", mmap_mode=mode, allow_pickle=False) for name in ARRAYS}
+            with pa.memory_map(str(folder / IDS_FILE)) as source:
+                ids = pa.ipc.open_file(source).read_all().column("id").combine_chunks()
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            raise ScaleError(f"{folder}: a plan array cannot be read ({exc})") from exc
+        rows, unique = info["n_rows"], info["n_unique"]
+        wanted = {"order": unique, "keys": unique, "lengths": unique, "slot_of_row": rows}
+        wanted |= {"stage_of_row": rows, "offset_of_row": rows}
+        for name, count in wanted.items():
+            if len(arrays[name]) != count:
+                raise ScaleError(f"{folder / name}.npy: {len(arrays[name])} entries; {path} records {count}")
+        if len(ids) != rows:
+            raise ScaleError(f"{folder / IDS_FILE}: {len(ids)} ids; {path} records {rows} rows")
+        return cls(n_rows=rows, shard_rows=info["shard_rows"], ids=ids, **arrays)
 
     @staticmethod
     def exists(folder: Path) -> bool:
         return (folder / PLAN_FILE).is_file()
+
+
+class PlanFile(BaseModel):
+    """What :meth:`ShardPlan.load` reads of ``plan.json`` (the job's identity beside it is the job's to compare)."""
+
+    model_config = ConfigDict(extra="allow")
+    n_rows: int = Field(ge=0)
+    n_unique: int = Field(ge=0)
+    shard_rows: int = Field(ge=1)
+    files: dict[str, str]  # each array file -> its sha256
+
+
+def plan_files() -> list[str]:
+    """The files of a plan that ``plan.json`` records digests of."""
+    return [*(f"{name}.npy" for name in ARRAYS), IDS_FILE]
 
 
 def _write_ipc(handle, table: pa.Table) -> None:
