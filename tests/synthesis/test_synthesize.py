@@ -3,6 +3,7 @@ server (started on a free loopback port), strict parsing, sharding and resume, t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -190,6 +191,20 @@ def test_a_shard_record_or_plan_of_another_shape_is_refused_naming_the_field(tmp
     with pytest.raises(ShardError, match=said):
         synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
     assert not out.exists()
+
+
+def test_a_kept_stage_of_another_shape_is_refused_even_with_its_digest(tmp_path):
+    """A stage rewritten together with its digest ended in an internal error (a task list of numbers, no tasks)."""
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(_Killed):
+        synthesize("e5-mistral", _DiesAfter(3), out, shard_size=6)
+    stage = out.with_name("out.jsonl.parts") / "stage-brainstorm.json"
+    data = json.loads(stage.read_text())
+    data["tasks"][next(iter(data["tasks"]))] = [1, 2]
+    stage.write_text(json.dumps(data))
+    stage.with_name(stage.name + ".sha256").write_text(hashlib.sha256(stage.read_bytes()).hexdigest() + "\n")
+    with pytest.raises(ShardError, match=r"stage-brainstorm\.json: tasks\..*\.0: Input should be a valid string"):
+        synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
 
 
 def test_a_kept_stage_is_read_back_only_as_it_was_written(tmp_path):

@@ -11,10 +11,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lmembed.schema import first_problem
 from lmembed.synthesis.generators import Request
 from lmembed.synthesis.parsing import parse_object, parse_string_list
 from lmembed.synthesis.recipes import render
-from lmembed.synthesis.runner import Context, ShardResult, read_stage, write_stage
+from lmembed.synthesis.runner import Context, ShardError, ShardResult, read_stage, write_stage
 
 STAGE_FILE = "stage-brainstorm.json"
 
@@ -23,13 +26,28 @@ def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:4], "big")
 
 
+class _Brainstorm(BaseModel):
+    """``stage-brainstorm.json``: the tasks brainstormed per family, and what the generator's answers lost."""
+
+    model_config = ConfigDict(extra="forbid")
+    tasks: dict[str, list[str]]
+    rejected: dict[str, int]
+    samples: dict[str, str]
+
+
 class E5MistralRunner:
     """The two steps; the brainstorm's tasks are kept in ``stage-brainstorm.json`` so a rerun reuses them."""
 
     def brainstorm(self, context: Context) -> dict[str, Any]:
         kept = read_stage(context.parts, STAGE_FILE)
-        if kept is not None:
-            return json.loads(kept)
+        if kept is not None:  # its digest matched: its shape is checked too, before a task of it is used
+            try:
+                return _Brainstorm.model_validate_json(kept).model_dump()
+            except ValidationError as exc:
+                where = context.parts / STAGE_FILE
+                raise ShardError(
+                    f"{where}: {first_problem(exc)} (not a brainstorm stage as lmembed writes it)"
+                ) from exc
         recipe = context.recipe
         families = recipe.data["families"]
         requests = [
