@@ -351,7 +351,7 @@ def check_recorded_files(
     """Each of ``names`` lies in ``folder`` (links followed) and hashes to the sha256 that ``record`` (a JSON file of
     the folder: a checkpoint's ``state.json``, a run's plan) holds for it in ``files``, its ``key`` field (one digest,
     or a list of those its content may have: a file being replaced); else ``error``, naming the file and
-    ``key.NAME``. Called before anything in those files is read."""
+    ``key.NAME`` (a recorded file that is missing too). Called before anything in those files is read."""
     from lmembed.paths import inside  # lazy: paths and io are siblings of one layer
 
     def digests(value: Any) -> list[Any]:
@@ -363,6 +363,8 @@ def check_recorded_files(
         if name not in files:
             raise error(f"{record}: {key} has no sha256 for {name}, a file of {folder}")
         path = inside(folder, name, file=record, field=f"{key}.{name}", error=error)
+        if not path.is_file():
+            raise error(f"{path}: {record} records it ({key}.{name}), but it is not there")
         if sha256_file(path) not in digests(files[name]):
             raise error(
                 f"{path}: its sha256 is not the one {record} records ({key}.{name}): the file was changed or "

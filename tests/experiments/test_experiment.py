@@ -276,6 +276,19 @@ def test_a_run_whose_files_changed_is_run_again_on_resume_naming_the_file(worksp
     assert "run.json: files: Field required" in caplog.records[0].getMessage()
 
 
+def test_a_run_whose_items_are_gone_is_run_again(workspace, monkeypatch, caplog):
+    """A recorded file that is missing ended in an internal FileNotFoundError (the shared digest check hashed it
+    without looking); it is a refusal naming the file and its record, and the run counts as unfinished."""
+    spec, out, runs, calls = _two_untrained_arms(workspace, monkeypatch)
+    runs["mean/eval"].items_file.unlink()
+    with caplog.at_level("WARNING", logger="lmembed.experiments.plan"):
+        assert not runs["mean/eval"].finished
+    assert "items.json: " in caplog.records[0].getMessage()
+    assert "records it (files.items.json), but it is not there" in caplog.records[0].getMessage()
+    run_experiment(spec, out, resume=True)
+    assert calls == ["mean/eval"] and runs["mean/eval"].finished
+
+
 def test_per_item_scores_of_another_shape_are_refused_naming_the_field(workspace, monkeypatch):
     from lmembed.experiments.plan import RunFileError
     from lmembed.io import sha256_file
