@@ -96,6 +96,13 @@ class FileModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
 
+class RecordModel(BaseModel):
+    """The fields a reader uses of a JSON file lmembed wrote and reads back (:func:`read_checked_json`): each typed;
+    other keys are allowed (the writer may record more than this reader reads)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class Where:
     """Turns a key path into ``FILE:LINE: key.path`` for messages (the nearest known line for keys the file
     does not have), and builds errors of the file type's own class.
@@ -225,11 +232,14 @@ def check_keys(model: type[FileModel], data: Mapping[str, Any], where: Where, pa
 __all__ = [
     "FileModel",
     "KeyPath",
+    "RecordModel",
     "Where",
     "check_fields",
     "check_keys",
     "fields_model",
+    "first_problem",
     "load_yaml_with_lines",
+    "read_checked_json",
     "read_yaml_file",
     "schema_error",
 ]

@@ -26,14 +26,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from lmembed import __version__
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
 from lmembed.io import DataFormatError, read_text
-from lmembed.schema import first_problem
+from lmembed.schema import RecordModel, first_problem
 from lmembed.task_registry import task_type_of
 
 logger = logging.getLogger(__name__)
@@ -195,11 +195,7 @@ class ResultFileError(LmembedError, ValueError):
     """A task result file (it names a task and holds scores) whose fields are not of MTEB's layout."""
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _Scores(_Open):
+class _Scores(RecordModel):
     """One split's entry for one subset: numbers by metric name."""
 
     main_score: float | None = None
@@ -207,7 +203,7 @@ class _Scores(_Open):
     languages: list[str] | None = None
 
 
-class LmembedRecord(_Open):
+class LmembedRecord(RecordModel):
     """lmembed's own record under :data:`LMEMBED_KEY`."""
 
     split: str | None = None
@@ -219,7 +215,7 @@ class LmembedRecord(_Open):
     extra: dict[str, Any] | None = None
 
 
-class ResultFile(_Open):
+class ResultFile(RecordModel):
     """The fields of a result file that :func:`read_result` reads (MTEB 2.x's layout, lmembed's record beside)."""
 
     task_name: str

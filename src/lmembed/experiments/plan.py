@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, model_validator
 from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.experiments.spec import ArmSpec, ExperimentSpec
 from lmembed.io import check_recorded_files
-from lmembed.schema import read_checked_json
+from lmembed.schema import RecordModel, read_checked_json
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +45,17 @@ class RunFileError(LmembedError, ValueError):
     """A run's ``run.json`` or ``items.json`` that is not as lmembed wrote it (damaged, changed, another shape)."""
 
 
-class _TaskRecord(BaseModel):
+class _TaskRecord(RecordModel):
     """What is read of one task in ``run.json``."""
 
-    model_config = ConfigDict(extra="allow")
     task_type: str
     main_metric: str
     main_score: float | None
 
 
-class RunRecord(BaseModel):
+class RunRecord(RecordModel):
     """The fields of ``run.json`` that the planner, the runner and the summary read."""
 
-    model_config = ConfigDict(extra="allow")
     key: str
     arm: str
     seed: int | None

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.report import Report, ScoreTable, render_report, type_rank
-from lmembed.schema import read_checked_json
+from lmembed.schema import RecordModel, read_checked_json
 
 SUMMARY_FILE = "summary.json"
 MARKDOWN_FILE = "summary.md"
@@ -33,13 +33,9 @@ class SummaryFileError(LmembedError, ValueError):
     """A ``summary.json`` that is not an experiment summary as lmembed writes it."""
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _Head(_Open):
+class _Head(RecordModel):
     name: str
-    seeds: list[int] = []
+    seeds: list[int] = Field(default_factory=list)
     paper: str | None = None
     claim: str | None = None
     paper_result: str | None = None
@@ -48,14 +44,14 @@ class _Head(_Open):
     device: str | None = None
 
 
-class _Task(_Open):
+class _Task(RecordModel):
     name: str
     task_type: str
     main_metric: str
     scale: float
 
 
-class _Arm(_Open):
+class _Arm(RecordModel):
     name: str
     kind: str
     runs: int
@@ -63,7 +59,7 @@ class _Arm(_Open):
     train_seconds: float | None = None
 
 
-class _Cell(_Open):
+class _Cell(RecordModel):
     mean: float | None
     std: float | None
     n: int
@@ -71,7 +67,7 @@ class _Cell(_Open):
     curve: list[float] | None = None
 
 
-class _Comparison(_Open):
+class _Comparison(RecordModel):
     a: str
     b: str
     task: str
@@ -85,21 +81,21 @@ class _Comparison(_Open):
     minus: list[str] | None = Field(default=None, min_length=2, max_length=2)
 
 
-class _Runs(_Open):
-    finished: list[str] = []
-    missing: list[str] = []
-    skipped: dict[str, str] = {}
+class _Runs(RecordModel):
+    finished: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    skipped: dict[str, str] = Field(default_factory=dict)
 
 
-class ExperimentSummary(_Open):
+class ExperimentSummary(RecordModel):
     """The fields of ``summary.json`` that the report reads (:mod:`lmembed.experiments.summary` writes them)."""
 
     experiment: _Head
     tasks: list[_Task]
     arms: list[_Arm]
     scores: dict[str, dict[str, _Cell]]
-    comparisons: list[_Comparison] = []
-    runs: _Runs = _Runs()
+    comparisons: list[_Comparison] = Field(default_factory=list)
+    runs: _Runs = Field(default_factory=_Runs)
 
 
 def is_experiment_folder(folder: str | Path) -> bool:

@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import ConfigError
 from lmembed.io import check_recorded_files, sha256_file
 from lmembed.scale.errors import BadRowError, ScaleError
 from lmembed.scale.sources import locate
-from lmembed.schema import read_checked_json
+from lmembed.schema import RecordModel, read_checked_json
 
 PLAN_FILE = "plan.json"
 ARRAYS = ("order", "slot_of_row", "stage_of_row", "offset_of_row", "keys", "lengths")
@@ -144,10 +144,9 @@ class ShardPlan:
         return (folder / PLAN_FILE).is_file()
 
 
-class PlanFile(BaseModel):
+class PlanFile(RecordModel):
     """What :meth:`ShardPlan.load` reads of ``plan.json`` (the job's identity beside it is the job's to compare)."""
 
-    model_config = ConfigDict(extra="allow")
     n_rows: int = Field(ge=0)
     n_unique: int = Field(ge=0)
     shard_rows: int = Field(ge=1)

@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lmembed.atomic import atomic_write, atomic_write_json, atomic_write_text
 from lmembed.errors import ConfigError
 from lmembed.io import check_recorded_files
 from lmembed.paths import inside
 from lmembed.protocols import LocalShards, ShardMapper
-from lmembed.schema import read_checked_json
+from lmembed.schema import RecordModel, read_checked_json
 from lmembed.synthesis.generators import Generator, Usage
 from lmembed.synthesis.recipes import SynthesisRecipe
 
@@ -77,24 +77,22 @@ class Context:
         return {"generator": self.generator.name, **self.recipe.provenance(), "seed": self.seed, **extra}
 
 
-class _Plan(BaseModel):
+class _Plan(RecordModel):
     """A run's ``plan.json``, as :func:`_check_plan` compares it."""
 
-    model_config = ConfigDict(extra="allow")
     recipe: Any
     seed: Any
     shard_size: int
     items: int
 
 
-class _ShardStats(BaseModel):
+class _ShardStats(RecordModel):
     """What assembling the output reads of a shard's ``.stats.json`` (its rows' sha256 among it)."""
 
-    model_config = ConfigDict(extra="allow")
     attempted: int = Field(ge=0)
     repaired: int = Field(ge=0)
     rejected: dict[str, int]
-    samples: dict[str, str] = {}
+    samples: dict[str, str] = Field(default_factory=dict)
     files: dict[str, str]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
@@ -25,7 +25,7 @@ from lmembed.errors import LmembedError
 from lmembed.io import check_recorded_files, sha256_file
 from lmembed.mining import read_rows
 from lmembed.paths import inside
-from lmembed.schema import read_checked_json
+from lmembed.schema import RecordModel, read_checked_json
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.adapt import (
     BEST_STATE_FILE,
@@ -178,10 +178,9 @@ class _SelectingTrainer(Trainer):
         return inside(self.output, name, file=self.selection_path, field=f"states.{name}", error=AdaptError)
 
 
-class _Selection(BaseModel):
+class _Selection(RecordModel):
     """What a resumed run reads of ``selection.json``."""
 
-    model_config = ConfigDict(extra="allow")
     history: list[dict[str, float]]  # each entry: its step and its scores
     metric: str
     states: dict[str, list[str]]  # file name -> the sha256 digests its content may have
@@ -193,10 +192,9 @@ class _Selection(BaseModel):
         return self
 
 
-class _Plan(BaseModel):
+class _Plan(RecordModel):
     """What a resumed run reads of ``adapt_plan.json`` (besides the options it compares with its own)."""
 
-    model_config = ConfigDict(extra="allow")
     report: dict[str, Any]
     files: dict[str, str]  # rows and held-back queries -> sha256
 

@@ -33,6 +33,7 @@ from lmembed.atomic import atomic_write_json
 from lmembed.errors import LmembedError
 from lmembed.io import check_recorded_files, sha256_file
 from lmembed.paths import lmembed_home
+from lmembed.schema import RecordModel, read_checked_json
 
 log = logging.getLogger(__name__)
 
@@ -117,26 +118,27 @@ def read_export(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
     if folder.is_symlink() or not path.is_file():
         raise ExportFileError(f"{folder}: not an export folder lmembed wrote (no {MANIFEST}, or a link)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportFileError(f"{path}: not readable JSON ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("key") != folder.name:
+    manifest = read_checked_json(path, _Manifest, ExportFileError, "an export manifest")
+    if manifest["key"] != folder.name:
         raise ExportFileError(f"{path}: key: not the manifest of this export")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or GRAPH_FILE not in files:
-        raise ExportFileError(f"{path}: files: no sha256 of {GRAPH_FILE} (written before exports recorded digests)")
-    gone = [name for name in sorted(files) if not (folder / str(name)).is_file()]
-    if gone:
-        raise ExportFileError(f"{folder}: {', '.join(map(str, gone))} recorded in {MANIFEST} but not there")
-    check_recorded_files(folder, path, files, sorted(files), key="files", error=ExportFileError)
+    if GRAPH_FILE not in manifest["files"]:
+        raise ExportFileError(f"{path}: files: no sha256 of {GRAPH_FILE}")
+    check_recorded_files(folder, path, manifest["files"], sorted(manifest["files"]), key="files", error=ExportFileError)
     return manifest
 
 
+class _Manifest(RecordModel):
+    """What :func:`read_export` reads of an export's manifest (the parts and the int8 report beside)."""
+
+    key: str
+    files: dict[str, str]  # each exported file -> its sha256
+
+
 def update_manifest(folder: Path, **fields: Any) -> dict[str, Any]:
-    """Add ``fields`` to a finished export's manifest (atomically); returns the new manifest."""
+    """Add ``fields`` to the manifest of an export :func:`cached_export` has just returned (its files checked
+    there, not hashed again), atomically; returns the new manifest."""
     path = Path(folder) / MANIFEST
-    manifest = read_export(Path(folder))
+    manifest = read_checked_json(path, _Manifest, ExportFileError, "an export manifest")
     manifest.update(fields)
     atomic_write_json(path, manifest)
     return manifest
