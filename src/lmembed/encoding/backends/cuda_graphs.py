@@ -71,9 +71,6 @@ class _Graph:
     attention_mask: torch.Tensor
     states: list[torch.Tensor]
 
-    def load(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        _fill(self.input_ids, self.attention_mask, input_ids, attention_mask)
-
 
 def _fill(ids: torch.Tensor, attn: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     """Write a batch into a bucket's buffers: its rows and columns top left, masked padding around them, and one
@@ -180,10 +177,10 @@ class CudaGraphBackend(Backend):
             if graph is None:
                 self._say_full()
                 ids, attn = self._buffers(shape)
-                _fill(ids, attn, input_ids.to(ids.device), attention_mask.to(ids.device))
+                _fill(ids, attn, input_ids, attention_mask)  # copy_ moves them to the buffers' device
                 self.eager_passes += 1
                 return [s[:rows, :width] for s in self.eager.states(ids, attn, configs, mode)]
-            graph.load(input_ids, attention_mask)
+            _fill(graph.input_ids, graph.attention_mask, input_ids, attention_mask)
             graph.replay()
             # copied out of the shared pool before another graph replays over it
             return [s[:rows, :width].clone() for s in graph.states]
