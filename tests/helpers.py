@@ -95,3 +95,24 @@ def opened_under(paths: list[str], folder: Path) -> list[str]:
     """Those of ``paths`` that lie under ``folder`` (after following links)."""
     root = str(folder.resolve())
     return [p for p in paths if os.path.realpath(p).startswith(root + os.sep)]
+
+
+def reseal(folder: Path) -> Path:
+    """Record a saved folder's files as they now are, in its ``lmembed.json``: what a folder edited by hand, its
+    record made to match, looks like (so a test reaches the checks behind the digests)."""
+    from lmembed.load_plan import FILES_KEY, STRATEGY_FILE, write_strategy_file
+
+    meta = json.loads((folder / STRATEGY_FILE).read_text())
+    meta.pop(FILES_KEY, None)
+    meta.pop("format", None)
+    return write_strategy_file(folder, meta)
+
+
+def unrecord(folder: Path) -> Path:
+    """Drop a saved folder's file record, as an lmembed from before the record saved it (format 1)."""
+    from lmembed.load_plan import FILES_KEY, STRATEGY_FILE
+
+    meta = json.loads((folder / STRATEGY_FILE).read_text())
+    meta.pop(FILES_KEY, None)
+    (folder / STRATEGY_FILE).write_text(json.dumps({**meta, "format": 1}))
+    return folder

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers import reseal
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.config import ConfigError
 from lmembed.encoding.cache import EmbeddingCache, clear_cache
@@ -105,27 +106,38 @@ def _rewrite_head(folder, change):
 def test_a_saved_latent_head_that_is_missing_or_not_its_own_is_refused(saved_latent, tmp_path):
     """Without its weights a latent-attention folder pooled with a head of random weights (vectors that changed
     with every load); a head file of another shape ended in torch's RuntimeError, one of NaN gave NaN vectors, one
-    linked from outside the folder was read."""
+    linked from outside the folder was read. Each change is caught by the folder's digests first; with its record
+    made to match (a folder edited by hand), by the head's own checks."""
     head = saved_latent / "pooling_head.safetensors"
     original = head.read_bytes()
     head.unlink()
+    with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors: .*lmembed.json records it \(files.pooling_"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+    reseal(saved_latent)
     with pytest.raises(ModelLoadError, match=r"lmembed.json: strategy.pooling is 'latent_attention', but the head's"):
         Embedder.from_pretrained(str(saved_latent), cache=False)
     outside = tmp_path / "elsewhere.safetensors"
     outside.write_bytes(original)
     head.symlink_to(outside)
+    reseal(saved_latent)
     with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors.*outside"):
         Embedder.from_pretrained(str(saved_latent), cache=False)
     head.unlink()
     head.write_bytes(original)
+    reseal(saved_latent)
     _rewrite_head(saved_latent, lambda w: w.update({k: v[:-1] for k, v in list(w.items())[:1]}))
+    with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors: its sha256 is not the one .*lmembed.json"):
+        Embedder.from_pretrained(str(saved_latent), cache=False)
+    reseal(saved_latent)
     with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors: tensor .* has shape .* the strategy's head"):
         Embedder.from_pretrained(str(saved_latent), cache=False)
     head.write_bytes(original)
     _rewrite_head(saved_latent, lambda w: next(iter(w.values())).view(-1).__setitem__(0, float("nan")))
+    reseal(saved_latent)
     with pytest.raises(ModelLoadError, match=r"pooling_head.safetensors: tensor .* is not finite"):
         Embedder.from_pretrained(str(saved_latent), cache=False)
     head.write_bytes(original)
+    reseal(saved_latent)
     assert Embedder.from_pretrained(str(saved_latent), cache=False).encode(TEXTS).shape[0] == len(TEXTS)
 
 

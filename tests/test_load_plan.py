@@ -16,6 +16,7 @@ def test_readers_are_tried_in_the_documented_order():
     assert [r.__name__ for r in READERS] == [
         "read_saved",
         "read_preset",
+        "read_hub_saved",
         "read_sentence_transformers",
         "read_transformers",
     ]

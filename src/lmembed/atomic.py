@@ -15,6 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+#: the process's umask, read once: temporary files and folders are made private (0600 / 0700), and a file or
+#: folder renamed into place gets the modes a plain ``open``/``mkdir`` would have given it, so others who may read
+#: the folder (a shared drive, a served index) still can
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+FILE_MODE, FOLDER_MODE = 0o666 & ~_UMASK, 0o777 & ~_UMASK
+
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
     """Call ``write`` on a temporary file beside ``path``, fsync it, then rename it into place."""
@@ -26,6 +33,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -46,9 +54,19 @@ def atomic_savefig(figure: Any, path: str | Path, *, dpi: int = 120) -> Path:
     return atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=dpi))
 
 
+def _open_modes(folder: Path) -> None:
+    """Give ``folder`` and everything in it the modes of a plain write (temporary files, ours or a library's, are
+    private); links are left alone."""
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(FOLDER_MODE if path.is_dir() else FILE_MODE)
+    folder.chmod(FOLDER_MODE)
+
+
 @contextmanager
 def atomic_folder(target: str | Path) -> Iterator[Path]:
-    """Yield a temporary folder beside ``target`` to fill; when the block ends, rename it into place. An existing
+    """Yield a temporary folder beside ``target`` to fill; when the block ends, give what it holds the modes of a
+    plain write (see ``FILE_MODE``) and rename it into place. An existing
     ``target`` is moved aside only then, and removed after the rename; if the block raises, the temporary
     folder is removed and ``target`` is left as it was."""
     target = Path(target)
@@ -56,6 +74,7 @@ def atomic_folder(target: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
     try:
         yield tmp
+        _open_modes(tmp)
         if target.exists():
             old = target.with_name(f".old-{target.name}-{tmp.name[-8:]}")
             target.rename(old)

@@ -15,7 +15,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, overload
 
@@ -23,14 +23,14 @@ import numpy as np
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from lmembed.atomic import atomic_folder, atomic_write_text
+from lmembed.atomic import atomic_folder
 from lmembed.config import EmbeddingConfig, for_side, sentence_transformers_expressible
 from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documents
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import validate_texts, wants_eos
 from lmembed.errors import ConfigError
-from lmembed.load_plan import HEAD_FILE, STRATEGY_FILE, plan_load
+from lmembed.load_plan import HEAD_FILE, STRATEGY_FILE, plan_load, write_strategy_file
 from lmembed.load_spec import LoadSpec
 from lmembed.models import presets
 from lmembed.models.attention import check_bidirectional_supported
@@ -49,8 +49,6 @@ from lmembed.pooling.latent_attention import build_latent_head
 from lmembed.pooling.terms import TermChannel, fit_terms, save_terms
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 1
 
 
 def postprocess(raw: np.ndarray, config: EmbeddingConfig) -> np.ndarray:
@@ -584,28 +582,35 @@ class Embedder:
         *,
         backbone_state: dict[str, Tensor] | None = None,
         head_state: dict[str, Tensor] | None = None,
+        extra: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Write everything needed to reload this Embedder exactly (see the module doc).
+        """Write everything needed to reload this Embedder exactly (see the module doc), atomically: the folder is
+        filled under a temporary name beside ``directory`` and renamed into place once ``lmembed.json``, written
+        last, records the sha256 of every other file (checked whenever the folder is loaded). An existing
+        ``directory`` is replaced whole, so it must be empty or a folder an Embedder was saved to.
 
         ``backbone_state`` and ``head_state`` are whole tensors to write instead of the modules' own state
-        dicts (a model sharded over processes is saved from its gathered state this way).
+        dicts (a model sharded over processes is saved from its gathered state this way); ``extra`` writes more
+        files into the folder before they are recorded (a LoRA adapter beside the weights).
         """
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        model = self.backbone.model
-        model.save_pretrained(directory, state_dict=backbone_state)
-        self.backbone.tokenizer.save_pretrained(directory)
-        self._save_after_pooling(directory, head_state)
-        meta = {
-            "format": FORMAT_VERSION,
-            "base_model": self.backbone.name,
-            "is_decoder": self.backbone.is_decoder,
-            "strategy": self.config.to_dict(),
-        }
-        atomic_write_text(directory / STRATEGY_FILE, json.dumps(meta, indent=2))
-        if self.sentence_transformers_compatible():
-            max_length = resolve_max_length(self.backbone, self.config.max_length)
-            write_sentence_transformers_files(directory, self.config, self.backbone.hidden_size, max_length)
+        _check_replaceable(directory)
+        with atomic_folder(directory) as tmp:
+            model = self.backbone.model
+            model.save_pretrained(tmp, state_dict=backbone_state)
+            self.backbone.tokenizer.save_pretrained(tmp)
+            self._save_after_pooling(tmp, head_state)
+            if self.sentence_transformers_compatible():
+                max_length = resolve_max_length(self.backbone, self.config.max_length)
+                write_sentence_transformers_files(tmp, self.config, self.backbone.hidden_size, max_length)
+            if extra is not None:
+                extra(tmp)
+            meta = {
+                "base_model": self.backbone.name,
+                "is_decoder": self.backbone.is_decoder,
+                "strategy": self.config.to_dict(),
+            }
+            write_strategy_file(tmp, meta)
         return directory
 
     def sentence_transformers_compatible(self) -> bool:
@@ -647,15 +652,26 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
         embedder.backbone.tokenizer.save_pretrained(tmp)
         embedder._save_after_pooling(tmp)  # the graph stops where pooling starts: the head and term table travel
         meta = {
-            "format": FORMAT_VERSION,
             "base_model": embedder.backbone.name,
             "is_decoder": embedder.backbone.is_decoder,
             "strategy": embedder.config.to_dict(),
             "backend": embedder.backend.describe(),
             "load": embedder.load_spec.to_dict(),  # what was exported, and how to load its source again
         }
-        atomic_write_text(tmp / STRATEGY_FILE, json.dumps(meta, indent=2))
+        write_strategy_file(tmp, meta)
     return directory
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Saving replaces ``directory`` whole: refused when it is a file, or a folder with files that are not a saved
+    Embedder's (they would be lost)."""
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise ConfigError(f"{directory}: not a folder; an Embedder is saved to a folder")
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / STRATEGY_FILE).is_file():
+        raise ConfigError(
+            f"{directory}: holds files that are not a saved Embedder's, and saving replaces the folder whole; save "
+            "to a new or empty folder, or to one an Embedder was saved to"
+        )
 
 
 def _source_of(name_or_path: str) -> str:

@@ -25,8 +25,10 @@ import gzip
 import hashlib
 import json
 import logging
+import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -336,6 +338,10 @@ def read_qrels(path: str | Path) -> Qrels:
     return qrels
 
 
+#: files hashed at once when a record's files are checked (a model's weight shards, an index's arrays)
+HASH_THREADS = min(8, os.cpu_count() or 1)
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 hex digest of a file, read in 1 MiB chunks (what indexes and checkpoints record of their files)."""
     digest = hashlib.sha256()
@@ -359,13 +365,18 @@ def check_recorded_files(
 
     if not isinstance(files, dict) or not all(isinstance(d, str) for v in files.values() for d in digests(v)):
         raise error(f"{record}: {key} must map each file's name to its sha256")
+    paths = []
     for name in names:
         if name not in files:
             raise error(f"{record}: {key} has no sha256 for {name}, a file of {folder}")
         path = inside(folder, name, file=record, field=f"{key}.{name}", error=error)
         if not path.is_file():
             raise error(f"{path}: {record} records it ({key}.{name}), but it is not there")
-        if sha256_file(path) not in digests(files[name]):
+        paths.append(path)
+    with ThreadPoolExecutor(max_workers=max(1, min(HASH_THREADS, len(paths)))) as pool:  # hashlib frees the GIL
+        found = list(pool.map(sha256_file, paths))
+    for name, path, digest in zip(names, paths, found, strict=True):
+        if digest not in digests(files[name]):
             raise error(
                 f"{path}: its sha256 is not the one {record} records ({key}.{name}): the file was changed or "
                 "damaged after it was written"

@@ -7,6 +7,7 @@ source wins:
 
 1. a saved lmembed folder (``lmembed.json``: the strategy it was saved with, its head);
 2. a published family's preset (:mod:`lmembed.models.presets`: e5-mistral, NV-Embed, LLM2Vec adapter stacks ...);
+   then a Hub repository an Embedder was saved to (its ``lmembed.json``), read as 1 from its snapshot;
 3. a sentence-transformers folder (``modules.json``: pooling, prompts, Dense/Normalize head ...; bundled ``minilm``);
 4. a plain transformers checkpoint (a folder or a Hub id; a Hub repository in sentence-transformers' layout is read
    as 3 once its files are fetched).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,8 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.io import check_recorded_files, sha256_file
 from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.bundled import BUNDLED, resolve_bundled
@@ -51,6 +55,13 @@ from lmembed.pooling.terms import TermChannel, load_terms
 log = logging.getLogger(__name__)
 
 STRATEGY_FILE = "lmembed.json"  # a saved Embedder's strategy (Embedder.save writes it)
+#: lmembed.json's format: 2 records the sha256 of every other file of the folder (``files``); 1 (before) did not
+SAVED_FORMAT = 2
+FILES_KEY = "files"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")  # owner/name, as the Hub spells them
+#: files a saved folder may gain after it was written without being recorded (a Hub repository's card and
+#: attributes, a licence): nothing lmembed or transformers loads; hidden files and folders are left alone too
+UNRECORDED_OK = ("README.md", ".gitattributes", "LICENSE", "LICENSE.md", "LICENSE.txt", "NOTICE")
 HEAD_FILE = "pooling_head.safetensors"  # a saved Embedder's trained latent-attention head
 
 
@@ -152,6 +163,18 @@ def read_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
     )
 
 
+def read_hub_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
+    """1b. A Hub repository an Embedder was saved to and uploaded (it holds ``lmembed.json``): fetched whole, then
+    read as 1 from its snapshot (every file checked against the record), known by its Hub id."""
+    folder = _download_saved_folder(name_or_path)
+    if folder is None:
+        return None
+    plan = read_saved(str(folder), torch_int8)
+    assert plan is not None  # the snapshot holds lmembed.json
+    plan.name = plan.where = name_or_path
+    return plan
+
+
 def read_preset(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
     """2. A published family lmembed has a preset for (a Hub id, or a folder whose files name one)."""
     published = presets.resolve(name_or_path)
@@ -196,6 +219,7 @@ def read_transformers(name_or_path: str, torch_int8: bool) -> LoadPlan:
 READERS: tuple[Callable[[str, bool], LoadPlan | None], ...] = (
     read_saved,
     read_preset,
+    read_hub_saved,
     read_sentence_transformers,
     read_transformers,
 )
@@ -220,6 +244,22 @@ def _read_local_published(name_or_path: str) -> PublishedModel | None:
     """The conventions of a local (or bundled) sentence-transformers folder, if ``name_or_path`` is one."""
     folder = Path(resolve_bundled(name_or_path)) if name_or_path in BUNDLED else Path(name_or_path).expanduser()
     return read_published_folder(folder) if is_sentence_transformers_folder(folder) else None
+
+
+def _download_saved_folder(name: str) -> Path | None:
+    """The local snapshot of Hub repository ``name`` when it holds ``lmembed.json`` (None: ``name`` is a local path,
+    a bundled model, no repository id, or a repository without one; an unreachable Hub is left to the transformers
+    reader, which says so)."""
+    if name in BUNDLED or Path(name).expanduser().exists() or not HUB_ID.fullmatch(name):
+        return None
+    from huggingface_hub import hf_hub_download, snapshot_download  # lazy: only Hub ids need it
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    try:
+        hf_hub_download(name, STRATEGY_FILE)
+    except (EntryNotFoundError, HfHubHTTPError, OSError, ValueError):
+        return None  # not there, no such repository, or no Hub: not a saved folder lmembed can read
+    return Path(snapshot_download(name))
 
 
 def _read_hub_published(repo_id: str) -> PublishedModel | None:
@@ -288,7 +328,57 @@ def _read_saved(name_or_path: str) -> dict[str, Any] | None:
         EmbeddingConfig.from_dict(saved["strategy"])
     except (ConfigError, TypeError) as exc:
         raise ModelLoadError(f"{path}: strategy: {exc}") from exc
+    check_saved_files(Path(name_or_path), saved)
     return saved
+
+
+def write_strategy_file(directory: Path, meta: dict[str, Any]) -> Path:
+    """Write ``lmembed.json`` (``meta``: the strategy and what else the folder records) as the last file of a saved
+    or exported folder, with the sha256 of every other file in it (``files``), so that a folder loads only as it was
+    written: :func:`check_saved_files` checks them before anything in it is read."""
+    files = {
+        p.relative_to(directory).as_posix(): sha256_file(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p != directory / STRATEGY_FILE
+    }
+    return atomic_write_text(
+        directory / STRATEGY_FILE, json.dumps({"format": SAVED_FORMAT, **meta, FILES_KEY: files}, indent=2)
+    )
+
+
+def check_saved_files(folder: Path, saved: dict[str, Any]) -> None:
+    """Every file ``lmembed.json`` records lies in ``folder`` with its sha256, and the folder holds no other file a
+    loader could read (only a card, a licence or hidden files may be added); else :class:`ModelLoadError` naming
+    the file. A folder saved before lmembed recorded its files (format 1) loads with a warning."""
+    record = folder / STRATEGY_FILE
+    version = saved.get("format", 1)
+    if version not in (1, SAVED_FORMAT) or isinstance(version, bool):
+        raise ModelLoadError(
+            f"{record}: format={version!r}: this lmembed reads formats 1 and {SAVED_FORMAT}; the folder was written "
+            "by another version"
+        )
+    if version == 1 and FILES_KEY not in saved:
+        log.warning(
+            "%s was saved before lmembed recorded the sha256 of a saved folder's files: damaged files cannot be "
+            "detected; save it again to record them",
+            folder,
+        )
+        return
+    files = saved.get(FILES_KEY)
+    if files is None:
+        raise ModelLoadError(f"{record}: {FILES_KEY} is missing; a saved folder records the sha256 of its files")
+    check_recorded_files(
+        folder, record, files, sorted(files) if isinstance(files, dict) else [], key=FILES_KEY, error=ModelLoadError
+    )
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts) or path.is_dir() or path == record:
+            continue
+        if relative.as_posix() not in files and relative.as_posix() not in UNRECORDED_OK:
+            raise ModelLoadError(
+                f"{path}: a file {record} does not record ({FILES_KEY}); a saved folder is loaded only with the files "
+                "it was saved with"
+            )
 
 
 def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone) -> None:

@@ -29,7 +29,8 @@ Folders, each with the precedence it follows (the first that applies wins):
 An environment variable that is set but empty counts as unset; ``~`` in a value is expanded.
 
 :func:`inside` is the one check of a path that a folder's own file names (a module of ``modules.json``, an
-index's data file, an adapter's base): it must resolve inside that folder once links are followed.
+index's data file, an adapter's base): it must resolve inside that folder once links are followed (a Hugging Face
+cache snapshot's links to its repository's blobs count as inside).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ VERBOSE_ENV_VAR = "LMEMBED_VERBOSE"
 ENV_VARS = (HOME_ENV_VAR, DATA_ENV_VAR, CACHE_ENV_VAR, DEBUG_ENV_VAR, VERBOSE_ENV_VAR)
 
 _TRUE_WORDS = ("1", "true", "yes", "on")
+#: a Hugging Face cache repository's folders: its revisions' snapshots, whose files link to its blobs
+HUB_SNAPSHOTS, HUB_BLOBS = "snapshots", "blobs"
 
 
 def env_path(name: str) -> Path | None:
@@ -179,8 +182,19 @@ def inside(
         target = candidate.resolve()
     except (OSError, RuntimeError) as exc:  # a link loop
         raise error(f"{named} cannot be resolved inside {folder} ({exc})") from exc
-    if target != base and base not in target.parents:
+    if target != base and base not in target.parents and not _a_blob_of_its_snapshot(base, target):
         raise error(
             f"{named} leads outside {folder} through a link (to {target}); a path it names must lie inside the folder"
         )
     return candidate
+
+
+def _a_blob_of_its_snapshot(base: Path, target: Path) -> bool:
+    """True when ``base`` lies in a Hugging Face cache snapshot (``<repo>/snapshots/<revision>/...``) and ``target``
+    is a file of that same repository's ``<repo>/blobs/``: huggingface_hub keeps each downloaded file once there and
+    links the snapshot's entries to it, so such a link is the repository's own file."""
+    for folder in (base, *base.parents):
+        if folder.parent.name == HUB_SNAPSHOTS:
+            blobs = folder.parent.parent / HUB_BLOBS
+            return target.parent == blobs and target.is_file()
+    return False

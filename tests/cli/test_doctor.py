@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import build_tokenizer, tiny_model
+from helpers import reseal
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli.app import app
 from lmembed.evaluation.doctor import provenance, run_checks
@@ -53,6 +54,7 @@ def test_doctor_fails_when_sentence_transformers_disagrees(tmp_path):
     config = json.loads(pooling.read_text())
     config.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
     pooling.write_text(json.dumps(config))
+    reseal(folder)  # the record made to match: a folder edited by hand
     result = CliRunner().invoke(app, ["doctor", str(folder)], terminal_width=200)
     assert result.exit_code == 1, result.output
     assert "FAIL  sentence-transformers: lowest cosine to SentenceTransformer: no prompt" in result.output

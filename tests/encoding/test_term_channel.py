@@ -15,6 +15,7 @@ import pytest
 from safetensors.torch import save_file
 
 from conftest import tiny_model
+from helpers import reseal, unrecord
 from lmembed import Embedder
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError, ModelLoadError, UnsafeFileError
@@ -131,6 +132,9 @@ def test_a_changed_table_is_refused_by_its_digest(bert, tmp_path):
     folder, _ = _saved(bert, tmp_path)
     vocab = len(bert.backbone.tokenizer)
     save_file({"idf": torch.full((vocab,), 9.0)}, str(folder / TERMS_FILE))
+    with pytest.raises(ModelLoadError, match=r"terms\.safetensors: its sha256 is not the one .*files\.terms"):
+        Embedder.from_pretrained(str(folder), show_progress=False, cache=False)
+    unrecord(folder)  # a folder saved before lmembed recorded its files: the strategy's own digest of the table
     with pytest.raises(UnsafeFileError, match=r"terms\.safetensors.*strategy\.terms\.sha256"):
         Embedder.from_pretrained(str(folder), show_progress=False, cache=False)
 
@@ -161,12 +165,14 @@ def test_a_wrong_table_is_refused_by_name(bert, tmp_path, tensors, message):
     save_file(state, str(folder / TERMS_FILE))
     meta["strategy"]["terms"]["sha256"] = table_digest(next(iter(state.values())))  # the digest agrees: other checks
     (folder / "lmembed.json").write_text(json.dumps(meta))
+    reseal(folder)  # the folder's record made to match too
     with pytest.raises(ModelLoadError, match=message):
         Embedder.from_pretrained(str(folder), show_progress=False, cache=False)
 
 
 def test_a_table_outside_the_folder_or_missing_is_refused(bert, tmp_path):
     folder, _ = _saved(bert, tmp_path)
+    unrecord(folder)  # past the folder's record (which refuses both too): the term channel's own checks
     outside = tmp_path / "elsewhere.safetensors"
     (folder / TERMS_FILE).rename(outside)
     with pytest.raises(ModelLoadError, match=r"lmembed\.json: strategy\.terms is set, but .*terms\.safetensors"):

@@ -56,6 +56,31 @@ def test_inside_accepts_what_lies_inside_and_refuses_each_way_out(tmp_path):
         inside(root, "../x", file="x.json", field="f", error=UnsafeModuleError)
 
 
+def test_a_hub_cache_snapshot_may_link_to_its_own_repositorys_blobs_only(tmp_path):
+    """huggingface_hub links each file of a snapshot to the repository's ``blobs/``: those links are the folder's
+    own files; a link to another repository's blobs, to a folder, or out of a folder that is no snapshot is not."""
+    repo = tmp_path / "hub" / "models--org--name"
+    snapshot = repo / "snapshots" / "0123abc"
+    (snapshot / "1_Pooling").mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / "aa11").write_text("{}")
+    (snapshot / "config.json").symlink_to("../../blobs/aa11")
+    (snapshot / "1_Pooling" / "config.json").symlink_to("../../../blobs/aa11")
+    assert inside(snapshot, "config.json", file="lmembed.json", field="files") == snapshot / "config.json"
+    assert inside(snapshot / "1_Pooling", "config.json", file="x", field="f") == snapshot / "1_Pooling" / "config.json"
+    other = tmp_path / "hub" / "models--org--other" / "blobs"
+    other.mkdir(parents=True)
+    (other / "bb22").write_text("{}")
+    (snapshot / "stolen.json").symlink_to(other / "bb22")
+    (snapshot / "blob-folder").symlink_to(repo / "blobs")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").symlink_to(repo / "blobs" / "aa11")
+    for folder, name in ((snapshot, "stolen.json"), (snapshot, "blob-folder"), (plain, "config.json")):
+        with pytest.raises(UnsafeFileError, match="leads outside"):
+            inside(folder, name, file="lmembed.json", field="files")
+
+
 # ---------------------------------------------------------------------------------------------- modules.json
 @pytest.fixture(scope="module")
 def published(tmp_path_factory) -> Path:

@@ -244,6 +244,38 @@ def test_memory_mapped_and_float16_outputs(tmp_path, one_torch_thread):
     assert storage_of(half)["memory_mapped"] and storage_of(half)["dtype"] == "float16"
 
 
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "record gone", "record of another shape", "a link"])
+def test_a_finished_vectors_matrix_is_read_again_only_as_it_was_written(tmp_path, one_torch_thread, caplog, damage):
+    """The memory-mapped ``vectors-*.npy`` of a finished job was served as it stood when read again: a flipped byte
+    gave other vectors, a truncated file an internal error. Its record holds its sha256, shape and dtype."""
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    texts = corpus_texts(30)
+    first = encode_corpus(emb, texts, batch_size=8, memory_map=True)
+    expected = np.array(first.vectors)
+    (matrix,) = first.job.folder.glob("vectors-*.npy")
+    record = matrix.with_name(matrix.name + ".json")
+    if damage == "flipped":
+        data = bytearray(matrix.read_bytes())
+        data[-3] ^= 0x40
+        matrix.write_bytes(bytes(data))
+    elif damage == "truncated":
+        matrix.write_bytes(matrix.read_bytes()[:200])
+    elif damage == "record gone":
+        record.unlink()
+    elif damage == "record of another shape":
+        record.write_text(json.dumps({**json.loads(record.read_text()), "shape": [3, 3]}))
+    else:
+        elsewhere = tmp_path / "elsewhere.npy"
+        elsewhere.write_bytes(matrix.read_bytes())
+        matrix.unlink()
+        matrix.symlink_to(elsewhere)
+    with caplog.at_level("WARNING", logger="lmembed.scale.job"):
+        again = encode_corpus(emb, texts, batch_size=8, memory_map=True)
+    assert np.array_equal(again.vectors, expected) and not matrix.is_symlink()
+    said = [r.getMessage() for r in caplog.records if "the vectors are written again" in r.getMessage()]
+    assert len(said) == 1 and matrix.name in said[0]
+
+
 def test_uncached_embedder_leaves_nothing_behind(tmp_path, one_torch_thread):
     emb = uncached("llama")
     emb.engine.cache_dir = tmp_path  # where an uncached Embedder's jobs would go

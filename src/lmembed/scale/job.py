@@ -33,11 +33,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lmembed.atomic import FILE_MODE, atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder, check_strategy, postprocess
 from lmembed.encoding.cache import EmbeddingCache, read_shard
 from lmembed.encoding.engine import resolve_max_length
 from lmembed.errors import ConfigError
+from lmembed.io import sha256_file
 from lmembed.scale.engines import JobEngine, describe
 from lmembed.scale.errors import ScaleError
 from lmembed.scale.progress import ProgressCallback, ProgressTracker
@@ -45,6 +47,7 @@ from lmembed.scale.shard_plan import ShardPlan, build_plan
 from lmembed.scale.sources import CorpusSource
 from lmembed.scale.staging import STAGING_DIR, PlanSettings
 from lmembed.scale.work import EmbedderSpec, ShardSettings, model_fingerprint, shard_name
+from lmembed.schema import RecordModel, read_checked_json
 
 log = logging.getLogger(__name__)
 
@@ -299,9 +302,15 @@ class EncodeJob:
             self._fill(out, plan, index)
             return out
         name = f"vectors-{config.fingerprint()[:16]}-{dtype}.npy"
-        target = Path(output) if output is not None else self.folder / name
-        if output is not None or not target.is_file():
-            self._write_matrix(target, plan, index, dtype)
+        if output is not None:
+            self._write_matrix(Path(output), plan, index, dtype)
+            return np.load(output, mmap_mode="r")
+        target = self.folder / name
+        shape = (plan.n_rows, self._dim(config))
+        if not _matrix_as_recorded(target, shape, dtype):
+            digest = self._write_matrix(target, plan, index, dtype)
+            record = {"sha256": digest, "shape": list(shape), "dtype": dtype}
+            atomic_write_text(_matrix_record(target), json.dumps(record))
         return np.load(target, mmap_mode="r")
 
     def _dim(self, config: EmbeddingConfig) -> int:
@@ -320,7 +329,8 @@ class EncodeJob:
             group = rows[bounds[shard] : bounds[shard + 1]]
             out[group] = vectors[slots[group] - start]
 
-    def _write_matrix(self, target: Path, plan: ShardPlan, index: int, dtype: str) -> None:
+    def _write_matrix(self, target: Path, plan: ShardPlan, index: int, dtype: str) -> str:
+        """Write the vectors of strategy ``index`` to ``target`` atomically; returns the file's sha256."""
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npy", dir=target.parent)
         os.close(fd)
@@ -332,10 +342,13 @@ class EncodeJob:
             del matrix
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
+            digest = sha256_file(Path(tmp))
+            os.chmod(tmp, FILE_MODE)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        return digest
 
     def remove(self) -> None:
         """Delete this job's folder and shards from the cache (what an uncached run does when it is done)."""
@@ -345,6 +358,42 @@ class EncodeJob:
                 for shard in range(plan.n_shards):
                     cache.shard_path(shard_name(self.job_id, shard)).unlink(missing_ok=True)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class MatrixRecord(RecordModel):
+    """``vectors-*.npy.json``: what a job's finished vectors matrix was written as."""
+
+    sha256: str
+    shape: list[int]
+    dtype: str
+
+
+def _matrix_record(target: Path) -> Path:
+    return target.with_name(target.name + ".json")
+
+
+def _matrix_as_recorded(target: Path, shape: tuple[int, int], dtype: str) -> bool:
+    """True when ``target`` (a job's vectors matrix, memory-mapped as it stands) is a plain file of the ``shape`` and
+    ``dtype`` asked for whose sha256 its record holds; one that is not is said (naming it) and written again."""
+    record = _matrix_record(target)
+    if not target.exists() and not target.is_symlink():
+        return False
+    try:
+        if target.is_symlink() or not target.is_file():
+            raise ScaleError(f"{target}: not a plain file")
+        data = read_checked_json(record, MatrixRecord, ScaleError, "a vectors matrix's record")
+        if data["shape"] != list(shape) or data["dtype"] != dtype:
+            raise ScaleError(
+                f"{record}: records shape {data['shape']} {data['dtype']}, the job's is {list(shape)} {dtype}"
+            )
+        if sha256_file(target) != data["sha256"]:
+            raise ScaleError(
+                f"{target}: its sha256 is not the one {record} records: changed or damaged after it was written"
+            )
+    except ScaleError as exc:
+        log.warning("%s; the vectors are written again from the job's shards", exc)
+        return False
+    return True
 
 
 def _empty_plan_table() -> pa.Table:

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -356,10 +357,10 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
             return self._clone_embedder(clean).save(directory)
         duplicate = copy.deepcopy(peft_model)
         clean = duplicate.merge_and_unload() if merge_lora else duplicate.unload()
-        saved = self._clone_embedder(clean).save(directory)
-        if not merge_lora:
-            self._save_adapter(peft_model, saved, Path(adapter_base or saved))
-        return saved
+        if merge_lora:
+            return self._clone_embedder(clean).save(directory)
+        base = Path(adapter_base or directory)
+        return self._clone_embedder(clean).save(directory, extra=partial(self._save_adapter, peft_model, base=base))
 
     def _clone_embedder(self, model: nn.Module) -> Embedder:
         backbone = dataclasses.replace(self.embedder.backbone, model=model, _fingerprint=None)
@@ -369,8 +370,9 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
         )
 
     @staticmethod
-    def _save_adapter(peft_model: Any, directory: Path, base: Path) -> None:
-        """Write the adapter next to the base weights, recording ``base`` as where those live."""
+    def _save_adapter(peft_model: Any, directory: Path, *, base: Path) -> None:
+        """Write the adapter next to the base weights (``directory``: the folder being saved), recording ``base``
+        as where those live."""
         config = peft_model.peft_config["default"]
         previous = config.base_model_name_or_path
         config.base_model_name_or_path = str(base.resolve())
