@@ -155,3 +155,78 @@ def test_a_long_query_is_cut_to_what_a_pair_keeps_with_the_same_features(ce_fold
         assert service.bounded_query("short query") == "short query"
     finally:
         service.executor.shutdown()
+
+
+#: a field that takes one of a few names, with values that are not one: each ended in a 500 (a list or an object:
+#: unhashable) or was taken for the default (false, 0, "") before
+NOT_A_CHOICE = [
+    ("/v2/embed", {"texts": ["x"]}, "input_type", [["search_query"], {}, [], 0]),
+    ("/v2/embed", {"texts": ["x"]}, "embedding_types", [False, 0, "", {}, [], [1], [["float"]], ["float", None]]),
+    ("/v2/embed", {"texts": ["x"]}, "truncate", [[], {}, 1, "START"]),
+    ("/embed", {"inputs": "x"}, "prompt_name", [["query"], {}, 1, ""]),
+    ("/", {"inputs": "x"}, "prompt_name", [["query"]]),
+]
+
+
+def test_a_field_of_names_takes_exactly_one_of_them_in_every_dialect(make_embedder, tmp_path):
+    emb = make_embedder("bert")
+    Index.build(emb, [(str(i), d) for i, d in enumerate(TOY_DOCS)], tmp_path / "index", kind="flat")
+    with serving(emb, index=Index.open(tmp_path / "index")) as (server, _):
+        for route, body, field, values in NOT_A_CHOICE:
+            for value in values:
+                response = httpx.post(server.url + route, json={**body, field: value}, timeout=30)
+                error = error_of(response, 400)
+                assert error["param"] == field, (route, field, value, error)
+        for body, param in (
+            ({"query": "cat", "k": 2, "top_k": 3}, "top_k"),
+            ({"query": "cat", "input": "dog"}, "input"),
+            ({"query": "cat", "top_k": "x"}, "top_k"),
+            ({"query": "cat", "top_k": -1}, "top_k"),
+        ):
+            assert error_of(httpx.post(server.url + "/v1/search", json=body, timeout=30), 400)["param"] == param
+        ok = httpx.post(server.url + "/v1/search", json={"query": "cat", "top_k": 2}, timeout=30)
+        assert ok.status_code == 200 and len(ok.json()["data"][0]["hits"]) == 2, ok.json()
+        for route, body in (("/v2/embed", {"texts": ["x"], "truncate": None}), ("/embed", {"inputs": "x"})):
+            assert httpx.post(server.url + route, json=body, timeout=30).status_code == 200
+        assert "internal_error" not in httpx.get(server.url + "/metrics").text
+
+
+def test_reading_routes_answer_head_and_one_model_card_by_name(make_embedder, ce_folder):
+    openai = pytest.importorskip("openai")
+    emb = make_embedder("bert")
+    with serving(emb, reranker=load_reranker(str(ce_folder)), aliases=("text-embedding-3-small",)) as (server, _):
+        for path in ("/health", "/info", "/metrics", "/v1/models", "/v1/models/tiny"):
+            got = httpx.head(server.url + path, timeout=30)
+            assert got.status_code == 200 and got.content == b"", path
+        assert httpx.get(server.url + "/v1/models/tiny").json()["dimensions"] == emb.dim
+        assert httpx.get(server.url + "/v1/models/tiny-ce").json()["type"] == "reranker"
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        assert client.models.retrieve("text-embedding-3-small").id == "tiny"  # an alias answers with the card
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.models.retrieve("gpt-4")
+        assert missing.value.body["code"] == "model_not_found" and "tiny" in missing.value.body["message"]
+        refused = httpx.post(server.url + "/health", timeout=30)
+        assert refused.status_code == 405 and set(refused.headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+def test_a_sparse_query_is_refused_instead_of_tokenised_with_every_document(ce_folder):
+    """A 3.5 MB run of one character is a single BERT token: no cut shortens it, so each pair tokenised all of it
+    again (1.3 s a document; one such request held the reranker's tokenizer for 22 s at 16 documents)."""
+    from prometheus_client import CollectorRegistry
+
+    from lmembed.serving.errors import ApiError
+    from lmembed.serving.rerank import SPARSE_QUERY_CHARS, RerankService
+
+    reranker = load_reranker(str(ce_folder))
+    service = RerankService(reranker, "ce", max_batch_tokens=4096, registry=CollectorRegistry())
+    try:
+        keep = reranker.max_length + 8
+        sparse = "1" * (keep * SPARSE_QUERY_CHARS + 1)
+        with pytest.raises(ApiError) as refused:
+            service._encode([(sparse, doc) for doc in TOY_DOCS])
+        assert refused.value.status == 400 and refused.value.code == "query_too_sparse"
+        assert refused.value.param == "query" and f"{len(sparse)} characters" in refused.value.message
+        just_under = "1" * (keep * SPARSE_QUERY_CHARS)
+        assert service.bounded_query(just_under) == just_under
+    finally:
+        service.executor.shutdown()

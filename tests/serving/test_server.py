@@ -355,8 +355,11 @@ BAD_REQUESTS = [
     ({"input": "x", "dimensions": "8"}, "invalid_dimensions", "got '8'"),
     ({"input": "x", "dimensions": 8.5}, "invalid_dimensions", "got 8.5"),
     ({"input": "x", "dimensions": True}, "invalid_dimensions", "got True"),
-    ({"input": "x", "encoding_format": "int8"}, "invalid_encoding_format", "'float' or 'base64'"),
-    ({"input": "x", "input_type": "passage"}, "invalid_input_type", "'query' or 'document'"),
+    ({"input": "x", "encoding_format": "int8"}, "invalid_encoding_format", "one of 'float', 'base64'"),
+    ({"input": "x", "input_type": "passage"}, "invalid_input_type", "one of 'query', 'document'"),
+    # not a choice: these were taken for the default (false, 0, "") or ended in a 500 (a list, an object)
+    *(({"input": "x", "encoding_format": v}, "invalid_encoding_format", f"got {v!r}") for v in (False, 0, "", [], {})),
+    *(({"input": "x", "input_type": v}, "invalid_input_type", f"got {v!r}") for v in (["query"], {"a": 1}, 0)),
     ({"input": "x", "input_type": "document", "instruction": "Find"}, "instruction_not_allowed", "without"),
     ({"input": "x", "instruction": 3}, "invalid_instruction", "'instruction' must be a string"),
     (b'{"input": "x", "instruction": "\\udfff"}', "invalid_instruction", "lone surrogate"),
@@ -386,7 +389,9 @@ def test_every_limit_has_its_status_and_json_error(make_embedder):
         assert_error(post(server, [1, 2]), 400, "invalid_json", "must be a JSON object")
         assert_error(post(server, {"query": "x"}, "/v1/search"), 404, "no_index", "no index is loaded")
         assert_error(httpx.get(server.url + "/v1/nothing"), 404, "not_found", "Not Found")
-        assert_error(httpx.get(server.url + "/v1/embeddings"), 405, "method_not_allowed", "Not Allowed")
+        not_allowed = httpx.get(server.url + "/v1/embeddings")
+        assert_error(not_allowed, 405, "method_not_allowed", "Not Allowed")
+        assert not_allowed.headers["allow"] == "POST"  # RFC 9110 15.5.6: a 405 says what the route takes
         metrics = httpx.get(server.url + "/metrics").text
     assert 'lmembed_errors_total{code="too_many_inputs",status="413"} 1.0' in metrics
     assert 'lmembed_errors_total{code="payload_too_large",status="413"} 2.0' in metrics
@@ -414,6 +419,10 @@ def test_api_key(make_embedder):
         assert_error(wrong, 401, "invalid_api_key", "invalid API key")
         assert wrong.headers["www-authenticate"] == "Bearer"
         assert post(server, {"input": "x"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        for given in ("bearer s3cret", "BEARER s3cret", "Bearer  s3cret"):  # the scheme's name in any case
+            assert post(server, {"input": "x"}, headers={"Authorization": given}).status_code == 200, given
+        for given in ("Basic s3cret", "Bearer S3CRET", "s3cret", "Bearers3cret", "Bearer"):  # the key exactly
+            assert post(server, {"input": "x"}, headers={"Authorization": given}).status_code == 401, given
         assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
         client = OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
         assert len(client.embeddings.create(model="tiny", input=["a", "b"]).data) == 2

@@ -159,3 +159,61 @@ def test_admission_by_tokens_in_flight(make_embedder):
             assert held.result().status_code == 200 and fits.result().status_code == 200
         assert state.admission.in_flight == 0
         assert post(server, {"input": big * 2}).status_code == 200  # over the limit, but alone: admitted
+
+
+def test_a_header_block_that_never_ends_gets_408_and_frees_its_address(make_embedder):
+    """Connections that began a header block and stopped (or trickled it a line at a time) were never timed out:
+    64 of them locked their address out of the server, /health included."""
+    limits = Limits(max_connections_per_client=3, body_timeout_s=1.5)
+    with serving(make_embedder("bert"), limits=limits) as (server, _):
+        counts = server.server.config.http.open_connections
+        wait_until(lambda: not counts)
+        stalled = [connect(server) for _ in range(3)]
+        for sock in stalled[:2]:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHo")
+        trickled = stalled[2]
+        started = time.monotonic()
+        for line in (b"GET /health HTTP/1.1\r\n", b"Host: x\r\n", b"X-A: 1\r\n"):  # each within the timeout
+            trickled.sendall(line)
+            time.sleep(0.4)
+        for sock in stalled:
+            status, _, body, closed = read_response(sock)
+            assert (status, error_code(body), closed) == (408, "request_timeout", True)
+            assert "headers did not arrive within 1.5 s (--body-timeout)" in json.loads(body)["error"]["message"]
+            sock.close()
+        assert time.monotonic() - started < 6  # from the block's first byte, not renewed by each line
+        wait_until(lambda: httpx.get(server.url + "/health").status_code == 200, timeout=10)
+        metrics = httpx.get(server.url + "/metrics").text
+    assert 'lmembed_errors_total{code="header_timeout",status="408"} 3.0' in metrics
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_keep_alive(make_embedder, monkeypatch):
+    from lmembed.serving import server as server_module
+
+    monkeypatch.setattr(server_module, "KEEP_ALIVE_S", 1)
+    with serving(make_embedder("bert")) as (server, _):
+        with connect(server) as sock:
+            sock.settimeout(10)
+            started = time.monotonic()
+            assert sock.recv(1) == b""  # closed by the server, nothing sent either way
+            assert time.monotonic() - started < 5
+        with connect(server) as sock:  # a request on a fresh connection is served as before
+            sock.sendall(head(len(BODY)) + BODY)
+            assert read_response(sock)[0] == 200
+
+
+def test_the_open_routes_bound_their_bodies_too(make_embedder):
+    """``/health`` with ``Content-Length: 1000000000`` answered 200, then read and dropped the gigabyte."""
+    with serving(make_embedder("bert"), limits=Limits(max_request_bytes=2000, body_timeout_s=1.5)) as (server, _):
+        for path in ("/health", "/metrics"):
+            with connect(server) as sock:
+                sock.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n".encode() + b"x" * 10
+                )
+                status, _, body, closed = read_response(sock)
+            assert (status, error_code(body), closed) == (413, "payload_too_large", True), path
+            with connect(server) as sock:
+                sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nx".encode())
+                status, _, body, closed = read_response(sock)
+            assert (status, error_code(body), closed) == (408, "request_timeout", True), path
+        assert httpx.get(server.url + "/health").status_code == 200

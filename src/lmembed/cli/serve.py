@@ -99,7 +99,12 @@ def serve(
         bool, typer.Option("--public-metrics", help="With --api-key: let /metrics answer without the key.")
     ] = False,
     body_timeout: Annotated[
-        float, typer.Option("--body-timeout", min=0.001, help="Seconds a request body may take to arrive (else 408).")
+        float,
+        typer.Option(
+            "--body-timeout",
+            min=0.001,
+            help="Seconds a request's header block, and then its body, may take to arrive (else 408).",
+        ),
     ] = 10.0,
     max_header_bytes: Annotated[
         int, typer.Option("--max-header-bytes", min=1, help="Largest header block of a request (else 431).")

@@ -7,7 +7,8 @@ endpoint                    what it does
 ``POST /v1/search``         query text(s) → ids, scores, texts of the loaded index (404 without an index):
                             dense, BM25 or hybrid, optionally reranked (:mod:`lmembed.serving.rerank`)
 ``POST /v1/rerank``         Cohere/Jina-style reranking with the loaded reranker (404 without one)
-``GET /v1/models``          the served model, with its dimension and strategy
+``GET /v1/models``          the served model, with its dimension and strategy (and the reranker)
+``GET /v1/models/{model}``  one of them, by its name or an alias (404 ``model_not_found`` otherwise)
 ``POST /v2/embed``          Cohere v2 embeddings (float, int8, uint8, binary, ubinary, base64: :mod:`.compat`)
 ``POST /v2/rerank``         Cohere v2 reranking (404 without a reranker)
 ``POST /embed``, ``POST /`` Text Embeddings Inference's embeddings (``{"inputs": ...}`` → a list of vectors)
@@ -18,11 +19,12 @@ endpoint                    what it does
                             too unless ``Limits.public_metrics``
 =========================== ==================================================================================
 
-The model answers to each of its served names (``model_name`` and ``aliases``: a client's default name such as
-``text-embedding-ada-002`` can be mapped on purpose). A request body is refused before it is parsed when it nests
-deeper than :data:`~lmembed.serving.schemas.MAX_JSON_DEPTH`; embedding texts, search queries and rerank pairs
-count against ``--max-tokens-in-flight``. When the server is idle after large requests, it hands freed heap memory
-back to the operating system (:mod:`lmembed.serving.memory`).
+The routes that read (``/v1/models``, ``/info``, ``/health``, ``/metrics``) answer ``HEAD`` too, and a ``405``
+says in ``Allow`` which methods a route takes. The model answers to each of its served names (``model_name`` and
+``aliases``: a client's default name such as ``text-embedding-ada-002`` can be mapped on purpose). A request body is
+refused before it is parsed when it nests deeper than :data:`~lmembed.serving.schemas.MAX_JSON_DEPTH`; embedding
+texts, search queries and rerank pairs count against ``--max-tokens-in-flight``. When the server is idle after
+large requests, it hands freed heap memory back to the operating system (:mod:`lmembed.serving.memory`).
 
 The server keeps its own encoding engine over the Embedder's backbone (no embedding cache: requests are
 not worth caching, and it must not write a cache shard per pass), reads out with the Embedder's strategy,
@@ -85,6 +87,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 WARM_UP_TEXT = "warm-up"
 JSON = "application/json"
+#: the routes that only read answer HEAD as well as GET (RFC 9110 9.1: a general-purpose server supports both)
+READ_METHODS = ["GET", "HEAD"]
 
 
 class ServerState:
@@ -245,10 +249,12 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watch.cancel()
 
 
-def _error_response(state: ServerState, error: ApiError) -> JSONResponse:
+def _error_response(state: ServerState, error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
     state.metrics.error(error.status, error.code)
-    headers = {"Retry-After": "1"} if error.status in (429, 503) else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    headers = dict(headers or {})
+    if error.status in (429, 503):
+        headers["Retry-After"] = "1"
+    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
 
 
 def served_load_spec(spec: LoadSpec) -> dict[str, Any]:
@@ -296,7 +302,7 @@ def create_app(
         message = f"{path}: {exc.detail}"
         if exc.status_code == 404 and f"/v1{path}" in ENDPOINTS:
             message += f"; the OpenAI-compatible routes are under /v1: use /v1{path} (a client's base URL ends in /v1)"
-        return _error_response(state, ApiError(exc.status_code, message, code))
+        return _error_response(state, ApiError(exc.status_code, message, code), exc.headers)  # 405: its Allow
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -419,7 +425,7 @@ def create_app(
         scores, _ = await state.score(request, req)
         return JSONResponse(tei_rerank_body(ranking(scores), scores, req.documents, req.return_documents))
 
-    @app.get("/info")
+    @app.api_route("/info", methods=READ_METHODS)
     async def tei_info() -> dict[str, Any]:
         limits = state.limits
         info: dict[str, Any] = {
@@ -443,8 +449,7 @@ def create_app(
             info["reranker"] = {"model_id": state.rerank.name, "max_input_length": state.rerank.reranker.max_length}
         return info
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    def cards() -> list[dict[str, Any]]:
         card = {
             "id": state.model_name,
             "aliases": list(state.aliases),
@@ -457,10 +462,10 @@ def create_app(
             "load": served_load_spec(embedder.load_spec),
             "index": None if state.index is None else {"kind": state.index.kind, "documents": state.index.count},
         }
-        cards = [card]
+        served = [card]
         if state.rerank is not None:
             reranker = state.rerank.reranker
-            cards.append(
+            served.append(
                 {
                     "id": state.rerank.name,
                     "object": "model",
@@ -471,13 +476,25 @@ def create_app(
                     "max_input_tokens": reranker.max_length,
                 }
             )
-        return {"object": "list", "data": cards}
+        return served
 
-    @app.get("/health")
+    @app.api_route("/v1/models", methods=READ_METHODS)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": cards()}
+
+    @app.api_route("/v1/models/{model:path}", methods=READ_METHODS)
+    async def model(model: str) -> dict[str, Any]:
+        for card in cards():
+            if model == card["id"] or model in card.get("aliases", ()):
+                return card
+        names = ", ".join(sorted({state.model_name, *state.aliases} | ({state.rerank.name} if state.rerank else set())))
+        raise ApiError(404, f"model {model!r} is not served here; this server serves {names}", "model_not_found")
+
+    @app.api_route("/health", methods=READ_METHODS)
     async def health() -> JSONResponse:
         return JSONResponse({"status": state.status}, status_code=200 if state.status == "ok" else 503)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=READ_METHODS)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 

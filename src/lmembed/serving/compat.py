@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from lmembed.serving.errors import bad_request
-from lmembed.serving.schemas import _dimensions, _model, _texts
+from lmembed.serving.schemas import _choice, _dimensions, _model, _texts
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
 COHERE_INPUT_TYPES = {
@@ -111,17 +111,16 @@ def parse_cohere_embed(
             raise bad_request(f"'{field}' is not served here; send 'texts'", "unsupported_input", field)
     texts = _texts(payload.get("texts"), "texts", max_inputs)
     model = _model(payload, served, default_model)
-    input_type = payload.get("input_type")
-    if input_type is not None and input_type not in COHERE_INPUT_TYPES:
+    input_type = _choice(payload, "input_type", COHERE_INPUT_TYPES, "invalid_input_type")
+    types = payload.get("embedding_types")
+    types = ["float"] if types is None else types
+    if (
+        not isinstance(types, list)
+        or not types
+        or any(not isinstance(t, str) or t not in EMBEDDING_TYPES for t in types)
+    ):
         raise bad_request(
-            f"'input_type' must be one of {', '.join(COHERE_INPUT_TYPES)}, got {input_type!r}",
-            "invalid_input_type",
-            "input_type",
-        )
-    types = payload.get("embedding_types") or ["float"]
-    if not isinstance(types, list) or any(t not in EMBEDDING_TYPES for t in types):
-        raise bad_request(
-            f"'embedding_types' must be a list of {', '.join(EMBEDDING_TYPES)}, got {types!r}",
+            f"'embedding_types' must be a non-empty list of {', '.join(EMBEDDING_TYPES)}, got {types!r}",
             "invalid_embedding_types",
             "embedding_types",
         )
@@ -132,9 +131,9 @@ def parse_cohere_embed(
             "invalid_embedding_types",
             "embedding_types",
         )
-    truncate = payload.get("truncate", "END")
+    truncate = payload.get("truncate")  # absent: what this server does (a long text is then cut, or refused by name)
     allowed = ("END",) if truncates else ("NONE",)
-    if truncate not in allowed:
+    if truncate is not None and (not isinstance(truncate, str) or truncate not in allowed):
         how = "cuts long texts at their end (END)" if truncates else "refuses long texts (NONE, --no-truncate)"
         raise bad_request(f"'truncate' is {truncate!r}; this server {how}", "invalid_truncate", "truncate")
     _reads_at_least(payload, "max_tokens", max_length, "the model")
@@ -201,13 +200,7 @@ def parse_tei_embed(
     normalize = _flag(payload, "normalize", True)
     _flag(payload, "truncate", False)  # the server's --no-truncate decides; the field is checked, not obeyed
     _direction(payload)
-    prompt = payload.get("prompt_name")
-    if prompt is not None and prompt not in TEI_PROMPTS:
-        raise bad_request(
-            f"'prompt_name' must be one of {', '.join(TEI_PROMPTS)}, got {prompt!r}",
-            "invalid_prompt_name",
-            "prompt_name",
-        )
+    prompt = _choice(payload, "prompt_name", TEI_PROMPTS, "invalid_prompt_name")
     dimensions = _dimensions(payload, "dimensions", dim, fixed_width)
     side = TEI_PROMPTS.get(prompt) if prompt is not None else None
     return CompatEmbedRequest(texts, default_model, side, dimensions, ("float",), True if normalize else None)

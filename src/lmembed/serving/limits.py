@@ -17,8 +17,9 @@ hold a connection each, never a slot, so they cannot starve the others. Connecti
 capped by the server (:mod:`lmembed.serving.server`, ``429`` and close), and texts by the tokens in flight
 (:class:`TokenAdmission`, once a request's texts are tokenised), so a few huge requests cannot fill the queue.
 
-``/health`` is exempt from these, so probes keep working under load; so is ``/metrics``, except that with an API
-key it needs the key too (unless ``public_metrics`` opens it to scrapers without one). The
+``/health`` is exempt from the key and the concurrency limit, so probes keep working under load; so is ``/metrics``,
+except that with an API key it needs the key too (unless ``public_metrics`` opens it to scrapers without one); their
+framing, body size and body time are bounded as any request's. The
 middleware also records every request's status and latency in the metrics. The other limits (inputs per
 request, text length, ``dimensions``, ``k``) are checked where the request is parsed.
 """
@@ -77,7 +78,7 @@ class Limits:
     truncate: bool = True  # False: a text longer than the model's max_length is refused (400)
     api_key: str | None = None
     public_metrics: bool = False  # True: /metrics answers without the API key
-    body_timeout_s: float = 10.0  # the whole body must arrive within this (408 otherwise)
+    body_timeout_s: float = 10.0  # a begun header block, then the whole body, must arrive within this (else 408)
     max_header_bytes: int = 16384  # names, values and line ends of all header lines (431 otherwise)
     max_connections_per_client: int = 64  # open connections from one address (429 and close otherwise)
     max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429; rerank pairs over it alone: 413)
@@ -151,7 +152,7 @@ class GuardMiddleware:
         self.metrics = metrics
         self.on_idle = on_idle  # called when the last request in flight is answered (the server trims its memory)
         self.in_flight = 0  # touched only on the event loop's thread
-        self._expected = f"Bearer {limits.api_key}".encode() if limits.api_key else None
+        self._expected = limits.api_key.encode() if limits.api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -171,9 +172,9 @@ class GuardMiddleware:
         try:
             if path == METRICS_PATH and self._expected is not None and not self.limits.public_metrics:
                 if await self._authorised(scope, tracked):
-                    await self.app(scope, receive, tracked)
+                    await self._open(scope, receive, tracked)
             elif path in OPEN_PATHS:
-                await self.app(scope, receive, tracked)
+                await self._open(scope, receive, tracked)
             else:
                 await self._guarded(scope, receive, tracked)
         finally:
@@ -185,8 +186,9 @@ class GuardMiddleware:
         if self._expected is None:
             return True
         given = _header(scope, b"authorization") or b""
-        if hmac.compare_digest(given, self._expected):
-            return True
+        scheme, _, token = given.strip().partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected):
+            return True  # the scheme's name is case-insensitive (RFC 9110 11.1), the key is not
         message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
         await send_error(send, ApiError(401, message, "invalid_api_key"), self.metrics)
         return False
@@ -208,6 +210,17 @@ class GuardMiddleware:
                 "headers_too_large",
             )
         return None
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An open path (``/health``, ``/metrics``): no slot is taken, but its framing, body size and body time are
+        bounded like any request's (a probe sending a gigabyte was read and dropped in full)."""
+        framing = self._framing_error(scope)
+        if framing is not None:
+            await send_error(send, framing, self.metrics)
+            return
+        body = await self._read_body(scope, receive, send)
+        if body is not None:
+            await self.app(scope, _replaying(body, receive), send)
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         framing = self._framing_error(scope)
@@ -249,16 +262,7 @@ class GuardMiddleware:
             await send(message)
 
         try:
-            replayed = False
-
-            async def replay() -> Message:
-                nonlocal replayed
-                if not replayed:
-                    replayed = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send_and_finish)
+            await self.app(scope, _replaying(body, receive), send_and_finish)
         finally:
             finish()
 
@@ -299,6 +303,20 @@ class GuardMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the application the body already read, then what the connection says next."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 class TokenAdmission:

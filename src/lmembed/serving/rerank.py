@@ -45,6 +45,9 @@ from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
 DEFAULT_RERANK_TOP_K = 100
 #: Tokens kept past the reranker's max_length when a long query is cut (so the cut never reaches a kept token).
 QUERY_MARGIN = 8
+#: Characters a query's token may take on average: text takes a few; a query sparser than this (a 3.5 MB run of one
+#: character is 1 BERT token) is refused, since no cut keeps its tokens and every pair would tokenise all of it
+SPARSE_QUERY_CHARS = 32
 #: Pairs tokenised at a time (the token budget is checked after each chunk).
 ENCODE_CHUNK = 256
 WARM_UP_PAIR = ("warm-up", "warm-up")
@@ -157,12 +160,20 @@ class RerankService:
         tokenizer = self.tokenizing.tokenizer
         if not getattr(tokenizer, "is_fast", False):
             return query  # no offsets to cut at
-        for text in (query[: keep * 32], query):
+        for text in (query[: keep * SPARSE_QUERY_CHARS], query):
             offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
             if len(offsets) > keep:
                 return query[: offsets[keep - 1][1]]
             if len(text) == len(query):
                 break
+        if len(query) > keep * SPARSE_QUERY_CHARS:  # no cut keeps its tokens, and each pair would read it all again
+            raise bad_request(
+                f"'query' is {len(query)} characters that make only {len(offsets)} tokens: more than "
+                f"{SPARSE_QUERY_CHARS} characters a token, and a query is tokenised again with every document; "
+                "send the part of it that is text",
+                "query_too_sparse",
+                "query",
+            )
         return query
 
     async def stop(self) -> None:

@@ -170,6 +170,17 @@ def _model(payload: dict[str, Any], served: Collection[str], default: str) -> st
     return model
 
 
+def _choice(payload: dict[str, Any], field: str, allowed: Collection[str], code: str, default: Any = None) -> Any:
+    """``field`` of ``payload``: absent or null gives ``default``; anything but one of the strings ``allowed`` is a
+    400 naming the field (a list or an object too, and ``false``, ``0`` or ``""``, which are not a choice)."""
+    value = payload.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        raise bad_request(f"'{field}' must be one of {', '.join(map(repr, allowed))}, got {value!r}", code, field)
+    return value
+
+
 def _optional_string(payload: dict[str, Any], field: str) -> str | None:
     value = payload.get(field)
     if value is None:
@@ -221,19 +232,9 @@ def parse_embedding_request(
     one where ``fixed_width`` says why the model's vectors cannot be shortened."""
     texts = _texts(payload.get("input"), "input", max_inputs)
     model = _model(payload, served, default_model)
-    encoding_format = payload.get("encoding_format") or "float"
-    if encoding_format not in ENCODING_FORMATS:
-        raise bad_request(
-            f"'encoding_format' must be 'float' or 'base64', got {encoding_format!r}",
-            "invalid_encoding_format",
-            "encoding_format",
-        )
+    encoding_format = _choice(payload, "encoding_format", ENCODING_FORMATS, "invalid_encoding_format", "float")
     dimensions = _dimensions(payload, "dimensions", dim, fixed_width)
-    input_type = payload.get("input_type")
-    if input_type is not None and input_type not in INPUT_TYPES:
-        raise bad_request(
-            f"'input_type' must be 'query' or 'document', got {input_type!r}", "invalid_input_type", "input_type"
-        )
+    input_type = _choice(payload, "input_type", INPUT_TYPES, "invalid_input_type")
     instruction = _optional_string(payload, "instruction")
     if instruction is not None and input_type == "document":
         raise bad_request(
@@ -249,10 +250,13 @@ def parse_search_request(
     payload: dict[str, Any], *, served: Collection[str], default_model: str, max_inputs: int, max_k: int
 ) -> SearchRequest:
     """Validate a ``/v1/search`` body (see the module doc)."""
+    for one, other in (("query", "input"), ("k", "top_k")):
+        if one in payload and other in payload:
+            raise bad_request(f"give '{one}' or its alias '{other}', not both", f"ambiguous_{one}", other)
     queries = _texts(payload.get("query", payload.get("input")), "query", max_inputs)
     model = _model(payload, served, default_model)
-    k = payload.get("k", payload.get("top_k", 10))
-    k = _positive_int(k, "k", max_k, "invalid_k", "results per query")
+    field = "top_k" if "top_k" in payload else "k"
+    k = _positive_int(payload.get(field, 10), field, max_k, "invalid_k", "results per query")
     return SearchRequest(queries, model, k, _optional_string(payload, "instruction"))
 
 

@@ -6,11 +6,13 @@ the app's shutdown (the batcher finishes its queue). A second signal stops at on
 
 Connections are counted per client address: one past the app's ``Limits.max_connections_per_client`` is
 answered ``429`` and closed as it opens, before anything is read from it (a client cannot hold every
-connection the server has).
+connection the server has). A connection that sends nothing is closed after the keep-alive time, and a header
+block not finished within ``Limits.body_timeout_s`` is answered ``408`` and closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -18,9 +20,11 @@ import time
 from collections import Counter
 from typing import Any
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from lmembed.serving.errors import ApiError
 from lmembed.serving.limits import Limits
 
 #: Idle keep-alive connections stay open this long (uvicorn's 5 s default races busy clients that reuse
@@ -28,31 +32,42 @@ from lmembed.serving.limits import Limits
 KEEP_ALIVE_S = 75
 
 
-def _refusal(limit: int) -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "message": f"this address has {limit} connections open already (--max-connections-per-client)",
-                "type": "rate_limit_error",
-                "code": "too_many_connections",
-                "param": None,
-            }
-        }
-    ).encode()
+def _closing_answer(status: str, error: ApiError, extra: str = "") -> bytes:
+    """A whole HTTP/1.1 response with ``error``'s JSON body that closes the connection, written before (or without)
+    a request uvicorn could hand the application."""
+    body = json.dumps(error.body()).encode()
     head = (
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra}"
         f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
 
-def per_client_protocol(limit: int, metrics: Any = None) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol, with at most ``limit`` open connections per client address."""
+def _refusal(limit: int) -> bytes:
+    message = f"this address has {limit} connections open already (--max-connections-per-client)"
+    return _closing_answer(
+        "429 Too Many Requests", ApiError(429, message, "too_many_connections"), "retry-after: 1\r\n"
+    )
+
+
+def _late_headers(timeout_s: float) -> bytes:
+    message = f"the request's headers did not arrive within {timeout_s:g} s (--body-timeout)"
+    return _closing_answer("408 Request Timeout", ApiError(408, message, "request_timeout"))
+
+
+def per_client_protocol(limit: int, metrics: Any = None, header_timeout_s: float = 10.0) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, with at most ``limit`` open connections per client address, and the time a
+    connection may take bounded where uvicorn leaves it open: a connection that sends nothing is closed after the
+    keep-alive time, and a request whose header block has begun but not ended within ``header_timeout_s`` is
+    answered ``408`` and closed (else a few connections trickling a header a byte at a time held their address's
+    every slot, ``/health`` included, for as long as they liked)."""
     open_by_address: Counter[str] = Counter()  # touched on the event loop's thread only
     refusal = _refusal(limit)
+    late = _late_headers(header_timeout_s)
 
     class PerClientLimited(H11Protocol):
         address: str | None = None
+        header_timer: asyncio.TimerHandle | None = None
         open_connections = open_by_address  # {address: connections open}, for metrics and tests
 
         def connection_made(self, transport: Any) -> None:
@@ -67,10 +82,36 @@ def per_client_protocol(limit: int, metrics: Any = None) -> type[H11Protocol]:
             open_by_address[address] += 1
             self.address = address
             super().connection_made(transport)
+            # a connection that never sends a byte is idle like one between requests (uvicorn times only those)
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()  # a header block begun
+            if waiting and self.header_timer is None:
+                self.header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+            elif not waiting:
+                self._stop_header_timer()
+
+        def _headers_late(self) -> None:
+            self.header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                if metrics is not None:
+                    metrics.error(408, "header_timeout")
+                self.transport.write(late)
+                self.transport.close()
+
+        def _stop_header_timer(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self.address is None:
                 return  # refused in connection_made: uvicorn's state was never set up
+            self._stop_header_timer()
             open_by_address[self.address] -= 1
             if open_by_address[self.address] <= 0:
                 del open_by_address[self.address]
@@ -90,7 +131,9 @@ def _config(app: Any, *, graceful_timeout: float, log_level: str, access_log: bo
         access_log=access_log,
         timeout_graceful_shutdown=graceful_timeout,
         timeout_keep_alive=KEEP_ALIVE_S,
-        http=per_client_protocol(limits.max_connections_per_client, getattr(state, "metrics", None)),
+        http=per_client_protocol(
+            limits.max_connections_per_client, getattr(state, "metrics", None), limits.body_timeout_s
+        ),
         # h11 buffers at most this much of an unfinished header block (then 400); a finished block over
         # max_header_bytes gets the middleware's 431
         h11_max_incomplete_event_size=max(4 * limits.max_header_bytes, 65536),
