@@ -203,3 +203,24 @@ def test_a_hub_id_without_lmembed_json_goes_on_to_the_other_readers(offline_hub,
     to_hub_cache(plain, offline_hub, "me/plain")
     assert plan_load("me/plain").reader == "transformers"
     assert plan_load("not a hub id").reader == "transformers"
+
+
+def test_an_export_records_its_files_and_never_replaces_a_folder_of_other_files(tokenizer, tmp_path, monkeypatch):
+    from conftest import tiny_model
+    from lmembed import EmbeddingConfig
+
+    monkeypatch.setenv("LMEMBED_HOME", str(tmp_path / "home"))
+    model = tiny_model("bert", len(tokenizer))
+    emb = Embedder.from_model(model, tokenizer, EmbeddingConfig(), backend="onnx", use_cache=False, show_progress=False)
+    folder = emb.export(tmp_path / "export")
+    meta = json.loads((folder / STRATEGY_FILE).read_text())
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert meta["format"] == SAVED_FORMAT and sorted(meta[FILES_KEY]) == [f for f in files if f != STRATEGY_FILE]
+    assert "model.onnx" in meta[FILES_KEY] and "manifest.json" in meta[FILES_KEY]
+    assert emb.export(folder) == folder  # an earlier export is replaced
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match=r"mine: holds files that are not a saved Embedder's"):
+        emb.export(mine)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

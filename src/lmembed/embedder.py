@@ -646,6 +646,7 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
     """Fill ``directory`` with the export folder ``source`` + tokenizer + strategy, atomically (temporary sibling,
     then one rename; an existing ``directory`` is replaced only once the new one is complete)."""
     directory = directory.expanduser().resolve()
+    _check_replaceable(directory)
     with atomic_folder(directory) as tmp:
         for item in source.iterdir():
             shutil.copy2(item, tmp / item.name)
@@ -663,14 +664,14 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
 
 
 def _check_replaceable(directory: Path) -> None:
-    """Saving replaces ``directory`` whole: refused when it is a file, or a folder with files that are not a saved
-    Embedder's (they would be lost)."""
+    """Saving (or exporting) replaces ``directory`` whole: refused when it is a file, or a folder with files that are
+    not a saved or exported Embedder's (they would be lost)."""
     if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
         raise ConfigError(f"{directory}: not a folder; an Embedder is saved to a folder")
     if directory.is_dir() and any(directory.iterdir()) and not (directory / STRATEGY_FILE).is_file():
         raise ConfigError(
-            f"{directory}: holds files that are not a saved Embedder's, and saving replaces the folder whole; save "
-            "to a new or empty folder, or to one an Embedder was saved to"
+            f"{directory}: holds files that are not a saved Embedder's, and writing one replaces the folder whole; "
+            "write to a new or empty folder, or to one an Embedder was saved or exported to"
         )
 
 

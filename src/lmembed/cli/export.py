@@ -31,7 +31,9 @@ PRECISIONS = PORTABLE_PRECISIONS  # float32 or int8: the graph ONNX Runtime runs
 
 @options_command
 def export(
-    directory: Annotated[Path, typer.Argument(help="Folder to write (replaced atomically if it exists).")],
+    directory: Annotated[
+        Path, typer.Argument(help="Folder to write: new, empty, or an earlier export (replaced atomically).")
+    ],
     model: ModelOpt = "minilm",
     format: Annotated[str, typer.Option("--format", help="Graph format: onnx.")] = "onnx",
     precision: Annotated[
