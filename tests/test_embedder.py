@@ -208,6 +208,50 @@ def test_repeated_encode_is_served_from_cache(make_embedder, tmp_path, monkeypat
     assert len(calls) == 3
 
 
+def test_clearing_the_cache_removes_its_entries_and_nothing_else(make_embedder, tmp_path):
+    """``lmembed cache clear --directory DIR`` removed DIR whole, whatever it held (a wrong LMEMBED_CACHE would
+    empty whatever folder it named)."""
+    from typer.testing import CliRunner
+
+    from lmembed.cli import app
+    from lmembed.encoding.cache import cache_size
+
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path
+    emb.encode(TEXTS)
+    (tmp_path / "precious.txt").write_text("keep me")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.npz").write_bytes(b"mine")
+    shards, size = cache_size(tmp_path)
+    assert shards == 1 and size > 0  # the cache's own shard; not notes/a.npz
+    result = CliRunner().invoke(app, ["cache", "clear", "--directory", str(tmp_path)])
+    assert result.exit_code == 0 and "removed 1 cache shard(s)" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "precious.txt"]
+    assert (tmp_path / "notes" / "a.npz").read_bytes() == b"mine" and cache_size(tmp_path) == (0, 0)
+    for command in ("clear", "info"):
+        refused = CliRunner().invoke(app, ["cache", command, "--directory", str(tmp_path / "precious.txt")])
+        assert refused.exit_code == 2 and "precious.txt: not a folder" in refused.output, refused.output
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_model_that_gives_nan_is_refused_and_nothing_is_cached(make_embedder, tmp_path, pipelined):
+    """A model trained with lr=inf (NaN weights) encoded to NaN vectors with exit 0; an index of them searched to
+    nothing."""
+    import torch
+
+    from lmembed.encoding.cache import cache_size
+    from lmembed.encoding.engine import NonFiniteVectorsError
+
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir, emb.engine.pipelined = True, tmp_path, pipelined
+    with torch.no_grad():
+        next(emb.backbone.model.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteVectorsError, match=r"NaN or infinite values for 3 of a batch's 3 texts"):
+        emb.encode(TEXTS)
+    assert cache_size(tmp_path) == (0, 0)
+
+
 def _npz(path, **members: bytes) -> None:
     """An .npz whose members are written byte for byte (headers that lie included)."""
     import zipfile

@@ -308,3 +308,14 @@ def test_a_saved_embedders_head_sizes_are_checked_against_its_weights(model, tmp
     refuse_to_build(monkeypatch, backbone=False)  # the backbone loads first; the head must not be built
     with pytest.raises(ConfigSizeError, match=r"lmembed\.json: out_features=1000000 does not match the weights"):
         Embedder.from_pretrained(str(saved), cache=False, show_progress=False)
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_a_clear_error(monkeypatch):
+    """With the Hub unreachable, ``lmembed encode -m foo/bar`` ended in ``internal error (OSError)``."""
+    import huggingface_hub.constants
+
+    from lmembed.models.loading import load_backbone
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network: as an unreachable Hub
+    with pytest.raises(ModelLoadError, match=r"^foo/bar: cannot be loaded: "):
+        load_backbone("foo/bar")

@@ -18,7 +18,7 @@ DirectoryOpt = Annotated[
 
 @app.command("clear")
 def clear(directory: DirectoryOpt = None) -> None:
-    """Delete every cached embedding."""
+    """Delete every cached embedding: the cache's own model folders (anything else in the folder is left)."""
     from lmembed.encoding.cache import clear_cache  # lazy: keeps --help fast
 
     removed = clear_cache(directory)

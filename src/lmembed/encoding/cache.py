@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shutil
 import uuid
 import zipfile
@@ -29,12 +30,16 @@ from pathlib import Path
 import numpy as np
 
 from lmembed.atomic import atomic_write
-from lmembed.errors import LmembedError
+from lmembed.errors import ConfigError, LmembedError
 from lmembed.paths import embedding_cache_dir
 
 log = logging.getLogger(__name__)
 
 KEY_BYTES = 16
+#: the names the cache gives its folders: ``<model key>/<strategy key>/`` (:func:`model_key`: the backbone's
+#: fingerprint, then the backend's tag; ``EmbeddingConfig.fingerprint``)
+MODEL_DIR_NAME = re.compile(r"[0-9a-f]{32}(-[\w.]+)*")
+STRATEGY_DIR_NAME = re.compile(r"[0-9a-f]{16}")
 
 
 class CacheShardError(LmembedError, ValueError):
@@ -191,18 +196,42 @@ def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], n
     return tuple(shape), dtype
 
 
-def clear_cache(root: Path | None = None) -> int:
-    """Delete every cached embedding under ``root``; returns the number of shard files removed."""
+def _cache_root(root: Path | None) -> Path:
     root = Path(root or default_cache_dir())
-    if not root.exists():
-        return 0
-    count = sum(1 for _ in root.rglob("*.npz"))
-    shutil.rmtree(root)
+    if root.is_symlink() or (root.exists() and not root.is_dir()):
+        raise ConfigError(f"{root}: not a folder; the embedding cache is a folder of model folders")
+    return root
+
+
+def cache_entries(root: Path) -> list[Path]:
+    """The strategy folders of ``root`` that are the cache's own (``<model key>/<strategy key>/``, named as lmembed
+    names them): what :func:`clear_cache` removes and :func:`cache_size` counts. Nothing else under ``root``."""
+    if not root.is_dir():
+        return []
+    return [
+        strategy
+        for model in sorted(root.iterdir())
+        if model.is_dir() and not model.is_symlink() and MODEL_DIR_NAME.fullmatch(model.name)
+        for strategy in sorted(model.iterdir())
+        if strategy.is_dir() and not strategy.is_symlink() and STRATEGY_DIR_NAME.fullmatch(strategy.name)
+    ]
+
+
+def clear_cache(root: Path | None = None) -> int:
+    """Delete every cached embedding under ``root`` (its :func:`cache_entries`, and a model folder they leave
+    empty); returns the number of shard files removed. Anything else in ``root`` is left where it is: a folder
+    named by mistake is not emptied."""
+    root = _cache_root(root)
+    count = 0
+    for strategy in cache_entries(root):
+        count += sum(1 for _ in strategy.rglob("*.npz"))
+        shutil.rmtree(strategy)
+        if not any(strategy.parent.iterdir()):
+            strategy.parent.rmdir()
     return count
 
 
 def cache_size(root: Path | None = None) -> tuple[int, int]:
-    """(number of shard files, total bytes) under ``root``."""
-    root = Path(root or default_cache_dir())
-    files = [p for p in root.rglob("*.npz")] if root.exists() else []
+    """(number of shard files, total bytes) of the cache under ``root`` (its :func:`cache_entries`)."""
+    files = [p for strategy in cache_entries(_cache_root(root)) for p in strategy.rglob("*.npz") if p.is_file()]
     return len(files), sum(p.stat().st_size for p in files)

@@ -47,6 +47,7 @@ from lmembed.encoding.cache import EmbeddingCache, default_cache_dir, model_key,
 from lmembed.encoding.chunking import Chunking, token_windows
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
 from lmembed.encoding.pipeline import COLLATE_THREAD, QUEUE_DEPTH, TOKENISE_THREAD, Prefetcher, ReadBack
+from lmembed.errors import ModelLoadError
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
 from lmembed.pooling.terms import TermChannel
@@ -365,7 +366,7 @@ class EncodingEngine:
                     [outputs[i] for i in group],
                     instruction,
                     batch_size,
-                    on_batch=partial(_add_rows, writers),
+                    on_batch=partial(_add_rows, writers, [outputs[i] for i in group]),
                     features=features,
                 )
             except BaseException:
@@ -721,7 +722,22 @@ def _late_spans(pool_mask: Sequence[int], chunking: Chunking) -> list[list[int]]
     return [pooled[start:end] for start, end in windows] if pooled else [[]]
 
 
-def _add_rows(writers: Sequence[_CacheWriter], rows: list[int]) -> None:
+class NonFiniteVectorsError(ModelLoadError):
+    """The model gave NaN or infinite values for some texts: no vector of them is returned or cached."""
+
+
+def _add_rows(writers: Sequence[_CacheWriter], outputs: Sequence[np.ndarray], rows: list[int]) -> None:
+    """After a batch: its rows must be finite in every output (checked before any is cached), then they are
+    handed to the cache writers."""
+    for out in outputs:
+        bad = ~np.isfinite(out[rows]).all(axis=1)
+        if bad.any():
+            first = rows[int(np.argmax(bad))]
+            raise NonFiniteVectorsError(
+                f"the model gave NaN or infinite values for {int(bad.sum())} of a batch's {len(rows)} texts (the "
+                f"first: text {first}); its weights are not finite, or its dtype overflows (float16: try bfloat16 "
+                "or float32); nothing of them was returned or cached"
+            )
     for writer in writers:
         writer.add(rows)
 

@@ -262,7 +262,11 @@ def load_backbone(
     torch_device = resolve_device(device)
     if Path(path).is_dir():
         check_config_sizes(Path(path))  # before transformers reads them (models.weights)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as exc:  # not a folder here, and the Hub could not give it (unreachable, no such repository)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{name_or_path}: cannot be loaded: {first}") from exc
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
