@@ -18,6 +18,7 @@ the Embedder's :class:`~lmembed.load_spec.LoadSpec`: how to load the same model 
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import re
@@ -256,10 +257,15 @@ def _download_saved_folder(name: str) -> Path | None:
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
     try:
-        hf_hub_download(name, STRATEGY_FILE)
+        record = Path(hf_hub_download(name, STRATEGY_FILE))
     except (EntryNotFoundError, HfHubHTTPError, OSError, ValueError):
         return None  # not there, no such repository, or no Hub: not a saved folder lmembed can read
-    return Path(snapshot_download(name))
+    try:  # the files it records, and nothing else the repository holds (a folder of format 1: all of them)
+        files = json.loads(record.read_text(encoding="utf-8")).get(FILES_KEY)
+    except (AttributeError, UnicodeDecodeError, json.JSONDecodeError):
+        files = None  # read again, and refused by name, as the snapshot's lmembed.json
+    wanted = [STRATEGY_FILE, *map(glob.escape, files)] if isinstance(files, dict) else None
+    return Path(snapshot_download(name, allow_patterns=wanted))
 
 
 def _read_hub_published(repo_id: str) -> PublishedModel | None:
