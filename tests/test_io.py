@@ -19,7 +19,9 @@ from lmembed.evaluation.tasks._common import read_jsonl as read_task_rows
 from lmembed.io import (
     DataFormatError,
     is_beir_folder,
+    is_jsonl,
     iter_jsonl,
+    iter_lines,
     iter_qrels,
     qrels_splits,
     read_jsonl,
@@ -250,3 +252,39 @@ def test_default_data_root_falls_back_to_the_shared_folder(clean_env: Path, monk
     assert paths.default_data_root() is None
     shared.mkdir(parents=True)
     assert paths.default_data_root() == shared.resolve() == paths.shared_datasets_dir()
+
+
+def test_a_lone_cr_ends_a_line_as_in_universal_newlines(tmp_path: Path) -> None:
+    """A file with CR-only line endings (old Mac) was one line: its texts embedded as one."""
+    path = tmp_path / "cr.txt"
+    path.write_bytes(b"one\rtwo\r\nthree\r\rfive\nsix\r")
+    assert list(iter_lines(path)) == [(1, "one"), (2, "two"), (3, "three"), (4, ""), (5, "five"), (6, "six")]
+    assert read_text_lines(path, strip=True) == ["one", "two", "three", "five", "six"]
+    rows = tmp_path / "cr.jsonl"
+    rows.write_bytes(b'{"a": 1}\r{"a": 2}\r{"a": [\r')
+    with pytest.raises(DataFormatError, match=r"cr\.jsonl:3: invalid JSON"):
+        list(iter_jsonl(rows))
+
+
+def test_json_lines_and_gzip_are_told_by_name_in_any_case(tmp_path: Path) -> None:
+    for name in ("a.jsonl", "A.JSONL", "a.jsonl.gz", "a.JSONL.GZ", "a.ndjson", "a.Ndjson.gz"):
+        assert is_jsonl(tmp_path / name), name
+    for name in ("a.txt", "a.txt.gz", "jsonl", "a.json", "a.jsonl.txt"):
+        assert not is_jsonl(tmp_path / name), name
+    upper = tmp_path / "ROWS.JSONL.GZ"
+    upper.write_bytes(gzip.compress(b'{"text": "x"}\n'))
+    assert read_texts_field(upper, "text") == ["x"]
+
+
+def test_a_json_string_with_a_lone_surrogate_names_file_line_and_field(tmp_path: Path) -> None:
+    """It was read, and failed later as "input 0: text contains a lone surrogate", naming no file."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"text": "ok \\ud83d\\ude00"}\n\n{"text": "a\\ud800b"}\n{"neg": ["x", "\\uDC00"]}\n')
+    with pytest.raises(DataFormatError) as caught:
+        read_texts_field(path, "text")
+    assert str(caught.value) == f"{path}:3: field 'text' holds a lone surrogate ('\\ud800' at character 2)"
+    skipped: list[DataFormatError] = []
+    rows = list(iter_jsonl(path, on_error=skipped.append))
+    assert [n for n, _ in rows] == [1] and rows[0][1]["text"] == "ok 😀"  # a surrogate pair is one character
+    assert [e.where for e in skipped] == [f"{path}:3", f"{path}:4"]
+    assert "field 'neg'[1]" in skipped[1].reason

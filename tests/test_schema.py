@@ -29,6 +29,19 @@ def test_yaml_lines_name_every_key_and_item():
     assert lines[("b", "d")] == 4 and lines[("b", "d", 0)] == 5 and lines[("b", "d", 0, "e")] == 5
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines_but_an_anchor_may_be_overridden(tmp_path):
+    """``steps: 1`` ... ``steps: 2`` in a config trained 2 steps without a word (YAML keeps the last value)."""
+    path = tmp_path / "train.yaml"
+    path.write_text("steps: 1\nlr: 0.001\nsteps: 2\n")
+    with pytest.raises(TrainConfigError, match=r"train.yaml:3: invalid YAML \(key 'steps' is given twice \(first on"):
+        TrainConfig.from_yaml(path)
+    for nested in ("a:\n  b: 1\n  b: 2\n", "a: [{x: 1, x: 2}]\n"):
+        with pytest.raises(Exception, match="is given twice"):
+            load_yaml_with_lines(nested)
+    base = "base: &b {lr: 1, steps: 2}\narm:\n  <<: *b\n  lr: 3\n"  # a merged key overridden: YAML's own way
+    assert load_yaml_with_lines(base)[0]["arm"] == {"lr": 3, "steps": 2}
+
+
 def test_where_names_the_nearest_line_and_builds_the_files_own_error():
     where = Where("run.yaml", {("train",): 3, ("train", "steps"): 4}, TrainConfigError)
     assert where(("train", "steps")) == "run.yaml:4: train.steps"

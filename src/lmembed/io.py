@@ -2,12 +2,14 @@
 
 Every reader here shares the same rules:
 
-* files are UTF-8; a byte-order mark at the start is ignored; a file whose name ends in ``.gz`` is
+* files are UTF-8; a byte-order mark at the start is ignored; a file whose name ends in ``.gz`` (any case) is
   decompressed on the fly;
-* lines end in LF or CRLF, and the line ending is never part of the text;
+* lines end in LF, CRLF or a lone CR (Python's universal newlines), and the line ending is never part of the text;
+* a file is JSON lines when its name ends in ``.jsonl`` or ``.ndjson``, optionally followed by ``.gz``, in any
+  case (:func:`is_jsonl`);
 * a problem in a file (bytes that are not UTF-8, a line that is not JSON, a row that is not a JSON
-  object, a malformed qrels row, damaged gzip data) raises :class:`DataFormatError`, whose message
-  starts with ``<file>:<line>:``.
+  object, a JSON string holding a lone surrogate, a malformed qrels row, damaged gzip data) raises
+  :class:`DataFormatError`, whose message starts with ``<file>:<line>:``.
 
 Readers that may drop bad lines instead of failing (training data's ``skip_invalid``) take an
 ``on_error`` callback: it receives each :class:`DataFormatError` and either raises or returns, in
@@ -26,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +44,9 @@ QUERIES_FILE = "queries.jsonl"
 QRELS_DIR = "qrels"
 QRELS_HEADER_IDS = frozenset({"query-id", "query_id", "qid"})
 _BOM = b"\xef\xbb\xbf"
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+#: a JSON ``\\uXXXX`` escape of a UTF-16 surrogate, which alone (unpaired) is no character
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 Qrels = dict[str, dict[str, int]]
 
@@ -71,24 +77,49 @@ def _report(error: DataFormatError, on_error: OnError | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- lines
+def is_gzip(path: str | Path) -> bool:
+    """True when ``path``'s name ends in ``.gz`` (any case): the readers here decompress it."""
+    return Path(path).suffix.lower() == ".gz"
+
+
+def is_jsonl(path: str | Path) -> bool:
+    """True when ``path`` names a JSON-lines file: ``.jsonl`` or ``.ndjson``, optionally ``.gz``-compressed,
+    in any case (``corpus.JSONL``, ``queries.jsonl.gz``)."""
+    name = Path(path).name.lower()
+    return name.removesuffix(".gz").endswith(JSONL_SUFFIXES)
+
+
 def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    return gzip.open(path, "rb") if is_gzip(path) else path.open("rb")
+
+
+def _split_cr(raw: bytes) -> list[bytes]:
+    """The lines in one chunk read up to an LF, its line ending dropped: a lone CR ends a line too (universal
+    newlines), so ``b"a\\rb\\r\\n"`` holds the lines ``a`` and ``b``."""
+    for ending in (b"\r\n", b"\n", b"\r"):
+        if raw.endswith(ending):
+            raw = raw[: -len(ending)]
+            break
+    return raw.split(b"\r")
 
 
 def _raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """``(line number, bytes)`` of every line; damaged gzip data is reported as a format error."""
+    """``(line number, bytes)`` of every line (LF, CRLF and lone CR all end one); damaged gzip data is reported as
+    a format error."""
     line_no = 0
     try:
         with _open_binary(path) as handle:
-            for line_no, raw in enumerate(handle, start=1):
-                yield line_no, raw
+            for raw in handle:
+                for piece in _split_cr(raw) if b"\r" in raw else (raw,):  # most files: no CR, or CRLF
+                    line_no += 1
+                    yield line_no, piece
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise DataFormatError(path, line_no + 1, f"damaged gzip data ({exc})") from exc
 
 
 def iter_lines(path: str | Path, *, on_error: OnError | None = None) -> Iterator[tuple[int, str]]:
-    """Yield ``(line number, text)`` for every line of a UTF-8 text file, the line ending (LF or
-    CRLF) removed; blank lines included. A line that is not UTF-8 is an error naming file and line."""
+    """Yield ``(line number, text)`` for every line of a UTF-8 text file, the line ending (LF, CRLF or a
+    lone CR) removed; blank lines included. A line that is not UTF-8 is an error naming file and line."""
     path = Path(path)
     for line_no, raw in _raw_lines(path):
         if line_no == 1 and raw.startswith(_BOM):
@@ -157,7 +188,29 @@ def iter_jsonl(path: str | Path, *, on_error: OnError | None = None) -> Iterator
         if not isinstance(row, dict):
             _report(DataFormatError(path, line_no, f"expected a JSON object, got {_json_type(row)}"), on_error)
             continue
+        if _SURROGATE_ESCAPE.search(line) and (problem := _lone_surrogate(row)):
+            _report(DataFormatError(path, line_no, problem), on_error)
+            continue
         yield line_no, row
+
+
+def _lone_surrogate(value: Any, where: str = "") -> str | None:
+    """What holds a lone surrogate (``\\ud800`` escaped alone: no character, it cannot be encoded as UTF-8) in a
+    decoded JSON value, or ``None``; ``where`` is the value's place (``field 'text'``, ``field 'neg'[2]``)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where or 'a string'} holds a lone surrogate ({value[exc.start]!r} at character {exc.start + 1})"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and (problem := _lone_surrogate(key, f"{where or 'a key'} {key!r}")):
+            return problem
+        place = f"{where}[{key!r}]" if where else f"field {key!r}"
+        if problem := _lone_surrogate(item, place):
+            return problem
+    return None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ import numpy as np
 from lmembed.atomic import atomic_write
 from lmembed.errors import LmembedError
 from lmembed.evaluation.search import exact_search
-from lmembed.io import CORPUS_FILE, DataFormatError, find_file, read_corpus, read_jsonl, read_text_lines
+from lmembed.io import CORPUS_FILE, DataFormatError, find_file, iter_jsonl, read_corpus, read_jsonl, read_text_lines
 from lmembed.protocols import RetrievalEncoder
 
 log = logging.getLogger(__name__)
@@ -338,6 +338,23 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         return read_jsonl(path)
     except DataFormatError as exc:
         raise MiningError(str(exc)) from exc
+
+
+def read_training_rows(path: str | Path) -> list[dict[str, Any]]:
+    """:func:`read_rows` for mining: every row must have a query and a positive, else :class:`MiningError` names
+    the file and line (found before any model loads, not when the rows are mined)."""
+    rows = []
+    try:
+        for line_no, row in iter_jsonl(path):
+            try:
+                _row_query(row)
+                _row_positives(row)
+            except MiningError as exc:
+                raise MiningError(f"{path}:{line_no}: {exc}") from None
+            rows.append(row)
+    except DataFormatError as exc:
+        raise MiningError(str(exc)) from exc
+    return rows
 
 
 def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:

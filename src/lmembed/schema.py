@@ -56,6 +56,8 @@ def load_yaml_with_lines(text: str) -> tuple[Any, dict[KeyPath, int]]:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            _no_key_twice(node, set())  # before anchors are merged in (construction flattens ``<<: *base``)
         data = loader.construct_document(node) if node is not None else None
         lines: dict[KeyPath, int] = {}
 
@@ -75,6 +77,27 @@ def load_yaml_with_lines(text: str) -> tuple[Any, dict[KeyPath, int]]:
         return data, lines
     finally:
         loader.dispose()
+
+
+def _no_key_twice(node: yaml.Node, visited: set[int]) -> None:
+    """Refuse a mapping that gives one key twice: YAML keeps the last value without a word (``steps: 1`` ... ``steps:
+    2``). Keys merged in from an anchor (``<<: *base``) are not this mapping's own, and its own may override them."""
+    if id(node) in visited:
+        return
+    visited.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    problem = f"key {key_node.value!r} is given twice (first on line {seen[key]})"
+                    raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+            _no_key_twice(value_node, visited)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _no_key_twice(item, visited)
 
 
 def read_yaml_file(path: Path, error: type[Exception], text: str) -> tuple[Any, dict[KeyPath, int]]:

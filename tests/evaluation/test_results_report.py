@@ -115,10 +115,47 @@ def test_reads_files_written_by_mteb(tmp_path: Path) -> None:
 def test_load_results_skips_other_json(tmp_path: Path, caplog) -> None:
     write_result(make_result(), tmp_path)
     (tmp_path / "model_meta.json").write_text('{"name": "x"}')
-    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
     with caplog.at_level("WARNING"):
         assert [r.task_name for r in load_results(tmp_path)] == ["SciFact"]
     assert not caplog.records  # not task results: nothing to say
+
+
+def _cut_short(path: Path) -> Path:
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    return path
+
+
+def test_a_damaged_result_file_is_skipped_aloud_by_name(tmp_path: Path, caplog) -> None:
+    """A result file cut short (not JSON) vanished from the report without a word (logged at debug level)."""
+    write_result(make_result(), tmp_path)
+    damaged = _cut_short(write_result(make_result(task="STS12", task_type="STS"), tmp_path))
+    with caplog.at_level("WARNING"):
+        assert [r.task_name for r in load_results(tmp_path)] == ["SciFact"]
+    [record] = caplog.records
+    assert record.getMessage().startswith(f"skipping {damaged}:") and "invalid JSON" in record.getMessage()
+
+
+def test_a_json_array_of_results_is_refused_by_name(tmp_path: Path) -> None:
+    from lmembed.evaluation.results import ResultFileError, to_mteb_dict
+
+    path = tmp_path / "m" / "s" / "SciFact.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps([to_mteb_dict(make_result())]))
+    with pytest.raises(ResultFileError, match="a JSON array of results"):
+        read_result(path)
+
+
+def test_a_folder_of_damaged_results_is_refused_naming_them(tmp_path: Path) -> None:
+    """It said "no results in it", as for an empty folder, and named none of the damaged files."""
+    from lmembed.evaluation.report import NoResultsError, render_report
+
+    damaged = _cut_short(write_result(make_result(), tmp_path))
+    with pytest.raises(NoResultsError, match="no readable results") as caught:
+        render_report(tmp_path, tmp_path / "out", empty_ok=False)
+    assert f"{damaged}:" in str(caught.value)
+    assert not (tmp_path / "out").exists()
 
 
 ENTRY = {"hf_subset": "default", "main_score": 0.5}

@@ -121,6 +121,18 @@ def test_missing_ids_are_reported_and_judgments_kept(tmp_path: Path, caplog: pyt
     assert "ghost-doc" in caplog.text and "q9" in caplog.text
 
 
+def test_the_warnings_about_missing_ids_name_the_qrels_file_and_count_the_judgments(tmp_path: Path, caplog) -> None:
+    """They named the dataset only, and counted query ids where the judgments left unscored matter."""
+    qrels = {"test": [("q1", "d1", 1), ("q1", "ghost-doc", 1), ("q9", "d2", 1), ("q9", "d1", 0)]}
+    folder = write_beir(tmp_path / "toy", qrels=qrels)
+    with caplog.at_level(logging.WARNING, logger="lmembed.evaluation.retrieval_data"):
+        load_beir(folder)
+    judgments = folder / "qrels" / "test.tsv"
+    docs, queries = [r.getMessage() for r in caplog.records]
+    assert docs.startswith(f"toy: {judgments}: 1 judgment(s) name documents missing from {folder / 'corpus.jsonl'}")
+    assert queries.startswith(f"toy: {judgments}: 2 judgment(s) of 1 query id(s) missing from ")
+
+
 def test_missing_files_raise(tmp_path: Path) -> None:
     folder = write_beir(tmp_path / "toy")
     with pytest.raises(FileNotFoundError, match=r"dev\.tsv"):

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from conftest import REPO, build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli import app
-from lmembed.io import read_corpus
+from lmembed.io import DataFormatError, read_corpus
 from lmembed.scale import (
     BadRowError,
     EmbedderSpec,
@@ -194,10 +194,10 @@ def test_a_bad_row_read_on_a_worker_is_one_error_naming_it(cluster, tmp_path):
     texts = ["fine", "also fine", "bad \ud800 text", "fine again"]
     write_beir(tmp_path / "beir", texts)
     emb = cached(uncached("llama"), tmp_path / "cache")
-    with pytest.raises(BadRowError) as caught:
+    with pytest.raises(DataFormatError) as caught:  # the reader refuses the row, on the worker that reads it
         encode_corpus(emb, tmp_path / "beir", engine=make_engine("ray", workers=1))
-    assert type(caught.value) is BadRowError  # not a Ray wrapper
-    assert str(caught.value).startswith(f"{tmp_path / 'beir' / 'corpus.jsonl'}:3 (row 2, id 'doc-014'): text contains")
+    assert type(caught.value) is DataFormatError  # not a Ray wrapper
+    assert str(caught.value).startswith(f"{tmp_path / 'beir' / 'corpus.jsonl'}:3: field 'text' holds a lone surrogate")
 
 
 def test_a_row_the_model_fails_on_is_named(cluster, tmp_path):

@@ -350,7 +350,7 @@ def test_parquet_source_reads_row_groups_in_parts(tmp_path, monkeypatch):
 def test_bad_rows_are_named(tmp_path):
     emb = cached(uncached("llama"), tmp_path / "cache")
     write_beir(tmp_path / "beir", [{"_id": "a", "text": "fine"}, {"_id": "b", "text": "bad \ud800 text"}])
-    with pytest.raises(BadRowError, match=r"corpus\.jsonl:2 \(row 1, id 'b'\): text contains a lone surrogate"):
+    with pytest.raises(DataFormatError, match=r"corpus\.jsonl:2: field 'text' holds a lone surrogate"):
         encode_corpus(emb, tmp_path / "beir")
     with pytest.raises(BadRowError, match=r"texts\[1\] \(row 1, id '1'\)"):
         encode_corpus(emb, ["fine", "bad \ud800"])

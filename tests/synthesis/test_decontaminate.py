@@ -96,6 +96,9 @@ def test_helpers_and_bad_settings():
         DecontaminationSettings(ngram=2)
     with pytest.raises(ConfigError, match="bm25=0"):
         DecontaminationSettings(bm25=0)
+    with pytest.raises(ConfigError, match=r"near_duplicate=1.2: a threshold in \(0, 1\]"):
+        DecontaminationSettings(near_duplicate=1.2)  # a Jaccard overlap never passes 1: the test would be off
+    assert DecontaminationSettings(near_duplicate=1.0, bm25=1.2).bm25 == 1.2
     empty = decontaminate(CLEAN, [])
     assert empty.kept == [0, 1, 2, 3] and not empty.dropped
 

@@ -231,7 +231,7 @@ def test_config_errors(options, message):
 def test_config_file_errors_name_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("steps: -1\n")
-    with pytest.raises(TrainConfigError, match=r"run\.yaml: steps=-1"):
+    with pytest.raises(TrainConfigError, match=r"run\.yaml:1: steps=-1"):
         TrainConfig.from_yaml(path)
 
 

@@ -74,6 +74,7 @@ def adapt(
     if terms_only:
         _terms_only(model, corpus, output, plan, device, generator, teacher, steps, batch_size, lora, resume)
         return
+    check_models(generator, teacher)
     gen = None
     if generator is not None:
         from lmembed.synthesis.generators import build_generator
@@ -106,6 +107,29 @@ def adapt(
         f"{selection['before']['ndcg@10']:.4f} → {selection['after']['ndcg@10']:.4f}, step {selection['best_step']}"
         f"{channel}; {result.summary['seconds']:.0f} s, peak memory {result.summary['peak_memory_mb']:.0f} MB)"
     )
+
+
+def check_models(generator: str | None, teacher: str | None) -> None:
+    """Refuse a --generator or --teacher that names no usable model, before any work starts (the teacher is
+    loaded only once the queries are made and mined)."""
+    from lmembed.errors import LmembedError
+    from lmembed.models.loading import BUNDLED, resolve_model_path
+    from lmembed.synthesis.generators import GeneratorError, check_generator
+
+    if generator is not None:
+        try:
+            check_generator(generator)
+        except GeneratorError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--generator") from None
+    if teacher is None or teacher in ("self", "hybrid"):
+        return
+    name = teacher.removeprefix("reranker:")
+    if name in BUNDLED:
+        return
+    try:
+        resolve_model_path(name)
+    except LmembedError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--teacher") from None
 
 
 def _terms_only(model: str, corpus: Path, output: Path, plan: Any, device: str, *training_options: Any) -> None:

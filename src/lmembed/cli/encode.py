@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +25,7 @@ from lmembed.cli.options import (
     worker_spec,
 )
 from lmembed.config import SIDES, for_side
-from lmembed.io import read_text_lines, read_texts_field
+from lmembed.io import is_jsonl, read_text_lines, read_texts_field
 from lmembed.options import EngineOptions, ModelOptions
 
 console = terminal.console(stderr=True)
@@ -32,19 +33,46 @@ OUTPUT_SUFFIXES = (".npy", ".jsonl")
 
 
 def read_texts(path: Path, field: str) -> list[str]:
-    """Lines of a text file, or the ``field`` of each row of a ``.jsonl`` file."""
-    if path.suffix == ".jsonl":
+    """Lines of a text file, or the ``field`` of each row of a JSON-lines file (``.jsonl``, ``.jsonl.gz``, any case:
+    :func:`~lmembed.io.is_jsonl`)."""
+    if is_jsonl(path):
         return read_texts_field(path, field)
+    if path.name.lower().removesuffix(".gz").endswith(".json"):  # read as lines, its JSON syntax became texts
+        raise typer.BadParameter(
+            f"{path}: a .json file is not read as texts; give JSON lines (.jsonl: one object a line, its text in "
+            "--field) or a text file (one text a line)",
+            param_hint="INPUT",
+        )
     return read_text_lines(path)
 
 
 def write_vectors(vectors: np.ndarray, texts: list[str], output: Path) -> None:
-    """``.npy``: the matrix; ``.jsonl``: one ``{"text", "embedding"}`` row per text. Written atomically."""
-    if output.suffix == ".npy":
-        atomic_write(output, lambda handle: np.save(handle, vectors))
-    else:
-        lines = (json.dumps({"text": t, "embedding": v.tolist()}) for t, v in zip(texts, vectors, strict=True))
-        atomic_write_text(output, "\n".join(lines) + "\n")
+    """``.npy``: the matrix; ``.jsonl``: one ``{"text", "embedding"}`` row per text. Written atomically; a file
+    that cannot be written is a parameter error naming --output and ``output`` (not the temporary file beside it)."""
+    try:
+        if output.suffix == ".npy":
+            atomic_write(output, lambda handle: np.save(handle, vectors))
+        else:
+            lines = (json.dumps({"text": t, "embedding": v.tolist()}) for t, v in zip(texts, vectors, strict=True))
+            atomic_write_text(output, "\n".join(lines) + "\n")
+    except OSError as exc:
+        raise _unwritable(output, exc) from None
+
+
+def _unwritable(output: Path, exc: OSError) -> typer.BadParameter:
+    return typer.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output")
+
+
+def _probe_output(output: Path) -> None:
+    """Create (and drop) a file in --output's folder, as the atomic write will, before any text is embedded: a
+    folder that takes no files (``/proc``, a read-only mount) is said now, naming --output."""
+    if not output.parent.is_dir():
+        return  # created by the write; check_writable vetted its nearest existing ancestor
+    try:
+        with tempfile.TemporaryFile(dir=output.parent):
+            pass
+    except OSError as exc:
+        raise _unwritable(output, exc) from None
 
 
 @options_command
@@ -83,6 +111,7 @@ def encode(
         raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
     _check_side(side, instruction, prompt_name)
     check_writable(output, "--output")
+    _probe_output(output)
     check_engine(engine, options)
     if engine.engine == "ray":
         path = check_input_file(input, "INPUT")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from lmembed import terminal
+from lmembed.cli.index import check_chunk_options
 from lmembed.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_PRECISION,
@@ -63,6 +64,7 @@ OutputDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Results dire
 
 @options_command
 def eval_command(
+    ctx: typer.Context,
     model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s); repeatable.")] = None,
     data: DataOpt = None,
     suite: Annotated[str | None, typer.Option(help="A named suite, e.g. mteb-lite, sts, retrieval.")] = None,
@@ -103,6 +105,7 @@ def eval_command(
 
     check_writable(output, "--output", folder=True)
     check_engine(engine, options)
+    check_chunk_options(ctx, chunking, late_chunking)
     if not model and not data and not suite:
         if engine.engine != "local":
             raise typer.BadParameter(

@@ -109,6 +109,7 @@ class _ProgressBar:
 
 @options_command
 def build(
+    ctx: typer.Context,
     data: DataArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="The index folder to create.")],
     model: ModelOpt = "minilm",
@@ -155,6 +156,7 @@ def build(
     )
     check_writable(output, "--output", folder=True)
     check_engine(engine, options)
+    check_chunk_options(ctx, chunking, late_chunking)
     chunks = make_chunking(chunking, chunk_tokens, chunk_overlap, late_chunking)
     if chunks is not None and chunks.aggregate == "mean":
         raise typer.BadParameter(
@@ -180,6 +182,34 @@ def build(
     console.print(
         f"indexed {index.count} documents ({index.kind}, dim {index.dim}, {emb.config.label()}) into {output}"
     )
+
+
+#: the options that only shape chunks, refused without --chunking when given
+CHUNK_SHAPING = ("late_chunking", "chunk_tokens", "chunk_overlap")
+
+
+def check_chunk_options(ctx: typer.Context | None, chunking: str | None, late_chunking: bool) -> None:
+    """Without --chunking, refuse the options that only shape chunks (--late-chunking, --chunk-tokens,
+    --chunk-overlap) when given on the command line, naming them: not a complaint about a --chunking that was
+    never given, nor silence. ``ctx`` tells given values from defaults (``None`` outside the command line)."""
+    if chunking is not None:
+        return
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in CHUNK_SHAPING
+        if ctx is not None and getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in _DEFAULTS
+    ]
+    if late_chunking and "--late-chunking" not in given:
+        given.insert(0, "--late-chunking")
+    if given:
+        raise typer.BadParameter(
+            f"{' and '.join(given)} {'shapes' if len(given) == 1 else 'shape'} the chunks of --chunking, "
+            "which is not given: add --chunking",
+            param_hint=given[0],
+        )
+
+
+_DEFAULTS = ("DEFAULT", "DEFAULT_MAP")
 
 
 def _ray_line(progress: Any) -> None:
@@ -373,6 +403,8 @@ def search(
     check_stage_options(mode, fusion)
     if (query is None) == (queries is None):
         raise typer.BadParameter("give a QUERY or --queries FILE (one of them)", param_hint="QUERY")
+    if query is not None and not query.strip():
+        raise typer.BadParameter("the query is empty; give the text to search for", param_hint="QUERY")
     if queries is not None and output is None:
         raise typer.BadParameter("--queries needs --output run.jsonl (or run.trec)", param_hint="--output")
     if output is not None:

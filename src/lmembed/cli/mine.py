@@ -28,7 +28,7 @@ from lmembed.cli.options import (
     load_embedder,
     options_command,
 )
-from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
+from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_training_rows, write_rows
 from lmembed.options import ModelOptions
 from lmembed.training.converters import beir_rows
 
@@ -63,7 +63,7 @@ def mine(
 ) -> None:
     """Mine hard negatives for training rows with a teacher embedding model."""
     check_writable(output, "--output")
-    rows = beir_rows(data, split=split) if data.is_dir() else read_rows(data)
+    rows = beir_rows(data, split=split) if data.is_dir() else read_training_rows(data)
     docs = load_corpus(corpus) if corpus else None
     model = load_embedder(teacher, options)
     stats = MiningStats()

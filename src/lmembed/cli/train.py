@@ -28,7 +28,7 @@ from lmembed.cli.boundary import GuardedCommand
 from lmembed.cli.options import check_writable
 from lmembed.options import Flag, flags_of, parse_targets
 from lmembed.training.rows import DataSource
-from lmembed.training.train_config import TrainConfig, TrainConfigError
+from lmembed.training.train_config import TrainConfig, TrainConfigError, option_key
 
 #: The options of ``lmembed train`` that are no TrainConfig field: how the ``--data`` sources are weighted and
 #: instructed (given after ``--data``), and where the options come from (given last).
@@ -128,7 +128,12 @@ def _run_recipe(path: Path, overrides: dict[str, Any]) -> None:
     try:
         result = run_recipe(path, overrides=overrides)
     except RecipeError as exc:
-        raise typer.BadParameter(f"--recipe {path}: {exc}") from exc
+        option = getattr(exc, "option", None)  # a stage refused an option given here
+        spec = flags_of(TrainConfig).get(option) if option else None
+        message = str(exc) if str(exc).startswith(str(path)) else f"--recipe {path}: {exc}"
+        if spec is not None:
+            raise typer.BadParameter(message, param_hint=spec.name) from exc
+        raise typer.BadParameter(message) from exc
     terminal.console(stderr=True).print(f"recipe {path} finished: {result}")
 
 
@@ -149,9 +154,25 @@ def build_config(config_file: Path | None, options: dict[str, Any]) -> TrainConf
         ]
     elif weights or instruction:
         raise TrainConfigError("--weight/--instruction apply to --data sources given on the command line")
-    cfg = base.updated(**options)
+    try:
+        cfg = base.updated(**options)
+    except TrainConfigError as exc:  # a value given on the command line is named by its flag
+        flag = given_flag(option_key(str(exc)), options, weights)
+        if flag is None:
+            raise
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
     cfg.check_ready()
     return cfg
+
+
+def given_flag(key: tuple[str | int, ...], options: dict[str, Any], weights: list[float] | None) -> str | None:
+    """The flag of the option at ``key`` (a TrainConfig field an error names) when the command line gave it."""
+    if not key:
+        return None
+    if key[0] == "data" and key[-1] == "weight":
+        return "--weight" if weights else None
+    spec = flags_of(TrainConfig).get(str(key[0]))
+    return spec.name if spec is not None and options.get(str(key[0])) is not None else None
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
-from lmembed.evaluation.results import load_results, strategy_digest, strategy_label, strategy_slug
+from lmembed.evaluation.results import scan_results, strategy_digest, strategy_label, strategy_slug
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,13 @@ def render_report(
 ) -> Report:
     """Collect the results under ``results_dir`` and write report.md/.png/.json to ``out_dir``; with
     ``empty_ok=False`` a folder without results is :class:`NoResultsError`, before anything is written."""
-    results = load_results(results_dir)
+    scan = scan_results(results_dir)
+    results = scan.results
+    if not results and not empty_ok and scan.skipped:
+        raise NoResultsError(
+            f"{results_dir}: no readable results in it; skipped {len(scan.skipped)} result file(s):\n"
+            + "\n".join(scan.skipped)
+        )
     if not results and not empty_ok:
         raise NoResultsError(f"{results_dir}: no results in it (neither an experiment's summary.json nor result files)")
     if not results:

@@ -11,8 +11,9 @@ under the extra top-level key ``"lmembed"``, which MTEB ignores.
 Files written by MTEB itself can be read back too (:func:`read_result`); what they lack (task
 type, strategy) is inferred from the path and the task registry (:mod:`lmembed.task_registry`).
 A result file is checked (:class:`ResultFile`) before anything in it is used: one of another shape is refused by
-:func:`read_result` naming the file and the field, and :func:`load_results` skips it with a warning that says so
-(JSON files that are not task results at all, a report's or a model's metadata, are skipped quietly).
+:func:`read_result` naming the file and the field, and :func:`load_results` skips it with a warning that says so;
+so is a damaged one (not UTF-8 or not JSON: a file cut short) and a JSON array of results. JSON files that are not
+task results at all (a report's or a model's metadata) are skipped quietly.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +241,8 @@ def read_result(path: str | Path) -> TaskResult:
         data = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, exc.lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    if isinstance(data, list) and any(isinstance(item, dict) and "task_name" in item for item in data):
+        raise ResultFileError(f"{path}: a JSON array of results; a result file holds one result, a JSON object")
     if not isinstance(data, dict) or "task_name" not in data or not isinstance(data.get("scores"), dict):
         raise ValueError(f"{path} is not a task result file")
     try:
@@ -273,19 +277,36 @@ def read_result(path: str | Path) -> TaskResult:
     )
 
 
-def load_results(results_dir: str | Path) -> list[TaskResult]:
-    """Every task result file under ``results_dir`` (other JSON files are skipped)."""
-    results = []
+@dataclass
+class ResultScan:
+    """What :func:`scan_results` found: the results, and the files it left out aloud (``<file>: why``)."""
+
+    results: list[TaskResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def scan_results(results_dir: str | Path) -> ResultScan:
+    """Every task result file under ``results_dir``; one that is damaged (not JSON: cut short) or claims to be a
+    result but is not of MTEB's layout is skipped with a warning naming it, and listed in ``skipped``. Other JSON
+    files (a report's, a model's metadata) are skipped quietly."""
+    scan = ResultScan()
     for path in sorted(Path(results_dir).rglob("*.json")):
         if path.name.startswith("."):
             continue
         try:
-            results.append(read_result(path))
-        except ResultFileError as exc:  # it claims to be a result: the user should know it is left out
+            scan.results.append(read_result(path))
+        except (ResultFileError, DataFormatError) as exc:  # a result the user should know is left out, or damaged
             logger.warning("skipping %s", exc)
-        except ValueError as exc:  # another JSON file (a report's, a model's metadata), or not JSON
+            scan.skipped.append(str(exc))
+        except ValueError as exc:  # another JSON file (a report's, a model's metadata)
             logger.debug("skipping %s: %s", path, exc)
-    return results
+    return scan
+
+
+def load_results(results_dir: str | Path) -> list[TaskResult]:
+    """Every task result file under ``results_dir`` (:func:`scan_results`: damaged ones are skipped aloud, other
+    JSON files quietly)."""
+    return scan_results(results_dir).results
 
 
 def results_markdown(results: Iterable[TaskResult], *, percent: bool = True) -> str:

@@ -85,23 +85,26 @@ def _check_scorable(files: list[Path], corpus_ids: list[str], judged: list[str],
 
 
 def _report_missing(
-    name: str, qrels: Qrels, doc_ids: set[str], queries: dict[str, str]
+    name: str, files: list[Path], qrels: Qrels, doc_ids: set[str], queries: dict[str, str]
 ) -> tuple[list[tuple[str, str]], list[str], list[str]]:
-    """Find judged ids absent from the corpus or queries, log them and describe them."""
+    """Find judged ids absent from the corpus or queries, log them and describe them: the qrels file, how many of
+    its judgments, which ids (a few) and what becomes of them."""
+    corpus_file, queries_file, judgments = files
     missing_docs = [(q, d) for q, docs in qrels.items() for d in docs if d not in doc_ids]
     missing_queries = [q for q in qrels if q not in queries]
     warnings: list[str] = []
     if missing_docs:
         sample = ", ".join(d for _, d in missing_docs[:5])
         warnings.append(
-            f"{name}: {len(missing_docs)} judgment(s) name documents missing from the corpus "
+            f"{name}: {judgments}: {len(missing_docs)} judgment(s) name documents missing from {corpus_file} "
             f"(kept, as MTEB does; they can never be retrieved): {sample}"
         )
     if missing_queries:
         sample = ", ".join(missing_queries[:5])
+        dropped = sum(len(qrels[q]) for q in missing_queries)
         warnings.append(
-            f"{name}: {len(missing_queries)} judged query id(s) missing from the queries file "
-            f"(kept in qrels, but they cannot be encoded or scored): {sample}"
+            f"{name}: {judgments}: {dropped} judgment(s) of {len(missing_queries)} query id(s) missing from "
+            f"{queries_file} are not scored (as MTEB, which scores the queries it has): {sample}"
         )
     for message in warnings:
         logger.warning(message)
@@ -116,7 +119,7 @@ def load_beir(folder: str | Path, split: str = "test", *, name: str | None = Non
     queries = read_queries(files[1])
     qrels = read_qrels(files[2])
     label = name or folder.name
-    missing_docs, missing_queries, warnings = _report_missing(label, qrels, set(corpus_ids), queries)
+    missing_docs, missing_queries, warnings = _report_missing(label, files, qrels, set(corpus_ids), queries)
     judged = [q for q in queries if q in qrels]
     _check_scorable(files, corpus_ids, judged, qrels)
     return RetrievalData(

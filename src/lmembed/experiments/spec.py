@@ -55,8 +55,8 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.io import read_text
 from lmembed.schema import FileModel, KeyPath, Where, check_fields, check_keys, read_yaml_file
-from lmembed.training.recipes import RecipeError, apply_overrides, load_recipe, parse_recipe
-from lmembed.training.train_config import TrainConfig
+from lmembed.training.recipes import Recipe, RecipeError, apply_overrides, check_stages, load_recipe, parse_recipe
+from lmembed.training.train_config import MAX_SEED, TrainConfig, option_key
 
 CLAIMS = {"better": 1, "worse": -1, "none": 0}
 DEVICES = ("cpu", "cuda", "auto")
@@ -337,9 +337,28 @@ def _check_layer(where: Where, path: KeyPath, value: Any) -> None:
 
 
 def _option_path(path: KeyPath, options: Mapping[str, Any], message: str) -> KeyPath:
-    """The path of the option a config error names (``steps=0 must be ...`` → ``path + ("steps",)``)."""
-    named = re.match(r"\s*(\w+)=", message)
-    return (*path, named.group(1)) if named and named.group(1) in options else path
+    """The path of the option a config error names (``steps=0 must be ...`` → ``path + ("steps",)``,
+    ``data[1].weight=-2 ...`` → ``path + ("data", 1, "weight")``)."""
+    key = option_key(message)
+    return (*path, *key) if key and key[0] in options else path
+
+
+class _Within(Where):
+    """The :class:`Where` of a mapping inside this file (an arm's inline recipe at ``prefix``): its key paths are
+    looked up under ``prefix``, and a location names the file, the line and ``prefix``; errors are ``error``."""
+
+    def __init__(self, outer: Where, prefix: KeyPath, error: type[Exception]) -> None:
+        super().__init__(outer.source, outer.lines, error)
+        self.prefix = prefix
+
+    def line(self, path: KeyPath) -> int | None:
+        return super().line((*self.prefix, *path))
+
+    def at(self, path: KeyPath) -> str:
+        return f"{super().at(path)}: {'.'.join(str(p) for p in self.prefix)}"
+
+    def __call__(self, path: KeyPath) -> str:
+        return f"{super().at(path)}: {'.'.join(str(p) for p in (*self.prefix, *path))}"
 
 
 def _check_strategy(where: Where, path: KeyPath, strategy: Mapping[str, Any]) -> None:
@@ -416,7 +435,7 @@ def _seeds(where: Where, value: Any) -> tuple[int, ...]:
     if value is None:
         return (0,)
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
+        value = [value]
     if (
         not isinstance(value, list)
         or not value
@@ -425,11 +444,15 @@ def _seeds(where: Where, value: Any) -> tuple[int, ...]:
         raise where.error(("seeds",), f"must be an integer or a non-empty list of integers, got {value!r}")
     if len(set(value)) != len(value):
         raise where.error(("seeds",), "a seed is listed twice")
+    for i, seed in enumerate(value):
+        if not 0 <= seed <= MAX_SEED:
+            raise where.error(("seeds", i), f"seed {seed} must be from 0 to {MAX_SEED}")
     return tuple(value)
 
 
-def _recipe(where: Where, path: KeyPath, value: Any, base: Path) -> tuple[dict[str, Any], str | None]:
-    """A recipe (file path or inline mapping) as a checked mapping, and its path if it came from a file.
+def _recipe(where: Where, path: KeyPath, value: Any, base: Path) -> tuple[dict[str, Any], str | None, Recipe]:
+    """A recipe (file path or inline mapping) as a checked mapping, its path if it came from a file, and the parsed
+    recipe. A mistake in an inline recipe names this file's line of it.
 
     A relative path is taken from the current directory, else from the experiment file's folder."""
     try:
@@ -437,14 +460,30 @@ def _recipe(where: Where, path: KeyPath, value: Any, base: Path) -> tuple[dict[s
             file = Path(value)
             if not file.is_absolute() and not file.exists() and (base / file).exists():
                 file = base / file
-            load_recipe(file)  # checks the structure, naming the recipe file
-            return yaml.safe_load(read_text(file)), str(file)
-        if isinstance(value, dict):
-            parse_recipe(value)
-            return value, None
+            recipe = load_recipe(file)  # checks the structure, naming the recipe file
+            return yaml.safe_load(read_text(file)), str(file), recipe
     except RecipeError as exc:
         raise where.error(path, str(exc)) from exc
+    if isinstance(value, dict):
+        try:
+            return value, None, parse_recipe(value, where=_Within(where, path, RecipeError))
+        except RecipeError as exc:
+            raise ExperimentSpecError(str(exc)) from exc  # it names this file, the line and the key
     raise where.error(path, "a recipe is a file path or a mapping with 'stages'")
+
+
+def _check_recipe_stages(where: Where, path: KeyPath, recipe: Recipe, overrides: Mapping[str, Any]) -> None:
+    """The options of every stage of an arm's recipe as its runs will set them (the arm's overrides, the
+    experiment's model, device and a seed), checked before any run starts."""
+    try:
+        check_stages(apply_overrides(recipe, overrides))
+    except RecipeError as exc:
+        option = getattr(exc, "option", None)
+        if option in overrides and option not in _RUN_OWNED:
+            raise where.error((*path, "overrides", option), str(exc)) from exc
+        if recipe.where is not None and recipe.where.source == where.source:
+            raise ExperimentSpecError(str(exc)) from exc  # an inline recipe: the message names this file's line
+        raise where.error((*path, "recipe"), str(exc)) from exc
 
 
 def _arm(
@@ -455,6 +494,7 @@ def _arm(
     base: Path,
     model: str,
     strategy: Mapping[str, Any],
+    device: str = "cpu",
 ) -> ArmSpec:
     path: KeyPath = ("arms", name)
     if not isinstance(name, str) or not _ARM_NAME.fullmatch(name):
@@ -477,11 +517,14 @@ def _arm(
     recipe, recipe_path = None, None
     overrides = _mapping(where, (*path, "overrides"), data.get("overrides"), "overrides")
     if "recipe" in data:
-        recipe, recipe_path = _recipe(where, (*path, "recipe"), data["recipe"], base)
+        recipe, recipe_path, parsed = _recipe(where, (*path, "recipe"), data["recipe"], base)
         try:
-            apply_overrides(parse_recipe(recipe), {**overrides, "seed": 0})
+            apply_overrides(parsed, {**overrides, "seed": 0})
         except RecipeError as exc:
             raise where.error((*path, "overrides"), str(exc)) from exc
+        arm_model = data.get("model", model)
+        run_owned = {"seed": 0, "device": device, **({"model": arm_model} if isinstance(arm_model, str) else {})}
+        _check_recipe_stages(where, path, parsed, {**overrides, **run_owned})  # as execute._train_recipe sets them
     elif overrides:
         raise where.error((*path, "overrides"), "'overrides' go with 'recipe'")
     model_from = None
@@ -585,7 +628,7 @@ def parse_spec(data: Any, source: str = "experiment", lines: Mapping[KeyPath, in
     if not isinstance(arms_data, dict) or not arms_data:
         raise where.error(("arms",), "must be a mapping of arm name → arm (at least one)")
     base = Path(source).parent if source else Path(".")
-    arms = tuple(_arm(where, n, v, shared_train, base, model, strategy) for n, v in arms_data.items())
+    arms = tuple(_arm(where, n, v, shared_train, base, model, strategy, device) for n, v in arms_data.items())
     _check_model_from(where, arms)
     evaluation = _evaluation(where, data.get("evaluate"))
     name = data.get("name") or (Path(source).stem if source else "experiment")

@@ -3,13 +3,15 @@
 Accepted inputs (the file readers of :mod:`lmembed.io`, so errors name ``<file>:<line>``):
 
 * a BEIR folder: its ``corpus.jsonl`` (``queries.jsonl`` for queries), plain or ``.gz``;
-* a JSON-lines file: one object per line with an id (``_id`` or ``id``, a string or a number), a
+* a JSON-lines file (``.jsonl``, ``.ndjson``, plain or ``.gz``, any case: :func:`lmembed.io.is_jsonl`): one
+  object per line with an id (``_id`` or ``id``, a string or a number), a
   ``text`` and optionally a ``title``. A document's text is ``(title + " " + text).strip()``, as
   BEIR and ``lmembed eval`` build it, so an index and an evaluation embed the same strings; every
   other field (the title included) is kept as the document's metadata;
 * any other file: plain text, one document (or query) per non-blank line, whose id is its line number.
 
-Ids are unique: a repeated id is a :class:`~lmembed.index.errors.DuplicateIdError` naming both lines.
+Ids are unique: a repeated id is a :class:`~lmembed.index.errors.DuplicateIdError` naming both lines. A query is
+never empty: a query row without text, or a queries file without a query, is a :class:`DataFormatError` naming it.
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.index.errors import DuplicateIdError
-from lmembed.io import CORPUS_FILE, QUERIES_FILE, DataFormatError, find_file, iter_jsonl, iter_lines
+from lmembed.io import CORPUS_FILE, QUERIES_FILE, DataFormatError, find_file, is_jsonl, iter_jsonl, iter_lines
 
 ID_FIELDS = ("_id", "id")
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson")
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,6 @@ class Document:
     id: str
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def _is_jsonl(path: Path) -> bool:
-    return path.name.endswith(JSONL_SUFFIXES)
 
 
 def _row_id(row: dict[str, Any], path: Path, line_no: int) -> str:
@@ -64,7 +61,7 @@ def _row_string(row: dict[str, Any], key: str, path: Path, line_no: int) -> str:
 def _records(path: Path, *, documents: bool) -> Iterator[tuple[int, str, str, dict[str, Any]]]:
     """``(line, id, text, metadata)`` of every record of a JSON-lines or plain-text file; a document's
     text joins its title, a query's text is kept as it is (both as ``lmembed eval`` reads them)."""
-    if not _is_jsonl(path):
+    if not is_jsonl(path):
         for line_no, line in iter_lines(path):
             if line.strip():
                 yield line_no, str(line_no), line.strip(), {}
@@ -76,6 +73,8 @@ def _records(path: Path, *, documents: bool) -> Iterator[tuple[int, str, str, di
         text = _row_string(row, "text", path, line_no)
         if documents:
             text = (_row_string(row, "title", path, line_no) + " " + text).strip()
+        elif not text.strip():
+            raise DataFormatError(path, line_no, "empty query: field 'text' holds no text")
         metadata = {k: v for k, v in row.items() if k not in ID_FIELDS and k != "text"}
         yield line_no, doc_id, text, metadata
 
@@ -107,4 +106,7 @@ def load_corpus(path: str | Path) -> list[Document]:
 def load_queries(path: str | Path) -> list[tuple[str, str]]:
     """``(query id, text)`` pairs of a BEIR folder's queries, a JSON-lines file or a text file."""
     source = _resolve(path, QUERIES_FILE)
-    return [(doc.id, doc.text) for doc in _unique(source, _records(source, documents=False))]
+    queries = [(doc.id, doc.text) for doc in _unique(source, _records(source, documents=False))]
+    if not queries:
+        raise DataFormatError(source, None, "holds no query (the file is empty, or every line is blank)")
+    return queries

@@ -60,10 +60,12 @@ class DecontaminationSettings:
     def __post_init__(self) -> None:
         if self.ngram is not None and self.ngram < 3:
             raise ConfigError(f"decontamination ngram={self.ngram}: use 3 words or more (or None to turn it off)")
-        for name in ("near_duplicate", "bm25"):
+        # a Jaccard overlap is at most 1 (above it the test would silently never fire); a relative BM25 score may
+        # pass 1 a little (a training text that repeats the evaluation text's rare words)
+        for name, top in (("near_duplicate", 1.0), ("bm25", 1.5)):
             value = getattr(self, name)
-            if value is not None and not 0 < value <= 1.5:
-                raise ConfigError(f"decontamination {name}={value}: a threshold in (0, 1.5], or None to turn it off")
+            if value is not None and not 0 < value <= top:
+                raise ConfigError(f"decontamination {name}={value}: a threshold in (0, {top:g}], or None: off")
         if self.candidates < 1:
             raise ConfigError(f"decontamination candidates={self.candidates}: at least 1")
 

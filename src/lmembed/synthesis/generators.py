@@ -543,12 +543,44 @@ GENERATOR_OPTIONS = frozenset(
 )
 
 
+def _tiny_seed(spec: str) -> int:
+    """The seed of ``tiny:SEED`` (``tiny``: 0); another text after ``tiny:`` is a :class:`GeneratorError`."""
+    text = spec.partition(":")[2]
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise GeneratorError(f"generator {spec!r}: the seed after 'tiny:' must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def check_generator(spec: str, *, models: bool = True) -> None:
+    """Refuse a generator ``spec`` that :func:`build_generator` cannot use, before anything loads: ``tiny:SEED``
+    with a whole-number seed, an endpoint URL, or ``local:MODEL`` (``MODEL`` alone) naming a bundled model, a model
+    folder or a Hub id (``models=False``: the spec's form only, nothing looked up). Raises :class:`GeneratorError`
+    naming the spec."""
+    if spec == "tiny" or spec.startswith("tiny:"):
+        _tiny_seed(spec)
+        return
+    if spec.startswith(("http://", "https://")) or (not models and spec.removeprefix("local:")):
+        return
+    from lmembed.models.loading import BUNDLED, resolve_model_path  # lazy: torch loads only when a model does
+
+    model = spec.removeprefix("local:")
+    if not model:
+        raise GeneratorError(f"generator {spec!r} names no model (tiny[:SEED], local:MODEL or http(s)://HOST/v1)")
+    if model in BUNDLED:
+        return
+    try:
+        resolve_model_path(model)
+    except LmembedError as exc:
+        raise GeneratorError(f"generator {spec!r}: {exc}") from exc
+
+
 def build_generator(spec: str, **options: Any) -> Generator:
     """``tiny`` / ``tiny:SEED``, ``local:MODEL`` (a bundled name, a folder, a Hub id), or an endpoint URL
     (``http://host:port/v1``, with ``model=`` in the options)."""
     if spec == "tiny" or spec.startswith("tiny:"):
-        seed = int(spec.partition(":")[2] or 0)
-        return TinyGenerator(seed=seed, malformed_rate=float(options.get("malformed_rate", 0.0)))
+        return TinyGenerator(seed=_tiny_seed(spec), malformed_rate=float(options.get("malformed_rate", 0.0)))
     if spec.startswith(("http://", "https://")):
         keys = ("api_key_env", "concurrency", "retries", "backoff", "timeout", "budget")
         return EndpointGenerator(

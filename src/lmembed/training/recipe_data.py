@@ -19,6 +19,7 @@ import numpy as np
 from lmembed.datasets import resolve_local
 from lmembed.errors import LmembedError
 from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
+from lmembed.paths import inside
 from lmembed.training import converters as conv
 from lmembed.training.recipe_schema import RecipeError
 
@@ -185,7 +186,9 @@ def _synthesize(step: dict[str, Any], corpus: Path | None, target: Path) -> list
 
 def prepare_data(step: dict[str, Any], output: Path) -> Path:
     """Run one prepare step; reuses the file when it was written from the same step before."""
-    target = Path(step.get("output") or output / "data" / f"{step['name']}.jsonl")
+    # the name is a file of <output>/data: checked when the recipe is read, and here for a Recipe built in code
+    named = inside(output / "data", f"{step['name']}.jsonl", file="recipe", field="prepare.name", error=RecipeError)
+    target = Path(step.get("output") or named)
     stamp = target.with_name(target.name + ".recipe.json")
     digest = _spec_hash(step)
     if target.exists() and stamp.exists() and json.loads(stamp.read_text()).get("hash") == digest:

@@ -21,7 +21,7 @@ from lmembed.errors import LmembedError
 from lmembed.io import read_text
 from lmembed.mining import mine_hard_negatives
 from lmembed.schema import FileModel, KeyPath, Where, check_keys, read_yaml_file
-from lmembed.synthesis.generators import GENERATOR_OPTIONS
+from lmembed.synthesis.generators import GENERATOR_OPTIONS, check_generator
 from lmembed.synthesis.recipes import find_recipe
 from lmembed.training import converters as conv
 from lmembed.training.rows import BATCHING_MODES
@@ -32,6 +32,10 @@ STAGE_TYPES = ("contrastive", "rerank", *OBJECTIVE_NAMES)
 TRAINER_STAGES = ("contrastive", "rerank")
 PREPARE_KINDS = ("beir", "classification", "clustering", "sts", "pairs", "rows", "synthesize")
 SPECIAL_OVERRIDES = ("model", "output", "teacher", "generator", "max_rows", "max_corpus")
+#: A stage's or prepared data's name: it names a folder or file in the output folder, so it holds no '/' and does
+#: not start with '.' (no '..', no hidden file).
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+NAME_RULE = "letters, digits, '-', '_' or '.', not starting with '.'"
 
 
 class RecipeError(LmembedError, ValueError):
@@ -53,6 +57,8 @@ class Recipe:
     paper: str = ""
     source: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # applied last, to stages that know the field
+    #: the file and lines of the recipe's keys, for messages (``Where(source)`` without lines when built in code)
+    where: Where | None = field(default=None, repr=False, compare=False)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -82,8 +88,8 @@ def _check_stage(where: str, stage: Any, seen: set[str]) -> None:
     if not isinstance(stage, dict):
         raise RecipeError(f"{where}: a stage must be a mapping")
     name = stage.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise RecipeError(f"{where}: every stage needs a 'name' of letters, digits, '-', '_' or '.'")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise RecipeError(f"{where}: every stage needs a 'name' of {NAME_RULE} (it names a folder)")
     if name in seen:
         raise RecipeError(f"{where}: stage name {name!r} is used twice")
     seen.add(name)
@@ -93,19 +99,26 @@ def _check_stage(where: str, stage: Any, seen: set[str]) -> None:
         raise RecipeError(f"{where}: batching {stage['batching']!r} is unknown; choose one of {BATCHING_MODES}")
 
 
-def _check_prepare(where: str, step: Any, seen: set[str]) -> None:
+def _check_prepare(where: Where, index: int, step: Any, seen: set[str]) -> None:
+    path: KeyPath = ("prepare", index)
+    label = f"{where.at(path)}: prepare step {index + 1}"
     if not isinstance(step, dict) or not isinstance(step.get("name"), str):
-        raise RecipeError(f"{where}: a prepare step is a mapping with a 'name'")
+        raise RecipeError(f"{label}: a prepare step is a mapping with a 'name'")
+    if not NAME.fullmatch(step["name"]):
+        raise RecipeError(
+            f"{where.at((*path, 'name'))}: prepare step {index + 1}: name {step['name']!r} must be {NAME_RULE} "
+            "(it names a file in the output folder)"
+        )
     if step["name"] in seen:
-        raise RecipeError(f"{where}: prepared data name {step['name']!r} is used twice")
+        raise RecipeError(f"{label}: prepared data name {step['name']!r} is used twice")
     seen.add(step["name"])
     if step.get("kind") not in PREPARE_KINDS:
-        raise RecipeError(f"{where}: kind {step.get('kind')!r} is unknown; choose one of {PREPARE_KINDS}")
+        raise RecipeError(f"{label}: kind {step.get('kind')!r} is unknown; choose one of {PREPARE_KINDS}")
     if step["kind"] == "synthesize":
-        _check_synthesize(where, step)
+        _check_synthesize(label, step)
     elif "input" not in step:
-        raise RecipeError(f"{where}: a prepare step needs an 'input'")
-    _check_step_values(where, step)
+        raise RecipeError(f"{label}: a prepare step needs an 'input'")
+    _check_step_values(where, index, step)
 
 
 class SynthesizeStepFile(FileModel):
@@ -137,6 +150,7 @@ def _check_synthesize(where: str, step: dict[str, Any]) -> None:
             raise RecipeError(f"{where}: a synthesize step needs '{key}'")
     try:
         find_recipe(step["recipe"])
+        check_generator(step["generator"], models=False)  # its form; the model is looked up when the step runs
     except LmembedError as exc:
         raise RecipeError(f"{where}: {exc}") from exc
     for key in ("limit", "corpus_limit", "shard_size"):
@@ -165,18 +179,35 @@ def _keywords(function: Any) -> set[str]:
     return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
-def _check_step_values(where: str, step: dict[str, Any]) -> None:
-    """A prepare step's numbers are whole numbers and its ``options``/``mine`` keys are ones the converter and
-    the miner take (found here, naming the step, rather than as a TypeError when the step runs)."""
+#: A prepare step's numbers (a key path in the step) and the smallest value each takes.
+_STEP_NUMBERS: dict[tuple[str, ...], int] = {
+    ("seed",): 0,
+    ("max_rows",): 1,
+    ("mine", "k"): 1,
+    ("mine", "max_corpus"): 1,
+}
+
+
+def _check_step_values(file: Where, index: int, step: dict[str, Any]) -> None:
+    """A prepare step's numbers are whole numbers in range and its ``options``/``mine`` keys are ones the converter
+    and the miner take (found here, naming the step, rather than as a TypeError when the step runs)."""
+    where = f"{file.at(('prepare', index))}: prepare step {index + 1}"
     mine = step.get("mine")
-    numbers = {key: step.get(key) for key in ("seed", "max_rows")}
-    if isinstance(mine, dict):
-        numbers |= {f"mine.{key}": mine.get(key) for key in ("k", "max_corpus")}
-    for key, value in numbers.items():
+    for key, minimum in _STEP_NUMBERS.items():
+        holder = mine if key[0] == "mine" else step
+        value = holder.get(key[-1]) if isinstance(holder, dict) else None
+        if value is None:
+            continue
         try:
-            int(value) if value is not None else None
-        except (TypeError, ValueError):
-            raise RecipeError(f"{where}: {key} must be a whole number, got {value!r}") from None
+            number = int(value)
+        except (TypeError, ValueError, OverflowError):
+            number = None
+        if number is None or isinstance(value, bool) or (isinstance(value, float) and value != number):
+            at = file.at(("prepare", index, *key))
+            raise RecipeError(f"{at}: prepare step {index + 1}: {'.'.join(key)} must be a whole number, got {value!r}")
+        if number < minimum:
+            at = file.at(("prepare", index, *key))
+            raise RecipeError(f"{at}: prepare step {index + 1}: {'.'.join(key)} must be >= {minimum}, got {value!r}")
     options = step.get("options") or {}
     if not isinstance(options, dict):
         raise RecipeError(f"{where}: options must be a mapping")
@@ -198,11 +229,17 @@ def _refuse_unknown(where: str, what: str, given: Mapping[str, Any], known: set[
 
 
 def parse_recipe(
-    data: Mapping[str, Any], source: Path | None = None, lines: Mapping[KeyPath, int] | None = None
+    data: Mapping[str, Any],
+    source: Path | None = None,
+    lines: Mapping[KeyPath, int] | None = None,
+    *,
+    where: Where | None = None,
 ) -> Recipe:
-    """Validate the structure of a recipe mapping (stage options are checked when the stage runs); ``lines``
-    (from :func:`lmembed.schema.load_yaml_with_lines`) put the line of each mistake in its message."""
-    where = Where(str(source or "recipe"), lines, RecipeError)
+    """Validate the structure of a recipe mapping (stage options are checked by
+    :func:`lmembed.training.recipes.check_stages`); ``lines`` (from :func:`lmembed.schema.load_yaml_with_lines`)
+    put the line of each mistake in its message; ``where`` replaces ``source`` and ``lines`` for a recipe inside
+    another file (an experiment's arm), raising :class:`RecipeError`."""
+    where = where or Where(str(source or "recipe"), lines, RecipeError)
     check_keys(RecipeFile, data, where, (), "top-level")
     stages = data.get("stages")
     if not isinstance(stages, list) or not stages:
@@ -211,8 +248,14 @@ def parse_recipe(
     for i, stage in enumerate(stages):
         _check_stage(f"{where.at(('stages', i))}: stage {i + 1}", stage, names)
     prepared: set[str] = set()
-    for i, step in enumerate(data.get("prepare") or []):
-        _check_prepare(f"{where.at(('prepare', i))}: prepare step {i + 1}", step, prepared)
+    steps = data.get("prepare") or []
+    if not isinstance(steps, list):
+        raise RecipeError(f"{where.at(('prepare',))}: 'prepare' must be a list of steps")
+    for i, step in enumerate(steps):
+        _check_prepare(where, i, step, prepared)
+    for key in ("defaults", "evaluate"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise RecipeError(f"{where.at((key,))}: '{key}' must be a mapping")
     if not data.get("model") and not stages[0].get("model"):
         raise RecipeError(f"{where.at(('model',))}: no 'model' given")
     name = str(data.get("name") or (source.stem if source else "recipe"))
@@ -227,6 +270,7 @@ def parse_recipe(
         description=str(data.get("description") or ""),
         paper=str(data.get("paper") or ""),
         source=source,
+        where=where,
     )
 
 

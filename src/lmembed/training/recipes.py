@@ -66,6 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmembed.errors import LmembedError
+from lmembed.schema import KeyPath, Where, check_fields
 from lmembed.training.recipe_data import prepare_data, resolve_data, resolve_input
 from lmembed.training.recipe_schema import (
     TRAINER_STAGES,
@@ -76,7 +78,13 @@ from lmembed.training.recipe_schema import (
     parse_recipe,
     stage_option_names,
 )
-from lmembed.training.train_config import ObjectiveConfig, ObjectiveConfigError, TrainConfig, TrainConfigError
+from lmembed.training.train_config import (
+    ObjectiveConfig,
+    ObjectiveConfigError,
+    TrainConfig,
+    TrainConfigError,
+    option_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +232,37 @@ def plan_recipe(recipe: Recipe) -> list[dict[str, Any]]:
     return plans
 
 
+def check_stages(recipe: Recipe) -> None:
+    """Check every stage's options (the recipe's defaults, the stage's own, the overrides) as the stage's config
+    will, before anything runs: a bad value of a later stage is found before the data is prepared and the first
+    stage trains. The :class:`RecipeError` names the recipe file and the line of the option; an option that came
+    from the overrides is named in the error's ``option`` (the caller says where it gave it)."""
+    where = recipe.where or Where(str(recipe.source or recipe.name), error=RecipeError)
+    for index, plan in enumerate(plan_recipe(recipe)):
+        stage = recipe.stages[index]
+        options = {k: v for k, v in plan.items() if k not in ("name", "type")}
+        trainer = plan["type"] in TRAINER_STAGES
+        config_class = TrainConfig if trainer else ObjectiveConfig
+        path: KeyPath = ("stages", index)
+        check_fields(
+            config_class, options, where, prefix=path, unknown=f"stage {plan['name']!r}: unknown option {{key!r}}"
+        )
+        try:
+            config_class(**options)
+        except (LmembedError, TypeError, ValueError) as exc:
+            key = option_key(str(exc))
+            name = str(key[0]) if key else ""
+            if name in recipe.overrides and name not in stage:
+                error = RecipeError(f"stage {plan['name']!r}: {exc}")
+                error.option = name  # type: ignore[attr-defined]  # the caller's override: it knows where it came from
+                raise error from exc
+            if name in stage or name not in recipe.defaults:
+                located = (*path, *key) if name in stage else path
+            else:
+                located = ("defaults", *key)
+            raise RecipeError(f"{where.at(located)}: stage {plan['name']!r}: {exc}") from exc
+
+
 def _context(recipe: Recipe, output: Path) -> dict[str, str]:
     context = {"output": str(output)}
     for step in recipe.prepare:
@@ -244,6 +283,7 @@ def run_recipe(
     """
     recipe = path if isinstance(path, Recipe) else load_recipe(path)
     recipe = apply_overrides(recipe, overrides)
+    check_stages(recipe)  # every stage's options, before any data is prepared or any stage trains
     output = Path(recipe.output)
     output.mkdir(parents=True, exist_ok=True)
     context = _context(recipe, output)
@@ -271,6 +311,7 @@ __all__ = [
     "RecipeResult",
     "StageResult",
     "apply_overrides",
+    "check_stages",
     "load_recipe",
     "parse_recipe",
     "plan_recipe",

@@ -28,7 +28,7 @@ from torch import nn
 from lmembed.errors import ConfigError
 from lmembed.models.families import config_says_decoder
 from lmembed.rerank import Reranker, load_reranker
-from lmembed.training.trainable import LoraSettings, TrainedTensors
+from lmembed.training.trainable import LoraSettings, TrainedTensors, peft_with_lora
 
 __all__ = ["TrainableReranker", "build_trainable_reranker"]
 
@@ -82,7 +82,7 @@ class TrainableReranker(TrainedTensors, nn.Module):
 
     @staticmethod
     def _with_lora(reranker: Reranker, settings: LoraSettings) -> nn.Module:
-        from peft import LoraConfig, get_peft_model  # lazy: peft takes seconds to import; only LoRA runs need it
+        from peft import LoraConfig  # lazy: peft takes seconds to import; only LoRA runs need it
 
         target = settings.target_modules
         config = LoraConfig(
@@ -94,7 +94,7 @@ class TrainableReranker(TrainedTensors, nn.Module):
             # a cross-encoder's new score head is trained in full beside the adapters (peft's modules_to_save)
             task_type=kind_training(reranker).peft_task_type,
         )
-        return get_peft_model(reranker.model, config)
+        return peft_with_lora(reranker.model, config)
 
     # ------------------------------------------------------------------ facts
     @property

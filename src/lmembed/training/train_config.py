@@ -28,6 +28,8 @@ A YAML file holds the same fields; a data source is a path or a mapping of
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ import yaml
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
 from lmembed.options import LoraOptions, ModelOptions, field_of, flag
-from lmembed.schema import Where, check_fields, read_yaml_file
+from lmembed.schema import KeyPath, Where, check_fields, read_yaml_file
 from lmembed.synthesis.eval_texts import parse_names
 from lmembed.training.loss_names import NEEDS_NEGATIVES, canonical_loss_name
 from lmembed.training.rows import BATCHING_MODES, MIXING_MODES, DataSource
@@ -73,8 +75,23 @@ class TrainConfigError(LmembedError, ValueError):
     """A training option has an invalid value."""
 
 
+_LISTS = {"data": "paths or {path: ...} mappings", "eval_data": "BEIR folders or dataset names"}
+
+
+def _source(index: int, item: Any) -> DataSource:
+    """``data[index]`` as a :class:`DataSource`; a bad one is a :class:`TrainConfigError` naming ``data[index]``."""
+    try:
+        return DataSource.parse(item)
+    except LmembedError as exc:
+        raise TrainConfigError(f"data[{index}]: {exc}") from exc
+
+
 class ObjectiveConfigError(LmembedError, ValueError):
     """A pre-training stage option is invalid."""
+
+
+#: The largest seed: torch takes 64-bit seeds, and a run adds its process rank to it.
+MAX_SEED = 2**63 - 1
 
 
 def check_at_least(error: type[Exception], minimum: int, **values: float) -> None:
@@ -82,6 +99,44 @@ def check_at_least(error: type[Exception], minimum: int, **values: float) -> Non
     for name, value in values.items():
         if value < minimum:
             raise error(f"{name}={value} must be >= {minimum}")
+
+
+def check_finite(error: type[Exception], options: Any) -> None:
+    """Raise ``error`` naming the first float field of the dataclass ``options`` that is not finite (``nan``, ``inf``
+    from a flag or YAML's ``.nan``/``.inf``): such a value would train to NaN weights or fail deep inside torch."""
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise error(f"{f.name}={value} must be a finite number")
+
+
+def check_optimisation(error: type[Exception], options: Any) -> None:
+    """The optimiser's options every training loop shares (``lr``, ``weight_decay``, ``max_grad_norm``, ``seed``):
+    raise ``error`` naming the first invalid one."""
+    check_finite(error, options)
+    if options.lr <= 0:
+        raise error(f"lr={options.lr} must be positive")
+    if options.weight_decay < 0:
+        raise error(f"weight_decay={options.weight_decay} must be >= 0")
+    if options.max_grad_norm is not None and options.max_grad_norm <= 0:
+        raise error(f"max_grad_norm={options.max_grad_norm} must be positive (or unset: no clipping)")
+    if not 0 <= options.seed <= MAX_SEED:
+        raise error(f"seed={options.seed} must be from 0 to {MAX_SEED}")
+
+
+_NAMED_OPTION = re.compile(r"\s*([A-Za-z_]\w*)((?:\[\d+\]|\.[A-Za-z_]\w*)*)[=:]")
+
+
+def option_key(message: str) -> KeyPath:
+    """The key path of the option a config error names at its start (``lr=nan must ...`` → ``("lr",)``,
+    ``data[0].weight=-2 ...`` and ``data[0].weight: ...`` → ``("data", 0, "weight")``); ``()`` when it names none."""
+    named = _NAMED_OPTION.match(message)
+    if named is None:
+        return ()
+    key: list[str | int] = [named.group(1)]
+    for index, name in re.findall(r"\[(\d+)\]|\.(\w+)", named.group(2)):
+        key.append(int(index) if index else name)
+    return tuple(key)
 
 
 @dataclass
@@ -186,7 +241,11 @@ class TrainConfig(TrainedModel):
     progress: bool = flag(True, "--progress/--no-progress", help="Show a progress bar.")
 
     def __post_init__(self) -> None:
-        self.data = [DataSource.parse(item) for item in (self.data or [])]
+        for name in ("data", "eval_data"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, list):
+                raise TrainConfigError(f"{name}={value!r} must be a list of {_LISTS[name]}")
+        self.data = [_source(i, item) for i, item in enumerate(self.data or [])]
         self.eval_data = [str(p) for p in (self.eval_data or [])]
         self.decontaminate_against = parse_names(self.decontaminate_against)
         self.similarity = SIMILARITY_ALIASES.get(self.similarity, self.similarity)
@@ -195,8 +254,27 @@ class TrainConfig(TrainedModel):
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Raise :class:`TrainConfigError` on the first invalid option, naming it."""
-        check_at_least(TrainConfigError, 1, batch_size=self.batch_size, steps=self.steps, log_every=self.log_every)
+        for name in ("loss_kwargs", "reranker_options"):
+            if not isinstance(getattr(self, name), dict):
+                raise TrainConfigError(f"{name}={getattr(self, name)!r} must be a mapping of option names to values")
+        check_at_least(
+            TrainConfigError,
+            1,
+            batch_size=self.batch_size,
+            steps=self.steps,
+            log_every=self.log_every,
+            eval_batch_size=self.eval_batch_size,
+        )
+        for name in ("eval_max_queries", "eval_max_docs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise TrainConfigError(f"{name}={value} must be >= 1 (or unset: all)")
         self.check_model_options(TrainConfigError)
+        check_optimisation(TrainConfigError, self)
+        for i, source in enumerate(self.data):
+            weight = source.weight
+            if weight is not None and (not math.isfinite(weight) or weight < 0):
+                raise TrainConfigError(f"data[{i}].weight={weight} must be a finite number >= 0")
         check_at_least(
             TrainConfigError,
             0,
@@ -206,8 +284,6 @@ class TrainConfig(TrainedModel):
             num_negatives=self.num_negatives,
             keep_checkpoints=self.keep_checkpoints,
         )
-        if self.lr <= 0:
-            raise TrainConfigError(f"lr={self.lr} must be positive")
         if self.head_lr is not None and (self.head_lr <= 0 or self.reranker is None):
             raise TrainConfigError(f"head_lr={self.head_lr} must be positive, and applies to reranker training only")
         if self.temperature is not None and self.temperature <= 0:
@@ -277,11 +353,13 @@ class TrainConfig(TrainedModel):
             if data is not None:
                 raise TrainConfigError(f"{path}: expected a mapping of options at the top level")
             data = {}
-        check_fields(cls, data, Where(str(path), lines, TrainConfigError), unknown="unknown training option")
+        where = Where(str(path), lines, TrainConfigError)
+        check_fields(cls, data, where, unknown="unknown training option")
         try:
             return cls(**data)
         except (TrainConfigError, TypeError, ValueError) as exc:
-            raise TrainConfigError(f"{path}: {exc}") from exc
+            key = option_key(str(exc))
+            raise TrainConfigError(f"{where.at(key) if key else path}: {exc}") from exc
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -324,9 +402,12 @@ class ObjectiveConfig(TrainedModel):
             known = ", ".join(OBJECTIVE_NAMES)
             raise ObjectiveConfigError(f"objective {self.objective!r} is unknown; choose one of {known}")
         check_at_least(ObjectiveConfigError, 1, steps=self.steps, batch_size=self.batch_size, log_every=self.log_every)
-        if self.lr <= 0:
-            raise ObjectiveConfigError(f"lr={self.lr} must be positive")
+        check_optimisation(ObjectiveConfigError, self)
         check_at_least(ObjectiveConfigError, 0, warmup_steps=self.warmup_steps)
+        if self.max_texts is not None and self.max_texts < 1:
+            raise ObjectiveConfigError(f"max_texts={self.max_texts} must be >= 1 (or unset: all)")
+        if not isinstance(self.options, dict):
+            raise ObjectiveConfigError(f"options={self.options!r} must be a mapping of option names to values")
         self.check_model_options(ObjectiveConfigError)
 
     @classmethod

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -55,6 +56,43 @@ class LoraSettings:
     alpha: int = 32
     dropout: float = 0.1
     target_modules: str | list[str] = "all-linear"
+
+
+#: How many of a model's layer names a message about LoRA targets lists.
+_NAMES_SHOWN = 12
+
+
+def peft_with_lora(model: nn.Module, config: Any) -> Any:
+    """``peft.get_peft_model(model, config)``; LoRA targets that match no module of the model (a mistyped
+    ``--lora-targets``) are a :class:`ConfigError` naming the option and listing the model's linear layers."""
+    from peft import get_peft_model  # lazy: peft takes seconds to import; only LoRA runs need it
+
+    try:
+        return get_peft_model(model, config)
+    except ValueError:
+        target = config.target_modules
+        names = [name for name, _ in model.named_modules() if name]
+        if target == "all-linear" or any(_targets(target, name) for name in names):
+            raise  # the targets do match: peft refused something else
+        layers = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if _is_linear(module)})
+        shown = ", ".join(layers[:_NAMES_SHOWN]) + (" ..." if len(layers) > _NAMES_SHOWN else "")
+        given = target if isinstance(target, str) else ",".join(sorted(target))
+        raise ConfigError(
+            f"lora_target_modules (--lora-targets) {given!r} names no module of {type(model).__name__}; "
+            f"its linear layers: {shown or 'none'} (or use all-linear)"
+        ) from None
+
+
+def _targets(target: str | Sequence[str], name: str) -> bool:
+    """True when peft's LoRA target ``target`` (a regular expression, or names of modules) names module ``name``."""
+    if isinstance(target, str):
+        return re.fullmatch(target, name) is not None
+    return any(name == key or name.endswith(f".{key}") for key in target)
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """A layer LoRA can adapt: a linear layer (GPT-2's Conv1D is one too)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 class TrainedTensors:
@@ -201,7 +239,7 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
         return cls(embedder, lora=resolve_lora(lora, embedder), gradient_checkpointing=gradient_checkpointing)
 
     def _inject_lora(self, settings: LoraSettings) -> None:
-        from peft import LoraConfig, get_peft_model  # lazy: peft takes seconds to import; only LoRA runs need it
+        from peft import LoraConfig  # lazy: peft takes seconds to import; only LoRA runs need it
 
         target = settings.target_modules
         config = LoraConfig(
@@ -211,7 +249,7 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
             target_modules=target if isinstance(target, str) else list(target),
             bias="none",
         )
-        peft_model = get_peft_model(self.model, config)  # injects into self.model in place
+        peft_model = peft_with_lora(self.model, config)  # injects into self.model in place
         if peft_model.base_model.model is not self.model:
             raise RuntimeError("peft did not inject LoRA in place; the encoding engine would bypass the adapters")
         self._peft.append(peft_model)

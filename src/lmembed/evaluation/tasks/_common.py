@@ -17,6 +17,7 @@ names them in ``item_fields``, and :meth:`TaskBase.shrink` samples the same posi
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,19 +38,60 @@ class TaskDataError(LmembedError, ValueError):
     """A task's data file is missing or does not have the expected fields."""
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All JSON objects of a task's ``.jsonl`` file, in order (read by :func:`lmembed.io.iter_jsonl`;
-    blank lines are skipped). A missing or empty file, or a malformed line, is a :class:`TaskDataError`."""
+def read_numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of every row of a task's ``.jsonl`` file, in order (read by
+    :func:`lmembed.io.iter_jsonl`; blank lines are skipped). A missing or empty file, or a malformed line, is a
+    :class:`TaskDataError`."""
     path = Path(path)
     if not path.is_file():
         raise TaskDataError(f"data file not found: {path}")
     try:
-        rows = [row for _, row in iter_jsonl(path)]
+        rows = list(iter_jsonl(path))
     except DataFormatError as exc:
         raise TaskDataError(str(exc)) from exc
     if not rows:
         raise TaskDataError(f"{path} holds no rows")
     return rows
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All JSON objects of a task's ``.jsonl`` file, in order (:func:`read_numbered_jsonl` without the numbers)."""
+    return [row for _, row in read_numbered_jsonl(path)]
+
+
+def row_error(path: str | Path, line_no: int, reason: str) -> TaskDataError:
+    """A :class:`TaskDataError` for one row, its message starting ``<file>:<line>:`` as :mod:`lmembed.io`'s do."""
+    return TaskDataError(f"{path}:{line_no}: {reason}")
+
+
+def text_value(value: Any, name: str, path: str | Path, line_no: int) -> str:
+    """``value`` (the field ``name`` of a row), which must be a string: ``null`` or a number is not a text."""
+    if not isinstance(value, str):
+        raise row_error(path, line_no, f"{name} must be a string, got {_json_kind(value)}")
+    return value
+
+
+def finite_number(value: Any, name: str, path: str | Path, line_no: int) -> float:
+    """``value`` (the field ``name`` of a row) as a float: a JSON number, or a string holding one; ``NaN`` and
+    infinities are refused (a score that is none would poison every correlation)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise row_error(path, line_no, f"{name} must be a number, got {_json_kind(value)}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise row_error(path, line_no, f"{name} must be a number, got {value!r:.40}") from None
+    if not math.isfinite(number):
+        raise row_error(path, line_no, f"{name} must be a finite number, got {value!r:.40}")
+    return number
+
+
+def _json_kind(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else "a boolean"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    names = {list: "an array", dict: "an object", str: "a string", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
 
 
 def require_fields(row: Mapping[str, Any], fields: Sequence[str], path: str | Path) -> None:

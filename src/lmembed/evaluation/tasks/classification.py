@@ -42,7 +42,15 @@ from sklearn.metrics import (
     recall_score,
 )
 
-from lmembed.evaluation.tasks._common import DEFAULT_SEED, TaskBase, TaskDataError, read_rows, split_file
+from lmembed.evaluation.tasks._common import (
+    DEFAULT_SEED,
+    TaskBase,
+    TaskDataError,
+    read_numbered_jsonl,
+    row_error,
+    split_file,
+    text_value,
+)
 from lmembed.protocols import RetrievalEncoder
 
 
@@ -111,12 +119,28 @@ def _used(selections: list[list[int]]) -> list[int]:
 
 
 def load_labelled_texts(path: str | Path) -> tuple[list[str], list[Any]]:
-    """Read ``{"text", "label"}`` rows into texts and labels."""
-    rows = read_rows(path, ("text", "label"))
-    try:
-        return [str(row["text"]) for row in rows], [row["label"] for row in rows]
-    except KeyError as exc:
-        raise TaskDataError(f"{path}: a row lacks {exc}") from exc
+    """Read ``{"text", "label"}`` rows into texts and labels. A label is a string, an integer or a boolean (a
+    class's name); a row without a text or with another label (``null``, ``NaN``, 1.5, a list) is a
+    :class:`TaskDataError` naming file and line."""
+    texts: list[str] = []
+    labels: list[Any] = []
+    for line_no, row in read_numbered_jsonl(path):
+        missing = [key for key in ("text", "label") if key not in row]
+        if missing:
+            raise row_error(path, line_no, f"missing field {missing[0]!r} (rows need text and label)")
+        texts.append(text_value(row["text"], "field 'text'", path, line_no))
+        labels.append(_label(row["label"], path, line_no))
+    return texts, labels
+
+
+def _label(value: Any, path: str | Path, line_no: int) -> Any:
+    """A class label as given: a string, an integer or a boolean; a float only when it is a whole number (1.0, as
+    ``1``); anything else cannot name a class."""
+    if isinstance(value, str | int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise row_error(path, line_no, f"field 'label' must be a string or an integer, got {value!r:.40}")
 
 
 @dataclass

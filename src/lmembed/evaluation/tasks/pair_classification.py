@@ -39,11 +39,12 @@ from sklearn.metrics.pairwise import (
 from lmembed.evaluation.base import ItemScores
 from lmembed.evaluation.tasks._common import (
     TaskBase,
-    TaskDataError,
     paired_cosine,
-    read_jsonl,
+    read_numbered_jsonl,
     require_fields,
     require_same_length,
+    row_error,
+    text_value,
 )
 from lmembed.protocols import RetrievalEncoder
 
@@ -139,21 +140,31 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def load_pairs(path: str | Path) -> tuple[list[str], list[str], list[int]]:
-    """Read pairs in either layout (see the module docstring)."""
-    rows = read_jsonl(path)
-    label_key = "labels" if "labels" in rows[0] else "label"
-    require_fields(rows[0], ("sentence1", "sentence2", label_key), path)
+    """Read pairs in either layout (see the module docstring); a row of another shape, a sentence that is not a
+    string or a label that is not 0 or 1 (``NaN``, ``null``, 0.5, ``"yes"``) is a :class:`TaskDataError` naming
+    file and line."""
+    rows = read_numbered_jsonl(path)
+    label_key = "labels" if "labels" in rows[0][1] else "label"
+    require_fields(rows[0][1], ("sentence1", "sentence2", label_key), f"{path}:{rows[0][0]}")
     first, second, labels = [], [], []
-    for number, row in enumerate(rows, start=1):
-        s1, s2, lab = (_as_list(row.get(k)) for k in ("sentence1", "sentence2", label_key))
+    for line_no, row in rows:
+        missing = [k for k in ("sentence1", "sentence2", label_key) if k not in row]
+        if missing:
+            raise row_error(path, line_no, f"missing field {missing[0]!r}")
+        s1, s2, lab = (_as_list(row[k]) for k in ("sentence1", "sentence2", label_key))
         if not len(s1) == len(s2) == len(lab):
-            raise TaskDataError(f"{path}: row {number} has lists of different lengths")
-        first += [str(s) for s in s1]
-        second += [str(s) for s in s2]
-        labels += [int(x) for x in lab]
-    if set(labels) - {0, 1}:
-        raise TaskDataError(f"{path}: labels must be 0 or 1, found {sorted(set(labels))}")
+            raise row_error(path, line_no, "sentence1, sentence2 and the labels are lists of different lengths")
+        first += [text_value(s, "a sentence", path, line_no) for s in s1]
+        second += [text_value(s, "a sentence", path, line_no) for s in s2]
+        labels += [_binary_label(x, label_key, path, line_no) for x in lab]
     return first, second, labels
+
+
+def _binary_label(value: Any, key: str, path: str | Path, line_no: int) -> int:
+    """A pair's label, 0 or 1 (``true``/``false`` and 0.0/1.0 read as such)."""
+    if isinstance(value, bool | int | float) and value in (0, 1):
+        return int(value)
+    raise row_error(path, line_no, f"field {key!r}: labels must be 0 or 1, got {value!r:.40}")
 
 
 @dataclass

@@ -38,10 +38,12 @@ from sklearn.metrics.pairwise import (
 from lmembed.evaluation.base import ItemScores
 from lmembed.evaluation.tasks._common import (
     TaskBase,
-    TaskDataError,
+    finite_number,
     paired_cosine,
-    read_rows,
+    read_numbered_jsonl,
     require_same_length,
+    row_error,
+    text_value,
 )
 from lmembed.protocols import RetrievalEncoder
 
@@ -81,16 +83,19 @@ def sts_scores(
 
 
 def load_sts_pairs(path: str | Path) -> tuple[list[str], list[str], list[float]]:
-    """Read ``{"sentence1", "sentence2", "score"}`` rows into three parallel lists."""
-    rows = read_rows(path, ("sentence1", "sentence2", "score"))
-    try:
-        return (
-            [str(row["sentence1"]) for row in rows],
-            [str(row["sentence2"]) for row in rows],
-            [float(row["score"]) for row in rows],
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TaskDataError(f"{path}: a row lacks a sentence or a numeric score ({exc})") from exc
+    """Read ``{"sentence1", "sentence2", "score"}`` rows into three parallel lists; a row without a sentence or
+    a finite numeric score (``NaN`` is none) is a :class:`TaskDataError` naming file and line."""
+    first: list[str] = []
+    second: list[str] = []
+    scores: list[float] = []
+    for line_no, row in read_numbered_jsonl(path):
+        missing = [key for key in ("sentence1", "sentence2", "score") if key not in row]
+        if missing:
+            raise row_error(path, line_no, f"missing field {missing[0]!r} (rows need sentence1, sentence2, score)")
+        first.append(text_value(row["sentence1"], "field 'sentence1'", path, line_no))
+        second.append(text_value(row["sentence2"], "field 'sentence2'", path, line_no))
+        scores.append(finite_number(row["score"], "field 'score'", path, line_no))
+    return first, second, scores
 
 
 @dataclass

@@ -29,7 +29,15 @@ import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
 from lmembed.evaluation.base import ItemScores
-from lmembed.evaluation.tasks._common import TaskBase, TaskDataError, normalise_rows, read_rows
+from lmembed.evaluation.tasks._common import (
+    TaskBase,
+    TaskDataError,
+    finite_number,
+    normalise_rows,
+    read_numbered_jsonl,
+    require_fields,
+    row_error,
+)
 from lmembed.protocols import RetrievalEncoder
 
 
@@ -87,21 +95,23 @@ def _add_item(items: ItemScores, item_id: str, relevance: list[float], cosine: n
 
 
 def load_summarization(path: str | Path) -> list[SummarizationSample]:
-    """Read SummEval-format rows."""
-    rows = read_rows(path, ("text", "human_summaries", "machine_summaries", "relevance"))
+    """Read SummEval-format rows; a problem (a field that is not a list, a relevance score that is not a finite
+    number) is a :class:`TaskDataError` naming file and line."""
+    rows = read_numbered_jsonl(path)
+    require_fields(rows[0][1], ("text", "human_summaries", "machine_summaries", "relevance"), f"{path}:{rows[0][0]}")
     samples = []
-    for number, row in enumerate(rows, start=1):
+    for line_no, row in rows:
         human, machine, relevance = row.get("human_summaries"), row.get("machine_summaries"), row.get("relevance")
         if not all(isinstance(v, list) for v in (human, machine, relevance)):
-            raise TaskDataError(f"{path}: row {number}: summaries and relevance must be lists")
+            raise row_error(path, line_no, "summaries and relevance must be lists")
         if len(machine) != len(relevance) or not human:
-            raise TaskDataError(f"{path}: row {number}: one relevance score per machine summary, >=1 human summary")
+            raise row_error(path, line_no, "one relevance score per machine summary, >=1 human summary")
         samples.append(
             SummarizationSample(
                 str(row.get("text", "")),
                 [str(s) for s in human],
                 [str(s) for s in machine],
-                [float(x) for x in relevance],
+                [finite_number(x, "a relevance score", path, line_no) for x in relevance],
             )
         )
     return samples
