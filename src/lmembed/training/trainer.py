@@ -165,12 +165,6 @@ class Trainer:
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
         if config.decontaminate_against:
             data = self._decontaminate(data, config)
-        rows = sum(len(d) for d in data)
-        if config.reranker is None and config.batch_size > rows:
-            raise TrainConfigError(
-                f"batch_size={config.batch_size} is more than the {rows} training rows: each batch would repeat rows, "
-                "and a repeated row is a false in-batch negative; use a batch of at most the rows"
-            )
         samplers = {"homogeneous": TaskHomogeneousSampler, "round_robin": RoundRobinSampler}
         sampler_class = samplers.get(config.batching, MixtureSampler)
         self.sampler = sampler_class(
@@ -181,6 +175,12 @@ class Trainer:
             mixing=config.mixing,
         )
         self.loss_fn = build_training_loss(config, distributed=self.dist.world_size > 1)
+        rows = sum(len(d) for d in data)
+        if config.reranker is None and config.batch_size > rows:
+            raise TrainConfigError(
+                f"batch_size={config.batch_size} is more than the {rows} training rows: each batch would repeat rows, "
+                "and a repeated row is a false in-batch negative; use a batch of at most the rows"
+            )
         self.distils = reads_teacher_scores(self.loss_fn)
         if self.distils:
             check_teacher_scores(data, config.num_negatives, config.loss)
