@@ -288,3 +288,27 @@ def test_a_json_string_with_a_lone_surrogate_names_file_line_and_field(tmp_path:
     assert [n for n, _ in rows] == [1] and rows[0][1]["text"] == "ok 😀"  # a surrogate pair is one character
     assert [e.where for e in skipped] == [f"{path}:3", f"{path}:4"]
     assert "field 'neg'[1]" in skipped[1].reason
+
+
+def test_every_corpus_reader_tells_json_lines_by_is_jsonl(tmp_path: Path) -> None:
+    """mining, adapt and synthesis read ``.gz`` as JSON lines whatever came before it (a ``.txt.gz`` of passages was a
+    JSON error) and a ``.JSONL`` corpus as text lines (its JSON became documents)."""
+    import gzip
+
+    from lmembed.mining import load_corpus
+    from lmembed.synthesis.synthesize import read_passages
+    from lmembed.training.adapt import read_adapt_corpus
+
+    lines = tmp_path / "docs.txt.gz"
+    lines.write_bytes(gzip.compress(b"the first passage of text here\nthe second passage of text here\n"))
+    rows = tmp_path / "CORPUS.JSONL"
+    rows.write_text(
+        "".join(
+            json.dumps({"_id": f"d{i}", "title": "", "text": f"passage number {i} of text"}) + "\n" for i in range(2)
+        )
+    )
+    assert load_corpus(lines) == ["the first passage of text here", "the second passage of text here"]
+    assert load_corpus(rows) == ["passage number 0 of text", "passage number 1 of text"]
+    assert read_passages(lines)[1] == load_corpus(lines) and read_passages(rows)[0] == ["d0", "d1"]
+    assert [d.text for d in read_adapt_corpus(rows)] == load_corpus(rows)
+    assert len(read_adapt_corpus(lines)) == 2

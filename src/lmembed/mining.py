@@ -40,7 +40,16 @@ import numpy as np
 from lmembed.atomic import atomic_write
 from lmembed.errors import LmembedError
 from lmembed.evaluation.search import exact_search
-from lmembed.io import CORPUS_FILE, DataFormatError, find_file, iter_jsonl, read_corpus, read_jsonl, read_text_lines
+from lmembed.io import (
+    CORPUS_FILE,
+    DataFormatError,
+    find_file,
+    is_jsonl,
+    iter_jsonl,
+    read_corpus,
+    read_jsonl,
+    read_text_lines,
+)
 from lmembed.protocols import RetrievalEncoder
 
 log = logging.getLogger(__name__)
@@ -377,6 +386,6 @@ def load_corpus(path: str | Path) -> list[str]:
         except FileNotFoundError:
             raise MiningError(f"{path}: no corpus.jsonl in this folder") from None
         return read_corpus(corpus)[1]
-    if path.suffix in (".jsonl", ".gz"):
+    if is_jsonl(path):
         return read_corpus(path)[1]
     return read_text_lines(path, strip=True)

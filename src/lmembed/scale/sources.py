@@ -35,7 +35,16 @@ import pyarrow.parquet as pq
 
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
-from lmembed.io import CORPUS_FILE, DataFormatError, corpus_text, find_file, iter_jsonl, iter_lines, string_field
+from lmembed.io import (
+    CORPUS_FILE,
+    DataFormatError,
+    corpus_text,
+    find_file,
+    is_jsonl,
+    iter_jsonl,
+    iter_lines,
+    string_field,
+)
 from lmembed.scale.errors import BadRowError
 
 #: Rows per block read from a part (and per staging file written by the plan pass).
@@ -411,7 +420,7 @@ def open_texts(path: str | Path, *, field: str = "text") -> CorpusSource:
     """``lmembed encode``'s rule: a ``.jsonl`` file gives the string ``field`` of each row, a ``.parquet`` file
     its column ``field``, any other file its lines (every line, blank ones too). Ids are row numbers."""
     path = Path(path)
-    if path.suffix == ".jsonl":
+    if is_jsonl(path):
         return CorpusSource(
             [JsonlFieldPart(str(path), field)], _file_identity([path], "jsonl-field", field=field), str(path)
         )

@@ -77,10 +77,10 @@ def synthesize(
 def read_passages(path: str | Path, limit: int | None = None) -> tuple[list[str], list[str]]:
     """Seed passages as (ids, texts): a BEIR folder or ``corpus.jsonl`` (its ``_id``s), or a text file with one
     passage per line (ids ``line-N``)."""
-    from lmembed.io import CORPUS_FILE, find_file, iter_lines, read_corpus
+    from lmembed.io import CORPUS_FILE, find_file, is_jsonl, iter_lines, read_corpus
 
     path = Path(path)
-    if path.is_dir() or path.suffix in (".jsonl", ".gz"):
+    if path.is_dir() or is_jsonl(path):
         corpus = find_file(path, CORPUS_FILE) if path.is_dir() else path
         ids, texts = read_corpus(corpus)
         _check_passages(corpus, texts)

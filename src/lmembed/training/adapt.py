@@ -54,7 +54,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
-from lmembed.io import DataFormatError, iter_jsonl, iter_lines, read_jsonl, string_field
+from lmembed.io import DataFormatError, is_jsonl, iter_jsonl, iter_lines, read_jsonl, string_field
 from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
 from lmembed.training.adapt_recipe import AdaptRecipe, QuerySource
 
@@ -101,7 +101,7 @@ def read_adapt_corpus(path: str | Path) -> list[Document]:
         raise AdaptError(f"{path}: no such corpus file (--corpus takes a BEIR corpus.jsonl or a text file)")
     docs: list[Document] = []
     try:
-        if path.suffix in (".jsonl", ".gz"):
+        if is_jsonl(path):
             seen: set[str] = set()
             for line_no, row in iter_jsonl(path):
                 doc_id = string_field(row, "_id", path, line_no)
