@@ -157,6 +157,17 @@ def test_keep_existing_negatives():
     assert "teacher_scores" not in row  # they scored the old negatives only
 
 
+def test_a_rows_own_negative_under_another_name_is_kept_in_the_one_list():
+    """A row's ``negative`` stayed beside the mined ``negatives``; training reads one name only, so it was lost."""
+    rows = [{"query": "cat sat mat", "positive": POSITIVE, "negative": CORPUS["d5"]}]
+    row = mine_hard_negatives(BagOfWords(), rows, CORPUS, k=2, method="perc_pos", keep_existing=True)[0]
+    assert row["negatives"] == [CORPUS["d5"], CORPUS["d2"]] and "negative" not in row
+    fresh = mine_hard_negatives(BagOfWords(), rows, CORPUS, k=1, method="perc_pos")[0]
+    assert fresh["negatives"] == [CORPUS["d2"]] and "negative" not in fresh
+    with pytest.raises(MiningError, match="fields 'query' and 'anchor' both give the query"):
+        mine_hard_negatives(BagOfWords(), [{**rows[0], "anchor": "x"}], CORPUS, k=1)
+
+
 def test_bad_options_are_rejected():
     assert canonical_method("TopK-PercPos") == "perc_pos"
     with pytest.raises(MiningError, match="unknown"):

@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -273,6 +273,21 @@ def string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, req
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise DataFormatError(path, line_no, f"field {key!r} must be a string, got {type(value).__name__}")
     return str(value)
+
+
+#: The names a training row (``lmembed train``'s data, ``lmembed mine``'s input and output) may give each field.
+QUERY_KEYS = ("query", "anchor", "question")
+POSITIVE_KEYS = ("positive", "positives", "pos")
+NEGATIVE_KEYS = ("negatives", "negative", "neg", "hard_negatives")
+
+
+def row_key(row: Mapping[str, Any], keys: Sequence[str], what: str) -> str | None:
+    """The one of ``keys`` (the names of one field, e.g. :data:`QUERY_KEYS`) that ``row`` gives a value, or ``None``;
+    two of them is a ``ValueError`` naming both (which one was meant cannot be told: ``query`` and ``anchor``)."""
+    given = [k for k in keys if row.get(k) is not None]
+    if len(given) > 1:
+        raise ValueError(f"fields {given[0]!r} and {given[1]!r} both give the {what}; keep one")
+    return given[0] if given else None
 
 
 def corpus_text(row: dict[str, Any], path: Path, line_no: int) -> str:

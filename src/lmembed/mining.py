@@ -42,6 +42,9 @@ from lmembed.errors import LmembedError
 from lmembed.evaluation.search import exact_search
 from lmembed.io import (
     CORPUS_FILE,
+    NEGATIVE_KEYS,
+    POSITIVE_KEYS,
+    QUERY_KEYS,
     DataFormatError,
     find_file,
     is_jsonl,
@@ -49,6 +52,7 @@ from lmembed.io import (
     read_corpus,
     read_jsonl,
     read_text_lines,
+    row_key,
 )
 from lmembed.protocols import RetrievalEncoder
 
@@ -66,8 +70,6 @@ _METHOD_ALIASES = {
     "topk_percpos": "perc_pos",
     "percpos": "perc_pos",
 }
-QUERY_KEYS = ("query", "anchor", "question")
-POSITIVE_KEYS = ("positive", "positives", "pos")
 
 
 class MiningError(LmembedError, ValueError):
@@ -124,14 +126,31 @@ def keep_mask(scores: np.ndarray, positive_score: float, method: str, margin: fl
 
 # ---------------------------------------------------------------------------------------------- inputs
 def _row_query(row: Mapping[str, Any]) -> str:
-    key = next((k for k in QUERY_KEYS if row.get(k)), None)
-    if key is None or not isinstance(row[key], str):
+    key = _key(row, QUERY_KEYS, "query")
+    if key is None or not isinstance(row[key], str) or not row[key]:
         raise MiningError(f"row has no query text (one of {', '.join(QUERY_KEYS)}): {dict(row)!r:.120}")
     return row[key]
 
 
+def _key(row: Mapping[str, Any], keys: tuple[str, ...], what: str) -> str | None:
+    try:
+        return row_key(row, keys, what)
+    except ValueError as exc:
+        raise MiningError(str(exc)) from None
+
+
+def _row_negatives(row: Mapping[str, Any]) -> list[str]:
+    """The negatives a row has already, under any of their names (a string or a list of texts)."""
+    key = _key(row, NEGATIVE_KEYS, "negatives")
+    value = row[key] if key is not None else []
+    items = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(t, str) and t for t in items):
+        raise MiningError(f"row's {key!r} must be a text or a list of texts")
+    return items
+
+
 def _row_positives(row: Mapping[str, Any]) -> list[str]:
-    key = next((k for k in POSITIVE_KEYS if row.get(k)), None)
+    key = _key(row, POSITIVE_KEYS, "positive")
     if key is None:
         raise MiningError(f"row has no positive (one of {', '.join(POSITIVE_KEYS)}): {dict(row)!r:.120}")
     value = row[key]
@@ -313,7 +332,7 @@ def mine_hard_negatives(
         banned = set(positive_ids[i])
         if queries[i] in pool.index:
             banned.add(pool.index[queries[i]])  # a query is never its own negative (symmetric data)
-        existing = [t for t in row.get("negatives", []) or []] if keep_existing else []
+        existing = _row_negatives(row) if keep_existing else []
         banned.update(pool.index[t] for t in existing if t in pool.index)
         need = max(0, k - len(existing))
         chosen, scores = _select(
@@ -327,7 +346,7 @@ def mine_hard_negatives(
             skip_top=skip_top,
             stats=stats,
         )
-        new_row = dict(row)
+        new_row = {key: value for key, value in row.items() if key not in NEGATIVE_KEYS}  # one name for them
         new_row["negatives"] = existing + [docs[j] for j in chosen]
         new_row.pop("teacher_scores", None)  # they scored the row's old negatives
         if with_scores:

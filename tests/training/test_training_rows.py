@@ -77,6 +77,9 @@ def test_jsonl_accepts_other_tools_spellings(tmp_path):
         ({"query": "q", "positive": ""}, "'positive' has an empty text"),
         ({"query": "q", "positive": "p", "negatives": ["n", ""]}, "'negatives' has an empty text (item 1)"),
         ({"query": "q", "positive": 3}, "must be a string or a list"),
+        # two names of one field: which was meant cannot be told (the first in a fixed order won without a word)
+        ({"query": "q", "anchor": "a", "positive": "p"}, "fields 'query' and 'anchor' both give the query"),
+        ({"query": "q", "positive": "p", "negatives": ["n"], "negative": "m"}, "'negatives' and 'negative' both"),
         ("{not json", "invalid JSON"),
     ],
 )

@@ -46,7 +46,10 @@ from lmembed.datasets import resolve_local
 from lmembed.errors import ConfigError, LmembedError
 from lmembed.io import (
     CORPUS_FILE,
+    NEGATIVE_KEYS,
+    POSITIVE_KEYS,
     QUERIES_FILE,
+    QUERY_KEYS,
     DataFormatError,
     find_file,
     iter_jsonl,
@@ -55,15 +58,13 @@ from lmembed.io import (
     qrels_splits,
     read_corpus,
     read_queries,
+    row_key,
 )
 from lmembed.schema import Where, check_fields
 from lmembed.synthesis.decontaminate import DecontaminationReport, DecontaminationSettings, decontaminate
 
 log = logging.getLogger(__name__)
 
-QUERY_KEYS = ("query", "anchor", "question")
-POSITIVE_KEYS = ("positive", "positives", "pos")
-NEGATIVE_KEYS = ("negatives", "negative", "neg", "hard_negatives")
 MIXING_MODES = ("uniform", "proportional")
 BATCHING_MODES = ("blended", "homogeneous", "round_robin")
 _STREAM_MIX, _STREAM_PERM, _STREAM_ROW = 0, 1, 2
@@ -213,10 +214,6 @@ class _Rejects:
         self.reject(error.where, error.reason)
 
 
-def _first_key(row: dict[str, Any], keys: Sequence[str]) -> str | None:
-    return next((k for k in keys if k in row and row[k] is not None), None)
-
-
 def _texts(value: Any, key: str) -> tuple[str, ...]:
     """A string or a list of strings, each non-empty; raises ValueError with the reason."""
     items = [value] if isinstance(value, str) else value
@@ -278,10 +275,10 @@ def parse_teacher_scores(value: Any, positives: int, negatives: int) -> tuple[fl
 
 def parse_row(row: dict[str, Any], default_instruction: str | None = None) -> TrainExample:
     """Turn one JSON object into an example; raises ValueError saying what is wrong."""
-    query_key = _first_key(row, QUERY_KEYS)
+    query_key = row_key(row, QUERY_KEYS, "query")
     if query_key is None:
         raise ValueError(f"missing the query (one of {', '.join(QUERY_KEYS)})")
-    positive_key = _first_key(row, POSITIVE_KEYS)
+    positive_key = row_key(row, POSITIVE_KEYS, "positive")
     if positive_key is None:
         raise ValueError(f"missing the positive (one of {', '.join(POSITIVE_KEYS)})")
     query = row[query_key]
@@ -292,7 +289,7 @@ def parse_row(row: dict[str, Any], default_instruction: str | None = None) -> Tr
     positives = _texts(row[positive_key], positive_key)
     if not positives:
         raise ValueError(f"field {positive_key!r} is an empty list")
-    negative_key = _first_key(row, NEGATIVE_KEYS)
+    negative_key = row_key(row, NEGATIVE_KEYS, "negatives")
     negatives = _texts(row[negative_key], negative_key) if negative_key else ()
     instruction = _optional_string(row, "instruction") or default_instruction
     symmetric = row.get("symmetric", False)
