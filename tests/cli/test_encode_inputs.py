@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,3 +85,18 @@ def test_a_json_file_is_refused_rather_than_embedded_line_by_line(model, tmp_pat
     result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--model", path)
     assert result.exit_code == 2 and "a .json file is not read as texts" in " ".join(result.output.split())
     assert not (tmp_path / "out.npy").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc (a folder that takes no files)")
+def test_every_commands_output_check_makes_a_file_where_the_output_goes(tmp_path):
+    """``os.access`` says yes to root everywhere; only making a file tells that a folder takes none (``/proc``, a
+    read-only mount), before the work starts rather than at the write."""
+    import typer
+
+    from lmembed.cli.options import check_writable
+
+    for path, folder in ((Path("/proc/run.trec"), False), (Path("/proc/new-index"), True)):
+        with pytest.raises(typer.BadParameter, match=r"cannot write to /proc"):
+            check_writable(path, "--output", folder=folder)
+    assert check_writable(tmp_path / "a" / "b.npy", "--output") == tmp_path / "a" / "b.npy"
+    assert not list(tmp_path.iterdir())  # the probe leaves nothing behind

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -63,18 +62,6 @@ def _unwritable(output: Path, exc: OSError) -> typer.BadParameter:
     return typer.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output")
 
 
-def _probe_output(output: Path) -> None:
-    """Create (and drop) a file in --output's folder, as the atomic write will, before any text is embedded: a
-    folder that takes no files (``/proc``, a read-only mount) is said now, naming --output."""
-    if not output.parent.is_dir():
-        return  # created by the write; check_writable vetted its nearest existing ancestor
-    try:
-        with tempfile.TemporaryFile(dir=output.parent):
-            pass
-    except OSError as exc:
-        raise _unwritable(output, exc) from None
-
-
 @options_command
 def encode(
     input: Annotated[Path, typer.Argument(help="A text file (one text per line) or a .jsonl file.")],
@@ -111,7 +98,6 @@ def encode(
         raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
     _check_side(side, instruction, prompt_name)
     check_writable(output, "--output")
-    _probe_output(output)
     check_engine(engine, options)
     if engine.engine == "ray":
         path = check_input_file(input, "INPUT")

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin, get_type_hints
@@ -302,6 +303,11 @@ def check_writable(path: Path, option: str, *, folder: bool = False) -> Path:
         raise typer.BadParameter(f"cannot write to {target} (no write permission on {probe})", param_hint=option)
     if path.exists() and not folder and not os.access(path, os.W_OK):
         raise typer.BadParameter(f"{path} exists and is not writable", param_hint=option)
+    try:  # a file made and dropped where the outputs will go (a read-only mount, /proc: os.access says yes to root)
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot write to {target}: {exc.strerror or exc}", param_hint=option) from None
     return path
 
 
