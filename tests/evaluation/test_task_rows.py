@@ -81,3 +81,29 @@ def test_a_summarization_relevance_that_is_nan_names_the_line(tmp_path: Path) ->
     path = _write(tmp_path / "test.jsonl", [good, bad])
     with pytest.raises(TaskDataError, match=rf"^{path}:2: a relevance score must be a finite number"):
         load_summarization(path)
+
+
+def test_clustering_and_reranking_rows_name_their_line_and_take_texts_only(tmp_path: Path) -> None:
+    """They said "row N" (a count, not the file's line) and embedded a null sentence or document as the text
+    "None"."""
+    from lmembed.evaluation.tasks.clustering import load_cluster_sets
+    from lmembed.evaluation.tasks.reranking import load_rerank_samples
+
+    good = {"sentences": ["a", "b"], "labels": [0, 1]}
+    path = _write(tmp_path / "clusters.jsonl", [good, "", {"sentences": ["a", None], "labels": [0, 1]}])
+    with pytest.raises(TaskDataError, match=rf"^{path}:3: field 'sentences\[1\]' must be a string, got null"):
+        load_cluster_sets(path)
+    path = _write(tmp_path / "uneven.jsonl", [good, {"sentences": ["a"], "labels": [0, 1]}])
+    with pytest.raises(TaskDataError, match=rf"^{path}:2: has 1 sentences, 2 labels"):
+        load_cluster_sets(path)
+    sample = {"query": "q", "positive": ["p"], "negative": ["n"]}
+    for bad, said in (
+        ({**sample, "negative": ["n", 3]}, r"field 'negative\[1\]' must be a string"),
+        ({**sample, "query": None}, "field 'query' must be a string, got null"),
+        ({**sample, "query": ["q", None]}, r"field 'query\[1\]' must be a string"),
+        ({**sample, "positive": "p"}, "needs list-valued 'positive' and 'negative'"),
+    ):
+        path = _write(tmp_path / "rerank.jsonl", [sample, "", "", bad])
+        with pytest.raises(TaskDataError, match=rf"^{path}:4: {said}"):
+            load_rerank_samples(path)
+    assert load_rerank_samples(_write(tmp_path / "ok.jsonl", [sample]))[0].positive == ["p"]

@@ -42,7 +42,15 @@ from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics.cluster import v_measure_score
 
 from lmembed.evaluation.base import ItemScores, ShrinkLimits
-from lmembed.evaluation.tasks._common import DEFAULT_SEED, TaskBase, TaskDataError, read_rows, sample_indices
+from lmembed.evaluation.tasks._common import (
+    DEFAULT_SEED,
+    TaskBase,
+    TaskDataError,
+    read_numbered_jsonl,
+    row_error,
+    sample_indices,
+    text_value,
+)
 from lmembed.protocols import RetrievalEncoder
 
 KMEANS_BATCH_SIZE = 500
@@ -116,15 +124,15 @@ def bootstrap_v_measures(
 
 def load_cluster_sets(path: str | Path) -> list[ClusterSet]:
     """Read MTEB-format clustering rows ``{"sentences": [...], "labels": [...]}``."""
-    rows = read_rows(path, ("sentences", "labels"))
     sets = []
-    for number, row in enumerate(rows, start=1):
+    for line_no, row in read_numbered_jsonl(path):
         sentences, labels = row.get("sentences"), row.get("labels")
         if not isinstance(sentences, list) or not isinstance(labels, list):
-            raise TaskDataError(f"{path}: row {number} needs list-valued 'sentences' and 'labels'")
+            raise row_error(path, line_no, "needs list-valued 'sentences' and 'labels'")
         if len(sentences) != len(labels):
-            raise TaskDataError(f"{path}: row {number} has {len(sentences)} sentences, {len(labels)} labels")
-        sets.append(ClusterSet([str(s) for s in sentences], labels))
+            raise row_error(path, line_no, f"has {len(sentences)} sentences, {len(labels)} labels")
+        texts = [text_value(text, f"field 'sentences[{i}]'", path, line_no) for i, text in enumerate(sentences)]
+        sets.append(ClusterSet(texts, labels))  # a null or a number was embedded as the text "None", "3" before
     return sets
 
 

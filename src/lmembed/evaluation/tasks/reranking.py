@@ -38,8 +38,10 @@ from lmembed.evaluation.tasks._common import (
     as_matrix,
     encode_unique,
     normalise_rows,
-    read_rows,
+    read_numbered_jsonl,
+    row_error,
     stopwatch,
+    text_value,
     unique_texts,
 )
 from lmembed.protocols import RetrievalEncoder
@@ -84,15 +86,18 @@ def rerank_metrics(relevant: Sequence[bool], scores: np.ndarray, *, k: int = MRR
 
 def load_rerank_samples(path: str | Path) -> list[RerankSample]:
     """Read ``{"query", "positive", "negative"}`` rows."""
-    rows = read_rows(path, ("query", "positive", "negative"))
     samples = []
-    for number, row in enumerate(rows, start=1):
+    for line_no, row in read_numbered_jsonl(path):
         query, positive, negative = row.get("query"), row.get("positive"), row.get("negative")
         if not isinstance(positive, list) or not isinstance(negative, list):
-            raise TaskDataError(f"{path}: row {number} needs list-valued 'positive' and 'negative'")
-        if not isinstance(query, str | list):
-            raise TaskDataError(f"{path}: row {number}: 'query' must be a string or a list of strings")
-        samples.append(RerankSample(query, [str(d) for d in positive], [str(d) for d in negative]))
+            raise row_error(path, line_no, "needs list-valued 'positive' and 'negative'")
+        if isinstance(query, list):
+            query = [text_value(q, f"field 'query[{i}]'", path, line_no) for i, q in enumerate(query)]
+        else:
+            query = text_value(query, "field 'query'", path, line_no)
+        positives = [text_value(d, f"field 'positive[{i}]'", path, line_no) for i, d in enumerate(positive)]
+        negatives = [text_value(d, f"field 'negative[{i}]'", path, line_no) for i, d in enumerate(negative)]
+        samples.append(RerankSample(query, positives, negatives))
     return samples
 
 
