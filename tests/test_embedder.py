@@ -418,3 +418,15 @@ def test_user_facing_errors_share_one_base():
         assert issubclass(error, LmembedError)
     assert issubclass(ConfigError, ValueError) and issubclass(ModelLoadError, ValueError)
     assert issubclass(InputError, ValueError) and issubclass(LayerSelectionError, IndexError)
+
+
+def test_a_layer_the_model_lacks_is_refused_when_the_strategy_is_set(make_embedder):
+    """It was found at the first encode: ``lmembed doctor --layer 99`` loaded the model and ran its checks on it,
+    failing two of them (exit 1) where ``encode`` refused the value (exit 2)."""
+    from lmembed.pooling.layers import LayerSelectionError
+
+    emb = make_embedder("bert")
+    with pytest.raises(LayerSelectionError, match="layer 99 is out of range for a model with"):
+        emb.with_config(emb.config.with_options(layer=99))
+    with pytest.raises(LayerSelectionError, match="layer -99 is out of range"):
+        make_embedder("llama", layer=(1, -99))

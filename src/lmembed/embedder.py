@@ -46,6 +46,7 @@ from lmembed.models.sentence_transformers_folder import (
 )
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
+from lmembed.pooling.layers import normalize_layer
 from lmembed.pooling.terms import TermChannel, fit_terms, save_terms
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ def check_strategy(backbone: Backbone, config: EmbeddingConfig, width: int | Non
         )
     if backbone.is_decoder and config.attention == "bidirectional":
         check_bidirectional_supported(backbone.model)
+    for layer in config.layers:  # said here, not at the first encode (doctor ran its checks on it first)
+        normalize_layer(layer, backbone.num_layers)
 
 
 def check_chunk_fits(backbone: Backbone, config: EmbeddingConfig, chunking: Chunking) -> None:
