@@ -207,3 +207,14 @@ def test_a_batch_larger_than_the_rows_is_refused(make_embedder, tmp_path):
     config = TrainConfig(data=[str(_rows(tmp_path))], batch_size=8, steps=1, output=str(tmp_path / "out"))
     with pytest.raises(TrainConfigError, match=r"batch_size=8 is more than the 4 training rows"):
         Trainer(config, model=make_embedder("bert"))
+
+
+def test_a_recipe_rows_step_to_mine_names_the_line_of_a_row_without_a_positive(tmp_path):
+    """A recipe's ``mine`` step met a row without a positive only while mining, and named no line."""
+    from lmembed.training.recipe_data import _convert
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + json.dumps({"query": "q only"}) + "\n")
+    with pytest.raises(MiningError, match=rf"^{path}:3: row has no positive"):
+        _convert({"kind": "rows", "name": "r"}, path, teacher=object())
+    assert len(_convert({"kind": "rows", "name": "r"}, path, teacher=None)) == 2  # unmined rows: train's reader judges

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from lmembed.atomic import atomic_write_text
 from lmembed.datasets import resolve_local
 from lmembed.errors import LmembedError
-from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, write_rows
+from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, read_training_rows, write_rows
 from lmembed.paths import inside
 from lmembed.training import converters as conv
 from lmembed.training.recipe_schema import RecipeError
@@ -96,7 +97,7 @@ def _convert(step: dict[str, Any], path: Path, teacher: Any | None) -> list[dict
         )
     if kind == "pairs":
         return conv.pair_rows(path, instruction=instruction, task=task, **common, **options)
-    rows = read_rows(path)
+    rows = read_training_rows(path) if teacher is not None else read_rows(path)  # to mine: each row's line checked
     return rows[: common["max_rows"]] if common["max_rows"] else rows
 
 
@@ -207,7 +208,7 @@ def prepare_data(step: dict[str, Any], output: Path) -> Path:
     if not rows:
         raise RecipeError(f"prepare step {step['name']!r} produced no rows")
     write_rows(rows, target)
-    stamp.write_text(json.dumps({"hash": digest, "rows": len(rows), "step": step}, default=str, indent=2))
+    atomic_write_text(stamp, json.dumps({"hash": digest, "rows": len(rows), "step": step}, default=str, indent=2))
     return target
 
 
