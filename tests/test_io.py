@@ -15,7 +15,7 @@ from lmembed.errors import LmembedError
 from lmembed.evaluation.retrieval_data import load_beir
 from lmembed.evaluation.tasks import detect_task_type
 from lmembed.evaluation.tasks._common import TaskDataError
-from lmembed.evaluation.tasks._common import read_jsonl as read_task_rows
+from lmembed.evaluation.tasks._common import read_numbered_jsonl as read_task_rows
 from lmembed.io import (
     DataFormatError,
     is_beir_folder,

@@ -54,11 +54,6 @@ def read_numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All JSON objects of a task's ``.jsonl`` file, in order (:func:`read_numbered_jsonl` without the numbers)."""
-    return [row for _, row in read_numbered_jsonl(path)]
-
-
 def row_error(path: str | Path, line_no: int, reason: str) -> TaskDataError:
     """A :class:`TaskDataError` for one row, its message starting ``<file>:<line>:`` as :mod:`lmembed.io`'s do."""
     return TaskDataError(f"{path}:{line_no}: {reason}")
@@ -94,18 +89,11 @@ def _json_kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def require_fields(row: Mapping[str, Any], fields: Sequence[str], path: str | Path) -> None:
-    """Raise :class:`TaskDataError` naming the first of ``fields`` missing from ``row``."""
+def require_fields(row: Mapping[str, Any], fields: Sequence[str], path: str | Path, line_no: int) -> None:
+    """Raise :class:`TaskDataError` at ``<file>:<line>`` naming the first of ``fields`` missing from ``row``."""
     missing = [name for name in fields if name not in row]
     if missing:
-        raise TaskDataError(f"{path}: rows need the fields {list(fields)}; missing {missing}")
-
-
-def read_rows(path: str | Path, fields: Sequence[str]) -> list[dict[str, Any]]:
-    """:func:`read_jsonl`, checking that the first row has ``fields``."""
-    rows = read_jsonl(path)
-    require_fields(rows[0], fields, path)
-    return rows
+        raise row_error(path, line_no, f"missing field {missing[0]!r} (rows need {', '.join(fields)})")
 
 
 def require_same_length(task_name: str, **columns: Sequence[Any]) -> None:

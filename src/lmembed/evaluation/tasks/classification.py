@@ -47,6 +47,7 @@ from lmembed.evaluation.tasks._common import (
     TaskBase,
     TaskDataError,
     read_numbered_jsonl,
+    require_fields,
     row_error,
     split_file,
     text_value,
@@ -125,9 +126,7 @@ def load_labelled_texts(path: str | Path) -> tuple[list[str], list[Any]]:
     texts: list[str] = []
     labels: list[Any] = []
     for line_no, row in read_numbered_jsonl(path):
-        missing = [key for key in ("text", "label") if key not in row]
-        if missing:
-            raise row_error(path, line_no, f"missing field {missing[0]!r} (rows need text and label)")
+        require_fields(row, ("text", "label"), path, line_no)
         texts.append(text_value(row["text"], "field 'text'", path, line_no))
         labels.append(_label(row["label"], path, line_no))
     return texts, labels

@@ -145,12 +145,9 @@ def load_pairs(path: str | Path) -> tuple[list[str], list[str], list[int]]:
     file and line."""
     rows = read_numbered_jsonl(path)
     label_key = "labels" if "labels" in rows[0][1] else "label"
-    require_fields(rows[0][1], ("sentence1", "sentence2", label_key), f"{path}:{rows[0][0]}")
     first, second, labels = [], [], []
     for line_no, row in rows:
-        missing = [k for k in ("sentence1", "sentence2", label_key) if k not in row]
-        if missing:
-            raise row_error(path, line_no, f"missing field {missing[0]!r}")
+        require_fields(row, ("sentence1", "sentence2", label_key), path, line_no)
         s1, s2, lab = (_as_list(row[k]) for k in ("sentence1", "sentence2", label_key))
         if not len(s1) == len(s2) == len(lab):
             raise row_error(path, line_no, "sentence1, sentence2 and the labels are lists of different lengths")

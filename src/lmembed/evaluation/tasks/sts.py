@@ -41,8 +41,8 @@ from lmembed.evaluation.tasks._common import (
     finite_number,
     paired_cosine,
     read_numbered_jsonl,
+    require_fields,
     require_same_length,
-    row_error,
     text_value,
 )
 from lmembed.protocols import RetrievalEncoder
@@ -89,9 +89,7 @@ def load_sts_pairs(path: str | Path) -> tuple[list[str], list[str], list[float]]
     second: list[str] = []
     scores: list[float] = []
     for line_no, row in read_numbered_jsonl(path):
-        missing = [key for key in ("sentence1", "sentence2", "score") if key not in row]
-        if missing:
-            raise row_error(path, line_no, f"missing field {missing[0]!r} (rows need sentence1, sentence2, score)")
+        require_fields(row, ("sentence1", "sentence2", "score"), path, line_no)
         first.append(text_value(row["sentence1"], "field 'sentence1'", path, line_no))
         second.append(text_value(row["sentence2"], "field 'sentence2'", path, line_no))
         scores.append(finite_number(row["score"], "field 'score'", path, line_no))

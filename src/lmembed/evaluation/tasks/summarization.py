@@ -98,7 +98,7 @@ def load_summarization(path: str | Path) -> list[SummarizationSample]:
     """Read SummEval-format rows; a problem (a field that is not a list, a relevance score that is not a finite
     number) is a :class:`TaskDataError` naming file and line."""
     rows = read_numbered_jsonl(path)
-    require_fields(rows[0][1], ("text", "human_summaries", "machine_summaries", "relevance"), f"{path}:{rows[0][0]}")
+    require_fields(rows[0][1], ("text", "human_summaries", "machine_summaries", "relevance"), path, rows[0][0])
     samples = []
     for line_no, row in rows:
         human, machine, relevance = row.get("human_summaries"), row.get("machine_summaries"), row.get("relevance")
