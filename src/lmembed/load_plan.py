@@ -21,7 +21,6 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,7 +37,7 @@ from lmembed.io import check_recorded_files, sha256_file
 from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.bundled import BUNDLED, resolve_bundled
-from lmembed.models.loading import Backbone, find_model_dir, load_backbone
+from lmembed.models.loading import Backbone, find_model_dir, is_hub_id, load_backbone
 from lmembed.models.nvembed import NVEmbedCheckpoint, load_nvembed
 from lmembed.models.sentence_transformers_folder import (
     PublishedModel,
@@ -59,7 +58,6 @@ STRATEGY_FILE = "lmembed.json"  # a saved Embedder's strategy (Embedder.save wri
 #: lmembed.json's format: 2 records the sha256 of every other file of the folder (``files``); 1 (before) did not
 SAVED_FORMAT = 2
 FILES_KEY = "files"
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")  # owner/name, as the Hub spells them
 #: files a saved folder may gain after it was written without being recorded (a Hub repository's card and
 #: attributes, a licence): nothing lmembed or transformers loads; hidden files and folders are left alone too
 UNRECORDED_OK = ("README.md", ".gitattributes", "LICENSE", "LICENSE.md", "LICENSE.txt", "NOTICE")
@@ -165,8 +163,9 @@ def read_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
 
 
 def read_hub_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
-    """1b. A Hub repository an Embedder was saved to and uploaded (it holds ``lmembed.json``): fetched whole, then
-    read as 1 from its snapshot (every file checked against the record), known by its Hub id."""
+    """1b. A Hub repository an Embedder was saved to and uploaded (it holds ``lmembed.json``): the files its record
+    names are fetched, then read as 1 from the snapshot (every file checked against the record), known by its Hub
+    id."""
     folder = _download_saved_folder(name_or_path)
     if folder is None:
         return None
@@ -251,7 +250,7 @@ def _download_saved_folder(name: str) -> Path | None:
     """The local snapshot of Hub repository ``name`` when it holds ``lmembed.json`` (None: ``name`` is a local path,
     a bundled model, no repository id, or a repository without one; an unreachable Hub is left to the transformers
     reader, which says so)."""
-    if name in BUNDLED or Path(name).expanduser().exists() or not HUB_ID.fullmatch(name):
+    if name in BUNDLED or Path(name).expanduser().exists() or not is_hub_id(name):
         return None
     from huggingface_hub import hf_hub_download, snapshot_download  # lazy: only Hub ids need it
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError

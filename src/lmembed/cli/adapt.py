@@ -113,7 +113,7 @@ def check_models(generator: str | None, teacher: str | None) -> None:
     """Refuse a --generator or --teacher that names no usable model, before any work starts (the teacher is
     loaded only once the queries are made and mined)."""
     from lmembed.errors import LmembedError
-    from lmembed.models.loading import BUNDLED, resolve_model_path
+    from lmembed.models.loading import check_model_name
     from lmembed.synthesis.generators import GeneratorError, check_generator
 
     if generator is not None:
@@ -123,11 +123,8 @@ def check_models(generator: str | None, teacher: str | None) -> None:
             raise typer.BadParameter(str(exc), param_hint="--generator") from None
     if teacher is None or teacher in ("self", "hybrid"):
         return
-    name = teacher.removeprefix("reranker:")
-    if name in BUNDLED:
-        return
     try:
-        resolve_model_path(name)
+        check_model_name(teacher.removeprefix("reranker:"))
     except LmembedError as exc:
         raise typer.BadParameter(str(exc), param_hint="--teacher") from None
 

@@ -55,11 +55,7 @@ def write_vectors(vectors: np.ndarray, texts: list[str], output: Path) -> None:
             lines = (json.dumps({"text": t, "embedding": v.tolist()}) for t, v in zip(texts, vectors, strict=True))
             atomic_write_text(output, "\n".join(lines) + "\n")
     except OSError as exc:
-        raise _unwritable(output, exc) from None
-
-
-def _unwritable(output: Path, exc: OSError) -> typer.BadParameter:
-    return typer.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output")
+        raise typer.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output") from None
 
 
 @options_command

@@ -219,6 +219,11 @@ def find_model_dir(path: Path) -> Path:
     )
 
 
+def is_hub_id(name: str) -> bool:
+    """True when ``name`` has the form of a Hub id, ``org/name`` (whether the Hub knows it is its own business)."""
+    return name.count("/") == 1 and not name.startswith((".", "/"))
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Bundled short name → local checkpoint; an existing directory (or a run folder, see
     :func:`find_model_dir`) → its model; anything else is a Hub id."""
@@ -227,12 +232,19 @@ def resolve_model_path(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if path.exists():
         return str(find_model_dir(path))
-    if name_or_path.count("/") == 1 and not name_or_path.startswith((".", "/")):
+    if is_hub_id(name_or_path):
         return name_or_path  # a Hub id: transformers downloads it (needs internet)
     raise ModelLoadError(
         f"model {name_or_path!r} is neither a bundled name ({', '.join(BUNDLED)}), "
         "an existing directory, nor a Hub id of the form 'org/name'"
     )
+
+
+def check_model_name(name_or_path: str) -> None:
+    """Refuse ``name_or_path`` where :func:`resolve_model_path` could not use it (:class:`ModelLoadError`), without
+    loading or converting anything: a bundled name is taken as it is."""
+    if name_or_path not in BUNDLED:
+        resolve_model_path(name_or_path)
 
 
 def load_backbone(

@@ -484,10 +484,11 @@ def create_app(
 
     @app.api_route("/v1/models/{model:path}", methods=READ_METHODS)
     async def model(model: str) -> dict[str, Any]:
-        for card in cards():
+        served = cards()
+        for card in served:
             if model == card["id"] or model in card.get("aliases", ()):
                 return card
-        names = ", ".join(sorted({state.model_name, *state.aliases} | ({state.rerank.name} if state.rerank else set())))
+        names = ", ".join(sorted(name for card in served for name in (card["id"], *card.get("aliases", ()))))
         raise ApiError(404, f"model {model!r} is not served here; this server serves {names}", "model_not_found")
 
     @app.api_route("/health", methods=READ_METHODS)

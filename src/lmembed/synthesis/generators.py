@@ -563,15 +563,13 @@ def check_generator(spec: str, *, models: bool = True) -> None:
         return
     if spec.startswith(("http://", "https://")) or (not models and spec.removeprefix("local:")):
         return
-    from lmembed.models.loading import BUNDLED, resolve_model_path  # lazy: torch loads only when a model does
+    from lmembed.models.loading import check_model_name  # lazy: torch loads only when a model does
 
     model = spec.removeprefix("local:")
     if not model:
         raise GeneratorError(f"generator {spec!r} names no model (tiny[:SEED], local:MODEL or http(s)://HOST/v1)")
-    if model in BUNDLED:
-        return
     try:
-        resolve_model_path(model)
+        check_model_name(model)
     except LmembedError as exc:
         raise GeneratorError(f"generator {spec!r}: {exc}") from exc
 

@@ -202,12 +202,11 @@ def _check_step_values(file: Where, index: int, step: dict[str, Any]) -> None:
             number = int(value)
         except (TypeError, ValueError, OverflowError):
             number = None
+        named = f"{file.at(('prepare', index, *key))}: prepare step {index + 1}: {'.'.join(key)}"
         if number is None or isinstance(value, bool) or (isinstance(value, float) and value != number):
-            at = file.at(("prepare", index, *key))
-            raise RecipeError(f"{at}: prepare step {index + 1}: {'.'.join(key)} must be a whole number, got {value!r}")
+            raise RecipeError(f"{named} must be a whole number, got {value!r}")
         if number < minimum:
-            at = file.at(("prepare", index, *key))
-            raise RecipeError(f"{at}: prepare step {index + 1}: {'.'.join(key)} must be >= {minimum}, got {value!r}")
+            raise RecipeError(f"{named} must be >= {minimum}, got {value!r}")
     options = step.get("options") or {}
     if not isinstance(options, dict):
         raise RecipeError(f"{where}: options must be a mapping")
