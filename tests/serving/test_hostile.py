@@ -17,6 +17,7 @@ from helpers import TOY_DOCS, save_tiny_cross_encoder
 from lmembed.index import Index
 from lmembed.rerank import load_reranker
 from lmembed.serving.app import create_app
+from lmembed.serving.errors import COHERE_ROUTES, TEI_ROUTES
 from lmembed.serving.limits import Limits
 from lmembed.serving.schemas import MAX_JSON_DEPTH, json_depth_over
 from lmembed.serving.server import BackgroundServer
@@ -43,8 +44,16 @@ def serving(embedder, **kwargs) -> Iterator[tuple[BackgroundServer, object]]:
 
 
 def error_of(response: httpx.Response, status: int) -> dict:
+    """The refusal's message, code and param, read from the error shape of the dialect its route speaks."""
     assert response.status_code == status, response.text
-    return response.json()["error"]
+    body, path = response.json(), response.request.url.path
+    if path in TEI_ROUTES:
+        assert set(body) <= {"error", "error_type", "code", "param"} and isinstance(body["error"], str), body
+        return {**body, "message": body["error"]}
+    if path in COHERE_ROUTES:
+        assert set(body) <= {"message", "code", "param"}, body
+        return body
+    return body["error"]
 
 
 def test_depth_scan_counts_brackets_outside_strings_only():

@@ -249,12 +249,14 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watch.cancel()
 
 
-def _error_response(state: ServerState, error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+def _error_response(
+    state: ServerState, request: Request, error: ApiError, headers: dict[str, str] | None = None
+) -> JSONResponse:
     state.metrics.error(error.status, error.code)
     headers = dict(headers or {})
     if error.status in (429, 503):
         headers["Retry-After"] = "1"
-    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
+    return JSONResponse(error.body(request.url.path), status_code=error.status, headers=headers or None)
 
 
 def served_load_spec(spec: LoadSpec) -> dict[str, Any]:
@@ -293,7 +295,7 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error_response(state, exc)
+        return _error_response(state, request, exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -302,12 +304,14 @@ def create_app(
         message = f"{path}: {exc.detail}"
         if exc.status_code == 404 and f"/v1{path}" in ENDPOINTS:
             message += f"; the OpenAI-compatible routes are under /v1: use /v1{path} (a client's base URL ends in /v1)"
-        return _error_response(state, ApiError(exc.status_code, message, code), exc.headers)  # 405: its Allow
+        return _error_response(state, request, ApiError(exc.status_code, message, code), exc.headers)  # 405: its Allow
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("request to %s failed", request.url.path)
-        return _error_response(state, ApiError(500, f"internal error ({type(exc).__name__}: {exc})", "internal_error"))
+        return _error_response(
+            state, request, ApiError(500, f"internal error ({type(exc).__name__}: {exc})", "internal_error")
+        )
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:

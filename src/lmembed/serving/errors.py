@@ -1,8 +1,11 @@
-"""HTTP errors of the server, each answered with an OpenAI-style JSON body.
+"""HTTP errors of the server, each answered in the error shape of the API the route speaks.
 
-Every refusal has the same shape, ``{"error": {"message": ..., "type": ..., "code": ...}}``: ``message`` says
-what was wrong in words (naming the field or the input position), ``type`` is the OpenAI error family of
-the status, ``code`` a stable machine-readable name (``too_many_inputs``, ``input_too_long`` ...).
+An OpenAI route (and any other) answers ``{"error": {"message": ..., "type": ..., "code": ...}}``: ``message``
+says what was wrong in words (naming the field or the input position), ``type`` is the OpenAI error family of
+the status, ``code`` a stable machine-readable name (``too_many_inputs``, ``input_too_long`` ...). A Text
+Embeddings Inference route answers TEI's ``{"error": message, "error_type": ...}`` and a Cohere route Cohere's
+``{"message": ...}``, so that those clients show the message as they show their own servers'; both carry the
+same ``code`` (and ``param``, where one field was wrong) beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ ERROR_TYPES = {
     503: "service_unavailable_error",
 }
 
+#: The routes of Text Embeddings Inference's API and of Cohere's (v2), whose clients read their own error shape.
+TEI_ROUTES = frozenset({"/embed", "/", "/rerank", "/info"})
+COHERE_ROUTES = frozenset({"/v2/embed", "/v2/rerank"})
+#: TEI's ``error_type`` of each status that is not a plain refusal of the request (``Validation``).
+TEI_ERROR_TYPES = {429: "Overloaded", 500: "Backend", 503: "Unhealthy"}
+
 
 class ApiError(LmembedError, ValueError):
     """A request the server refuses (or could not serve), with its HTTP status and error code."""
@@ -39,11 +48,17 @@ class ApiError(LmembedError, ValueError):
     def type(self) -> str:
         return ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
 
-    def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.code}
-        if self.param is not None:
-            error["param"] = self.param
-        return {"error": error}
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The JSON body of this refusal on the route ``path`` (its dialect's error shape)."""
+        if path in TEI_ROUTES:
+            kind = TEI_ERROR_TYPES.get(self.status, "Validation" if self.status < 500 else "Backend")
+            return {"error": self.message, "error_type": kind, **self._code()}
+        if path in COHERE_ROUTES:
+            return {"message": self.message, **self._code()}
+        return {"error": {"message": self.message, "type": self.type, **self._code()}}
+
+    def _code(self) -> dict[str, str]:
+        return {"code": self.code} if self.param is None else {"code": self.code, "param": self.param}
 
 
 def bad_request(message: str, code: str, param: str | None = None) -> ApiError:

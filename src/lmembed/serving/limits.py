@@ -119,10 +119,10 @@ class Limits:
             raise ConfigError("api_key must not be empty (leave it unset to serve without authentication)")
 
 
-async def send_error(send: Send, error: ApiError, metrics: ServerMetrics) -> None:
-    """Answer with ``error``'s status and JSON body."""
+async def send_error(send: Send, error: ApiError, metrics: ServerMetrics, scope: Scope) -> None:
+    """Answer with ``error``'s status and JSON body (in the error shape of the route ``scope`` asks for)."""
     metrics.error(error.status, error.code)
-    body = json.dumps(error.body()).encode()
+    body = json.dumps(error.body(scope.get("path", ""))).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if error.status in CLOSING:
         headers.append((b"connection", b"close"))  # what is left of the request cannot be trusted or waited for
@@ -190,7 +190,7 @@ class GuardMiddleware:
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected):
             return True  # the scheme's name is case-insensitive (RFC 9110 11.1), the key is not
         message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
-        await send_error(send, ApiError(401, message, "invalid_api_key"), self.metrics)
+        await send_error(send, ApiError(401, message, "invalid_api_key"), self.metrics, scope)
         return False
 
     def _framing_error(self, scope: Scope) -> ApiError | None:
@@ -216,7 +216,7 @@ class GuardMiddleware:
         bounded like any request's (a probe sending a gigabyte was read and dropped in full)."""
         framing = self._framing_error(scope)
         if framing is not None:
-            await send_error(send, framing, self.metrics)
+            await send_error(send, framing, self.metrics, scope)
             return
         body = await self._read_body(scope, receive, send)
         if body is not None:
@@ -225,7 +225,7 @@ class GuardMiddleware:
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         framing = self._framing_error(scope)
         if framing is not None:
-            await send_error(send, framing, self.metrics)
+            await send_error(send, framing, self.metrics, scope)
             return
         if not await self._authorised(scope, send):
             return
@@ -239,7 +239,7 @@ class GuardMiddleware:
                 "(--max-concurrent-requests); retry shortly",
                 "too_many_concurrent_requests",
             )
-            await send_error(send, error, self.metrics)
+            await send_error(send, error, self.metrics, scope)
             return
         self.in_flight += 1
         self.metrics.in_flight.inc()
@@ -277,7 +277,7 @@ class GuardMiddleware:
             error = ApiError(
                 408, f"the request body did not arrive within {timeout:g} s (--body-timeout)", "request_timeout"
             )
-            await send_error(send, error, self.metrics)
+            await send_error(send, error, self.metrics, scope)
             return None
 
     async def _read_body_unbounded(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
@@ -287,7 +287,7 @@ class GuardMiddleware:
         )
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await send_error(send, too_large, self.metrics)
+            await send_error(send, too_large, self.metrics, scope)
             return None
         chunks: list[bytes] = []
         size = 0
@@ -298,7 +298,7 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await send_error(send, too_large, self.metrics)
+                await send_error(send, too_large, self.metrics, scope)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
