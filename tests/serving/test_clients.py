@@ -192,6 +192,7 @@ def test_a_term_channel_model_keeps_its_width_and_its_sides_in_every_dialect(mak
             np.testing.assert_array_equal(np.array(got.embeddings.float_, dtype=np.float32), expected)
 
         tei = httpx.post(server.url + "/embed", json={"inputs": text, "dimensions": 8}, timeout=30)
-        assert tei.status_code == 400 and tei.json()["param"] == "dimensions" and tei.json()["error_type"] == "Validation"
+        assert tei.status_code == 400 and tei.json()["param"] == "dimensions"
+        assert tei.json()["error_type"] == "Validation"
         tei = httpx.post(server.url + "/embed", json={"inputs": text, "prompt_name": "query"}, timeout=30)
         np.testing.assert_array_equal(np.array(tei.json(), dtype=np.float32), emb.encode_queries(text))
