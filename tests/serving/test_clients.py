@@ -1,8 +1,8 @@
 """The server as its users' client libraries see it, on a live server on a free 127.0.0.1 port: Cohere's ``ClientV2``
 (``/v2/embed`` with every embedding type, ``/v2/rerank``), ``huggingface_hub.InferenceClient`` and plain TEI bodies
-(``/embed``, ``/rerank``, ``/info``), LangChain's ``OpenAIEmbeddings`` with the settings docs/serving.md gives, a
-client's default model name mapped by an alias, and the 404 that points a base URL without ``/v1`` to it. Vectors
-equal the in-process ``Embedder``'s, rankings the in-process reranker's."""
+(``/embed``, ``/rerank``, ``/similarity``, ``/tokenize``, ``/decode``, ``/info``), LangChain's ``OpenAIEmbeddings``
+with the settings docs/serving.md gives, a client's default model name mapped by an alias, and the 404 that points a
+base URL without ``/v1`` to it. Vectors equal the in-process ``Embedder``'s, rankings the in-process reranker's."""
 
 from __future__ import annotations
 
@@ -196,3 +196,62 @@ def test_a_term_channel_model_keeps_its_width_and_its_sides_in_every_dialect(mak
         assert tei.json()["error_type"] == "Validation"
         tei = httpx.post(server.url + "/embed", json={"inputs": text, "prompt_name": "query"}, timeout=30)
         np.testing.assert_array_equal(np.array(tei.json(), dtype=np.float32), emb.encode_queries(text))
+
+
+def test_tei_similarity_tokenize_and_decode(make_embedder, tokenizer):
+    """TEI's other routes: ``/similarity`` through the Hub client's ``sentence_similarity`` (at ``/similarity`` and at
+    the root), ``/tokenize`` giving the ids the model reads with each token's span, ``/decode`` as the tokenizer
+    decodes; on a byte-level BPE tokenizer (spans and spaces), and on a decoder whose end token lmembed appends."""
+    hub = pytest.importorskip("huggingface_hub")
+    from family_builders import bpe_tokenizer
+    from lmembed.serving.limits import Limits
+
+    bpe = bpe_tokenizer()
+    emb = make_embedder("llama", tok=bpe, pooling="mean", query_instruction="Find: ")
+    source, others = "Hello there, friend!", ["A longer text.", "hello  there", TEXTS[0]]
+    with serving(emb, limits=Limits(max_tokens_in_flight=96)) as server:
+        for url in (server.url + "/similarity", server.url):
+            got = hub.InferenceClient(model=url, timeout=30).sentence_similarity(source, other_sentences=others)
+            unit = emb.encode([source, *others])
+            unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+            np.testing.assert_allclose(got, unit[1:] @ unit[0], atol=1e-6)
+        body = {"inputs": {"source_sentence": source, "sentences": others}, "prompt_name": "query"}
+        as_queries = httpx.post(server.url + "/similarity", json=body, timeout=30).json()
+        unit = emb.encode_queries([source, *others])
+        unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+        np.testing.assert_allclose(as_queries, unit[1:] @ unit[0], atol=1e-6)
+        assert not np.allclose(as_queries, got, atol=1e-4)  # the prompt was applied
+        wrong = httpx.post(server.url + "/similarity", json={"inputs": {"source_sentence": source}}, timeout=30)
+        assert wrong.status_code == 400 and wrong.json()["param"] == "inputs.sentences"
+
+        texts = [source, "hello  there,friend"]
+        split = httpx.post(server.url + "/tokenize", json={"inputs": texts}, timeout=30).json()
+        for text, tokens in zip(texts, split, strict=True):
+            assert [t["id"] for t in tokens] == bpe(text)["input_ids"]
+            assert [t["special"] for t in tokens] == [True] + [False] * (len(tokens) - 2) + [True]  # <s> ... </s>
+            words = tokens[1:-1]
+            assert all(t["text"] == text[t["start"] : t["stop"]] for t in words)
+            assert "".join(text[t["start"] : t["stop"]] for t in words).replace(" ", "") == text.replace(" ", "")
+            decoded = httpx.post(server.url + "/decode", json={"ids": [t["id"] for t in tokens]}, timeout=30).json()
+            assert decoded == [bpe.decode([t["id"] for t in tokens], skip_special_tokens=True)]
+        bare = httpx.post(server.url + "/tokenize", json={"inputs": source, "add_special_tokens": False}).json()
+        assert [t["id"] for t in bare[0]] == bpe(source, add_special_tokens=False)["input_ids"]
+        refused = httpx.post(server.url + "/decode", json={"ids": [[5, 6], [7, len(bpe)]]}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error_type"] == "Validation"
+        assert f"'ids[1][1]' is {len(bpe)}" in refused.json()["error"]
+        long = httpx.post(server.url + "/tokenize", json={"inputs": " ".join(["friend"] * 200)}, timeout=30)
+        assert long.status_code == 413 and long.json()["code"] == "too_many_tokens"
+
+    # a decoder read at its last token: the model reads an end token its tokenizer does not add
+    last = make_embedder("llama", tok=tokenizer, pooling="last")
+    with serving(last) as server:
+        (tokens,) = httpx.post(server.url + "/tokenize", json={"inputs": TEXTS[0]}, timeout=30).json()
+        (read,) = last.engine.input_builder(last.config).build_all([TEXTS[0]], None)
+        assert [t["id"] for t in tokens] == read.input_ids and read.input_ids[-1] == tokenizer.eos_token_id
+        assert tokens[-1] == {
+            "id": tokenizer.eos_token_id,
+            "text": "[EOS]",
+            "special": True,
+            "start": None,
+            "stop": None,
+        }

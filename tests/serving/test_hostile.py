@@ -18,13 +18,25 @@ from lmembed.index import Index
 from lmembed.rerank import load_reranker
 from lmembed.serving.app import create_app
 from lmembed.serving.errors import COHERE_ROUTES, TEI_ROUTES
-from lmembed.serving.limits import Limits
+from lmembed.serving.limits import ENDPOINTS, Limits
 from lmembed.serving.schemas import MAX_JSON_DEPTH, json_depth_over
 from lmembed.serving.server import BackgroundServer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ROUTES = ["/v1/embeddings", "/v1/search", "/v1/rerank", "/v2/embed", "/v2/rerank", "/embed", "/rerank"]
+ROUTES = [
+    "/v1/embeddings",
+    "/v1/search",
+    "/v1/rerank",
+    "/v2/embed",
+    "/v2/rerank",
+    "/embed",
+    "/",
+    "/rerank",
+    "/similarity",
+    "/tokenize",
+    "/decode",
+]
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +86,14 @@ def test_nested_json_is_a_400_naming_the_limit_on_every_route(make_embedder, ce_
     Index.build(emb, [(str(i), d) for i, d in enumerate(TOY_DOCS)], tmp_path / "index", kind="flat")
     index = Index.open(tmp_path / "index")
     with serving(emb, index=index, reranker=load_reranker(str(ce_folder))) as (server, _):
+        posted = {route.path for route in create_app(emb).routes if "POST" in getattr(route, "methods", ())}
+        assert posted == set(ROUTES) and posted <= ENDPOINTS  # every route that reads a body, each its own metric label
         hostile = b"[" * 100_000
         for route in ROUTES:
             error = error_of(httpx.post(server.url + route, content=hostile, timeout=30), 400)
             assert error["code"] == "json_too_deep" and f"deeper than {MAX_JSON_DEPTH} levels" in error["message"]
         metrics = httpx.get(server.url + "/metrics").text
-        assert 'code="json_too_deep",status="400"} 7.0' in metrics and "internal_error" not in metrics
+        assert f'code="json_too_deep",status="400"}} {len(ROUTES)}.0' in metrics and "internal_error" not in metrics
         ok = httpx.post(server.url + "/v1/search", json={"query": "cat", "k": 2, "rerank": True}, timeout=30)
         assert ok.status_code == 200  # still serving
 

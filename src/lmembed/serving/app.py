@@ -62,8 +62,12 @@ from lmembed.serving.compat import (
     cohere_rerank_body,
     cohere_rerank_checks,
     parse_cohere_embed,
+    parse_tei_decode,
     parse_tei_embed,
     parse_tei_rerank,
+    parse_tei_similarity,
+    parse_tei_tokenize,
+    similarity_body,
     tei_rerank_body,
 )
 from lmembed.serving.errors import ApiError
@@ -409,11 +413,42 @@ def create_app(
         documents = req.documents if req.return_documents else None
         return JSONResponse(cohere_rerank_body(ranking(scores, req.top_n), scores, documents, tokens))
 
+    async def tei_similarity(request: Request, payload: dict[str, Any]) -> Response:
+        req = parse_tei_similarity(payload, max_inputs=state.limits.max_inputs)
+        texts = [req.source, *req.sentences]
+        work = state.embed(texts, state.instruction_for(req.side, None), None, "inputs", req.side)
+        vectors, tokens = await unless_disconnected(request, work)
+        state.metrics.tokens.inc(tokens)
+        return JSONResponse(similarity_body(vectors))
+
+    @app.post("/similarity")
+    async def tei_similarity_route(request: Request) -> Response:
+        return await tei_similarity(request, parse_json(await request.body()))
+
+    @app.post("/tokenize")
+    async def tei_tokenize(request: Request) -> Response:
+        req = parse_tei_tokenize(parse_json(await request.body()), max_inputs=state.limits.max_inputs)
+        split = await state.tokenizer.run(state.tokenizer.split, req.texts, req.add_special_tokens)
+        count, limit = sum(map(len, split)), state.limits.max_tokens_in_flight
+        if count > limit:  # the answer lists each token: bounded as the tokens one request may hold
+            message = f"'inputs' are {count} tokens; /tokenize answers at most {limit} (--max-tokens-in-flight)"
+            raise ApiError(413, message, "too_many_tokens", param="inputs")
+        return JSONResponse(split)
+
+    @app.post("/decode")
+    async def tei_decode(request: Request) -> Response:
+        vocab = len(embedder.backbone.tokenizer)
+        req = parse_tei_decode(parse_json(await request.body()), max_inputs=state.limits.max_inputs, vocab_size=vocab)
+        return JSONResponse(await state.tokenizer.run(state.tokenizer.decode, req.ids, req.skip_special_tokens))
+
     @app.post("/embed")
     @app.post("/")
     async def tei_embed(request: Request) -> Response:
+        payload = parse_json(await request.body())
+        if request.url.path == "/" and isinstance(payload.get("inputs"), dict):
+            return await tei_similarity(request, payload)  # InferenceClient(model=URL).sentence_similarity
         req = parse_tei_embed(
-            parse_json(await request.body()),
+            payload,
             default_model=state.model_name,
             max_inputs=state.limits.max_inputs,
             dim=embedder.dim,

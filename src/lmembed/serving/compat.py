@@ -31,6 +31,18 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     ``POST /rerank``: ``query``, ``texts``, ``return_text``, ``raw_scores`` (false only: scores are the
     reranker's activated ones). Answer: ``[{"index", "score", "text"?}]``, best first.
 
+    ``POST /similarity`` (and ``POST /`` with an object in ``inputs``: ``InferenceClient.sentence_similarity``):
+    ``inputs``: ``{"source_sentence", "sentences"}``, ``prompt_name``, ``truncate``, ``truncation_direction``.
+    The source and each sentence are embedded together as ``/embed`` embeds them; answer: the cosine similarity
+    of each sentence to the source, in order.
+
+    ``POST /tokenize``: ``inputs`` (a string or a list), ``add_special_tokens`` (default true). The texts as the
+    model's tokenizer splits them (no instruction, no cut); answer, per text: ``[{"id", "text", "special",
+    "start", "stop"}]``, ``start``/``stop`` the token's character span in the text (null for a special token).
+
+    ``POST /decode``: ``ids`` (a list of token ids, or a list of those), ``skip_special_tokens`` (default true).
+    Answer: one string per list of ids.
+
     ``GET /info``: the model, its limits and the server's version.
 """
 
@@ -44,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.serving.errors import bad_request
+from lmembed.serving.errors import ApiError, bad_request
 from lmembed.serving.schemas import _choice, _dimensions, _model, _texts
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
@@ -231,3 +243,109 @@ def tei_rerank_body(order: list[int], scores: np.ndarray, documents: list[str], 
             item["text"] = documents[i]
         out.append(item)
     return out
+
+
+@dataclass(frozen=True)
+class SimilarityRequest:
+    """A TEI ``/similarity`` request: the source sentence, the sentences to compare with it, and their side."""
+
+    source: str
+    sentences: list[str]
+    side: str | None = None
+
+
+def parse_tei_similarity(payload: dict[str, Any], *, max_inputs: int) -> SimilarityRequest:
+    """Validate a TEI ``/similarity`` body (see the module doc)."""
+    inputs = payload.get("inputs")
+    if not isinstance(inputs, dict):
+        raise bad_request(
+            "'inputs' must be an object with 'source_sentence' (a string) and 'sentences' (a list of strings)",
+            "invalid_input",
+            "inputs",
+        )
+    unknown = sorted(set(inputs) - {"source_sentence", "sentences"})
+    if unknown:
+        raise bad_request(f"'inputs.{unknown[0]}' is not a field of a similarity request", "invalid_input", "inputs")
+    source = inputs.get("source_sentence")
+    if not isinstance(source, str):
+        raise bad_request(
+            f"'inputs.source_sentence' must be a string, got {type(source).__name__}",
+            "invalid_input",
+            "inputs.source_sentence",
+        )
+    (source,) = _texts(source, "inputs.source_sentence", 1)
+    sentences = inputs.get("sentences")
+    if not isinstance(sentences, list):
+        raise bad_request(
+            f"'inputs.sentences' must be a list of strings, got {type(sentences).__name__}",
+            "invalid_input",
+            "inputs.sentences",
+        )
+    sentences = _texts(sentences, "inputs.sentences", max_inputs - 1)
+    parameters = payload.get("parameters")
+    if parameters is not None and (not isinstance(parameters, dict) or parameters):
+        raise bad_request(
+            f"'parameters' takes no field here, got {parameters!r}; send prompt_name or truncate beside 'inputs'",
+            "invalid_parameters",
+            "parameters",
+        )
+    _flag(payload, "truncate", False)
+    _direction(payload)
+    prompt = _choice(payload, "prompt_name", TEI_PROMPTS, "invalid_prompt_name")
+    return SimilarityRequest(source, sentences, TEI_PROMPTS.get(prompt) if prompt is not None else None)
+
+
+def similarity_body(vectors: np.ndarray) -> list[float]:
+    """The cosine similarity of each row after the first to the first (``vectors``: the source, then the rest)."""
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return (unit[1:] @ unit[0]).astype(float).tolist()
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    texts: list[str]
+    add_special_tokens: bool = True
+
+
+def parse_tei_tokenize(payload: dict[str, Any], *, max_inputs: int) -> TokenizeRequest:
+    """Validate a TEI ``/tokenize`` body (see the module doc)."""
+    if payload.get("prompt_name") is not None:
+        raise bad_request(
+            "'prompt_name' is not served on /tokenize: it shows a text as the tokenizer splits it, without a prompt",
+            "invalid_prompt_name",
+            "prompt_name",
+        )
+    texts = _texts(payload.get("inputs"), "inputs", max_inputs)
+    return TokenizeRequest(texts, _flag(payload, "add_special_tokens", True))
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    ids: list[list[int]]
+    skip_special_tokens: bool = True
+
+
+def parse_tei_decode(payload: dict[str, Any], *, max_inputs: int, vocab_size: int) -> DecodeRequest:
+    """Validate a TEI ``/decode`` body (see the module doc): every id an integer the tokenizer knows."""
+    ids = payload.get("ids")
+    if isinstance(ids, list) and ids and all(isinstance(row, list) for row in ids):
+        rows = ids
+    elif isinstance(ids, list):
+        rows = [ids]
+    else:
+        raise bad_request("'ids' must be a list of token ids or a list of such lists", "invalid_ids", "ids")
+    if len(rows) > max_inputs:
+        raise ApiError(
+            413,
+            f"'ids' has {len(rows)} lists; the limit is {max_inputs} per request (--max-inputs)",
+            "too_many_inputs",
+            param="ids",
+        )
+    for i, row in enumerate(rows):
+        for j, token in enumerate(row):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                where = f"ids[{i}][{j}]" if len(rows) > 1 or ids is not rows[0] else f"ids[{j}]"
+                raise bad_request(
+                    f"'{where}' is {token!r}; a token id is an integer from 0 to {vocab_size - 1}", "invalid_ids", "ids"
+                )
+    return DecodeRequest(rows, _flag(payload, "skip_special_tokens", True))

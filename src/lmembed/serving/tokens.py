@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.engine import EncodingEngine
 from lmembed.encoding.inputs import Features
 from lmembed.errors import InputError
 from lmembed.serving.errors import ApiError, bad_request
+
+T = TypeVar("T")
 
 #: A length bound no text reaches: what the over-length check tokenises with.
 UNBOUNDED = 1 << 30
@@ -55,11 +58,44 @@ class RequestTokenizer:
             raise bad_request(str(exc), "invalid_input", field) from None
         return features
 
-    async def features(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
+    def split(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+        """Each text's tokens as the model's tokenizer splits it (TEI's ``/tokenize``): no instruction and no cut,
+        but with the special tokens the model reads, the end-of-sequence token lmembed appends included."""
+        tokenizer = self.builder.tokenizer
+        fast = getattr(tokenizer, "is_fast", False)
+        batch = tokenizer(
+            list(texts), add_special_tokens=add_special_tokens, return_offsets_mapping=fast, truncation=False
+        )
+        special_ids = set(tokenizer.all_special_ids)
+        out = []
+        for i, (text, ids) in enumerate(zip(texts, batch["input_ids"], strict=True)):
+            ids = list(ids)
+            spans = list(batch["offset_mapping"][i]) if fast else [None] * len(ids)
+            eos = self.builder.eos_id
+            if add_special_tokens and eos is not None and (not ids or ids[-1] != eos):
+                ids.append(eos)
+                spans.append(None)
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+            tokens = []
+            for token_id, piece, span in zip(ids, pieces, spans, strict=True):
+                special = token_id in special_ids or span is None
+                start, stop = (None, None) if special else span
+                shown = text[start:stop] if start is not None else piece
+                tokens.append({"id": token_id, "text": shown, "special": special, "start": start, "stop": stop})
+            out.append(tokens)
+        return out
+
+    def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        return self.builder.tokenizer.batch_decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the tokenizer's own thread (the one that may use its tokenizer)."""
         if self.closed:
             raise ApiError(503, "the server is shutting down", "shutting_down")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.build, texts, instruction, field)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def features(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
+        return await self.run(self.build, texts, instruction, field)
 
     def close(self) -> None:
         self.closed = True
