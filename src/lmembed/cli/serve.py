@@ -124,7 +124,8 @@ def serve(
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
     """Serve MODEL_OR_DIR over HTTP: /v1/embeddings (OpenAI-compatible), /v1/search, /v1/rerank (with --rerank),
-    Cohere v2 (/v2/embed, /v2/rerank), Text Embeddings Inference (/embed, /rerank, /info), /health, /metrics."""
+    Cohere v2 (/v2/embed, /v2/rerank), Text Embeddings Inference (/embed, /rerank, /similarity, /tokenize, /decode,
+    /info), /health, /metrics."""
     if log_level not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}: choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     # lazy: FastAPI, uvicorn, FAISS and torch load only when the server starts, not for --help
