@@ -32,7 +32,7 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     reranker's activated ones). Answer: ``[{"index", "score", "text"?}]``, best first.
 
     ``POST /similarity`` (and ``POST /`` with an object in ``inputs``: ``InferenceClient.sentence_similarity``):
-    ``inputs``: ``{"source_sentence", "sentences"}``, ``prompt_name``, ``truncate``, ``truncation_direction``.
+    ``inputs``: ``{"source_sentence", "sentences"}`` (a string of sentences is one sentence), ``prompt_name``, ``truncate``, ``truncation_direction``.
     The source and each sentence are embedded together as ``/embed`` embeds them; answer: the cosine similarity
     of each sentence to the source, in order.
 
@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.serving.errors import ApiError, bad_request
+from lmembed.serving.errors import bad_request, too_many_inputs
 from lmembed.serving.schemas import _choice, _dimensions, _model, _texts
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
@@ -274,14 +274,7 @@ def parse_tei_similarity(payload: dict[str, Any], *, max_inputs: int) -> Similar
             "inputs.source_sentence",
         )
     (source,) = _texts(source, "inputs.source_sentence", 1)
-    sentences = inputs.get("sentences")
-    if not isinstance(sentences, list):
-        raise bad_request(
-            f"'inputs.sentences' must be a list of strings, got {type(sentences).__name__}",
-            "invalid_input",
-            "inputs.sentences",
-        )
-    sentences = _texts(sentences, "inputs.sentences", max_inputs - 1)
+    sentences = _texts(inputs.get("sentences"), "inputs.sentences", max_inputs - 1)  # a string: one sentence
     parameters = payload.get("parameters")
     if parameters is not None and (not isinstance(parameters, dict) or parameters):
         raise bad_request(
@@ -335,12 +328,7 @@ def parse_tei_decode(payload: dict[str, Any], *, max_inputs: int, vocab_size: in
     else:
         raise bad_request("'ids' must be a list of token ids or a list of such lists", "invalid_ids", "ids")
     if len(rows) > max_inputs:
-        raise ApiError(
-            413,
-            f"'ids' has {len(rows)} lists; the limit is {max_inputs} per request (--max-inputs)",
-            "too_many_inputs",
-            param="ids",
-        )
+        raise too_many_inputs("ids", len(rows), max_inputs, "lists")
     for i, row in enumerate(rows):
         for j, token in enumerate(row):
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:

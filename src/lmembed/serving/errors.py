@@ -63,3 +63,9 @@ class ApiError(LmembedError, ValueError):
 
 def bad_request(message: str, code: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, code, param=param)
+
+
+def too_many_inputs(field: str, count: int, limit: int, unit: str = "items") -> ApiError:
+    """413: ``field`` holds ``count`` ``unit``, over the ``--max-inputs`` limit of one request."""
+    message = f"'{field}' has {count} {unit}; the limit is {limit} per request (--max-inputs)"
+    return ApiError(413, message, "too_many_inputs", param=field)

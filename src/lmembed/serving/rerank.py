@@ -38,7 +38,7 @@ from lmembed.index.second_stage import candidate_pairs, reorder_hits
 from lmembed.lexical.fusion import FUSIONS
 from lmembed.rerank.base import Features, Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
-from lmembed.serving.errors import ApiError, bad_request
+from lmembed.serving.errors import ApiError, bad_request, too_many_inputs
 from lmembed.serving.limits import Limits, TokenAdmission
 from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
 
@@ -248,12 +248,7 @@ def _documents(value: Any, max_inputs: int) -> list[str]:
     if not value:
         raise bad_request("'documents' is an empty list; send at least one document", "empty_input", "documents")
     if len(value) > max_inputs:
-        raise ApiError(
-            413,
-            f"'documents' has {len(value)} items; the limit is {max_inputs} per request (--max-inputs)",
-            "too_many_inputs",
-            param="documents",
-        )
+        raise too_many_inputs("documents", len(value), max_inputs)
     out = []
     for i, item in enumerate(value):
         if isinstance(item, dict) and set(item) == {"text"}:

@@ -26,7 +26,7 @@ import numpy as np
 from lmembed.config import SIDES
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
-from lmembed.serving.errors import ApiError, bad_request
+from lmembed.serving.errors import bad_request, too_many_inputs
 
 ENCODING_FORMATS = ("float", "base64")
 INPUT_TYPES = SIDES
@@ -136,12 +136,7 @@ def _texts(value: Any, field: str, max_inputs: int) -> list[str]:
             field,
         )
     if len(value) > max_inputs:
-        raise ApiError(
-            413,
-            f"'{field}' has {len(value)} items; the limit is {max_inputs} per request (--max-inputs)",
-            "too_many_inputs",
-            param=field,
-        )
+        raise too_many_inputs(field, len(value), max_inputs)
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise bad_request(
