@@ -32,9 +32,9 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     reranker's activated ones). Answer: ``[{"index", "score", "text"?}]``, best first.
 
     ``POST /similarity`` (and ``POST /`` with an object in ``inputs``: ``InferenceClient.sentence_similarity``):
-    ``inputs``: ``{"source_sentence", "sentences"}`` (a string of sentences is one sentence), ``prompt_name``, ``truncate``, ``truncation_direction``.
-    The source and each sentence are embedded together as ``/embed`` embeds them; answer: the cosine similarity
-    of each sentence to the source, in order.
+    ``inputs``: ``{"source_sentence", "sentences"}`` (``sentences`` a list, or one string), ``prompt_name``,
+    ``truncate``, ``truncation_direction``. The source and each sentence are embedded together as ``/embed`` embeds
+    them; answer: the cosine similarity of each sentence to the source, in order.
 
     ``POST /tokenize``: ``inputs`` (a string or a list), ``add_special_tokens`` (default true). The texts as the
     model's tokenizer splits them (no instruction, no cut); answer, per text: ``[{"id", "text", "special",
