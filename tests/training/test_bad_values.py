@@ -40,6 +40,8 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     [
         ("lr", float("inf"), "lr=inf must be a finite number"),
         ("lr", float("nan"), "lr=nan must be a finite number"),
+        ("lr", 0.0, "lr=0.0 must be positive"),
+        ("lr", 2e5, r"lr=200000.0 must be positive and at most 1.0: .* 2e5 for 2e-5"),
         ("temperature", float("inf"), "temperature=inf must be a finite number"),
         ("max_grad_norm", -1.0, "max_grad_norm=-1.0 must be positive"),
         ("weight_decay", -1.0, "weight_decay=-1.0 must be >= 0"),
@@ -57,7 +59,8 @@ def test_a_bad_training_value_is_refused_by_name(option, value, message):
 
 
 @pytest.mark.parametrize(
-    ("option", "value"), [("lr", float("nan")), ("max_grad_norm", 0.0), ("weight_decay", -0.5), ("seed", -3)]
+    ("option", "value"),
+    [("lr", float("nan")), ("lr", 3.0), ("max_grad_norm", 0.0), ("weight_decay", -0.5), ("seed", -3)],
 )
 def test_a_bad_stage_value_is_refused_by_name(option, value):
     with pytest.raises(ObjectiveConfigError, match=f"{option}="):

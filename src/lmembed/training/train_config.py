@@ -114,8 +114,11 @@ def check_optimisation(error: type[Exception], options: Any) -> None:
     """The optimiser's options every training loop shares (``lr``, ``weight_decay``, ``max_grad_norm``, ``seed``):
     raise ``error`` naming the first invalid one."""
     check_finite(error, options)
-    if options.lr <= 0:
-        raise error(f"lr={options.lr} must be positive")
+    if not 0 < options.lr <= MAX_LR:
+        raise error(
+            f"lr={options.lr} must be positive and at most {MAX_LR}: AdamW moves each weight by about lr a step, "
+            "and fine-tuning takes 1e-5 to 1e-3 (a minus sign lost from an exponent, 2e5 for 2e-5, gives this)"
+        )
     if options.weight_decay < 0:
         raise error(f"weight_decay={options.weight_decay} must be >= 0")
     if options.max_grad_norm is not None and options.max_grad_norm <= 0:
@@ -123,6 +126,9 @@ def check_optimisation(error: type[Exception], options: Any) -> None:
     if not 0 <= options.seed <= MAX_SEED:
         raise error(f"seed={options.seed} must be from 0 to {MAX_SEED}")
 
+
+#: The largest learning rate taken: AdamW's step is about ``lr`` per weight whatever the gradient's scale.
+MAX_LR = 1.0
 
 _NAMED_OPTION = re.compile(r"\s*([A-Za-z_]\w*)((?:\[\d+\]|\.[A-Za-z_]\w*)*)[=:]")
 
