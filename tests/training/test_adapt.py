@@ -633,6 +633,27 @@ def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_
         adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(lr=1e-4), resume=True)
 
 
+def test_a_run_killed_before_its_first_checkpoint_resumes_and_merges(
+    tmp_path, make_embedder, one_torch_thread, monkeypatch
+):
+    """Killed after the start state was kept but before any checkpoint, a resumed run starts over from step 0: it
+    keeps the start state again with its digest, so the merge at the end reads it (it trained to the end, then
+    refused every time, before)."""
+    from lmembed.training.adapt_run import _SelectingTrainer
+
+    out = tmp_path / "out"
+    resume = _stop_before(monkeypatch, 1)
+    with pytest.raises(KeyboardInterrupt):
+        adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(merge=0.5))
+    assert (out / "start_state.safetensors").is_file() and not list((out / "checkpoints").glob("step-*"))
+    resume()
+    monkeypatch.setattr(_SelectingTrainer, "best", lambda self: self.history[-1])  # a later step: the merge runs
+    result = adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(merge=0.5), resume=True)
+    assert result.model_dir.is_dir()
+    states = json.loads((out / "selection.json").read_text())["states"]
+    assert "start_state.safetensors" in states
+
+
 def test_a_resumed_run_reads_back_its_rows_only_as_they_were_made(
     tmp_path, make_embedder, one_torch_thread, monkeypatch
 ):

@@ -155,8 +155,10 @@ class _SelectingTrainer(Trainer):
         return super().save_model(directory)
 
     def keep_start(self) -> None:
-        """The starting trainable weights, kept for the merge (written once; a resumed run reads them back)."""
-        if not (self.output / START_STATE_FILE).exists():
+        """The starting trainable weights, kept for the merge (a resumed run reads them back). A run that starts from
+        step 0 writes them again, its selection being new: one killed before its first checkpoint left a file whose
+        digest the new ``selection.json`` would not hold."""
+        if not self.config.resume or not (self.output / START_STATE_FILE).exists():
             self._write_state(START_STATE_FILE)
 
     def _write_state(self, name: str, metadata: dict[str, str] | None = None) -> None:
