@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from lmembed.atomic import atomic_folder
@@ -29,3 +31,37 @@ def test_a_failed_write_leaves_the_old_folder_and_no_temporary_one(tmp_path):
         raise RuntimeError("disk on fire")
     assert sorted(p.name for p in target.iterdir()) == ["a.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_what_a_killed_write_left_is_removed_by_the_next_write_of_that_name(tmp_path):
+    """Temporary names carry host and pid: the next write of the same name removes the leftovers of an ended process
+    of this machine, file or folder, and leaves a live writer's, another machine's and other names' alone."""
+    import subprocess
+    import sys
+
+    from lmembed.atomic import _HOST, atomic_folder, atomic_write_text
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    dead, alive = ended.pid, os.getpid()
+    left = {
+        f".tmp-model-{_HOST}-{dead}-aaaa": "dir",
+        f".old-model-{_HOST}-{dead}-bbbb": "dir",
+        f".tmp-notes.txt-{_HOST}-{dead}-cccc.txt": "file",
+    }
+    kept = {
+        f".tmp-model-{_HOST}-{alive}-dddd": "dir",  # a live writer's (this process)
+        f".tmp-model-otherhost-{dead}-eeee": "dir",  # another machine's, on a shared drive
+        f".tmp-models-{_HOST}-{dead}-ffff": "dir",  # another name's
+    }
+    for name, kind in {**left, **kept}.items():
+        if kind == "dir":
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "weights.bin").write_bytes(b"x" * 10)
+        else:
+            (tmp_path / name).write_text("half")
+    with atomic_folder(tmp_path / "model") as folder:
+        (folder / "a.txt").write_text("a")
+    atomic_write_text(tmp_path / "notes.txt", "done")
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"model", "notes.txt", *kept}

@@ -16,6 +16,12 @@ catch it at that place and raise one of these, naming the file and line, the arg
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
 
 def _rebuild(cls: type[LmembedError], args: tuple, state: dict) -> LmembedError:
     """Unpickle an lmembed error without calling its ``__init__`` (whose signature may differ from ``args``)."""
@@ -61,3 +67,26 @@ class UnsafeFileError(LmembedError, ValueError):
 
 
 __all__ = ["ConfigError", "InputError", "LmembedError", "ModelLoadError", "UnknownNameError", "UnsafeFileError"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or a service manager's stop), raised as an interrupt: work in progress is flushed,
+    and child processes are ended, as for Ctrl-C."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (by default it ends the process at
+    once: caches unflushed, children left running); elsewhere, and after the block, it is as it was."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -390,3 +390,34 @@ def test_python_api_names_the_bad_input(workspace):
         emb.encode(["fine", "also fine", "bad \udc80"])
     with pytest.raises((ConfigError, ValueError), match=r"(?s)4096.*32|32.*4096"):
         Embedder.from_pretrained(workspace["model"], dim=4096, cache=False, show_progress=False)
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_flushing_its_work(tmp_path):
+    """A scheduler's stop (SIGTERM) raises an interrupt inside the command, so what is done is flushed (the engine's
+    cache, a job's shards) before the exit, status 143; it ended the process at once, writing nothing, before."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import os, signal, time
+        import typer
+        from lmembed.cli.boundary import guarded
+
+        def work():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+            finally:
+                print("flushed", flush=True)
+
+        try:
+            guarded(None, work)
+        except typer.Exit as stop:
+            raise SystemExit(stop.exit_code)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143, done.stderr
+    assert "flushed" in done.stdout and "terminated (SIGTERM)" in done.stdout + done.stderr

@@ -353,3 +353,72 @@ def test_a_manifest_without_its_documents_entry_is_a_format_error(index_pair):
     with pytest.raises(IndexFormatError, match=r"files\.documents is missing"):
         Index.open(folder, verify=False)
     assert invoke("index", "verify", str(folder)).exit_code == 2
+
+
+# ---------------------------------------------------------------------------------------------- a BM25 save killed
+def _dies_after(real):
+    def call(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt  # what a kill leaves: the step done, nothing after it
+
+    return call
+
+
+@pytest.mark.parametrize("moment", ["old bm25/ removed", "new checksums recorded", "bm25/ renamed into place"])
+def test_a_bm25_save_killed_at_any_moment_leaves_an_index_every_command_opens(index_pair, monkeypatch, moment):
+    """The BM25 index is saved aside, its checksums recorded, then renamed in: a kill at any step leaves no bm25/ or
+    one the manifest vouches for (a kill just after the rename made every command refuse the index before)."""
+    from lmembed.index.manifest import Manifest
+
+    folder, _ = index_pair
+    shutil.rmtree(folder / LEXICAL_DIR)  # as built: no BM25 index yet, none recorded
+    data = manifest_of(folder)
+    data["checksums"] = {n: s for n, s in data["checksums"].items() if not n.startswith(f"{LEXICAL_DIR}/")}
+    write_manifest(folder, data)
+    with monkeypatch.context() as patch:
+        if moment == "old bm25/ removed":
+            patch.setattr(integrity_module, "drop_lexical", _dies_after(integrity_module.drop_lexical))
+        elif moment == "new checksums recorded":
+            patch.setattr(Manifest, "write", _dies_after(Manifest.write))
+        else:
+            real_rename = Path.rename
+            patch.setattr(
+                Path,
+                "rename",
+                lambda self, to: (
+                    _dies_after(real_rename)(self, to) if Path(to).name == LEXICAL_DIR else real_rename(self, to)
+                ),
+            )
+        with pytest.raises(KeyboardInterrupt):
+            Index.open(folder).search("cat dog", 3, mode="bm25")
+    assert invoke("index", "verify", str(folder)).exit_code == 0
+    dense = invoke("search", str(folder), "cat dog", "-k", "3")
+    assert dense.exit_code == 0, dense.output
+    hits = Index.open(folder).search("cat dog", 3, mode="bm25")  # built and saved again where it was lost
+    assert {h.text for h in hits} <= set(texts(40, 1))
+    assert all(f"{LEXICAL_DIR}/{p.name}" in manifest_of(folder)["checksums"] for p in (folder / LEXICAL_DIR).iterdir())
+    assert invoke("index", "verify", str(folder)).exit_code == 0
+
+
+def test_a_build_killed_before_its_manifest_is_built_again_in_its_folder(model_dir, tmp_path):
+    """A build killed while writing its data files leaves its lock, a generation's files and temporary files, and no
+    manifest: the same build runs again over them (it was refused as 'a folder with other files in it'); a folder
+    holding anything else still is."""
+    from lmembed import Embedder
+
+    emb = Embedder.from_pretrained(str(model_dir), cache=False, show_progress=False)
+    folder = tmp_path / "index"
+    folder.mkdir()
+    (folder / ".lock").write_text("")
+    (folder / "g000001.faiss").write_bytes(b"half of a faiss file")
+    (folder / ".tmp-abc.npy").write_bytes(b"half")
+    Index.build(emb, texts(20, 3), folder)
+    assert invoke("index", "verify", str(folder)).exit_code == 0
+    assert not (folder / ".tmp-abc.npy").exists()
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "g000001.faiss").write_bytes(b"x")
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="a folder with other files in it"):
+        Index.build(emb, texts(20, 3), other)

@@ -445,3 +445,25 @@ def test_evaluation_through_sharded_jobs_scores_as_in_memory(tmp_path, one_torch
     assert same_scores(scaled.scores, plain.scores)
     stated = scaled.extra["corpus_embeddings"]
     assert stated["memory_mapped"] and stated["dtype"] == "float32" and stated["file"].endswith(".npy")
+
+
+def test_a_file_rewritten_with_its_size_and_time_kept_is_encoded_again(tmp_path, one_torch_thread):
+    """A job over a file is named by the file's content, not its size and time alone: a line changed in place with
+    the time put back (``cp -p``, ``rsync -t``) gave the old line's vector, from the finished job's shards."""
+    import os
+
+    emb = cached(uncached("llama"), tmp_path / "cache")
+    texts = corpus_texts(24)
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(texts) + "\n")
+    first = encode_corpus(emb, path, batch_size=4, shard_rows=8)
+    stat = path.stat()
+    changed = list(texts)
+    changed[5] = texts[5][::-1]  # the same length
+    assert changed[5] != texts[5]
+    path.write_text("\n".join(changed) + "\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    again = encode_corpus(emb, path, batch_size=4, shard_rows=8)
+    np.testing.assert_allclose(again.vectors[5], emb.encode_corpus([changed[5]])[0], atol=1e-6)
+    assert not np.allclose(again.vectors[5], first.vectors[5])

@@ -196,3 +196,16 @@ def test_a_resumed_run_continues_exactly(run, tmp_path):
         return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
     assert losses(output) == losses(tmp_path / "straight")
+
+
+def test_a_resume_on_data_changed_since_the_checkpoint_is_refused(run, tmp_path):
+    """The checkpoint records the digest of the rows trained on: a data file rewritten while the run was stopped
+    (same path) is refused naming the checkpoint and ``data_digest``; it resumed on the new rows without a word."""
+    args, _ = run
+    assert train(args, 2).exit_code == 0
+    write_jsonl(tmp_path / "rows.jsonl", [{"query": "a bird", "positive": "the bird sang"}] * 4)
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())
+    assert "data_digest: the training rows are not the ones this run was trained on up to step 2" in said
+    assert "step-0000002" in said

@@ -33,7 +33,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from lmembed import terminal
-from lmembed.errors import LmembedError
+from lmembed.errors import LmembedError, Terminated, sigterm_interrupts
 from lmembed.paths import DEBUG_ENV_VAR, debug_from_env
 
 #: Most lines of an error message shown (a message that lists the places it looked may be long).
@@ -107,9 +107,13 @@ def closed_pipe() -> int:
 def guarded(ctx: typer.Context, call: Callable[[], Any]) -> Any:
     """Run ``call``; turn any exception that is not typer's own into a message and an exit status."""
     try:
-        return call()
+        with sigterm_interrupts():  # a scheduler's stop flushes what is done, as Ctrl-C does
+            return call()
     except (typer.TyperException, typer.Exit, typer.Abort):
         raise  # typer prints these itself (usage + "Invalid value for '--x'"), or they are a normal exit
+    except Terminated:
+        _console.print("[yellow]terminated (SIGTERM)[/yellow]")
+        raise typer.Exit(143) from None
     except KeyboardInterrupt:
         _console.print("[yellow]interrupted[/yellow]")
         raise typer.Exit(130) from None

@@ -134,7 +134,13 @@ def _run_recipe(path: Path, overrides: dict[str, Any]) -> None:
         if spec is not None:
             raise typer.BadParameter(message, param_hint=spec.name) from exc
         raise typer.BadParameter(message) from exc
-    terminal.console(stderr=True).print(f"recipe {path} finished: {result}")
+    console = terminal.console(stderr=True)
+    console.print(f"recipe {result.name} finished in {result.output}:")
+    for stage in result.stages:
+        known = stage.first_loss is not None and stage.last_loss is not None
+        loss = f", loss {stage.first_loss:.4f} -> {stage.last_loss:.4f}" if known else ""
+        console.print(f"  {stage.name} ({stage.type}): {stage.steps} steps in {stage.seconds:.0f} s{loss}")
+    console.print(f"model: {result.model_dir}")
 
 
 def build_config(config_file: Path | None, options: dict[str, Any]) -> TrainConfig:

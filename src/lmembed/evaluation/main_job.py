@@ -43,8 +43,8 @@ def main_job_plan() -> list[tuple[str, list[EmbeddingConfig], Corpus]]:
     decoder is ~30x slower per token on a laptop CPU, so it runs on a SciFact corpus reduced to every
     judged document plus random distractors (500 docs) and truncated at 256 tokens like minilm, with
     minilm repeated there for a fair comparison; four read-outs share one forward pass. Middle layers
-    are read through the final norm: raw middle-layer states of this model carry a few "massive
-    activation" dimensions (|x| ~ 4000) that make every mean-pooled vector nearly identical.
+    are read through the final norm: raw middle-layer states of this model carry "massive activations"
+    (|x| up to about 30,000 at layer 15) that swamp mean-pooled vectors (bench/massive_activations.py).
     """
     decoder = [
         EmbeddingConfig(pooling="mean", layer=-1),

@@ -24,14 +24,13 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmembed.errors import sigterm_interrupts
 from lmembed.evaluation.base import Task
 from lmembed.experiments.execute import ExperimentError, RunInUseError, execute_run
 from lmembed.experiments.plan import PlannedRun, source_run
@@ -94,10 +93,6 @@ def _run_in_worker(spec: ExperimentSpec, run: PlannedRun, output: Path) -> dict[
 
 
 # ------------------------------------------------------------------------------------------- the pool
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @contextlib.contextmanager
 def worker_pool(
     workers: int, context: Any, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()
@@ -106,11 +101,9 @@ def worker_pool(
     waiting for their running tasks (``ProcessPoolExecutor``'s own exit waits). In the main thread SIGTERM raises
     :class:`KeyboardInterrupt` inside the block (by default it would end this process alone, the workers going on)."""
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer, initargs=initargs)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        yield pool
+        with sigterm_interrupts():
+            yield pool
     except BaseException:
         processes = list((getattr(pool, "_processes", None) or {}).values())  # 3.11-3.13: no public call
         for process in processes:
@@ -125,9 +118,6 @@ def worker_pool(
         raise
     else:
         pool.shutdown(wait=True)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 # ------------------------------------------------------------------------------------------- the scheduler

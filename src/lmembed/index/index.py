@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmembed.atomic import atomic_write_json
+from lmembed.atomic import atomic_write_json, sweep_leftovers, temp_path
 from lmembed.encoding.chunking import Chunking
 from lmembed.errors import ConfigError
 from lmembed.index import integrity, kinds
@@ -43,7 +44,7 @@ from lmembed.index.errors import IndexFormatError, IndexIntegrityError, IndexWri
 from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
-from lmembed.lexical.bm25 import LexicalIndex, open_lexical
+from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex, open_lexical
 from lmembed.lexical.fusion import fuse_rows
 
 if TYPE_CHECKING:  # the Embedder pulls in torch
@@ -172,8 +173,17 @@ def _check_target(path: Path, overwrite: bool) -> None:
     if (path / MANIFEST_FILE).exists():
         if not overwrite:
             raise FileExistsError(f"{path} already holds an index; add documents to it, or overwrite it on purpose")
-    elif any(p.name != LOCK_FILE for p in path.iterdir()):
+    elif not all(_left_by_a_build(p) for p in path.iterdir()):
         raise FileExistsError(f"{path} is a folder with other files in it; choose an empty or new folder")
+
+
+def _left_by_a_build(path: Path) -> bool:
+    """Whether ``path``, in a folder without a manifest, is what an interrupted build of an index left there (its
+    lock, data files of a generation, temporary files): such a folder is built again, the files replaced."""
+    name = path.name
+    if name == LOCK_FILE or name.startswith(".tmp-"):
+        return True
+    return bool(GENERATION_FILE.match(name)) and path.is_file() and not path.is_symlink()
 
 
 class Index:
@@ -551,7 +561,11 @@ class Index:
     def _save_lexical(self, lexical: LexicalIndex) -> None:
         """Save a BM25 index just built into ``bm25/`` and record each of its files' sha256 in the manifest (the
         same generation). Skipped when another writer changed the folder since it was opened; where the folder
-        cannot be written, the BM25 index serves from memory only."""
+        cannot be written, the BM25 index serves from memory only.
+
+        The files are written aside first and their sha256 recorded before they are renamed into ``bm25/``, the old
+        one removed before that record: a save killed at any point leaves either no ``bm25/`` (built again at the
+        next BM25 search) or one the manifest vouches for, never one it does not know."""
         folder = self.path
         if folder is None:
             return
@@ -560,12 +574,21 @@ class Index:
                 on_disk = Manifest.read(folder)
                 if on_disk.generation != self.manifest.generation:
                     return
-                lexical.save(folder)
                 if on_disk.checksums is None:  # an index written before checksums: its next save adds them all
+                    lexical.save(folder)
                     return
-                sums = {n: s for n, s in on_disk.checksums.items() if not integrity.is_lexical(n)}
-                on_disk.checksums = {**sums, **integrity.lexical_checksums(folder)}
-                on_disk.write(folder)
+                target = folder / LEXICAL_DIR
+                sweep_leftovers(target)  # a save killed before on this machine
+                staging = temp_path(target)
+                try:
+                    lexical.save(staging)
+                    sums = {n: s for n, s in on_disk.checksums.items() if not integrity.is_lexical(n)}
+                    on_disk.checksums = {**sums, **integrity.lexical_checksums(staging)}
+                    integrity.drop_lexical(folder)
+                    on_disk.write(folder)
+                    (staging / LEXICAL_DIR).rename(target)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
                 self.manifest.checksums = on_disk.checksums
         except OSError as exc:
             logger.warning("%s: the BM25 index is kept in memory only (%s)", folder, exc)

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lmembed.atomic import FILE_MODE, atomic_write_text
+from lmembed.atomic import FILE_MODE, atomic_write_text, sweep_leftovers, temp_path
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder, check_strategy, postprocess
 from lmembed.encoding.cache import EmbeddingCache, read_shard
@@ -332,8 +331,8 @@ class EncodeJob:
     def _write_matrix(self, target: Path, plan: ShardPlan, index: int, dtype: str) -> str:
         """Write the vectors of strategy ``index`` to ``target`` atomically; returns the file's sha256."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npy", dir=target.parent)
-        os.close(fd)
+        sweep_leftovers(target)
+        tmp = str(temp_path(target))
         try:
             shape = (plan.n_rows, self._dim(self.configs[index]))
             matrix = np.lib.format.open_memmap(tmp, mode="w+", dtype=STORAGE_DTYPES[dtype], shape=shape)

@@ -33,6 +33,9 @@ decides what a row means for training. It only needs numpy (no torch).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -694,3 +697,16 @@ class RoundRobinSampler(TaskHomogeneousSampler):
 
     def _draw(self, step: int) -> int:
         return step % len(self.datasets)
+
+
+def datasets_digest(datasets: Sequence[TrainDataset]) -> str:
+    """The sha256 of what a run trains on: each source's name and weight, its examples (every field) and its pool of
+    texts, in order. A checkpoint records it, so a resumed run notices data that changed while it was stopped."""
+    digest = hashlib.sha256()
+    for dataset in datasets:
+        head = {"name": dataset.name, "weight": dataset.weight, "rows": len(dataset.examples)}
+        digest.update(json.dumps(head, sort_keys=True).encode())
+        for example in dataset.examples:
+            digest.update(json.dumps(dataclasses.astuple(example), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        digest.update(json.dumps(dataset.documents, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()

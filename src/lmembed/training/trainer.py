@@ -86,6 +86,7 @@ from lmembed.training.rows import (
     TrainBatch,
     TrainDataset,
     check_teacher_scores,
+    datasets_digest,
     decontaminate_datasets,
     load_sources,
 )
@@ -165,6 +166,7 @@ class Trainer:
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
         if config.decontaminate_against:
             data = self._decontaminate(data, config)
+        self.data_digest = datasets_digest(data)  # a checkpoint records it: a resume checks the data is the same
         samplers = {"homogeneous": TaskHomogeneousSampler, "round_robin": RoundRobinSampler}
         sampler_class = samplers.get(config.batching, MixtureSampler)
         self.sampler = sampler_class(
@@ -410,6 +412,7 @@ class Trainer:
             "parallelism": self.parallelism,
             "lora": self.model.uses_lora,
             "run": {k: self.config.to_dict()[k] for k in RUN_IDENTITY},
+            "data_digest": self.data_digest,
         }
         optimizer_state = None
         if self.dist.fsdp is not None:  # gather whole tensors on rank 0 (collectives: every process)
@@ -459,6 +462,14 @@ class Trainer:
             ckpt.restore_rng(state.rng_state)
         else:
             log.warning("%s has no RNG state for rank %d (process count changed?)", path, self.dist.rank)
+        recorded = state.info.get("data_digest")
+        if recorded is not None and recorded != self.data_digest:
+            raise TrainConfigError(
+                f"{path}: data_digest: the training rows are not the ones this run was trained on up to step "
+                f"{state.step} (a data file was changed or regenerated while it was stopped, or other data is "
+                f"named): a resumed run would mix the two. Resume with the same data, or start a new run in another "
+                "output folder"
+            )
         self._warn_if_changed(state.info.get("run", {}), path)
         self.step = state.step
         self.metrics.resume_at(self.step)

@@ -24,12 +24,11 @@ import json
 import logging
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lmembed.atomic import atomic_write_json
+from lmembed.atomic import atomic_write_json, sweep_leftovers, temp_path
 from lmembed.errors import LmembedError
 from lmembed.io import check_recorded_files, sha256_file
 from lmembed.paths import lmembed_home
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 GRAPH_FILE = "model.onnx"
-_TMP_PREFIX = ".tmp-"
 
 
 def exports_dir() -> Path:
@@ -88,7 +86,8 @@ def cached_export(
             else:
                 shutil.rmtree(final)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+    sweep_leftovers(final)  # what an export killed on this machine left
+    tmp = temp_path(final)
     tmp.mkdir()
     try:
         extra = build(tmp) or {}
