@@ -3,13 +3,16 @@
 The same holds for a folder written by :func:`atomic_folder`: it is filled under a temporary name beside its
 place and renamed into it once complete.
 
-A temporary name says whose it is (``.tmp-<name>-<host>-<pid>-<random>``): a write killed before its rename
-leaves it behind, and the next write of the same name on the same machine removes those whose process has
-ended (:func:`sweep_leftovers`); a live writer's, or another machine's, is never touched.
+A temporary name says whose it is (``.tmp-<name>-<host>.<tag>-<pid>-<random>``, the tag a digest of the host's
+name, its boot and the PID namespace): a write killed before its rename leaves it behind, and the next write of the
+same name by the same machine (or container) removes those whose process has ended (:func:`sweep_leftovers`); a
+live writer's, or another machine's, is never touched. What a restarted container left is not recognised as its own:
+it stays until removed by hand.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,12 +33,34 @@ os.umask(_UMASK)
 FILE_MODE, FOLDER_MODE = 0o666 & ~_UMASK, 0o777 & ~_UMASK
 
 
-_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+def _owner() -> str:
+    """Who writes here: the host's name (made safe for a file name) and a digest of the exact name, the boot and the
+    PID namespace, so that two machines (or containers of one name) never take each other's temporaries as their own."""
+    host = socket.gethostname()
+    seen = [host]
+    for source in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            seen.append(Path(source).read_text().strip() if "boot_id" in source else str(os.stat(source).st_ino))
+        except OSError:
+            seen.append("")
+    tag = hashlib.blake2b("\0".join(seen).encode(), digest_size=4).hexdigest()
+    return f"{re.sub(r'[^A-Za-z0-9_.]', '_', host)[:24]}.{tag}"
+
+
+_OWNER = _owner()
+#: a target name longer than this is shortened in its temporary names (a file name has at most 255 bytes)
+_NAME_IN_TEMP = 80
+
+
+def _short(name: str) -> str:
+    if len(name.encode()) <= _NAME_IN_TEMP:
+        return name
+    return f"{name[:40]}~{hashlib.blake2b(name.encode(), digest_size=4).hexdigest()}"
 
 
 def temp_prefix(name: str, kind: str = "tmp") -> str:
     """The start of this process's temporary names for ``name`` (see the module doc)."""
-    return f".{kind}-{name}-{_HOST}-{os.getpid()}-"
+    return f".{kind}-{_short(name)}-{_OWNER}-{os.getpid()}-"
 
 
 def temp_path(target: Path) -> Path:
@@ -44,26 +69,34 @@ def temp_path(target: Path) -> Path:
 
 
 def _ended(pid: int) -> bool:
+    """Whether no process of this PID namespace has ``pid`` (one beyond any pid the kernel gives has ended)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except (PermissionError, OSError):
+    except (OverflowError, ValueError):
+        return True
+    except OSError:  # PermissionError: alive, someone else's
         return False
     return False
 
 
 def sweep_leftovers(target: Path) -> list[Path]:
     """Remove the temporary files and folders beside ``target`` that a write of the same name left when its process
-    was killed (on this machine, their process gone); returns what was removed. Links are unlinked, never followed."""
-    pattern = re.compile(rf"\.(?:tmp|old)-{re.escape(target.name)}-{re.escape(_HOST)}-(\d+)-")
+    was killed (this machine's and PID namespace's, their process gone); returns what was removed. The whole name
+    must be one of ours for ``target`` (a longer target name that contains it is another's). Links are unlinked,
+    never followed."""
+    pattern = re.compile(
+        rf"\.(?:tmp|old)-{re.escape(_short(target.name))}-{re.escape(_OWNER)}-([0-9]{{1,10}})-[A-Za-z0-9_]{{8}}"
+        rf"(?:{re.escape(target.suffix)})?"
+    )
     removed = []
     try:
         entries = list(os.scandir(target.parent))
     except OSError:
         return removed
     for entry in entries:
-        found = pattern.match(entry.name)
+        found = pattern.fullmatch(entry.name)
         if found is None or not _ended(int(found.group(1))):
             continue
         path = Path(entry.path)

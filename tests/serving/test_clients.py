@@ -223,6 +223,8 @@ def test_tei_similarity_tokenize_and_decode(make_embedder, tokenizer):
         assert not np.allclose(as_queries, got, atol=1e-4)  # the prompt was applied
         wrong = httpx.post(server.url + "/similarity", json={"inputs": {"source_sentence": source}}, timeout=30)
         assert wrong.status_code == 400 and wrong.json()["param"] == "inputs.sentences"
+        ignored = httpx.post(server.url + "/similarity", json={**body, "dimensions": 4}, timeout=30)
+        assert ignored.status_code == 400 and ignored.json()["code"] == "unknown_field"  # refused, not ignored
 
         texts = [source, "hello  there,friend"]
         split = httpx.post(server.url + "/tokenize", json={"inputs": texts}, timeout=30).json()
@@ -244,14 +246,21 @@ def test_tei_similarity_tokenize_and_decode(make_embedder, tokenizer):
 
     # a decoder read at its last token: the model reads an end token its tokenizer does not add
     last = make_embedder("llama", tok=tokenizer, pooling="last")
-    with serving(last) as server:
+    with serving(last, limits=Limits(max_inputs=3)) as server:
         (tokens,) = httpx.post(server.url + "/tokenize", json={"inputs": TEXTS[0]}, timeout=30).json()
         (read,) = last.engine.input_builder(last.config).build_all([TEXTS[0]], None)
         assert [t["id"] for t in tokens] == read.input_ids and read.input_ids[-1] == tokenizer.eos_token_id
-        assert tokens[-1] == {
-            "id": tokenizer.eos_token_id,
-            "text": "[EOS]",
-            "special": True,
-            "start": None,
-            "stop": None,
-        }
+        end = {"id": tokenizer.eos_token_id, "text": "[EOS]", "special": True, "start": None, "stop": None}
+        assert tokens[-1] == end
+        # an unknown word is text the tokenizer could not name, not a token it added: not special, with its span
+        (tokens,) = httpx.post(server.url + "/tokenize", json={"inputs": "the zzzunknown cat"}, timeout=30).json()
+        unknown = {"id": tokenizer.unk_token_id, "text": "zzzunknown", "special": False, "start": 4, "stop": 14}
+        assert tokens[1] == unknown
+        # the source and its sentences count against --max-inputs together, and the message says so
+        body = {"inputs": {"source_sentence": "the cat", "sentences": ["a", "b", "c"]}}
+        over = httpx.post(server.url + "/similarity", json=body, timeout=30)
+        said = over.json()["error"]
+        assert over.status_code == 413 and "'inputs' has 4 texts (the source and its sentences); the limit is 3" in said
+        # a text far over the token bound is refused from a prefix, not tokenised whole
+        huge = httpx.post(server.url + "/tokenize", json={"inputs": "the " * 300_000}, timeout=30)
+        assert huge.status_code == 413 and huge.json()["code"] == "too_many_tokens"

@@ -102,6 +102,24 @@ def test_ambiguous_framing_is_refused_and_closed(make_embedder):
             assert read_response(sock)[0] == 200
 
 
+def test_a_request_h11_cannot_parse_gets_the_json_refusal(make_embedder):
+    """A Content-Length that is no number, negative, or given twice with two values: h11 refuses the request, and the
+    answer is the server's JSON refusal (uvicorn's own is plain text, which no client's error reader parses)."""
+    with serving(make_embedder("bert")) as (server, _):
+        for bad in ("Content-Length: abc", "Content-Length: -1", "Content-Length: 5\r\nContent-Length: 7"):
+            with connect(server) as sock:
+                sock.sendall(head(None, bad) + BODY)
+                status, headers, body, closed = read_response(sock)
+            assert (status, headers["content-type"], error_code(body), closed) == (
+                400,
+                "application/json",
+                "invalid_http",
+                True,
+            ), bad
+            assert "not valid HTTP/1.1" in json.loads(body)["error"]["message"]
+        assert post(server, {"input": ["still fine"]}).status_code == 200
+
+
 def test_header_and_body_size_limits(make_embedder):
     limits = Limits(max_header_bytes=4096, max_request_bytes=2000)
     with serving(make_embedder("bert"), limits=limits) as (server, _):

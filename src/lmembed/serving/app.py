@@ -428,18 +428,15 @@ def create_app(
     @app.post("/tokenize")
     async def tei_tokenize(request: Request) -> Response:
         req = parse_tei_tokenize(parse_json(await request.body()), max_inputs=state.limits.max_inputs)
-        split = await state.tokenizer.run(state.tokenizer.split, req.texts, req.add_special_tokens)
-        count, limit = sum(map(len, split)), state.limits.max_tokens_in_flight
-        if count > limit:  # the answer lists each token: bounded as the tokens one request may hold
-            message = f"'inputs' are {count} tokens; /tokenize answers at most {limit} (--max-tokens-in-flight)"
-            raise ApiError(413, message, "too_many_tokens", param="inputs")
-        return JSONResponse(split)
+        limit = state.limits.max_tokens_in_flight  # the answer lists each token: bounded as one request's tokens
+        tokens = state.tokenizer
+        return JSONResponse(await tokens.inspect(tokens.split, req.texts, req.add_special_tokens, limit))
 
     @app.post("/decode")
     async def tei_decode(request: Request) -> Response:
         vocab = len(embedder.backbone.tokenizer)
         req = parse_tei_decode(parse_json(await request.body()), max_inputs=state.limits.max_inputs, vocab_size=vocab)
-        return JSONResponse(await state.tokenizer.run(state.tokenizer.decode, req.ids, req.skip_special_tokens))
+        return JSONResponse(await state.tokenizer.inspect(state.tokenizer.decode, req.ids, req.skip_special_tokens))
 
     @app.post("/embed")
     @app.post("/")

@@ -56,7 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.serving.errors import bad_request, too_many_inputs
+from lmembed.encoding.inputs import check_encodable
+from lmembed.errors import InputError
+from lmembed.serving.errors import bad_request, shown, too_many_inputs
 from lmembed.serving.schemas import _choice, _dimensions, _model, _texts
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
@@ -86,7 +88,7 @@ def _flag(payload: dict[str, Any], field: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"'{field}' must be true or false, got {value!r}", f"invalid_{field}", field)
+        raise bad_request(f"'{field}' must be true or false, got {shown(value)}", f"invalid_{field}", field)
     return value
 
 
@@ -96,7 +98,7 @@ def _reads_at_least(payload: dict[str, Any], field: str, max_length: int, what: 
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise bad_request(f"'{field}' must be a positive integer, got {value!r}", f"invalid_{field}", field)
+        raise bad_request(f"'{field}' must be a positive integer, got {shown(value)}", f"invalid_{field}", field)
     if value < max_length:
         raise bad_request(
             f"'{field}' is {value}; this server does not cut texts shorter than {what} reads ({max_length} tokens): "
@@ -132,7 +134,7 @@ def parse_cohere_embed(
         or any(not isinstance(t, str) or t not in EMBEDDING_TYPES for t in types)
     ):
         raise bad_request(
-            f"'embedding_types' must be a non-empty list of {', '.join(EMBEDDING_TYPES)}, got {types!r}",
+            f"'embedding_types' must be a non-empty list of {', '.join(EMBEDDING_TYPES)}, got {shown(types)}",
             "invalid_embedding_types",
             "embedding_types",
         )
@@ -147,7 +149,7 @@ def parse_cohere_embed(
     allowed = ("END",) if truncates else ("NONE",)
     if truncate is not None and (not isinstance(truncate, str) or truncate not in allowed):
         how = "cuts long texts at their end (END)" if truncates else "refuses long texts (NONE, --no-truncate)"
-        raise bad_request(f"'truncate' is {truncate!r}; this server {how}", "invalid_truncate", "truncate")
+        raise bad_request(f"'truncate' is {shown(truncate)}; this server {how}", "invalid_truncate", "truncate")
     _reads_at_least(payload, "max_tokens", max_length, "the model")
     side = COHERE_INPUT_TYPES.get(input_type) if input_type is not None else None
     return CompatEmbedRequest(texts, model, side, dimensions, tuple(dict.fromkeys(types)))
@@ -198,7 +200,7 @@ def _direction(payload: dict[str, Any]) -> None:
     direction = payload.get("truncation_direction")
     if direction is not None and str(direction).lower() != "right":
         raise bad_request(
-            f"'truncation_direction' is {direction!r}; this server cuts long texts on the right only",
+            f"'truncation_direction' is {shown(direction)}; this server cuts long texts on the right only",
             "invalid_truncation_direction",
             "truncation_direction",
         )
@@ -254,8 +256,20 @@ class SimilarityRequest:
     side: str | None = None
 
 
+SIMILARITY_FIELDS = ("inputs", "parameters", "prompt_name", "truncate", "truncation_direction")
+
+
 def parse_tei_similarity(payload: dict[str, Any], *, max_inputs: int) -> SimilarityRequest:
-    """Validate a TEI ``/similarity`` body (see the module doc)."""
+    """Validate a TEI ``/similarity`` body (see the module doc); the source and its sentences count as texts against
+    ``max_inputs``, and a field of ``/embed`` that would change the vectors (``dimensions``, ``normalize``) is refused
+    rather than ignored."""
+    unknown = sorted(set(payload) - set(SIMILARITY_FIELDS))
+    if unknown:
+        raise bad_request(
+            f"'{unknown[0]}' is not a field of a similarity request (it takes {', '.join(SIMILARITY_FIELDS)})",
+            "unknown_field",
+            unknown[0],
+        )
     inputs = payload.get("inputs")
     if not isinstance(inputs, dict):
         raise bad_request(
@@ -263,22 +277,28 @@ def parse_tei_similarity(payload: dict[str, Any], *, max_inputs: int) -> Similar
             "invalid_input",
             "inputs",
         )
-    unknown = sorted(set(inputs) - {"source_sentence", "sentences"})
-    if unknown:
-        raise bad_request(f"'inputs.{unknown[0]}' is not a field of a similarity request", "invalid_input", "inputs")
+    extra = sorted(set(inputs) - {"source_sentence", "sentences"})
+    if extra:
+        raise bad_request(f"'inputs.{extra[0]}' is not a field of a similarity request", "invalid_input", "inputs")
     source = inputs.get("source_sentence")
+    field = "inputs.source_sentence"
+    if source is None:
+        raise bad_request(f"'{field}' is required", "missing_input", field)
     if not isinstance(source, str):
-        raise bad_request(
-            f"'inputs.source_sentence' must be a string, got {type(source).__name__}",
-            "invalid_input",
-            "inputs.source_sentence",
-        )
-    (source,) = _texts(source, "inputs.source_sentence", 1)
-    sentences = _texts(inputs.get("sentences"), "inputs.sentences", max_inputs - 1)  # a string: one sentence
+        raise bad_request(f"'{field}' must be a string, got {type(source).__name__}", "invalid_input", field)
+    if not source:
+        raise bad_request(f"'{field}' is an empty string", "empty_input", field)
+    try:
+        check_encodable(source, f"'{field}'")
+    except InputError as exc:
+        raise bad_request(str(exc), "invalid_input", field) from None
+    sentences = _texts(inputs.get("sentences"), "inputs.sentences", max_inputs)  # a string: one sentence
+    if len(sentences) + 1 > max_inputs:
+        raise too_many_inputs("inputs", len(sentences) + 1, max_inputs, "texts (the source and its sentences)")
     parameters = payload.get("parameters")
     if parameters is not None and (not isinstance(parameters, dict) or parameters):
         raise bad_request(
-            f"'parameters' takes no field here, got {parameters!r}; send prompt_name or truncate beside 'inputs'",
+            f"'parameters' takes no field here, got {shown(parameters)}; send prompt_name or truncate beside 'inputs'",
             "invalid_parameters",
             "parameters",
         )
@@ -321,6 +341,8 @@ class DecodeRequest:
 def parse_tei_decode(payload: dict[str, Any], *, max_inputs: int, vocab_size: int) -> DecodeRequest:
     """Validate a TEI ``/decode`` body (see the module doc): every id an integer the tokenizer knows."""
     ids = payload.get("ids")
+    if ids is None:
+        raise bad_request("'ids' is required", "missing_input", "ids")
     if isinstance(ids, list) and ids and all(isinstance(row, list) for row in ids):
         rows = ids
     elif isinstance(ids, list):
@@ -334,6 +356,8 @@ def parse_tei_decode(payload: dict[str, Any], *, max_inputs: int, vocab_size: in
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
                 where = f"ids[{i}][{j}]" if len(rows) > 1 or ids is not rows[0] else f"ids[{j}]"
                 raise bad_request(
-                    f"'{where}' is {token!r}; a token id is an integer from 0 to {vocab_size - 1}", "invalid_ids", "ids"
+                    f"'{where}' is {shown(token)}; a token id is an integer from 0 to {vocab_size - 1}",
+                    "invalid_ids",
+                    "ids",
                 )
     return DecodeRequest(rows, _flag(payload, "skip_special_tokens", True))

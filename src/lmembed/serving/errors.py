@@ -10,6 +10,7 @@ same ``code`` (and ``param``, where one field was wrong) beside it.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from lmembed.errors import LmembedError
@@ -69,3 +70,13 @@ def too_many_inputs(field: str, count: int, limit: int, unit: str = "items") -> 
     """413: ``field`` holds ``count`` ``unit``, over the ``--max-inputs`` limit of one request."""
     message = f"'{field}' has {count} {unit}; the limit is {limit} per request (--max-inputs)"
     return ApiError(413, message, "too_many_inputs", param=field)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxlevel = 6, 4, 2
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a few dozen characters: a refusal names the value, never echoes megabytes of it."""
+    return _SHOWN.repr(value)

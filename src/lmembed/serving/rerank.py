@@ -38,7 +38,7 @@ from lmembed.index.second_stage import candidate_pairs, reorder_hits
 from lmembed.lexical.fusion import FUSIONS
 from lmembed.rerank.base import Features, Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
-from lmembed.serving.errors import ApiError, bad_request, too_many_inputs
+from lmembed.serving.errors import ApiError, bad_request, shown, too_many_inputs
 from lmembed.serving.limits import Limits, TokenAdmission
 from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
 
@@ -274,17 +274,17 @@ def parse_rerank_request(
     model = payload.get("model")
     if model is not None and (not isinstance(model, str) or model not in served):
         raise bad_request(
-            f"model {model!r} is not served here; this server reranks with {', '.join(sorted(served))}",
+            f"model {shown(model)} is not served here; this server reranks with {', '.join(sorted(served))}",
             "model_not_found",
             "model",
         )
     top_n = payload.get("top_n")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise bad_request(f"'top_n' must be a positive integer, got {top_n!r}", "invalid_top_n", "top_n")
+        raise bad_request(f"'top_n' must be a positive integer, got {shown(top_n)}", "invalid_top_n", "top_n")
     return_documents = payload.get("return_documents", False)
     if not isinstance(return_documents, bool):
         raise bad_request(
-            f"'return_documents' must be true or false, got {return_documents!r}",
+            f"'return_documents' must be true or false, got {shown(return_documents)}",
             "invalid_return_documents",
             "return_documents",
         )
@@ -321,19 +321,21 @@ def parse_search_stages(payload: dict[str, Any], *, has_reranker: bool, max_k: i
     """``mode``, ``fusion``, ``rerank`` and ``rerank_top_k`` of a ``/v1/search`` body."""
     mode = payload.get("mode", "dense")
     if mode not in SEARCH_MODES:
-        raise bad_request(f"'mode' must be one of {', '.join(SEARCH_MODES)}, got {mode!r}", "invalid_mode", "mode")
+        raise bad_request(f"'mode' must be one of {', '.join(SEARCH_MODES)}, got {shown(mode)}", "invalid_mode", "mode")
     fusion = payload.get("fusion", "rrf")
     if fusion not in FUSIONS:
-        raise bad_request(f"'fusion' must be one of {', '.join(FUSIONS)}, got {fusion!r}", "invalid_fusion", "fusion")
+        raise bad_request(
+            f"'fusion' must be one of {', '.join(FUSIONS)}, got {shown(fusion)}", "invalid_fusion", "fusion"
+        )
     rerank = payload.get("rerank", False)
     if not isinstance(rerank, bool):
-        raise bad_request(f"'rerank' must be true or false, got {rerank!r}", "invalid_rerank", "rerank")
+        raise bad_request(f"'rerank' must be true or false, got {shown(rerank)}", "invalid_rerank", "rerank")
     if rerank and not has_reranker:
         raise bad_request("no reranker is loaded; start the server with --rerank MODEL", "no_reranker", "rerank")
     top_k = payload.get("rerank_top_k", min(DEFAULT_RERANK_TOP_K, max_k))
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= max_k:
         raise bad_request(
-            f"'rerank_top_k' must be an integer from 1 to {max_k}, got {top_k!r}",
+            f"'rerank_top_k' must be an integer from 1 to {max_k}, got {shown(top_k)}",
             "invalid_rerank_top_k",
             "rerank_top_k",
         )

@@ -26,7 +26,7 @@ import numpy as np
 from lmembed.config import SIDES
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
-from lmembed.serving.errors import bad_request, too_many_inputs
+from lmembed.serving.errors import bad_request, shown, too_many_inputs
 
 ENCODING_FORMATS = ("float", "base64")
 INPUT_TYPES = SIDES
@@ -156,9 +156,10 @@ def _model(payload: dict[str, Any], served: Collection[str], default: str) -> st
     if model is None:
         return default
     if not isinstance(model, str) or model not in served:
+        alias = model if isinstance(model, str) and len(model) <= 100 else "THAT_NAME"
         raise bad_request(
-            f"model {model!r} is not served here; this server serves {', '.join(sorted(served))} (a client's default "
-            f"name can be added on purpose: lmembed serve ... --served-model-name NAME,{model})",
+            f"model {shown(model)} is not served here; this server serves {', '.join(sorted(served))} (a client's "
+            f"default name can be added on purpose: lmembed serve ... --served-model-name NAME,{alias})",
             "model_not_found",
             "model",
         )
@@ -172,7 +173,7 @@ def _choice(payload: dict[str, Any], field: str, allowed: Collection[str], code:
     if value is None:
         return default
     if not isinstance(value, str) or value not in allowed:
-        raise bad_request(f"'{field}' must be one of {', '.join(map(repr, allowed))}, got {value!r}", code, field)
+        raise bad_request(f"'{field}' must be one of {', '.join(map(repr, allowed))}, got {shown(value)}", code, field)
     return value
 
 
@@ -191,7 +192,7 @@ def _optional_string(payload: dict[str, Any], field: str) -> str | None:
 
 def _positive_int(value: Any, field: str, upper: int, code: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
-        raise bad_request(f"'{field}' must be an integer from 1 to {upper} ({what}), got {value!r}", code, field)
+        raise bad_request(f"'{field}' must be an integer from 1 to {upper} ({what}), got {shown(value)}", code, field)
     return value
 
 

@@ -24,6 +24,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from lmembed.errors import Terminated
 from lmembed.serving.errors import ApiError
 from lmembed.serving.limits import Limits
 
@@ -103,6 +104,15 @@ def per_client_protocol(limit: int, metrics: Any = None, header_timeout_s: float
                 self.transport.write(late)
                 self.transport.close()
 
+        def send_400_response(self, msg: str) -> None:
+            """A request h11 cannot parse (a Content-Length that is no number, two that differ ...): the JSON refusal
+            every other error gets, instead of uvicorn's plain text, and the connection closed."""
+            if metrics is not None:
+                metrics.error(400, "invalid_http")
+            message = f"the request is not valid HTTP/1.1 ({msg}); check its request line and headers"
+            self.transport.write(_closing_answer("400 Bad Request", ApiError(400, message, "invalid_http")))
+            self.transport.close()
+
         def _stop_header_timer(self) -> None:
             if self.header_timer is not None:
                 self.header_timer.cancel()
@@ -150,11 +160,15 @@ def run(
     log_level: str = "info",
     access_log: bool = False,
 ) -> None:
-    """Serve ``app`` until interrupted."""
+    """Serve ``app`` until interrupted. SIGTERM is the usual way to stop a server: uvicorn drains its requests and
+    shuts down, then raises the signal again, which ends the run here as a normal stop."""
     config = _config(
         app, host=host, port=port, graceful_timeout=graceful_timeout, log_level=log_level, access_log=access_log
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except Terminated:  # raised by the command line's handler after the graceful shutdown
+        return
 
 
 class BackgroundServer:

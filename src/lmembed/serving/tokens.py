@@ -24,6 +24,16 @@ from lmembed.serving.errors import ApiError, bad_request
 
 T = TypeVar("T")
 
+#: ``/tokenize`` tokenises a text whole only if this many characters a token of its budget hold no more tokens than
+#: the budget (fewer than one token in 8 characters is rare in real text; a sparse text is tokenised in full)
+PROBE_CHARS = 8
+
+
+def _too_many_tokens(limit: int) -> ApiError:
+    message = f"'inputs' are more than {limit} tokens; /tokenize answers at most {limit} (--max-tokens-in-flight)"
+    return ApiError(413, message, "too_many_tokens", param="inputs")
+
+
 #: A length bound no text reaches: what the over-length check tokenises with.
 UNBOUNDED = 1 << 30
 
@@ -38,6 +48,8 @@ class RequestTokenizer:
         self.max_length = self.builder.max_length
         self.unbounded = None if truncate else engine.input_builder(config, tokenizer, UNBOUNDED)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-tokenize")
+        self.inspected = copy.deepcopy(tokenizer)  # /tokenize and /decode: their own copy, on their own thread
+        self.inspector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-inspect")
         self.closed = False
 
     def build(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
@@ -58,45 +70,66 @@ class RequestTokenizer:
             raise bad_request(str(exc), "invalid_input", field) from None
         return features
 
-    def split(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    def split(self, texts: Sequence[str], add_special_tokens: bool, limit: int) -> list[list[dict[str, Any]]]:
         """Each text's tokens as the model's tokenizer splits it (TEI's ``/tokenize``): no instruction and no cut,
-        but with the special tokens the model reads, the end-of-sequence token lmembed appends included."""
-        tokenizer = self.builder.tokenizer
+        but with the special tokens the model reads, the end-of-sequence token lmembed appends included; a token is
+        special when the tokenizer's template (or lmembed) added it, not when it is [UNK] or a special token's text
+        typed in the input. More than ``limit`` tokens in all is a 413, said as soon as it is known: a text is
+        tokenised whole only once a prefix of ``PROBE_CHARS`` characters a token of what is left fits."""
+        tokenizer = self.inspected
         fast = getattr(tokenizer, "is_fast", False)
-        batch = tokenizer(
-            list(texts), add_special_tokens=add_special_tokens, return_offsets_mapping=fast, truncation=False
-        )
-        special_ids = set(tokenizer.all_special_ids)
-        out = []
-        for i, (text, ids) in enumerate(zip(texts, batch["input_ids"], strict=True)):
-            ids = list(ids)
-            spans = list(batch["offset_mapping"][i]) if fast else [None] * len(ids)
+        out: list[list[dict[str, Any]]] = []
+        count = 0
+        for text in texts:
+            left = limit - count
+            if len(text) > left * PROBE_CHARS:
+                head = tokenizer([text[: left * PROBE_CHARS]], add_special_tokens=False)["input_ids"][0]
+                if len(head) > left:
+                    raise _too_many_tokens(limit)
+            encoded = tokenizer(
+                [text],
+                add_special_tokens=add_special_tokens,
+                return_offsets_mapping=fast,
+                return_special_tokens_mask=True,
+                truncation=False,
+            )
+            ids, added = list(encoded["input_ids"][0]), list(encoded["special_tokens_mask"][0])
+            spans: list[Any] = list(encoded["offset_mapping"][0]) if fast else [None] * len(ids)
             eos = self.builder.eos_id
             if add_special_tokens and eos is not None and (not ids or ids[-1] != eos):
                 ids.append(eos)
+                added.append(1)
                 spans.append(None)
-            pieces = tokenizer.convert_ids_to_tokens(ids)
+            count += len(ids)
+            if count > limit:
+                raise _too_many_tokens(limit)
             tokens = []
-            for token_id, piece, span in zip(ids, pieces, spans, strict=True):
-                special = token_id in special_ids or span is None
-                start, stop = (None, None) if special else span
-                shown = text[start:stop] if start is not None else piece
-                tokens.append({"id": token_id, "text": shown, "special": special, "start": start, "stop": stop})
+            for token_id, piece, special, span in zip(
+                ids, tokenizer.convert_ids_to_tokens(ids), added, spans, strict=True
+            ):
+                start, stop = (None, None) if special or span is None else span
+                shown = piece if start is None else text[start:stop]
+                tokens.append({"id": token_id, "text": shown, "special": bool(special), "start": start, "stop": stop})
             out.append(tokens)
         return out
 
     def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
-        return self.builder.tokenizer.batch_decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self.inspected.batch_decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the tokenizer's own thread (the one that may use its tokenizer)."""
+    async def inspect(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread of ``/tokenize`` and ``/decode`` (with a tokenizer of its own): a long one of
+        those never holds up the texts being embedded."""
         if self.closed:
             raise ApiError(503, "the server is shutting down", "shutting_down")
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.inspector, fn, *args)
 
     async def features(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
-        return await self.run(self.build, texts, instruction, field)
+        if self.closed:
+            raise ApiError(503, "the server is shutting down", "shutting_down")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.build, texts, instruction, field)
 
     def close(self) -> None:
         self.closed = True
         self.executor.shutdown(wait=True)
+        self.inspector.shutdown(wait=True)
