@@ -56,10 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.encoding.inputs import check_encodable
-from lmembed.errors import InputError
 from lmembed.serving.errors import bad_request, shown, too_many_inputs
-from lmembed.serving.schemas import _choice, _dimensions, _model, _texts
+from lmembed.serving.schemas import _choice, _dimensions, _model, _texts, text_field
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
 COHERE_INPUT_TYPES = {
@@ -284,14 +282,7 @@ def parse_tei_similarity(payload: dict[str, Any], *, max_inputs: int) -> Similar
     field = "inputs.source_sentence"
     if source is None:
         raise bad_request(f"'{field}' is required", "missing_input", field)
-    if not isinstance(source, str):
-        raise bad_request(f"'{field}' must be a string, got {type(source).__name__}", "invalid_input", field)
-    if not source:
-        raise bad_request(f"'{field}' is an empty string", "empty_input", field)
-    try:
-        check_encodable(source, f"'{field}'")
-    except InputError as exc:
-        raise bad_request(str(exc), "invalid_input", field) from None
+    source = text_field(source, field)
     sentences = _texts(inputs.get("sentences"), "inputs.sentences", max_inputs)  # a string: one sentence
     if len(sentences) + 1 > max_inputs:
         raise too_many_inputs("inputs", len(sentences) + 1, max_inputs, "texts (the source and its sentences)")

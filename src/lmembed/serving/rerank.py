@@ -31,7 +31,6 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import ConfigError, InputError
 from lmembed.index.index import SEARCH_MODES, Hit
 from lmembed.index.second_stage import candidate_pairs, reorder_hits
@@ -41,6 +40,7 @@ from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
 from lmembed.serving.errors import ApiError, bad_request, shown, too_many_inputs
 from lmembed.serving.limits import Limits, TokenAdmission
 from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
+from lmembed.serving.schemas import text_field
 
 DEFAULT_RERANK_TOP_K = 100
 #: Tokens kept past the reranker's max_length when a long query is cut (so the cut never reaches a kept token).
@@ -226,18 +226,6 @@ class RerankRequest:
     return_documents: bool = False
 
 
-def _string(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise bad_request(f"'{field}' must be a string, got {type(value).__name__}", "invalid_input", field)
-    if not value:
-        raise bad_request(f"'{field}' is an empty string", "empty_input", field)
-    try:
-        check_encodable(value, f"'{field}'")
-    except InputError as exc:
-        raise bad_request(str(exc), "invalid_input", field) from None
-    return value
-
-
 def _documents(value: Any, max_inputs: int) -> list[str]:
     if value is None:
         raise bad_request("'documents' is required", "missing_input", "documents")
@@ -259,7 +247,7 @@ def _documents(value: Any, max_inputs: int) -> list[str]:
                 "invalid_input",
                 "documents",
             )
-        out.append(_string(item, f"documents[{i}]"))
+        out.append(text_field(item, f"documents[{i}]"))
     return out
 
 
@@ -269,7 +257,7 @@ def parse_rerank_request(
     """Validate a ``/v1/rerank`` body (see the module doc)."""
     if "query" not in payload:
         raise bad_request("'query' is required", "missing_input", "query")
-    query = _string(payload["query"], "query")
+    query = text_field(payload["query"], "query")
     documents = _documents(payload.get("documents"), max_inputs)
     model = payload.get("model")
     if model is not None and (not isinstance(model, str) or model not in served):

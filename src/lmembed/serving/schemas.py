@@ -138,16 +138,7 @@ def _texts(value: Any, field: str, max_inputs: int) -> list[str]:
     if len(value) > max_inputs:
         raise too_many_inputs(field, len(value), max_inputs)
     for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise bad_request(
-                f"'{field}[{i}]' is {type(item).__name__}; every item must be a string", "invalid_input", field
-            )
-        if not item:
-            raise bad_request(f"'{field}[{i}]' is an empty string", "empty_input", field)
-        try:
-            check_encodable(item, f"'{field}[{i}]'")
-        except InputError as exc:
-            raise bad_request(str(exc), "invalid_input", field) from None
+        text_field(item, f"{field}[{i}]", param=field)
     return value
 
 
@@ -174,6 +165,21 @@ def _choice(payload: dict[str, Any], field: str, allowed: Collection[str], code:
         return default
     if not isinstance(value, str) or value not in allowed:
         raise bad_request(f"'{field}' must be one of {', '.join(map(repr, allowed))}, got {shown(value)}", code, field)
+    return value
+
+
+def text_field(value: Any, field: str, *, param: str | None = None) -> str:
+    """``value`` as one non-empty text (a string the tokenizer can read), else a 400 naming ``field`` (``param``: the
+    request field it belongs to, by default ``field`` itself)."""
+    param = param or field
+    if not isinstance(value, str):
+        raise bad_request(f"'{field}' must be a string, got {type(value).__name__}", "invalid_input", param)
+    if not value:
+        raise bad_request(f"'{field}' is an empty string", "empty_input", param)
+    try:
+        check_encodable(value, f"'{field}'")
+    except InputError as exc:
+        raise bad_request(str(exc), "invalid_input", param) from None
     return value
 
 
