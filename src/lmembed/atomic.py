@@ -37,17 +37,22 @@ def _owner() -> str:
     """Who writes here: the host's name (made safe for a file name) and a digest of the exact name, the boot and the
     PID namespace, so that two machines (or containers of one name) never take each other's temporaries as their own."""
     host = socket.gethostname()
-    seen = [host]
-    for source in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
-        try:
-            seen.append(Path(source).read_text().strip() if "boot_id" in source else str(os.stat(source).st_ino))
-        except OSError:
-            seen.append("")
-    tag = hashlib.blake2b("\0".join(seen).encode(), digest_size=4).hexdigest()
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = ""
+    tag = hashlib.blake2b(f"{host}\0{boot}\0{namespace}".encode(), digest_size=4).hexdigest()
     return f"{re.sub(r'[^A-Za-z0-9_.]', '_', host)[:24]}.{tag}"
 
 
 _OWNER = _owner()
+#: how every temporary name begins (``temp_prefix``'s, and lmembed's other scratch names): a reader of a folder skips
+#: such names, which are half-written work
+TEMP_PREFIX = ".tmp-"
 #: a target name longer than this is shortened in its temporary names (a file name has at most 255 bytes)
 _NAME_IN_TEMP = 80
 
@@ -72,9 +77,7 @@ def _ended(pid: int) -> bool:
     """Whether no process of this PID namespace has ``pid`` (one beyond any pid the kernel gives has ended)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (OverflowError, ValueError):
+    except (ProcessLookupError, OverflowError, ValueError):
         return True
     except OSError:  # PermissionError: alive, someone else's
         return False

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmembed.atomic import atomic_write
+from lmembed.atomic import TEMP_PREFIX, atomic_write
 from lmembed.errors import ConfigError, LmembedError
 from lmembed.paths import embedding_cache_dir
 
@@ -85,7 +85,7 @@ class EmbeddingCache:
             self._index = {}
             if self.dir.exists():
                 for shard in sorted(self.dir.glob("*.npz")):
-                    if shard.name.startswith(".tmp-"):
+                    if shard.name.startswith(TEMP_PREFIX):
                         continue
                     try:
                         keys, vectors = read_shard(shard, self.width)
@@ -118,7 +118,7 @@ class EmbeddingCache:
     # ------------------------------------------------------------------ named shards (sharded jobs)
     def shard_path(self, name: str) -> Path:
         """Where the named shard ``name`` of a sharded encoding job (:mod:`lmembed.scale`) lives."""
-        if not name or name.startswith(".tmp-") or "/" in name:
+        if not name or name.startswith(TEMP_PREFIX) or "/" in name:
             raise ValueError(f"invalid shard name {name!r}")
         return self.dir / f"{name}.npz"
 

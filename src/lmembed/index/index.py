@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmembed.atomic import atomic_write_json, sweep_leftovers, temp_path
+from lmembed.atomic import TEMP_PREFIX, atomic_write_json, sweep_leftovers, temp_path
 from lmembed.encoding.chunking import Chunking
 from lmembed.errors import ConfigError
 from lmembed.index import integrity, kinds
@@ -181,7 +181,7 @@ def _left_by_a_build(path: Path) -> bool:
     """Whether ``path``, in a folder without a manifest, is what an interrupted build of an index left there (its
     lock, data files of a generation, temporary files): such a folder is built again, the files replaced."""
     name = path.name
-    if name == LOCK_FILE or name.startswith(".tmp-"):
+    if name == LOCK_FILE or name.startswith(TEMP_PREFIX):
         return True
     return bool(GENERATION_FILE.match(name)) and path.is_file() and not path.is_symlink()
 
@@ -462,7 +462,7 @@ class Index:
             kept = set(files.values()) | (set(on_disk.files.values()) if on_disk is not None else set())
             for stale in folder.iterdir():
                 old = GENERATION_FILE.match(stale.name) and stale.name not in kept
-                if (old or stale.name.startswith(".tmp-")) and (stale.is_symlink() or not stale.is_dir()):
+                if (old or stale.name.startswith(TEMP_PREFIX)) and (stale.is_symlink() or not stale.is_dir()):
                     stale.unlink(missing_ok=True)
         self.manifest = manifest
         self.path = folder

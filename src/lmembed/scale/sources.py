@@ -338,11 +338,11 @@ class CorpusSource:
 def _file_identity(paths: Sequence[Path], kind: str, **options: Any) -> str:
     """What names a job over these files: how they are read and each file's place and content (hashed whole: a file
     rewritten with its size and time kept, as ``cp -p`` or ``rsync -t`` do, is other rows; sha256 reads 1.7-1.8 GB/s
-    here, bench/results/saved-folder-load)."""
+    here, bench/results/saved-folder-load). The content's digest decides the size, so the size is not added."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(json.dumps({"kind": kind, **options}, sort_keys=True).encode())
     for path in paths:
-        digest.update(f"{path.resolve()}\0{path.stat().st_size}\0{sha256_file(path)}\n".encode())
+        digest.update(f"{path.resolve()}\0{sha256_file(path)}\n".encode())
     return digest.hexdigest()
 
 

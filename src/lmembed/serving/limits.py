@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmembed.errors import ConfigError
-from lmembed.serving.errors import ApiError
+from lmembed.serving.errors import COHERE_ROUTES, TEI_ROUTES, ApiError
 from lmembed.serving.metrics import ServerMetrics
 
 Scope = MutableMapping[str, Any]
@@ -48,24 +48,11 @@ OPEN_PATHS = frozenset({"/health", "/metrics"})
 METRICS_PATH = "/metrics"
 #: Refusals after which the connection is closed (the rest of the request is unread or its framing is unsafe).
 CLOSING = frozenset({400, 408, 413, 431})
-ENDPOINTS = frozenset(
-    {
-        "/v1/embeddings",
-        "/v1/search",
-        "/v1/rerank",
-        "/v1/models",
-        "/v2/embed",
-        "/v2/rerank",
-        "/embed",
-        "/rerank",
-        "/similarity",
-        "/tokenize",
-        "/decode",
-        "/info",
-        "/",
-        "/health",
-        "/metrics",
-    }
+#: Every route's path (each its own metric label): the OpenAI ones, then those of TEI's and Cohere's dialects.
+ENDPOINTS = (
+    frozenset({"/v1/embeddings", "/v1/search", "/v1/rerank", "/v1/models", "/health", "/metrics"})
+    | TEI_ROUTES
+    | COHERE_ROUTES
 )
 
 

@@ -108,8 +108,8 @@ class RequestTokenizer:
                 ids, tokenizer.convert_ids_to_tokens(ids), added, spans, strict=True
             ):
                 start, stop = (None, None) if special or span is None else span
-                shown = piece if start is None else text[start:stop]
-                tokens.append({"id": token_id, "text": shown, "special": bool(special), "start": start, "stop": stop})
+                covered = piece if start is None else text[start:stop]
+                tokens.append({"id": token_id, "text": covered, "special": bool(special), "start": start, "stop": stop})
             out.append(tokens)
         return out
 

@@ -46,6 +46,7 @@ Output folder layout::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -166,7 +167,6 @@ class Trainer:
         data = list(datasets) if datasets is not None else load_sources(config.data, skip_invalid=config.skip_invalid)
         if config.decontaminate_against:
             data = self._decontaminate(data, config)
-        self.data_digest = datasets_digest(data)  # a checkpoint records it: a resume checks the data is the same
         samplers = {"homogeneous": TaskHomogeneousSampler, "round_robin": RoundRobinSampler}
         sampler_class = samplers.get(config.batching, MixtureSampler)
         self.sampler = sampler_class(
@@ -403,6 +403,12 @@ class Trainer:
         return scores
 
     # ------------------------------------------------------------------ checkpoints
+    @functools.cached_property
+    def data_digest(self) -> str:
+        """The digest of the rows trained on (computed at the first checkpoint saved or resumed from, not before): a
+        checkpoint records it, and a resume checks the data is the same."""
+        return datasets_digest(self.sampler.datasets)
+
     def save_checkpoint(self) -> Path:
         """Write a checkpoint of the current step (every process must call this). Not under DeepSpeed."""
         if self.engine is not None:
