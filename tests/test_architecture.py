@@ -59,7 +59,7 @@ def test_cli_starts_without_torch():
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from lmembed.cli import app\n"
+        "from lmembed.cli.app import app\n"
         "for argv in (['--help'], ['encode', '--help'], ['eval', '--help'], ['train', '--help']):\n"
         "    result = CliRunner().invoke(app, argv)\n"
         "    assert result.exit_code == 0, result.output\n"
@@ -69,6 +69,16 @@ def test_cli_starts_without_torch():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "HEAVY []" in run.stdout, run.stdout
+
+
+def test_the_training_command_runs_as_a_module_without_runpy_warnings():
+    """``python -m lmembed.cli.train`` (what ``accelerate launch -m`` runs): the package must not import it first."""
+    run = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "lmembed.cli.train", "--help"],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "Usage" in run.stdout and not run.stderr
 
 
 SRC = ROOT / "src" / "lmembed"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.evaluation.results import read_result
 from lmembed.experiments.spec import load_spec
 from lmembed.io import DataFormatError, read_text

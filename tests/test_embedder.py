@@ -213,7 +213,7 @@ def test_clearing_the_cache_removes_its_entries_and_nothing_else(make_embedder, 
     empty whatever folder it named)."""
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
     from lmembed.encoding.cache import cache_size
 
     emb = make_embedder("bert")

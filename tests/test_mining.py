@@ -194,7 +194,7 @@ def test_rows_and_corpus_files_round_trip(tmp_path):
 
 def test_mine_command(tmp_path, monkeypatch):
     import lmembed
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     data = write_rows(ROWS, tmp_path / "train.jsonl")
     corpus = tmp_path / "docs.txt"

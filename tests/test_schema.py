@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.experiments.spec import ExperimentSpecError, parse_spec
 from lmembed.options import LoraOptions, ModelOptions, flags_of
 from lmembed.schema import Where, check_fields, load_yaml_with_lines

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from conftest import WORDS
 from lmembed import Embedder
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.cli.options import CLI_PRECISIONS
 from lmembed.encoding.backends.base import BACKENDS, PRECISIONS
 from lmembed.index import Index, IndexMismatchError

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from conftest import REPO
 from lmembed import terminal
-from lmembed.cli import app
+from lmembed.cli.app import app
 
 HEAVY = ("torch", "transformers", "sklearn", "scipy", "pandas", "faiss", "ray", "fastapi", "uvicorn", "pyarrow")
 
@@ -22,7 +22,7 @@ HELP_EVERYWHERE = f"""
 import sys
 import typer
 from typer.testing import CliRunner
-from lmembed.cli import app
+from lmembed.cli.app import app
 
 def commands(group, prefix=()):
     yield prefix

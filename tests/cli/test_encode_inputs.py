@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park"]
 

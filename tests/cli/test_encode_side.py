@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "the cat and the dog"]
 TEXTS = ["cat cat dog", "the park", "a cat on the mat"]  # a repeated token: BM25 weighs it apart from a query's idf

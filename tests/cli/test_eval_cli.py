@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import write_beir
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.config import ConfigError, EmbeddingConfig
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, sweep_configs
 from lmembed.evaluation.tasks.retrieval import RetrievalTask

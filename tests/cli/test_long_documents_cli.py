@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from helpers import write_beir
 from lmembed import Embedder
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.index import Index, IndexMismatchError
 from lmembed.models.context import interpolate_positions, interpolation_factor
 

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.cli.options import GROUPS_ATTR, Exclude, options_command
 from lmembed.options import EngineOptions, ModelOptions, flag, flags_of
 

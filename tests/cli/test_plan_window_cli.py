@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lmembed import Embedder
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.encoding.engine import EncodingEngine
 from lmembed.errors import ConfigError
 

@@ -131,7 +131,7 @@ def test_a_family_not_checked_on_the_backend_is_refused(tmp_path):
 
 
 def test_the_command_line_refuses_it_on_the_cpu_naming_the_device(tmp_path, tokenizer):
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     model = tiny_model("bert", len(tokenizer))
     folder = tmp_path / "model"

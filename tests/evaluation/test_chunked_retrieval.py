@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import write_beir
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking
 from lmembed.evaluation.retrieval_data import RetrievalData
 from lmembed.evaluation.runner import evaluate_strategies

@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.evaluation.runner import evaluate_strategies, expand_grid, results_table
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from conftest import WORDS
 from helpers import save_tiny_cross_encoder, write_jsonl
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.evaluation.metrics import trec_order
 from lmembed.evaluation.tasks.reranking import RerankingTask, RerankSample, rerank_metrics
 from lmembed.evaluation.tasks.retrieval import RetrievalTask

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from conftest import tiny_model
 from lmembed import Embedder, EmbeddingConfig
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.experiments import runner as runner_module
 from lmembed.experiments.execute import execute_run
 from lmembed.experiments.parallel import Slot, ready, worker_pool, worker_slots

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from conftest import REPO, WORDS, bundled_or_skip, shared_or_skip, tiny_model
 from helpers import write_jsonl
 from lmembed import Embedder, EmbeddingConfig
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.index import (
     Document,
     DuplicateIdError,
@@ -329,7 +329,7 @@ def test_cli_help_stays_light():
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from lmembed.cli import app\n"
+        "from lmembed.cli.app import app\n"
         "for argv in (['--help'], ['index', '--help'], ['index', 'build', '--help'], ['search', '--help'],"
         " ['serve', '--help']):\n"
         "    result = CliRunner().invoke(app, argv)\n"

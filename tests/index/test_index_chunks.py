@@ -99,7 +99,7 @@ def test_cli_index_build_with_chunking(make_embedder, tmp_path):
 
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     model_dir, folder, corpus = tmp_path / "model", tmp_path / "index", tmp_path / "corpus.jsonl"
     make_embedder("bert", pooling="mean").save(model_dir)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from conftest import WORDS
 from helpers import opened, opened_under
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.errors import UnsafeFileError
 from lmembed.index import Index, IndexFormatError, IndexIntegrityError
 from lmembed.index import integrity as integrity_module

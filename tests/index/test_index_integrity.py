@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import WORDS
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.index import Index, IndexFormatError, IndexIntegrityError
 from lmembed.index import integrity as integrity_module
 from lmembed.index.manifest import MANIFEST_FILE, Manifest

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import TOY_DOCS, save_tiny_cross_encoder, write_jsonl
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.index import Index
 from lmembed.index.second_stage import rerank_hits
 from lmembed.rerank import load_reranker

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from helpers import opened, opened_under
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.errors import ModelLoadError, UnsafeFileError
 from lmembed.models.adapters import UnsafeAdapterPathError, base_folder
 from lmembed.models.sentence_transformers_folder import PublishedModelError, UnsafeModuleError

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from helpers import save_tiny_cross_encoder
 from lmembed import Embedder
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.errors import LmembedError, ModelLoadError
 from lmembed.models.weights import ConfigSizeError, UnsafeWeightsError
 

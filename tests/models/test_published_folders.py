@@ -370,7 +370,7 @@ def test_what_lmembed_cannot_reproduce_is_refused_naming_the_file(case, cls_fold
 def test_the_cli_refuses_in_one_line_with_exit_2(cls_folder, tmp_path):
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     path = tmp_path / "model"
     shutil.copytree(cls_folder, path)
@@ -432,7 +432,7 @@ def test_a_router_gives_queries_and_documents_their_own_layers(tmp_path, layout)
 def test_lmembed_encode_with_a_prompt_name(cls_folder, tmp_path):
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
     theirs = st.SentenceTransformer(str(cls_folder), device="cpu")
@@ -484,7 +484,7 @@ def test_the_server_embeds_queries_and_documents_as_the_model_does(cls_folder):
 def test_lmembed_eval_scores_the_published_models_vectors(cls_folder, tmp_path):
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
     from lmembed.evaluation.tasks.retrieval import RetrievalTask
 
     data = tmp_path / "toy"

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.scale import make_engine
 from lmembed.synthesis.generators import GeneratorError, TinyGenerator
 from lmembed.synthesis.synthesize import synthesize

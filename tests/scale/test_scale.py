@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from conftest import REPO, build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.io import DataFormatError, read_corpus
 from lmembed.scale import (
     BadRowError,

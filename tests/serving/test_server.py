@@ -582,7 +582,7 @@ def test_lmembed_serve_command(make_embedder, tmp_path):
 def test_serve_refuses_a_mismatched_index_in_one_line(make_embedder, tmp_path):
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     model_dir = tmp_path / "model"
     emb = make_embedder("bert")

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import write_jsonl
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.errors import ConfigError
 from lmembed.synthesis.decontaminate import (
     DecontaminationSettings,

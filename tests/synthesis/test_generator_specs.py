@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.synthesis.generators import GeneratorError, build_generator, check_generator
 
 

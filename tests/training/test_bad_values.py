@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import tiny_model
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.errors import ConfigError
 from lmembed.mining import MiningError, read_training_rows
 from lmembed.training.recipes import RecipeError, load_recipe, run_recipe

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from conftest import build_tokenizer, tiny_model
 from helpers import write_jsonl
 from lmembed import Embedder, EmbeddingConfig
-from lmembed.cli import app
+from lmembed.cli.app import app
 from lmembed.training import checkpoint as ckpt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

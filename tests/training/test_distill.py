@@ -212,7 +212,7 @@ def test_lmembed_train_loss_margin_mse(tmp_path):
     """The command line: a saved tiny Llama, rows with teacher scores, ``--loss margin_mse``."""
     from transformers import LlamaModel
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     folder = tmp_path / "tiny"
     tokenizer = build_tokenizer()

@@ -360,7 +360,7 @@ def test_shipped_gpl_distill_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
 def test_cli_runs_a_recipe_with_command_line_overrides(tmp_path, tiny_dir):
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     rows = _write_jsonl(tmp_path / "rows.jsonl", TEXT_ROWS)
     recipe = tmp_path / "toy.yaml"

@@ -356,7 +356,7 @@ def test_subsample_keeps_relevant_documents_first():
 def test_cli_registers_train_command():
     from typer.testing import CliRunner
 
-    from lmembed.cli import app
+    from lmembed.cli.app import app
 
     result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "160"})  # rich cuts long names at 80
     assert result.exit_code == 0 and "--grad-cache-chunk" in result.output

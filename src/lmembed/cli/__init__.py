@@ -15,8 +15,18 @@ module          commands
 =============== =====================================================================
 
 Adding a command: a module-level function in the module of its group, registered in ``app.py``.
+
+The package imports none of them: ``python -m lmembed.cli.train`` (what ``accelerate launch`` runs) has to find
+``lmembed.cli.train`` not yet imported. ``main`` (the ``lmembed`` program) is imported on first use.
 """
 
-from lmembed.cli.app import app, main
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["app", "main"]
+
+def __getattr__(name: str) -> Callable[[], Any]:
+    if name == "main":
+        from lmembed.cli.app import main
+
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
