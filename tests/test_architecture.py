@@ -75,7 +75,9 @@ def test_the_training_command_runs_as_a_module_without_runpy_warnings():
     """``python -m lmembed.cli.train`` (what ``accelerate launch -m`` runs): the package must not import it first."""
     run = subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", "-m", "lmembed.cli.train", "--help"],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr
     assert "Usage" in run.stdout and not run.stderr
