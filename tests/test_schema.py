@@ -42,6 +42,26 @@ def test_a_key_given_twice_is_refused_naming_both_lines_but_an_anchor_may_be_ove
     assert load_yaml_with_lines(base)[0]["arm"] == {"lr": 3, "steps": 2}
 
 
+def test_aliases_that_expand_without_end_are_refused_naming_the_file_and_line(tmp_path):
+    """Nested aliases ("billion laughs": 9 levels of 9 took every byte of memory) and a node that contains itself
+    (a RecursionError) are invalid YAML, refused in well under a second; ordinary aliases still work."""
+    bomb, previous = "steps: 1\na: &a [x, x, x, x, x, x, x, x, x]\n", "a"
+    for name in "bcdefghi":
+        bomb += f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n"
+        previous = name
+    path = tmp_path / "train.yaml"
+    for text, problem in (
+        (bomb, "more than 100,000 values once its aliases are expanded"),
+        ("steps: 1\na: &a [*a]\n", "an alias refers to a node that contains it"),
+        ("steps: 1\nx: &x {y: *x}\n", "an alias refers to a node that contains it"),
+    ):
+        path.write_text(text)
+        with pytest.raises(TrainConfigError, match=rf"train.yaml:2: invalid YAML \(.*{problem}"):
+            TrainConfig.from_yaml(path)
+    shared = "base: &b [1, 2]\nuses: [*b, *b]\n"
+    assert load_yaml_with_lines(shared)[0] == {"base": [1, 2], "uses": [[1, 2], [1, 2]]}
+
+
 def test_where_names_the_nearest_line_and_builds_the_files_own_error():
     where = Where("run.yaml", {("train",): 3, ("train", "steps"): 4}, TrainConfigError)
     assert where(("train", "steps")) == "run.yaml:4: train.steps"

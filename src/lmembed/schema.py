@@ -51,8 +51,14 @@ _TYPE_ERRORS = {
 }
 
 
+#: The most values a file users write may hold once its aliases (``*name``) are expanded: every reader walks the
+#: expanded document, so a few nested aliases ("billion laughs") would otherwise take every byte of memory.
+MAX_YAML_NODES = 100_000
+
+
 def load_yaml_with_lines(text: str) -> tuple[Any, dict[KeyPath, int]]:
-    """The YAML document and, for every key path (``("arms", "echo", "strategy")``), its 1-based line."""
+    """The YAML document and, for every key path (``("arms", "echo", "strategy")``), its 1-based line. A document
+    that contains itself through an alias, or expands to more than :data:`MAX_YAML_NODES` values, is refused."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -60,9 +66,25 @@ def load_yaml_with_lines(text: str) -> tuple[Any, dict[KeyPath, int]]:
             _no_key_twice(node, set())  # before anchors are merged in (construction flattens ``<<: *base``)
         data = loader.construct_document(node) if node is not None else None
         lines: dict[KeyPath, int] = {}
+        within: set[int] = set()  # the nodes being walked: an alias to one of them is a document inside itself
 
         def walk(current: yaml.Node, path: KeyPath) -> None:
+            if id(current) in within:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    "an alias refers to a node that contains it (the document would be endless)",
+                    current.start_mark,
+                )
+            if len(lines) >= MAX_YAML_NODES:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the document has more than {MAX_YAML_NODES:,} values once its aliases are expanded",
+                    current.start_mark,
+                )
             lines[path] = current.start_mark.line + 1
+            within.add(id(current))
             if isinstance(current, yaml.MappingNode):
                 for key_node, value_node in current.value:
                     key = loader.construct_object(key_node)
@@ -71,9 +93,10 @@ def load_yaml_with_lines(text: str) -> tuple[Any, dict[KeyPath, int]]:
             elif isinstance(current, yaml.SequenceNode):
                 for index, item in enumerate(current.value):
                     walk(item, (*path, index))
+            within.discard(id(current))
 
         if node is not None:
-            walk(node, ())
+            walk(node, ())  # before anything reads ``data``, whose shared aliases every reader would expand
         return data, lines
     finally:
         loader.dispose()

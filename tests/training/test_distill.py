@@ -125,6 +125,8 @@ def test_rows_read_both_spellings_of_teacher_scores(tmp_path):
         ({"negatives": [0.4, 0.1]}, "no 'positive' score"),
         ({"positive": "high", "negatives": [0.4, 0.1]}, "'teacher_scores.positive' item 0 is 'high', not a number"),
         ({"positive": 0.9, "negatives": [0.4, 0.1], "margin": 1}, "unknown key(s) margin"),
+        ([0.9, float("nan"), 0.1], "'teacher_scores' item 1 is nan, not a finite number"),
+        ({"positive": float("inf"), "negatives": [0.4, 0.1]}, "'teacher_scores.positive' item 0 is inf, not a finite"),
     ],
 )
 def test_a_row_with_wrong_teacher_scores_is_refused_naming_file_and_line(tmp_path, scores, message):

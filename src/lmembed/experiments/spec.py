@@ -54,7 +54,7 @@ import yaml
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.io import read_text
-from lmembed.schema import FileModel, KeyPath, Where, check_fields, check_keys, read_yaml_file
+from lmembed.schema import FileModel, KeyPath, Where, check_fields, check_keys, load_yaml_with_lines, read_yaml_file
 from lmembed.training.recipes import Recipe, RecipeError, apply_overrides, check_stages, load_recipe, parse_recipe
 from lmembed.training.train_config import MAX_SEED, TrainConfig, option_key
 
@@ -290,7 +290,7 @@ def apply_settings(data: dict[str, Any], settings: Sequence[str]) -> dict[str, A
         if not sep or not key.strip():
             raise ExperimentSpecError(f"--set {setting!r}: expected KEY=VALUE (KEY a dotted path such as train.steps)")
         try:
-            parsed = yaml.safe_load(value) if value.strip() else None
+            parsed = load_yaml_with_lines(value)[0] if value.strip() else None
         except yaml.YAMLError as exc:
             raise ExperimentSpecError(f"--set {setting!r}: the value is not valid YAML ({exc})") from exc
         target: Any = data
@@ -461,7 +461,7 @@ def _recipe(where: Where, path: KeyPath, value: Any, base: Path) -> tuple[dict[s
             if not file.is_absolute() and not file.exists() and (base / file).exists():
                 file = base / file
             recipe = load_recipe(file)  # checks the structure, naming the recipe file
-            return yaml.safe_load(read_text(file)), str(file), recipe
+            return load_yaml_with_lines(read_text(file))[0], str(file), recipe
     except RecipeError as exc:
         raise where.error(path, str(exc)) from exc
     if isinstance(value, dict):

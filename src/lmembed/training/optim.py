@@ -6,6 +6,9 @@
   optimiser and the schedule, tell the model its weights changed) and its ``metrics.jsonl`` record.
 * :class:`EngineOptimisationStep`: the same through a DeepSpeed engine (which zeroes, clips and steps).
 
+A step whose loss or gradient norm is not finite stops the run (:class:`DivergedError`) before it updates a
+weight: the model keeps the previous step's weights, and the last checkpoint is intact.
+
 The config passed in needs ``lr``, ``weight_decay``, ``warmup_steps`` and ``steps``.
 """
 
@@ -18,9 +21,11 @@ from typing import Any
 
 import torch
 
+from lmembed.errors import LmembedError
 from lmembed.training.metrics_log import MetricsLog
 
 __all__ = [
+    "DivergedError",
     "EngineOptimisationStep",
     "ForwardBackward",
     "OptimisationStep",
@@ -31,6 +36,17 @@ __all__ = [
 
 # Computes the step's loss and back-propagates it; returns the loss (detached) and extra metrics to log.
 ForwardBackward = Callable[[], tuple[torch.Tensor, dict[str, float]]]
+
+
+class DivergedError(LmembedError, RuntimeError):
+    """A step's loss or gradient norm is NaN or infinite; raised before the step updates any weight."""
+
+    def __init__(self, step: int, what: str, value: float) -> None:
+        super().__init__(
+            f"step {step}: the {what} is {value} (not finite); training stopped before this step changed a weight. "
+            "Look for a row with extreme values or a learning rate too high for the model"
+        )
+        self.step = step
 
 
 class WarmupLinearDecay:
@@ -141,12 +157,16 @@ class OptimisationStep:
         started = time.perf_counter()
         self.zero_grad()
         loss, extra = forward_backward()
+        value = reduce(loss)
+        if not math.isfinite(value):
+            self.zero_grad()
+            raise DivergedError(step, "loss", value)
         lr = self.optimizer.param_groups[0]["lr"]
-        grad_norm = self.clip_and_step()
+        grad_norm = self.clip_and_step(step)
         self.scheduler.step()
         self.model.weights_changed()
         seconds = time.perf_counter() - started
-        record: dict[str, Any] = {"step": step, "loss": reduce(loss), "lr": lr, "grad_norm": grad_norm, **extra}
+        record: dict[str, Any] = {"step": step, "loss": value, "lr": lr, "grad_norm": grad_norm, **extra}
         if rows is not None:
             record["rows_per_s"] = rows / seconds
         record["seconds"] = seconds
@@ -157,9 +177,13 @@ class OptimisationStep:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def clip_and_step(self) -> float:
-        """Clip the gradients and update the parameters; returns the gradient norm before clipping."""
+    def clip_and_step(self, step: int) -> float:
+        """Clip the gradients and update the parameters; returns the gradient norm before clipping. A norm that
+        is not finite stops the run before the update (:class:`DivergedError`)."""
         grad_norm = self.clip_gradients()
+        if not math.isfinite(grad_norm):
+            self.zero_grad()
+            raise DivergedError(step, "gradient norm", grad_norm)
         self.optimizer.step()
         return grad_norm
 
@@ -185,7 +209,7 @@ class EngineOptimisationStep(OptimisationStep):
     def zero_grad(self) -> None:
         self.engine.zero_grad()
 
-    def clip_and_step(self) -> float:
+    def clip_and_step(self, step: int) -> float:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0

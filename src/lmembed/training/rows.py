@@ -37,6 +37,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -244,6 +245,8 @@ def _score_list(value: Any, key: str) -> list[float]:
     for i, item in enumerate(items):
         if isinstance(item, bool) or not isinstance(item, int | float):
             raise ValueError(f"field {key!r} item {i} is {item!r}, not a number")
+        if not math.isfinite(item):
+            raise ValueError(f"field {key!r} item {i} is {item!r}, not a finite number")
     return [float(item) for item in items]
 
 
