@@ -118,9 +118,18 @@ def test_saving_is_atomic_and_never_replaces_a_folder_of_other_files(make_embedd
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match=r"mine: holds files that are not a saved Embedder's"):
+    with pytest.raises(ConfigError, match=r"mine: writing an Embedder replaces the folder whole, and it holds files that are not a saved Embedder's"):
         emb.save(mine)
     assert (mine / "notes.txt").read_text() == "keep me"
+    (mine / STRATEGY_FILE).write_text('{"note": "mine too"}')  # a file merely named lmembed.json vouches for nothing
+    with pytest.raises(ConfigError, match=r"mine: .* not a saved Embedder's \(lmembed.json records none\)"):
+        emb.save(mine)
+    assert sorted(p.name for p in mine.iterdir()) == [STRATEGY_FILE, "notes.txt"]
+    (target / "sub").mkdir()
+    (target / "sub" / "results.csv").write_text("mine")  # added to a saved folder: not recorded, would be lost
+    with pytest.raises(ConfigError, match=r"model: .* which would be lost: sub/results.csv"):
+        emb.save(target)
+    assert (target / "sub" / "results.csv").read_text() == "mine"
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(ConfigError, match="not a folder"):
         emb.save(tmp_path / "a-file")
@@ -221,6 +230,6 @@ def test_an_export_records_its_files_and_never_replaces_a_folder_of_other_files(
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match=r"mine: holds files that are not a saved Embedder's"):
+    with pytest.raises(ConfigError, match=r"mine: writing an Embedder replaces the folder whole, and it holds files that are not a saved Embedder's"):
         emb.export(mine)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -12,6 +12,7 @@ it stays until removed by hand.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -178,3 +179,39 @@ def atomic_folder(target: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def file_lock(path: str | Path, *, shared: bool = False, wait: bool = True) -> Iterator[bool]:
+    """Hold an advisory lock on ``path`` (made if absent) for the block: exclusive, or ``shared`` with other shared
+    holders. Yields True once held; with ``wait=False`` yields False at once when another process holds it. A lock
+    file that a holder removed (:func:`remove_lock`) while this one waited is not taken: the lock is taken again on
+    the file now at ``path``, so two processes never both believe they hold it."""
+    path = Path(path)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a")
+        try:
+            fcntl.flock(handle, mode if wait else mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            yield False
+            return
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()  # removed (or replaced) while we waited: take the lock on the file there now
+    try:
+        yield True
+    finally:
+        handle.close()
+
+
+def remove_lock(path: str | Path) -> None:
+    """Remove a lock file while holding it exclusively (:func:`file_lock`): processes waiting on it take the lock on
+    a new file instead."""
+    Path(path).unlink(missing_ok=True)

@@ -30,7 +30,7 @@ from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documen
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import validate_texts, wants_eos
 from lmembed.errors import ConfigError
-from lmembed.load_plan import HEAD_FILE, STRATEGY_FILE, plan_load, write_strategy_file
+from lmembed.load_plan import HEAD_FILE, check_replaceable, plan_load, write_strategy_file
 from lmembed.load_spec import LoadSpec
 from lmembed.models import presets
 from lmembed.models.attention import check_bidirectional_supported
@@ -597,7 +597,7 @@ class Embedder:
         files into the folder before they are recorded (a LoRA adapter beside the weights).
         """
         directory = Path(directory)
-        _check_replaceable(directory)
+        check_replaceable(directory)
         with atomic_folder(directory) as tmp:
             model = self.backbone.model
             model.save_pretrained(tmp, state_dict=backbone_state)
@@ -649,7 +649,7 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
     """Fill ``directory`` with the export folder ``source`` + tokenizer + strategy, atomically (temporary sibling,
     then one rename; an existing ``directory`` is replaced only once the new one is complete)."""
     directory = directory.expanduser().resolve()
-    _check_replaceable(directory)
+    check_replaceable(directory)
     with atomic_folder(directory) as tmp:
         for item in source.iterdir():
             shutil.copy2(item, tmp / item.name)
@@ -664,18 +664,6 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
         }
         write_strategy_file(tmp, meta)
     return directory
-
-
-def _check_replaceable(directory: Path) -> None:
-    """Saving (or exporting) replaces ``directory`` whole: refused when it is a file, or a folder with files that are
-    not a saved or exported Embedder's (they would be lost)."""
-    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
-        raise ConfigError(f"{directory}: not a folder; an Embedder is saved to a folder")
-    if directory.is_dir() and any(directory.iterdir()) and not (directory / STRATEGY_FILE).is_file():
-        raise ConfigError(
-            f"{directory}: holds files that are not a saved Embedder's, and writing one replaces the folder whole; "
-            "write to a new or empty folder, or to one an Embedder was saved or exported to"
-        )
 
 
 def _source_of(name_or_path: str) -> str:

@@ -351,6 +351,36 @@ def write_strategy_file(directory: Path, meta: dict[str, Any]) -> Path:
     )
 
 
+def check_replaceable(directory: Path) -> None:
+    """Saving or exporting replaces ``directory`` whole: allowed for a new or empty folder, or one lmembed saved or
+    exported to that holds nothing its ``lmembed.json`` does not record; anything else is refused (its files would
+    be lost), naming what is in the way. A file merely named ``lmembed.json`` does not make a folder replaceable."""
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise ConfigError(f"{directory}: not a folder; an Embedder is saved to a folder")
+    if not directory.is_dir() or not any(directory.iterdir()):
+        return
+    record = directory / STRATEGY_FILE
+    refusal = (
+        f"{directory}: writing an Embedder replaces the folder whole, and %s; write to a new or empty folder, "
+        "or to one an Embedder was saved or exported to"
+    )
+    try:
+        saved = json.loads(record.read_bytes()) if record.is_file() and not record.is_symlink() else None
+    except (OSError, ValueError):
+        saved = None
+    files = saved.get(FILES_KEY) if isinstance(saved, dict) and "strategy" in saved else None
+    if not isinstance(files, dict):
+        raise ConfigError(refusal % f"it holds files that are not a saved Embedder's ({record.name} records none)")
+    others = sorted(
+        path.relative_to(directory).as_posix()
+        for path in directory.rglob("*")
+        if (path.is_symlink() or not path.is_dir()) and path != record
+    )
+    if lost := [name for name in others if name not in files]:
+        shown = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
+        raise ConfigError(refusal % f"it holds files its {record.name} does not record, which would be lost: {shown}")
+
+
 def check_saved_files(folder: Path, saved: dict[str, Any]) -> None:
     """Every file ``lmembed.json`` records lies in ``folder`` with its sha256, and the folder holds no other file a
     loader could read (only a card, a licence or hidden files may be added); else :class:`ModelLoadError` naming

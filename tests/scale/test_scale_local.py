@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,7 @@ import torch
 
 from conftest import WORDS, build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
+from lmembed.atomic import file_lock
 from lmembed.evaluation.large_corpus import search_corpus, storage_of
 from lmembed.evaluation.retrieval_data import RetrievalData
 from lmembed.evaluation.runner import evaluate_strategies
@@ -467,3 +469,67 @@ def test_a_file_rewritten_with_its_size_and_time_kept_is_encoded_again(tmp_path,
     again = encode_corpus(emb, path, batch_size=4, shard_rows=8)
     np.testing.assert_allclose(again.vectors[5], emb.encode_corpus([changed[5]])[0], atol=1e-6)
     assert not np.allclose(again.vectors[5], first.vectors[5])
+
+
+def test_runs_of_one_job_take_turns_and_a_job_in_use_is_not_removed(tmp_path, one_torch_thread):
+    """Two commands over one corpus are one job: the second run waits for the first (it deleted the first's staged
+    texts, and both failed, or the job stayed broken), and removing the job leaves it to a process still using it."""
+    emb = cached(uncached("llama"), tmp_path)
+    texts = corpus_texts(40)
+    job = EncodeJob(emb, memory_source(texts), batch_size=4, shard_rows=8)
+    done: list = []
+    with file_lock(job.lock_file):  # another process's run of the job
+        worker = threading.Thread(target=lambda: done.append(encode_corpus(emb, texts, batch_size=4, shard_rows=8)))
+        worker.start()
+        worker.join(timeout=1.0)
+        assert worker.is_alive() and not job.folder.exists()  # waiting: nothing planned, nothing staged
+    worker.join(timeout=60)
+    assert np.array_equal(done[0].vectors, emb.encode(texts))
+    with file_lock(job.lock_file, shared=True):  # another process reading the job's vectors
+        job.remove()
+        assert job.folder.is_dir() and any(tmp_path.rglob("shard-*.npz"))
+    job.remove()
+    assert not job.folder.exists() and not job.lock_file.exists() and not any(tmp_path.rglob("shard-*.npz"))
+
+
+def test_concurrent_runs_of_one_job_both_finish_with_its_vectors(tmp_path, one_torch_thread, monkeypatch):
+    monkeypatch.setattr("lmembed.scale.sources.BLOCK_ROWS", 1)  # one staged file a text: the runs overlap longer
+    emb = cached(uncached("llama"), tmp_path)
+    texts = corpus_texts(60)
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = encode_corpus(emb, texts, batch_size=4, shard_rows=8).vectors
+        except Exception as exc:  # the assertion below shows it
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    expected = emb.encode(texts)
+    assert all(isinstance(results[i], np.ndarray) for i in range(2)), results
+    assert all(np.array_equal(results[i], expected) for i in range(2))
+
+
+def test_a_job_whose_staged_texts_are_partly_gone_plans_again(tmp_path, one_torch_thread, monkeypatch):
+    """A staged text file removed while a job was stopped made every later run fail ('plan the job again (delete
+    ...)'): the run sees it and plans again."""
+    monkeypatch.setattr("lmembed.scale.sources.BLOCK_ROWS", 8)
+    emb = cached(uncached("llama"), tmp_path)
+    texts = corpus_texts(60)
+
+    def stop(progress) -> None:
+        if progress.shards_done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        encode_corpus(emb, texts, batch_size=4, shard_rows=8, on_progress=stop)
+    job = EncodeJob(emb, memory_source(texts), batch_size=4, shard_rows=8)
+    staged = sorted(job.staging.glob("*.arrow"))
+    assert len(staged) > 2 and job.pending(job.plan())
+    staged[-1].unlink()
+    again = encode_corpus(emb, texts, batch_size=4, shard_rows=8)
+    assert again.report.planned and np.array_equal(again.vectors, emb.encode(texts))

@@ -19,7 +19,6 @@ Index read it.
 from __future__ import annotations
 
 import errno
-import fcntl
 import importlib.util
 import json
 import logging
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmembed.atomic import TEMP_PREFIX, atomic_write_json, sweep_leftovers, temp_path
+from lmembed.atomic import TEMP_PREFIX, atomic_write_json, file_lock, sweep_leftovers, temp_path
 from lmembed.encoding.chunking import Chunking
 from lmembed.errors import ConfigError
 from lmembed.index import integrity, kinds
@@ -137,12 +136,8 @@ def encode_chunks_in_chunks(
 
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    with (folder / LOCK_FILE).open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(folder / LOCK_FILE):
+        yield
 
 
 #: The errors of a place that cannot be written (read-only, no permission, full): the user's to fix, not a bug.

@@ -11,6 +11,11 @@ Running the same job again (after a kill, a lost worker, or to read its vectors)
 the plan is complete and encodes only the shards that are not on disk. When every shard is written, the
 staged texts are deleted; the plan stays, since assembling the vectors needs it.
 
+Runs of one job by several processes (two commands over the same corpus, a worker retried) take turns: a run
+holds the job's lock (``jobs/<job>.lock``) from its plan to its last shard, and a second run waits for it (said in
+the log), then finds the shards done. Reading the vectors shares the lock; removing a job (an uncached run's last
+step) takes it only if no other process holds it, else leaves the job to that process.
+
 Vectors come back in input order, one row per input row (repeated texts share one computation), as
 :func:`lmembed.embedder.postprocess` makes them (Matryoshka truncation, normalisation), in memory or
 as a memory-mapped ``.npy`` in the job folder (float32, or float16 to halve the disk and the reads).
@@ -18,13 +23,14 @@ as a memory-mapped ``.npy`` in the job folder (float32, or float16 to halve the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lmembed.atomic import FILE_MODE, atomic_write_text, sweep_leftovers, temp_path
+from lmembed.atomic import FILE_MODE, atomic_write_text, file_lock, remove_lock, sweep_leftovers, temp_path
 from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder, check_strategy, postprocess
 from lmembed.encoding.cache import EmbeddingCache, read_shard
@@ -44,7 +50,7 @@ from lmembed.scale.errors import ScaleError
 from lmembed.scale.progress import ProgressCallback, ProgressTracker
 from lmembed.scale.shard_plan import ShardPlan, build_plan
 from lmembed.scale.sources import CorpusSource
-from lmembed.scale.staging import STAGING_DIR, PlanSettings
+from lmembed.scale.staging import STAGING_DIR, PlanSettings, staging_file
 from lmembed.scale.work import EmbedderSpec, ShardSettings, model_fingerprint, shard_name
 from lmembed.schema import RecordModel, read_checked_json
 
@@ -143,6 +149,18 @@ class EncodeJob:
         self.job_id = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=8).hexdigest()
         self.folder = self.caches[0].dir / JOBS_DIR / self.job_id
         self.staging = self.folder / STAGING_DIR
+        self.lock_file = self.folder.with_name(f"{self.job_id}.lock")
+
+    @contextlib.contextmanager
+    def _turn(self, *, shared: bool = False) -> Iterator[None]:
+        """Hold the job's lock (see the module doc), saying so when another process has it first."""
+        with file_lock(self.lock_file, shared=shared, wait=False) as held:
+            if held:
+                yield
+                return
+        log.info("job %s is being run by another process; waiting for it to finish", self.job_id)
+        with file_lock(self.lock_file, shared=shared):
+            yield
 
     # ------------------------------------------------------------------ running
     def run(
@@ -152,15 +170,20 @@ class EncodeJob:
         spec: EmbedderSpec | None = None,
         on_progress: ProgressCallback | None = None,
     ) -> JobReport:
-        """Plan (unless a complete plan exists), then encode every missing shard on ``engine``."""
+        """Plan (unless a complete plan exists), then encode every missing shard on ``engine``; another process's
+        run of the same job is waited for."""
+        with self._turn():
+            return self._run(engine, spec=spec, on_progress=on_progress)
+
+    def _run(self, engine: JobEngine, *, spec: EmbedderSpec | None, on_progress: ProgressCallback | None) -> JobReport:
         timings: dict[str, float] = {}
         start = time.perf_counter()
         engine.start()
         timings["start_s"] = time.perf_counter() - start
         planned = False
         plan = self._load_plan()
-        if plan is not None and self.pending(plan) and not self.staging.is_dir():
-            log.info("job %s: shards are missing and the staged texts are gone; planning again", self.job_id)
+        if plan is not None and self.pending(plan) and not self._staged_complete(plan):
+            log.info("job %s: shards are missing and staged texts are gone; planning again", self.job_id)
             plan = None
         if plan is None:
             mark = time.perf_counter()
@@ -220,6 +243,12 @@ class EncodeJob:
         return [
             s for s in range(plan.n_shards) if not all(c.has_shard(shard_name(self.job_id, s)) for c in self.caches)
         ]
+
+    def _staged_complete(self, plan: ShardPlan) -> bool:
+        """Whether every staged text file the plan names is on disk (a run removes them all once it is done)."""
+        return self.staging.is_dir() and all(
+            staging_file(self.staging, int(stage)).is_file() for stage in np.unique(plan.stage_of_row)
+        )
 
     def _load_plan(self) -> ShardPlan | None:
         """The job's plan when it has one that passes its checks; None (planned again, said) otherwise."""
@@ -292,6 +321,10 @@ class EncodeJob:
         Otherwise an in-memory array."""
         if dtype not in STORAGE_DTYPES:
             raise ConfigError(f"dtype={dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
+        with self._turn(shared=True):
+            return self._vectors(index, dtype=dtype, memory_map=memory_map, output=output)
+
+    def _vectors(self, index: int, *, dtype: str, memory_map: bool, output: str | Path | None) -> np.ndarray:
         config = self.configs[index]
         plan = self.plan()
         if self.pending(plan):
@@ -350,13 +383,19 @@ class EncodeJob:
         return digest
 
     def remove(self) -> None:
-        """Delete this job's folder and shards from the cache (what an uncached run does when it is done)."""
-        plan = self._load_plan()
-        if plan is not None:
-            for cache in self.caches:
-                for shard in range(plan.n_shards):
-                    cache.shard_path(shard_name(self.job_id, shard)).unlink(missing_ok=True)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Delete this job's folder and shards from the cache (what an uncached run does when it is done), unless
+        another process is running the job or reading its vectors: then it is left to that process."""
+        with file_lock(self.lock_file, wait=False) as held:
+            if not held:
+                log.info("job %s is in use by another process; its files are left to it", self.job_id)
+                return
+            plan = self._load_plan()
+            if plan is not None:
+                for cache in self.caches:
+                    for shard in range(plan.n_shards):
+                        cache.shard_path(shard_name(self.job_id, shard)).unlink(missing_ok=True)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            remove_lock(self.lock_file)
 
 
 class MatrixRecord(RecordModel):
