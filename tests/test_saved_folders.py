@@ -118,7 +118,7 @@ def test_saving_is_atomic_and_never_replaces_a_folder_of_other_files(make_embedd
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match=r"mine: writing an Embedder replaces the folder whole, and it holds files that are not a saved Embedder's"):
+    with pytest.raises(ConfigError, match=r"mine: writing an Embedder replaces .* files that are not a saved"):
         emb.save(mine)
     assert (mine / "notes.txt").read_text() == "keep me"
     (mine / STRATEGY_FILE).write_text('{"note": "mine too"}')  # a file merely named lmembed.json vouches for nothing
@@ -230,6 +230,6 @@ def test_an_export_records_its_files_and_never_replaces_a_folder_of_other_files(
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match=r"mine: writing an Embedder replaces the folder whole, and it holds files that are not a saved Embedder's"):
+    with pytest.raises(ConfigError, match=r"mine: writing an Embedder replaces .* files that are not a saved"):
         emb.export(mine)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]

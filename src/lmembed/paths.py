@@ -189,6 +189,28 @@ def inside(
     return candidate
 
 
+def check_links_inside(folder: str | Path, *, error: type[LmembedError] = UnsafeFileError) -> None:
+    """Refuse ``folder`` when a link in it (a file or a folder, at any depth) leads outside it: a loader that opens
+    the folder's files by name (transformers reading ``tokenizer.json`` or ``model.safetensors``) would read what the
+    link points at. A Hugging Face cache snapshot's links to its own repository's blobs are the folder's own."""
+    folder = Path(folder)
+    base = folder.resolve()
+    for top, dirs, files in os.walk(folder):  # links to folders are listed, not followed
+        for name in (*dirs, *files):
+            path = Path(top, name)
+            if not path.is_symlink():
+                continue
+            try:
+                target = path.resolve(strict=True)
+            except (OSError, RuntimeError) as exc:  # dangling, or a loop
+                raise error(f"{path}: a link that cannot be resolved ({exc}); the folder is not loaded") from exc
+            if target != base and base not in target.parents and not _a_blob_of_its_snapshot(base, target):
+                raise error(
+                    f"{path}: a link leading outside {folder} (to {target}); a model folder is loaded only with "
+                    "files of its own"
+                )
+
+
 def _a_blob_of_its_snapshot(base: Path, target: Path) -> bool:
     """True when ``base`` lies in a Hugging Face cache snapshot (``<repo>/snapshots/<revision>/...``) and ``target``
     is a file of that same repository's ``<repo>/blobs/``: huggingface_hub keeps each downloaded file once there and

@@ -266,6 +266,68 @@ def test_dense_sizes_are_checked_before_the_layer_is_built(case, model, tmp_path
     assert_refused(encode(model, tmp_path), f"{dense / 'config.json'}: {message}")
 
 
+#: a field of a sentence-transformers file with the wrong type: each ended in an internal error (TypeError, ValueError,
+#: AttributeError) or was misread ("false" as true, "64" skipped); (file, changes, the field the refusal names)
+FIELD_CASES = {
+    "pooling_mode a number": ("1_Pooling/config.json", {"pooling_mode": 5}, "pooling_mode"),
+    "pooling_mode nested lists": ("1_Pooling/config.json", {"pooling_mode": [["mean"]]}, "pooling_mode"),
+    "pooling_mode an object": ("1_Pooling/config.json", {"pooling_mode": {"mean": 1}}, "pooling_mode"),
+    "pooling dimension absurd": ("1_Pooling/config.json", {"word_embedding_dimension": 10**30}, "word_embedding"),
+    "max_length text": ("sentence_bert_config.json", {"processing_kwargs": {"text": {"max_length": "abc"}}}, "text"),
+    "model_kwargs a number": ("sentence_bert_config.json", {"model_kwargs": 5}, "model_kwargs"),
+    "do_lower_case a string": ("sentence_bert_config.json", {"do_lower_case": "false"}, "do_lower_case"),
+    "max_seq_length a string": ("sentence_bert_config.json", {"max_seq_length": "64"}, "max_seq_length"),
+    "default prompt a list": ("config_sentence_transformers.json", {"default_prompt_name": ["q"]}, "default_prompt"),
+    "similarity a list": ("config_sentence_transformers.json", {"similarity_fn_name": ["cosine"]}, "similarity_fn"),
+}
+
+
+@pytest.mark.parametrize("case", FIELD_CASES)
+def test_a_field_of_the_wrong_type_is_refused_naming_file_and_field(case, model, tmp_path, monkeypatch):
+    name, changes, field = FIELD_CASES[case]
+    add_dense_head(model)
+    path = model / name
+    if not path.exists():
+        path.write_text("{}")
+    edit_json(path, **changes)
+    refuse_to_build(monkeypatch)
+    assert_refused(encode(model, tmp_path), f"{path}: ", field)
+
+
+def test_a_tokenizer_config_that_is_not_an_object_is_refused(model, tmp_path):
+    add_dense_head(model)
+    (model / "tokenizer_config.json").write_text("[1, 2]")
+    assert_refused(encode(model, tmp_path), f"{model / 'tokenizer_config.json'}: expected an object, got list")
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "model.safetensors"])
+def test_a_file_linked_from_outside_the_folder_is_refused(name, model, tmp_path, monkeypatch):
+    """transformers opens a folder's files by name and follows links: tokenizer.json -> /etc/passwd was read."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(model / name, outside / name)
+    (model / name).symlink_to(outside / name)
+    refuse_to_build(monkeypatch)
+    assert_refused(encode(model, tmp_path), f"{model / name}: a link leading outside {model}")
+
+
+TOKENIZER_CASES = {
+    "cut short": (lambda text: text[: len(text) // 2], "tokenizer.json: not readable JSON"),
+    "a vocabulary that is a number": (
+        lambda text: json.dumps({"model": {"type": "WordPiece", "vocab": 5}}),
+        "tokenizer.json: the tokenizer cannot be read from it",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TOKENIZER_CASES)
+def test_a_malformed_tokenizer_file_is_refused_naming_it(case, model, tmp_path):
+    change, message = TOKENIZER_CASES[case]
+    path = model / "tokenizer.json"
+    path.write_text(change(path.read_text()))
+    assert_refused(encode(model, tmp_path), f"{model}/{message}")
+
+
 def test_the_dense_folder_as_written_loads(model, tmp_path):
     add_dense_head(model)
     result = encode(model, tmp_path)

@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 
 from lmembed.config import EmbeddingConfig
-from lmembed.embedder import STRATEGY_FILE, Embedder
+from lmembed.embedder import Embedder
 from lmembed.encoding.engine import resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
+from lmembed.load_plan import STRATEGY_FILE
 from lmembed.models.attention import first_token_sensitivity
 from lmembed.models.families import CAUSAL_TOLERANCE
 from lmembed.models.presets import Resolution, required_final_token

@@ -19,11 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.errors import ModelLoadError, UnsafeFileError
-from lmembed.models.loading import Backbone, backbone_from_model, resolve_device, resolve_dtype
+from lmembed.models.loading import (
+    Backbone,
+    backbone_from_model,
+    check_local_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
 from lmembed.models.presets import adapter_base
 from lmembed.models.weights import (
     check_adapter,
-    check_config_sizes,
     is_unpickling_refusal,
     pretrained_safely,
     unsafe_pickle_error,
@@ -95,7 +101,7 @@ def load_adapter_stack(
     folder that has one (LLM2Vec ships it with the MNTP adapter)."""
     # lazy: transformers and peft load only when such a model is loaded
     from peft import PeftModel
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel
 
     chain, base = adapter_chain(name_or_path)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype)}
@@ -103,8 +109,7 @@ def load_adapter_stack(
         kwargs["attn_implementation"] = attn_implementation
     for folder in chain:  # every adapter's weights and rank, before anything is built (models.weights)
         check_adapter(folder)
-    if base.is_dir():
-        check_config_sizes(base)
+    check_local_model(base)
     model = pretrained_safely(AutoModel, str(base), config=AutoConfig.from_pretrained(str(base)), **kwargs)
     for folder in reversed(chain):
         log.info("merging adapter %s", folder)
@@ -115,7 +120,7 @@ def load_adapter_stack(
                 raise unsafe_pickle_error(folder, exc) from None
             raise ModelLoadError(f"{folder}: the adapter does not fit its base model {base} ({exc})") from exc
     with_tokenizer = [f for f in reversed(chain) if (f / "tokenizer_config.json").exists()]
-    tokenizer = AutoTokenizer.from_pretrained(str(with_tokenizer[0] if with_tokenizer else base))
+    tokenizer = load_tokenizer(with_tokenizer[0] if with_tokenizer else base)
     model.to(resolve_device(device)).eval()
     backbone = backbone_from_model(model, tokenizer, name=name_or_path)
     backbone.path = str(chain[0])

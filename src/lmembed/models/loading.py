@@ -20,6 +20,7 @@ from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.context import interpolation_factor
 from lmembed.models.families import detect_kind
 from lmembed.models.weights import check_config_sizes, pretrained_safely
+from lmembed.paths import check_links_inside
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +273,7 @@ def load_backbone(
     path = resolve_model_path(name_or_path)
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
-    if Path(path).is_dir():
-        check_config_sizes(Path(path))  # before transformers reads them (models.weights)
+    check_local_model(path)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as exc:  # not a folder here, and the Hub could not give it (unreachable, no such repository)
@@ -297,7 +297,7 @@ def load_backbone(
     if exact_tokenizer:
         tokenizer = load_recorded_tokenizer(path)
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     fingerprint = None
     if quantize is not None:
         model, fingerprint = quantize_int8(model, quantize, torch_device)
@@ -313,6 +313,37 @@ def load_backbone(
         _fingerprint=fingerprint,
         quantization=quantize,
     )
+
+
+def check_local_model(path: str | Path) -> None:
+    """What every loader checks of a local model folder before transformers opens it: no link leads outside it
+    (transformers opens files by name, links followed) and its config's sizes fit its weights (models.weights). A
+    Hub id is left to transformers."""
+    if Path(path).is_dir():
+        check_links_inside(Path(path), error=ModelLoadError)
+        check_config_sizes(Path(path))
+
+
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
+    """``AutoTokenizer`` of ``path`` (every loader's); a tokenizer file it cannot read is a :class:`ModelLoadError`
+    naming the file (the tokenizers library raises bare exceptions, KeyErrors and Rust panics on malformed files)."""
+    folder = Path(path)
+    tokenizer_file = folder / "tokenizer.json"
+    if tokenizer_file.is_file():
+        try:
+            json.loads(tokenizer_file.read_bytes())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"{tokenizer_file}: not readable JSON ({exc})") from exc
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, RecursionError, MemoryError):
+        raise  # not the file's content (an unreachable Hub raises OSError, handled by the caller)
+    except BaseException as exc:  # a pyo3 PanicException derives from BaseException
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        named = tokenizer_file if tokenizer_file.is_file() else folder
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ModelLoadError(f"{named}: the tokenizer cannot be read from it ({type(exc).__name__}: {first})") from exc
 
 
 def load_recorded_tokenizer(path: str) -> Any | None:

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import AutoTokenizer, MistralConfig, MistralModel
+from transformers import MistralConfig, MistralModel
 
 from lmembed.errors import ModelLoadError
 from lmembed.models.families import detect_kind
-from lmembed.models.loading import Backbone, quantize_int8, resolve_device, resolve_dtype
+from lmembed.models.loading import Backbone, load_tokenizer, quantize_int8, resolve_device, resolve_dtype
 
 DECODER_PREFIX = "embedding_model."
 HEAD_PREFIX = "latent_attention_model."
@@ -73,7 +73,7 @@ def load_nvembed(
         model, fingerprint = quantize_int8(model, quantize, torch_device)
     backbone = Backbone(
         model=model,
-        tokenizer=AutoTokenizer.from_pretrained(folder),
+        tokenizer=load_tokenizer(folder),
         name=name_or_path,
         path=str(folder),
         is_decoder=detect_kind(model).is_decoder,

@@ -19,9 +19,10 @@ import ast
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import save_file
 
 from lmembed.atomic import atomic_write_text
@@ -29,6 +30,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import ModelLoadError, UnsafeFileError
 from lmembed.models.weights import UnsafeWeightsError, check_head_shapes, load_weights_file
 from lmembed.paths import inside
+from lmembed.schema import first_problem
 
 MODULES_FILE = "modules.json"
 MODEL_CONFIG_FILE = "config_sentence_transformers.json"
@@ -124,16 +126,102 @@ def download_published_folder(repo_id: str) -> Path | None:
     return folder
 
 
-def read_json(path: Path, what: str = "file") -> Any:
-    """The JSON content of ``path``; a missing or malformed file is a :class:`PublishedModelError` naming it."""
+def read_json(path: Path, what: str = "file", schema: type[BaseModel] | None = None) -> Any:
+    """The JSON content of ``path``; a missing or malformed file, or one whose fields ``schema`` refuses (the types
+    of the fields lmembed reads), is a :class:`PublishedModelError` naming the file and field."""
     if not path.is_file():
         raise PublishedModelError(f"{path}: the {what} is missing")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise PublishedModelError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
     except UnicodeDecodeError as exc:
         raise PublishedModelError(f"{path}: not UTF-8 text ({exc})") from exc
+    if schema is not None:
+        if not isinstance(data, dict):
+            raise PublishedModelError(f"{path}: expected an object, got {type(data).__name__}")
+        try:
+            schema.model_validate(data)
+        except ValidationError as exc:
+            problem = f"{path}: {first_problem(exc)} (the {what} as sentence-transformers writes it)"
+            raise PublishedModelError(problem) from exc
+    return data
+
+
+# The fields lmembed reads of a published folder's files, typed strictly (a "false" or "64" in quotes is refused, not
+# read as true or skipped); other fields are the readers' to refuse or to leave.
+_Size = Annotated[int, Field(strict=True, ge=1, le=1 << 24)]
+_Flag = Annotated[bool, Field(strict=True)]
+_Name = Annotated[str, Field(strict=True)]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class _TextProcessing(_Open):
+    max_length: _Size | None = None
+
+
+class _Processing(_Open):
+    text: _TextProcessing | None = None
+
+
+class TransformerFile(_Open):
+    """``sentence_bert_config.json`` and its older names."""
+
+    max_seq_length: _Size | None = None
+    do_lower_case: _Flag | None = None
+    transformer_task: _Name | None = None
+    module_output_name: _Name | None = None
+    processing_kwargs: _Processing | None = None
+    model_kwargs: dict[str, Any] | None = None
+    model_args: dict[str, Any] | None = None
+    tokenizer_args: dict[str, Any] | None = None
+    processor_kwargs: dict[str, Any] | None = None
+    config_kwargs: dict[str, Any] | None = None
+    config_args: dict[str, Any] | None = None
+
+
+class PoolingFile(_Open):
+    """``1_Pooling/config.json``: one mode as a name or a list of names, or the legacy one-flag-per-mode form."""
+
+    pooling_mode: _Name | list[_Name] | None = None
+    include_prompt: _Flag | None = None
+    embedding_dimension: _Size | None = None
+    word_embedding_dimension: _Size | None = None
+    pooling_mode_cls_token: _Flag | None = None
+    pooling_mode_max_tokens: _Flag | None = None
+    pooling_mode_mean_tokens: _Flag | None = None
+    pooling_mode_mean_sqrt_len_tokens: _Flag | None = None
+    pooling_mode_weightedmean_tokens: _Flag | None = None
+    pooling_mode_lasttoken: _Flag | None = None
+
+
+class _RouterParameters(_Open):
+    default_route: _Name | None = None
+    route_mappings: dict[str, _Name] | None = None
+
+
+class RouterFile(_Open):
+    """``router_config.json`` (or a legacy Asym's ``config.json``)."""
+
+    types: dict[str, Any] | None = None
+    structure: dict[str, Any] | None = None
+    parameters: _RouterParameters | None = None
+
+
+class ModelFile(_Open):
+    """``config_sentence_transformers.json``."""
+
+    model_type: _Name | None = None
+    prompts: dict[str, _Name] | None = None
+    default_prompt_name: _Name | None = None
+    similarity_fn_name: _Name | None = None
+
+
+class _Limits(_Open):
+    """The tokenizer's and the model's ``model_max_length`` / ``max_position_embeddings``: any JSON object."""
 
 
 def read_published_folder(root: str | Path) -> PublishedModel:
@@ -239,7 +327,7 @@ TOKENIZER_KWARGS = {"padding_side", "truncation_side", "model_max_length", "use_
 
 def _read_transformer(published: PublishedModel, folder: Path) -> None:
     config_file = next((folder / n for n in TRANSFORMER_CONFIG_FILES if (folder / n).is_file()), None)
-    config = read_json(config_file, "Transformer config") if config_file else {}
+    config = read_json(config_file, "Transformer config", TransformerFile) if config_file else {}
     source = config_file or folder
     if not isinstance(config, dict):
         raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
@@ -292,12 +380,12 @@ def _max_seq_length(config: dict[str, Any], tokenizer_kwargs: dict[str, Any], fo
     limits = []
     tokenizer_config = folder / "tokenizer_config.json"
     if tokenizer_config.is_file():
-        value = read_json(tokenizer_config).get("model_max_length")
+        value = read_json(tokenizer_config, "tokenizer config", _Limits).get("model_max_length")
         if isinstance(value, int | float) and value < 1e12:
             limits.append(int(value))
     model_config = folder / "config.json"
     if model_config.is_file():
-        positions = read_json(model_config).get("max_position_embeddings")
+        positions = read_json(model_config, "model config", _Limits).get("max_position_embeddings")
         if isinstance(positions, int) and positions > 0:
             limits.append(positions)
     return min(limits) if limits else None
@@ -309,7 +397,7 @@ POOLING_KEYS = {"embedding_dimension", "word_embedding_dimension", "pooling_mode
 
 def _read_pooling(published: PublishedModel, folder: Path) -> None:
     source = folder / "config.json"
-    config = read_json(source, "Pooling config")
+    config = read_json(source, "Pooling config", PoolingFile)
     if not isinstance(config, dict):
         raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
     if unknown := set(config) - POOLING_KEYS - set(LEGACY_POOLING_FLAGS):
@@ -408,7 +496,7 @@ def _read_router(published: PublishedModel, folder: Path) -> list[dict[str, Any]
     source = folder / "router_config.json"
     if not source.is_file():
         source = folder / "config.json"  # the legacy Asym layout
-    config = read_json(source, "Router config")
+    config = read_json(source, "Router config", RouterFile)
     if not isinstance(config, dict) or not isinstance(config.get("types"), dict):
         raise PublishedModelError(f"{source}: expected an object with 'types' and 'structure'")
     structure = config.get("structure")
@@ -465,7 +553,7 @@ def _route_names(parameters: dict[str, Any], structure: dict[str, Any], source: 
 
 # ---------------------------------------------------------------------------------------------------- model config
 def _read_model_config(published: PublishedModel, path: Path) -> None:
-    config = read_json(path, "model config") if path.is_file() else {}
+    config = read_json(path, "model config", ModelFile) if path.is_file() else {}
     if not isinstance(config, dict):
         raise PublishedModelError(f"{path}: expected an object, got {type(config).__name__}")
     if config.get("model_type", "SentenceTransformer") != "SentenceTransformer":

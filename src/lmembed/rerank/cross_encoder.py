@@ -26,8 +26,14 @@ from torch import nn
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import ModelLoadError
-from lmembed.models.loading import resolve_device, resolve_dtype, resolve_model_path
-from lmembed.models.weights import check_config_sizes, check_size_value, pretrained_safely
+from lmembed.models.loading import (
+    check_local_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
+from lmembed.models.weights import check_size_value, pretrained_safely
 from lmembed.rerank.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
@@ -146,11 +152,10 @@ class CrossEncoderReranker(Reranker):
         before training: an embedding checkpoint's pooler was never trained for [CLS] (minilm's answers ~0.05 per
         dimension whatever the pair), so a new head reads almost nothing and learns too slowly."""
         # lazy: transformers is heavy
-        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForSequenceClassification
 
         path = resolve_model_path(name_or_path)
-        if Path(path).is_dir():
-            check_config_sizes(Path(path))  # before transformers reads them (models.weights)
+        check_local_model(path)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         if num_labels is not None:
@@ -178,7 +183,7 @@ class CrossEncoderReranker(Reranker):
         if reset_pooler:
             identity_pooler(model, name_or_path)
         model.to(resolve_device(device))
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
         return cls(
             model,
             tokenizer,

@@ -23,8 +23,14 @@ from torch import nn
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import ConfigError, ModelLoadError
-from lmembed.models.loading import resolve_device, resolve_dtype, resolve_model_path
-from lmembed.models.weights import check_config_sizes, pretrained_safely
+from lmembed.models.loading import (
+    check_local_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
+from lmembed.models.weights import pretrained_safely
 from lmembed.rerank.base import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, RERANKER_FILE, Features, Reranker
 
 KIND = "llm"
@@ -121,7 +127,7 @@ class LLMReranker(Reranker):
         """A causal LM checkpoint (a folder this class saved keeps its prompt and options), a bundled name or a
         Hub id. ``prompt`` overrides the recorded (or default) prompt, field by field when a dict."""
         # lazy: transformers is heavy
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         path = resolve_model_path(name_or_path)
         saved = _read_saved(Path(path))
@@ -130,8 +136,7 @@ class LLMReranker(Reranker):
             fields = asdict(prompt)
         elif prompt:
             fields.update(prompt)
-        if Path(path).is_dir():
-            check_config_sizes(Path(path))  # before transformers reads them (models.weights)
+        check_local_model(path)
         try:
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
             model = pretrained_safely(
@@ -146,7 +151,7 @@ class LLMReranker(Reranker):
         except ValueError as exc:
             raise ModelLoadError(f"{name_or_path}: cannot be loaded as a causal LM ({exc})") from exc
         model.to(resolve_device(device))
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
         limit = getattr(model.config, "max_position_embeddings", None) or 4096
         return cls(
             model,

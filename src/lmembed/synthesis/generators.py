@@ -34,7 +34,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from lmembed.errors import LmembedError
@@ -208,10 +207,10 @@ class LocalGenerator:
 
     def __init__(self, model: str, *, device: str = "cpu", dtype: str = "float32", batch_size: int = 8) -> None:
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        from lmembed.models.loading import resolve_dtype, resolve_model_path
-        from lmembed.models.weights import check_config_sizes, pretrained_safely
+        from lmembed.models.loading import check_local_model, load_tokenizer, resolve_dtype, resolve_model_path
+        from lmembed.models.weights import pretrained_safely
 
         self._arguments = {"model": model, "device": device, "dtype": dtype, "batch_size": batch_size}
         path = resolve_model_path(model)
@@ -219,12 +218,11 @@ class LocalGenerator:
         self.usage = Usage()
         self.batch_size = batch_size
         self.device = torch.device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        check_local_model(path)  # a folder from elsewhere: links and sizes before anything is read
+        self.tokenizer = load_tokenizer(path)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        if Path(path).is_dir():
-            check_config_sizes(Path(path))  # a folder from elsewhere: sizes and shapes before anything is built
         config = AutoConfig.from_pretrained(path)
         model = pretrained_safely(AutoModelForCausalLM, path, config=config, dtype=resolve_dtype(dtype))
         self.model = model.to(self.device).eval()
