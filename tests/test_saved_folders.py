@@ -227,6 +227,8 @@ def test_an_export_records_its_files_and_never_replaces_a_folder_of_other_files(
     assert meta["format"] == SAVED_FORMAT and sorted(meta[FILES_KEY]) == [f for f in files if f != STRATEGY_FILE]
     assert "model.onnx" in meta[FILES_KEY] and "manifest.json" in meta[FILES_KEY]
     assert emb.export(folder) == folder  # an earlier export is replaced
+    with pytest.raises(ModelLoadError, match=r"export is an lmembed export .* loads the model it was exported from"):
+        load(folder)  # an export is for ONNX Runtime: said, not "holds no model"
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")

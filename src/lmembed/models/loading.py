@@ -214,6 +214,11 @@ def find_model_dir(path: Path) -> Path:
             candidate = path / str(stage.get("name", "")) / RUN_MODEL_DIR
             if stage.get("name") and (candidate / "config.json").exists():
                 return candidate
+    if (path / "model.onnx").is_file() and (path / "lmembed.json").is_file():
+        raise ModelLoadError(
+            f"{path} is an lmembed export (model.onnx, for ONNX Runtime without lmembed); lmembed loads the model it "
+            "was exported from (its lmembed.json names it under 'load'), with --backend onnx to run the same graph"
+        )
     raise ModelLoadError(
         f"{path} exists but holds no model: no config.json there, no {RUN_MODEL_DIR}/ of a training run, "
         f"and no finished recipe stage"
