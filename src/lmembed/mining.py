@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,6 +107,8 @@ def canonical_method(method: str) -> str:
 def resolve_margin(method: str, margin: float | None) -> float:
     """The filter parameter for ``method``: the given value or the method's default."""
     value = DEFAULT_MARGINS[method] if margin is None else float(margin)
+    if not math.isfinite(value):
+        raise MiningError(f"margin={value} is not a finite number")
     if method == "perc_pos" and not 0 < value <= 1:
         raise MiningError(f"perc_pos needs 0 < margin <= 1 (a fraction of the positive score), got {value}")
     if method == "margin_pos" and value < 0:

@@ -51,6 +51,8 @@ def _cli(argv: list[str]) -> tuple[int, str]:
         ("eval_max_docs", 0, "eval_max_docs=0 must be >= 1"),
         ("loss_kwargs", [1, 2], r"loss_kwargs=\[1, 2\] must be a mapping"),
         ("data", 5, "data=5 must be a list"),
+        ("lora_alpha", 0, r"lora_alpha=0 must be > 0 \(the adapters' update is scaled by alpha / r\)"),
+        ("lora_alpha", -32, "lora_alpha=-32 must be > 0"),
     ],
 )
 def test_a_bad_training_value_is_refused_by_name(option, value, message):
@@ -110,6 +112,24 @@ def test_a_bad_config_file_value_is_a_clean_cli_error(tmp_path):
     config.write_text(f"model: no-such-model\ndata: [{_rows(tmp_path)}]\nsteps: 1\nloss_kwargs: [1, 2]\n")
     status, output = _cli(["train", "--config", str(config), "-o", str(tmp_path / "run")])
     assert status == 2 and f"{config}:4: loss_kwargs=[1, 2]" in output, output
+
+
+def test_more_negatives_than_texts_to_draw_from_are_refused_at_once():
+    """num_negatives 100,000,000 over 10 rows drew for minutes (100 tries a negative) before any word."""
+    from lmembed.training.rows import MixtureSampler, TrainDataset, TrainExample, TrainingDataError
+
+    examples = [TrainExample(f"q{i}", (f"p{i}",), ()) for i in range(10)]
+    sampler = MixtureSampler([TrainDataset("rows", examples, [])], batch_size=4, num_negatives=100_000_000, seed=0)
+    with pytest.raises(TrainingDataError, match=r"num_negatives=100000000: query 'q\d' has 0 negatives .* \d+ other"):
+        sampler.batch(0)
+
+
+@pytest.mark.parametrize(("method", "margin"), [("abs", float("nan")), ("margin_pos", float("nan")), ("abs", 1e400)])
+def test_a_mining_margin_that_is_not_finite_is_refused(method, margin):
+    from lmembed.mining import resolve_margin
+
+    with pytest.raises(MiningError, match="is not a finite number"):
+        resolve_margin(method, margin)
 
 
 # ---------------------------------------------------------------------------------------------- LoRA targets

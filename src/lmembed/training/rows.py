@@ -601,6 +601,11 @@ class MixtureSampler:
         chosen: list[str | int] = list(range(own))
         rng.shuffle(chosen)
         banned = set(example.positives)
+        if n - own > len(pool):  # more draws than texts to draw from: no amount of drawing finds them
+            raise TrainingDataError(
+                f"num_negatives={n}: query {example.query[:60]!r} has {own} negatives of its own and its dataset "
+                f"{len(pool)} other texts to draw from"
+            )
         for _ in range(100 * n):
             if len(chosen) == n or not pool:
                 break

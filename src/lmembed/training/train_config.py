@@ -174,6 +174,8 @@ class TrainedModel:
         """Raise ``error`` naming the first invalid model-side option."""
         if self.lora_r < 1:
             raise error(f"lora_r={self.lora_r} must be >= 1")
+        if self.lora_alpha <= 0:  # 0 trains nothing, < 0 the opposite way
+            raise error(f"lora_alpha={self.lora_alpha} must be > 0 (the adapters' update is scaled by alpha / r)")
         if not 0 <= self.lora_dropout < 1:
             raise error(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
         if self.dtype not in DTYPES:
