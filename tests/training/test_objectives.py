@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -246,6 +248,26 @@ def test_load_items_from_rows_and_text_file(tmp_path):
     assert load_items("texts", [str(rows)]) == ["q1", "d1", "d2", "q2"]
     assert load_items("pairs", [str(rows)]) == [("q1", "d1"), ("q2", "d1")]
     assert load_items("texts", [str(text)]) == ["one", "two"]
+
+
+def test_scored_pairs_are_read_as_sts_rows_naming_file_and_line(tmp_path):
+    """AnglE's scored pairs were read with str() and float(): query/positive rows ended in a KeyError, a list was
+    trained on as the text "['x', 'y']" and a score "NaN" poisoned the loss."""
+    from lmembed.evaluation.tasks._common import TaskDataError
+
+    rows = tmp_path / "pairs.jsonl"
+    good = '{"sentence1": "a", "sentence2": "b", "score": 4}\n'
+    rows.write_text(good + '{"sentence1": "c", "sentence2": "d", "score": 1.5}\n')
+    assert load_items("scored_pairs", [str(rows)]) == [("a", "b", 4.0), ("c", "d", 1.5)]
+    for bad, message in (
+        ('{"query": "q", "positive": "p"}', "missing field 'sentence1'"),
+        ('{"sentence1": 5, "sentence2": "b", "score": 1}', "field 'sentence1' must be a string, got a number"),
+        ('{"sentence1": "a", "sentence2": ["x", "y"], "score": 1}', "field 'sentence2' must be a string, got an array"),
+        ('{"sentence1": "a", "sentence2": "b", "score": "NaN"}', "field 'score' must be a finite number"),
+    ):
+        rows.write_text(good + bad + "\n")
+        with pytest.raises(TaskDataError, match=f"{rows}:2: {re.escape(message)}"):
+            load_items("scored_pairs", [str(rows)])
 
 
 def test_run_objective_saves_a_loadable_embedder(tokenizer, tmp_path):

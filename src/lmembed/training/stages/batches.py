@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.io import iter_jsonl, read_text_lines
+from lmembed.evaluation.tasks.sts import load_sts_pairs
+from lmembed.io import read_text_lines
 from lmembed.training.rows import DataSource, TrainExample, load_source
 from lmembed.training.train_config import ObjectiveConfigError
 
@@ -47,7 +48,8 @@ class BatchStream:
 
 
 def _read_scored_pairs(path: Path) -> list[tuple[str, str, float]]:
-    return [(str(row["sentence1"]), str(row["sentence2"]), float(row["score"])) for _, row in iter_jsonl(path)]
+    """STS rows (``sentence1``, ``sentence2``, ``score``), read as the STS task reads them (file:line refusals)."""
+    return list(zip(*load_sts_pairs(path), strict=True))
 
 
 def _source_path(spec: Any) -> Path:
