@@ -53,6 +53,13 @@ def test_bad_inputs_get_clear_errors(make_embedder):
         emb.encode(["ok", 3])
     with pytest.raises(InputError, match=r"texts\[0\] is NoneType"):
         emb.encode([None])
+    with pytest.raises(InputError, match="texts must be a list of strings, got dict"):
+        emb.encode({"a": 1})  # its keys were embedded
+    with pytest.raises(InputError, match="the instruction must be a string, got int"):
+        emb.encode_queries(["q"], instruction=5)  # an AttributeError inside the engine before
+    for size in ("8", 1.5, True, 0):
+        with pytest.raises(ConfigError, match=f"batch_size={size!r} must be an integer >= 1"):
+            emb.encode(["a"], batch_size=size)
     empty = emb.encode([])
     assert empty.shape == (0, 32) and empty.dtype == np.float32
     blank = emb.encode(["", "   "])  # documented: embeds the special tokens only

@@ -312,3 +312,24 @@ def test_every_corpus_reader_tells_json_lines_by_is_jsonl(tmp_path: Path) -> Non
     assert read_passages(lines)[1] == load_corpus(lines) and read_passages(rows)[0] == ["d0", "d1"]
     assert [d.text for d in read_adapt_corpus(rows)] == load_corpus(rows)
     assert len(read_adapt_corpus(lines)) == 2
+
+
+def test_ids_may_be_numbers_but_texts_may_not(tmp_path: Path) -> None:
+    """A number given as a title, a text or a query was embedded as its digits without a word (ids may be numbers,
+    as BEIR files give them)."""
+    from lmembed.io import read_corpus, read_queries
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": 7, "title": "T", "text": "body"}\n')
+    assert read_corpus(corpus) == (["7"], ["T body"])
+    for row, field in (('{"_id": "d", "text": 12345}', "text"), ('{"_id": "d", "title": 3.5, "text": "x"}', "title")):
+        corpus.write_text(row + "\n")
+        with pytest.raises(DataFormatError, match=rf"corpus.jsonl:1: field '{field}' must be a string, got"):
+            read_corpus(corpus)
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"_id": 1, "text": "q"}\n{"_id": "q2", "text": 42}\n')
+    with pytest.raises(DataFormatError, match=r"queries.jsonl:2: field 'text' must be a string, got int"):
+        read_queries(queries)
+    queries.write_text('{"_id": 1.5, "text": "q"}\n')
+    with pytest.raises(DataFormatError, match=r"queries.jsonl:1: field '_id' must be a string, got float"):
+        read_queries(queries)

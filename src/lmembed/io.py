@@ -264,15 +264,23 @@ def is_beir_folder(folder: str | Path) -> bool:
 
 
 def string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, required: bool = True) -> str:
-    """``row[key]`` as a string; ids may be given as JSON numbers."""
+    """``row[key]``, a string (a text: a number there is a mistake, not a text to embed)."""
     value = row.get(key)
     if value is None:
         if required:
             raise DataFormatError(path, line_no, f"missing field {key!r}")
         return ""
-    if isinstance(value, bool) or not isinstance(value, str | int):
+    if not isinstance(value, str):
         raise DataFormatError(path, line_no, f"field {key!r} must be a string, got {type(value).__name__}")
-    return str(value)
+    return value
+
+
+def id_field(row: dict[str, Any], key: str, path: Path, line_no: int) -> str:
+    """``row[key]``, an id: a string or a JSON integer (BEIR files give both), as a string."""
+    value = row.get(key)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return string_field(row, key, path, line_no)
 
 
 #: The names a training row (``lmembed train``'s data, ``lmembed mine``'s input and output) may give each field.
@@ -304,7 +312,7 @@ def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
     texts: list[str] = []
     seen: set[str] = set()
     for line_no, row in iter_jsonl(path):
-        doc_id = string_field(row, "_id", path, line_no)
+        doc_id = id_field(row, "_id", path, line_no)
         if doc_id in seen:
             raise DataFormatError(path, line_no, f"duplicate document id {doc_id!r}")
         seen.add(doc_id)
@@ -318,7 +326,7 @@ def read_queries(path: str | Path) -> dict[str, str]:
     path = Path(path)
     queries: dict[str, str] = {}
     for line_no, row in iter_jsonl(path):
-        query_id = string_field(row, "_id", path, line_no)
+        query_id = id_field(row, "_id", path, line_no)
         if query_id in queries:
             raise DataFormatError(path, line_no, f"duplicate query id {query_id!r}")
         queries[query_id] = string_field(row, "text", path, line_no)

@@ -332,8 +332,8 @@ class EncodingEngine:
                 raise ConfigError("pre-built features are one tokenisation: the configs must share a forward key")
         if instruction is not None:
             check_encodable(instruction, "the instruction")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size} must be >= 1")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
         outputs = [np.empty((len(texts), self.output_dim(cfg)), dtype=np.float32) for cfg in configs]
         if not texts:
             return outputs

@@ -36,7 +36,7 @@ the prompt tokenised alone (less a closing special token); they are pooled when 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,8 @@ def validate_texts(texts: Any, argument: str = "texts") -> list[str]:
         raise InputError(f"{argument} must be a list of strings, not a single string (wrap it: [{texts[:30]!r}])")
     if texts is None:
         raise InputError(f"{argument} is None; expected a list of strings")
+    if isinstance(texts, Mapping | bytes | bytearray | set | frozenset):  # a dict's keys, a set's order: not texts
+        raise InputError(f"{argument} must be a list of strings, got {type(texts).__name__}")
     try:
         items = list(texts)
     except TypeError as exc:
@@ -94,8 +96,10 @@ def validate_texts(texts: Any, argument: str = "texts") -> list[str]:
 
 
 def check_encodable(text: str, what: str) -> None:
-    """Raise :class:`InputError` if ``text`` cannot be encoded as UTF-8 (a lone surrogate, typically from
-    bytes decoded with ``errors="surrogateescape"``); ``what`` names the text in the message."""
+    """Raise :class:`InputError` if ``text`` is not a string or cannot be encoded as UTF-8 (a lone surrogate,
+    typically from bytes decoded with ``errors="surrogateescape"``); ``what`` names the text in the message."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a string, got {type(text).__name__} ({text!r:.40})")
     if text.isascii():
         return
     try:

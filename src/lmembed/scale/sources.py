@@ -40,11 +40,11 @@ from lmembed.io import (
     DataFormatError,
     corpus_text,
     find_file,
+    id_field,
     is_jsonl,
     iter_jsonl,
     iter_lines,
     sha256_file,
-    string_field,
 )
 from lmembed.scale.errors import BadRowError
 
@@ -168,7 +168,7 @@ class _Blocks:
 def _id_of(row: dict[str, Any], path: Path, line_no: int) -> str:
     """The row's ``_id`` (else its ``id``); a string or a JSON number."""
     key = next((k for k in ID_FIELDS if row.get(k) is not None), ID_FIELDS[0])
-    return string_field(row, key, path, line_no)
+    return id_field(row, key, path, line_no)
 
 
 @dataclass

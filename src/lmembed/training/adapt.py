@@ -54,7 +54,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
-from lmembed.io import DataFormatError, is_jsonl, iter_jsonl, iter_lines, read_jsonl, string_field
+from lmembed.io import DataFormatError, id_field, is_jsonl, iter_jsonl, iter_lines, read_jsonl
 from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
 from lmembed.training.adapt_recipe import AdaptRecipe, QuerySource
 
@@ -104,7 +104,7 @@ def read_adapt_corpus(path: str | Path) -> list[Document]:
         if is_jsonl(path):
             seen: set[str] = set()
             for line_no, row in iter_jsonl(path):
-                doc_id = string_field(row, "_id", path, line_no)
+                doc_id = id_field(row, "_id", path, line_no)
                 if doc_id in seen:
                     raise AdaptError(f"{path}:{line_no}: _id: document id {doc_id!r} is repeated")
                 seen.add(doc_id)
