@@ -205,12 +205,34 @@ def fields_model(config_class: type) -> type[BaseModel]:
     return create_model(f"{config_class.__name__}Fields", __config__=config, **spec)
 
 
+def _model_at(model: type[BaseModel] | None, path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model of the mapping at ``path`` inside ``model`` (through optional, list and dict fields), or
+    None where the path leads to no model."""
+    for part in path:
+        if model is None:
+            return None
+        if isinstance(part, int) or part not in model.model_fields:
+            continue  # a list index or a dict key: the model of the items, found from the field before
+        model = _model_of(model.model_fields[part].annotation)
+    return model
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        if (found := _model_of(argument)) is not None:
+            return found
+    return None
+
+
 def _describe(error: Mapping[str, Any], model: type[BaseModel] | None, unknown: str) -> str:
     """One pydantic error in lmembed's words (``unknown``: the message of an unknown key, a format string that
     may name the ``{key}`` and the ``{known}`` keys)."""
     kind, value = error["type"], error.get("input")
     if kind == "extra_forbidden":
-        known = ", ".join(model.model_fields) if model is not None and len(error["loc"]) == 1 else ""
+        inner = _model_at(model, tuple(error["loc"][:-1]))
+        known = ", ".join(inner.model_fields) if inner is not None else ""
         return unknown.format(key=error["loc"][-1], known=known or "none")
     if kind in _TYPE_ERRORS:
         optional = False
