@@ -116,6 +116,24 @@ def test_an_experiment_file_names_the_line_of_a_mistyped_training_option():
         parse_spec(data, "exp.yaml", lines)
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("      loss: infonse\n", r"arms\.tuned\.train\.loss: unknown loss 'infonse'; available: "),
+        ("      loss_kwargs: {temprature: 0.1}\n", r"arms\.tuned\.train\.loss_kwargs: loss 'infonce' has no option"),
+    ],
+)
+def test_an_experiment_arms_loss_is_checked_before_any_run(extra, message):
+    """An arm's mistyped loss was found only after the arms before it had run (each a full evaluation)."""
+    text = (
+        "model: minilm\narms:\n  base: {}\n  tuned:\n    train:\n      data: [rows.jsonl]\n      steps: 1\n"
+        f"{extra}evaluate: {{tasks: [scifact]}}\n"
+    )
+    data, lines = load_yaml_with_lines(text)
+    with pytest.raises(ExperimentSpecError, match=rf"^exp\.yaml:8: {message}"):
+        parse_spec(data, "exp.yaml", lines)
+
+
 def test_a_synthesis_recipe_names_the_line_of_a_bad_value(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("version: 2\nkind: sonnet\n")

@@ -187,6 +187,11 @@ def test_a_prepare_number_out_of_range_names_its_line(tmp_path, key, value, mess
         ("    steps: -2\n", r":14: stage 's2': steps=-2 must be >= 1"),
         ("    lr: .inf\n", r":14: stage 's2': lr=inf must be a finite number"),
         ("    bogus: 1\n", r":14: stages\.1\.bogus: stage 's2': unknown option 'bogus'"),
+        # the loss, its options and an objective's options: each found only once the stages before had trained
+        ("    loss: infonse\n", r":14: stage 's2': unknown loss 'infonse'; available: .*infonce"),
+        ("    loss_kwargs: {temprature: 0.1}\n", r":14: stage 's2': loss 'infonce' has no option temprature"),
+        ("    type: simcse\n    options: {temprature: 0.1}\n", r":15: stage 's2': objective 'simcse' has no option"),
+        ("    type: angle\n    options: {positive_treshold: 4}\n", r":15: stage 's2': objective 'angle' has no option"),
     ],
 )
 def test_a_later_stage_is_checked_before_anything_runs(tmp_path, stage, message):

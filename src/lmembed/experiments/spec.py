@@ -55,7 +55,15 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.io import read_text
 from lmembed.schema import FileModel, KeyPath, Where, check_fields, check_keys, load_yaml_with_lines, read_yaml_file
-from lmembed.training.recipes import Recipe, RecipeError, apply_overrides, check_stages, load_recipe, parse_recipe
+from lmembed.training.recipes import (
+    Recipe,
+    RecipeError,
+    apply_overrides,
+    check_stage_work,
+    check_stages,
+    load_recipe,
+    parse_recipe,
+)
 from lmembed.training.train_config import MAX_SEED, TrainConfig, option_key
 
 CLAIMS = {"better": 1, "worse": -1, "none": 0}
@@ -378,9 +386,14 @@ def _check_train(where: Where, path: KeyPath, options: Mapping[str, Any]) -> Non
         if key in options:
             raise where.error((*path, key), f"{key!r} is set by the experiment for every run; remove it here")
     try:
-        TrainConfig.from_dict(dict(options))
+        config = TrainConfig.from_dict(dict(options))
     except (LmembedError, TypeError, ValueError) as exc:
         raise where.error(_option_path(path, options, str(exc)), str(exc)) from exc
+    try:
+        check_stage_work(config)  # the loss and its options, as the trainer builds them
+    except (LmembedError, TypeError, ValueError) as exc:
+        named = next((k for k in ("loss", "loss_kwargs") if k in options), None)
+        raise where.error((*path, named) if named else path, str(exc)) from exc
 
 
 def _task_refs(where: Where, path: KeyPath, value: Any) -> tuple[TaskRef, ...]:

@@ -248,7 +248,7 @@ def check_stages(recipe: Recipe) -> None:
             config_class, options, where, prefix=path, unknown=f"stage {plan['name']!r}: unknown option {{key!r}}"
         )
         try:
-            config_class(**options)
+            config = config_class(**options)
         except (LmembedError, TypeError, ValueError) as exc:
             key = option_key(str(exc))
             name = str(key[0]) if key else ""
@@ -261,6 +261,25 @@ def check_stages(recipe: Recipe) -> None:
             else:
                 located = ("defaults", *key)
             raise RecipeError(f"{where.at(located)}: stage {plan['name']!r}: {exc}") from exc
+        try:
+            check_stage_work(config)
+        except (LmembedError, TypeError, ValueError) as exc:
+            named = next((k for k in ("loss", "loss_kwargs", "objective", "options") if k in stage), None)
+            located = (*path, named) if named else path
+            raise RecipeError(f"{where.at(located)}: stage {plan['name']!r}: {exc}") from exc
+
+
+def check_stage_work(config: TrainConfig | ObjectiveConfig) -> None:
+    """What a stage's config cannot check alone, checked before any stage runs: a contrastive stage's loss and its
+    options (the loss is built, as the trainer builds it), an objective stage's options."""
+    if isinstance(config, TrainConfig):
+        from lmembed.training.losses.factory import build_training_loss  # lazy: keeps `lmembed --help` torch-free
+
+        build_training_loss(config)
+    else:
+        from lmembed.training.stages.runner import check_objective  # lazy, as above
+
+        check_objective(config.objective, config.options)
 
 
 def _context(recipe: Recipe, output: Path) -> dict[str, str]:

@@ -156,6 +156,8 @@ class Trainer:
         if self.dist.deepspeed is not None:
             self._check_deepspeed_options(config)
         set_seed(config.seed)
+        # the loss and its options are checked before the model is loaded
+        self.loss_fn = build_training_loss(config, distributed=self.dist.world_size > 1)
         self.model = self._build_model(config, model)
         self.dist.device = str(self.model.device)  # a model given ready-made stays where it is
         sharded_mode = self._sharded_mode()
@@ -176,7 +178,6 @@ class Trainer:
             seed=config.seed,
             mixing=config.mixing,
         )
-        self.loss_fn = build_training_loss(config, distributed=self.dist.world_size > 1)
         rows = sum(len(d) for d in data)
         if config.reranker is None and config.batch_size > rows:
             raise TrainConfigError(

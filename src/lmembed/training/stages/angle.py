@@ -7,12 +7,14 @@ trainer cannot use this loss (its rows are query, positive, negatives), so it ru
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lmembed.training.losses import AnglELoss
+from lmembed.training.train_config import ObjectiveConfigError
 
 __all__ = ["AnglEPairObjective"]
 
@@ -25,7 +27,17 @@ class AnglEPairObjective:
 
     def __init__(self, model: Any, **loss_options: Any) -> None:
         self.model = model
-        self.criterion = AnglELoss(**loss_options)
+        self.criterion = AnglEPairObjective.check_options(loss_options)
+
+    @staticmethod
+    def check_options(loss_options: dict[str, Any]) -> AnglELoss:
+        """The loss the options make (it has no weights: cheap), refusing an option it does not take by name."""
+        takes = list(inspect.signature(AnglELoss).parameters)
+        if unknown := sorted(set(loss_options) - set(takes)):
+            raise ObjectiveConfigError(
+                f"objective 'angle' has no option {', '.join(unknown)}; it takes {', '.join(takes)}"
+            )
+        return AnglELoss(**loss_options)
 
     def loss(self, batch: list[tuple[str, str, float]]) -> tuple[Tensor, dict[str, float]]:
         first = [a for a, _, _ in batch]

@@ -9,9 +9,11 @@ and saves an ordinary Embedder directory (``<output>/model``, LoRA merged).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,7 +33,7 @@ from lmembed.training.stages.simcse import SimCSEObjective
 from lmembed.training.train_config import ObjectiveConfig, ObjectiveConfigError
 from lmembed.training.trainable import build_trainable
 
-__all__ = ["OBJECTIVES", "ObjectiveResult", "build_objective", "run_objective", "train_steps"]
+__all__ = ["OBJECTIVES", "ObjectiveResult", "build_objective", "check_objective", "run_objective", "train_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +49,30 @@ MODEL_DIR = "model"
 CONFIG_FILE = "objective_config.json"
 
 
-def build_objective(name: str, model: Any, **options: Any) -> Any:
-    """Instantiate the objective called ``name`` around ``model``."""
+def check_objective(name: str, options: Mapping[str, Any]) -> type:
+    """The objective class called ``name``, once ``options`` are all options it takes (before any model is built);
+    else :class:`ObjectiveConfigError` naming the option and those it takes."""
     key = name.strip().lower()
     if key not in OBJECTIVES:
         raise ObjectiveConfigError(f"objective {name!r} is unknown; choose one of {', '.join(OBJECTIVES)}")
-    return OBJECTIVES[key](model, **options)
+    objective = OBJECTIVES[key]
+    parameters = list(inspect.signature(objective).parameters.values())[1:]  # after the model
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):  # its options go on to a loss
+        check = getattr(objective, "check_options", None)  # which it checks, if it can before a model exists
+        if check is not None:
+            check(dict(options))
+        return objective
+    takes = [p.name for p in parameters]
+    if unknown := sorted(set(options) - set(takes)):
+        raise ObjectiveConfigError(
+            f"objective {key!r} has no option {', '.join(unknown)}; it takes {', '.join(takes) or 'none'}"
+        )
+    return objective
+
+
+def build_objective(name: str, model: Any, **options: Any) -> Any:
+    """Instantiate the objective called ``name`` around ``model``."""
+    return check_objective(name, options)(model, **options)
 
 
 @dataclass
@@ -98,6 +118,7 @@ def _backpropagate(objective: Any, stream: BatchStream, index: int) -> tuple[Ten
 def run_objective(config: ObjectiveConfig, *, embedder: Any | None = None) -> ObjectiveResult:
     """Train ``config.objective`` and save the result under ``<output>/model``."""
     started = time.perf_counter()
+    check_objective(config.objective, config.options)  # before the model is loaded
     set_seed(config.seed)
     model = build_trainable(config, embedder)
     objective = build_objective(config.objective, model, **config.options)
