@@ -141,6 +141,16 @@ def test_a_synthesis_recipe_names_the_line_of_a_bad_value(tmp_path):
         load_recipe(path)
 
 
+def test_a_synthesis_recipe_that_is_not_utf8_names_its_line(tmp_path):
+    """It was decoded with errors='replace': a Latin-1 prompt became U+FFFD in every generated row."""
+    from lmembed.io import DataFormatError
+
+    path = tmp_path / "mine.yaml"
+    path.write_bytes(b"version: 2\nkind: corpus\nprompt: caf\xe9\n")
+    with pytest.raises(DataFormatError, match=rf"^{re.escape(str(path))}:3: not valid UTF-8"):
+        load_recipe(path)
+
+
 def test_a_training_recipe_names_the_line_of_a_mistake(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("model: m\nstages:\n  - name: a\n  - name: a\n")

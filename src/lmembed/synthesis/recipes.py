@@ -16,6 +16,7 @@ from string import Template
 from typing import Any
 
 from lmembed.errors import ConfigError, UnknownNameError
+from lmembed.io import read_text
 from lmembed.paths import find_named_recipe
 from lmembed.schema import Where, read_yaml_file
 
@@ -86,7 +87,7 @@ def load_recipe(name: str | Path) -> SynthesisRecipe:
     """Read and check a recipe file (a path or a known stem such as ``e5-mistral``)."""
     path = find_recipe(name)
     raw = path.read_bytes()
-    data, lines = read_yaml_file(path, SynthesisRecipeError, raw.decode("utf-8", errors="replace"))
+    data, lines = read_yaml_file(path, SynthesisRecipeError, read_text(path))  # not UTF-8: named, file:line
     if not isinstance(data, dict):
         raise SynthesisRecipeError(f"{path}: a recipe is a YAML mapping")
     where = Where(str(path), lines, SynthesisRecipeError)
