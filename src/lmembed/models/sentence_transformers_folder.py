@@ -352,6 +352,9 @@ def _read_transformer(published: PublishedModel, folder: Path) -> None:
     published.tokenizer_settings = {
         k: v for k, v in tokenizer_kwargs.items() if k in ("padding_side", "truncation_side")
     }
+    for key, side in published.tokenizer_settings.items():
+        if side not in ("left", "right"):
+            raise PublishedModelError(f"{source}: tokenizer kwarg {key}={side!r}; it is 'left' or 'right'")
     processing = config.get("processing_kwargs") or {}
     text = processing.get("text", {}) if isinstance(processing, dict) else None
     if not isinstance(text, dict) or set(processing) - {"text"} or set(text) - {"max_length"}:
