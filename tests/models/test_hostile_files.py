@@ -279,7 +279,7 @@ FIELD_CASES = {
     "max_seq_length a string": ("sentence_bert_config.json", {"max_seq_length": "64"}, "max_seq_length"),
     "default prompt a list": ("config_sentence_transformers.json", {"default_prompt_name": ["q"]}, "default_prompt"),
     "similarity a list": ("config_sentence_transformers.json", {"similarity_fn_name": ["cosine"]}, "similarity_fn"),
-    "truncation side unknown": ("sentence_bert_config.json", {"tokenizer_args": {"truncation_side": "middle"}}, "trunc"),
+    "truncation side": ("sentence_bert_config.json", {"tokenizer_args": {"truncation_side": "middle"}}, "truncation"),
 }
 
 
