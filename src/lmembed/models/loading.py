@@ -325,7 +325,7 @@ def check_local_model(path: str | Path) -> None:
     (transformers opens files by name, links followed) and its config's sizes fit its weights (models.weights). A
     Hub id is left to transformers."""
     if Path(path).is_dir():
-        check_links_inside(Path(path), error=ModelLoadError)
+        check_links_inside(Path(path))  # UnsafeFileError, as every path that leaves a folder
         check_config_sizes(Path(path))
 
 
