@@ -437,3 +437,28 @@ def test_a_layer_the_model_lacks_is_refused_when_the_strategy_is_set(make_embedd
         emb.with_config(emb.config.with_options(layer=99))
     with pytest.raises(LayerSelectionError, match="layer -99 is out of range"):
         make_embedder("llama", layer=(1, -99))
+
+
+@pytest.mark.parametrize(
+    ("family", "options", "message"),
+    [
+        ("bert", {"attention": "causal"}, r"attention='causal': .* is an encoder"),
+        ("bert", {"max_length": 4096}, r"max_length=4096: .* has \d+ positions"),
+        ("bert", {"final_norm": True}, r"final_norm=True: .* has no final norm"),
+        ("bert", {"quantize": "int8", "precision": "float32"}, "ask for two precisions"),
+        ("bert", {"threads": 1}, r"threads=1 sets ONNX Runtime's threads"),
+    ],
+)
+def test_an_option_the_model_cannot_take_is_refused_not_dropped(make_embedder, tmp_path, family, options, message):
+    """Each was accepted and changed nothing (attention recorded as bidirectional, the length cut to the
+    positions, the norm skipped, float32 run, torch's threads kept), the option still shown as given."""
+    from lmembed.encoding.backends import BackendError
+
+    folder = make_embedder(family).save(tmp_path / family)
+    with pytest.raises((ConfigError, BackendError), match=message):
+        Embedder.from_pretrained(str(folder), cache=False, show_progress=False, **options)
+
+
+def test_an_instruction_and_a_prompt_name_together_are_refused(make_embedder):
+    with pytest.raises(ConfigError, match="both set the text before each input"):
+        make_embedder("bert").encode(["a"], instruction="Find", prompt_name="query")

@@ -46,7 +46,7 @@ from lmembed.models.sentence_transformers_folder import (
 )
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
-from lmembed.pooling.layers import normalize_layer
+from lmembed.pooling.layers import find_final_norm, normalize_layer
 from lmembed.pooling.terms import TermChannel, fit_terms, save_terms
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,9 @@ class Embedder:
         if quantize is not None:
             if quantize != "int8":
                 raise ConfigError(f"quantize={quantize!r} is unknown; the only scheme is 'int8'")
-            precision = precision or "int8"
+            if precision not in (None, "int8"):
+                raise ConfigError(f"quantize='int8' and precision={precision!r} ask for two precisions; give one")
+            precision = "int8"
         torch_int8 = precision == "int8" and backend == "torch"
         plan = plan_load(name_or_path, torch_int8=torch_int8)  # the first source reader that knows it
         backbone = plan.load_backbone(
@@ -288,6 +290,7 @@ class Embedder:
             **strategy,
         }
         given = {k: v for k, v in given.items() if v is not None}
+        _check_given(backbone, given)
         plan.warn_overrides(given)
         base = config.to_dict() if config else {}
         base.update(plan.options)  # the source's own conventions, then the caller's options over them
@@ -407,7 +410,12 @@ class Embedder:
     ) -> np.ndarray:
         """Embed texts as they are (with ``instruction`` kept out of pooling if given). A published model's
         prompt can be named (``prompt_name``, one of ``config.prompts``); without either, its default prompt
-        (``default_prompt_name``) applies, as in sentence-transformers' ``encode``."""
+        (``default_prompt_name``) applies, as in sentence-transformers' ``encode``. Giving both is refused: which one
+        was meant cannot be told (sentence-transformers warns and drops ``prompt_name``)."""
+        if instruction is not None and prompt_name is not None:
+            raise ConfigError(
+                f"instruction and prompt_name={prompt_name!r} both set the text before each input; give one"
+            )
         if instruction is None:
             instruction = self.config.named_prompt(prompt_name)
         return self._encode_as(texts, batch_size, instruction, self.config)
@@ -627,6 +635,30 @@ class Embedder:
             and cfg.pooling in ST_POOLING_MODES
             and not (self.backbone.is_decoder and cfg.attention == "bidirectional")
             and not uses_eos
+        )
+
+
+def _check_given(backbone: Backbone, given: dict[str, Any]) -> None:
+    """Refuse an option the caller gave that this model cannot take effect as it says (never approximated in
+    silence): causal attention on an encoder, a max_length beyond the model's positions, final_norm on a model
+    without a final norm."""
+    kind = f"{backbone.name} (model_type={backbone.model_type!r})"
+    if given.get("attention") == "causal" and not backbone.is_decoder:
+        raise ConfigError(
+            f"attention='causal': {kind} is an encoder, whose tokens attend both ways by construction; it is not "
+            "run causally (leave attention unset)"
+        )
+    positions = getattr(backbone.model.config, "max_position_embeddings", None)
+    max_length = given.get("max_length")
+    if isinstance(max_length, int) and isinstance(positions, int) and 0 < positions < max_length:
+        raise ConfigError(
+            f"max_length={max_length}: {kind} has {positions} positions, so at most {positions} tokens are read "
+            "(rope_scale reads more of a RoPE decoder)"
+        )
+    if given.get("final_norm") is not None and find_final_norm(backbone.model) is None:
+        raise ConfigError(
+            f"final_norm={given['final_norm']}: {kind} has no final norm after its last layer; the states are "
+            "read as they are (leave final_norm unset)"
         )
 
 

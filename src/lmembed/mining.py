@@ -106,6 +106,8 @@ def canonical_method(method: str) -> str:
 
 def resolve_margin(method: str, margin: float | None) -> float:
     """The filter parameter for ``method``: the given value or the method's default."""
+    if method == "naive" and margin is not None:
+        raise MiningError(f"margin={margin}: method 'naive' keeps the top k as they are and takes no margin")
     value = DEFAULT_MARGINS[method] if margin is None else float(margin)
     if not math.isfinite(value):
         raise MiningError(f"margin={value} is not a finite number")
@@ -318,6 +320,12 @@ def mine_hard_negatives(
     queries = [_row_query(r) for r in items]
     positives = [_row_positives(r) for r in items]
     instructions = [r.get("instruction") or query_instruction for r in items]
+    if query_instruction is not None and (own := sum(1 for r in items if r.get("instruction"))):
+        log.warning(
+            "%d of %d rows give their own instruction, which they are mined with instead of the one given",
+            own,
+            len(items),
+        )
     pool = _TextPool(corpus_texts(corpus))
     positive_ids = [[pool.add(p) for p in pos] for pos in positives]
     docs = pool.texts

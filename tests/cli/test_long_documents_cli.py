@@ -37,12 +37,15 @@ def test_rope_scale_flag_reads_as_the_library_does(saved, tmp_path):
     model = saved("llama")
     result, out = _encode(tmp_path, model, "--rope-scale", "2", "--max-length", "256")
     assert result.exit_code == 0, result.output
-    reference = Embedder.from_pretrained(model, cache=False, show_progress=False, max_length=256)
+    reference = Embedder.from_pretrained(model, cache=False, show_progress=False, max_length=128)
     interpolate_positions(reference.backbone, 2.0)
+    reference = reference.with_config(reference.config.with_options(max_length=256))
     np.testing.assert_allclose(np.load(out), reference.encode([LONG, "a dog"]), atol=1e-5)
-    plain, plain_out = _encode(tmp_path, model, "--max-length", "256")
+    plain, plain_out = _encode(tmp_path, model, "--max-length", "128")
     assert plain.exit_code == 0, plain.output
     assert not np.allclose(np.load(plain_out)[0], np.load(out)[0], atol=1e-3)  # the flag changed the reading
+    beyond, _ = _encode(tmp_path, model, "--max-length", "256")  # 256 of 128 positions: refused, not cut to 128
+    assert beyond.exit_code == 2 and "has 128 positions" in " ".join(beyond.output.replace("│", " ").split())
 
 
 def test_rope_scale_is_refused_for_a_model_without_rotary_positions(saved, tmp_path):
@@ -70,7 +73,7 @@ def test_an_index_built_with_rope_scale_is_searched_with_it(saved, tmp_path):
     assert top.id == "long" and top.score == pytest.approx(1.0, abs=1e-5)  # read as at build time: finds itself
     found = CliRunner().invoke(app, ["search", str(folder), LONG, "-k", "1"])
     assert found.exit_code == 0 and "long" in found.output, found.output
-    plain = Embedder.from_pretrained(model, cache=False, show_progress=False, max_length=256)
+    plain = Embedder.from_pretrained(model, cache=False, show_progress=False, max_length=128)
     with pytest.raises(IndexMismatchError, match="rope_scale: index=2 embedder=none"):
         Index.open(folder, plain)
 

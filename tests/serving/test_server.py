@@ -412,6 +412,32 @@ def test_long_texts_are_truncated_or_refused(make_embedder):
         assert post(server, {"input": [" ".join(["word"] * 128)]}).status_code == 200
 
 
+def test_tei_fields_are_obeyed_and_unknown_fields_refused(make_embedder):
+    """TEI's truncate: false was accepted and the text cut; normalize: false still gave unit vectors; a misspelt
+    field ('dimension', 'output_dimensions') was dropped and the answer kept every dimension."""
+    emb = make_embedder("bert")  # reads at most 128 tokens; normalises
+    long_text = " ".join(["word"] * 300)
+    with serving(emb) as (server, _):
+        refused = post(server, {"inputs": ["short", long_text], "truncate": False}, "/embed")
+        assert refused.status_code == 400 and refused.json()["code"] == "input_too_long", refused.text
+        assert (
+            "'inputs[1]' is 300 tokens long" in refused.json()["error"] and "truncate: false" in refused.json()["error"]
+        )
+        assert post(server, {"inputs": [long_text], "truncate": True}, "/embed").status_code == 200
+        raw = np.array(post(server, {"inputs": ["a cat"], "normalize": False}, "/embed").json())
+        normed = np.array(post(server, {"inputs": ["a cat"]}, "/embed").json())
+        assert not np.isclose(np.linalg.norm(raw), 1.0) and np.isclose(np.linalg.norm(normed), 1.0)
+        np.testing.assert_allclose(raw / np.linalg.norm(raw), normed, atol=1e-6)
+        for path, body, field in (
+            ("/v1/embeddings", {"input": "x", "dimension": 8}, "dimension"),
+            ("/v2/embed", {"texts": ["x"], "output_dimensions": 8}, "output_dimensions"),
+            ("/embed", {"inputs": "x", "dimension": 8}, "dimension"),
+        ):
+            answer = post(server, body, path)
+            assert answer.status_code == 400, answer.text
+            assert field in answer.text and "unknown_field" in answer.text and "is not a field of" in answer.text
+
+
 def test_api_key(make_embedder):
     with serving(make_embedder("bert"), limits=Limits(api_key="s3cret")) as (server, _):
         assert_error(post(server, {"input": "x"}), 401, "invalid_api_key", "missing API key")

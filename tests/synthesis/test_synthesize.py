@@ -356,6 +356,20 @@ def test_an_unknown_recipe_is_one_clean_line(tmp_path):
 
 def test_a_budget_is_refused_on_ray_where_each_worker_would_count_its_own(tmp_path):
     argv = ["synthesize", "--recipe", "e5-mistral", "-o", str(tmp_path / "o.jsonl"), "--max-requests", "5"]
-    result = CliRunner().invoke(app, [*argv, "--engine", "ray"])
+    endpoint = ["--generator", "http://127.0.0.1:9/v1"]  # a budget counts an endpoint's requests
+    result = CliRunner().invoke(app, [*argv, *endpoint, "--engine", "ray"])
     assert result.exit_code == 2 and "Invalid value for --max-requests" in result.output
     assert "budget is counted in" in result.output and not (tmp_path / "o.jsonl.parts").exists()
+
+
+def test_options_the_generator_does_not_read_are_refused(tmp_path):
+    """--max-requests, --model or --device with the tiny generator (or --device with an endpoint) changed nothing."""
+    argv = ["synthesize", "--recipe", "e5-mistral", "-o", str(tmp_path / "o.jsonl")]
+    for extra, flag in (
+        (["--max-requests", "1", "--device", "cuda:7"], "--max-requests"),
+        (["--generator", "http://127.0.0.1:9/v1", "--device", "cuda:7"], "--device"),
+        (["--generator", "local:minilm", "--concurrency", "9"], "--concurrency"),
+    ):
+        result = CliRunner().invoke(app, [*argv, *extra])
+        assert result.exit_code == 2 and f"Invalid value for {flag}" in result.output, result.output
+    assert not (tmp_path / "o.jsonl").exists()

@@ -71,6 +71,12 @@ def adapt(
     from lmembed.training.adapt_recipe import load_adapt_recipe  # lazy: keeps `lmembed --help` light
 
     plan = load_adapt_recipe(recipe)
+    if generator_model is not None and not (generator or "").startswith(("http://", "https://")):
+        raise typer.BadParameter(
+            "names the model an endpoint generator (--generator http(s)://...) is asked for; "
+            f"{'no generator is given' if generator is None else f'--generator {generator} is not one'}",
+            param_hint="--generator-model",
+        )
     if terms_only:
         _terms_only(model, corpus, output, plan, device, generator, teacher, steps, batch_size, lora, resume)
         return

@@ -112,7 +112,12 @@ def encode(
 
 
 def _check_side(side: str | None, instruction: str | None, prompt_name: str | None) -> None:
-    """Refuse a --side that is none, or prompt options the side decides itself, before anything is loaded."""
+    """Refuse a --side that is none, prompt options the side decides itself, or --instruction with --prompt-name
+    (the instruction won and the prompt name went unchecked), before anything is loaded."""
+    if instruction is not None and prompt_name is not None:
+        raise typer.BadParameter(
+            "--instruction and --prompt-name both set the text before each input; give one", param_hint="--prompt-name"
+        )
     if side is None:
         return
     if side not in SIDES:

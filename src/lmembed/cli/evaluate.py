@@ -24,6 +24,7 @@ from lmembed.cli.options import (
     load_embedder,
     make_chunking,
     options_command,
+    refuse_unused,
     scale_out,
 )
 from lmembed.cli.rerank import (
@@ -34,7 +35,7 @@ from lmembed.cli.rerank import (
     RerankTopKOpt,
     evaluate_in_stages,
 )
-from lmembed.options import EngineOptions, ModelOptions
+from lmembed.options import EngineOptions, ModelOptions, flags_of
 
 console = terminal.console(stderr=True)
 out_console = terminal.console()
@@ -116,8 +117,20 @@ def eval_command(
                 "the main job calibrates int8 on the texts it scores; --calibration is for --model/--data",
                 param_hint="--calibration",
             )
+        used = {"output", "batch_size", "backend", "precision", "engine", "calibration"}
+        refuse_unused(
+            ctx,
+            [param.name for param in ctx.command.params if param.name and param.name not in used],
+            "not used by the main job (lmembed eval with no --model, --data or --suite runs its bundled defaults)",
+        )
         _main_job(output, batch_size, options.backend, options.precision)
         return
+    if rerank or first_stage != "dense":
+        staged_unused = ("grid", "engine", "ray_address", "workers")
+        refuse_unused(ctx, staged_unused, "not used by a staged evaluation (one strategy, run here)")
+        if first_stage == "bm25":
+            model_side = [name for name in flags_of(ModelOptions) if not (rerank and name == "device")]
+            refuse_unused(ctx, model_side, "not used with --first-stage bm25 (no embedding model runs)")
     tasks, missing = resolve_eval_tasks(data, suite, task_type, instructions)  # tasks carry their instructions
     if chunking is not None or late_chunking:
         if rerank or first_stage != "dense":
@@ -195,7 +208,9 @@ def sweep(
         "smollm2-135m"
     ),
     pooling: Annotated[str, typer.Option(help="Pooling used at every layer.")] = "mean",
-    attention: Annotated[str, typer.Option(help="causal or bidirectional.")] = "causal",
+    attention: Annotated[
+        str | None, typer.Option(help="causal or bidirectional (default: the model's own; encoders: bidirectional).")
+    ] = None,
     max_length: MaxLenOpt = None,
     corpus_sample: Annotated[
         int | None,

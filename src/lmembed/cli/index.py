@@ -38,7 +38,9 @@ from lmembed.cli.options import (
     load_embedder,
     make_chunking,
     options_command,
+    refuse_unused,
     scale_out,
+    typed_flags,
 )
 from lmembed.cli.rerank import (
     CandidatesOpt,
@@ -142,7 +144,11 @@ def build(
     With --engine ray the corpus is embedded as one resumable sharded job on Ray (workers load the model
     themselves); the vectors, and so the index, are the same as with --engine local."""
     from lmembed.index import Index, IndexParams, load_corpus  # lazy: FAISS loads only when a command runs
+    from lmembed.index.kinds import KIND_PARAMS
 
+    if kind in KIND_PARAMS:  # an unknown kind is IndexParams' to refuse, naming the kinds
+        other = sorted({p for params in KIND_PARAMS.values() for p in params} - set(KIND_PARAMS[kind]))
+        refuse_unused(ctx, other, f"not used by a --kind {kind} index")
     params = IndexParams(
         kind=kind,
         hnsw_m=hnsw_m,
@@ -194,11 +200,7 @@ def check_chunk_options(ctx: typer.Context | None, chunking: str | None, late_ch
     never given, nor silence. ``ctx`` tells given values from defaults (``None`` outside the command line)."""
     if chunking is not None:
         return
-    given = [
-        f"--{name.replace('_', '-')}"
-        for name in CHUNK_SHAPING
-        if ctx is not None and getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in _DEFAULTS
-    ]
+    given = typed_flags(ctx, *CHUNK_SHAPING)
     if late_chunking and "--late-chunking" not in given:
         given.insert(0, "--late-chunking")
     if given:
@@ -207,9 +209,6 @@ def check_chunk_options(ctx: typer.Context | None, chunking: str | None, late_ch
             "which is not given: add --chunking",
             param_hint=given[0],
         )
-
-
-_DEFAULTS = ("DEFAULT", "DEFAULT_MAP")
 
 
 def _ray_line(progress: Any) -> None:
@@ -372,6 +371,7 @@ def write_run(output: Path, queries: list[tuple[str, str]], results: list[list[H
 
 
 def search(
+    ctx: typer.Context,
     index_dir: IndexDirArg,
     query: Annotated[str | None, typer.Argument(help="A query (or use --queries for a file of them).")] = None,
     k: Annotated[int, typer.Option("-k", "--top-k", min=1, help="Results per query.")] = 10,
@@ -401,6 +401,13 @@ def search(
     """Search an index with a query (a readable table) or a file of queries (a run file): by the model's vectors,
     BM25 or both fused (--mode), optionally reranked (--rerank)."""
     check_stage_options(mode, fusion)
+    if mode == "bm25":
+        model_side = ("instruction", "model", "batch_size", "ef_search", "nprobe", "rescore_multiplier")
+        refuse_unused(ctx, (*model_side, *(() if rerank else ("device",))), "not used with --mode bm25 (no model runs)")
+    if mode == "dense":
+        refuse_unused(ctx, ("fusion", "candidates"), "not used with --mode dense (nothing is fused)")
+    if not rerank:
+        refuse_unused(ctx, ("rerank_top_k", "rerank_batch_tokens"), "not used without --rerank")
     if (query is None) == (queries is None):
         raise typer.BadParameter("give a QUERY or --queries FILE (one of them)", param_hint="QUERY")
     if query is not None and not query.strip():

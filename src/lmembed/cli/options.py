@@ -345,3 +345,27 @@ def make_chunking(aggregate: str | None, tokens: int, overlap: int, late: bool) 
         return Chunking(aggregate, tokens=tokens, overlap=overlap, late=late)  # type: ignore[arg-type]
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--chunk-tokens/--chunk-overlap") from None
+
+
+def typed_flags(ctx: typer.Context | None, *names: str) -> list[str]:
+    """The flags among the parameters ``names`` of the command of ``ctx`` that the user typed on its command line (not
+    defaults, nor an environment variable set for every command); none without a context (a call from Python). How a
+    command tells an option it would ignore from one it was never given."""
+    if ctx is None:
+        return []
+    flags = {param.name: param.opts[0] for param in ctx.command.params if param.opts}
+    given = []
+    for name in names:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":
+            given.append(flags.get(name, f"--{name.replace('_', '-')}"))
+    return given
+
+
+def refuse_unused(ctx: typer.Context | None, names: tuple[str, ...] | list[str], reason: str) -> None:
+    """Refuse the flags among ``names`` that the user gave (:func:`typed_flags`), each of which the command would
+    ignore: ``reason`` says why (``"not used with --mode bm25"``)."""
+    if given := typed_flags(ctx, *names):
+        raise typer.BadParameter(
+            f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} {reason}", param_hint=given[0]
+        )

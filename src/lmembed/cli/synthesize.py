@@ -29,12 +29,17 @@ from typing import Annotated, Any
 import typer
 
 from lmembed import terminal
-from lmembed.cli.options import check_engine, check_writable, options_command
+from lmembed.cli.options import check_engine, check_writable, options_command, refuse_unused
 from lmembed.options import EngineOptions
+
+#: the options each kind of generator reads (the others are refused when given: they would change nothing)
+_ENDPOINT_OPTIONS = ("model", "api_key_env", "concurrency", "retries", "max_requests", "max_tokens")
+_LOCAL_OPTIONS = ("device", "batch_size", "dtype")
 
 
 @options_command
 def synthesize_command(
+    ctx: typer.Context,
     recipe: Annotated[str, typer.Option("--recipe", help="Recipe file or name: e5-mistral, gecko, corpus-only.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the rows (JSON lines).")],
     generator: Annotated[
@@ -76,6 +81,12 @@ def synthesize_command(
     from lmembed.synthesis.synthesize import read_passages, synthesize
 
     check_writable(output, "--output")
+    if generator.startswith(("http://", "https://")):
+        refuse_unused(ctx, _LOCAL_OPTIONS, "for a local generator (--generator local:MODEL), not an endpoint")
+    elif generator.startswith("local:"):
+        refuse_unused(ctx, _ENDPOINT_OPTIONS, "for an endpoint generator (--generator http(s)://...), not a local one")
+    else:
+        refuse_unused(ctx, (*_ENDPOINT_OPTIONS, *_LOCAL_OPTIONS), f"not used by --generator {generator}")
     try:
         check_generator(generator)
     except GeneratorError as exc:

@@ -97,6 +97,12 @@ def train(**options: Any) -> None:
     config_file = options.pop("config")
     recipe_file = options.pop("recipe")
     if recipe_file is not None:
+        if config_file is not None:
+            raise typer.BadParameter(
+                "a recipe sets every stage's options; --config (a training run's file) is not read with it: give "
+                "one, or the options to change as flags",
+                param_hint="--config",
+            )
         if options.get("output"):
             check_writable(Path(options["output"]), "--output", folder=True)
         _run_recipe(recipe_file, {k: v for k, v in options.items() if v is not None})

@@ -107,7 +107,7 @@ def run_sweep(
     data: Sequence[str],
     *,
     pooling: str = "mean",
-    attention: str = "causal",
+    attention: str | None = None,
     max_length: int | None = None,
     corpus_sample: int | None = None,
     output: Path = Path("results/sweep"),

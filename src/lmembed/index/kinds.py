@@ -106,6 +106,10 @@ class IndexParams:
         unknown = sorted(set(overrides) - set(SEARCH_PARAMS))
         if unknown:
             raise ConfigError(f"{', '.join(unknown)} cannot change after the build; only {', '.join(SEARCH_PARAMS)}")
+        if unread := sorted(k for k, v in overrides.items() if v is not None and k not in KIND_PARAMS[self.kind]):
+            kinds_of = {k: [kind for kind, names in KIND_PARAMS.items() if k in names] for k in unread}
+            said = "; ".join(f"{k} is a parameter of {' and '.join(kinds_of[k])} indexes" for k in unread)
+            raise ConfigError(f"{said}: this index is {self.kind}, which does not read it")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def check_dim(self, dim: int) -> None:

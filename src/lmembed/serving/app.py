@@ -161,10 +161,12 @@ class ServerState:
         field: str,
         side: str | None = None,
         normalize: bool | None = None,
+        truncate: bool | None = None,
     ) -> tuple[np.ndarray, int]:
         """Final vectors (as ``Embedder.encode`` returns them; ``side="query"`` as ``encode_queries``) and the
-        number of tokens embedded (``normalize``: L2-normalise or not, whatever the strategy says)."""
-        features = await self.tokenizer.features(texts, instruction, field)
+        number of tokens embedded (``normalize``: L2-normalise or not, whatever the strategy says; ``truncate``
+        False: a text longer than the model reads is refused)."""
+        features = await self.tokenizer.features(texts, instruction, field, truncate)
         lengths = [len(f) for f in features]
         tokens = sum(lengths)
         self.admission.admit(tokens)
@@ -182,7 +184,7 @@ class ServerState:
     async def embed_compat(self, request: Request, req: CompatEmbedRequest, field: str) -> tuple[np.ndarray, int]:
         """The vectors of a Cohere or TEI embedding request (as ``/v1/embeddings`` embeds them)."""
         instruction = self.instruction_for(req.input_type, None)
-        work = self.embed(req.texts, instruction, req.dimensions, field, req.input_type, req.normalize)
+        work = self.embed(req.texts, instruction, req.dimensions, field, req.input_type, req.normalize, req.truncate)
         vectors, tokens = await unless_disconnected(request, work)
         self.metrics.tokens.inc(tokens)
         return vectors, tokens

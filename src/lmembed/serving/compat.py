@@ -24,9 +24,10 @@ Embedding types (Cohere's names; lmembed's quantisation, documented here since C
 
 TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     ``POST /embed`` (and ``POST /``): ``inputs`` (a string or a list), ``normalize`` (default true: L2-normalised
-    whatever the strategy; false: as the strategy gives them), ``dimensions``, ``prompt_name`` (``query`` embeds
-    as a query, ``document``/``passage`` as a document), ``truncate`` and ``truncation_direction`` (``Right``
-    only; the server's ``--no-truncate`` decides). Answer: a list of vectors.
+    whatever the strategy; false: as pooled, not normalised, as TEI gives them), ``dimensions``, ``prompt_name``
+    (``query`` embeds as a query, ``document``/``passage`` as a document), ``truncate`` (false: a text longer than
+    the model reads is refused, 413, as TEI does; a ``--no-truncate`` server refuses it whatever the field) and
+    ``truncation_direction`` (``Right`` only). Another field is refused by name. Answer: a list of vectors.
 
     ``POST /rerank``: ``query``, ``texts``, ``return_text``, ``raw_scores`` (false only: scores are the
     reranker's activated ones). Answer: ``[{"index", "score", "text"?}]``, best first.
@@ -56,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from lmembed.serving.errors import bad_request, shown, too_many_inputs
+from lmembed.serving.errors import bad_request, only_fields, shown, too_many_inputs
 from lmembed.serving.schemas import _choice, _dimensions, _model, _texts, text_field
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
@@ -67,6 +68,28 @@ COHERE_INPUT_TYPES = {
     "clustering": None,
 }
 TEI_PROMPTS = {"query": "query", "document": "document", "passage": "document"}
+#: the fields each route takes (another is refused by name: it would change nothing)
+COHERE_EMBED_FIELDS = (
+    "texts",
+    "images",
+    "inputs",
+    "model",
+    "input_type",
+    "embedding_types",
+    "output_dimension",
+    "max_tokens",
+    "truncate",
+    "priority",
+)
+TEI_EMBED_FIELDS = (
+    "inputs",
+    "normalize",
+    "truncate",
+    "truncation_direction",
+    "prompt_name",
+    "dimensions",
+    "encoding_format",
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +102,7 @@ class CompatEmbedRequest:
     dimensions: int | None = None
     embedding_types: tuple[str, ...] = ("float",)
     normalize: bool | None = None  # None: as the strategy says
+    truncate: bool | None = None  # TEI's: False refuses a text the model cannot read whole; None: as the server does
 
 
 def _flag(payload: dict[str, Any], field: str, default: bool) -> bool:
@@ -118,6 +142,7 @@ def parse_cohere_embed(
     fixed_width: str | None = None,
 ) -> CompatEmbedRequest:
     """Validate a Cohere v2 ``/v2/embed`` body (see the module doc)."""
+    only_fields(payload, COHERE_EMBED_FIELDS, "a Cohere v2 embed request")
     for field in ("images", "inputs"):
         if payload.get(field) is not None:
             raise bad_request(f"'{field}' is not served here; send 'texts'", "unsupported_input", field)
@@ -208,14 +233,18 @@ def parse_tei_embed(
     payload: dict[str, Any], *, default_model: str, max_inputs: int, dim: int, fixed_width: str | None = None
 ) -> CompatEmbedRequest:
     """Validate a TEI ``/embed`` body (see the module doc)."""
+    only_fields(payload, TEI_EMBED_FIELDS, "a TEI embed request")
     texts = _texts(payload.get("inputs"), "inputs", max_inputs)
     normalize = _flag(payload, "normalize", True)
-    _flag(payload, "truncate", False)  # the server's --no-truncate decides; the field is checked, not obeyed
+    truncate = payload.get("truncate")
+    if truncate is not None:
+        _flag(payload, "truncate", False)
     _direction(payload)
+    _choice(payload, "encoding_format", ("float",), "invalid_encoding_format")
     prompt = _choice(payload, "prompt_name", TEI_PROMPTS, "invalid_prompt_name")
     dimensions = _dimensions(payload, "dimensions", dim, fixed_width)
     side = TEI_PROMPTS.get(prompt) if prompt is not None else None
-    return CompatEmbedRequest(texts, default_model, side, dimensions, ("float",), True if normalize else None)
+    return CompatEmbedRequest(texts, default_model, side, dimensions, ("float",), normalize, truncate)
 
 
 def parse_tei_rerank(payload: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ same ``code`` (and ``param``, where one field was wrong) beside it.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Sequence
 from typing import Any
 
 from lmembed.errors import LmembedError
@@ -64,6 +65,14 @@ class ApiError(LmembedError, ValueError):
 
 def bad_request(message: str, code: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, code, param=param)
+
+
+def only_fields(payload: dict[str, Any], known: Sequence[str], what: str) -> None:
+    """400 ``unknown_field`` for a field the route does not take: a misspelt ``dimension`` would otherwise change
+    nothing without a word (the answer's vectors keep every dimension)."""
+    if unknown := sorted(set(payload) - set(known)):
+        name = unknown[0] if len(unknown[0]) <= 60 else unknown[0][:57] + "..."
+        raise bad_request(f"'{name}' is not a field of {what} (it takes {', '.join(known)})", "unknown_field", name)
 
 
 def too_many_inputs(field: str, count: int, limit: int, unit: str = "items") -> ApiError:

@@ -26,9 +26,11 @@ import numpy as np
 from lmembed.config import SIDES
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
-from lmembed.serving.errors import bad_request, shown, too_many_inputs
+from lmembed.serving.errors import bad_request, only_fields, shown, too_many_inputs
 
 ENCODING_FORMATS = ("float", "base64")
+#: what ``/v1/embeddings`` takes: OpenAI's fields and lmembed's two
+EMBEDDING_FIELDS = ("input", "model", "encoding_format", "dimensions", "user", "input_type", "instruction")
 INPUT_TYPES = SIDES
 
 
@@ -232,6 +234,7 @@ def parse_embedding_request(
 ) -> EmbeddingRequest:
     """Validate a ``/v1/embeddings`` body (see the module doc); ``dim`` is the largest ``dimensions``, and the only
     one where ``fixed_width`` says why the model's vectors cannot be shortened."""
+    only_fields(payload, EMBEDDING_FIELDS, "an embedding request")
     texts = _texts(payload.get("input"), "input", max_inputs)
     model = _model(payload, served, default_model)
     encoding_format = _choice(payload, "encoding_format", ENCODING_FORMATS, "invalid_encoding_format", "float")

@@ -46,23 +46,32 @@ class RequestTokenizer:
         tokenizer = copy.deepcopy(engine.backbone.tokenizer)
         self.builder = engine.input_builder(config, tokenizer)
         self.max_length = self.builder.max_length
-        self.unbounded = None if truncate else engine.input_builder(config, tokenizer, UNBOUNDED)
+        self.truncate = truncate
+        self.unbounded = engine.input_builder(config, tokenizer, UNBOUNDED)  # --no-truncate, or a request's own
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-tokenize")
         self.inspected = copy.deepcopy(tokenizer)  # /tokenize and /decode: their own copy, on their own thread
         self.inspector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmembed-inspect")
         self.closed = False
 
-    def build(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
-        """Each text's features, as the model is fed them (after truncation)."""
+    def build(
+        self, texts: Sequence[str], instruction: str | None, field: str = "input", truncate: bool | None = None
+    ) -> list[Features]:
+        """Each text's features, as the model is fed them (after truncation); a text longer than the model reads is
+        refused when this server does not truncate, or the request says ``truncate: false`` (TEI's field)."""
         try:
             features = self.builder.build_all(texts, instruction)
-            if self.unbounded is not None:
+            if not self.truncate or truncate is False:
+                why = (
+                    "this server does not truncate (--no-truncate)"
+                    if not self.truncate
+                    else "the request says truncate: false"
+                )
                 full = self.unbounded.build_all(texts, instruction)
                 for i, (cut, whole) in enumerate(zip(features, full, strict=True)):
                     if len(whole) > len(cut):
                         raise bad_request(
                             f"'{field}[{i}]' is {len(whole)} tokens long; the model reads at most {self.max_length} "
-                            "and this server does not truncate (--no-truncate)",
+                            f"and {why}",
                             "input_too_long",
                             field,
                         )
@@ -123,11 +132,13 @@ class RequestTokenizer:
             raise ApiError(503, "the server is shutting down", "shutting_down")
         return await asyncio.get_running_loop().run_in_executor(self.inspector, fn, *args)
 
-    async def features(self, texts: Sequence[str], instruction: str | None, field: str = "input") -> list[Features]:
+    async def features(
+        self, texts: Sequence[str], instruction: str | None, field: str = "input", truncate: bool | None = None
+    ) -> list[Features]:
         if self.closed:
             raise ApiError(503, "the server is shutting down", "shutting_down")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.build, texts, instruction, field)
+        return await loop.run_in_executor(self.executor, self.build, texts, instruction, field, truncate)
 
     def close(self) -> None:
         self.closed = True

@@ -55,6 +55,7 @@ from lmembed.training.adapt import (
     write_rows,
 )
 from lmembed.training.adapt_recipe import AdaptRecipe, load_adapt_recipe
+from lmembed.training.losses.factory import reads_temperature
 from lmembed.training.rows import TrainDataset, parse_row
 from lmembed.training.train_config import TrainConfig
 from lmembed.training.trainer import MODEL_DIR, Trainer
@@ -561,6 +562,7 @@ def _run(
         metric = "teacher_ndcg@10"
     examples = [parse_row({k: v for k, v in r.items() if k != "provenance"}) for r in rows]
     dataset = TrainDataset("adapt", examples, sorted({d.full for d in docs}))
+    loss = training.teacher_loss if teacher is not None else training.loss
     config = TrainConfig(
         model=model_name,
         output=str(output),
@@ -568,9 +570,9 @@ def _run(
         batch_size=batch_size,
         lr=training.lr,
         warmup_steps=min(training.warmup_steps, steps - 1) if steps > 1 else 0,
-        temperature=training.temperature,
+        temperature=training.temperature if reads_temperature(loss) else None,  # margin_mse has none
         num_negatives=max(1, training.num_negatives) if teacher is not None else training.num_negatives,
-        loss=training.teacher_loss if teacher is not None else training.loss,
+        loss=loss,
         save_every=min(recipe.selection.every, steps),
         seed=recipe.seed,
         device=device,

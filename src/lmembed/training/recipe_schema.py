@@ -305,6 +305,15 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any] | None) -> Reci
     unknown = sorted(set(extra) - stage_option_names(TrainConfig) - stage_option_names(ObjectiveConfig))
     if unknown:
         raise RecipeError(f"override(s) {', '.join(unknown)} match no stage option")
+    kinds = {stage.get("type", "contrastive") for stage in recipe.stages}
+    taken = set().union(
+        *(stage_option_names(TrainConfig if kind in TRAINER_STAGES else ObjectiveConfig) for kind in kinds)
+    )
+    if untaken := sorted(set(extra) - taken):  # an option of another kind of stage: it would change nothing here
+        stages = ", ".join(f"{stage['name']} ({stage.get('type', 'contrastive')})" for stage in recipe.stages)
+        error = RecipeError(f"override(s) {', '.join(untaken)}: no stage of this recipe takes it (stages: {stages})")
+        error.option = untaken[0]  # type: ignore[attr-defined]  # the caller knows where it gave it
+        raise error
     recipe.overrides.update(extra)
     return recipe
 

@@ -292,6 +292,8 @@ class TrainConfig(TrainedModel):
             num_negatives=self.num_negatives,
             keep_checkpoints=self.keep_checkpoints,
         )
+        if self.eval_every and not self.eval_data:
+            raise TrainConfigError(f"eval_every={self.eval_every} evaluates on eval_data, which is not given")
         if self.head_lr is not None and (self.head_lr <= 0 or self.reranker is None):
             raise TrainConfigError(f"head_lr={self.head_lr} must be positive, and applies to reranker training only")
         if self.temperature is not None and self.temperature <= 0:

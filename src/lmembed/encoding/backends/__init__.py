@@ -27,6 +27,11 @@ __all__ = ["BACKENDS", "BUILDERS", "PRECISIONS", "Backend", "BackendError", "Tor
 
 
 def _torch(backbone: Backbone, precision: str | None, threads: int | None) -> Backend:
+    if threads is not None:
+        raise BackendError(
+            f"threads={threads} sets ONNX Runtime's threads (backend='onnx'); the torch backend uses torch's "
+            "(torch.set_num_threads)"
+        )
     native = TorchBackend(backbone)
     if precision not in (None, native.precision) and not (precision == "int8" and _torch_int8(backbone)):
         raise BackendError(

@@ -19,7 +19,7 @@ from lmembed.training.loss_names import MATRYOSHKA, canonical_loss_name
 from lmembed.training.losses import Matryoshka2DLoss, available_losses, build_loss, loss_spec, reads_teacher_scores
 from lmembed.training.train_config import TrainConfig, TrainConfigError
 
-__all__ = ["build_training_loss"]
+__all__ = ["build_training_loss", "reads_temperature"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,18 @@ def _settings_for(name: str, settings: dict[str, Any], distributed: bool) -> dic
         raise TrainConfigError(f"loss={name!r} is not usable by the trainer: {spec.not_contrastive}")
     if distributed and "gather" not in spec.takes and not spec.reranks:
         log.warning("loss %s has no gather hook: in-batch negatives stay within each process", name)
+    if "temperature" in settings and "temperature" not in spec.takes:  # given: the loss would run without it
+        raise TrainConfigError(f"temperature={settings['temperature']}: loss {name!r} has no temperature")
+    if settings.get("similarity", "cosine") != "cosine" and "similarity" not in spec.takes:
+        raise TrainConfigError(f"similarity={settings['similarity']!r}: loss {name!r} scores by its own similarity")
     return {key: value for key, value in settings.items() if key in spec.takes}
+
+
+def reads_temperature(name: str, inner: str = "infonce") -> bool:
+    """Whether the loss ``name`` reads the config's temperature (a wrapper's: whether its ``inner`` loss does)."""
+    if canonical_loss_name(name) == MATRYOSHKA or loss_spec(name).wraps:
+        return "temperature" in loss_spec(inner).takes
+    return "temperature" in loss_spec(name).takes
 
 
 def _check_kind(config: TrainConfig) -> None:
