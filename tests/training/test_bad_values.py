@@ -246,3 +246,15 @@ def test_a_recipe_rows_step_to_mine_names_the_line_of_a_row_without_a_positive(t
     with pytest.raises(MiningError, match=rf"^{path}:3: row has no positive"):
         _convert({"kind": "rows", "name": "r"}, path, teacher=object())
     assert len(_convert({"kind": "rows", "name": "r"}, path, teacher=None)) == 2  # unmined rows: train's reader judges
+
+
+def test_lora_options_without_lora_are_refused(make_embedder):
+    """--lora-r 8 --keep-adapter on an encoder (fully fine-tuned by default) trained full weights and saved no
+    adapter, the options still recorded in train_config.yaml."""
+    from lmembed.training.trainable import build_trainable
+
+    with pytest.raises(ConfigError, match=r"lora_r=8: LoRA options, .*an encoder is fully fine-tuned by default"):
+        build_trainable(TrainConfig(lora_r=8), make_embedder("bert"))
+    with pytest.raises(ConfigError, match=r"keep_adapter: LoRA options, but no adapters are trained \(lora is false"):
+        build_trainable(TrainConfig(lora=False, merge_lora=False), make_embedder("llama"))
+    assert build_trainable(TrainConfig(lora_r=16), make_embedder("bert")) is not None  # the default: nothing said

@@ -432,6 +432,17 @@ def resolve_lora(lora: LoraSettings | bool | None, embedder: Embedder) -> LoraSe
     return LoraSettings() if wanted else None
 
 
+def _check_no_lora_options(config: Any, is_decoder: bool) -> None:
+    """A model fully fine-tuned takes no LoRA option: one set away from its default would change nothing."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    names = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge_lora")
+    changed = [n for n in names if n in defaults and getattr(config, n) != defaults[n]]
+    if changed:
+        why = "lora is false" if config.lora is False else "an encoder is fully fine-tuned by default"
+        said = ", ".join("keep_adapter" if n == "merge_lora" else f"{n}={getattr(config, n)!r}" for n in changed)
+        raise ConfigError(f"{said}: LoRA options, but no adapters are trained ({why}; set lora: true to train them)")
+
+
 def build_trainable(
     config: Any, embedder: Embedder | TrainableEmbedder | None = None, device: str | None = None
 ) -> TrainableEmbedder:
@@ -463,6 +474,8 @@ def build_trainable(
             **{k: v for k, v in strategy.items() if v is not None},
         )
     use_lora = embedder.backbone.is_decoder if config.lora is None else config.lora
+    if not use_lora:
+        _check_no_lora_options(config, embedder.backbone.is_decoder)
     lora = (
         LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         if use_lora
