@@ -123,10 +123,10 @@ def test_failing_gate_warns_with_the_gap(tokenizer, monkeypatch):
 def test_int8_vectors_are_cached_apart_and_keyed_by_calibration(tokenizer, tmp_path):
     model = tiny_model("bert", len(tokenizer))
     cache = tmp_path / "cache"
-    kwargs = {"cache_dir": cache, "show_progress": False, "threads": 1}
+    kwargs = {"cache_dir": cache, "show_progress": False}
     fp32 = Embedder.from_model(model, tokenizer, **kwargs)
-    a = Embedder.from_model(model, tokenizer, precision="int8", **kwargs).calibrate(TEXTS[:24])
-    b = Embedder.from_model(model, tokenizer, precision="int8", **kwargs).calibrate(TEXTS[24:])
+    a = Embedder.from_model(model, tokenizer, precision="int8", threads=1, **kwargs).calibrate(TEXTS[:24])
+    b = Embedder.from_model(model, tokenizer, precision="int8", threads=1, **kwargs).calibrate(TEXTS[24:])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for emb in (fp32, a, b):
