@@ -33,8 +33,8 @@ def saved(make_embedder, tmp_path):
     return folder, emb.encode(TEXTS)
 
 
-def load(where: str | Path) -> Embedder:
-    return Embedder.from_pretrained(str(where), cache=False, show_progress=False)
+def load(where: str | Path, **options) -> Embedder:
+    return Embedder.from_pretrained(str(where), cache=False, show_progress=False, **options)
 
 
 def test_the_record_covers_every_file_and_the_folder_reloads_to_the_same_vectors(saved):
@@ -235,3 +235,13 @@ def test_an_export_records_its_files_and_never_replaces_a_folder_of_other_files(
     with pytest.raises(ConfigError, match=r"mine: writing an Embedder replaces .* files that are not a saved"):
         emb.export(mine)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_an_option_given_over_a_saved_strategy_is_said(make_embedder, tmp_path, caplog):
+    """A published folder's overridden convention was said; a saved folder's was overridden without a word."""
+    folder = make_embedder("bert").save(tmp_path / "saved")
+    with caplog.at_level("WARNING", logger="lmembed.load_plan"):
+        load(folder, pooling="cls")
+        load(folder, pooling="mean")  # the saved value itself: nothing to say
+    said = [r.getMessage() for r in caplog.records if "overrides the saved strategy" in r.getMessage()]
+    assert said == [f"pooling='cls' (given) overrides the saved strategy's pooling='mean' (from {folder}/lmembed.json)"]

@@ -114,6 +114,18 @@ class LoadPlan:
             presets.warn_overrides(self.published, given)
         if self.folder is not None:
             _warn_overrides(self.folder, given)
+        if self.saved is not None and isinstance(self.saved.get("strategy"), dict):
+            recorded = self.saved["strategy"]
+            for option, value in given.items():
+                if option in recorded and recorded[option] != _as_recorded(value):
+                    log.warning(
+                        "%s=%r (given) overrides the saved strategy's %s=%r (from %s)",
+                        option,
+                        value,
+                        option,
+                        recorded[option],
+                        Path(self.path) / STRATEGY_FILE,
+                    )
 
     def head(self, backbone: Backbone, strategy: dict[str, Any]) -> nn.Module | None:
         """The source's pooling or post-pooling head for the final ``strategy``, with its weights (None: none);
@@ -279,6 +291,11 @@ def _read_hub_published(repo_id: str) -> PublishedModel | None:
             "load the folder instead"
         )
     return published
+
+
+def _as_recorded(value: Any) -> Any:
+    """An option value as ``lmembed.json`` records it (JSON: tuples are lists)."""
+    return json.loads(json.dumps(value)) if isinstance(value, tuple | list | dict) else value
 
 
 def _warn_overrides(published: PublishedModel, given: dict[str, Any]) -> None:
