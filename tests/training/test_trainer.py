@@ -69,6 +69,10 @@ def make_config(tmp_path: Path, data_file: Path, **changes) -> TrainConfig:
         "seed": 7,
     }
     options.update(changes)
+    if options["lora"] is not True:  # no adapters trained: their options are refused, not dropped
+        for name in ("lora_r", "lora_alpha"):
+            if name not in changes:
+                del options[name]
     return TrainConfig(**options)
 
 
