@@ -22,6 +22,7 @@ from transformers import MistralConfig, MistralModel
 from lmembed.errors import ModelLoadError
 from lmembed.models.families import detect_kind
 from lmembed.models.loading import Backbone, load_tokenizer, quantize_int8, resolve_device, resolve_dtype
+from lmembed.paths import check_links_inside
 
 DECODER_PREFIX = "embedding_model."
 HEAD_PREFIX = "latent_attention_model."
@@ -54,6 +55,7 @@ def load_nvembed(
 ) -> NVEmbedCheckpoint:
     """Load a local NV-Embed folder or Hub id (see the module doc)."""
     folder = _local_folder(name_or_path)
+    check_links_inside(folder)  # as every loader's folder (models.loading.check_local_model); its sizes: below
     config = _read_config(folder / "config.json")
     decoder, head = _read_weights(folder)
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
