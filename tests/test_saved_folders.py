@@ -238,9 +238,10 @@ def test_an_export_records_its_files_and_never_replaces_a_folder_of_other_files(
 
 
 def test_an_option_given_over_a_saved_strategy_is_said(make_embedder, tmp_path, caplog):
-    """A published folder's overridden convention was said; a saved folder's was overridden without a word."""
+    """A published folder's overridden convention was said; a saved folder's was overridden without a word (now in
+    the log, --verbose: experiments and grids override it on purpose)."""
     folder = make_embedder("bert").save(tmp_path / "saved")
-    with caplog.at_level("WARNING", logger="lmembed.load_plan"):
+    with caplog.at_level("INFO", logger="lmembed.load_plan"):
         load(folder, pooling="cls")
         load(folder, pooling="mean")  # the saved value itself: nothing to say
     said = [r.getMessage() for r in caplog.records if "overrides the saved strategy" in r.getMessage()]

@@ -118,7 +118,7 @@ class LoadPlan:
             recorded = self.saved["strategy"]
             for option, value in given.items():
                 if option in recorded and recorded[option] != _as_recorded(value):
-                    log.warning(
+                    log.info(  # a saved folder's strategy is overridden on purpose by experiments and grids
                         "%s=%r (given) overrides the saved strategy's %s=%r (from %s)",
                         option,
                         value,
