@@ -182,7 +182,7 @@ def inside(
         target = candidate.resolve()
     except (OSError, RuntimeError) as exc:  # a link loop
         raise error(f"{named} cannot be resolved inside {folder} ({exc})") from exc
-    if target != base and base not in target.parents and not _a_blob_of_its_snapshot(base, target):
+    if _leaves(base, target):
         raise error(
             f"{named} leads outside {folder} through a link (to {target}); a path it names must lie inside the folder"
         )
@@ -204,11 +204,17 @@ def check_links_inside(folder: str | Path, *, error: type[LmembedError] = Unsafe
                 target = path.resolve(strict=True)
             except (OSError, RuntimeError) as exc:  # dangling, or a loop
                 raise error(f"{path}: a link that cannot be resolved ({exc}); the folder is not loaded") from exc
-            if target != base and base not in target.parents and not _a_blob_of_its_snapshot(base, target):
+            if _leaves(base, target):
                 raise error(
                     f"{path}: a link leading outside {folder} (to {target}); a model folder is loaded only with "
                     "files of its own"
                 )
+
+
+def _leaves(base: Path, target: Path) -> bool:
+    """Whether ``target`` (resolved) lies outside the folder ``base`` (resolved), a snapshot's own blobs counting as
+    inside."""
+    return target != base and base not in target.parents and not _a_blob_of_its_snapshot(base, target)
 
 
 def _a_blob_of_its_snapshot(base: Path, target: Path) -> bool:

@@ -334,11 +334,6 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     naming the file (the tokenizers library raises bare exceptions, KeyErrors and Rust panics on malformed files)."""
     folder = Path(path)
     tokenizer_file = folder / "tokenizer.json"
-    if tokenizer_file.is_file():
-        try:
-            json.loads(tokenizer_file.read_bytes())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ModelLoadError(f"{tokenizer_file}: not readable JSON ({exc})") from exc
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, RecursionError, MemoryError):
@@ -346,6 +341,11 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     except BaseException as exc:  # a pyo3 PanicException derives from BaseException
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
+        if tokenizer_file.is_file():  # read again only to say why, once the tokenizer has failed on it
+            try:
+                json.loads(tokenizer_file.read_bytes())
+            except (ValueError, UnicodeDecodeError) as bad:
+                raise ModelLoadError(f"{tokenizer_file}: not readable JSON ({bad})") from exc
         named = tokenizer_file if tokenizer_file.is_file() else folder
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ModelLoadError(f"{named}: the tokenizer cannot be read from it ({type(exc).__name__}: {first})") from exc

@@ -432,7 +432,7 @@ def resolve_lora(lora: LoraSettings | bool | None, embedder: Embedder) -> LoraSe
     return LoraSettings() if wanted else None
 
 
-def _check_no_lora_options(config: Any, is_decoder: bool) -> None:
+def _check_no_lora_options(config: Any) -> None:
     """A model fully fine-tuned takes no LoRA option: one set away from its default would change nothing."""
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     names = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge_lora")
@@ -475,7 +475,7 @@ def build_trainable(
         )
     use_lora = embedder.backbone.is_decoder if config.lora is None else config.lora
     if not use_lora:
-        _check_no_lora_options(config, embedder.backbone.is_decoder)
+        _check_no_lora_options(config)
     lora = (
         LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         if use_lora

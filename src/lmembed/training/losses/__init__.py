@@ -79,6 +79,7 @@ __all__ = [
     "available_losses",
     "build_loss",
     "canonical_loss_name",
+    "check_keywords",
     "cosent_loss",
     "loss_spec",
     "pairwise_similarity",
@@ -183,13 +184,18 @@ def loss_spec(name: str) -> LossSpec:
     return LOSSES[key]
 
 
-def _check_options(name: str, factory: LossFactory, kwargs: Mapping[str, Any]) -> None:
-    """Refuse an option the factory has no parameter for, naming the ones it has."""
-    params = inspect.signature(factory).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+def check_keywords(
+    what: str, target: Callable[..., Any], given: Mapping[str, Any], error: type[Exception] = ConfigError, skip: int = 0
+) -> None:
+    """Refuse an option ``target`` (a loss factory, an objective class) has no parameter for, naming the ones it has
+    (``what``: ``"loss 'infonce'"``); ``skip`` leading parameters are not options (an objective's model). A target
+    that takes ``**kwargs`` passes them on and is not checked here."""
+    params = list(inspect.signature(target).parameters.values())[skip:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return
-    if unknown := sorted(set(kwargs) - set(params)):
-        raise ConfigError(f"loss {name!r} has no option {', '.join(unknown)}; it takes {', '.join(params) or 'none'}")
+    takes = [p.name for p in params]
+    if unknown := sorted(set(given) - set(takes)):
+        raise error(f"{what} has no option {', '.join(unknown)}; it takes {', '.join(takes) or 'none'}")
 
 
 def _build_matryoshka(
@@ -208,8 +214,8 @@ def build_loss(name: str, **kwargs: Any) -> nn.Module:
     ``inner`` is a name, optional ``inner_kwargs``. Every other name passes ``kwargs`` to its class.
     """
     if canonical_loss_name(name) == MATRYOSHKA:
-        _check_options(MATRYOSHKA, _build_matryoshka, kwargs)
+        check_keywords(f"loss {MATRYOSHKA!r}", _build_matryoshka, kwargs)
         return _build_matryoshka(**kwargs)
     factory = loss_spec(name).factory
-    _check_options(name, factory, kwargs)
+    check_keywords(f"loss {name!r}", factory, kwargs)
     return factory(**kwargs)

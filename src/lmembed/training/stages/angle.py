@@ -7,13 +7,12 @@ trainer cannot use this loss (its rows are query, positive, negatives), so it ru
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lmembed.training.losses import AnglELoss
+from lmembed.training.losses import AnglELoss, check_keywords
 from lmembed.training.train_config import ObjectiveConfigError
 
 __all__ = ["AnglEPairObjective"]
@@ -32,11 +31,7 @@ class AnglEPairObjective:
     @staticmethod
     def check_options(loss_options: dict[str, Any]) -> AnglELoss:
         """The loss the options make (it has no weights: cheap), refusing an option it does not take by name."""
-        takes = list(inspect.signature(AnglELoss).parameters)
-        if unknown := sorted(set(loss_options) - set(takes)):
-            raise ObjectiveConfigError(
-                f"objective 'angle' has no option {', '.join(unknown)}; it takes {', '.join(takes)}"
-            )
+        check_keywords("objective 'angle'", AnglELoss, loss_options, ObjectiveConfigError)
         return AnglELoss(**loss_options)
 
     def loss(self, batch: list[tuple[str, str, float]]) -> tuple[Tensor, dict[str, float]]:

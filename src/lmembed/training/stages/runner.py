@@ -9,7 +9,6 @@ and saves an ordinary Embedder directory (``<output>/model``, LoRA merged).
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
+from lmembed.training.losses import check_keywords
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog
 from lmembed.training.optim import OptimisationStep
 from lmembed.training.seeding import set_seed
@@ -56,17 +56,11 @@ def check_objective(name: str, options: Mapping[str, Any]) -> type:
     if key not in OBJECTIVES:
         raise ObjectiveConfigError(f"objective {name!r} is unknown; choose one of {', '.join(OBJECTIVES)}")
     objective = OBJECTIVES[key]
-    parameters = list(inspect.signature(objective).parameters.values())[1:]  # after the model
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):  # its options go on to a loss
-        check = getattr(objective, "check_options", None)  # which it checks, if it can before a model exists
-        if check is not None:
-            check(dict(options))
-        return objective
-    takes = [p.name for p in parameters]
-    if unknown := sorted(set(options) - set(takes)):
-        raise ObjectiveConfigError(
-            f"objective {key!r} has no option {', '.join(unknown)}; it takes {', '.join(takes) or 'none'}"
-        )
+    check = getattr(objective, "check_options", None)  # an objective whose options go on to its loss checks them
+    if check is not None:
+        check(dict(options))
+    else:
+        check_keywords(f"objective {key!r}", objective, options, ObjectiveConfigError, skip=1)  # after the model
     return objective
 
 
