@@ -333,3 +333,47 @@ def test_ids_may_be_numbers_but_texts_may_not(tmp_path: Path) -> None:
     queries.write_text('{"_id": 1.5, "text": "q"}\n')
     with pytest.raises(DataFormatError, match=r"queries.jsonl:1: field '_id' must be a string, got float"):
         read_queries(queries)
+
+
+def test_json_giving_one_key_twice_is_refused_naming_file_line_and_key(tmp_path):
+    from lmembed.io import DuplicateKeyError, loads_json, read_json
+
+    with pytest.raises(DuplicateKeyError, match="'a' is given twice"):
+        loads_json('{"b": {"a": 1, "a": 2}}')
+    assert loads_json('[{"a": 1}, {"a": 2}]') == [{"a": 1}, {"a": 2}]  # one key in two objects is fine
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "x"}\n{"text": "y", "text": "z"}\n')
+    with pytest.raises(DataFormatError, match=r"rows\.jsonl:2: key 'text' is given twice"):
+        read_jsonl(rows)
+    config = tmp_path / "config.json"
+    config.write_text('{"lr": 1, "lr": 2}')
+    with pytest.raises(ValueError, match=r"config\.json: the settings gives key 'lr' twice"):
+        read_json(config, what="settings")
+
+
+def test_read_json_names_the_file_for_every_way_it_can_be_unreadable(tmp_path):
+    from lmembed.errors import ModelLoadError
+    from lmembed.io import read_json
+
+    path = tmp_path / "record.json"
+    cases = {
+        b"[1, 2]": "must hold an object at its top, not an array",
+        b"{": "line 1: invalid JSON in the record",
+        b"\xff{}": "the record is not UTF-8 text",
+        b"[" * 100_000 + b"]" * 100_000: "nests arrays or objects too deeply",
+    }
+    for content, message in cases.items():
+        path.write_bytes(content)
+        with pytest.raises(ModelLoadError, match=re.escape(f"{path}: ") + ".*" + re.escape(message)):
+            read_json(path, error=ModelLoadError, what="record")
+    with pytest.raises(ModelLoadError, match="cannot be read"):
+        read_json(tmp_path / "absent.json", error=ModelLoadError, what="record")
+    path.write_bytes(b"[1]")
+    assert read_json(path, kind=list) == [1]
+
+
+def test_a_jsonl_row_nesting_past_the_parser_limit_names_its_line(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "x"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(DataFormatError, match=r"rows\.jsonl:2: arrays or objects nest too deeply"):
+        read_jsonl(rows)

@@ -29,6 +29,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from typing import Any, Literal
 
 from lmembed.errors import ConfigError
+from lmembed.io import loads_json
 
 ATTENTIONS = ("causal", "bidirectional")
 PROMPT_STYLES = ("lmembed", "sentence_transformers")
@@ -459,7 +460,10 @@ class EmbeddingConfig:
 
     @classmethod
     def from_json(cls, text: str) -> EmbeddingConfig:
-        return cls.from_dict(json.loads(text))
+        data = loads_json(text)
+        if not isinstance(data, dict):
+            raise ConfigError(f"a strategy in JSON is an object of options, not {type(data).__name__}")
+        return cls.from_dict(data)
 
     def with_options(self, **changes: Any) -> EmbeddingConfig:
         """A copy with some options changed (validated)."""

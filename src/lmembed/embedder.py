@@ -11,7 +11,6 @@ head, and — where the strategy is one sentence-transformers can express — th
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -29,7 +28,8 @@ from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documents
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import validate_texts, wants_eos
-from lmembed.errors import ConfigError
+from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.io import read_json
 from lmembed.load_plan import HEAD_FILE, check_replaceable, plan_load, write_strategy_file
 from lmembed.load_spec import LoadSpec
 from lmembed.models import presets
@@ -96,7 +96,7 @@ def default_max_length(path: str, requested: int | None) -> int:
         return requested
     st_config = Path(path) / "sentence_bert_config.json" if path else None
     if st_config is not None and st_config.exists():
-        value = json.loads(st_config.read_text()).get("max_seq_length")
+        value = read_json(st_config, error=ModelLoadError, what="sentence-transformers config").get("max_seq_length")
         if isinstance(value, int):
             return value
     return 512

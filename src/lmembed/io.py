@@ -76,6 +76,57 @@ def _report(error: DataFormatError, on_error: OnError | None) -> None:
     on_error(error)
 
 
+# ---------------------------------------------------------------------------------------------- JSON
+class DuplicateKeyError(ValueError):
+    """A JSON object gives one key twice (Python's ``json`` would keep the last value without a word)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"key {key!r} is given twice in one object")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def loads_json(text: str | bytes) -> Any:
+    """The one JSON parser of lmembed's readers: :func:`json.loads`, except that an object giving one key twice is
+    a :class:`DuplicateKeyError` (two readers of one file, ours and another tool's, could otherwise see different
+    values)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def read_json(
+    path: str | Path, *, error: Callable[[str], Exception] = ValueError, what: str = "file", kind: type | None = dict
+) -> Any:
+    """The JSON document of one file (a config, a record, a manifest: every whole-file JSON lmembed reads). A file
+    that cannot be read, is not UTF-8, is not JSON, gives a key twice, nests past the parser's limit, or (with
+    ``kind``) holds another type at its top, is ``error("<file>: ...")`` naming ``what`` the file should be."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise error(f"{path}: the {what} cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = loads_json(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: line {exc.lineno}: invalid JSON in the {what} ({exc.msg})") from None
+    except DuplicateKeyError as exc:
+        raise error(f"{path}: the {what} gives key {exc.key!r} twice in one object") from None
+    except RecursionError:
+        raise error(f"{path}: the {what} nests arrays or objects too deeply to read") from None
+    if kind is not None and not isinstance(data, kind):
+        raise error(f"{path}: the {what} must hold {_json_type(kind())} at its top, not {_json_type(data)}")
+    return data
+
+
 # ---------------------------------------------------------------------------------------------- lines
 def is_gzip(path: str | Path) -> bool:
     """True when ``path``'s name ends in ``.gz`` (any case): the readers here decompress it."""
@@ -166,7 +217,7 @@ def read_text_lines(path: str | Path, *, strip: bool = False) -> list[str]:
 def _json_type(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
-    names = {list: "an array", str: "a string", int: "a number", float: "a number"}
+    names = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}
     return names.get(type(value), type(value).__name__)
 
 
@@ -181,9 +232,15 @@ def iter_jsonl(path: str | Path, *, on_error: OnError | None = None) -> Iterator
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line)
         except json.JSONDecodeError as exc:
             _report(DataFormatError(path, line_no, f"invalid JSON ({exc.msg} at column {exc.colno})"), on_error)
+            continue
+        except DuplicateKeyError as exc:
+            _report(DataFormatError(path, line_no, str(exc)), on_error)
+            continue
+        except RecursionError:
+            _report(DataFormatError(path, line_no, "arrays or objects nest too deeply to read"), on_error)
             continue
         if not isinstance(row, dict):
             _report(DataFormatError(path, line_no, f"expected a JSON object, got {_json_type(row)}"), on_error)

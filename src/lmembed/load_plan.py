@@ -33,7 +33,7 @@ from torch import nn
 from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError, ModelLoadError
-from lmembed.io import check_recorded_files, sha256_file
+from lmembed.io import check_recorded_files, loads_json, read_json, sha256_file
 from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.bundled import BUNDLED, resolve_bundled
@@ -272,8 +272,8 @@ def _download_saved_folder(name: str) -> Path | None:
     except (EntryNotFoundError, HfHubHTTPError, OSError, ValueError):
         return None  # not there, no such repository, or no Hub: not a saved folder lmembed can read
     try:  # the files it records, and nothing else the repository holds (a folder of format 1: all of them)
-        files = json.loads(record.read_text(encoding="utf-8")).get(FILES_KEY)
-    except (AttributeError, UnicodeDecodeError, json.JSONDecodeError):
+        files = read_json(record, kind=dict).get(FILES_KEY)
+    except ValueError:
         files = None  # read again, and refused by name, as the snapshot's lmembed.json
     wanted = [STRATEGY_FILE, *map(glob.escape, files)] if isinstance(files, dict) else None
     return Path(snapshot_download(name, allow_patterns=wanted))
@@ -338,12 +338,7 @@ def _read_saved(name_or_path: str) -> dict[str, Any] | None:
     path = Path(name_or_path) / STRATEGY_FILE
     if not path.exists():
         return None
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-    except UnicodeDecodeError as exc:
-        raise ModelLoadError(f"{path}: not UTF-8 text ({exc})") from exc
+    saved = read_json(path, error=ModelLoadError, what="saved strategy record", kind=None)
     if not isinstance(saved, dict) or not isinstance(saved.get("strategy"), dict):
         raise ModelLoadError(f"{path}: strategy: not an object of strategy options (not as Embedder.save writes it)")
     try:
@@ -382,7 +377,7 @@ def check_replaceable(directory: Path) -> None:
         "or to one an Embedder was saved or exported to"
     )
     try:
-        saved = json.loads(record.read_bytes()) if record.is_file() and not record.is_symlink() else None
+        saved = loads_json(record.read_bytes()) if record.is_file() and not record.is_symlink() else None
     except (OSError, ValueError):
         saved = None
     files = saved.get(FILES_KEY) if isinstance(saved, dict) and "strategy" in saved else None

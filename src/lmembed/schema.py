@@ -22,7 +22,6 @@ too: :func:`read_checked_json` reads one and checks the fields its reader uses, 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import types
 from collections.abc import Mapping
@@ -32,6 +31,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+
+from lmembed.io import read_json
 
 #: A key path in a file: ``("arms", "echo", "strategy")``, ``("data", 0, "path")``.
 KeyPath = tuple[str | int, ...]
@@ -317,10 +318,7 @@ def read_checked_json(path: Path, schema: type[BaseModel] | TypeAdapter, error: 
     """The JSON document of ``path`` (a file lmembed wrote: read as hostile), once ``schema`` accepts it; else
     ``error``: ``FILE: not readable JSON`` or ``FILE: key.path: message (not WHAT as lmembed writes it)`` for the
     first field that fails. Returns the document as read."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{path}: not readable JSON ({exc})") from exc
+    data = read_json(path, error=error, what=what, kind=None)
     try:
         schema.validate_python(data) if isinstance(schema, TypeAdapter) else schema.model_validate(data)
     except ValidationError as exc:

@@ -218,7 +218,7 @@ def test_folder_safety(bert, corpus_file, tmp_path):
     with pytest.raises(IndexFormatError, match="not an lmembed index"):
         Index.open(other)
     (folder / MANIFEST_FILE).write_text("{broken")
-    with pytest.raises(IndexFormatError, match="damaged manifest"):
+    with pytest.raises(IndexFormatError, match="invalid JSON in the index manifest"):
         Index.open(folder)
     with pytest.raises(ValueError, match="multiple of 8"):
         Index.build(bert, ["a"], kind="binary", dim=12)

@@ -216,6 +216,20 @@ def test_a_cross_encoder_activation_outside_the_list_is_refused(tmp_path, activa
     assert torch.initial_seed() == seed  # nothing the file names was called
 
 
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [("lmembed_reranker.json", "reranker record"), ("config_sentence_transformers.json", "cross-encoder config")],
+)
+def test_a_reranker_file_that_is_not_an_object_is_refused_naming_it(tmp_path, name, what):
+    """A list where an object belongs ended in an internal AttributeError."""
+    from lmembed.rerank import load_reranker
+
+    folder = save_tiny_cross_encoder(tmp_path / "ce")
+    (folder / name).write_text('["cross-encoder"]')
+    with pytest.raises(ModelLoadError, match=rf"{name}: the {what} must hold an object at its top, not an array"):
+        load_reranker(str(folder))
+
+
 def test_a_listed_activation_is_built(tmp_path):
     from lmembed.rerank import load_reranker
 
@@ -298,7 +312,8 @@ def test_a_field_of_the_wrong_type_is_refused_naming_file_and_field(case, model,
 def test_a_tokenizer_config_that_is_not_an_object_is_refused(model, tmp_path):
     add_dense_head(model)
     (model / "tokenizer_config.json").write_text("[1, 2]")
-    assert_refused(encode(model, tmp_path), f"{model / 'tokenizer_config.json'}: expected an object, got list")
+    named = f"{model / 'tokenizer_config.json'}: the tokenizer config must hold an object at its top, not an array"
+    assert_refused(encode(model, tmp_path), named)
 
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "model.safetensors"])
@@ -382,3 +397,27 @@ def test_a_hub_id_that_cannot_be_fetched_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network: as an unreachable Hub
     with pytest.raises(ModelLoadError, match=r"^foo/bar: cannot be loaded: "):
         load_backbone("foo/bar")
+
+
+def test_a_shard_index_naming_a_file_outside_the_folder_is_refused(model, tmp_path, monkeypatch):
+    """transformers joins a shard index's file names to the folder: ``../elsewhere/x.safetensors`` loaded weights
+    from outside it. Every name an index gives must lie inside the folder, checked before anything is built."""
+    from safetensors import safe_open
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(model / "model.safetensors", outside / "x.safetensors")
+    with safe_open(str(outside / "x.safetensors"), framework="pt") as handle:
+        names = list(handle.keys())
+    index = {"metadata": {}, "weight_map": dict.fromkeys(names, "../elsewhere/x.safetensors")}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    refuse_to_build(monkeypatch)
+    named = "model.safetensors.index.json: weight_map[...]='../elsewhere/x.safetensors'"
+    assert_refused(encode(model, tmp_path), named)
+
+
+def test_a_config_giving_one_key_twice_is_refused(model, tmp_path):
+    """Python's json keeps the last of two values for one key; another reader may keep the first."""
+    text = (model / "config.json").read_text()
+    (model / "config.json").write_text(text.replace("{", '{"hidden_size": 4096, ', 1))
+    assert_refused(encode(model, tmp_path), f"{model / 'config.json'}: the model config gives key 'hidden_size' twice")

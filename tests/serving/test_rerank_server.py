@@ -82,6 +82,7 @@ def test_rerank_scores_equal_the_reranker(make_embedder, ce_folder):
 BAD = [
     (b"{not json", 400, "invalid_json"),
     (b"[1, 2]", 400, "invalid_json"),
+    (b'{"query": "q", "documents": ["a"], "query": "other"}', 400, "invalid_json"),  # a field given twice
     ({"documents": ["a"]}, 400, "missing_input"),
     ({"query": 3, "documents": ["a"]}, 400, "invalid_input"),
     ({"query": "", "documents": ["a"]}, 400, "empty_input"),

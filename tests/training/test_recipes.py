@@ -285,6 +285,22 @@ def test_prepared_data_is_reused_when_unchanged(tmp_path, tiny_dir):
     assert second.prepared["rows"].stat().st_mtime_ns == stamp
 
 
+def test_prepared_data_is_made_again_when_its_input_is_edited_or_its_stamp_damaged(tmp_path, caplog):
+    """The stamp digests the input's content, not only its path: edited data in place was reused stale."""
+    from lmembed.training.recipes import prepare_data
+
+    source = _write_jsonl(tmp_path / "sts.jsonl", STS_ROWS)
+    step = {"name": "sts", "kind": "sts", "input": source, "output": str(tmp_path / "sts-prepared.jsonl")}
+    first = prepare_data(step, tmp_path).read_text()
+    _write_jsonl(tmp_path / "sts.jsonl", [{**STS_ROWS[0], "sentence1": "an edited sentence"}, *STS_ROWS[1:]])
+    second = prepare_data(step, tmp_path).read_text()
+    assert "an edited sentence" in second and "an edited sentence" not in first
+    stamp = tmp_path / "sts-prepared.jsonl.recipe.json"
+    stamp.write_text("[1, 2]")
+    assert prepare_data(step, tmp_path).read_text() == second
+    assert any("prepare stamp must hold an object" in r.getMessage() for r in caplog.records)
+
+
 def test_symmetric_sources_instruct_the_documents(tmp_path, tiny_dir, monkeypatch):
     calls: list[list] = []
     original = TrainableEmbedder.tokenize

@@ -31,7 +31,6 @@ prints the conventions and says plainly that the weights are not here instead of
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -43,6 +42,8 @@ from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.encoding.engine import resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
+from lmembed.errors import ModelLoadError
+from lmembed.io import read_json
 from lmembed.load_plan import STRATEGY_FILE
 from lmembed.models.attention import first_token_sensitivity
 from lmembed.models.families import CAUSAL_TOLERANCE
@@ -111,7 +112,7 @@ def _saved_strategy(path: str) -> dict[str, Any] | None:
     file = Path(path) / STRATEGY_FILE if path else None
     if file is None or not file.exists():
         return None
-    strategy = json.loads(file.read_text()).get("strategy")
+    strategy = read_json(file, error=ModelLoadError, what="saved strategy record").get("strategy")
     return strategy if isinstance(strategy, dict) else None
 
 

@@ -34,7 +34,7 @@ from lmembed import __version__
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
-from lmembed.io import DataFormatError, read_text
+from lmembed.io import DataFormatError, DuplicateKeyError, loads_json, read_text
 from lmembed.schema import RecordModel, first_problem
 from lmembed.task_registry import task_type_of
 
@@ -238,9 +238,11 @@ def read_result(path: str | Path) -> TaskResult:
     """Load one result file (ours or MTEB's) as a :class:`TaskResult`."""
     path = Path(path)
     try:
-        data = json.loads(read_text(path))
+        data = loads_json(read_text(path))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, exc.lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    except DuplicateKeyError as exc:
+        raise DataFormatError(path, None, str(exc)) from exc
     if isinstance(data, list) and any(isinstance(item, dict) and "task_name" in item for item in data):
         raise ResultFileError(f"{path}: a JSON array of results; a result file holds one result, a JSON object")
     if not isinstance(data, dict) or "task_name" not in data or not isinstance(data.get("scores"), dict):

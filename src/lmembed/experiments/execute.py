@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import datetime
 import fcntl
-import json
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +25,7 @@ from lmembed.evaluation.runner import parse_layer_value
 from lmembed.experiments.plan import ITEMS_FILE, PlannedRun, source_run
 from lmembed.experiments.scoring import score_task
 from lmembed.experiments.spec import ExperimentSpec
-from lmembed.io import sha256_file
+from lmembed.io import loads_json, sha256_file
 from lmembed.training.recipes import parse_recipe, resolve_data, run_recipe
 from lmembed.training.train_config import TrainConfig
 
@@ -72,10 +71,10 @@ def _read_losses(folder: Path) -> list[float]:
     losses = []
     for line in path.read_text().splitlines():
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = loads_json(line)
+        except ValueError:
             continue
-        if isinstance(record.get("loss"), int | float) and "step" in record:
+        if isinstance(record, dict) and isinstance(record.get("loss"), int | float) and "step" in record:
             losses.append(float(record["loss"]))
     return losses
 

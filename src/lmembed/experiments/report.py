@@ -21,6 +21,7 @@ from pydantic import Field
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.report import Report, ScoreTable, render_report, type_rank
+from lmembed.io import read_json
 from lmembed.schema import RecordModel, read_checked_json
 
 SUMMARY_FILE = "summary.json"
@@ -105,8 +106,8 @@ def is_experiment_folder(folder: str | Path) -> bool:
     if not path.is_file():
         return False
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = read_json(path, kind=None)
+    except ValueError:
         return False
     return isinstance(data, dict) and "experiment" in data
 

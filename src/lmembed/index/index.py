@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import json
 import logging
 import re
 import shutil
@@ -43,6 +42,7 @@ from lmembed.index.errors import IndexFormatError, IndexIntegrityError, IndexWri
 from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
+from lmembed.io import read_json
 from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex, open_lexical
 from lmembed.lexical.fusion import fuse_rows
 
@@ -484,12 +484,8 @@ class Index:
         if not previous_file.is_file():
             raise IndexFormatError(f"{path}: no previous generation is kept ({previous_file} is missing)")
         with _writing(path), _locked(path):
-            data = previous_file.read_text(encoding="utf-8")
-            try:
-                raw = json.loads(data)
-                previous = Manifest.from_dict(raw, str(previous_file))
-            except json.JSONDecodeError as exc:
-                raise IndexFormatError(f"{previous_file}: damaged manifest ({exc})") from exc
+            raw = read_json(previous_file, error=IndexFormatError, what="previous manifest")
+            previous = Manifest.from_dict(raw, str(previous_file))
             # bm25/ was saved for the newer generation: removed, and rebuilt (with its checksums) when next searched
             integrity.drop_lexical(path)
             if previous.checksums is not None:

@@ -28,6 +28,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
 from lmembed.index.errors import IndexFormatError, IndexMismatchError
 from lmembed.index.kinds import IndexParams
+from lmembed.io import read_json
 from lmembed.load_spec import LoadSpec, load_field_names
 
 if TYPE_CHECKING:  # the Embedder pulls in torch; an index folder can be inspected without it
@@ -182,13 +183,7 @@ class Manifest:
         path = Path(folder) / MANIFEST_FILE
         if not path.is_file():
             raise IndexFormatError(f"{folder} is not an lmembed index (no {MANIFEST_FILE}); build one first")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise IndexFormatError(f"{path}: damaged manifest ({exc})") from exc
-        if not isinstance(data, dict):
-            raise IndexFormatError(f"{path}: expected a JSON object")
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(read_json(path, error=IndexFormatError, what="index manifest"), str(path))
 
     def write(self, folder: str | Path) -> None:
         now = datetime.now(UTC).isoformat(timespec="seconds")

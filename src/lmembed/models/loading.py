@@ -16,10 +16,11 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from lmembed.errors import ModelLoadError
+from lmembed.io import loads_json, read_json
 from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.context import interpolation_factor
 from lmembed.models.families import detect_kind
-from lmembed.models.weights import check_config_sizes, pretrained_safely
+from lmembed.models.weights import check_config_sizes, check_shard_indexes, pretrained_safely
 from lmembed.paths import check_links_inside
 
 log = logging.getLogger(__name__)
@@ -206,10 +207,9 @@ def find_model_dir(path: Path) -> Path:
         return path / RUN_MODEL_DIR
     recipe = path / RECIPE_RESULT_FILE
     if recipe.exists():
-        try:
-            stages = json.loads(recipe.read_text(encoding="utf-8")).get("stages") or []
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-            raise ModelLoadError(f"{recipe}: not a readable recipe result ({exc})") from exc
+        stages = read_json(recipe, error=ModelLoadError, what="recipe result").get("stages") or []
+        if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
+            raise ModelLoadError(f"{recipe}: stages: not a list of stage records (not as a recipe writes it)")
         for stage in reversed(stages):
             candidate = path / str(stage.get("name", "")) / RUN_MODEL_DIR
             if stage.get("name") and (candidate / "config.json").exists():
@@ -322,10 +322,12 @@ def load_backbone(
 
 def check_local_model(path: str | Path) -> None:
     """What every loader checks of a local model folder before transformers opens it: no link leads outside it
-    (transformers opens files by name, links followed) and its config's sizes fit its weights (models.weights). A
-    Hub id is left to transformers."""
+    (transformers opens files by name, links followed), no shard index names a file outside it (transformers joins
+    those names to the folder), and its config's sizes fit its weights (models.weights). A Hub id is left to
+    transformers."""
     if Path(path).is_dir():
         check_links_inside(Path(path))  # UnsafeFileError, as every path that leaves a folder
+        check_shard_indexes(Path(path))
         check_config_sizes(Path(path))
 
 
@@ -343,8 +345,8 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
             raise
         if tokenizer_file.is_file():  # read again only to say why, once the tokenizer has failed on it
             try:
-                json.loads(tokenizer_file.read_bytes())
-            except (ValueError, UnicodeDecodeError) as bad:
+                loads_json(tokenizer_file.read_bytes())
+            except ValueError as bad:  # not UTF-8, not JSON, a key given twice
                 raise ModelLoadError(f"{tokenizer_file}: not readable JSON ({bad})") from exc
         named = tokenizer_file if tokenizer_file.is_file() else folder
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

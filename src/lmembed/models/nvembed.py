@@ -10,7 +10,6 @@ bidirectional mask itself, :mod:`lmembed.models.attention`), the head's tensors 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,10 @@ from safetensors import safe_open
 from transformers import MistralConfig, MistralModel
 
 from lmembed.errors import ModelLoadError
+from lmembed.io import read_json
 from lmembed.models.families import detect_kind
 from lmembed.models.loading import Backbone, load_tokenizer, quantize_int8, resolve_device, resolve_dtype
+from lmembed.models.weights import shard_files
 from lmembed.paths import check_links_inside
 
 DECODER_PREFIX = "embedding_model."
@@ -98,12 +99,9 @@ def _local_folder(name_or_path: str) -> Path:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: missing (an NV-Embed checkpoint keeps its configs there)") from None
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: missing (an NV-Embed checkpoint keeps its configs there)")
+    return read_json(path, error=ModelLoadError)
 
 
 def _section(config: dict[str, Any], name: str, folder: Path) -> dict[str, Any]:
@@ -115,11 +113,7 @@ def _section(config: dict[str, Any], name: str, folder: Path) -> dict[str, Any]:
 
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(_read_config(index).get("weight_map", {}).values()))
-        files = [folder / shard for shard in shards]
-    else:
-        files = sorted(folder.glob("*.safetensors"))
+    files = sorted(set(shard_files(folder, index).values())) if index.exists() else sorted(folder.glob("*.safetensors"))
     absent = [str(f) for f in files if not f.exists()]
     if not files or absent:
         raise ModelLoadError(f"{folder}: weight file(s) missing: {', '.join(absent) or 'no *.safetensors'}")

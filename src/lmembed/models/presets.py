@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ModelLoadError, UnknownNameError
+from lmembed.io import read_json
 
 log = logging.getLogger(__name__)
 
@@ -361,22 +362,12 @@ def recognise(folder: Path) -> Resolution | None:
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
-
-
 def adapter_base(folder: Path) -> str | None:
     """``base_model_name_or_path`` of a folder's peft ``adapter_config.json``; None without one."""
     config = folder / "adapter_config.json"
     if not config.exists():
         return None
-    base = _read_json(config).get("base_model_name_or_path")
+    base = read_json(config, error=ModelLoadError, what="adapter config").get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         raise ModelLoadError(f"{config}: no base_model_name_or_path (which model does this adapter extend?)")
     return base
@@ -406,7 +397,7 @@ def _from_config(folder: Path) -> Resolution | None:
     config_file = folder / "config.json"
     if not config_file.exists():
         return None
-    config = _read_json(config_file)
+    config = read_json(config_file, error=ModelLoadError, what="model config")
     architectures = config.get("architectures") or []
     for preset in PRESETS:
         hit = next((a for a in architectures if a in preset.architectures), None)
@@ -562,12 +553,12 @@ def add_registry_prompts(published: Any, name_or_path: str) -> bool:
 def _pooling_include_prompt(root: Path) -> tuple[bool, str]:
     """The Pooling module's ``include_prompt`` (sentence-transformers' default: True) and the file that says it."""
     modules = root / "modules.json"
-    entries = json.loads(modules.read_text(encoding="utf-8")) if modules.is_file() else []
-    for entry in entries if isinstance(entries, list) else []:
+    entries = read_json(modules, error=ModelLoadError, what="module list", kind=list) if modules.is_file() else []
+    for entry in entries:
         if isinstance(entry, dict) and str(entry.get("type", "")).endswith(".Pooling"):
             config = root / str(entry.get("path", "")) / "config.json"
             if config.is_file():
-                value = _read_json(config).get("include_prompt", True)
+                value = read_json(config, error=ModelLoadError, what="Pooling config").get("include_prompt", True)
                 return bool(value), str(config)
     return True, "sentence-transformers' default (include_prompt=True)"
 

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ModelLoadError, UnsafeFileError
+from lmembed.io import read_json
 from lmembed.models.weights import UnsafeWeightsError, check_head_shapes, load_weights_file
 from lmembed.paths import inside
 from lmembed.schema import first_problem
@@ -126,20 +127,13 @@ def download_published_folder(repo_id: str) -> Path | None:
     return folder
 
 
-def read_json(path: Path, what: str = "file", schema: type[BaseModel] | None = None) -> Any:
+def read_module_json(path: Path, what: str = "file", schema: type[BaseModel] | None = None) -> Any:
     """The JSON content of ``path``; a missing or malformed file, or one whose fields ``schema`` refuses (the types
     of the fields lmembed reads), is a :class:`PublishedModelError` naming the file and field."""
     if not path.is_file():
         raise PublishedModelError(f"{path}: the {what} is missing")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PublishedModelError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-    except UnicodeDecodeError as exc:
-        raise PublishedModelError(f"{path}: not UTF-8 text ({exc})") from exc
+    data = read_json(path, error=PublishedModelError, what=what, kind=dict if schema is not None else None)
     if schema is not None:
-        if not isinstance(data, dict):
-            raise PublishedModelError(f"{path}: expected an object, got {type(data).__name__}")
         try:
             schema.model_validate(data)
         except ValidationError as exc:
@@ -266,7 +260,7 @@ def read_published_folder(root: str | Path) -> PublishedModel:
 
 # ---------------------------------------------------------------------------------------------------- modules.json
 def _module_entries(path: Path) -> list[dict[str, Any]]:
-    data = read_json(path, "module list")
+    data = read_module_json(path, "module list")
     if not isinstance(data, list):
         raise PublishedModelError(f"{path}: expected a list of modules, got {type(data).__name__}")
     for i, entry in enumerate(data):
@@ -327,7 +321,7 @@ TOKENIZER_KWARGS = {"padding_side", "truncation_side", "model_max_length", "use_
 
 def _read_transformer(published: PublishedModel, folder: Path) -> None:
     config_file = next((folder / n for n in TRANSFORMER_CONFIG_FILES if (folder / n).is_file()), None)
-    config = read_json(config_file, "Transformer config", TransformerFile) if config_file else {}
+    config = read_module_json(config_file, "Transformer config", TransformerFile) if config_file else {}
     source = config_file or folder
     if not isinstance(config, dict):
         raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
@@ -383,12 +377,12 @@ def _max_seq_length(config: dict[str, Any], tokenizer_kwargs: dict[str, Any], fo
     limits = []
     tokenizer_config = folder / "tokenizer_config.json"
     if tokenizer_config.is_file():
-        value = read_json(tokenizer_config, "tokenizer config", _Limits).get("model_max_length")
+        value = read_module_json(tokenizer_config, "tokenizer config", _Limits).get("model_max_length")
         if isinstance(value, int | float) and value < 1e12:
             limits.append(int(value))
     model_config = folder / "config.json"
     if model_config.is_file():
-        positions = read_json(model_config, "model config", _Limits).get("max_position_embeddings")
+        positions = read_module_json(model_config, "model config", _Limits).get("max_position_embeddings")
         if isinstance(positions, int) and positions > 0:
             limits.append(positions)
     return min(limits) if limits else None
@@ -400,7 +394,7 @@ POOLING_KEYS = {"embedding_dimension", "word_embedding_dimension", "pooling_mode
 
 def _read_pooling(published: PublishedModel, folder: Path) -> None:
     source = folder / "config.json"
-    config = read_json(source, "Pooling config", PoolingFile)
+    config = read_module_json(source, "Pooling config", PoolingFile)
     if not isinstance(config, dict):
         raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
     if unknown := set(config) - POOLING_KEYS - set(LEGACY_POOLING_FLAGS):
@@ -432,7 +426,7 @@ def _read_head_module(published: PublishedModel, kind: str, folder: Path, route:
     if kind == "Dropout":
         return []
     source = folder / "config.json"
-    config = read_json(source, f"{kind} config") if kind != "Normalize" or source.is_file() else {}
+    config = read_module_json(source, f"{kind} config") if kind != "Normalize" or source.is_file() else {}
     if not isinstance(config, dict):
         raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
     for key in ("module_input_name", "module_output_name"):
@@ -499,7 +493,7 @@ def _read_router(published: PublishedModel, folder: Path) -> list[dict[str, Any]
     source = folder / "router_config.json"
     if not source.is_file():
         source = folder / "config.json"  # the legacy Asym layout
-    config = read_json(source, "Router config", RouterFile)
+    config = read_module_json(source, "Router config", RouterFile)
     if not isinstance(config, dict) or not isinstance(config.get("types"), dict):
         raise PublishedModelError(f"{source}: expected an object with 'types' and 'structure'")
     structure = config.get("structure")
@@ -556,7 +550,7 @@ def _route_names(parameters: dict[str, Any], structure: dict[str, Any], source: 
 
 # ---------------------------------------------------------------------------------------------------- model config
 def _read_model_config(published: PublishedModel, path: Path) -> None:
-    config = read_json(path, "model config", ModelFile) if path.is_file() else {}
+    config = read_module_json(path, "model config", ModelFile) if path.is_file() else {}
     if not isinstance(config, dict):
         raise PublishedModelError(f"{path}: expected an object, got {type(config).__name__}")
     if config.get("model_type", "SentenceTransformer") != "SentenceTransformer":

@@ -16,7 +16,6 @@ A model folder comes from anyone: a Hub snapshot, a colleague's run, a shared dr
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import struct
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.errors import ModelLoadError
+from lmembed.io import loads_json, read_json
+from lmembed.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,8 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
             (length,) = struct.unpack("<Q", prefix)
             if length > min(MAX_HEADER_BYTES, path.stat().st_size - 8):
                 raise ModelLoadError(f"{path}: not a safetensors file (its header length {length} is impossible)")
-            header = json.loads(handle.read(length))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            header = loads_json(handle.read(length))
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, a name given twice
         raise ModelLoadError(f"{path}: not a readable safetensors file ({exc})") from exc
     if not isinstance(header, dict):
         raise ModelLoadError(f"{path}: not a safetensors file (its header is not an object)")
@@ -188,20 +189,32 @@ def load_weights_file(path: Path) -> dict[str, Any]:
     return load_pickled_weights(path)
 
 
+def shard_files(folder: Path, index: Path) -> dict[str, Path]:
+    """Each tensor's shard file as a sharded checkpoint's index (``model.safetensors.index.json``) names it. Every
+    file it names must lie inside ``folder``: transformers opens them by joining the names to the folder, so a
+    ``../`` or an absolute name would read weights from anywhere (:class:`UnsafeFileError` naming the tensor)."""
+    weight_map = read_json(index, error=ModelLoadError, what="weight index").get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelLoadError(f"{index}: weight_map: not an object of tensor names to shard file names")
+    named: dict[str, Path] = {}
+    for file in set(weight_map.values()):
+        named[file] = inside(folder, file, file=index, field="weight_map[...]")
+    return {tensor: named[file] for tensor, file in weight_map.items()}
+
+
+def check_shard_indexes(folder: Path) -> None:
+    """Every shard index at the top of ``folder`` (``*.index.json``) names only files inside it."""
+    for index in sorted(folder.glob("*.index.json")):
+        if index.is_file():
+            shard_files(folder, index)
+
+
 # ---------------------------------------------------------------------------------------------------- config checks
 def read_config(folder: Path) -> dict[str, Any] | None:
     path = folder / CONFIG_FILE
     if not path.is_file():
         return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-    except UnicodeDecodeError as exc:
-        raise ModelLoadError(f"{path}: not UTF-8 text ({exc})") from exc
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{path}: expected an object, got {type(config).__name__}")
-    return config
+    return read_json(path, error=ModelLoadError, what="model config")
 
 
 def _size_sections(config: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
@@ -384,12 +397,7 @@ def check_adapter(folder: Path) -> None:
     """A peft LoRA adapter folder before peft reads it: its weights are safetensors or plain tensors (a pickle with
     more is refused) and its rank ``r`` is a sane positive integer equal to the rank its ``lora_A`` tensors have."""
     source = folder / ADAPTER_CONFIG
-    try:
-        config = json.loads(source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{source}: not a readable adapter config ({exc})") from exc
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{source}: expected an object, got {type(config).__name__}")
+    config = read_json(source, error=ModelLoadError, what="adapter config")
     rank = check_size_value(config.get("r", 8), "r", source, MAX_LORA_RANK)
     shapes, _ = folder_weights(folder, ADAPTER_WEIGHTS)
     if config.get("rank_pattern"):

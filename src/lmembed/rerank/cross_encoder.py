@@ -26,6 +26,7 @@ from torch import nn
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import ModelLoadError
+from lmembed.io import read_json
 from lmembed.models.loading import (
     check_local_model,
     load_tokenizer,
@@ -84,10 +85,7 @@ def recorded_activation(path: Path, config: Any) -> tuple[str | None, str]:
     """The activation path a saved folder records, and the file that records it."""
     st_file = path / ST_CONFIG_FILE
     if st_file.is_file():
-        try:
-            recorded = json.loads(st_file.read_text(encoding="utf-8")).get("activation_fn")
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"{st_file}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+        recorded = read_json(st_file, error=ModelLoadError, what="cross-encoder config").get("activation_fn")
         if recorded:
             return recorded, str(st_file)
     legacy = getattr(config, "sentence_transformers", None)

@@ -23,6 +23,7 @@ from torch import nn
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.io import read_json
 from lmembed.models.loading import (
     check_local_model,
     load_tokenizer,
@@ -208,7 +209,4 @@ def _read_saved(path: Path) -> dict[str, Any]:
     file = path / RERANKER_FILE
     if not file.is_file():
         return {}
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{file}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+    return read_json(file, error=ModelLoadError, what="reranker record")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.io import read_json
 from lmembed.models.loading import resolve_model_path
 from lmembed.models.presets import reranker_max_length
 from lmembed.rerank.base import RERANKER_FILE, Reranker
@@ -24,20 +24,14 @@ def detect_kind(path: str) -> str:
     folder = Path(path)
     recorded = folder / RERANKER_FILE
     if recorded.is_file():
-        try:
-            kind = json.loads(recorded.read_text(encoding="utf-8")).get("kind")
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"{recorded}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+        kind = read_json(recorded, error=ModelLoadError, what="reranker record").get("kind")
         if kind not in KINDS:
             raise ModelLoadError(f"{recorded}: kind {kind!r} is unknown; expected one of {', '.join(KINDS)}")
         return kind
     config = folder / "config.json"
     if config.is_file():
-        try:
-            recorded_config = json.loads(config.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelLoadError(f"{config}: not a readable JSON file ({exc})") from exc
-        architectures = recorded_config.get("architectures") if isinstance(recorded_config, dict) else None
+        recorded_config = read_json(config, error=ModelLoadError, what="model config")
+        architectures = recorded_config.get("architectures")
         if not isinstance(architectures, list):
             architectures = []
         if any(isinstance(a, str) and a.endswith("ForCausalLM") for a in architectures):

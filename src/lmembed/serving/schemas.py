@@ -26,6 +26,7 @@ import numpy as np
 from lmembed.config import SIDES
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
+from lmembed.io import DuplicateKeyError, loads_json
 from lmembed.serving.errors import bad_request, only_fields, shown, too_many_inputs
 
 ENCODING_FORMATS = ("float", "base64")
@@ -100,7 +101,11 @@ def parse_json_value(body: bytes) -> Any:
             "json_too_deep",
         )
     try:
-        payload = json.loads(body)
+        payload = loads_json(body)
+    except DuplicateKeyError as exc:
+        raise bad_request(
+            f"request body gives {exc.key!r} twice in one object; give each field once", "invalid_json"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON ({exc})", "invalid_json") from None
     except RecursionError:  # not reached below MAX_JSON_DEPTH; kept so the parser's limit is never a 500

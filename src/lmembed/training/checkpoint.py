@@ -49,7 +49,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import LmembedError
-from lmembed.io import check_recorded_files, sha256_file
+from lmembed.io import check_recorded_files, loads_json, read_json, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +266,9 @@ def read_state(path: Path, *, device: str | torch.device = "cpu") -> Any:
             if text is None:
                 raise CheckpointError(f"{path}: holds no lmembed state (no {STATE_KEY!r} metadata)")
             try:
-                document = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise CheckpointError(f"{path}: the state's JSON is malformed ({exc.msg})") from exc
+                document = loads_json(text)
+            except ValueError as exc:  # not JSON, or a key given twice
+                raise CheckpointError(f"{path}: the state's JSON is malformed ({exc})") from exc
             if not isinstance(document, dict) or document.get("format") != STATE_FORMAT:
                 raise CheckpointError(f"{path}: not a state of format {STATE_FORMAT}")
             names = set(tensors.keys())
@@ -404,11 +404,10 @@ def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torc
                 "checkpoints without pickle)"
             )
     info_file = path / STATE_FILE
-    try:
-        info = json.loads(info_file.read_text(encoding="utf-8"))
-        step = info["step"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{info_file}: not a readable checkpoint state ({exc})") from exc
+    info = read_json(info_file, error=CheckpointError, what="checkpoint state")
+    if "step" not in info:
+        raise CheckpointError(f"{info_file}: step: missing (not a checkpoint state as lmembed writes it)")
+    step = info["step"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{info_file}: step={step!r} is not a step number")
     for name in (WEIGHTS_FILE, OPTIMIZER_FILE, SCHEDULER_FILE):

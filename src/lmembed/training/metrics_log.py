@@ -26,6 +26,7 @@ from rich.progress import (
 
 from lmembed import terminal
 from lmembed.atomic import atomic_savefig, atomic_write_text
+from lmembed.io import loads_json
 
 __all__ = ["CURVE_FILE", "METRICS_FILE", "MetricsLog", "plot_loss_curve", "progress_bar"]
 
@@ -49,10 +50,10 @@ class MetricsLog:
         kept = []
         for line in self.path.read_text().splitlines():
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+                record = loads_json(line)
+            except ValueError:
                 continue  # a line cut short by the kill
-            if record.get("step", 0) <= step:
+            if isinstance(record, dict) and isinstance(record.get("step", 0), int) and record.get("step", 0) <= step:
                 kept.append(record)
         self.records = kept
         if self.enabled:

@@ -19,6 +19,7 @@ import numpy as np
 from lmembed.atomic import atomic_write_text
 from lmembed.datasets import resolve_local
 from lmembed.errors import LmembedError
+from lmembed.io import read_json, sha256_file
 from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_rows, read_training_rows, write_rows
 from lmembed.paths import inside
 from lmembed.training import converters as conv
@@ -51,6 +52,28 @@ def resolve_data(data: Sequence[Any]) -> list[Any]:
 # ---------------------------------------------------------------------------------------------- prepare
 def _spec_hash(step: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(step, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _input_digest(path: Path | None) -> str | None:
+    """The content of a prepare step's input (a file, or every file of a folder by name): data edited in place is
+    prepared again, not reused because its path is unchanged."""
+    if path is None:
+        return None
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative_to(path) if path.is_dir() else file.name}\0{sha256_file(file)}\0".encode())
+    return digest.hexdigest()
+
+
+def _stamp_hash(stamp: Path) -> str | None:
+    """The digest a prepared file's stamp records; ``None`` for a stamp that is damaged (the step runs again)."""
+    try:
+        recorded = read_json(stamp, what="prepare stamp").get("hash")
+    except ValueError as exc:
+        log.warning("%s; preparing the data again", exc)
+        return None
+    return recorded if isinstance(recorded, str) else None
 
 
 _TEACHERS: dict[str, Any] = {}
@@ -191,11 +214,11 @@ def prepare_data(step: dict[str, Any], output: Path) -> Path:
     named = inside(output / "data", f"{step['name']}.jsonl", file="recipe", field="prepare.name", error=RecipeError)
     target = Path(step.get("output") or named)
     stamp = target.with_name(target.name + ".recipe.json")
-    digest = _spec_hash(step)
-    if target.exists() and stamp.exists() and json.loads(stamp.read_text()).get("hash") == digest:
+    path = resolve_input(str(step["input"])) if "input" in step else None
+    digest = _spec_hash({**step, "input content": _input_digest(path)})
+    if target.exists() and stamp.exists() and _stamp_hash(stamp) == digest:
         log.info("prepared data %s is up to date", target)
         return target
-    path = resolve_input(str(step["input"])) if "input" in step else None
     mine = step.get("mine")
     teacher = _teacher(mine["teacher"], mine.get("teacher_options") or {}) if isinstance(mine, dict) else None
     if step["kind"] == "synthesize":

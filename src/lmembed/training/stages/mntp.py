@@ -17,7 +17,6 @@ head is never trained on its own: with tied weights it follows the embeddings.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 
 from lmembed.errors import ConfigError
 from lmembed.models.attention import mask_for
+from lmembed.models.weights import shard_files
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ def _checkpoint_head(path: str) -> Tensor | None:
     index = folder / "model.safetensors.index.json"
     files = [folder / "model.safetensors"]
     if index.exists():
-        shard = json.loads(index.read_text()).get("weight_map", {}).get("lm_head.weight")
-        files = [folder / shard] if shard else []
+        shard = shard_files(folder, index).get("lm_head.weight")
+        files = [shard] if shard else []
     for file in files:
         if file.exists():
             with safe_open(str(file), framework="pt") as handle:
