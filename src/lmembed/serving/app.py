@@ -162,10 +162,13 @@ class ServerState:
         side: str | None = None,
         normalize: bool | None = None,
         truncate: bool | None = None,
+        *,
+        counted: bool = True,
     ) -> tuple[np.ndarray, int]:
         """Final vectors (as ``Embedder.encode`` returns them; ``side="query"`` as ``encode_queries``) and the
         number of tokens embedded (``normalize``: L2-normalise or not, whatever the strategy says; ``truncate``
-        False: a text longer than the model reads is refused)."""
+        False: a text longer than the model reads is refused). The tokens count in ``lmembed_prompt_tokens_total``
+        unless not ``counted`` (the warm-up)."""
         features = await self.tokenizer.features(texts, instruction, field, truncate)
         lengths = [len(f) for f in features]
         tokens = sum(lengths)
@@ -176,6 +179,8 @@ class ServerState:
             raw = await batcher.embed(texts, lengths, instruction, features)
         finally:
             self.admission.release(tokens)
+        if counted:  # every route that embeds counts here (search's queries too)
+            self.metrics.tokens.inc(tokens)
         config = self.config if dimensions is None else self.config.with_options(dim=dimensions)
         if normalize is not None:
             config = config.with_options(normalize=normalize)
@@ -185,9 +190,7 @@ class ServerState:
         """The vectors of a Cohere or TEI embedding request (as ``/v1/embeddings`` embeds them)."""
         instruction = self.instruction_for(req.input_type, None)
         work = self.embed(req.texts, instruction, req.dimensions, field, req.input_type, req.normalize, req.truncate)
-        vectors, tokens = await unless_disconnected(request, work)
-        self.metrics.tokens.inc(tokens)
-        return vectors, tokens
+        return await unless_disconnected(request, work)
 
     async def score(self, request: Request, req: RerankRequest) -> tuple[np.ndarray, int]:
         """The reranker's scores of a rerank request's documents (their tokens admitted as in flight)."""
@@ -205,7 +208,7 @@ class ServerState:
 
     async def warm_up(self) -> None:
         try:
-            vectors, _ = await self.embed([WARM_UP_TEXT], None, None, "input")
+            vectors, _ = await self.embed([WARM_UP_TEXT], None, None, "input", counted=False)
             if self.index is not None:
                 await asyncio.to_thread(self.index.search_vectors, vectors, 1)
             if self.rerank is not None:
@@ -333,7 +336,6 @@ def create_app(
         vectors, tokens = await unless_disconnected(
             request, state.embed(req.texts, instruction, req.dimensions, "input", req.input_type)
         )
-        state.metrics.tokens.inc(tokens)
         body = await asyncio.to_thread(embedding_body, vectors, req.encoding_format, req.model, tokens)
         return Response(body, media_type=JSON)
 
@@ -419,8 +421,7 @@ def create_app(
         req = parse_tei_similarity(payload, max_inputs=state.limits.max_inputs)
         texts = [req.source, *req.sentences]
         work = state.embed(texts, state.instruction_for(req.side, None), None, "inputs", req.side)
-        vectors, tokens = await unless_disconnected(request, work)
-        state.metrics.tokens.inc(tokens)
+        vectors, _ = await unless_disconnected(request, work)
         return JSONResponse(similarity_body(vectors))
 
     @app.post("/similarity")

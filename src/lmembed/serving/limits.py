@@ -283,7 +283,9 @@ class GuardMiddleware:
         size = 0
         while True:
             message = await receive()
-            if message["type"] == "http.disconnect":
+            if message["type"] == "http.disconnect":  # the client hung up mid-body: 499 in the logs, not a 500
+                gone = ApiError(499, "the client closed the connection before its body came", "client_closed_request")
+                await send_error(send, gone, self.metrics, scope)  # the server drops it (nobody to read it)
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)

@@ -185,23 +185,29 @@ class RerankService:
     ) -> tuple[np.ndarray, int]:
         """Activated scores of ``pairs`` (input order) and the tokens they took; with an ``admission``, the pairs'
         tokens count against the server's tokens in flight (413/429 beyond them) while they are scored."""
+        # A pair given more than once is scored once: copies split across passes of different shapes would get
+        # scores a rounding apart, and ties would no longer keep the documents' order (usage still counts each).
+        unique: dict[tuple[str, str], int] = {}
+        where = [unique.setdefault((query, document), len(unique)) for query, document in pairs]
+        distinct = list(unique)
         loop = asyncio.get_running_loop()
         try:
             budget = admission.limit if admission is not None else None
-            features = await loop.run_in_executor(self.executor, self._encode, list(pairs), budget)
+            features = await loop.run_in_executor(self.executor, self._encode, distinct, budget)
         except InputError as exc:
             raise bad_request(str(exc), "invalid_input") from None
         lengths = [len(f["input_ids"]) for f in features]
-        tokens = sum(lengths)
+        scored = sum(lengths)
         if admission is not None:
-            admission.admit(tokens, alone=False)
+            admission.admit(scored, alone=False)
         try:
-            scores = await self.batcher.embed(pairs, lengths, None, features)
+            scores = await self.batcher.embed(distinct, lengths, None, features)
         finally:
             if admission is not None:
-                admission.release(tokens)
+                admission.release(scored)
+        tokens = sum(lengths[i] for i in where)
         self.metrics.tokens.inc(tokens)
-        return scores[:, 0], tokens
+        return scores[where, 0], tokens
 
     async def rerank_hits(
         self,
