@@ -192,3 +192,22 @@ def test_a_new_head_has_one_label_and_reset_pooler_makes_the_pooler_the_identity
     torch.testing.assert_close(out.pooler_output, torch.tanh(out.last_hidden_state[:, 0]))
     with pytest.raises(ModelLoadError, match="reset_pooler needs a BERT-style pooler"):
         load_reranker(str(llm_folder), kind="cross-encoder", reset_pooler=True)
+
+
+def test_a_pair_given_twice_is_scored_once_and_copies_tie_in_order(st_folder):
+    """Copies in batches of different shapes could score a rounding apart and break the documented tie order."""
+    reranker = load_reranker(str(st_folder), batch_size=2)
+    rows: list[int] = []
+    forward = reranker.forward
+
+    def counting(batch):
+        rows.append(len(batch["input_ids"]))
+        return forward(batch)
+
+    reranker.forward = counting
+    documents = ["the cat sat on the mat", "gene", "the cat sat on the mat", "gene", "the cat sat on the mat"]
+    scores = reranker.score("the cat", documents)
+    assert sum(rows) == 2  # two distinct pairs
+    assert scores[0] == scores[2] == scores[4] and scores[1] == scores[3]
+    ranked = [r.index for r in reranker.rank("the cat", documents)]
+    assert ranked == sorted(range(5), key=lambda i: (-scores[i], i))

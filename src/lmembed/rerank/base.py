@@ -133,9 +133,11 @@ class Reranker:
         pairs = check_pairs(pairs)
         if not pairs:
             return np.zeros((0,) if self.num_labels == 1 else (0, self.num_labels), dtype=np.float32)
+        unique: dict[tuple[str, str], int] = {}  # a pair given twice is scored once: copies tie exactly
+        where = [unique.setdefault(pair, len(unique)) for pair in pairs]
         with torch.inference_mode():
-            scores = self.activation(self.logits(self.encode_pairs(pairs)))
-        scores = scores.numpy().astype(np.float32)
+            scores = self.activation(self.logits(self.encode_pairs(list(unique))))
+        scores = scores.numpy().astype(np.float32)[where]
         return scores[:, 0] if self.num_labels == 1 else scores
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
