@@ -106,10 +106,9 @@ def is_experiment_folder(folder: str | Path) -> bool:
     if not path.is_file():
         return False
     try:
-        data = read_json(path, kind=None)
+        return "experiment" in read_json(path)  # an object: read_json refuses any other JSON as ValueError
     except ValueError:
         return False
-    return isinstance(data, dict) and "experiment" in data
 
 
 def load_summary(folder: str | Path) -> dict[str, Any]:

@@ -127,12 +127,15 @@ def download_published_folder(repo_id: str) -> Path | None:
     return folder
 
 
-def read_module_json(path: Path, what: str = "file", schema: type[BaseModel] | None = None) -> Any:
-    """The JSON content of ``path``; a missing or malformed file, or one whose fields ``schema`` refuses (the types
-    of the fields lmembed reads), is a :class:`PublishedModelError` naming the file and field."""
+def read_module_json(
+    path: Path, what: str = "file", schema: type[BaseModel] | None = None, *, kind: type = dict
+) -> Any:
+    """The JSON content of ``path`` (a ``kind``: an object unless said); a missing or malformed file, one holding
+    another type, or one whose fields ``schema`` refuses (the types of the fields lmembed reads), is a
+    :class:`PublishedModelError` naming the file and field."""
     if not path.is_file():
         raise PublishedModelError(f"{path}: the {what} is missing")
-    data = read_json(path, error=PublishedModelError, what=what, kind=dict if schema is not None else None)
+    data = read_json(path, error=PublishedModelError, what=what, kind=kind)
     if schema is not None:
         try:
             schema.model_validate(data)
@@ -260,9 +263,7 @@ def read_published_folder(root: str | Path) -> PublishedModel:
 
 # ---------------------------------------------------------------------------------------------------- modules.json
 def _module_entries(path: Path) -> list[dict[str, Any]]:
-    data = read_module_json(path, "module list")
-    if not isinstance(data, list):
-        raise PublishedModelError(f"{path}: expected a list of modules, got {type(data).__name__}")
+    data = read_module_json(path, "module list", kind=list)
     for i, entry in enumerate(data):
         if (
             not isinstance(entry, dict)
@@ -323,8 +324,6 @@ def _read_transformer(published: PublishedModel, folder: Path) -> None:
     config_file = next((folder / n for n in TRANSFORMER_CONFIG_FILES if (folder / n).is_file()), None)
     config = read_module_json(config_file, "Transformer config", TransformerFile) if config_file else {}
     source = config_file or folder
-    if not isinstance(config, dict):
-        raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
     if unknown := set(config) - TRANSFORMER_KEYS:
         raise PublishedModelError(f"{source}: unknown Transformer setting(s) {', '.join(sorted(unknown))}")
     _refuse_unless(source, config, "transformer_task", ("feature-extraction",))
@@ -395,8 +394,6 @@ POOLING_KEYS = {"embedding_dimension", "word_embedding_dimension", "pooling_mode
 def _read_pooling(published: PublishedModel, folder: Path) -> None:
     source = folder / "config.json"
     config = read_module_json(source, "Pooling config", PoolingFile)
-    if not isinstance(config, dict):
-        raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
     if unknown := set(config) - POOLING_KEYS - set(LEGACY_POOLING_FLAGS):
         raise PublishedModelError(f"{source}: unknown pooling flag(s) {', '.join(sorted(unknown))}")
     modes = config.get("pooling_mode")
@@ -427,8 +424,6 @@ def _read_head_module(published: PublishedModel, kind: str, folder: Path, route:
         return []
     source = folder / "config.json"
     config = read_module_json(source, f"{kind} config") if kind != "Normalize" or source.is_file() else {}
-    if not isinstance(config, dict):
-        raise PublishedModelError(f"{source}: expected an object, got {type(config).__name__}")
     for key in ("module_input_name", "module_output_name"):
         if config.get(key, "sentence_embedding") != "sentence_embedding":
             raise PublishedModelError(f"{source}: {key}={config[key]!r}; lmembed reads sentence_embedding heads only")
@@ -494,7 +489,7 @@ def _read_router(published: PublishedModel, folder: Path) -> list[dict[str, Any]
     if not source.is_file():
         source = folder / "config.json"  # the legacy Asym layout
     config = read_module_json(source, "Router config", RouterFile)
-    if not isinstance(config, dict) or not isinstance(config.get("types"), dict):
+    if not isinstance(config.get("types"), dict):
         raise PublishedModelError(f"{source}: expected an object with 'types' and 'structure'")
     structure = config.get("structure")
     if not isinstance(structure, dict) or not structure:
@@ -551,8 +546,6 @@ def _route_names(parameters: dict[str, Any], structure: dict[str, Any], source: 
 # ---------------------------------------------------------------------------------------------------- model config
 def _read_model_config(published: PublishedModel, path: Path) -> None:
     config = read_module_json(path, "model config", ModelFile) if path.is_file() else {}
-    if not isinstance(config, dict):
-        raise PublishedModelError(f"{path}: expected an object, got {type(config).__name__}")
     if config.get("model_type", "SentenceTransformer") != "SentenceTransformer":
         raise PublishedModelError(
             f"{path}: model_type={config['model_type']!r}; lmembed reads SentenceTransformer models"

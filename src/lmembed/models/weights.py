@@ -192,7 +192,8 @@ def load_weights_file(path: Path) -> dict[str, Any]:
 def shard_files(folder: Path, index: Path) -> dict[str, Path]:
     """Each tensor's shard file as a sharded checkpoint's index (``model.safetensors.index.json``) names it. Every
     file it names must lie inside ``folder``: transformers opens them by joining the names to the folder, so a
-    ``../`` or an absolute name would read weights from anywhere (:class:`UnsafeFileError` naming the tensor)."""
+    ``../`` or an absolute name would read weights from anywhere (:class:`UnsafeFileError` naming the index and
+    the file it names)."""
     weight_map = read_json(index, error=ModelLoadError, what="weight index").get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ModelLoadError(f"{index}: weight_map: not an object of tensor names to shard file names")
