@@ -66,6 +66,10 @@ ENGINE_DOC = (
 )
 RAY_ADDRESS_DOC = "--engine ray: join this running cluster ('auto', 'ray://head:10001'); default: start a local one."
 WORKERS_DOC = "--engine ray: number of workers (default: one per GPU, else per CPU)."
+GPUS_PER_WORKER_DOC = (
+    "--engine ray: GPUs each worker takes (0.5: two workers share one; 0: workers on CPUs even where the cluster "
+    "has GPUs). Default: 1 where the cluster has GPUs, else 0."
+)
 
 DEFAULT_DTYPE = "float32"
 DEFAULT_DEVICE = "cpu"
@@ -168,7 +172,7 @@ class EngineOptions:
     ray_address: str | None = flag(None, "--ray-address", help=RAY_ADDRESS_DOC)
     workers: int | None = flag(None, "--workers", min=1, help=WORKERS_DOC)
     threads_per_worker: int = 1
-    gpus_per_worker: float | None = None
+    gpus_per_worker: float | None = flag(None, "--gpus-per-worker", min=0, help=GPUS_PER_WORKER_DOC)
     num_cpus: int | None = None
     worker_restarts: int = 2
 

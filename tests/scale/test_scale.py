@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from conftest import REPO, build_tokenizer, tiny_model
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli.app import app
+from lmembed.errors import ConfigError
 from lmembed.io import DataFormatError, read_corpus
 from lmembed.scale import (
     BadRowError,
@@ -296,12 +297,30 @@ def test_encode_command_on_ray_writes_the_local_vectors(cluster, tmp_path, monke
     local = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "local.npy"), "--model", model])
     assert local.exit_code == 0, local.output
     args = ["encode", str(source), "-o", str(tmp_path / "ray.npy"), "--model", model, "--batch-size", "32"]
-    on_ray = runner.invoke(app, [*args, "--engine", "ray", "--ray-address", cluster, "--workers", "1"])
+    ray_args = ["--engine", "ray", "--ray-address", cluster, "--workers", "1", "--gpus-per-worker", "0"]
+    on_ray = runner.invoke(app, [*args, *ray_args])
     assert on_ray.exit_code == 0, on_ray.output
     assert "encode: 1/1 shards" in on_ray.output and "[ray: 1 shards, 1 encoded now, 0 resumed]" in on_ray.output
     assert np.array_equal(np.load(tmp_path / "ray.npy"), np.load(tmp_path / "local.npy"))
-    refused = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "x.npy"), "--ray-address", cluster])
-    assert refused.exit_code == 2 and "--ray-address needs --engine ray" in refused.output
+    for option, value in [("--ray-address", cluster), ("--workers", "1"), ("--gpus-per-worker", "0")]:
+        refused = runner.invoke(app, ["encode", str(source), "-o", str(tmp_path / "x.npy"), option, value])
+        assert refused.exit_code == 2 and f"{option} needs --engine ray" in refused.output
+    negative = runner.invoke(app, [*args, "--engine", "ray", "--gpus-per-worker", "-1"])
+    assert negative.exit_code == 2 and "--gpus-per-worker" in negative.output
+
+
+def test_gpus_per_worker_decides_where_workers_run_without_asking_the_cluster():
+    """0 keeps the workers on CPUs (with their thread budget) even on a cluster with GPUs; a fraction shares a GPU;
+    neither asks the cluster anything (no cluster is started here)."""
+    on_cpus = make_engine("ray", gpus_per_worker=0, threads_per_worker=2)
+    assert not on_cpus.uses_gpus() and on_cpus.threads() == 2
+    assert on_cpus._resources() == {"num_cpus": 2}
+    shared = make_engine("ray", gpus_per_worker=0.5)
+    assert shared.uses_gpus() and shared.threads() is None
+    assert shared._resources() == {"num_gpus": 0.5, "num_cpus": 1}
+    assert not on_cpus.started_here and not shared.started_here
+    with pytest.raises(ConfigError, match="gpus_per_worker=-1 must be >= 0"):
+        make_engine("ray", gpus_per_worker=-1)
 
 
 def test_encode_command_on_ray_runs_the_backend_it_is_given(cluster, tmp_path, monkeypatch, one_torch_thread):

@@ -239,9 +239,15 @@ def check_engine(engine: EngineOptions, model: ModelOptions | None = None) -> st
         raise typer.BadParameter(
             "--plan-window applies to --engine local (Ray workers plan their shards)", param_hint="--plan-window"
         )
-    if engine.engine == "local" and (engine.ray_address is not None or engine.workers is not None):
-        option = "--ray-address" if engine.ray_address is not None else "--workers"
-        raise typer.BadParameter(f"{option} needs --engine ray", param_hint=option)
+    if engine.engine == "local":
+        ray_only = {
+            "--ray-address": engine.ray_address,
+            "--workers": engine.workers,
+            "--gpus-per-worker": engine.gpus_per_worker,
+        }
+        for option, value in ray_only.items():
+            if value is not None:
+                raise typer.BadParameter(f"{option} needs --engine ray", param_hint=option)
     return engine.engine
 
 

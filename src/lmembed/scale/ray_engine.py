@@ -114,6 +114,8 @@ class RayEngine:
         options = options or EngineOptions(engine=self.name)
         if options.workers is not None and options.workers < 1:
             raise ConfigError(f"workers={options.workers} must be >= 1")
+        if options.gpus_per_worker is not None and not options.gpus_per_worker >= 0:
+            raise ConfigError(f"gpus_per_worker={options.gpus_per_worker} must be >= 0")
         if options.threads_per_worker < 1:
             raise ConfigError(f"threads_per_worker={options.threads_per_worker} must be >= 1")
         if options.worker_restarts < 0:
