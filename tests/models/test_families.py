@@ -152,6 +152,7 @@ REFUSED = {
     "hy_v4": "hidden states",
     "gemma3n_text": "hidden states",  # AltUp streams in front of the batch dimension
     "longcat_flash": "hidden states",  # two sub-layers per layer
+    "dory": "hidden states",  # recurrent depth: input, looped and output blocks, more states than layers
     # encoders outside families.ENCODER_FAMILIES (not checked against sentence-transformers: test_family_matrix)
     "reformer": "not checked against sentence-transformers",
     "roc_bert": "not checked against sentence-transformers",
