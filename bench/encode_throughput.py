@@ -240,8 +240,8 @@ def decoder_section(args: argparse.Namespace) -> dict:
     from lmembed.evaluation.main_job import MAIN_JOB_DECODER_MAX_LENGTH, main_job_plan
 
     texts = load_texts(2 * args.decoder_texts)[args.decoder_texts // 2 :][: args.decoder_texts]
-    configs = next(c for m, c, _ in main_job_plan() if m == "smollm2-135m")
-    kwargs = {"cache": False, "show_progress": False, "max_length": MAIN_JOB_DECODER_MAX_LENGTH, "config": configs[0]}
+    strategies = next(s for m, s, _ in main_job_plan() if m == "smollm2-135m")
+    kwargs = {"cache": False, "show_progress": False, "max_length": MAIN_JOB_DECODER_MAX_LENGTH, **strategies[0]}
     embedders = {
         "torch": Embedder.from_pretrained("smollm2-135m", **kwargs),
         "onnx": Embedder.from_pretrained("smollm2-135m", backend="onnx", **kwargs),
@@ -250,7 +250,7 @@ def decoder_section(args: argparse.Namespace) -> dict:
     embedders["int8"].calibrate(load_texts(2000)[3::7][:256])
     for emb in embedders.values():
         emb.engine.pipelined = args.engine == "pipelined"
-    configs = [c.with_options(max_length=MAIN_JOB_DECODER_MAX_LENGTH) for c in configs]
+    configs = [embedders["torch"].config.with_options(**options) for options in strategies]
     bs = args.batch_size
 
     def run(emb):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -96,6 +97,19 @@ def test_sweep_command_plots_every_layer(saved_model, beir, tmp_path):
     for normed in (False, True):  # decoders are swept raw and through the final norm
         assert [r["layer"] for r in rows if isinstance(r["layer"], int) and r["final_norm"] == normed] == [0, 1, 2]
     assert (out / "sweep.png").stat().st_size > 1000
+
+
+def test_a_decoder_sweeps_its_last_layer_raw_as_well_as_through_the_final_norm(make_embedder):
+    """transformers hands a decoder's last state out normed: the sweep's raw row reads the state before the norm
+    (it was the normed one under a "no" label, scoring exactly as the normed row)."""
+    emb = make_embedder("llama", pooling="mean")
+    last = emb.backbone.num_layers
+    configs = [c for c in sweep_configs(emb.config, last, with_final_norm=True) if c.layer == last]
+    assert [c.final_norm for c in configs] == [False, True]
+    raw, normed = emb.encode_strategies(["a cat sat on the mat", "protein cell gene study"], configs)
+    assert not np.allclose(raw, normed, atol=1e-3)
+    [transformers_own] = emb.encode_strategies(["a cat sat on the mat", "protein cell gene study"], [emb.config])
+    np.testing.assert_allclose(normed, transformers_own, atol=1e-6)
 
 
 def test_encode_command_and_bad_input(saved_model, tmp_path):

@@ -11,12 +11,10 @@ Nothing here prints; progress goes to an optional callback, and the command line
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from lmembed.config import EmbeddingConfig
 from lmembed.evaluation.base import Task, TaskResult
 from lmembed.evaluation.instructions import instruction_for
 from lmembed.evaluation.runner import StrategyResult, evaluate_strategies, write_all
@@ -36,8 +34,9 @@ MAIN_JOB_TASK = "scifact"
 Corpus = Literal["full", "subset"]
 
 
-def main_job_plan() -> list[tuple[str, list[EmbeddingConfig], Corpus]]:
-    """(model, strategies, corpus) triples of the default evaluation.
+def main_job_plan() -> list[tuple[str, list[dict[str, Any]], Corpus]]:
+    """(model, strategies, corpus) triples of the default evaluation; each strategy is the options it gives over
+    the model's own (so minilm keeps its folder's conventions, bidirectional attention among them).
 
     minilm runs on the full SciFact (comparable with MTEB's published 64.51). The 135M-parameter
     decoder is ~30x slower per token on a laptop CPU, so it runs on a SciFact corpus reduced to every
@@ -46,15 +45,15 @@ def main_job_plan() -> list[tuple[str, list[EmbeddingConfig], Corpus]]:
     are read through the final norm: raw middle-layer states of this model carry "massive activations"
     (|x| up to about 30,000 at layer 15) that swamp mean-pooled vectors (bench/massive_activations.py).
     """
-    decoder = [
-        EmbeddingConfig(pooling="mean", layer=-1),
-        EmbeddingConfig(pooling="weighted_mean", layer=-1),
-        EmbeddingConfig(pooling="mean", layer=15, final_norm=True),
-        EmbeddingConfig(pooling="mean", layer=(15, 16), final_norm=True),
+    decoder: list[dict[str, Any]] = [
+        {"pooling": "mean", "layer": -1},
+        {"pooling": "weighted_mean", "layer": -1},
+        {"pooling": "mean", "layer": 15, "final_norm": True},
+        {"pooling": "mean", "layer": (15, 16), "final_norm": True},
     ]
     return [
-        ("minilm", [EmbeddingConfig(pooling="mean")], "full"),
-        ("minilm", [EmbeddingConfig(pooling="mean")], "subset"),
+        ("minilm", [{"pooling": "mean"}], "full"),
+        ("minilm", [{"pooling": "mean"}], "subset"),
         ("smollm2-135m", decoder, "subset"),
     ]
 
@@ -88,17 +87,17 @@ def run_main_job(
     results: list[StrategyResult] = []
     embedders: dict[str, Embedder] = {}  # one per model: an int8 model is calibrated once, and its cache reused
     plan = main_job_plan()
-    for step, (model, configs, corpus) in enumerate(plan):
+    for step, (model, strategies, corpus) in enumerate(plan):
         task = tasks[corpus]
-        if progress is not None:
-            progress(f"• {model} on {task.name}: {', '.join(c.label() for c in configs)}")
         if model not in embedders:
             max_length = MAIN_JOB_DECODER_MAX_LENGTH if model != "minilm" else None
             embedders[model] = Embedder.from_pretrained(
-                model, config=configs[0], max_length=max_length, backend=backend, precision=precision
+                model, max_length=max_length, backend=backend, precision=precision, **strategies[0]
             )
         embedder = embedders[model]
-        configs = [dataclasses.replace(c, max_length=embedder.config.max_length) for c in configs]
+        configs = [embedder.config.with_options(**options) for options in strategies]
+        if progress is not None:
+            progress(f"• {model} on {task.name}: {', '.join(c.label() for c in configs)}")
         results += evaluate_strategies(embedder, [task], configs, batch_size=batch_size)
         if all(later != model for later, _, _ in plan[step + 1 :]):
             del embedders[model]  # frees the model once no later step needs it

@@ -95,9 +95,10 @@ def expand_grid(base: EmbeddingConfig, grid: Mapping[str, Sequence[Any]]) -> lis
 
 def sweep_configs(base: EmbeddingConfig, num_layers: int, *, with_final_norm: bool = False) -> list[EmbeddingConfig]:
     """Every layer 0..L on its own, plus fused sets: middle three, the two layers around the middle,
-    penultimate+last, and the mean of all layers past the first. ``with_final_norm`` adds each read-out
-    once more through the decoder's final norm (intermediate decoder states carry a few huge
-    "massive activation" dimensions that the norm tames)."""
+    penultimate+last, and the mean of all layers past the first. ``with_final_norm`` (decoders) reads each
+    layer raw (``final_norm=False``: the last one too, where transformers hands its state out normed) and once
+    more through the final norm (intermediate decoder states carry a few huge "massive activation" dimensions
+    that the norm tames)."""
     mid = num_layers // 2
     fused = [
         (mid - 1, mid, mid + 1),
@@ -106,10 +107,9 @@ def sweep_configs(base: EmbeddingConfig, num_layers: int, *, with_final_norm: bo
         tuple(range(1, num_layers + 1)),
     ]
     layers: list[int | tuple[int, ...]] = [*range(num_layers + 1), *fused]
-    configs = [base.with_options(layer=layer) for layer in layers]
-    if with_final_norm:
-        configs += [base.with_options(layer=layer, final_norm=True) for layer in layers]
-    return configs
+    if not with_final_norm:
+        return [base.with_options(layer=layer) for layer in layers]
+    return [base.with_options(layer=layer, final_norm=normed) for normed in (False, True) for layer in layers]
 
 
 @dataclass
