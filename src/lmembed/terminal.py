@@ -4,8 +4,9 @@ On a terminal, :func:`progress` is a rich progress bar and :func:`console` rich'
 is not a terminal (``lmembed eval > run.log 2>&1``, a batch job, CI), a bar would show nothing until the end
 and rich would wrap tables and Markdown at 80 columns; instead:
 
-* :func:`progress` returns a :class:`LogProgress` that prints one plain line every ``LOG_EVERY_S`` seconds
-  (and at the end): ``label: done/total (pct), rate/s, elapsed, ETA``, with any extra fields;
+* :func:`progress` returns a :class:`LogProgress` that prints a plain line as work advances, at most one
+  every ``LOG_EVERY_S`` seconds (and one at the end): ``label: done/total (pct), rate/s, elapsed, ETA``, with
+  any extra fields;
 * :func:`console` is as wide as the content (``LOG_WIDTH`` columns, no soft wrapping), unless ``COLUMNS`` is
   set, which rich honours as ever.
 """

@@ -227,6 +227,7 @@ CASES = [
         ["surrogate"],
     ),
     ("eval-missing-data", ["eval", "--model", "{model}", "--data", "{tmp}/no-such-set"], ["no-such-set"]),
+    ("eval-no-tasks", ["eval", "--model", "{model}", "-o", "{tmp}/r"], ["--data", "nothing to evaluate"]),
     ("eval-unknown-suite", ["eval", "--model", "{model}", "--suite", "mteb-huge"], ["mteb-huge"]),
     ("eval-task-type", ["eval", "--model", "{model}", "--data", "{beir}", "--task-type", "Ranking"], ["Ranking"]),
     (
@@ -421,3 +422,12 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_flushing_its_work(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 143, done.stderr
     assert "flushed" in done.stdout and "terminated (SIGTERM)" in done.stdout + done.stderr
+
+
+def test_a_suite_with_no_data_here_is_refused_naming_what_is_absent(tmp_path, monkeypatch):
+    """Nothing to score is an error saying what is missing, not an empty table and exit 0."""
+    monkeypatch.setenv("LMEMBED_DATA", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(app, ["eval", "--model", "minilm", "--suite", "retrieval", "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    assert "--suite" in result.output and "absent" in result.output and not (tmp_path / "r").exists()

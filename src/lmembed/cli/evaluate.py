@@ -132,6 +132,13 @@ def eval_command(
             model_side = [name for name in flags_of(ModelOptions) if not (rerank and name == "device")]
             refuse_unused(ctx, model_side, "not used with --first-stage bm25 (no embedding model runs)")
     tasks, missing = resolve_eval_tasks(data, suite, task_type, instructions)  # tasks carry their instructions
+    if not tasks:  # nothing would be scored: say what is missing rather than write an empty table
+        if missing:
+            raise typer.BadParameter(
+                f"no task of the suite has its data on this machine (absent: {', '.join(missing)})",
+                param_hint="--suite",
+            )
+        raise typer.BadParameter("nothing to evaluate: name the tasks (a known name or a folder)", param_hint="--data")
     if chunking is not None or late_chunking:
         if rerank or first_stage != "dense":
             raise typer.BadParameter("chunked documents are scored by the dense stage only", param_hint="--chunking")
