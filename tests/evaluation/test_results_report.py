@@ -164,6 +164,8 @@ HOSTILE_RESULTS = {
     "no main score": ({"scores": {"test": [{"hf_subset": "default"}]}}, "scores.test: no main_score"),
     "an empty split": ({"scores": {"test": []}}, "scores.test: no entry"),
     "no split": ({"scores": {}}, "scores: Dictionary should have at least 1 item"),
+    "scores as text": ({"scores": "oops"}, "scores: Input should be a valid dictionary"),
+    "scores null": ({"scores": None}, "scores: Input should be a valid dictionary"),
     "time as text": ({"scores": {"test": [ENTRY]}, "evaluation_time": "slow"}, "evaluation_time: Input should"),
     "strategy a number": ({"scores": {"test": [ENTRY]}, "lmembed": {"strategy": 5}}, "lmembed.strategy: Input"),
     "record a list": ({"scores": {"test": [ENTRY]}, "lmembed": [1]}, "lmembed: Input should be a valid dictionary"),

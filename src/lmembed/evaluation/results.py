@@ -245,7 +245,7 @@ def read_result(path: str | Path) -> TaskResult:
         raise DataFormatError(path, None, str(exc)) from exc
     if isinstance(data, list) and any(isinstance(item, dict) and "task_name" in item for item in data):
         raise ResultFileError(f"{path}: a JSON array of results; a result file holds one result, a JSON object")
-    if not isinstance(data, dict) or "task_name" not in data or not isinstance(data.get("scores"), dict):
+    if not isinstance(data, dict) or "task_name" not in data or "scores" not in data:
         raise ValueError(f"{path} is not a task result file")
     try:
         ResultFile.model_validate(data)
