@@ -101,6 +101,8 @@ def test_an_int8_index_reloads_as_the_same_int8_model(saved_model, files, tmp_pa
     manifest = Index.open(folder).manifest.model.load
     assert (manifest.backend, manifest.precision) == ("onnx", "int8")
     assert manifest.calibration == tuple(reversed(TEXTS))
+    shown = CliRunner().invoke(app, ["index", "info", str(folder)])  # it said "float32" here
+    assert shown.exit_code == 0 and f"onnx int8 ({len(TEXTS)} calibration texts)" in shown.output, shown.output
     index = Index.open(folder)
     index.load_embedder()
     assert index.embedder is not None and index.embedder.backend.precision == "int8"

@@ -257,7 +257,7 @@ def info(
         "documents": str(data["count"]),
         "dimension": str(data["dim"]),
         "similarity": data["similarity"],
-        "model": f"{model['name']} ({model['dtype']}, weights {model['fingerprint'][:16]})",
+        "model": f"{model['name']} ({_runner(model)}, weights {model['fingerprint'][:16]})",
         "model source": model["source"] or "(in memory: pass the Embedder to Index.open)",
         "strategy": data["strategy_label"],
         "parameters": ", ".join(f"{k}={v}" for k, v in data["params"].items() if k != "kind") or "-",
@@ -268,6 +268,14 @@ def info(
     for key, value in rows.items():
         table.add_row(key, value)
     terminal.console().print(table)
+
+
+def _runner(model: dict[str, Any]) -> str:
+    """What runs an index's model, as ``index info`` shows it: ``float32``, ``onnx int8 (64 calibration texts)``."""
+    backend, precision = model.get("backend") or "torch", model.get("precision") or model["dtype"]
+    runner = model["dtype"] if backend == "torch" and precision == model["dtype"] else f"{backend} {precision}"
+    calibration = model.get("calibration")
+    return f"{runner} ({len(calibration)} calibration texts)" if calibration else runner
 
 
 def verify(index_dir: IndexDirArg) -> None:
