@@ -99,6 +99,24 @@ def test_ray_workers_give_the_vectors_of_one_process(cluster, tmp_path, one_torc
     assert report.engine["engine"] == "ray" and report.engine["workers"] == 2 and report.shards == 8
 
 
+def test_ray_data_warning_about_lmembed_own_read_function_is_quiet(cluster, tmp_path, monkeypatch):
+    """Ray Data warns that "your read function" is large when an in-memory corpus travels with it (SciFact does):
+    the function is lmembed's, so the user is not told to fix it (it printed on every eval on Ray)."""
+    import warnings
+
+    from ray.data._internal.planner import plan_read_op
+    from ray.util.debug import reset_log_once
+
+    monkeypatch.setattr(plan_read_op, "TASK_SIZE_WARN_THRESHOLD_BYTES", 0)  # every read task is "large"
+    reset_log_once()
+    emb = cached(uncached("llama"), tmp_path)
+    sharded = emb.with_executor(ShardedExecutor(make_engine("ray", workers=1), shard_rows=16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sharded.encode(corpus_texts(20), batch_size=8)
+    assert not [w for w in caught if "read function" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_workers_load_a_saved_model_with_lora_adapter_and_latent_head(cluster, tmp_path, one_torch_thread):
     base = uncached("qwen2", pooling="latent_attention", latent={"num_latents": 8, "num_heads": 4})
     trainable = TrainableEmbedder(base, lora=LoraSettings(r=4, alpha=8, dropout=0.0))

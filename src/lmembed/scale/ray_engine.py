@@ -311,19 +311,26 @@ def _verbose() -> bool:
 class _quiet_ray_data:
     """Without ``--verbose``, Ray Data's driver-side log (its execution plan, and the traceback it logs before
     raising a failed task's error, which :class:`_translated_errors` turns into one message) is silenced for
-    the duration of a pass; the logger's level is restored afterwards."""
+    the duration of a pass, and so is its warning that "your read function" is large (the read function is
+    lmembed's, carrying an in-memory corpus to the workers: nothing the user can act on); the logger's level and
+    the warning filters are restored afterwards."""
 
     LOGGERS = ("ray.data", "ray.util.debug")
+    WARNINGS = "The serialized size of your read function"
 
     def __enter__(self) -> None:
         self.levels = {name: logging.getLogger(name).level for name in self.LOGGERS}
+        self.filters = warnings.catch_warnings()
+        self.filters.__enter__()
         if not _verbose():
             for name in self.LOGGERS:
                 logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+            warnings.filterwarnings("ignore", message=self.WARNINGS)
 
     def __exit__(self, *exc: object) -> None:
         for name, level in self.levels.items():
             logging.getLogger(name).setLevel(level)
+        self.filters.__exit__()
 
 
 class _translated_errors:
