@@ -221,7 +221,13 @@ def sweep(
     max_length: MaxLenOpt = None,
     corpus_sample: Annotated[
         int | None,
-        typer.Option(min=1, help="Keep judged docs + random others up to N (faster; not MTEB-comparable)."),
+        typer.Option(
+            min=1,
+            help=(
+                "Keep every judged doc, plus random others up to N docs in all (more when the judged ones exceed "
+                "N; faster; not MTEB-comparable)."
+            ),
+        ),
     ] = None,
     output: OutputDirOpt = Path("results/sweep"),
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
