@@ -462,3 +462,13 @@ def test_an_option_the_model_cannot_take_is_refused_not_dropped(make_embedder, t
 def test_an_instruction_and_a_prompt_name_together_are_refused(make_embedder):
     with pytest.raises(ConfigError, match="both set the text before each input"):
         make_embedder("bert").encode(["a"], instruction="Find", prompt_name="query")
+
+
+def test_a_refused_option_is_not_first_said_to_override_the_model_own(caplog):
+    """``pooling="bogus"`` on minilm was a warning that it overrides the folder's mean pooling, then the refusal."""
+    with caplog.at_level("WARNING"), pytest.raises(ConfigError, match="pooling='bogus' is unknown"):
+        Embedder.from_pretrained("minilm", pooling="bogus", cache=False, show_progress=False)
+    assert not [r.getMessage() for r in caplog.records if "overrides" in r.getMessage()]
+    with caplog.at_level("WARNING"):
+        Embedder.from_pretrained("minilm", pooling="cls", cache=False, show_progress=False)
+    assert [r.getMessage() for r in caplog.records if "overrides" in r.getMessage()]

@@ -291,17 +291,18 @@ class Embedder:
         }
         given = {k: v for k, v in given.items() if v is not None}
         _check_given(backbone, given)
-        plan.warn_overrides(given)
         base = config.to_dict() if config else {}
         base.update(plan.options)  # the source's own conventions, then the caller's options over them
         base.update(given)
+        strategy = EmbeddingConfig.from_dict(base)  # an option that is refused is not first said to override
+        plan.warn_overrides(given)
         head = plan.head(backbone, base)
         terms = plan.terms(backbone, base)
         if base.get("lowercase"):
             apply_lowercase(backbone.tokenizer)
         embedder = cls(
             backbone,
-            EmbeddingConfig.from_dict(base),
+            strategy,
             pooling_head=head,
             terms=terms,
             use_cache=cache,
