@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from lmembed import config, task_registry
 from lmembed.cli import export as export_cli
@@ -271,3 +272,17 @@ def test_the_family_matrix_checks_every_backend_and_quantised_precision():
     from lmembed.models.families import ALL_BACKENDS
 
     assert set(ALL_BACKENDS) == set(config.BACKENDS) | set(config.QUANTISED_PRECISIONS)
+
+
+def test_help_texts_name_every_registered_loss_batching_and_instruction_table():
+    """Help texts written by hand went stale (round_robin, angle, matryoshka_2d, e5 and qwen3 were missing)."""
+    from lmembed.cli.app import app
+    from lmembed.evaluation.instructions import INSTRUCTION_SETS
+    from lmembed.training.losses import available_losses
+    from lmembed.training.rows import BATCHING_MODES
+    from lmembed.training.train_config import BATCHING_DOC, LOSS_DOC
+
+    assert [name for name in available_losses() if name not in LOSS_DOC] == []
+    assert [name for name in BATCHING_MODES if name not in BATCHING_DOC] == []
+    shown = " ".join(CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "400"}).output.split())
+    assert [name for name in INSTRUCTION_SETS if f"'{name}'" not in shown] == []

@@ -26,12 +26,11 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 from lmembed.errors import ConfigError
 from lmembed.io import loads_json
 
-ATTENTIONS = ("causal", "bidirectional")
 PROMPT_STYLES = ("lmembed", "sentence_transformers")
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 HEAD_LAYERS = {
@@ -75,6 +74,8 @@ ATTENTION_HELP = {
     "bidirectional": "the causal mask is removed so every token sees the whole text (LLM2Vec, NV-Embed); "
     "encoders always attend this way.",
 }
+#: The attention modes a strategy takes: the help registry's names.
+ATTENTIONS = tuple(ATTENTION_HELP)
 
 DEFAULT_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
 DEFAULT_ECHO_TEMPLATE = "Rewrite the sentence: {text}\nRewritten sentence: "
@@ -520,6 +521,3 @@ def validate_head_layer(layer: Any, where: str) -> None:
     activation = layer.get("activation", "identity")
     if layer["type"] == "dense" and activation not in ACTIVATIONS:
         raise ConfigError(f"{where}: activation={activation!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
-
-
-AttentionMode = Literal["causal", "bidirectional"]

@@ -45,9 +45,10 @@ DATA_ENV_VAR = "LMEMBED_DATA"
 CACHE_ENV_VAR = "LMEMBED_CACHE"
 DEBUG_ENV_VAR = "LMEMBED_DEBUG"
 VERBOSE_ENV_VAR = "LMEMBED_VERBOSE"
+API_KEY_ENV_VAR = "LMEMBED_API_KEY"  # lmembed serve's --api-key
 
 #: Every environment variable lmembed reads.
-ENV_VARS = (HOME_ENV_VAR, DATA_ENV_VAR, CACHE_ENV_VAR, DEBUG_ENV_VAR, VERBOSE_ENV_VAR)
+ENV_VARS = (HOME_ENV_VAR, DATA_ENV_VAR, CACHE_ENV_VAR, DEBUG_ENV_VAR, VERBOSE_ENV_VAR, API_KEY_ENV_VAR)
 
 _TRUE_WORDS = ("1", "true", "yes", "on")
 #: a Hugging Face cache repository's folders: its revisions' snapshots, whose files link to its blobs

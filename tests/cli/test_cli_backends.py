@@ -84,6 +84,24 @@ def test_bad_backend_options_are_refused_naming_the_option(saved_model, files, t
     assert not (tmp_path / "v.npy").exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--precision", "int8", "--calibration", "{few}"], "at least 8 distinct texts, got 2"),
+        (["--calibration", "{calibration}"], "calibration texts are for --precision int8"),
+    ],
+)
+def test_export_reads_calibration_texts_as_every_other_command(saved_model, files, tmp_path, options, said):
+    """export read them unstripped and took 2 distinct texts (blank lines counted as texts); encode refused."""
+    _, calibration, _ = files
+    few = tmp_path / "few.txt"
+    few.write_text("one\ntwo\n\n one \n\n")
+    filled = [o.format(calibration=calibration, few=few) for o in options]
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "out"), "--model", saved_model, *filled])
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_served_int8_needs_its_calibration_up_front(saved_model):
     result = CliRunner().invoke(app, ["serve", saved_model, "--precision", "int8", "--port", "0"])
     assert result.exit_code == 2 and "--calibration" in result.output, result.output

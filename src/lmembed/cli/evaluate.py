@@ -35,6 +35,8 @@ from lmembed.cli.rerank import (
     RerankTopKOpt,
     evaluate_in_stages,
 )
+from lmembed.config import ATTENTIONS
+from lmembed.evaluation.instructions import INSTRUCTION_SETS
 from lmembed.options import EngineOptions, ModelOptions, flags_of
 
 console = terminal.console(stderr=True)
@@ -74,7 +76,7 @@ def eval_command(
     instructions: Annotated[
         str | None,
         typer.Option(
-            help="Per-task instructions from a named table: 'nv-embed', 'e5-mistral', 'mteb' or 'mteb-llm2vec' "
+            help=f"Per-task instructions from a named table: {', '.join(map(repr, INSTRUCTION_SETS))} "
             "(default: a published model's own, as on the MTEB leaderboard; none for other models)."
         ),
     ] = None,
@@ -216,7 +218,7 @@ def sweep(
     ),
     pooling: Annotated[str, typer.Option(help="Pooling used at every layer.")] = "mean",
     attention: Annotated[
-        str | None, typer.Option(help="causal or bidirectional (default: the model's own; encoders: bidirectional).")
+        str | None, typer.Option(help=f"{' or '.join(ATTENTIONS)} (default: the model's own; encoders: bidirectional).")
     ] = None,
     max_length: MaxLenOpt = None,
     corpus_sample: Annotated[

@@ -12,13 +12,12 @@ from lmembed import terminal
 from lmembed.cli.options import (
     Exclude,
     ModelOpt,
-    check_input_file,
+    check_backend,
     check_writable,
     load_embedder,
     options_command,
 )
 from lmembed.config import PORTABLE_PRECISIONS
-from lmembed.io import read_text_lines
 from lmembed.options import ModelOptions
 
 #: Export offers the strategy options; the runtime ones are its own (--precision, --calibration) or fixed.
@@ -54,7 +53,7 @@ def export(
         raise typer.BadParameter(f"{precision!r}: choose {' or '.join(PRECISIONS)}", param_hint="--precision")
     if precision == "int8" and calibration is None:
         raise typer.BadParameter("int8 needs calibration texts: --calibration FILE", param_hint="--calibration")
-    texts = read_text_lines(check_input_file(calibration, "--calibration")) if calibration is not None else None
+    texts = check_backend("onnx", precision, calibration)  # read as every command reads calibration texts
     check_writable(directory, "DIRECTORY", folder=True)
     emb = load_embedder(model, replace(options, precision=precision))  # calibrated by export() itself
     out = emb.export(directory, format, calibration=texts)

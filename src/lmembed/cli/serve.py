@@ -18,6 +18,7 @@ import typer
 from lmembed.cli.options import Exclude, load_embedder, options_command
 from lmembed.cli.rerank import RerankOpt, open_reranker
 from lmembed.options import ModelOptions
+from lmembed.paths import API_KEY_ENV_VAR
 
 #: A server never caches what it embeds.
 SERVED = ModelOptions(no_cache=True)
@@ -91,7 +92,7 @@ def serve(
         str | None,
         typer.Option(
             "--api-key",
-            envvar="LMEMBED_API_KEY",
+            envvar=API_KEY_ENV_VAR,
             help="Require 'Authorization: Bearer KEY' (else 401), on every route but /health (/metrics too).",
         ),
     ] = None,

@@ -25,6 +25,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.errors import LmembedError
+from lmembed.io import loads_json
 from lmembed.paths import inside
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ class LexicalIndex:
             return None
         bm25s, Tokenizer = _bm25s()
         try:
-            record = json.loads(record_file.read_text(encoding="utf-8"))
+            record = loads_json(record_file.read_text(encoding="utf-8"))
             if not isinstance(record, dict) or record.get("format") != FORMAT_VERSION:  # older: ids-only digest
                 return None
             params = LexicalParams(**record["params"])

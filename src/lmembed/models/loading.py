@@ -366,14 +366,7 @@ def load_recorded_tokenizer(path: str) -> Any | None:
     config_file = Path(path) / "tokenizer_config.json"
     if not config_file.exists():
         return None
-    try:
-        recorded = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{config_file}: line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-    except UnicodeDecodeError as exc:
-        raise ModelLoadError(f"{config_file}: not UTF-8 text ({exc})") from exc
-    if not isinstance(recorded, dict):
-        raise ModelLoadError(f"{config_file}: expected an object of tokenizer settings, got {type(recorded).__name__}")
+    recorded = read_json(config_file, error=ModelLoadError, what="tokenizer settings")
     name = recorded.get("tokenizer_class")
     if name is not None and not isinstance(name, str):
         raise ModelLoadError(f"{config_file}: tokenizer_class={name!r} is not a class name")

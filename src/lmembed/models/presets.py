@@ -37,6 +37,7 @@ from typing import Any, Literal
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ModelLoadError, UnknownNameError
 from lmembed.io import read_json
+from lmembed.models.sentence_transformers_folder import DOCUMENT_PROMPT_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -470,8 +471,7 @@ def required_final_token(preset: Preset) -> str | None:
 # ---------------------------------------------------------------------------------------------- encoders' prompts
 
 #: the prompt names of mteb's ``model_prompts`` that are a side's prompt (the others name one task or task type)
-_SIDE_PROMPTS = ("query", "document", "passage")
-_DOCUMENT_PROMPTS = ("document", "passage")
+_SIDE_PROMPTS = ("query", *DOCUMENT_PROMPT_NAMES)
 
 
 @functools.lru_cache(maxsize=64)
@@ -542,7 +542,7 @@ def add_registry_prompts(published: Any, name_or_path: str) -> bool:
     published.decide("prompt_style", "sentence_transformers", source)
     published.decide("instruction_template", "{instruction}", source)
     published.decide("query_instruction", prompts.get("query") or None, source)
-    document = next((prompts[name] for name in _DOCUMENT_PROMPTS if prompts.get(name)), None)
+    document = next((prompts[name] for name in DOCUMENT_PROMPT_NAMES if prompts.get(name)), None)
     published.decide("document_instruction", document, source)
     include, where = _pooling_include_prompt(Path(published.root))
     published.decide("include_prompt", include, where)

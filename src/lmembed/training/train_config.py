@@ -60,10 +60,13 @@ RERANKER_DOC = (
     "positive and --num-negatives negatives are scored with its query (use a reranker --loss)."
 )
 LOSS_DOC = (
-    "infonce, triplet, gte, matryoshka; margin_mse or distill_kl distil the rows' teacher_scores; "
-    "a reranker: listwise_softmax or pointwise_bce."
+    "infonce, triplet, gte, angle, matryoshka (wraps another), matryoshka_2d (layers x dimensions); margin_mse or "
+    "distill_kl distil the rows' teacher_scores; a reranker: listwise_softmax or pointwise_bce."
 )
-BATCHING_DOC = "blended (rows of all datasets) or homogeneous (one dataset per batch)."
+BATCHING_DOC = (
+    "blended (rows of all datasets), homogeneous (one dataset per batch, drawn by size) or round_robin (one "
+    "dataset per batch, the datasets in turn)."
+)
 DECONTAMINATE_DOC = (
     "Comma list of evaluation sets (scifact,nfcorpus): drop rows whose query or positive repeats their "
     "items (exact, n-gram, near-duplicate, BM25); the report goes to the output folder."
