@@ -128,6 +128,29 @@ def test_adapter_can_be_kept_instead_of_merged(tmp_path, tokenizer):
     assert model.uses_lora  # saving a copy leaves the adapters in training
 
 
+def test_a_save_that_fails_keeps_the_model_before_and_leaves_nothing_behind(
+    tmp_path, tokenizer, data_file, monkeypatch
+):
+    """The model is written beside its place and renamed in; the one saved before stays whole until then (the old
+    save deleted it first, and a failed save left its scratch folder)."""
+    trainer = Trainer(make_config(tmp_path, data_file, steps=1, lora=False), model=tiny_embedder(tokenizer))
+    trainer.train_step()
+    first = trainer.save_model()
+    before = sorted(p.name for p in first.parent.iterdir())
+    saved = {p.relative_to(first): p.read_bytes() for p in first.rglob("*") if p.is_file()}
+
+    def broken(folder, **_):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "config.json").write_text("{")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer.model, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save_model()
+    assert {p.relative_to(first): p.read_bytes() for p in first.rglob("*") if p.is_file()} == saved
+    assert sorted(p.name for p in first.parent.iterdir()) == before
+
+
 def test_latent_attention_head_is_trained_and_saved(tmp_path, tokenizer, data_file):
     emb = tiny_embedder(tokenizer, pooling="latent_attention", latent={"num_latents": 8, "num_heads": 4})
     before = {k: v.clone() for k, v in emb.pooling_head.state_dict().items()}

@@ -49,8 +49,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +58,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lmembed.atomic import atomic_write_text
+from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.embedder import Embedder
 from lmembed.errors import ConfigError
 from lmembed.rerank import Reranker
@@ -553,13 +551,10 @@ class Trainer:
         target = Path(directory) if directory else self.output / MODEL_DIR
         full = full_model_state(self.model) if self.dist.fsdp is not None else None
         if self.dist.is_main:
-            scratch = target.with_name(f".tmp-{target.name}")
-            shutil.rmtree(scratch, ignore_errors=True)
             self.model.eval()
             merge = self.config.merge_lora
-            self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target, full_state=full)
-            if target.exists():
-                ckpt.discard_dir(target)
-            os.replace(scratch, target)
+            # the model before stays under its name until the new one is whole and renamed in (never neither)
+            with atomic_folder(target) as scratch:
+                self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target, full_state=full)
         self.dist.barrier()
         return target
