@@ -377,3 +377,22 @@ def test_a_jsonl_row_nesting_past_the_parser_limit_names_its_line(tmp_path):
     rows.write_text('{"text": "x"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(DataFormatError, match=r"rows\.jsonl:2: arrays or objects nest too deeply"):
         read_jsonl(rows)
+
+
+def test_every_corpus_reader_takes_the_same_id_fields(tmp_path: Path) -> None:
+    """A corpus whose rows say ``id`` was indexed, but refused by eval, mine, synthesize and adapt ("missing field
+    '_id'"): one list of id fields (``io.ID_FIELDS``) now serves every reader; ``_id`` wins when a row gives both."""
+    from lmembed.index.corpus import load_corpus
+    from lmembed.io import read_corpus, read_queries
+    from lmembed.training.adapt import read_adapt_corpus
+
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [{"id": "a", "text": "cats purr"}, {"id": 7, "text": "dogs bark"}, {"_id": "c", "id": "x", "text": "owls"}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    expected = ["a", "7", "c"]
+    assert read_corpus(corpus)[0] == expected
+    assert [d.id for d in load_corpus(corpus)] == expected
+    assert [d.id for d in read_adapt_corpus(corpus)] == expected
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "text": "what purrs"}) + "\n")
+    assert read_queries(queries) == {"q1": "what purrs"}

@@ -340,6 +340,17 @@ def id_field(row: dict[str, Any], key: str, path: Path, line_no: int) -> str:
     return string_field(row, key, path, line_no)
 
 
+#: The fields a corpus or queries row may give its id in, in order: BEIR's ``_id``, then ``id`` (as many corpora
+#: spell it). Every reader of such rows (evaluation, index, mining, synthesis, adaptation, Ray) takes these.
+ID_FIELDS = ("_id", "id")
+
+
+def row_id(row: dict[str, Any], path: Path, line_no: int) -> str:
+    """A corpus or queries row's id: the first of :data:`ID_FIELDS` it gives (see :func:`id_field`)."""
+    key = next((k for k in ID_FIELDS if row.get(k) is not None), ID_FIELDS[0])
+    return id_field(row, key, path, line_no)
+
+
 #: The names a training row (``lmembed train``'s data, ``lmembed mine``'s input and output) may give each field.
 QUERY_KEYS = ("query", "anchor", "question")
 POSITIVE_KEYS = ("positive", "positives", "pos")
@@ -369,7 +380,7 @@ def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
     texts: list[str] = []
     seen: set[str] = set()
     for line_no, row in iter_jsonl(path):
-        doc_id = id_field(row, "_id", path, line_no)
+        doc_id = row_id(row, path, line_no)
         if doc_id in seen:
             raise DataFormatError(path, line_no, f"duplicate document id {doc_id!r}")
         seen.add(doc_id)
@@ -383,7 +394,7 @@ def read_queries(path: str | Path) -> dict[str, str]:
     path = Path(path)
     queries: dict[str, str] = {}
     for line_no, row in iter_jsonl(path):
-        query_id = id_field(row, "_id", path, line_no)
+        query_id = row_id(row, path, line_no)
         if query_id in queries:
             raise DataFormatError(path, line_no, f"duplicate query id {query_id!r}")
         queries[query_id] = string_field(row, "text", path, line_no)

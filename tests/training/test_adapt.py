@@ -349,7 +349,7 @@ def test_the_teacher_draws_its_own_best_documents_as_candidates_never_the_querys
         ),
         ([{"_id": "a", "text": "the cat"}, {"_id": "b", "text": 7}], r"corpus.jsonl:2: text: must be a string"),
         ([{"_id": "a", "text": "the cat"}], "one distinct document"),
-        ([{"_id": "a", "text": "the cat"}, {"_id": "a", "text": "the dog"}], r"corpus.jsonl:2: _id: .*repeated"),
+        ([{"_id": "a", "text": "the cat"}, {"_id": "a", "text": "the dog"}], r"corpus.jsonl:2: document id .a. is rep"),
     ],
 )
 def test_bad_corpora_are_refused_naming_file_and_line(tmp_path, lines, message):

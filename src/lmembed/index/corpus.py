@@ -22,9 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.index.errors import DuplicateIdError
-from lmembed.io import CORPUS_FILE, QUERIES_FILE, DataFormatError, find_file, is_jsonl, iter_jsonl, iter_lines
-
-ID_FIELDS = ("_id", "id")
+from lmembed.io import (
+    CORPUS_FILE,
+    ID_FIELDS,
+    QUERIES_FILE,
+    DataFormatError,
+    find_file,
+    is_jsonl,
+    iter_jsonl,
+    iter_lines,
+)
 
 
 @dataclass(frozen=True)

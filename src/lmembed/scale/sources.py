@@ -37,6 +37,7 @@ from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
 from lmembed.io import (
     CORPUS_FILE,
+    ID_FIELDS,
     DataFormatError,
     corpus_text,
     find_file,
@@ -50,7 +51,6 @@ from lmembed.scale.errors import BadRowError
 
 #: Rows per block read from a part (and per staging file written by the plan pass).
 BLOCK_ROWS = 4096
-ID_FIELDS = ("_id", "id")
 PARQUET_SUFFIX = ".parquet"
 
 #: Columns of a block in Arrow form. ``origin`` is a message template naming where a row came from.

@@ -54,7 +54,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
-from lmembed.io import DataFormatError, id_field, is_jsonl, iter_jsonl, iter_lines, read_jsonl
+from lmembed.io import CORPUS_FILE, DataFormatError, is_jsonl, iter_jsonl, iter_lines, read_jsonl, row_id
 from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
 from lmembed.training.adapt_recipe import AdaptRecipe, QuerySource
 
@@ -96,7 +96,7 @@ def read_adapt_corpus(path: str | Path) -> list[Document]:
     file and line."""
     path = Path(path)
     if path.is_dir():
-        path = path / "corpus.jsonl"
+        path = path / CORPUS_FILE
     if not path.is_file():
         raise AdaptError(f"{path}: no such corpus file (--corpus takes a BEIR corpus.jsonl or a text file)")
     docs: list[Document] = []
@@ -104,9 +104,9 @@ def read_adapt_corpus(path: str | Path) -> list[Document]:
         if is_jsonl(path):
             seen: set[str] = set()
             for line_no, row in iter_jsonl(path):
-                doc_id = id_field(row, "_id", path, line_no)
+                doc_id = row_id(row, path, line_no)
                 if doc_id in seen:
-                    raise AdaptError(f"{path}:{line_no}: _id: document id {doc_id!r} is repeated")
+                    raise AdaptError(f"{path}:{line_no}: document id {doc_id!r} is repeated")
                 seen.add(doc_id)
                 title = _string(row, "title", path, line_no)
                 text = _string(row, "text", path, line_no)
