@@ -242,6 +242,24 @@ def test_a_different_plan_is_refused_not_mixed_in(tmp_path):
         synthesize("e5-mistral", TinyGenerator(), tmp_path / "o.jsonl", seed=5)
 
 
+def test_the_same_recipe_read_from_another_place_resumes(tmp_path):
+    """The plan records where the recipe file lay; a run whose recipe is the same by content (another checkout, a
+    reinstall) resumes instead of being refused as 'changed: recipe'."""
+    out = tmp_path / "o.jsonl"
+    synthesize("e5-mistral", TinyGenerator(), out, seed=0)
+    first = out.read_bytes()
+    plan_file = Path(f"{out}.parts") / "plan.json"
+    plan = json.loads(plan_file.read_text())
+    plan["recipe"]["recipe"] = "/elsewhere/recipes/synthesis/e5-mistral.yaml"
+    plan_file.write_text(json.dumps(plan))
+    synthesize("e5-mistral", TinyGenerator(), out, seed=0)
+    assert out.read_bytes() == first
+    plan["recipe"]["digest"] = "0" * 12
+    plan_file.write_text(json.dumps(plan))
+    with pytest.raises(PlanMismatch, match="recipe"):
+        synthesize("e5-mistral", TinyGenerator(), out, seed=0)
+
+
 # ------------------------------------------------------------------------------------ a real endpoint
 
 

@@ -280,15 +280,25 @@ def _check_plan(path: Path, context: Context, items: list[dict[str, Any]], shard
         "first_items": items[:3],
     }
     if path.exists():
-        old = read_checked_json(path, _Plan, ShardError, "a synthesis run's plan")
-        if old != json.loads(json.dumps(plan)):
-            changed = sorted(k for k in plan if old.get(k) != json.loads(json.dumps(plan[k])))
+        old = _by_content(read_checked_json(path, _Plan, ShardError, "a synthesis run's plan"))
+        new = _by_content(json.loads(json.dumps(plan)))
+        if old != new:
+            changed = sorted(k for k in new if old.get(k) != new[k])
             raise PlanMismatch(
                 f"{path}: this folder holds shards of a different run (changed: {', '.join(changed)}); "
                 "remove it or write to another output"
             )
     else:
         atomic_write_json(path, plan)
+
+
+def _by_content(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan as runs are compared: the recipe by its kind, version and digest, not by where its file lies (the
+    same recipe read from another checkout, or after a reinstall, is the same run)."""
+    recipe = plan.get("recipe")
+    if isinstance(recipe, dict):
+        plan = {**plan, "recipe": {k: v for k, v in recipe.items() if k != "recipe"}}
+    return plan
 
 
 def _finish(
