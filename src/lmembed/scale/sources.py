@@ -41,10 +41,10 @@ from lmembed.io import (
     DataFormatError,
     corpus_text,
     find_file,
-    id_field,
     is_jsonl,
     iter_jsonl,
     iter_lines,
+    row_id,
     sha256_file,
 )
 from lmembed.scale.errors import BadRowError
@@ -165,12 +165,6 @@ class _Blocks:
         return block
 
 
-def _id_of(row: dict[str, Any], path: Path, line_no: int) -> str:
-    """The row's ``_id`` (else its ``id``); a string or a JSON number."""
-    key = next((k for k in ID_FIELDS if row.get(k) is not None), ID_FIELDS[0])
-    return id_field(row, key, path, line_no)
-
-
 @dataclass
 class _FilePart(SourcePart):
     """A part that reads one whole file."""
@@ -207,7 +201,7 @@ class BeirPart(_TextFilePart):
 
     def _rows(self, path: Path) -> Iterator[tuple[int, str | None, str]]:
         for line_no, row in iter_jsonl(path):
-            yield line_no, _id_of(row, path, line_no), corpus_text(row, path, line_no)
+            yield line_no, row_id(row, path, line_no), corpus_text(row, path, line_no)
 
 
 @dataclass
