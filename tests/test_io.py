@@ -396,3 +396,35 @@ def test_every_corpus_reader_takes_the_same_id_fields(tmp_path: Path) -> None:
     queries = tmp_path / "queries.jsonl"
     queries.write_text(json.dumps({"id": "q1", "text": "what purrs"}) + "\n")
     assert read_queries(queries) == {"q1": "what purrs"}
+
+
+def test_every_corpus_reader_refuses_an_empty_or_absent_id_the_same_way(tmp_path: Path) -> None:
+    """The index refused an empty id while evaluation, adaptation and synthesis took ``""`` as a document's id:
+    every reader now goes through ``io.row_id``."""
+    from lmembed.index.corpus import load_corpus
+    from lmembed.io import read_corpus
+    from lmembed.synthesis.synthesize import read_passages
+    from lmembed.training.adapt import AdaptError, read_adapt_corpus
+
+    readers = [read_corpus, load_corpus, read_adapt_corpus, read_passages]
+    for row, reason in [({"_id": "", "text": "t"}, "field '_id' is empty"), ({"text": "t"}, "missing id field")]:
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text(json.dumps({"_id": "ok", "text": "fine"}) + "\n" + json.dumps(row) + "\n")
+        for reader in readers:
+            with pytest.raises((DataFormatError, AdaptError), match=rf"corpus\.jsonl:2: {reason}"):
+                reader(corpus)
+
+
+def test_a_plain_text_corpus_gets_the_same_ids_from_every_command(tmp_path: Path) -> None:
+    """A text file with one document per line was given ids ``1, 3`` by the index and ``line-1, line-3`` by
+    synthesis and adaptation, so a document's id differed between commands. One reader gives line numbers."""
+    from lmembed.index.corpus import load_corpus
+    from lmembed.synthesis.synthesize import read_passages
+    from lmembed.training.adapt import read_adapt_corpus
+
+    path = tmp_path / "docs.txt"
+    path.write_text("the cat sat\n\n  the dog ran  \n")
+    expected = ["1", "3"]
+    assert [d.id for d in load_corpus(path)] == expected
+    assert [d.id for d in read_adapt_corpus(path)] == expected
+    assert read_passages(path)[0] == expected

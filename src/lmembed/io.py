@@ -213,6 +213,15 @@ def read_text_lines(path: str | Path, *, strip: bool = False) -> list[str]:
     return [line.strip() for _, line in iter_lines(path) if line.strip()]
 
 
+def iter_text_documents(path: str | Path) -> Iterator[tuple[int, str, str]]:
+    """``(line number, id, text)`` of every document of a plain-text corpus: one document per line, blank lines
+    skipped, the text stripped, and the id the line number (``"3"`` for line 3), the same for every command that
+    reads such a file (``index``, ``synthesize``, ``adapt``)."""
+    for line_no, line in iter_lines(path):
+        if line.strip():
+            yield line_no, str(line_no), line.strip()
+
+
 # ---------------------------------------------------------------------------------------------- JSON lines
 def _json_type(value: Any) -> str:
     if isinstance(value, bool) or value is None:
@@ -346,9 +355,15 @@ ID_FIELDS = ("_id", "id")
 
 
 def row_id(row: dict[str, Any], path: Path, line_no: int) -> str:
-    """A corpus or queries row's id: the first of :data:`ID_FIELDS` it gives (see :func:`id_field`)."""
-    key = next((k for k in ID_FIELDS if row.get(k) is not None), ID_FIELDS[0])
-    return id_field(row, key, path, line_no)
+    """A corpus or queries row's id: the first of :data:`ID_FIELDS` it gives (see :func:`id_field`). No id
+    field, or an empty id, is a :class:`DataFormatError` naming the file, the line and the field."""
+    key = next((k for k in ID_FIELDS if row.get(k) is not None), None)
+    if key is None:
+        raise DataFormatError(path, line_no, "missing id field (" + " or ".join(map(repr, ID_FIELDS)) + ")")
+    value = id_field(row, key, path, line_no)
+    if not value:
+        raise DataFormatError(path, line_no, f"field {key!r} is empty")
+    return value
 
 
 #: The names a training row (``lmembed train``'s data, ``lmembed mine``'s input and output) may give each field.

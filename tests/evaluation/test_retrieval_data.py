@@ -104,7 +104,7 @@ def test_malformed_qrels_row_names_file_and_line(tmp_path: Path, row: str, messa
 
 def test_missing_id_field_is_an_error(tmp_path: Path) -> None:
     folder = write_beir(tmp_path / "toy", queries=[{"_id": "q1", "text": "x"}, {"text": "no id"}])
-    with pytest.raises(DataFormatError, match=r"queries\.jsonl:2: missing field '_id'"):
+    with pytest.raises(DataFormatError, match=r"queries\.jsonl:2: missing id field \('_id' or 'id'\)"):
         load_beir(folder)
 
 

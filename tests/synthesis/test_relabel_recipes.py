@@ -137,6 +137,6 @@ def test_relabel_recipes_need_a_corpus_and_an_embedder(tmp_path):
 
 def test_passages_come_from_a_text_file_or_a_corpus_file(tmp_path):
     (tmp_path / "p.txt").write_text("first passage\n\nsecond passage\n")
-    assert read_passages(tmp_path / "p.txt") == (["line-1", "line-3"], ["first passage", "second passage"])
+    assert read_passages(tmp_path / "p.txt") == (["1", "3"], ["first passage", "second passage"])
     (tmp_path / "corpus.jsonl").write_text('{"_id": "a", "title": "T", "text": "body"}\n')
     assert read_passages(tmp_path) == (["a"], ["T body"])

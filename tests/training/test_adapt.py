@@ -361,7 +361,7 @@ def test_bad_corpora_are_refused_naming_file_and_line(tmp_path, lines, message):
 def test_a_text_file_is_one_document_per_line(tmp_path):
     path = tmp_path / "docs.txt"
     path.write_text("the cat sat\n\nthe dog ran\n")
-    assert [(d.id, d.text) for d in read_adapt_corpus(path)] == [("line-1", "the cat sat"), ("line-3", "the dog ran")]
+    assert [(d.id, d.text) for d in read_adapt_corpus(path)] == [("1", "the cat sat"), ("3", "the dog ran")]
 
 
 # ---------------------------------------------------------------------------------------------- recipe

@@ -30,7 +30,8 @@ from lmembed.io import (
     find_file,
     is_jsonl,
     iter_jsonl,
-    iter_lines,
+    iter_text_documents,
+    row_id,
 )
 
 
@@ -41,19 +42,6 @@ class Document:
     id: str
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def _row_id(row: dict[str, Any], path: Path, line_no: int) -> str:
-    for key in ID_FIELDS:
-        value = row.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise DataFormatError(path, line_no, f"field {key!r} must be a string or a number")
-        if str(value) == "":
-            raise DataFormatError(path, line_no, f"field {key!r} is empty")
-        return str(value)
-    raise DataFormatError(path, line_no, "missing id field ('_id' or 'id')")
 
 
 def _row_string(row: dict[str, Any], key: str, path: Path, line_no: int) -> str:
@@ -69,12 +57,11 @@ def _records(path: Path, *, documents: bool) -> Iterator[tuple[int, str, str, di
     """``(line, id, text, metadata)`` of every record of a JSON-lines or plain-text file; a document's
     text joins its title, a query's text is kept as it is (both as ``lmembed eval`` reads them)."""
     if not is_jsonl(path):
-        for line_no, line in iter_lines(path):
-            if line.strip():
-                yield line_no, str(line_no), line.strip(), {}
+        for line_no, doc_id, text in iter_text_documents(path):
+            yield line_no, doc_id, text, {}
         return
     for line_no, row in iter_jsonl(path):
-        doc_id = _row_id(row, path, line_no)
+        doc_id = row_id(row, path, line_no)
         if "text" not in row and not (documents and "title" in row):
             raise DataFormatError(path, line_no, "missing field 'text'")
         text = _row_string(row, "text", path, line_no)

@@ -76,8 +76,8 @@ def synthesize(
 
 def read_passages(path: str | Path, limit: int | None = None) -> tuple[list[str], list[str]]:
     """Seed passages as (ids, texts): a BEIR folder or ``corpus.jsonl`` (its ``_id``s), or a text file with one
-    passage per line (ids ``line-N``)."""
-    from lmembed.io import CORPUS_FILE, find_file, is_jsonl, iter_lines, read_corpus
+    passage per line (ids are line numbers, as :func:`lmembed.io.iter_text_documents` gives them)."""
+    from lmembed.io import CORPUS_FILE, find_file, is_jsonl, iter_text_documents, read_corpus
 
     path = Path(path)
     if path.is_dir() or is_jsonl(path):
@@ -85,7 +85,7 @@ def read_passages(path: str | Path, limit: int | None = None) -> tuple[list[str]
         ids, texts = read_corpus(corpus)
         _check_passages(corpus, texts)
     else:
-        pairs = [(f"line-{n}", line.strip()) for n, line in iter_lines(path) if line.strip()]
+        pairs = [(doc_id, text) for _, doc_id, text in iter_text_documents(path)]
         ids, texts = [p[0] for p in pairs], [p[1] for p in pairs]
     if not ids:
         raise ConfigError(f"{path}: the passages file is empty (no passage to make rows from)")

@@ -54,7 +54,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
-from lmembed.io import CORPUS_FILE, DataFormatError, is_jsonl, iter_jsonl, iter_lines, read_jsonl, row_id
+from lmembed.io import CORPUS_FILE, DataFormatError, is_jsonl, iter_jsonl, iter_text_documents, read_jsonl, row_id
 from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
 from lmembed.training.adapt_recipe import AdaptRecipe, QuerySource
 
@@ -114,9 +114,8 @@ def read_adapt_corpus(path: str | Path) -> list[Document]:
                     raise AdaptError(f"{path}:{line_no}: text: document {doc_id!r} has neither title nor text")
                 docs.append(Document(doc_id, title.strip(), text.strip(), line_no))
         else:
-            for line_no, line in iter_lines(path):
-                if line.strip():
-                    docs.append(Document(f"line-{line_no}", "", line.strip(), line_no))
+            for line_no, doc_id, text in iter_text_documents(path):
+                docs.append(Document(doc_id, "", text, line_no))
     except DataFormatError as exc:
         raise AdaptError(str(exc)) from exc
     if not docs:
