@@ -313,7 +313,38 @@ def test_a_damaged_cache_shard_is_skipped_aloud_and_its_texts_encoded_again(make
     with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
         np.testing.assert_allclose(fresh.encode(TEXTS), expected, atol=1e-6)
     (said,) = [r.getMessage() for r in caplog.records]
-    assert said.startswith(f"skipping {shard}: ") and said.endswith("its texts are encoded again"), said
+    assert said.startswith(f"skipping {shard}: ") and "its texts are encoded again" in said, said
+    assert f"`lmembed cache clear --damaged --directory {tmp_path}` removes such shards" in said
+
+
+@pytest.mark.parametrize("damage", ["NaN", "truncated", "a header of a terabyte", "one column"])
+def test_cache_clear_damaged_removes_the_shards_every_run_skips_and_keeps_the_rest(
+    make_embedder, tmp_path, caplog, damage
+):
+    """A damaged shard was skipped with a warning on every run and never removed; ``cache clear --damaged`` removes
+    it (and only it: the shard written when its texts were encoded again stays), and the next run is quiet."""
+    from typer.testing import CliRunner
+
+    from lmembed.cli.app import app
+
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path
+    for text in TEXTS:  # three shards: a one-column shard is told by the width of most of its neighbours
+        emb.encode([text])
+    first = min(tmp_path.rglob("*.npz"), key=lambda p: p.stat().st_mtime_ns)
+    with np.load(first) as data:
+        keys, vectors = data["keys"], data["vectors"]
+    SHARD_DAMAGE[damage](keys, vectors, first)
+    healthy = sorted(set(tmp_path.rglob("*.npz")) - {first})
+    result = CliRunner().invoke(app, ["cache", "clear", "--damaged", "--directory", str(tmp_path)])
+    assert result.exit_code == 0 and "removed 1 damaged cache shard(s)" in result.output, result.output
+    assert first.name in result.output.replace("\n", "")
+    assert sorted(tmp_path.rglob("*.npz")) == healthy
+    fresh = make_embedder("bert")
+    fresh.engine.use_cache, fresh.engine.cache_dir = True, tmp_path
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        fresh.encode(TEXTS)
+    assert not caplog.records
 
 
 def test_a_cache_shard_linked_from_elsewhere_is_not_read(make_embedder, tmp_path, caplog):

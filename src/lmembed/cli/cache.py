@@ -17,12 +17,30 @@ DirectoryOpt = Annotated[
 
 
 @app.command("clear")
-def clear(directory: DirectoryOpt = None) -> None:
+def clear(
+    directory: DirectoryOpt = None,
+    damaged: Annotated[
+        bool,
+        typer.Option(
+            "--damaged",
+            help="Remove only the shards that cannot be read as lmembed wrote them (damaged, truncated, links, "
+            "non-finite vectors), which every run skips with a warning; the others stay.",
+        ),
+    ] = False,
+) -> None:
     """Delete every cached embedding: the cache's own model folders (anything else in the folder is left)."""
-    from lmembed.encoding.cache import clear_cache  # lazy: keeps --help fast
+    from lmembed.encoding.cache import clear_cache, clear_damaged  # lazy: keeps --help fast
 
+    err = terminal.console(stderr=True)
+    where = directory or embedding_cache_dir()
+    if damaged:
+        removed_shards = clear_damaged(directory)
+        for shard, why in removed_shards:
+            err.print(f"removed {shard}: {why}", markup=False, highlight=False)
+        err.print(f"removed {len(removed_shards)} damaged cache shard(s) from {where}", markup=False, highlight=False)
+        return
     removed = clear_cache(directory)
-    terminal.console(stderr=True).print(f"removed {removed} cache shard(s) from {directory or embedding_cache_dir()}")
+    err.print(f"removed {removed} cache shard(s) from {where}", markup=False, highlight=False)
 
 
 @app.command("info")

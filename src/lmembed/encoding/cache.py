@@ -24,6 +24,7 @@ import re
 import shutil
 import uuid
 import zipfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,7 +91,13 @@ class EmbeddingCache:
                     try:
                         keys, vectors = read_shard(shard, self.width)
                     except CacheShardError as exc:
-                        log.warning("skipping %s; its texts are encoded again", exc)
+                        root = self.dir.parent.parent
+                        log.warning(
+                            "skipping %s; its texts are encoded again (`lmembed cache clear --damaged --directory %s` "
+                            "removes such shards)",
+                            exc,
+                            root,
+                        )
                         continue
                     for key, vector in zip(keys, vectors, strict=True):
                         self._index[key.tobytes()] = vector
@@ -215,6 +222,40 @@ def cache_entries(root: Path) -> list[Path]:
         for strategy in sorted(model.iterdir())
         if strategy.is_dir() and not strategy.is_symlink() and STRATEGY_DIR_NAME.fullmatch(strategy.name)
     ]
+
+
+def damaged_shards(root: Path | None = None) -> list[tuple[Path, str]]:
+    """``(shard, why)`` of every shard under ``root`` (its :func:`cache_entries`) that :func:`read_shard` refuses:
+    those a lookup skips, with a warning, on every run. Each shard is read whole, so this takes as long as the cache
+    is large."""
+    damaged = []
+    for strategy in cache_entries(_cache_root(root)):
+        widths: dict[Path, int] = {}
+        for shard in sorted(strategy.glob("*.npz")):
+            if shard.name.startswith(TEMP_PREFIX):
+                continue
+            try:
+                widths[shard] = read_shard(shard)[1].shape[1]
+            except CacheShardError as exc:
+                damaged.append((shard, str(exc).removeprefix(f"{shard}: ")))
+        # one folder holds one model's vectors: a shard wider or narrower than most of its neighbours is not its own
+        counts = Counter(widths.values()).most_common()
+        if len(counts) > 1 and counts[0][1] > counts[1][1]:
+            common = counts[0][0]
+            damaged += [
+                (shard, f"vectors are {width} wide; the other shards of its folder are {common}")
+                for shard, width in widths.items()
+                if width != common
+            ]
+    return damaged
+
+
+def clear_damaged(root: Path | None = None) -> list[tuple[Path, str]]:
+    """Delete the shards :func:`damaged_shards` names (a link is removed, not what it points to); returns them."""
+    damaged = damaged_shards(root)
+    for shard, _ in damaged:
+        shard.unlink()
+    return damaged
 
 
 def clear_cache(root: Path | None = None) -> int:
