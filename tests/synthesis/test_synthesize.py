@@ -156,10 +156,16 @@ def test_a_finished_shard_changed_before_the_output_is_assembled_is_refused(tmp_
     with pytest.raises(
         ShardError,
         match=r"shard-00000\.jsonl: its sha256 is not the one \S*/shard-00000\.stats\.json "
-        r"records \(files\.shard-00000\.jsonl\)",
+        r"records \(files\.shard-00000\.jsonl\).*\. To generate this shard again \(the others are kept\), delete "
+        r"shard-00000\.stats\.json and shard-00000\.jsonl from \S*out\.jsonl\.parts and run the same command",
     ):
         synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
     assert not out.exists()
+    for name in ("shard-00000.stats.json", "shard-00000.jsonl"):  # as the refusal says
+        (shard.parent / name).unlink()
+    again = _DiesAfter(None)
+    stats = synthesize("e5-mistral", again, out, shard_size=6)
+    assert stats["shards_generated_now"] == 1 and out.exists()
 
 
 RECORD_DAMAGE = {

@@ -209,3 +209,23 @@ def test_a_resume_on_data_changed_since_the_checkpoint_is_refused(run, tmp_path)
     said = " ".join(result.output.replace("│", " ").split())
     assert "data_digest: the training rows are not the ones this run was trained on up to step 2" in said
     assert "step-0000002" in said
+
+
+def test_a_damaged_latest_checkpoint_names_the_earlier_one_to_resume_from(run, tmp_path):
+    """The refusal named the damaged file, but not that the checkpoint before it was whole nor how to resume from
+    it; it now says both, and doing what it says resumes."""
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    data = bytearray((step / "trainable.safetensors").read_bytes())
+    data[-1] ^= 0x01
+    (step / "trainable.safetensors").write_bytes(bytes(data))
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "earlier checkpoints (step-0000001)" in said and "move step-0000002 out of" in said, said
+    assert "to resume from step-0000001" in said, said
+    step.rename(tmp_path / "set-aside")
+    resumed = train(args, 3, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert (output / "checkpoints" / "step-0000003").is_dir()

@@ -316,9 +316,15 @@ def _finish(
     for index in range(n_shards):
         name = shard_name(index)
         record = parts / f"{name}.stats.json"
-        stats = read_checked_json(record, _ShardStats, ShardError, "a synthesis shard's record")
-        shard = inside(parts, f"{name}.jsonl", file=record, field="rows", error=ShardError)
-        check_recorded_files(parts, record, stats["files"], [shard.name], key="files", error=ShardError)
+        try:
+            stats = read_checked_json(record, _ShardStats, ShardError, "a synthesis shard's record")
+            shard = inside(parts, f"{name}.jsonl", file=record, field="rows", error=ShardError)
+            check_recorded_files(parts, record, stats["files"], [shard.name], key="files", error=ShardError)
+        except ShardError as exc:
+            raise ShardError(
+                f"{exc}. To generate this shard again (the others are kept), delete {record.name} and {name}.jsonl "
+                f"from {parts} and run the same command"
+            ) from exc
         totals.attempted += stats["attempted"]
         totals.repaired += stats["repaired"]
         totals.rejected.update(stats["rejected"])

@@ -449,7 +449,16 @@ class Trainer:
         if path is None:
             log.info("no checkpoint in %s: starting from step 0", self.output)
             return False
-        state = ckpt.load_checkpoint(path, rank=self.dist.rank, map_location=self.dist.device)
+        try:
+            state = ckpt.load_checkpoint(path, rank=self.dist.rank, map_location=self.dist.device)
+        except ckpt.CheckpointError as exc:
+            earlier = [p for _, p in ckpt.list_checkpoints(self.output) if p != path]
+            if not earlier:
+                raise
+            raise ckpt.CheckpointError(
+                f"{exc}. The output folder holds earlier checkpoints ({', '.join(p.name for p in earlier)}): move "
+                f"{path.name} out of {path.parent} to resume from {earlier[-1].name}"
+            ) from exc
         saved_fsdp = state.info.get("parallelism") == "fsdp"
         if saved_fsdp != (self.dist.fsdp is not None):
             raise TrainConfigError(
