@@ -47,6 +47,7 @@ from lmembed.models.sentence_transformers_folder import (
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
 from lmembed.pooling.layers import find_final_norm, normalize_layer
+from lmembed.pooling.normalize import unit_rows
 from lmembed.pooling.terms import TermChannel, fit_terms, save_terms
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,7 @@ def postprocess(raw: np.ndarray, config: EmbeddingConfig) -> np.ndarray:
     """Matryoshka truncation to ``config.dim``, then L2 normalisation if asked."""
     out = raw[:, : config.dim] if config.dim else raw
     out = np.ascontiguousarray(out, dtype=np.float32)
-    if config.normalize:
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        out = out / np.maximum(norms, 1e-12)
-    return out.astype(np.float32, copy=False)
+    return unit_rows(out) if config.normalize else out
 
 
 def check_strategy(backbone: Backbone, config: EmbeddingConfig, width: int | None = None) -> None:

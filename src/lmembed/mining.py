@@ -55,6 +55,7 @@ from lmembed.io import (
     read_text_lines,
     row_key,
 )
+from lmembed.pooling.normalize import unit_rows
 from lmembed.protocols import RetrievalEncoder
 
 log = logging.getLogger(__name__)
@@ -228,11 +229,6 @@ def _embed_queries(
     return out
 
 
-def _normalize_rows(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 # ---------------------------------------------------------------------------------------------- selection
 def _select(
     cand_index: np.ndarray,
@@ -332,8 +328,8 @@ def mine_hard_negatives(
     n_retrieve = candidates or default_candidates(k, skip_top, max(len(p) for p in positive_ids))
     log.info("mining %d queries against %d documents (%s, margin=%s)", len(items), len(docs), method, margin)
 
-    doc_vecs = _normalize_rows(teacher.encode_corpus(docs, batch_size=batch_size))
-    query_vecs = _normalize_rows(_embed_queries(teacher, queries, instructions, batch_size))
+    doc_vecs = unit_rows(teacher.encode_corpus(docs, batch_size=batch_size))
+    query_vecs = unit_rows(_embed_queries(teacher, queries, instructions, batch_size))
     found = exact_search(query_vecs, doc_vecs, top_k=min(n_retrieve, len(docs)), similarity="dot")
     stats.queries += len(items)
     out = []

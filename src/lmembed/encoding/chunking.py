@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmembed.errors import ConfigError
+from lmembed.pooling.normalize import unit_rows
 
 Aggregate = Literal["first", "maxp", "mean"]
 AGGREGATES: tuple[str, ...] = ("first", "maxp", "mean")
@@ -150,8 +151,7 @@ class ChunkedEmbeddings:
         q = np.asarray(queries, dtype=np.float32)
         c = self.vectors
         if similarity == "cosine":
-            q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
-            c = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
+            q, c = unit_rows(q), unit_rows(c)
         elif similarity != "dot":
             raise ConfigError(f"similarity={similarity!r}: expected 'cosine' or 'dot'")
         return aggregate_chunk_scores(q @ c.T, self.doc_index, self.num_docs, self.aggregate)

@@ -48,6 +48,7 @@ from lmembed.load_plan import STRATEGY_FILE
 from lmembed.models.attention import first_token_sensitivity
 from lmembed.models.families import CAUSAL_TOLERANCE
 from lmembed.models.presets import Resolution, required_final_token
+from lmembed.pooling.normalize import unit_rows
 
 #: Two vectors of the same text count as equal at or above this cosine.
 EQUAL_COSINE = 0.9999
@@ -156,7 +157,7 @@ def check_attention(embedder: Embedder, texts: Sequence[str]) -> Check:
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    return (unit_rows(a, dtype=None) * unit_rows(b, dtype=None)).sum(1)
 
 
 def check_padding(embedder: Embedder, texts: Sequence[str]) -> Check:

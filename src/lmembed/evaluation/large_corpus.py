@@ -29,6 +29,7 @@ import numpy as np
 
 from lmembed.errors import ConfigError
 from lmembed.evaluation.search import SearchResult, Similarity, exact_search
+from lmembed.pooling.normalize import unit_rows
 
 SearchMethod = Literal["exact", "faiss"]
 SEARCH_METHODS = ("exact", "faiss")
@@ -87,11 +88,6 @@ def chunk_rows(dim: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
     return max(1, chunk_bytes // (4 * max(1, dim)))
 
 
-def _normalize(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), np.float32(1e-12))
-
-
 def _merge(
     scores: np.ndarray, index: np.ndarray, more_scores: np.ndarray, more_index: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -112,14 +108,14 @@ def _faiss_search(
 ) -> SearchResult:
     import faiss  # lazy: FAISS is only needed for this method, and evaluation imports without it
 
-    q = _normalize(queries) if similarity == "cosine" else np.ascontiguousarray(queries, dtype=np.float32)
+    q = unit_rows(queries) if similarity == "cosine" else np.ascontiguousarray(queries, dtype=np.float32)
     n_q, k = len(q), min(top_k, len(corpus))
     want = min(k + (1 if exclude is not None else 0), len(corpus))
     best_scores = np.full((n_q, 0), -np.inf, dtype=np.float32)
     best_index = np.full((n_q, 0), -1, dtype=np.int64)
     for start in range(0, len(corpus), rows_per_chunk):
         chunk = corpus[start : start + rows_per_chunk]
-        docs = _normalize(chunk) if similarity == "cosine" else np.ascontiguousarray(chunk, dtype=np.float32)
+        docs = unit_rows(chunk) if similarity == "cosine" else np.ascontiguousarray(chunk, dtype=np.float32)
         scores, index = faiss.knn(q, docs, min(want, len(docs)), metric=faiss.METRIC_INNER_PRODUCT)
         index = np.where(index >= 0, index + start, -1)
         scores = np.where(index >= 0, scores, -np.inf).astype(np.float32)

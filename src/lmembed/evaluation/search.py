@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 
 from lmembed.errors import ConfigError
+from lmembed.pooling.normalize import unit_rows
 
 Similarity = Literal["cosine", "dot"]
 Backend = Literal["numpy", "torch"]
@@ -64,13 +65,6 @@ def _as_matrix(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def _normalize(x: np.ndarray) -> np.ndarray:
-    """Unit-length rows in float32; zero rows stay zero."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, np.float32(1e-12))
-
-
 def identical_id_positions(query_ids: Sequence[str], corpus_ids: Sequence[str]) -> np.ndarray:
     """For each query, the corpus row with the same id, or -1."""
     position = {doc_id: j for j, doc_id in enumerate(corpus_ids)}
@@ -79,7 +73,7 @@ def identical_id_positions(query_ids: Sequence[str], corpus_ids: Sequence[str]) 
 
 def _chunk_scores(queries: np.ndarray, docs: np.ndarray, similarity: Similarity, backend: Backend) -> np.ndarray:
     """Similarity of a query block to a corpus chunk, as a float32 numpy array."""
-    docs = _normalize(docs) if similarity == "cosine" else np.asarray(docs, dtype=np.float32)
+    docs = unit_rows(docs) if similarity == "cosine" else np.asarray(docs, dtype=np.float32)
     if backend == "torch":
         import torch  # lazy: evaluation runs without torch unless this backend is chosen
 
@@ -208,7 +202,7 @@ def exact_search(
     all_scores, all_index = [], []
     for start in range(0, len(queries), block):
         q = queries[start : start + block]
-        q = _normalize(q) if similarity == "cosine" else np.ascontiguousarray(q, dtype=np.float32)
+        q = unit_rows(q) if similarity == "cosine" else np.ascontiguousarray(q, dtype=np.float32)
         ex = None if exclude is None else np.asarray(exclude[start : start + block], dtype=np.int64)
         s, i = _search_block(q, corpus, k, chunk_size, similarity, backend, ex)
         all_scores.append(s)

@@ -34,6 +34,7 @@ import numpy as np
 
 from lmembed.errors import ConfigError
 from lmembed.index.errors import IndexFormatError
+from lmembed.pooling.normalize import unit_rows
 
 KINDS = ("flat", "hnsw", "ivf-pq", "binary")
 RESCORE_MODES = ("float", "int8", "none")
@@ -140,16 +141,6 @@ def _default_pq_m(dim: int) -> int:
     return next(m for m in range(target, 0, -1) if dim % m == 0)
 
 
-def normalized(vectors: np.ndarray) -> np.ndarray:
-    """A float32, C-contiguous, L2-normalised copy (zero rows stay zero)."""
-    out = np.array(vectors, dtype=np.float32, order="C", copy=True)
-    if out.ndim != 2:
-        raise ValueError(f"vectors must be a 2-D matrix, got shape {out.shape}")
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    out /= np.maximum(norms, np.float32(1e-12))
-    return out
-
-
 def order_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The best ``k`` per query: score descending, ties by row ascending, misses (row -1) last."""
     if rows.shape[1] < k:  # fewer candidates than asked: pad as FAISS does
@@ -232,7 +223,7 @@ class VectorIndex(ABC):
         """Bytes this kind keeps in memory for search (memory-mapped rescoring vectors not counted)."""
 
     def _check(self, vectors: np.ndarray) -> np.ndarray:
-        out = normalized(vectors)
+        out = unit_rows(vectors)
         if out.shape[1] != self.dim:
             raise ValueError(f"vectors have {out.shape[1]} dimensions; this index holds {self.dim}")
         return out

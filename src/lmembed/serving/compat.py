@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from lmembed.pooling.normalize import unit_rows
 from lmembed.serving.errors import bad_request, only_fields, shown, too_many_inputs
 from lmembed.serving.schemas import _choice, _dimensions, _model, _texts, text_field
 
@@ -330,7 +331,7 @@ def parse_tei_similarity(payload: dict[str, Any], *, max_inputs: int) -> Similar
 
 def similarity_body(vectors: np.ndarray) -> list[float]:
     """The cosine similarity of each row after the first to the first (``vectors``: the source, then the rest)."""
-    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    unit = unit_rows(vectors, dtype=None)
     return (unit[1:] @ unit[0]).astype(float).tolist()
 
 

@@ -56,6 +56,7 @@ from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.io import CORPUS_FILE, DataFormatError, is_jsonl, iter_jsonl, iter_text_documents, read_jsonl, row_id
 from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
+from lmembed.pooling.normalize import unit_rows
 from lmembed.training.adapt_recipe import AdaptRecipe, QuerySource
 
 log = logging.getLogger(__name__)
@@ -366,9 +367,9 @@ def label_rows(rows: list[dict[str, Any]], teacher: Any, num_negatives: int) -> 
         for row in usable:
             set_teacher_scores(row, teacher.score(row["query"], [row["positive"], *row["negatives"]]))
         return usable
-    q = _unit(teacher.encode_queries([r["query"] for r in usable]))
+    q = unit_rows(teacher.encode_queries([r["query"] for r in usable]))
     docs = [d for r in usable for d in (r["positive"], *r["negatives"])]
-    d = _unit(teacher.encode_corpus(docs)).reshape(len(usable), 1 + num_negatives, -1)
+    d = unit_rows(teacher.encode_corpus(docs)).reshape(len(usable), 1 + num_negatives, -1)
     scores = np.einsum("rd,rkd->rk", q, d)
     for row, s in zip(usable, scores, strict=True):
         set_teacher_scores(row, s)
@@ -422,7 +423,7 @@ class HybridTeacher:
         return dense + (self.weight * lexical[columns] / top if top > 0 else 0.0)
 
     def _encode_queries(self, queries: Sequence[str]) -> np.ndarray:
-        return _unit(self.embedder.encode_queries(list(queries), batch_size=self.batch_size))
+        return unit_rows(self.embedder.encode_queries(list(queries), batch_size=self.batch_size))
 
     def label(self, rows: list[dict[str, Any]], num_negatives: int) -> None:
         """Set each row's ``teacher_scores`` (its positive, then its first ``num_negatives`` negatives)."""
@@ -438,13 +439,15 @@ class HybridTeacher:
             return [np.array([m["positive"], *m["negatives"][:num_negatives]], dtype=np.float32) for m in mined]
         used = sorted({j for cols in columns for j in cols})
         where = {j: k for k, j in enumerate(used)}
-        doc_vectors = _unit(self.embedder.encode_corpus([self.docs[j].full for j in used], batch_size=self.batch_size))
+        doc_vectors = unit_rows(
+            self.embedder.encode_corpus([self.docs[j].full for j in used], batch_size=self.batch_size)
+        )
         query_vectors = self._encode_queries([r["query"] for r in rows])
         return [doc_vectors[[where[j] for j in cols]] @ q for cols, q in zip(columns, query_vectors, strict=True)]
 
     def score_matrix(self, queries: Sequence[str], columns: Sequence[int]) -> np.ndarray:
         """The teacher's scores of the corpus documents ``columns`` for each query (queries x columns)."""
-        docs = _unit(self.embedder.encode_corpus([self.docs[j].full for j in columns], batch_size=self.batch_size))
+        docs = unit_rows(self.embedder.encode_corpus([self.docs[j].full for j in columns], batch_size=self.batch_size))
         dense = self._encode_queries(queries) @ docs.T
         return np.stack([self._fused(text, dense[i], list(columns)) for i, text in enumerate(queries)])
 
@@ -455,7 +458,7 @@ class HybridTeacher:
         drawn by the teacher, so documents only BM25 finds are among them."""
         if k >= len(self.docs):
             raise AdaptError(f"mining.k is {k}: the corpus has only {len(self.docs)} documents to draw candidates from")
-        doc_vectors = _unit(self.embedder.encode_corpus([d.full for d in self.docs], batch_size=self.batch_size))
+        doc_vectors = unit_rows(self.embedder.encode_corpus([d.full for d in self.docs], batch_size=self.batch_size))
         query_vectors = self._encode_queries([q.query for q in queries])
         rows = []
         every = slice(None)
@@ -469,11 +472,6 @@ class HybridTeacher:
             set_teacher_scores(row, [own, *fused[best]])
             rows.append(row)
         return rows
-
-
-def _unit(x: Any) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 # ---------------------------------------------------------------------------------------------- selection
@@ -507,8 +505,8 @@ class HeldOut:
 
     def score(self, embedder: Any, batch_size: int = 32) -> dict[str, float]:
         """nDCG@10 and MRR@10 of retrieving each query's own document (one relevant document each)."""
-        q = _unit(embedder.encode_queries(self.queries, batch_size=batch_size))
-        d = _unit(embedder.encode_corpus(self.documents, batch_size=batch_size))
+        q = unit_rows(embedder.encode_queries(self.queries, batch_size=batch_size))
+        d = unit_rows(embedder.encode_corpus(self.documents, batch_size=batch_size))
         sims = q @ d.T
         own = sims[np.arange(len(self.targets)), self.targets]
         ranks = (sims > own[:, None]).sum(axis=1) + 1  # ties count in the query's favour

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lmembed.pooling.normalize import unit_rows
+
 MIN_COSINE = 0.99
 MIN_NEIGHBOUR_NDCG = 0.985
 NEIGHBOURS = 10
@@ -68,13 +70,9 @@ class GateReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def neighbour_ndcg(reference: np.ndarray, candidate: np.ndarray, k: int = NEIGHBOURS) -> float:
     """Mean nDCG@k of ``candidate``'s neighbour rankings, the reference's top k being relevant (gain k - rank)."""
-    ref, cand = _unit(reference), _unit(candidate)
+    ref, cand = unit_rows(reference), unit_rows(candidate)
     n = len(ref)
     k = min(k, n - 1)
     if k < 1:
@@ -96,7 +94,7 @@ def neighbour_ndcg(reference: np.ndarray, candidate: np.ndarray, k: int = NEIGHB
 
 def gate(reference: np.ndarray, candidate: np.ndarray) -> GateReport:
     """Compare int8 vectors ``candidate`` with float32 vectors ``reference`` (same texts, same order)."""
-    cos = (_unit(reference) * _unit(candidate)).sum(axis=1)
+    cos = (unit_rows(reference) * unit_rows(candidate)).sum(axis=1)
     return GateReport(
         texts=len(reference),
         min_cosine=float(cos.min()) if len(cos) else 1.0,

@@ -29,6 +29,7 @@ import numpy as np
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import ItemScores, ShrinkLimits, TaskResult, TextsToEmbed
 from lmembed.io import DataFormatError, iter_jsonl
+from lmembed.pooling.normalize import unit_rows
 from lmembed.protocols import RetrievalEncoder
 
 DEFAULT_SEED = 42
@@ -117,12 +118,6 @@ def as_matrix(array: Any) -> np.ndarray:
     return matrix
 
 
-def normalise_rows(matrix: np.ndarray) -> np.ndarray:
-    """Each row scaled to unit L2 norm (norms clipped at 1e-12)."""
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.clip(norms, 1e-12, None)
-
-
 def encode_symmetric(
     encoder: RetrievalEncoder,
     texts: Sequence[str],
@@ -147,7 +142,9 @@ def unique_texts(texts: Sequence[str]) -> list[str]:
 
 def paired_cosine(first: np.ndarray, second: np.ndarray) -> list[float]:
     """Cosine of row i of ``first`` with row i of ``second``, for every i."""
-    return np.einsum("ij,ij->i", normalise_rows(first), normalise_rows(second)).astype(np.float64).tolist()
+    return (
+        np.einsum("ij,ij->i", unit_rows(first, dtype=None), unit_rows(second, dtype=None)).astype(np.float64).tolist()
+    )
 
 
 def sample_indices(n: int, keep: int | None, rng: np.random.Generator) -> list[int] | None:

@@ -37,13 +37,13 @@ from lmembed.evaluation.tasks._common import (
     TaskDataError,
     as_matrix,
     encode_unique,
-    normalise_rows,
     read_numbered_jsonl,
     row_error,
     stopwatch,
     text_value,
     unique_texts,
 )
+from lmembed.pooling.normalize import unit_rows
 from lmembed.protocols import RetrievalEncoder
 
 if TYPE_CHECKING:  # the reranker pulls in torch; tasks load without it
@@ -63,7 +63,7 @@ class RerankSample:
 
 def candidate_scores(query_embeddings: np.ndarray, doc_embeddings: np.ndarray) -> np.ndarray:
     """Cosine of each candidate to the query (the best over sub-queries when there are several)."""
-    similarities = normalise_rows(query_embeddings) @ normalise_rows(doc_embeddings).T
+    similarities = unit_rows(query_embeddings, dtype=None) @ unit_rows(doc_embeddings, dtype=None).T
     return similarities.max(axis=0)
 
 

@@ -33,11 +33,11 @@ from lmembed.evaluation.tasks._common import (
     TaskBase,
     TaskDataError,
     finite_number,
-    normalise_rows,
     read_numbered_jsonl,
     require_fields,
     row_error,
 )
+from lmembed.pooling.normalize import unit_rows
 from lmembed.protocols import RetrievalEncoder
 
 
@@ -53,7 +53,7 @@ class SummarizationSample:
 
 def predicted_scores(human: np.ndarray, machine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per machine summary: best cosine and best dot product against the human summaries."""
-    cosine = (normalise_rows(machine) @ normalise_rows(human).T).max(axis=1)
+    cosine = (unit_rows(machine, dtype=None) @ unit_rows(human, dtype=None).T).max(axis=1)
     dot = (machine @ human.T).max(axis=1)
     return cosine.astype(np.float64), dot.astype(np.float64)
 
