@@ -49,6 +49,7 @@ from lmembed.pooling.latent_attention import build_latent_head
 from lmembed.pooling.layers import find_final_norm, normalize_layer
 from lmembed.pooling.normalize import unit_rows
 from lmembed.pooling.terms import TermChannel, fit_terms, save_terms
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +403,7 @@ class Embedder:
     def encode(
         self,
         texts: Sequence[str],
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
         *,
         instruction: str | None = None,
         prompt_name: str | None = None,
@@ -420,7 +421,7 @@ class Embedder:
         return self._encode_as(texts, batch_size, instruction, self.config)
 
     def encode_queries(
-        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32
+        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = ENCODE_BATCH_SIZE
     ) -> np.ndarray:
         """Embed queries; ``instruction`` (or the strategy's ``query_instruction``: a published model's query
         prompt) is prepended."""
@@ -428,13 +429,17 @@ class Embedder:
         return self._encode_as(texts, batch_size, prefix, config)
 
     @overload
-    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32, chunking: None = None) -> np.ndarray: ...
+    def encode_corpus(
+        self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE, chunking: None = None
+    ) -> np.ndarray: ...
 
     @overload
-    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32, chunking: Chunking) -> ChunkedEmbeddings: ...
+    def encode_corpus(
+        self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE, chunking: Chunking
+    ) -> ChunkedEmbeddings: ...
 
     def encode_corpus(
-        self, texts: Sequence[str], *, batch_size: int = 32, chunking: Chunking | None = None
+        self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE, chunking: Chunking | None = None
     ) -> np.ndarray | ChunkedEmbeddings:
         """Embed documents: with the strategy's ``document_instruction`` (a published model's document prompt)
         where it has one, else as they are (truncated at ``max_length``).
@@ -455,7 +460,7 @@ class Embedder:
         *,
         config: EmbeddingConfig | None = None,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
     ) -> ChunkedEmbeddings:
         """Chunk vectors of ``texts`` under ``config`` (this Embedder's strategy by default): see
         :meth:`encode_corpus`."""
@@ -490,14 +495,14 @@ class Embedder:
         configs: Sequence[EmbeddingConfig],
         *,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
     ) -> list[np.ndarray]:
         """Embed with several strategies at once, sharing forward passes where they can."""
         for cfg in configs:
             check_strategy(self.backbone, cfg, _head_width(self.pooling_head, self.backbone, cfg))
         return self.executor.run(self, texts, configs, instruction=instruction, batch_size=batch_size)
 
-    def texts_per_second(self, texts: Sequence[str], *, batch_size: int = 32) -> float:
+    def texts_per_second(self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE) -> float:
         """Measured speed of this strategy: ``texts`` encoded once with the embedding cache bypassed (tokenisation,
         forward passes, which stop at the strategy's deepest layer, and pooling), in texts per second."""
         engine = self.engine

@@ -56,7 +56,7 @@ from lmembed.io import (
     row_key,
 )
 from lmembed.pooling.normalize import unit_rows
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ def mine_hard_negatives(
     margin: float | None = None,
     skip_top: int = 0,
     candidates: int | None = None,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     query_instruction: str | None = None,
     keep_existing: bool = False,
     with_scores: bool = False,

@@ -14,12 +14,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+#: texts per forward pass where a caller names no batch size (every encode, search, task and job)
+ENCODE_BATCH_SIZE = 32
+
 
 @runtime_checkable
 class TextEncoder(Protocol):
     """Anything that turns texts into a float32 matrix, one row per text, in input order."""
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray: ...
+    def encode(self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE) -> np.ndarray: ...
 
 
 @runtime_checkable
@@ -31,10 +34,10 @@ class RetrievalEncoder(Protocol):
     """
 
     def encode_queries(
-        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32
+        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = ENCODE_BATCH_SIZE
     ) -> np.ndarray: ...
 
-    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray: ...
+    def encode_corpus(self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE) -> np.ndarray: ...
 
 
 #: A unit of sharded work: called with a batch of shard numbers (``{"shard": int64 array}``), it does those shards

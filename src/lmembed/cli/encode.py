@@ -12,7 +12,6 @@ import typer
 from lmembed import terminal
 from lmembed.atomic import atomic_write, atomic_write_text
 from lmembed.cli.options import (
-    DEFAULT_BATCH_SIZE,
     BatchSizeOpt,
     InstructionOpt,
     ModelOpt,
@@ -26,6 +25,7 @@ from lmembed.cli.options import (
 from lmembed.config import SIDES, for_side
 from lmembed.io import is_jsonl, read_text_lines, read_texts_field
 from lmembed.options import EngineOptions, ModelOptions
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 console = terminal.console(stderr=True)
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
@@ -82,7 +82,7 @@ def encode(
             "model (query/document routes, a term channel, published prompts) needs. Without it: as they are.",
         ),
     ] = None,
-    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
 ) -> None:

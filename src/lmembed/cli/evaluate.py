@@ -10,7 +10,6 @@ import typer
 from lmembed import terminal
 from lmembed.cli.index import check_chunk_options
 from lmembed.cli.options import (
-    DEFAULT_BATCH_SIZE,
     DEFAULT_PRECISION,
     BatchSizeOpt,
     ChunkingOpt,
@@ -38,6 +37,7 @@ from lmembed.cli.rerank import (
 from lmembed.config import ATTENTIONS
 from lmembed.evaluation.instructions import INSTRUCTION_SETS
 from lmembed.options import EngineOptions, ModelOptions, flags_of
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 console = terminal.console(stderr=True)
 out_console = terminal.console()
@@ -81,7 +81,7 @@ def eval_command(
         ),
     ] = None,
     output: OutputDirOpt = Path("results"),
-    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
     first_stage: FirstStageOpt = "dense",
@@ -232,7 +232,7 @@ def sweep(
         ),
     ] = None,
     output: OutputDirOpt = Path("results/sweep"),
-    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
 ) -> None:
     """Layer-wise probe: every layer's pooled embedding plus fused sets, from one forward pass per batch."""
     from lmembed.evaluation.sweep import run_sweep

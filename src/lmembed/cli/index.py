@@ -22,7 +22,6 @@ from rich.table import Table
 from lmembed import terminal
 from lmembed.atomic import atomic_write_text
 from lmembed.cli.options import (
-    DEFAULT_BATCH_SIZE,
     DEFAULT_DEVICE,
     BatchSizeOpt,
     ChunkingOpt,
@@ -54,6 +53,7 @@ from lmembed.cli.rerank import (
 )
 from lmembed.errors import ConfigError
 from lmembed.options import EngineOptions, ModelOptions
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 if TYPE_CHECKING:  # lmembed.index imports FAISS; commands import it only when they run
     from lmembed.index import Hit, Index
@@ -127,7 +127,7 @@ def build(
         int, typer.Option("--rescore-multiplier", min=1, help="binary: rescore k x this many candidates.")
     ] = 4,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an index already in OUTPUT.")] = False,
-    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
     chunk_size: ChunkOpt = 2048,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
@@ -219,7 +219,7 @@ def _ray_line(progress: Any) -> None:
 def add(
     index_dir: IndexDirArg,
     data: DataArg,
-    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
     chunk_size: ChunkOpt = 2048,
     device: DeviceOpt = DEFAULT_DEVICE,
     no_cache: NoCacheOpt = False,
@@ -397,7 +397,7 @@ def search(
     ef_search: EfSearchOpt = None,
     nprobe: NprobeOpt = None,
     rescore_multiplier: RescoreMultOpt = None,
-    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
     device: DeviceOpt = DEFAULT_DEVICE,
     mode: ModeOpt = "dense",
     fusion: FusionOpt = "rrf",

@@ -20,7 +20,6 @@ import typer
 
 from lmembed import terminal
 from lmembed.cli.options import (
-    DEFAULT_BATCH_SIZE,
     BatchSizeOpt,
     Exclude,
     InstructionOpt,
@@ -30,6 +29,7 @@ from lmembed.cli.options import (
 )
 from lmembed.mining import MiningStats, load_corpus, mine_hard_negatives, read_training_rows, write_rows
 from lmembed.options import ModelOptions
+from lmembed.protocols import ENCODE_BATCH_SIZE
 from lmembed.training.converters import beir_rows
 
 METHOD_HELP = (
@@ -57,7 +57,7 @@ def mine(
     ] = None,
     split: Annotated[str, typer.Option("--split", help="Qrels split when --data is a BEIR folder.")] = "train",
     instruction: InstructionOpt = None,
-    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
     scores: Annotated[bool, typer.Option("--scores", help="Also write the teacher scores.")] = False,
     options: Annotated[ModelOptions, TEACHER] = ModelOptions(),
 ) -> None:

@@ -110,7 +110,6 @@ BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Texts pe
 InstructionOpt = Annotated[
     str | None, typer.Option("--instruction", help="Task instruction for queries (kept out of pooling).")
 ]
-DEFAULT_BATCH_SIZE = 32
 #: What --precision accepts: the torch backend's other float types are chosen with --dtype.
 CLI_PRECISIONS = PORTABLE_PRECISIONS
 

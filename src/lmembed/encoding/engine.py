@@ -51,6 +51,7 @@ from lmembed.errors import ModelLoadError
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
 from lmembed.pooling.terms import TermChannel
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ class EncodingEngine:
         configs: Sequence[EmbeddingConfig],
         *,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
         features: Sequence[Features] | None = None,
     ) -> list[np.ndarray]:
         """Raw pooled float32 vectors (before normalisation/truncation), one array per config.
@@ -385,7 +386,7 @@ class EncodingEngine:
         chunking: Chunking,
         *,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Late chunking: each text runs once through the model (truncated at ``config``'s ``max_length``), and
         its token states are pooled per ``chunking`` window over the pooled (text) tokens. Returns the raw chunk
@@ -636,7 +637,10 @@ class EncodingEngine:
         folder (a backend that exports one: ONNX)."""
         builder, mode = self._reading(configs[0])
         self.backend.prepare(
-            configs, mode, batches_for=partial(self._numpy_batches, builder, batch_size=32), pool=self._pool
+            configs,
+            mode,
+            batches_for=partial(self._numpy_batches, builder, batch_size=ENCODE_BATCH_SIZE),
+            pool=self._pool,
         )
         folder = self.backend.graph_folder(configs, mode)
         if folder is None:

@@ -45,6 +45,7 @@ from lmembed.models.depth import exit_depth, forward_states
 from lmembed.models.families import AFTER_PADDING, COUNTED, forward_parameters, position_convention
 from lmembed.pooling.layers import find_final_norm, normalize_layer, select_states
 from lmembed.pooling.poolers import STATELESS_POOLERS
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 if TYPE_CHECKING:
     from lmembed.encoding.engine import EncodingEngine
@@ -240,7 +241,7 @@ def encode_packed(
     texts: Sequence[str],
     config: EmbeddingConfig,
     *,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     max_batch_tokens: int | None = None,
     instruction: str | None = None,
 ) -> np.ndarray:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 #: How the per-item values of a task become its statistic: their mean, their Spearman correlation with a
 #: reference (STS: the gold scores), or their average precision against 0/1 references (pair classification).
@@ -115,7 +115,7 @@ class Task(Protocol):
     @property
     def split(self) -> str: ...
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = ENCODE_BATCH_SIZE) -> TaskResult:
         """Score ``encoder``; the result's ``items`` holds the per-item values where the task has a natural unit."""
         ...
 

@@ -32,6 +32,7 @@ from lmembed.errors import ConfigError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.retrieval_data import RetrievalData
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 FILLER = (
     "The grass is green.",
@@ -215,7 +216,7 @@ def length_grid(
     max_lengths: Sequence[int],
     *,
     chunking: Chunking | None = None,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
 ) -> list[tuple[int, TaskResult]]:
     """``task`` scored by ``embedder`` (an lmembed Embedder) read at each of ``max_lengths`` (documents and queries
     truncated there, or with ``chunking`` cut into its windows): ``[(max_length, result), ...]``."""

@@ -30,7 +30,7 @@ import numpy as np
 from lmembed.errors import ConfigError
 from lmembed.evaluation.instructions import instruction_set, published_instructions
 from lmembed.evaluation.tasks._common import as_matrix, encode_symmetric
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 try:
     from mteb.models.abs_encoder import AbsEncoder
@@ -105,7 +105,7 @@ class MTEBEncoder(AbsEncoder):
     ) -> np.ndarray:
         """Embed one mteb dataloader's texts through the matching lmembed method."""
         texts = _texts(inputs)
-        batch_size = int(kwargs.get("batch_size", 32))
+        batch_size = int(kwargs.get("batch_size", ENCODE_BATCH_SIZE))
         instruction = self.task_instruction(task_metadata, prompt_type)
         if prompt_type == PromptType.document:
             return as_matrix(self.encoder.encode_corpus(texts, batch_size=batch_size))
@@ -118,7 +118,7 @@ def evaluate_with_mteb(
     encoder: RetrievalEncoder | MTEBEncoder,
     tasks: Any,
     *,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     **kwargs: Any,
 ) -> Any:
     """Run ``mteb.evaluate`` on ``tasks`` for an lmembed encoder, without mteb's results cache.

@@ -22,7 +22,7 @@ from lmembed.config import ConfigError, EmbeddingConfig, for_side
 from lmembed.evaluation.base import Task, TaskResult
 from lmembed.evaluation.results import write_result
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 if TYPE_CHECKING:  # the backend interface imports torch, which the CLI's help must not load
     from lmembed.encoding.backends import Backend
@@ -137,18 +137,22 @@ class StrategyEncoder(Protocol):
         configs: Sequence[EmbeddingConfig],
         *,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
     ) -> list[np.ndarray]: ...
 
     def with_config(self, config: EmbeddingConfig) -> RetrievalEncoder: ...
 
-    def texts_per_second(self, texts: Sequence[str], *, batch_size: int = 32) -> float:
+    def texts_per_second(self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE) -> float:
         """This strategy's measured speed on ``texts`` (encoded uncached)."""
         ...
 
 
 def measure_speeds(
-    embedder: StrategyEncoder, texts: Sequence[str], configs: Sequence[EmbeddingConfig], *, batch_size: int = 32
+    embedder: StrategyEncoder,
+    texts: Sequence[str],
+    configs: Sequence[EmbeddingConfig],
+    *,
+    batch_size: int = ENCODE_BATCH_SIZE,
 ) -> dict[EmbeddingConfig, float]:
     """Texts/s of each strategy when they read different layers (a pass stops at its deepest layer, so a
     shallower read-out is cheaper): :data:`SPEED_SAMPLE` of ``texts``, spread over them, encoded uncached once per
@@ -174,7 +178,7 @@ def evaluate_retrieval_strategies(
     task: RetrievalTask,
     configs: Sequence[EmbeddingConfig],
     *,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     measure_speed: bool = False,
 ) -> list[StrategyResult]:
     """Score every strategy on one retrieval task, sharing forward passes between strategies.
@@ -238,7 +242,7 @@ def evaluate_strategies(
     tasks: Sequence[Task],
     configs: Sequence[EmbeddingConfig],
     *,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     instruction_for: Callable[[Task], str | None] | None = None,
     on_result: Callable[[StrategyResult], None] | None = None,
     measure_speed: bool = False,

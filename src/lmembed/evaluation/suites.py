@@ -34,7 +34,7 @@ from lmembed.evaluation.long_synthetic import concatenated_task, is_long_task, p
 from lmembed.evaluation.tasks import build_task as build_known_task
 from lmembed.evaluation.tasks import load_task
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 from lmembed.task_registry import TASKS, TaskSpec, UnknownTaskError, find
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def run_suite(
     encoder: RetrievalEncoder,
     *,
     data_root: str | Path | None = None,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     instructions: str | Mapping[str, str] | None = None,
     raise_errors: bool = False,
     on_result: Callable[[TaskResult], None] | None = None,

@@ -17,6 +17,7 @@ from lmembed.errors import ConfigError
 from lmembed.evaluation.runner import StrategyResult, evaluate_strategies, sweep_configs, write_all
 from lmembed.evaluation.suites import resolve_task
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 METRICS = ("ndcg_at_10", "map_at_10", "mrr_at_10")
 console = terminal.console(stderr=True)
@@ -111,7 +112,7 @@ def run_sweep(
     max_length: int | None = None,
     corpus_sample: int | None = None,
     output: Path = Path("results/sweep"),
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
 ) -> list[dict]:
     from lmembed import Embedder  # lazy: torch loads only when a sweep runs
 

@@ -29,7 +29,7 @@ from lmembed.evaluation.search import exact_search
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.lexical.bm25 import LexicalIndex
 from lmembed.lexical.fusion import FUSIONS, fuse
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 if TYPE_CHECKING:  # the reranker pulls in torch; tasks load without it
     from lmembed.rerank.base import Reranker
@@ -57,7 +57,7 @@ def _check(first_stage: str, fusion: str, encoder: RetrievalEncoder | None) -> N
         raise ConfigError(f"first_stage={first_stage!r} needs a model (an encoder) for its dense part")
 
 
-def dense_run(task: RetrievalTask, encoder: RetrievalEncoder, *, batch_size: int = 32) -> Run:
+def dense_run(task: RetrievalTask, encoder: RetrievalEncoder, *, batch_size: int = ENCODE_BATCH_SIZE) -> Run:
     q, c, _ = task.encode(encoder, batch_size=batch_size)
     result = exact_search(q, c, top_k=task.top_k, similarity=task.similarity)
     return result.to_run(task.data.query_ids, task.data.corpus_ids)
@@ -78,7 +78,7 @@ def first_stage_run(
     *,
     encoder: RetrievalEncoder | None = None,
     fusion: str = "rrf",
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
 ) -> Run:
     """Each judged query's ``task.top_k`` best documents ``{query id: {doc id: score}}`` by ``first_stage``."""
     _check(first_stage, fusion, encoder)
@@ -138,7 +138,7 @@ def evaluate_two_stage(
     reranker: Reranker | None = None,
     rerank_top_k: int = DEFAULT_RERANK_TOP_K,
     fusion: str = "rrf",
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
 ) -> StageResults:
     """The first stage's scores and, with a ``reranker``, the reranked stage's (see the module doc)."""
     start = time.perf_counter()

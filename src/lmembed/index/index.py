@@ -45,6 +45,7 @@ from lmembed.index.store import DocumentStore
 from lmembed.io import read_json
 from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex, open_lexical
 from lmembed.lexical.fusion import fuse_rows
+from lmembed.protocols import ENCODE_BATCH_SIZE
 
 if TYPE_CHECKING:  # the Embedder pulls in torch
     from lmembed.embedder import Embedder
@@ -218,7 +219,7 @@ class Index:
         kind: str = "flat",
         dim: int | None = None,
         params: IndexParams | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         overwrite: bool = False,
         progress: Progress | None = None,
@@ -372,7 +373,7 @@ class Index:
         self,
         corpus: CorpusLike,
         *,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         progress: Progress | None = None,
     ) -> int:
@@ -507,7 +508,9 @@ class Index:
             raise ValueError("this Index has no Embedder: pass one to Index.open, or call load_embedder() first")
         return self.embedder
 
-    def embed_queries(self, queries: Sequence[str], *, instruction: str | None = None, batch_size: int = 32):
+    def embed_queries(
+        self, queries: Sequence[str], *, instruction: str | None = None, batch_size: int = ENCODE_BATCH_SIZE
+    ):
         """Query vectors, embedded as the index's strategy embeds queries (``encode_queries``)."""
         return self._require_embedder().encode_queries(list(queries), instruction=instruction, batch_size=batch_size)
 
@@ -524,7 +527,7 @@ class Index:
         k: int = 10,
         *,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
         **how: Any,
     ) -> list[list[Hit]]:
         """The ``k`` best documents of each query, in query order (see :meth:`search_rows` for ``how``)."""
@@ -594,7 +597,7 @@ class Index:
         candidates: int = DEFAULT_CANDIDATES,
         vectors: np.ndarray | None = None,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, rows)`` of each query's ``k`` best documents. ``mode``: ``dense`` (cosine of the Embedder's
         vectors), ``bm25``, or ``hybrid``: the ``max(k, candidates)`` best of each, fused by ``fusion`` (``rrf`` or

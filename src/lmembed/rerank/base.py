@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 #: Padded tokens (pairs x longest) per forward pass, and pairs per pass, unless told otherwise.
 DEFAULT_MAX_BATCH_TOKENS = 16384
-DEFAULT_BATCH_SIZE = 64
+PAIR_BATCH_SIZE = 64
 #: The file in which lmembed records what kind of reranker a folder holds, and its options.
 RERANKER_FILE = "lmembed_reranker.json"
 
@@ -72,7 +72,7 @@ class Reranker:
         name: str = "in-memory",
         max_length: int = 512,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int = PAIR_BATCH_SIZE,
         activation: nn.Module | None = None,
     ) -> None:
         if max_length < 2:

@@ -36,8 +36,8 @@ from lmembed.models.loading import (
 )
 from lmembed.models.weights import check_size_value, pretrained_safely
 from lmembed.rerank.base import (
-    DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
+    PAIR_BATCH_SIZE,
     RERANKER_FILE,
     Features,
     Reranker,
@@ -141,7 +141,7 @@ class CrossEncoderReranker(Reranker):
         max_length: int | None = None,
         num_labels: int | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int = PAIR_BATCH_SIZE,
         trust_remote_code: bool = False,
         reset_pooler: bool = False,
     ) -> CrossEncoderReranker:

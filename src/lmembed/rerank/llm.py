@@ -32,7 +32,7 @@ from lmembed.models.loading import (
     resolve_model_path,
 )
 from lmembed.models.weights import pretrained_safely
-from lmembed.rerank.base import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, RERANKER_FILE, Features, Reranker
+from lmembed.rerank.base import DEFAULT_MAX_BATCH_TOKENS, PAIR_BATCH_SIZE, RERANKER_FILE, Features, Reranker
 
 KIND = "llm"
 FORMAT_VERSION = 1
@@ -122,7 +122,7 @@ class LLMReranker(Reranker):
         prompt: RelevancePrompt | dict[str, Any] | None = None,
         activation: str | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int = PAIR_BATCH_SIZE,
         trust_remote_code: bool = False,
     ) -> LLMReranker:
         """A causal LM checkpoint (a folder this class saved keeps its prompt and options), a bundled name or a

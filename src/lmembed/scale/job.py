@@ -45,6 +45,7 @@ from lmembed.encoding.cache import EmbeddingCache, read_shard
 from lmembed.encoding.engine import resolve_max_length
 from lmembed.errors import ConfigError
 from lmembed.io import sha256_file
+from lmembed.protocols import ENCODE_BATCH_SIZE
 from lmembed.scale.engines import JobEngine, describe
 from lmembed.scale.errors import ScaleError
 from lmembed.scale.progress import ProgressCallback, ProgressTracker
@@ -113,7 +114,7 @@ class EncodeJob:
         configs: Sequence[EmbeddingConfig] | None = None,
         *,
         instruction: str | None = None,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
         shard_rows: int = DEFAULT_SHARD_ROWS,
         cache_root: str | Path | None = None,
     ) -> None:

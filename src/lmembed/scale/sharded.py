@@ -31,6 +31,7 @@ from lmembed.embedder import Embedder
 from lmembed.encoding.inputs import validate_texts
 from lmembed.errors import ConfigError
 from lmembed.options import EngineOptions
+from lmembed.protocols import ENCODE_BATCH_SIZE
 from lmembed.scale.engines import JobEngine, make_engine
 from lmembed.scale.job import DEFAULT_SHARD_ROWS, STORAGE_DTYPES, EncodeJob, JobReport
 from lmembed.scale.progress import ProgressCallback
@@ -189,7 +190,7 @@ def encode_corpus(
     *,
     engine: str | JobEngine | EngineOptions = "local",
     instruction: str | None = None,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     shard_rows: int = DEFAULT_SHARD_ROWS,
     output: str | Path | None = None,
     memory_map: bool = False,

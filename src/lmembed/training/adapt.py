@@ -57,6 +57,7 @@ from lmembed.errors import LmembedError
 from lmembed.io import CORPUS_FILE, DataFormatError, is_jsonl, iter_jsonl, iter_text_documents, read_jsonl, row_id
 from lmembed.mining import MiningStats, mine_hard_negatives, write_rows
 from lmembed.pooling.normalize import unit_rows
+from lmembed.protocols import ENCODE_BATCH_SIZE
 from lmembed.training.adapt_recipe import AdaptRecipe, QuerySource
 
 log = logging.getLogger(__name__)
@@ -313,7 +314,7 @@ def mine_rows(
     method: str = "perc_pos",
     margin: float | None = 0.95,
     skip_top: int = 0,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
     sources: Collection[QuerySource] | None = None,
 ) -> tuple[list[dict[str, Any]], MiningStats]:
     """Training rows with negatives mined from the corpus by ``embedder``: candidates are scored against the
@@ -398,7 +399,7 @@ class HybridTeacher:
         embedder: Any,
         docs: Sequence[Document],
         weight: float = 0.25,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE,
         *,
         mined_by_embedder: bool = False,
     ) -> None:
@@ -503,7 +504,7 @@ class HeldOut:
         self.teacher = teacher.score_matrix(self.queries, self.columns)
         self.temperature = temperature
 
-    def score(self, embedder: Any, batch_size: int = 32) -> dict[str, float]:
+    def score(self, embedder: Any, batch_size: int = ENCODE_BATCH_SIZE) -> dict[str, float]:
         """nDCG@10 and MRR@10 of retrieving each query's own document (one relevant document each)."""
         q = unit_rows(embedder.encode_queries(self.queries, batch_size=batch_size))
         d = unit_rows(embedder.encode_corpus(self.documents, batch_size=batch_size))

@@ -15,6 +15,7 @@ from pydantic import Field
 from lmembed.errors import ConfigError
 from lmembed.io import read_text
 from lmembed.paths import find_named_recipe
+from lmembed.protocols import ENCODE_BATCH_SIZE
 from lmembed.schema import FileModel, Where, check_keys, read_yaml_file
 
 
@@ -85,7 +86,7 @@ class Mining(FileModel):
     margin: float | None = 0.95
     k: int = Field(3, ge=1)
     skip_top: int = Field(0, ge=0)
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(ENCODE_BATCH_SIZE, ge=1)
 
 
 class Selection(FileModel):

@@ -15,7 +15,7 @@ from lmembed import task_registry
 from lmembed.datasets import resolve_dataset
 from lmembed.evaluation.tasks import build_task
 from lmembed.evaluation.tasks.retrieval import RetrievalTask, subsample_retrieval
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 __all__ = ["evaluate_retrieval", "load_eval_tasks", "subsample_retrieval"]
 
@@ -49,7 +49,7 @@ def load_eval_tasks(
 
 
 def evaluate_retrieval(
-    embedder: RetrievalEncoder, tasks: Sequence[RetrievalTask], batch_size: int = 32
+    embedder: RetrievalEncoder, tasks: Sequence[RetrievalTask], batch_size: int = ENCODE_BATCH_SIZE
 ) -> dict[str, float]:
     """nDCG@10 of ``embedder`` on each task, keyed by task name."""
     scores = {}

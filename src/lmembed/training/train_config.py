@@ -39,6 +39,7 @@ import yaml
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
 from lmembed.options import LoraOptions, ModelOptions, field_of, flag
+from lmembed.protocols import ENCODE_BATCH_SIZE
 from lmembed.schema import KeyPath, Where, check_fields, read_yaml_file
 from lmembed.synthesis.eval_texts import parse_names
 from lmembed.training.loss_names import NEEDS_NEGATIVES, canonical_loss_name
@@ -247,7 +248,7 @@ class TrainConfig(TrainedModel):
     eval_every: int = flag(0, "--eval-every", help="Evaluate every N steps (0: off).")
     eval_max_queries: int | None = flag(None, "--eval-max-queries", help="Evaluate on at most N queries.")
     eval_max_docs: int | None = flag(None, "--eval-max-docs", help="Shrink dev corpora to N documents.")
-    eval_batch_size: int = 32
+    eval_batch_size: int = ENCODE_BATCH_SIZE
     resume: bool = flag(False, "--resume", help="Continue from the newest checkpoint in --output.")
     progress: bool = flag(True, "--progress/--no-progress", help="Show a progress bar.")
 

@@ -30,7 +30,7 @@ from lmembed.errors import LmembedError
 from lmembed.evaluation.base import ItemScores, ShrinkLimits, TaskResult, TextsToEmbed
 from lmembed.io import DataFormatError, iter_jsonl
 from lmembed.pooling.normalize import unit_rows
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 DEFAULT_SEED = 42
 
@@ -123,7 +123,7 @@ def encode_symmetric(
     texts: Sequence[str],
     *,
     instruction: str | None = None,
-    batch_size: int = 32,
+    batch_size: int = ENCODE_BATCH_SIZE,
 ) -> np.ndarray:
     """Embed texts that all play the same role (see the module docstring for the convention)."""
     texts = list(texts)
@@ -261,7 +261,7 @@ class TaskBase:
         ``instruction`` is added to the details."""
         raise NotImplementedError
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = ENCODE_BATCH_SIZE) -> TaskResult:
         """Score ``encoder`` on this task (what is computed: the subclass's ``_scores``)."""
         with stopwatch() as clock:
             scores, extra, items = self._scores(encoder, batch_size)

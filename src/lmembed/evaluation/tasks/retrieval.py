@@ -41,7 +41,7 @@ from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, e
 from lmembed.evaluation.retrieval_data import RetrievalData, load_beir
 from lmembed.evaluation.search import SearchResult, Similarity, exact_search, identical_id_positions
 from lmembed.io import Qrels
-from lmembed.protocols import RetrievalEncoder
+from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -362,7 +362,7 @@ class RetrievalTask:
         ]
 
     def encode(
-        self, encoder: RetrievalEncoder, *, batch_size: int = 32
+        self, encoder: RetrievalEncoder, *, batch_size: int = ENCODE_BATCH_SIZE
     ) -> tuple[np.ndarray, np.ndarray | ChunkedEmbeddings, dict[str, float]]:
         """Encode the judged queries (with the task's instruction) and the whole corpus (with ``chunking``: its
         chunks, through ``encode_corpus(..., chunking=...)``)."""
@@ -416,7 +416,7 @@ class RetrievalTask:
         scored = self._score(query_embeddings, corpus_embeddings)
         return self._result(scored, scored.timings, time.perf_counter() - start, model_name)
 
-    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = 32) -> TaskResult:
+    def evaluate(self, encoder: RetrievalEncoder, *, batch_size: int = ENCODE_BATCH_SIZE) -> TaskResult:
         """Encode, search and score; the result carries per-stage timings in ``extra``."""
         start = time.perf_counter()
         q, c, timings = self.encode(encoder, batch_size=batch_size)
