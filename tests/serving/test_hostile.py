@@ -304,3 +304,15 @@ def test_a_client_that_hangs_up_mid_body_is_a_499_and_search_counts_its_tokens(m
     assert tokens > 0 and f"lmembed_prompt_tokens_total {tokens}.0" in metrics, [
         line for line in metrics.splitlines() if "prompt_tokens_total " in line
     ]
+
+
+def test_every_route_has_its_own_metric_label_and_every_label_a_route(make_embedder):
+    """Route paths are written in the app's decorators and again in ``limits.ENDPOINTS`` (the metric labels) and the
+    dialect sets of ``errors``: a route added in one place only would be counted as "other" or answer in the wrong
+    error shape."""
+    app = create_app(make_embedder("bert"))
+    fastapi_own = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    routed = {route.path for route in app.routes if getattr(route, "methods", None) and "{" not in route.path}
+    routed -= fastapi_own  # its schema and documentation pages
+    assert routed == set(ENDPOINTS), (routed ^ set(ENDPOINTS))
+    assert TEI_ROUTES | COHERE_ROUTES <= routed
