@@ -39,7 +39,10 @@ ROPE_SCALE_DOC = (
     "Position interpolation for RoPE decoders (Llama, Mistral, Qwen2, Qwen3): positions are scaled down by FACTOR "
     "(> 1), so FACTOR times the trained window can be read (raise --max-length with it); refused for other models."
 )
-DEVICE_DOC = "cpu, cuda, cuda:N or auto (a GPU when there is one)."
+DEVICE_DOC = (
+    "cpu, cuda, cuda:N or auto: a CUDA GPU when there is one, else (to encode) Apple's MPS when there is one, "
+    "else the CPU; training and adaptation take CUDA or the CPU."
+)
 BACKEND_DOC = (
     "What runs the model: 'torch' (the reference; CPU or GPU; the default for float32), 'onnx' (ONNX Runtime on "
     "the CPU: exported once, cached, run as a fused graph; vectors within cosine 0.9999 of torch's; the default for "

@@ -54,7 +54,9 @@ def adapt(
     lora: Annotated[
         bool | None, typer.Option("--lora/--no-lora", help="LoRA or full fine-tuning (default: LoRA for decoders).")
     ] = None,
-    device: Annotated[str, typer.Option("--device", help="auto (a GPU when there is one), cpu, cuda ...")] = "auto",
+    device: Annotated[
+        str, typer.Option("--device", help="auto (a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N.")
+    ] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     terms_only: Annotated[
