@@ -6,7 +6,8 @@ and rich would wrap tables and Markdown at 80 columns; instead:
 
 * :func:`progress` returns a :class:`LogProgress` that prints a plain line as work advances, at most one
   every ``LOG_EVERY_S`` seconds (and one at the end): ``label: done/total (pct), rate/s, elapsed, ETA``, with
-  any extra fields;
+  any extra fields; and, while a step takes longer than ``HEARTBEAT_S`` (one slow batch, a long forward pass), a
+  line every ``HEARTBEAT_S`` seconds saying for how long nothing has finished, so a log never goes silent for long;
 * :func:`console` is as wide as the content (``LOG_WIDTH`` columns, no soft wrapping), unless ``COLUMNS`` is
   set, which rich honours as ever.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -23,6 +25,8 @@ from rich.progress import Progress
 
 #: Seconds between two progress lines in a log.
 LOG_EVERY_S = 5.0
+#: Seconds without a finished step after which a log is told that the work goes on (and again each as long).
+HEARTBEAT_S = 60.0
 #: Width of a console that writes to a file or pipe: a table is never wrapped at 80 columns in a log.
 LOG_WIDTH = 400
 
@@ -67,21 +71,47 @@ class LogProgress:
         every_s: float | None = None,
         unit: str = "",
         clock: Any = time.monotonic,
+        heartbeat_s: float | None = None,
     ) -> None:
         self.label = label
         self.stream = stream
         self.every_s = LOG_EVERY_S if every_s is None else every_s
+        self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s  # 0: none
         self.unit = f" {unit}" if unit else ""
         self.clock = clock
         self.tasks: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()  # the heartbeat thread reads what the work's thread updates
+        self._stopped = threading.Event()
+        self._heart: threading.Thread | None = None
 
     def __enter__(self) -> LogProgress:
+        if self.heartbeat_s > 0:
+            self._stopped.clear()
+            self._heart = threading.Thread(target=self._beat, name="lmembed-progress-heartbeat", daemon=True)
+            self._heart.start()
         return self
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
+        self._stopped.set()
+        if self._heart is not None:
+            self._heart.join()
+            self._heart = None
         if kind is None:
-            for task_id in self.tasks:
-                self._emit(task_id, final=True)
+            with self._lock:
+                for task_id in self.tasks:
+                    self._emit(task_id, final=True)
+
+    def _beat(self) -> None:
+        """Every quarter of ``heartbeat_s``, a line for each unfinished task whose last step finished (and whose
+        last line was printed) at least ``heartbeat_s`` ago."""
+        while not self._stopped.wait(self.heartbeat_s / 4):
+            with self._lock:
+                now = self.clock()
+                for task_id, task in self.tasks.items():
+                    done = task["total"] is not None and task["completed"] >= task["total"]
+                    if not done and now - task["last"] >= self.heartbeat_s:
+                        quiet = _duration(now - task["changed"])
+                        self._emit(task_id, note=f"still working: nothing finished for {quiet}")
 
     def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
         task_id = len(self.tasks)
@@ -92,6 +122,7 @@ class LogProgress:
             "start_done": completed,
             "start": now,
             "last": now,
+            "changed": now,
             "printed": None,
             "fields": fields,
         }
@@ -109,16 +140,20 @@ class LogProgress:
         total: float | None = None,
         **fields: Any,
     ) -> None:
-        task = self.tasks[task_id]
-        if total is not None:
-            task["total"] = total
-        if completed is not None:
-            task["completed"] = completed
-        if advance is not None:
-            task["completed"] += advance
-        task["fields"].update(fields)
-        if self.clock() - task["last"] >= self.every_s:
-            self._emit(task_id)
+        with self._lock:
+            task = self.tasks[task_id]
+            before = task["completed"]
+            if total is not None:
+                task["total"] = total
+            if completed is not None:
+                task["completed"] = completed
+            if advance is not None:
+                task["completed"] += advance
+            if task["completed"] != before:
+                task["changed"] = self.clock()
+            task["fields"].update(fields)
+            if self.clock() - task["last"] >= self.every_s:
+                self._emit(task_id)
 
     def line(self, task_id: int) -> str:
         """``label: done/total (pct), rate/s, elapsed, ETA`` and the task's extra fields."""
@@ -136,13 +171,14 @@ class LogProgress:
         parts += [f"{key} {value}" for key, value in task["fields"].items()]
         return f"{self.label}: " + ", ".join(parts)
 
-    def _emit(self, task_id: int, *, final: bool = False) -> None:
+    def _emit(self, task_id: int, *, final: bool = False, note: str = "") -> None:
         task = self.tasks[task_id]
         task["last"] = self.clock()
         if final and (task["printed"] == task["completed"] or task["last"] - task["start"] < self.every_s):
             return  # nothing new, or a task too short to need a line in a log
         task["printed"] = task["completed"]
-        print(self.line(task_id), file=self.stream or sys.stderr, flush=True)
+        line = self.line(task_id) + (f" ({note})" if note else "")
+        print(line, file=self.stream or sys.stderr, flush=True)
 
 
 def progress(*columns: Any, label: str, unit: str = "", **options: Any) -> Progress | LogProgress:

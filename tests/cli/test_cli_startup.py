@@ -7,6 +7,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 
 import pytest
 import typer
@@ -89,6 +90,29 @@ def test_progress_in_a_log_is_a_line_every_few_seconds(capsys):
     with terminal.LogProgress("short", every_s=5, clock=clock) as progress:  # done in under 5 s: no line
         progress.advance(progress.add_task("x", total=3), 3)
     assert capsys.readouterr().err == ""
+
+
+def test_a_log_is_told_the_work_goes_on_while_a_step_takes_long(capsys):
+    """A log said nothing between two finished steps, however long one took (a slow batch of a large model looked
+    like a hung job); a line now comes every ``heartbeat_s`` while nothing finishes, and none after the work ends."""
+    clock = Clock()
+    with terminal.LogProgress("encoding", unit="texts", every_s=5, clock=clock, heartbeat_s=0.05) as progress:
+        task = progress.add_task("encode", total=100)
+        clock.now += 6
+        progress.advance(task, 10)  # a line: 6 s since the start
+        clock.now += 100  # then a step that takes 100 s
+        err, deadline = "", time.monotonic() + 5
+        while "still working" not in err and time.monotonic() < deadline:
+            time.sleep(0.01)
+            err += capsys.readouterr().err
+        progress.advance(task, 90)
+    assert err.splitlines() == [
+        "encoding: 10/100 texts (10%), 1.7 texts/s, elapsed 6 s, ETA 54 s",
+        "encoding: 10/100 texts (10%), 0.1 texts/s, elapsed 1 min 46 s, ETA 15 min 54 s "
+        "(still working: nothing finished for 1 min 40 s)",
+    ], err
+    time.sleep(0.2)
+    assert "still working" not in capsys.readouterr().err  # the heartbeat stopped with the work
 
 
 class FakeTTY:

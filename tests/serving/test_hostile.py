@@ -314,5 +314,5 @@ def test_every_route_has_its_own_metric_label_and_every_label_a_route(make_embed
     fastapi_own = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
     routed = {route.path for route in app.routes if getattr(route, "methods", None) and "{" not in route.path}
     routed -= fastapi_own  # its schema and documentation pages
-    assert routed == set(ENDPOINTS), (routed ^ set(ENDPOINTS))
-    assert TEI_ROUTES | COHERE_ROUTES <= routed
+    assert routed == set(ENDPOINTS), routed ^ set(ENDPOINTS)
+    assert routed >= TEI_ROUTES | COHERE_ROUTES
