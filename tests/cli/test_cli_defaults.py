@@ -26,42 +26,18 @@ def _option_default(command: Callable[..., Any], name: str) -> Any:
 
 
 # (command, its parameter, the dataclass, its field, how the option's unit becomes the field's)
+LIMITS_SAME_NAME = "max_batch_tokens window_share workers max_request_bytes max_concurrent_requests max_inputs"
+LIMITS_SAME_NAME += " max_header_bytes max_connections_per_client max_tokens_in_flight public_metrics"
+INDEX_SAME_NAME = "kind hnsw_m ef_construction ef_search nlist pq_m nprobe rescore rescore_multiplier"
 SAME = [
-    *[
-        (serve.serve, name, Limits, name, None)
-        for name in (
-            "max_batch_tokens",
-            "window_share",
-            "workers",
-            "max_request_bytes",
-            "max_concurrent_requests",
-            "max_inputs",
-            "max_header_bytes",
-            "max_connections_per_client",
-            "max_tokens_in_flight",
-        )
-    ],
+    *[(serve.serve, name, Limits, name, None) for name in LIMITS_SAME_NAME.split()],
     (serve.serve, "batch_wait_ms", Limits, "batch_wait_s", lambda ms: ms / 1000),
     (serve.serve, "body_timeout", Limits, "body_timeout_s", None),
     (serve.serve, "no_truncate", Limits, "truncate", lambda no: not no),
-    (serve.serve, "public_metrics", Limits, "public_metrics", None),
+    *[(index.build, name, IndexParams, name, None) for name in INDEX_SAME_NAME.split()],
     *[
-        (index.build, name, IndexParams, name, None)
-        for name in (
-            "kind",
-            "hnsw_m",
-            "ef_construction",
-            "ef_search",
-            "nlist",
-            "pq_m",
-            "nprobe",
-            "rescore",
-            "rescore_multiplier",
-        )
-    ],
-    *[
-        (command, f"chunk_{name}", Chunking, name, None)
-        for command in (index.build, evaluate.eval_command)
+        (cmd, f"chunk_{name}", Chunking, name, None)
+        for cmd in (index.build, evaluate.eval_command)
         for name in ("tokens", "overlap")
     ],
 ]
