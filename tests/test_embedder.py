@@ -291,6 +291,11 @@ SHARD_DAMAGE = {
     "Python objects": lambda keys, vectors, path: np.savez(path, keys=keys, vectors=vectors.astype(object)),
     "truncated": lambda keys, vectors, path: path.write_bytes(path.read_bytes()[:100]),
     "empty": lambda keys, vectors, path: path.write_bytes(b""),
+    # a few KiB on disk, far more once read (a probe's took 1 GiB from 1 MiB): a compressed member's size is the
+    # archive's word, not the file's bytes
+    "compressed": lambda keys, vectors, path: np.savez_compressed(
+        path, keys=np.zeros((2**16, 16), np.uint8), vectors=np.zeros((2**16, vectors.shape[1]), np.float32)
+    ),
     "a header of a terabyte": lambda keys, vectors, path: _npz(
         path, keys=_npy(keys), vectors=_npy(vectors, shape=(10**9, vectors.shape[1]))
     ),

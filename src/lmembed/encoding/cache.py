@@ -190,6 +190,8 @@ def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], n
     """Shape and dtype of the array ``name`` of an .npz, from its header; refused when the header claims more bytes
     than the archive holds for it (nothing is allocated first)."""
     info = archive.getinfo(name)
+    if info.compress_type != zipfile.ZIP_STORED:  # its sizes would be the archive's word, not the file's bytes
+        raise ValueError(f"{name} is compressed; lmembed writes shards uncompressed")
     with archive.open(info) as handle:
         version = np.lib.format.read_magic(handle)
         readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
