@@ -421,3 +421,56 @@ def test_a_config_giving_one_key_twice_is_refused(model, tmp_path):
     text = (model / "config.json").read_text()
     (model / "config.json").write_text(text.replace("{", '{"hidden_size": 4096, ', 1))
     assert_refused(encode(model, tmp_path), f"{model / 'config.json'}: the model config gives key 'hidden_size' twice")
+
+
+# ---------------------------------------------------------------------------------------------- safetensors layout
+def _rewrite_safetensors(path: Path, change) -> None:
+    """Apply ``change(header, data) -> data`` to a safetensors file, writing its header back as given."""
+    import struct
+
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    data = change(header, raw[8 + length :])
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def _first_two(header):
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    return header[names[0]], header[names[1]]
+
+
+def _share_offsets(header, data):
+    first, second = _first_two(header)
+    second["data_offsets"] = first["data_offsets"]
+    return data
+
+
+def _half_width_dtype(header, data):
+    first, _ = _first_two(header)
+    first["dtype"] = "F16"
+    return data
+
+
+SAFETENSORS_DAMAGE = {
+    # each ended in "internal error (SafetensorError)" once transformers read the weights
+    "cut short": (lambda header, data: data[: len(data) // 2], "a file cut short"),
+    "two tensors on one byte range": (_share_offsets, "data_offsets"),
+    "a dtype the format lacks": (lambda h, d: (_first_two(h)[0].update(dtype="Q4_EVIL"), d)[1], "'Q4_EVIL' is not"),
+    "F16 over F32 bytes": (_half_width_dtype, "but its data_offsets span"),
+    "bytes after the last tensor": (lambda header, data: data + b"\0" * 64, "a file cut short, or one with more"),
+    "metadata that is not strings": (lambda h, d: (h.update(__metadata__={"format": ["pt"]}), d)[1], "__metadata__"),
+    "offsets that are not numbers": (
+        lambda h, d: (_first_two(h)[0].update(data_offsets=["0", "8"]), d)[1],
+        "are not [begin, end] byte offsets",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SAFETENSORS_DAMAGE)
+def test_a_safetensors_file_whose_header_does_not_fit_its_bytes_is_refused_naming_it(case, model, tmp_path):
+    change, said = SAFETENSORS_DAMAGE[case]
+    _rewrite_safetensors(model / "model.safetensors", change)
+    assert_refused(encode(model, tmp_path), f"{model / 'model.safetensors'}: ", said)

@@ -81,8 +81,21 @@ class ConfigSizeError(ModelLoadError):
 
 
 # ---------------------------------------------------------------------------------------------------- reading
+#: bits per element of each dtype a safetensors header may name (the format's own list)
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
+    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4,
+    "F6_E2M3": 6, "F6_E3M2": 6,
+}  # fmt: skip
+
+
 def read_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
-    """The tensor names and shapes a safetensors file records, read from its JSON header (no tensor is read)."""
+    """The tensor names and shapes a safetensors file records, read from its JSON header (no tensor is read).
+
+    The header is checked whole, as the safetensors library would check it only once the weights are read (and
+    then with an error that names neither file nor tensor): each tensor's dtype is one the format knows, its data
+    offsets span exactly the bytes its shape and dtype take, the tensors tile the data part of the file from its
+    first byte to its last without gap or overlap, and ``__metadata__`` maps strings to strings."""
     try:
         with path.open("rb") as handle:
             prefix = handle.read(8)
@@ -92,19 +105,63 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
             if length > min(MAX_HEADER_BYTES, path.stat().st_size - 8):
                 raise ModelLoadError(f"{path}: not a safetensors file (its header length {length} is impossible)")
             header = loads_json(handle.read(length))
+            data_bytes = path.stat().st_size - 8 - length
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, a name given twice
         raise ModelLoadError(f"{path}: not a readable safetensors file ({exc})") from exc
     if not isinstance(header, dict):
         raise ModelLoadError(f"{path}: not a safetensors file (its header is not an object)")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ModelLoadError(f"{path}: __metadata__: not an object of strings, as the safetensors format has it")
     shapes: dict[str, tuple[int, ...]] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        shape = entry.get("shape") if isinstance(entry, dict) else None
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ModelLoadError(f"{path}: tensor {name!r} has no valid shape in the header")
-        shapes[name] = tuple(shape)
+        shapes[name], begin, end = _tensor_entry(path, name, entry)
+        spans.append((begin, end, name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else f"leaves bytes {at}-{begin} unused before it"
+            raise ModelLoadError(f"{path}: tensor {name!r}: data_offsets {[begin, end]} {what}")
+        at = end
+    if at != data_bytes:
+        raise ModelLoadError(
+            f"{path}: the tensors' data_offsets end at byte {at} of the data, which holds {data_bytes} bytes "
+            "(a file cut short, or one with more than its header says)"
+        )
     return shapes
+
+
+def _tensor_entry(path: Path, name: str, entry: Any) -> tuple[tuple[int, ...], int, int]:
+    """``(shape, begin, end)`` of one tensor's header entry, checked against its dtype's size."""
+    if not isinstance(entry, dict):
+        raise ModelLoadError(f"{path}: tensor {name!r}: its header entry is not an object")
+    shape, dtype, offsets = entry.get("shape"), entry.get("dtype"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ModelLoadError(f"{path}: tensor {name!r} has no valid shape in the header")
+    if dtype not in SAFETENSORS_DTYPE_BITS:
+        raise ModelLoadError(f"{path}: tensor {name!r}: dtype {dtype!r} is not a safetensors dtype")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise ModelLoadError(f"{path}: tensor {name!r}: data_offsets {offsets!r} are not [begin, end] byte offsets")
+    elements = 1
+    for dim in shape:
+        elements *= dim
+    bits = elements * SAFETENSORS_DTYPE_BITS[dtype]
+    if bits % 8:
+        raise ModelLoadError(f"{path}: tensor {name!r}: {dtype} {shape} takes {bits} bits, not whole bytes")
+    if offsets[1] - offsets[0] != bits // 8:
+        raise ModelLoadError(
+            f"{path}: tensor {name!r}: {dtype} {shape} takes {bits // 8} bytes, but its data_offsets span "
+            f"{offsets[1] - offsets[0]}"
+        )
+    return tuple(shape), offsets[0], offsets[1]
 
 
 def load_pickled_weights(path: Path, *, map_location: Any = "cpu") -> dict[str, Any]:
