@@ -474,3 +474,50 @@ def test_a_safetensors_file_whose_header_does_not_fit_its_bytes_is_refused_namin
     change, said = SAFETENSORS_DAMAGE[case]
     _rewrite_safetensors(model / "model.safetensors", change)
     assert_refused(encode(model, tmp_path), f"{model / 'model.safetensors'}: ", said)
+
+
+#: values of config.json that transformers takes without a check: each ended in an internal error (KeyError,
+#: AttributeError, AssertionError, a strict dataclass's own error) or was believed (a negative RoPE base)
+CONFIG_VALUE_CASES = {
+    "an activation by any name": ({"hidden_act": "os.system"}, "transformers cannot build the model from it"),
+    "a dtype torch lacks": ({"dtype": "evil"}, "transformers cannot build the model from it"),
+    "a padding id beyond the rows": ({"pad_token_id": 10**12}, "transformers cannot build the model from it"),
+    "an epsilon as text": ({"layer_norm_eps": "x"}, "layer_norm_eps='x' must be a positive finite number"),
+    "a negative RoPE base": ({"rope_theta": -1.0}, "rope_theta=-1.0 must be a positive finite number"),
+    "a RoPE factor past any model": ({"rope_scaling": {"rope_type": "linear", "factor": 1e30}}, "factor=1e+30 is"),
+    "a negative window": ({"sliding_window": -5}, "sliding_window=-5: -5 is not positive"),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_VALUE_CASES)
+def test_a_config_value_transformers_cannot_take_is_refused_naming_config_json(case, model, tmp_path):
+    changes, said = CONFIG_VALUE_CASES[case]
+    edit_json(model / "config.json", **changes)
+    assert_refused(encode(model, tmp_path), f"{model / 'config.json'}: ", said)
+
+
+TOKENIZER_SETTING_CASES = {
+    "a key given twice": ('{"do_lower_case": true, "do_lower_case": false}', "gives key 'do_lower_case' twice"),
+    "a length as text": ('{"model_max_length": "big"}', "model_max_length='big' must be a number"),
+    "a padding side of neither": ('{"padding_side": "middle"}', "padding_side='middle' must be 'left' or 'right'"),
+    "lower case as text": ('{"do_lower_case": "false"}', "do_lower_case='false' must be true or false"),
+}
+
+
+@pytest.mark.parametrize("case", TOKENIZER_SETTING_CASES)
+def test_a_tokenizer_setting_of_the_wrong_kind_is_refused_naming_tokenizer_config(case, model, tmp_path):
+    """Each was believed (the last value of a key given twice; "false" read as true) or ended in an internal
+    TypeError at the first text, and a refusal blamed tokenizer.json for what tokenizer_config.json held."""
+    text, said = TOKENIZER_SETTING_CASES[case]
+    (model / "tokenizer_config.json").write_text(text)
+    assert_refused(encode(model, tmp_path), f"{model / 'tokenizer_config.json'}: ", said)
+
+
+def test_a_token_beyond_the_models_embedding_rows_is_refused_at_load(model, tmp_path):
+    """A tokenizer.json giving a token an id past the embedding matrix ended in an internal IndexError at the first
+    text holding that token (and loaded without a word when no text did)."""
+    path = model / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["model"]["vocab"]["zzzhuge"] = 10**9
+    path.write_text(json.dumps(tokenizer))
+    assert_refused(encode(model, tmp_path), f"{path}: token 'zzzhuge' has id 1000000000, beyond the model's")

@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from lmembed.errors import ModelLoadError
+from lmembed.errors import LmembedError, ModelLoadError
 from lmembed.io import loads_json, read_json
 from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.context import interpolation_factor
 from lmembed.models.families import detect_kind
-from lmembed.models.weights import check_config_sizes, check_shard_indexes, pretrained_safely
+from lmembed.models.weights import CONFIG_FILE, check_config_sizes, check_shard_indexes, pretrained_safely
 from lmembed.paths import check_links_inside
 
 log = logging.getLogger(__name__)
@@ -284,25 +285,37 @@ def load_backbone(
     except OSError as exc:  # not a folder here, and the Hub could not give it (unreachable, no such repository)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{name_or_path}: cannot be loaded: {first}") from exc
+    except LmembedError:
+        raise
+    except CONFIG_READ_ERRORS as exc:  # a value of config.json transformers cannot take
+        raise config_error(path, exc) from exc
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     model_class = model_class_for(config)
     try:
-        model = pretrained_safely(model_class, path, config=config, **kwargs)
-    except ValueError as exc:
-        # SDPA is the default request; architectures without it (Mamba, RWKV ...) get transformers' default.
-        if attn_implementation != "sdpa" or "does not support an attention implementation" not in str(exc):
+        try:
+            model = pretrained_safely(model_class, path, config=config, **kwargs)
+        except LmembedError:
             raise
-        log.info("%s has no SDPA attention; loading it with transformers' default implementation", path)
-        kwargs.pop("attn_implementation")
-        model = pretrained_safely(model_class, path, config=config, **kwargs)
+        except ValueError as exc:
+            # SDPA is the default request; architectures without it (Mamba, RWKV ...) get transformers' default.
+            if attn_implementation != "sdpa" or "does not support an attention implementation" not in str(exc):
+                raise
+            log.info("%s has no SDPA attention; loading it with transformers' default implementation", path)
+            kwargs.pop("attn_implementation")
+            model = pretrained_safely(model_class, path, config=config, **kwargs)
+    except LmembedError:
+        raise
+    except CONFIG_READ_ERRORS as exc:  # the model cannot be built from config.json's values (an unknown activation)
+        raise config_error(path, exc) from exc
     model.to(torch_device).eval()
     tokenizer = None
     if exact_tokenizer:
         tokenizer = load_recorded_tokenizer(path)
     if tokenizer is None:
         tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    check_token_ids(tokenizer, model, path)
     fingerprint = None
     if quantize is not None:
         model, fingerprint = quantize_int8(model, quantize, torch_device)
@@ -320,6 +333,19 @@ def load_backbone(
     )
 
 
+#: what transformers raises on a config value it cannot take (its strict dataclasses raise their own kind)
+CONFIG_READ_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, KeyError, TypeError, AttributeError, AssertionError, IndexError, StrictDataclassError,
+)  # fmt: skip
+
+
+def config_error(path: str | Path, exc: BaseException) -> ModelLoadError:
+    """A :class:`ModelLoadError` naming ``config.json`` (or the model, from the Hub) and transformers' reason."""
+    where = Path(path) / CONFIG_FILE if Path(path).is_dir() else path
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return ModelLoadError(f"{where}: transformers cannot build the model from it ({type(exc).__name__}: {first})")
+
+
 def check_local_model(path: str | Path) -> None:
     """What every loader checks of a local model folder before transformers opens it: no link leads outside it
     (transformers opens files by name, links followed), no shard index names a file outside it (transformers joins
@@ -331,11 +357,51 @@ def check_local_model(path: str | Path) -> None:
         check_config_sizes(Path(path))
 
 
+#: the files of a tokenizer's settings beside ``tokenizer.json``, each a JSON object
+TOKENIZER_SETTINGS_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+#: fields of ``tokenizer_config.json`` whose type transformers trusts, and what each must be
+_TOKENIZER_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "model_max_length": ((int, float), "a number"),
+    "do_lower_case": ((bool,), "true or false"),
+    "add_bos_token": ((bool,), "true or false"),
+    "add_eos_token": ((bool,), "true or false"),
+    "add_prefix_space": ((bool,), "true or false"),
+    "clean_up_tokenization_spaces": ((bool,), "true or false"),
+    "split_special_tokens": ((bool,), "true or false"),
+}
+
+
+def check_tokenizer_settings(folder: Path) -> None:
+    """A local tokenizer's settings files, read before transformers reads them: each a JSON object without a key
+    given twice, and the fields transformers uses unchecked of their types (a ``model_max_length`` of ``"big"``
+    ended in an internal TypeError at the first text; ``padding_side`` other than left/right was believed)."""
+    for name in TOKENIZER_SETTINGS_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        settings = read_json(path, error=ModelLoadError, what="tokenizer settings")
+        if name != "tokenizer_config.json":
+            continue
+        for key, (kinds, what) in _TOKENIZER_FIELD_TYPES.items():
+            value = settings.get(key)
+            if value is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool))):
+                raise ModelLoadError(f"{path}: {key}={value!r} must be {what}")
+        limit = settings.get("model_max_length")
+        if isinstance(limit, int | float) and not limit >= 1:
+            raise ModelLoadError(f"{path}: model_max_length={limit!r} must be at least 1")
+        for key in ("padding_side", "truncation_side"):
+            if key in settings and settings[key] not in ("left", "right"):
+                raise ModelLoadError(f"{path}: {key}={settings[key]!r} must be 'left' or 'right'")
+
+
 def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     """``AutoTokenizer`` of ``path`` (every loader's); a tokenizer file it cannot read is a :class:`ModelLoadError`
-    naming the file (the tokenizers library raises bare exceptions, KeyErrors and Rust panics on malformed files)."""
+    naming the file (the tokenizers library raises bare exceptions, KeyErrors and Rust panics on malformed files):
+    ``tokenizer.json`` when it cannot be read alone, else the settings beside it."""
     folder = Path(path)
     tokenizer_file = folder / "tokenizer.json"
+    if folder.is_dir():
+        check_tokenizer_settings(folder)
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, RecursionError, MemoryError):
@@ -349,8 +415,45 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
             except ValueError as bad:  # not UTF-8, not JSON, a key given twice
                 raise ModelLoadError(f"{tokenizer_file}: not readable JSON ({bad})") from exc
         named = tokenizer_file if tokenizer_file.is_file() else folder
+        if tokenizer_file.is_file() and _reads_alone(tokenizer_file):
+            named = next((folder / n for n in TOKENIZER_SETTINGS_FILES if (folder / n).is_file()), named)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ModelLoadError(f"{named}: the tokenizer cannot be read from it ({type(exc).__name__}: {first})") from exc
+
+
+def _reads_alone(tokenizer_file: Path) -> bool:
+    """Whether the tokenizers library reads ``tokenizer.json`` by itself (so a failure lies in the settings)."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(tokenizer_file))
+    except BaseException as exc:  # a pyo3 PanicException derives from BaseException
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        return False
+    return True
+
+
+def check_token_ids(tokenizer: Any, model: nn.Module, source: str | Path) -> None:
+    """Every id the tokenizer can give has a row in the model's input embeddings; a token beyond them (a
+    ``tokenizer.json`` edited, or taken from another model) ended in an internal IndexError at the first text
+    holding it. Refused at load, naming the token, its id and the rows."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(rows, int) or backend is None:
+        return
+    vocab = backend.get_vocab(with_added_tokens=True)
+    if not vocab:
+        return
+    token, top = max(vocab.items(), key=lambda item: item[1])
+    if top >= rows:
+        folder = Path(source)
+        named = folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else source
+        raise ModelLoadError(
+            f"{named}: token {token!r} has id {top}, beyond the model's {rows} embedding rows (vocab_size in "
+            "config.json): the tokenizer is not this model's"
+        )
 
 
 def load_recorded_tokenizer(path: str) -> Any | None:

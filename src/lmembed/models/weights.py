@@ -17,6 +17,7 @@ A model folder comes from anyone: a Hub snapshot, a colleague's run, a shared dr
 from __future__ import annotations
 
 import logging
+import math
 import re
 import struct
 from collections.abc import Iterable, Mapping
@@ -300,6 +301,40 @@ def check_size_value(value: Any, field: str, source: Path | str, bound: int | No
     raise ConfigSizeError(f"{source}: {field}={value!r}: {what}; a size must be a positive integer")
 
 
+#: numbers of a config that must be positive and finite: RoPE's base, the norms' epsilons
+POSITIVE_NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+#: RoPE scaling factors beyond this stretch positions past anything a published model does
+MAX_ROPE_FACTOR = 1 << 10
+
+
+def _positive_number(value: Any, field: str, source: Path, bound: float | None = None) -> None:
+    number_ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not number_ok:
+        raise ConfigSizeError(f"{source}: {field}={value!r} must be a positive finite number")
+    if bound is not None and value > bound:
+        raise ConfigSizeError(f"{source}: {field}={value!r} is beyond any published model's (at most {bound})")
+
+
+def check_config_values(section: Mapping[str, Any], prefix: str, source: Path) -> None:
+    """The numbers of a config section besides sizes that transformers believes: RoPE's base and scaling factor
+    and the norms' epsilons positive and finite (a negative base gave NaN positions), a sliding window a positive
+    integer."""
+    for field in POSITIVE_NUMBERS:
+        if section.get(field) is not None:
+            _positive_number(section[field], prefix + field, source)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = section.get(key)
+        if isinstance(rope, Mapping):
+            for field in ("rope_theta",):
+                if rope.get(field) is not None:
+                    _positive_number(rope[field], f"{prefix}{key}.{field}", source)
+            if rope.get("factor") is not None:
+                _positive_number(rope["factor"], f"{prefix}{key}.factor", source, MAX_ROPE_FACTOR)
+    window = section.get("sliding_window")
+    if window is not None and window != 0:  # 0: some configs' word for none
+        check_size_value(window, prefix + "sliding_window", source)
+
+
 def check_config_sizes(folder: Path) -> None:
     """Check the sizes of ``folder/config.json`` before transformers reads it: positive integers within bounds, no
     single tensor larger than the weight files could hold, no more layers than the files have tensors."""
@@ -312,6 +347,7 @@ def check_config_sizes(folder: Path) -> None:
     tensor_count = sum(len(read_safetensors_header(p)) for p in safe) if safe else None
     capacity = ELEMENTS_PER_BYTE * sum(p.stat().st_size for p in files) + (1 << 20)
     for prefix, section in _size_sections(config):
+        check_config_values(section, prefix, source)
         sizes: dict[str, int] = {}
         for field in SIZE_BOUNDS:
             if section.get(field) is not None:
