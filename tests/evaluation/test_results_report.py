@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,11 @@ def test_a_folder_of_damaged_results_is_refused_naming_them(tmp_path: Path) -> N
 ENTRY = {"hf_subset": "default", "main_score": 0.5}
 HOSTILE_RESULTS = {
     "score as text": ({"scores": {"test": [{**ENTRY, "main_score": "high"}]}}, "scores.test.0.main_score"),
+    # these ended in an internal KeyError ("0.9" was read, then not found among the numbers) or showed nan / inf
+    "score as numeric text": ({"scores": {"test": [{**ENTRY, "main_score": "0.9"}]}}, "scores.test.0.main_score"),
+    "score NaN": ({"scores": {"test": [{**ENTRY, "main_score": float("nan")}]}}, "scores.test.0.main_score: Input"),
+    "score infinite": ({"scores": {"test": [{**ENTRY, "main_score": float("inf")}]}}, "scores.test.0.main_score"),
+    "score past any": ({"scores": {"test": [{**ENTRY, "main_score": 1e308}]}}, "scores.test.0.main_score: Input"),
     "no main score": ({"scores": {"test": [{"hf_subset": "default"}]}}, "scores.test: no main_score"),
     "an empty split": ({"scores": {"test": []}}, "scores.test: no entry"),
     "no split": ({"scores": {}}, "scores: Dictionary should have at least 1 item"),
@@ -274,3 +280,28 @@ def test_render_report_writes_markdown_png_json(tmp_path: Path) -> None:
 def test_render_report_on_empty_folder(tmp_path: Path) -> None:
     report = render_report(tmp_path / "nothing", tmp_path / "out")
     assert report.table.rows == [] and report.files["png"].exists()
+
+
+def test_a_result_nested_past_the_parser_is_skipped_aloud(tmp_path, caplog):
+    """It ended in an internal RecursionError."""
+    write_result(make_result(), tmp_path)
+    bad = tmp_path / "m" / "s" / "STS12.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"task_name": "STS12", "scores": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with caplog.at_level("WARNING"):
+        assert [r.task_name for r in load_results(tmp_path)] == ["SciFact"]
+    assert any(f"{bad}" in r.getMessage() and "too deeply" in r.getMessage() for r in caplog.records)
+
+
+def test_a_model_name_cannot_break_a_markdown_table(tmp_path):
+    """A model name with a newline or a ``|``, from a result file written elsewhere, ended a row early or added
+    columns to both Markdown tables."""
+    result = make_result(model="evil | extra\n| injected | row")
+    rows = results_markdown([result]).splitlines()
+    assert len(rows) == 3 and rows[2].count(" | ") == 7 and "evil \\| extra \\| injected \\| row" in rows[2]
+    write_result(result, tmp_path)
+    text = table_markdown(build_table(load_results(tmp_path)))
+    tables = [block.splitlines() for block in text.split("\n\n") if block.startswith("|")]
+    assert tables and all(any("evil" in line for line in table) for table in tables)
+    for table in tables:  # every row has its header's columns: no "|" of the name counts as one
+        assert len({len(re.findall(r"(?<!\\)\|", line)) for line in table}) == 1, table

@@ -22,7 +22,7 @@ from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
-from lmembed.evaluation.results import scan_results, strategy_digest, strategy_label, strategy_slug
+from lmembed.evaluation.results import markdown_cell, scan_results, strategy_digest, strategy_label, strategy_slug
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +133,9 @@ def _fmt(value: float | None, complete: bool = True, *, scale: float = 100.0) ->
 
 
 def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    lines = ["| " + " | ".join(map(markdown_cell, header)) + " |"]
+    lines.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|")
+    lines += ["| " + " | ".join(map(markdown_cell, cells)) + " |" for cells in body]
     return lines
 
 

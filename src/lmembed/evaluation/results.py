@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -186,10 +186,14 @@ def _pick_entry(entries: list[Mapping[str, Any]], subset: str | None) -> Mapping
 
 
 def _numeric(entry: Mapping[str, Any]) -> dict[str, float]:
+    """The entry's finite numbers by metric (a NaN metric, which MTEB's writer may leave, is as absent)."""
     return {
         k: float(v)
         for k, v in entry.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and k not in {"hf_subset", "languages"}
+        if isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and k not in {"hf_subset", "languages"}
     }
 
 
@@ -198,9 +202,9 @@ class ResultFileError(LmembedError, ValueError):
 
 
 class _Scores(RecordModel):
-    """One split's entry for one subset: numbers by metric name."""
+    """One split's entry for one subset: numbers by metric name (the main score a finite number, not text)."""
 
-    main_score: float | None = None
+    main_score: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-1e3, le=1e3)] | None = None
     hf_subset: str = "default"
     languages: list[str] | None = None
 
@@ -243,6 +247,8 @@ def read_result(path: str | Path) -> TaskResult:
         raise DataFormatError(path, exc.lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
     except DuplicateKeyError as exc:
         raise DataFormatError(path, None, str(exc)) from exc
+    except RecursionError:
+        raise DataFormatError(path, None, "nests arrays or objects too deeply to read") from None
     if isinstance(data, list) and any(isinstance(item, dict) and "task_name" in item for item in data):
         raise ResultFileError(f"{path}: a JSON array of results; a result file holds one result, a JSON object")
     if not isinstance(data, dict) or "task_name" not in data or "scores" not in data:
@@ -311,6 +317,12 @@ def load_results(results_dir: str | Path) -> list[TaskResult]:
     return scan_results(results_dir).results
 
 
+def markdown_cell(value: Any) -> str:
+    """``value`` as one cell of a Markdown table: on one line, its ``|`` escaped (a model name from a result file
+    written elsewhere could otherwise end the row or add columns)."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
 def results_markdown(results: Iterable[TaskResult], *, percent: bool = True) -> str:
     """A Markdown table with one row per result: model, strategy, task, type, split, score, time."""
     header = "| model | strategy | task | type | split | main metric | main score | eval time (s) |"
@@ -318,8 +330,7 @@ def results_markdown(results: Iterable[TaskResult], *, percent: bool = True) -> 
     ordered = sorted(results, key=lambda r: (r.model_name, strategy_label(r), r.task_type, r.task_name))
     for r in ordered:
         score = r.main_score * 100 if percent else r.main_score
-        lines.append(
-            f"| {r.model_name} | {strategy_label(r)} | {r.task_name} | {r.task_type} | {r.split} "
-            f"| {r.main_metric} | {score:.2f} | {r.evaluation_time:.1f} |"
-        )
+        cells = [r.model_name, strategy_label(r), r.task_name, r.task_type, r.split, r.main_metric]
+        cells += [f"{score:.2f}", f"{r.evaluation_time:.1f}"]
+        lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
