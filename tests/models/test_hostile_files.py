@@ -521,3 +521,22 @@ def test_a_token_beyond_the_models_embedding_rows_is_refused_at_load(model, tmp_
     tokenizer["model"]["vocab"]["zzzhuge"] = 10**9
     path.write_text(json.dumps(tokenizer))
     assert_refused(encode(model, tmp_path), f"{path}: token 'zzzhuge' has id 1000000000, beyond the model's")
+
+
+def test_a_pooling_config_whose_every_flag_is_false_is_refused_not_read_as_mean(model, tmp_path):
+    """sentence-transformers pools nothing from such a config; lmembed read it as mean pooling without a word."""
+    add_dense_head(model)
+    flags = dict.fromkeys(("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens"), False)
+    (model / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **flags}))
+    assert_refused(
+        encode(model, tmp_path), f"{model / '1_Pooling' / 'config.json'}: every pooling_mode_* flag is false"
+    )
+
+
+def test_an_adapter_without_its_weights_is_refused_naming_the_folder(adapter):
+    """It ended in a bare "No such file or directory" from peft."""
+    from lmembed.models.adapters import load_adapter_stack
+
+    (adapter / "adapter_model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"adapter: holds adapter_config\.json but no adapter weights"):
+        load_adapter_stack(str(adapter))

@@ -398,7 +398,13 @@ def _read_pooling(published: PublishedModel, folder: Path) -> None:
         raise PublishedModelError(f"{source}: unknown pooling flag(s) {', '.join(sorted(unknown))}")
     modes = config.get("pooling_mode")
     if modes is None:
-        modes = [mode for flag, mode in LEGACY_POOLING_FLAGS.items() if config.get(flag)] or ["mean"]
+        modes = [mode for flag, mode in LEGACY_POOLING_FLAGS.items() if config.get(flag)]
+        if not modes and "pooling_mode_mean_tokens" in config:  # its default is true; the others' false
+            raise PublishedModelError(
+                f"{source}: every pooling_mode_* flag is false: sentence-transformers would pool nothing (a vector "
+                "of no dimensions); lmembed does not guess a pooling"
+            )
+        modes = modes or ["mean"]
     modes = [modes] if isinstance(modes, str) else list(modes)
     if len(modes) != 1:
         raise PublishedModelError(

@@ -494,6 +494,10 @@ def check_adapter(folder: Path) -> None:
     config = read_json(source, error=ModelLoadError, what="adapter config")
     rank = check_size_value(config.get("r", 8), "r", source, MAX_LORA_RANK)
     shapes, _ = folder_weights(folder, ADAPTER_WEIGHTS)
+    if not shapes:
+        raise ModelLoadError(
+            f"{folder}: holds {ADAPTER_CONFIG} but no adapter weights ({ADAPTER_WEIGHTS}.safetensors or .bin)"
+        )
     if config.get("rank_pattern"):
         return  # ranks differ per module
     for name, (shape, path) in sorted(shapes.items()):
