@@ -31,7 +31,8 @@ def main() -> None:
 
     import lmembed
     from lmembed import Embedder
-    from lmembed.load_plan import FILES_KEY, STRATEGY_FILE, check_saved_files
+    from lmembed.load_plan import FILES_KEY, check_saved_files
+    from lmembed.load_spec import STRATEGY_FILE
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -100,7 +100,8 @@ def opened_under(paths: list[str], folder: Path) -> list[str]:
 def reseal(folder: Path) -> Path:
     """Record a saved folder's files as they now are, in its ``lmembed.json``: what a folder edited by hand, its
     record made to match, looks like (so a test reaches the checks behind the digests)."""
-    from lmembed.load_plan import FILES_KEY, STRATEGY_FILE, write_strategy_file
+    from lmembed.load_plan import FILES_KEY, write_strategy_file
+    from lmembed.load_spec import STRATEGY_FILE
 
     meta = json.loads((folder / STRATEGY_FILE).read_text())
     meta.pop(FILES_KEY, None)
@@ -110,7 +111,8 @@ def reseal(folder: Path) -> Path:
 
 def unrecord(folder: Path) -> Path:
     """Drop a saved folder's file record, as an lmembed from before the record saved it (format 1)."""
-    from lmembed.load_plan import FILES_KEY, STRATEGY_FILE
+    from lmembed.load_plan import FILES_KEY
+    from lmembed.load_spec import STRATEGY_FILE
 
     meta = json.loads((folder / STRATEGY_FILE).read_text())
     meta.pop(FILES_KEY, None)

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import bundled_or_skip, tiny_model
 from lmembed import Embedder
-from lmembed.load_plan import READERS, STRATEGY_FILE, plan_load, read_transformers
+from lmembed.load_plan import READERS, plan_load, read_transformers
+from lmembed.load_spec import STRATEGY_FILE
 
 
 def test_readers_are_tried_in_the_documented_order():

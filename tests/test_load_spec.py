@@ -81,7 +81,7 @@ def test_every_field_reaches_ray_workers():
 
 def test_every_field_reaches_an_export_and_the_server(tmp_path):
     from lmembed.embedder import _copy_export
-    from lmembed.load_plan import STRATEGY_FILE
+    from lmembed.load_spec import STRATEGY_FILE
     from lmembed.serving.app import served_load_spec
 
     spec = sample_spec()

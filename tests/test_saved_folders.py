@@ -18,7 +18,8 @@ import pytest
 from helpers import unrecord
 from lmembed import Embedder
 from lmembed.errors import ConfigError
-from lmembed.load_plan import FILES_KEY, SAVED_FORMAT, STRATEGY_FILE, plan_load
+from lmembed.load_plan import FILES_KEY, SAVED_FORMAT, plan_load
+from lmembed.load_spec import STRATEGY_FILE
 from lmembed.models.loading import ModelLoadError
 
 TEXTS = ["the cat sat on the mat", "a dog ran", "hello world"]

@@ -34,6 +34,7 @@ from lmembed.atomic import atomic_write_text
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.io import check_recorded_files, loads_json, read_json, sha256_file
+from lmembed.load_spec import STRATEGY_FILE
 from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.bundled import BUNDLED, resolve_bundled
@@ -54,7 +55,6 @@ from lmembed.pooling.terms import TermChannel, load_terms
 
 log = logging.getLogger(__name__)
 
-STRATEGY_FILE = "lmembed.json"  # a saved Embedder's strategy (Embedder.save writes it)
 #: lmembed.json's format: 2 records the sha256 of every other file of the folder (``files``); 1 (before) did not
 SAVED_FORMAT = 2
 FILES_KEY = "files"

@@ -29,6 +29,8 @@ from typing import Any
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
 
+#: the file a folder lmembed saved or exported carries its strategy and provenance in (``Embedder.save``, export)
+STRATEGY_FILE = "lmembed.json"
 STRATEGY_KEY = "strategy"  # the key the strategy is written under (the rest are the model fields)
 
 

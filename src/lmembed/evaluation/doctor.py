@@ -44,7 +44,7 @@ from lmembed.encoding.engine import resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
 from lmembed.errors import ModelLoadError
 from lmembed.io import read_json
-from lmembed.load_plan import STRATEGY_FILE
+from lmembed.load_spec import STRATEGY_FILE
 from lmembed.models.attention import first_token_sensitivity
 from lmembed.models.families import CAUSAL_TOLERANCE
 from lmembed.models.presets import Resolution, required_final_token

@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from lmembed.errors import LmembedError, ModelLoadError
 from lmembed.io import loads_json, read_json
+from lmembed.load_spec import STRATEGY_FILE
 from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.context import interpolation_factor
 from lmembed.models.families import detect_kind
@@ -215,7 +216,7 @@ def find_model_dir(path: Path) -> Path:
             candidate = path / str(stage.get("name", "")) / RUN_MODEL_DIR
             if stage.get("name") and (candidate / "config.json").exists():
                 return candidate
-    if (path / "model.onnx").is_file() and (path / "lmembed.json").is_file():
+    if (path / "model.onnx").is_file() and (path / STRATEGY_FILE).is_file():
         raise ModelLoadError(
             f"{path} is an lmembed export (model.onnx, for ONNX Runtime without lmembed); lmembed loads the model it "
             "was exported from (its lmembed.json names it under 'load'), with --backend onnx to run the same graph"

@@ -37,11 +37,10 @@ from typing import Any, Literal
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ModelLoadError, UnknownNameError
 from lmembed.io import read_json
+from lmembed.load_spec import STRATEGY_FILE
 from lmembed.models.sentence_transformers_folder import DOCUMENT_PROMPT_NAMES
 
 log = logging.getLogger(__name__)
-
-SAVED_STRATEGY_FILE = "lmembed.json"  # a folder lmembed saved carries its own strategy
 
 
 @dataclass(frozen=True)
@@ -348,7 +347,7 @@ def resolve(name_or_path: str) -> Resolution | None:
 
 def recognise(folder: Path) -> Resolution | None:
     """Recognise a published family from a folder's files; None when nothing identifies one."""
-    if (folder / SAVED_STRATEGY_FILE).exists():
+    if (folder / STRATEGY_FILE).exists():
         return None
     cached = _HUB_CACHE.search(str(folder.resolve()))
     if cached:
