@@ -433,7 +433,9 @@ def _check_saved_kind(directory: str, saved: dict[str, Any], backbone: Backbone)
     recorded for a different kind of model (older lmembed versions took GPT-NeoX, Falcon, StableLM,
     OLMo ... for encoders) and its vectors cannot be reproduced."""
     recorded = saved.get("is_decoder")
-    if not isinstance(recorded, bool) or recorded == backbone.is_decoder:
+    if recorded is not None and not isinstance(recorded, bool):
+        raise ModelLoadError(f"{Path(directory) / STRATEGY_FILE}: is_decoder={recorded!r} must be true or false")
+    if recorded is None or recorded == backbone.is_decoder:
         return
     raise ModelLoadError(
         f"{Path(directory) / STRATEGY_FILE} records {_kind(recorded)}, but the saved model "
