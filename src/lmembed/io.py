@@ -501,6 +501,38 @@ def read_qrels(path: str | Path) -> Qrels:
 HASH_THREADS = min(8, os.cpu_count() or 1)
 
 
+class NpyHeader(NamedTuple):
+    """What an ``.npy`` header says of its array, and how many bytes follow the header."""
+
+    shape: tuple[int, ...]
+    dtype: Any  # numpy.dtype
+    fortran: bool
+    data_bytes: int
+
+    @property
+    def claimed_bytes(self) -> int:
+        """The bytes the array the header describes takes (numbers from elsewhere: Python integers, no overflow)."""
+        count = 1
+        for dim in self.shape:
+            count *= int(dim)
+        return count * int(self.dtype.itemsize)
+
+
+def read_npy_header(handle: IO[bytes], size: int) -> NpyHeader:
+    """The header of the ``.npy`` data ``handle`` reads from its start, ``size`` bytes in all (a file, an ``.npz``
+    member), read without the array: the one header reader of every ``.npy`` file lmembed reads from elsewhere, each
+    caller then holding the header to its own format (an object dtype, which only a pickle can fill, among the first
+    things). A version numpy's writers do not produce, or a header that cannot be parsed, is a ``ValueError``."""
+    from numpy.lib import format as npy  # lazy: io is read by commands that never touch an array
+
+    version = npy.read_magic(handle)
+    readers = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
+    if version not in readers:
+        raise ValueError(f"npy format {version}, which lmembed does not write")
+    shape, fortran, dtype = readers[version](handle)
+    return NpyHeader(tuple(int(d) for d in shape), dtype, bool(fortran), size - handle.tell())
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 hex digest of a file, read in 1 MiB chunks (what indexes and checkpoints record of their files)."""
     digest = hashlib.sha256()

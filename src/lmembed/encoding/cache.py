@@ -32,6 +32,7 @@ import numpy as np
 
 from lmembed.atomic import TEMP_PREFIX, atomic_write
 from lmembed.errors import ConfigError, LmembedError
+from lmembed.io import read_npy_header
 from lmembed.paths import embedding_cache_dir
 
 log = logging.getLogger(__name__)
@@ -193,16 +194,15 @@ def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], n
     if info.compress_type != zipfile.ZIP_STORED:  # its sizes would be the archive's word, not the file's bytes
         raise ValueError(f"{name} is compressed; lmembed writes shards uncompressed")
     with archive.open(info) as handle:
-        version = np.lib.format.read_magic(handle)
-        readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in readers:
-            raise ValueError(f"{name} is in npy format {version}, which lmembed does not write")
-        shape, _, dtype = readers[version](handle)
-    if dtype.hasobject:
+        try:
+            header = read_npy_header(handle, info.file_size)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    if header.dtype.hasobject:
         raise ValueError(f"{name} holds Python objects")
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > info.file_size:
-        raise ValueError(f"{name}'s header claims {list(shape)} {dtype}, more than the file holds")
-    return tuple(shape), dtype
+    if header.claimed_bytes > header.data_bytes:
+        raise ValueError(f"{name}'s header claims {list(header.shape)} {header.dtype}, more than the file holds")
+    return header.shape, header.dtype
 
 
 def _cache_root(root: Path | None) -> Path:

@@ -43,7 +43,7 @@ from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
 from lmembed.io import read_json
-from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex, open_lexical
+from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex, open_lexical, read_saved
 from lmembed.lexical.fusion import fuse_rows
 from lmembed.protocols import ENCODE_BATCH_SIZE
 
@@ -472,8 +472,8 @@ class Index:
         manifest = Manifest.read(path)
         integrity.verify(path, manifest)
         Index.open(path, verify=False)  # the files hash right; they must also read back whole
-        if integrity.lexical_files(path) and importlib.util.find_spec("bm25s") is not None:
-            LexicalIndex.load(path)  # BM25 is an optional extra: read back where it is installed
+        if integrity.lexical_files(path):  # checked whether or not bm25s (an optional extra) is installed
+            LexicalIndex.load(path) if importlib.util.find_spec("bm25s") is not None else read_saved(path)
         return manifest
 
     @staticmethod

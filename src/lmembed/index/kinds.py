@@ -17,7 +17,10 @@ kind        what it is
 =========== ============================================================================================
 
 A kind is a :class:`VectorIndex`: ``add`` vectors, ``search`` them (rows in insertion order, scores
-descending, ties by row), ``save`` its files into a folder and ``load`` them back.
+descending, ties by row), ``save`` its files into a folder and ``load`` them back. ``load`` believes nothing the
+files say: a FAISS file must be of the class its kind writes, of the manifest's dimension, with inner product and
+finite vectors (the stored floats of every float kind); an ``.npy`` file is checked by its header (dtype, C order,
+shape, the file's size) in :func:`read_array` before it is mapped, and its floats must be finite.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 
 from lmembed.errors import ConfigError
 from lmembed.index.errors import IndexFormatError
+from lmembed.io import read_npy_header
 from lmembed.pooling.normalize import unit_rows
 
 KINDS = ("flat", "hnsw", "ivf-pq", "binary")
@@ -174,12 +178,41 @@ def read_faiss(path: Path, *, binary: bool = False) -> Any:
         raise IndexFormatError(f"{path}: not a readable FAISS index ({_faiss_reason(exc)})") from exc
 
 
-def read_array(path: Path, *, mmap: bool = False) -> np.ndarray:
-    """``np.load`` of an ``.npy`` file (no pickles), its errors turned into one that names the file."""
+#: Rows checked for finiteness at a time, so a memory-mapped array is never copied whole.
+FINITE_BLOCK_ROWS = 65_536
+
+
+def read_array(path: Path, *, dtype: str, shape: tuple[int, ...], mmap: bool = False) -> np.ndarray:
+    """The one reader of an index's ``.npy`` files: the header is read first and the array refused, naming the
+    file and the field, unless it is ``dtype``, C order, exactly ``shape`` and the file holds exactly those bytes;
+    then ``np.load`` (never a pickle), and a float array must hold finite values only."""
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        with path.open("rb") as handle:
+            header = read_npy_header(handle, path.stat().st_size)
     except (ValueError, OSError, EOFError) as exc:
         raise IndexFormatError(f"{path}: not a readable NumPy array file ({exc})") from exc
+    if header.dtype != np.dtype(dtype):
+        raise IndexFormatError(f"{path}: dtype is {header.dtype}, expected {dtype}")
+    if header.fortran:
+        raise IndexFormatError(f"{path}: fortran_order is true; lmembed writes arrays in C order")
+    if header.shape != shape:
+        raise IndexFormatError(f"{path}: shape is {list(header.shape)}, expected {list(shape)}")
+    if header.claimed_bytes != header.data_bytes:
+        raise IndexFormatError(
+            f"{path}: shape {list(shape)} of {dtype} does not match the file's size ({header.data_bytes} bytes of data)"
+        )
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise IndexFormatError(f"{path}: not a readable NumPy array file ({exc})") from exc
+    if array.dtype.kind == "f" and not all_finite(array):
+        raise IndexFormatError(f"{path}: values: NaN or infinite values; the index cannot be trusted")
+    return array
+
+
+def all_finite(array: np.ndarray) -> bool:
+    """Whether every value is finite, checked a block of rows at a time (a memory-mapped array stays on disk)."""
+    return all(np.isfinite(array[i : i + FINITE_BLOCK_ROWS]).all() for i in range(0, len(array), FINITE_BLOCK_ROWS))
 
 
 def _save_array(path: Path, array: np.ndarray) -> None:
@@ -298,9 +331,20 @@ class FaissIndex(VectorIndex):
     def load(cls, folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> FaissIndex:
         if "vectors" not in files:
             return cls(params, dim)
-        index = read_faiss(folder / files["vectors"])
+        path = folder / files["vectors"]
+        index = read_faiss(path)
+        expected = FAISS_CLASSES[params.kind]
+        if type(index) is not expected:
+            raise IndexFormatError(
+                f"{path}: holds {type(index).__name__}; the manifest's kind {params.kind} "
+                f"is stored as {expected.__name__}"
+            )
         if index.d != dim:
-            raise ValueError(f"{folder / files['vectors']}: holds {index.d}-dimensional vectors, expected {dim}")
+            raise IndexFormatError(f"{path}: d is {index.d}; the manifest's dim is {dim}")
+        if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise IndexFormatError(f"{path}: metric_type is {index.metric_type}, not inner product")
+        if not all(all_finite(part) for part in _stored_floats(index)):
+            raise IndexFormatError(f"{path}: vectors: NaN or infinite values; the index cannot be trusted")
         return cls(params, dim, index)
 
     def memory_bytes(self) -> int:
@@ -311,6 +355,29 @@ class FaissIndex(VectorIndex):
         if p.kind == "hnsw":
             return n * d * 4 + n * p.hnsw_m * 2 * 4
         return n * (p.pq_m or 1) * p.pq_bits // 8 + n * 8 + (p.nlist or 0) * d * 4
+
+
+#: The FAISS class each float kind writes (``faiss.read_index`` returns it downcast).
+FAISS_CLASSES: dict[str, type] = {
+    "flat": faiss.IndexFlatIP,
+    "hnsw": faiss.IndexHNSWFlat,
+    "ivf-pq": faiss.IndexIVFPQ,
+}
+
+
+def _stored_floats(index: Any) -> list[np.ndarray]:
+    """The float arrays a FAISS index of one of :data:`FAISS_CLASSES` keeps and scores with, as views: the vectors
+    of a flat or HNSW index, the coarse centroids and product-quantiser centroids of an IVF-PQ one."""
+    if isinstance(index, faiss.IndexHNSWFlat):
+        index = faiss.downcast_index(index.storage)
+    if isinstance(index, faiss.IndexFlat):
+        if index.ntotal == 0:
+            return []
+        return [faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d).reshape(-1, max(index.d, 1))]
+    if isinstance(index, faiss.IndexIVFPQ):
+        quantizer = faiss.downcast_index(index.quantizer)
+        return [*_stored_floats(quantizer), faiss.vector_to_array(index.pq.centroids)]
+    return []
 
 
 class BinaryIndex(VectorIndex):
@@ -386,11 +453,29 @@ class BinaryIndex(VectorIndex):
 
     @classmethod
     def load(cls, folder: Path, files: dict[str, str], params: IndexParams, dim: int) -> BinaryIndex:
+        if "codes" not in files:
+            raise IndexFormatError(
+                f"{folder}: the manifest's files.codes is missing; kind binary keeps its codes in it"
+            )
         codes = read_faiss(folder / files["codes"], binary=True)
-        rescore = read_array(folder / files["rescore"], mmap=True) if "rescore" in files else None
-        ranges = read_array(folder / files["ranges"]) if "ranges" in files else None
-        if rescore is not None and len(rescore) != codes.ntotal:
-            raise ValueError(f"{folder / files['rescore']}: {len(rescore)} rows for {codes.ntotal} codes")
+        if type(codes) is not faiss.IndexBinaryFlat:
+            raise IndexFormatError(
+                f"{folder / files['codes']}: holds {type(codes).__name__}; kind binary is stored as IndexBinaryFlat"
+            )
+        if codes.d != dim:
+            raise IndexFormatError(f"{folder / files['codes']}: d is {codes.d}; the manifest's dim is {dim}")
+        n = int(codes.ntotal)
+        for role, wanted in (("rescore", params.rescore != "none"), ("ranges", params.rescore == "int8" and n > 0)):
+            if wanted and role not in files:
+                raise IndexFormatError(
+                    f"{folder}: the manifest's files.{role} is missing; rescore={params.rescore} needs that file"
+                )
+        rescore = ranges = None
+        if params.rescore != "none":
+            dtype = "int8" if params.rescore == "int8" else "float32"
+            rescore = read_array(folder / files["rescore"], dtype=dtype, shape=(n, dim), mmap=True)
+        if params.rescore == "int8" and "ranges" in files:
+            ranges = read_array(folder / files["ranges"], dtype="float32", shape=(2, dim))
         return cls(params, dim, codes, rescore, ranges)
 
     def memory_bytes(self) -> int:

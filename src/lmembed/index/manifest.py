@@ -7,7 +7,8 @@ current *generation* with the sha256 of each (checked on open, see :mod:`lmembed
 the folder's commit point: data files are written first under new generation names, then the manifest is
 replaced atomically (the one it replaces is kept as ``manifest.previous.json``), then the files of
 generations older than the previous one are removed. A crash at any moment leaves the folder at the old
-generation or the new one, never between.
+generation or the new one, never between. :meth:`Manifest.from_dict` checks each field's type and value (a
+positive whole ``dim``, a known ``similarity``, a ``kind`` equal to ``params.kind`` ...) and names the one it refuses.
 
 :func:`check_embedder` compares an Embedder with the manifest (weights fingerprint and the whole
 strategy) and refuses a mismatch with an :class:`IndexMismatchError` that names what differs.
@@ -37,6 +38,17 @@ if TYPE_CHECKING:  # the Embedder pulls in torch; an index folder can be inspect
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
 SIMILARITY = "cosine"
+#: The similarities an index may record (every kind scores by cosine, see :mod:`lmembed.index.kinds`).
+SIMILARITIES = (SIMILARITY,)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _names_to_strings(value: Any) -> bool:
+    """Whether ``value`` is an object whose keys and values are all strings."""
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
 
 
 @dataclass(frozen=True)
@@ -156,27 +168,63 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_FILE) -> Manifest:
+        """The manifest ``data`` (read from ``where``), each field checked for its type and value first: a bad one
+        is an :class:`IndexFormatError` naming ``where`` and the field."""
+        if not isinstance(data, dict):
+            raise IndexFormatError(f"{where}: must hold an object, not {type(data).__name__}")
+        if not _is_int(data.get("format")) or data["format"] != FORMAT_VERSION:
+            raise IndexFormatError(f"{where}: format {data.get('format')!r} is not {FORMAT_VERSION}")
+        for name in ("params", "dim", "count", "model", "strategy", "generation", "files"):
+            if name not in data:
+                raise IndexFormatError(f"{where}: {name} is missing")
+        if not isinstance(data["params"], dict):
+            raise IndexFormatError(f"{where}: params must be an object")
         try:
-            if data.get("format") != FORMAT_VERSION:
-                raise IndexFormatError(f"{where}: format {data.get('format')!r} is not {FORMAT_VERSION}")
-            return cls(
-                params=IndexParams.from_dict(data["params"]),
-                dim=int(data["dim"]),
-                count=int(data["count"]),
-                model=ModelRecord.from_parts(data["model"], data["strategy"], where),
-                generation=int(data["generation"]),
-                files=dict(data["files"]),
-                checksums=dict(data["checksums"]) if data.get("checksums") is not None else None,
-                created=str(data.get("created", "")),
-                updated=str(data.get("updated", "")),
-                similarity=str(data.get("similarity", SIMILARITY)),
-                lmembed_version=str(data.get("lmembed_version", "")),
-                chunking=dict(data["chunking"]) if data.get("chunking") is not None else None,
+            params = IndexParams.from_dict(data["params"])
+        except (ConfigError, TypeError) as exc:
+            raise IndexFormatError(f"{where}: params: {exc}") from None
+        if data.get("kind", params.kind) != params.kind:
+            raise IndexFormatError(f"{where}: kind is {data['kind']!r}, but params.kind is {params.kind!r}")
+        dim, count, generation = data["dim"], data["count"], data["generation"]
+        for name, value, least in (("dim", dim, 1), ("count", count, 0), ("generation", generation, 0)):
+            if not _is_int(value) or value < least:
+                raise IndexFormatError(f"{where}: {name} must be a whole number >= {least}, not {value!r}")
+        similarity = data.get("similarity", SIMILARITY)
+        if similarity not in SIMILARITIES:
+            raise IndexFormatError(
+                f"{where}: similarity {similarity!r} is unknown; lmembed indexes score by {', '.join(SIMILARITIES)}"
             )
+        files, checksums = data["files"], data.get("checksums")
+        if not _names_to_strings(files):
+            raise IndexFormatError(f"{where}: files must map each role to a file name")
+        if checksums is not None and not _names_to_strings(checksums):
+            raise IndexFormatError(f"{where}: checksums must map each file name to its sha256")
+        for name in ("created", "updated", "lmembed_version"):
+            if not isinstance(data.get(name, ""), str):
+                raise IndexFormatError(f"{where}: {name} must be a string, not {data[name]!r}")
+        chunking = data.get("chunking")
+        if chunking is not None and not isinstance(chunking, dict):
+            raise IndexFormatError(f"{where}: chunking must be an object")
+        try:
+            model = ModelRecord.from_parts(data["model"], data["strategy"], where)
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
             if isinstance(exc, IndexFormatError):
                 raise
             raise IndexFormatError(f"{where}: not a valid lmembed index manifest ({exc!r})") from exc
+        return cls(
+            params=params,
+            dim=dim,
+            count=count,
+            model=model,
+            generation=generation,
+            files=dict(files),
+            checksums=dict(checksums) if checksums is not None else None,
+            created=data.get("created", ""),
+            updated=data.get("updated", ""),
+            similarity=similarity,
+            lmembed_version=data.get("lmembed_version", ""),
+            chunking=dict(chunking) if chunking is not None else None,
+        )
 
     @classmethod
     def read(cls, folder: str | Path) -> Manifest:

@@ -1,7 +1,8 @@
 """The documents of an index: ids, texts and metadata, row ``i`` being the vector at row ``i``.
 
 On disk: a JSON-lines file, one ``{"id", "text"[, "metadata"]}`` object per row, in row order.
-Ids are unique; adding an id the store already holds is a :class:`DuplicateIdError` and changes nothing.
+Ids are unique; adding an id the store already holds is a :class:`DuplicateIdError` and changes nothing, and a file
+that gives one id twice is refused when read.
 """
 
 from __future__ import annotations
@@ -72,10 +73,16 @@ class DocumentStore:
     @classmethod
     def load(cls, path: Path) -> DocumentStore:
         store = cls()
+        first_line: dict[str, int] = {}
         try:
             for line_no, row in iter_jsonl(path):
                 if not isinstance(row.get("id"), str) or not isinstance(row.get("text"), str):
                     raise DataFormatError(path, line_no, "expected an object with string fields 'id' and 'text'")
+                if row["id"] in first_line:
+                    raise DataFormatError(
+                        path, line_no, f"id {row['id']!r} is given twice (first on line {first_line[row['id']]})"
+                    )
+                first_line[row["id"]] = line_no
                 store._rows[row["id"]] = len(store.ids)
                 store.ids.append(row["id"])
                 store.texts.append(row["text"])
