@@ -18,6 +18,7 @@ from test_server import assert_error, gated, post, serving, token_count, wait_un
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 BODY = json.dumps({"input": ["the cat sat on the mat"], "model": "tiny"}).encode()
+JSON = {"content-type": "application/json"}
 
 
 def connect(server) -> socket.socket:
@@ -157,6 +158,42 @@ def test_connections_per_client_address(make_embedder):
             sock.close()
         metrics = httpx.get(server.url + "/metrics").text
     assert 'lmembed_errors_total{code="too_many_connections",status="429"}' in metrics
+
+
+def test_a_request_past_the_connection_limit_reads_its_429(make_embedder):
+    """A client that sends its request before the server refuses the connection reads the 429 (with Retry-After),
+    not a connection reset; the refused connection is held no longer than the server's linger."""
+    limit = 8
+    with serving(make_embedder("bert"), limits=Limits(max_connections_per_client=limit)) as (server, _):
+        counts = server.server.config.http.open_connections
+        wait_until(lambda: not counts)
+        idle = [connect(server) for _ in range(limit)]
+        wait_until(lambda: counts.get("127.0.0.1") == limit)
+        loop = server.server.servers[0].get_loop()
+        seen = []
+        for _ in range(12):
+            loop.call_soon_threadsafe(time.sleep, 0.2)  # the request arrives before the server accepts its connection
+            with httpx.Client(timeout=10) as client:  # a new connection each time
+                try:
+                    response = client.post(server.url + "/v1/embeddings", content=BODY, headers=JSON)
+                    seen.append(
+                        (response.status_code, response.json()["error"]["code"], response.headers["retry-after"])
+                    )
+                except httpx.TransportError as exc:
+                    seen.append((type(exc).__name__, str(exc), ""))
+        assert seen == [(429, "too_many_connections", "1")] * 12
+        for i in range(9):  # a client that reads to the end finds the 429 and a clean close, not a reset
+            with connect(server) as sock:
+                sock.sendall(head(len(BODY)) + BODY)
+                time.sleep(0.05 * (i % 3))
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            head_block, _, body = answer.partition(b"\r\n\r\n")
+            assert head_block.startswith(b"HTTP/1.1 429") and b"retry-after: 1" in head_block.lower(), answer
+            assert error_code(body) == "too_many_connections"
+        for sock in idle:
+            sock.close()
 
 
 def test_admission_by_tokens_in_flight(make_embedder):

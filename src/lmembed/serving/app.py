@@ -57,6 +57,7 @@ from lmembed.load_spec import LoadSpec
 from lmembed.rerank import Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
 from lmembed.serving.compat import (
+    COHERE_RERANK_FIELDS,
     CompatEmbedRequest,
     cohere_embed_body,
     cohere_rerank_body,
@@ -84,7 +85,7 @@ from lmembed.serving.rerank import (
     rerank_body,
 )
 from lmembed.serving.schemas import embedding_body, parse_embedding_request, parse_json, parse_search_request
-from lmembed.serving.tokens import RequestTokenizer
+from lmembed.serving.tokens import Field, RequestTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -158,18 +159,20 @@ class ServerState:
         texts: list[str],
         instruction: str | None,
         dimensions: int | None,
-        field: str,
+        field: Field,
         side: str | None = None,
         normalize: bool | None = None,
         truncate: bool | None = None,
         *,
         counted: bool = True,
+        instruction_field: str | None = None,
     ) -> tuple[np.ndarray, int]:
         """Final vectors (as ``Embedder.encode`` returns them; ``side="query"`` as ``encode_queries``) and the
         number of tokens embedded (``normalize``: L2-normalise or not, whatever the strategy says; ``truncate``
         False: a text longer than the model reads is refused). The tokens count in ``lmembed_prompt_tokens_total``
-        unless not ``counted`` (the warm-up)."""
-        features = await self.tokenizer.features(texts, instruction, field, truncate)
+        unless not ``counted`` (the warm-up). ``field`` and ``instruction_field`` name the texts and the request's
+        instruction in a refusal (:meth:`RequestTokenizer.build`)."""
+        features = await self.tokenizer.features(texts, instruction, field, truncate, instruction_field)
         lengths = [len(f) for f in features]
         tokens = sum(lengths)
         self.admission.admit(tokens)
@@ -200,11 +203,14 @@ class ServerState:
         self.trimmer.note((len(req.query) * len(pairs) + sum(map(len, req.documents))) // 4)  # even if refused
         return await unless_disconnected(request, self.rerank.score(pairs, self.admission))
 
-    def parse_rerank(self, payload: dict[str, Any]) -> RerankRequest:
+    def parse_rerank(self, payload: dict[str, Any], **dialect: Any) -> RerankRequest:
+        """A rerank body validated (``dialect``: :func:`parse_rerank_request`'s ``fields``, ``what`` and
+        ``documents_field`` for a route that is not ``/v1/rerank``)."""
         if self.rerank is None:
             raise ApiError(404, "no reranker is loaded; start the server with --rerank MODEL", "no_reranker")
         name = self.rerank.name
-        return parse_rerank_request(payload, served={name}, default_model=name, max_inputs=self.limits.max_inputs)
+        limit = self.limits.max_inputs
+        return parse_rerank_request(payload, served={name}, default_model=name, max_inputs=limit, **dialect)
 
     async def warm_up(self) -> None:
         try:
@@ -333,9 +339,9 @@ def create_app(
             fixed_width=embedder.config.fixed_width(),
         )
         instruction = state.instruction_for(req.input_type, req.instruction)
-        vectors, tokens = await unless_disconnected(
-            request, state.embed(req.texts, instruction, req.dimensions, "input", req.input_type)
-        )
+        asked = "instruction" if req.instruction is not None else None  # a refusal of it names the request's field
+        work = state.embed(req.texts, instruction, req.dimensions, "input", req.input_type, instruction_field=asked)
+        vectors, tokens = await unless_disconnected(request, work)
         body = await asyncio.to_thread(embedding_body, vectors, req.encoding_format, req.model, tokens)
         return Response(body, media_type=JSON)
 
@@ -355,7 +361,8 @@ def create_app(
         instruction = state.instruction_for("query", req.instruction)
         vectors, tokens = None, 0
         if stages.mode != "bm25":
-            embedding = state.embed(req.queries, instruction, None, "query", "query")
+            asked = "instruction" if req.instruction is not None else None
+            embedding = state.embed(req.queries, instruction, None, "query", "query", instruction_field=asked)
             vectors, tokens = await unless_disconnected(request, embedding)
         depth = max(req.k, stages.rerank_top_k) if stages.rerank else req.k
         how = {"mode": stages.mode, "fusion": stages.fusion, "vectors": vectors}
@@ -411,7 +418,7 @@ def create_app(
     @app.post("/v2/rerank")
     async def cohere_rerank(request: Request) -> Response:
         payload = parse_json(await request.body())
-        req = state.parse_rerank(payload)
+        req = state.parse_rerank(payload, fields=COHERE_RERANK_FIELDS, what="a Cohere v2 rerank request")
         cohere_rerank_checks(payload, state.rerank.reranker.max_length if state.rerank else 0)
         scores, tokens = await state.score(request, req)
         documents = req.documents if req.return_documents else None
@@ -420,7 +427,10 @@ def create_app(
     async def tei_similarity(request: Request, payload: dict[str, Any]) -> Response:
         req = parse_tei_similarity(payload, max_inputs=state.limits.max_inputs)
         texts = [req.source, *req.sentences]
-        work = state.embed(texts, state.instruction_for(req.side, None), None, "inputs", req.side)
+        names = [("inputs.source_sentence",) * 2] + [
+            (f"inputs.sentences[{i}]", "inputs.sentences") for i in range(len(req.sentences))
+        ]
+        work = state.embed(texts, state.instruction_for(req.side, None), None, names, req.side)
         vectors, _ = await unless_disconnected(request, work)
         return JSONResponse(similarity_body(vectors))
 
@@ -460,7 +470,7 @@ def create_app(
     @app.post("/rerank")
     async def tei_rerank(request: Request) -> Response:
         payload = parse_json(await request.body())
-        req = state.parse_rerank(parse_tei_rerank(payload))
+        req = state.parse_rerank(parse_tei_rerank(payload), fields=None, documents_field="texts")
         scores, _ = await state.score(request, req)
         return JSONResponse(tei_rerank_body(ranking(scores), scores, req.documents, req.return_documents))
 

@@ -8,9 +8,9 @@ Cohere v2 (``cohere.ClientV2(base_url=...)``)
     ``NONE`` on a ``--no-truncate`` server), ``max_tokens`` (accepted when it is at least what the model reads).
     Answer: ``{"id", "embeddings": {type: [...]}, "texts", "meta": {"billed_units": {"input_tokens"}}}``.
 
-    ``POST /v2/rerank``: ``query``, ``documents`` (strings), ``top_n``, ``model``, ``max_tokens_per_doc``
-    (accepted when it is at least what the reranker reads). Answer: ``{"id", "results": [{"index",
-    "relevance_score"}], "meta"}``, best first.
+    ``POST /v2/rerank``: ``query``, ``documents`` (strings), ``top_n``, ``model``, ``return_documents``,
+    ``max_tokens_per_doc`` (accepted when it is at least what the reranker reads), ``priority`` (no effect).
+    Answer: ``{"id", "results": [{"index", "relevance_score"}], "meta"}``, best first.
 
 Embedding types (Cohere's names; lmembed's quantisation, documented here since Cohere does not publish its own):
 
@@ -29,8 +29,9 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     the model reads is refused, 413, as TEI does; a ``--no-truncate`` server refuses it whatever the field) and
     ``truncation_direction`` (``Right`` only). Another field is refused by name. Answer: a list of vectors.
 
-    ``POST /rerank``: ``query``, ``texts``, ``return_text``, ``raw_scores`` (false only: scores are the
-    reranker's activated ones). Answer: ``[{"index", "score", "text"?}]``, best first.
+    ``POST /rerank``: ``query``, ``texts`` (named so in refusals), ``return_text``, ``raw_scores`` (false only:
+    scores are the reranker's activated ones), ``truncate``, ``truncation_direction`` (``Right`` only).
+    Answer: ``[{"index", "score", "text"?}]``, best first.
 
     ``POST /similarity`` (and ``POST /`` with an object in ``inputs``: ``InferenceClient.sentence_similarity``):
     ``inputs``: ``{"source_sentence", "sentences"}`` (``sentences`` a list, or one string), ``prompt_name``,
@@ -45,6 +46,8 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     Answer: one string per list of ids.
 
     ``GET /info``: the model, its limits and the server's version.
+
+Every route refuses a field it does not take with 400 ``unknown_field`` naming it.
 """
 
 from __future__ import annotations
@@ -91,6 +94,11 @@ TEI_EMBED_FIELDS = (
     "dimensions",
     "encoding_format",
 )
+#: Cohere v2 rerank's fields (``priority``, a scheduling hint, is accepted and has no effect here)
+COHERE_RERANK_FIELDS = ("model", "query", "documents", "top_n", "return_documents", "max_tokens_per_doc", "priority")
+TEI_RERANK_FIELDS = ("query", "texts", "truncate", "raw_scores", "return_text", "truncation_direction")
+TEI_TOKENIZE_FIELDS = ("inputs", "add_special_tokens", "prompt_name")
+TEI_DECODE_FIELDS = ("ids", "skip_special_tokens")
 
 
 @dataclass(frozen=True)
@@ -249,7 +257,9 @@ def parse_tei_embed(
 
 
 def parse_tei_rerank(payload: dict[str, Any]) -> dict[str, Any]:
-    """A TEI ``/rerank`` body as a ``/v1/rerank`` body (``texts`` → ``documents``), its own fields checked."""
+    """A TEI ``/rerank`` body as a ``/v1/rerank`` body whose documents are in ``texts`` (read with
+    ``documents_field="texts"``, so refusals name TEI's field), its own fields checked."""
+    only_fields(payload, TEI_RERANK_FIELDS, "a TEI rerank request")
     if _flag(payload, "raw_scores", False):
         raise bad_request(
             "'raw_scores' true is not served: scores are the reranker's activated ones",
@@ -259,10 +269,9 @@ def parse_tei_rerank(payload: dict[str, Any]) -> dict[str, Any]:
     _flag(payload, "truncate", False)
     _direction(payload)
     return_text = _flag(payload, "return_text", False)
-    out = {"query": payload.get("query"), "documents": payload.get("texts"), "return_documents": return_text}
     if "texts" not in payload:
         raise bad_request("'texts' is required", "missing_input", "texts")
-    return out
+    return {"query": payload.get("query"), "texts": payload.get("texts"), "return_documents": return_text}
 
 
 def tei_rerank_body(order: list[int], scores: np.ndarray, documents: list[str], return_text: bool) -> list[dict]:
@@ -291,13 +300,7 @@ def parse_tei_similarity(payload: dict[str, Any], *, max_inputs: int) -> Similar
     """Validate a TEI ``/similarity`` body (see the module doc); the source and its sentences count as texts against
     ``max_inputs``, and a field of ``/embed`` that would change the vectors (``dimensions``, ``normalize``) is refused
     rather than ignored."""
-    unknown = sorted(set(payload) - set(SIMILARITY_FIELDS))
-    if unknown:
-        raise bad_request(
-            f"'{unknown[0]}' is not a field of a similarity request (it takes {', '.join(SIMILARITY_FIELDS)})",
-            "unknown_field",
-            unknown[0],
-        )
+    only_fields(payload, SIMILARITY_FIELDS, "a similarity request")
     inputs = payload.get("inputs")
     if not isinstance(inputs, dict):
         raise bad_request(
@@ -343,6 +346,7 @@ class TokenizeRequest:
 
 def parse_tei_tokenize(payload: dict[str, Any], *, max_inputs: int) -> TokenizeRequest:
     """Validate a TEI ``/tokenize`` body (see the module doc)."""
+    only_fields(payload, TEI_TOKENIZE_FIELDS, "a TEI tokenize request")
     if payload.get("prompt_name") is not None:
         raise bad_request(
             "'prompt_name' is not served on /tokenize: it shows a text as the tokenizer splits it, without a prompt",
@@ -361,6 +365,7 @@ class DecodeRequest:
 
 def parse_tei_decode(payload: dict[str, Any], *, max_inputs: int, vocab_size: int) -> DecodeRequest:
     """Validate a TEI ``/decode`` body (see the module doc): every id an integer the tokenizer knows."""
+    only_fields(payload, TEI_DECODE_FIELDS, "a TEI decode request")
     ids = payload.get("ids")
     if ids is None:
         raise bad_request("'ids' is required", "missing_input", "ids")

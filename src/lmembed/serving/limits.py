@@ -9,12 +9,14 @@ The middleware answers at once, before the application sees the request, in this
 * ``413`` when the body is larger than ``max_request_bytes`` (from ``Content-Length``, or while reading a
   body sent without one);
 * ``408`` (and the connection closed) when the whole body has not arrived within ``body_timeout_s``;
+* ``415`` (``param: content-encoding``) for a body sent with a ``Content-Encoding`` other than ``identity``: no body
+  is decompressed;
 * ``429`` when ``max_concurrent_requests`` requests are already being handled: the caller is refused
   immediately (with ``Retry-After``), never queued without bound.
 
 The body is read, under its timeout, *before* a concurrency slot is taken: clients that trickle their bodies
 hold a connection each, never a slot, so they cannot starve the others. Connections per client address are
-capped by the server (:mod:`lmembed.serving.server`, ``429`` and close), and texts by the tokens in flight
+capped by the server (:mod:`lmembed.serving.server`, ``429`` and a bounded close), and texts by the tokens in flight
 (:class:`TokenAdmission`, once a request's texts are tokenised), so a few huge requests cannot fill the queue.
 
 ``/health`` is exempt from the key and the concurrency limit, so probes keep working under load; so is ``/metrics``,
@@ -70,7 +72,7 @@ class Limits:
     public_metrics: bool = False  # True: /metrics answers without the API key
     body_timeout_s: float = 10.0  # a begun header block, then the whole body, must arrive within this (else 408)
     max_header_bytes: int = 16384  # names, values and line ends of all header lines (431 otherwise)
-    max_connections_per_client: int = 64  # open connections from one address (429 and close otherwise)
+    max_connections_per_client: int = 64  # open connections from one address (429, then closed)
     max_tokens_in_flight: int = 131072  # tokens admitted and not yet answered (429; rerank pairs over it alone: 413)
     batch_wait_s: float = 0.005  # a free worker with less queued than a window waits until none came for this long
     # A window of the scheduler admits this share of the queued tokens (batcher). At saturation a text waits for the
@@ -222,6 +224,10 @@ class GuardMiddleware:
         body = await self._read_body(scope, receive, send)  # before a slot: a slow body holds none
         if body is None:
             return
+        encoded = _encoding_error(scope, body)
+        if encoded is not None:
+            await send_error(send, encoded, self.metrics, scope)
+            return
         if self.in_flight >= self.limits.max_concurrent_requests:
             error = ApiError(
                 429,
@@ -295,6 +301,21 @@ class GuardMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _encoding_error(scope: Scope, body: bytes) -> ApiError | None:
+    """415 for a body sent with a ``Content-Encoding`` (gzip, ...): the server reads bodies as they are sent and
+    decompresses none (the body was read whole first, so the connection stays usable)."""
+    coding = _header(scope, b"content-encoding")
+    if not body or coding is None or coding.strip().lower() in (b"", b"identity"):
+        return None
+    shown = coding.decode("latin-1")[:40]
+    return ApiError(
+        415,
+        f"'content-encoding' is {shown!r}; this server reads uncompressed bodies only: send the JSON as it is",
+        "unsupported_content_encoding",
+        param="content-encoding",
+    )
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

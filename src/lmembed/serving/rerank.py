@@ -2,7 +2,8 @@
 by a :class:`~lmembed.rerank.Reranker`, batched across requests by a token budget.
 
 Request: ``query`` (a string), ``documents`` (a list of strings, or of ``{"text": ...}`` objects), optionally
-``top_n`` (the best N; default all), ``return_documents`` (default false), ``model`` (the reranker's served name).
+``top_n`` (the best N; default all), ``return_documents`` (default false), ``model`` (the reranker's served name);
+another field is refused by name. Pairs are cut to the reranker's length (``--no-truncate`` is the embeddings').
 Response: ``{"model", "results": [{"index", "relevance_score", "document": {"text"}?}], "usage": {"total_tokens"}}``
 with results best first (ties keep the documents' order). ``relevance_score`` is the reranker's activated score
 (``CrossEncoder.predict``'s: a probability for a sigmoid cross-encoder or the LLM reranker).
@@ -37,7 +38,7 @@ from lmembed.index.second_stage import candidate_pairs, reorder_hits
 from lmembed.lexical.fusion import FUSIONS
 from lmembed.rerank.base import Features, Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
-from lmembed.serving.errors import ApiError, bad_request, shown, too_many_inputs
+from lmembed.serving.errors import ApiError, bad_request, only_fields, shown, too_many_inputs
 from lmembed.serving.limits import Limits, TokenAdmission
 from lmembed.serving.metrics import LATENCY_BUCKETS, TEXT_BUCKETS, TOKEN_BUCKETS
 from lmembed.serving.schemas import text_field
@@ -232,39 +233,53 @@ class RerankRequest:
     return_documents: bool = False
 
 
-def _documents(value: Any, max_inputs: int) -> list[str]:
+#: the fields ``/v1/rerank`` takes (Cohere's and Jina's); another is refused by name (a misspelt ``top_n`` would
+#: otherwise answer every document without a word)
+RERANK_FIELDS = ("model", "query", "documents", "top_n", "return_documents")
+
+
+def _documents(value: Any, max_inputs: int, field: str = "documents") -> list[str]:
+    """The documents of a rerank request, from its field ``field`` (``texts`` on TEI's route)."""
     if value is None:
-        raise bad_request("'documents' is required", "missing_input", "documents")
+        raise bad_request(f"'{field}' is required", "missing_input", field)
     if not isinstance(value, list):
-        raise bad_request(
-            f"'documents' must be a list of strings, got {type(value).__name__}", "invalid_input", "documents"
-        )
+        raise bad_request(f"'{field}' must be a list of strings, got {type(value).__name__}", "invalid_input", field)
     if not value:
-        raise bad_request("'documents' is an empty list; send at least one document", "empty_input", "documents")
+        raise bad_request(f"'{field}' is an empty list; send at least one document", "empty_input", field)
     if len(value) > max_inputs:
-        raise too_many_inputs("documents", len(value), max_inputs)
+        raise too_many_inputs(field, len(value), max_inputs)
     out = []
     for i, item in enumerate(value):
         if isinstance(item, dict) and set(item) == {"text"}:
             item = item["text"]
         if not isinstance(item, str):
             raise bad_request(
-                f"'documents[{i}]' is {type(item).__name__}; every document must be a string or {{\"text\": ...}}",
+                f"'{field}[{i}]' is {type(item).__name__}; every document must be a string or {{\"text\": ...}}",
                 "invalid_input",
-                "documents",
+                field,
             )
-        out.append(text_field(item, f"documents[{i}]"))
+        out.append(text_field(item, f"{field}[{i}]", param=field))
     return out
 
 
 def parse_rerank_request(
-    payload: dict[str, Any], *, served: Collection[str], default_model: str, max_inputs: int
+    payload: dict[str, Any],
+    *,
+    served: Collection[str],
+    default_model: str,
+    max_inputs: int,
+    fields: Sequence[str] | None = RERANK_FIELDS,
+    what: str = "a rerank request",
+    documents_field: str = "documents",
 ) -> RerankRequest:
-    """Validate a ``/v1/rerank`` body (see the module doc)."""
+    """Validate a ``/v1/rerank`` body (see the module doc): a field not in ``fields`` is refused by name (``None``: the
+    caller checked them), and the documents are read from ``documents_field``."""
+    if fields is not None:
+        only_fields(payload, fields, what)
     if "query" not in payload:
         raise bad_request("'query' is required", "missing_input", "query")
     query = text_field(payload["query"], "query")
-    documents = _documents(payload.get("documents"), max_inputs)
+    documents = _documents(payload.get(documents_field), max_inputs, documents_field)
     model = payload.get("model")
     if model is not None and (not isinstance(model, str) or model not in served):
         raise bad_request(

@@ -7,7 +7,10 @@ extensions: ``input_type`` (``query`` gets the instruction, the request's ``inst
 strategy's ``query_instruction``; ``document`` gets none, as ``encode_corpus`` does) and ``instruction``.
 
 ``POST /v1/search`` takes ``query`` (a string or a list), ``k`` (or ``top_k``), optionally ``model`` and
-``instruction``; queries are embedded as ``Index.search`` embeds them.
+``instruction``, and the search stages' fields; queries are embedded as ``Index.search`` embeds them.
+
+Every route refuses a field it does not take (400 ``unknown_field`` naming it): a misspelt field would otherwise
+change nothing without a word.
 
 Every problem is an :class:`ApiError` (400 unless said otherwise) whose message names the field and,
 for an input, its position.
@@ -33,6 +36,8 @@ ENCODING_FORMATS = ("float", "base64")
 #: what ``/v1/embeddings`` takes: OpenAI's fields and lmembed's two
 EMBEDDING_FIELDS = ("input", "model", "encoding_format", "dimensions", "user", "input_type", "instruction")
 INPUT_TYPES = SIDES
+#: what ``/v1/search`` takes: its own fields and the search stages' (``rerank.parse_search_stages``)
+SEARCH_FIELDS = ("query", "input", "k", "top_k", "model", "instruction", "mode", "fusion", "rerank", "rerank_top_k")
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,7 @@ def parse_search_request(
     payload: dict[str, Any], *, served: Collection[str], default_model: str, max_inputs: int, max_k: int
 ) -> SearchRequest:
     """Validate a ``/v1/search`` body (see the module doc)."""
+    only_fields(payload, SEARCH_FIELDS, "a search request")
     for one, other in (("query", "input"), ("k", "top_k")):
         if one in payload and other in payload:
             raise bad_request(f"give '{one}' or its alias '{other}', not both", f"ambiguous_{one}", other)

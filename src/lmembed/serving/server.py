@@ -5,9 +5,11 @@ stops accepting connections, waits up to ``graceful_timeout`` seconds for the re
 the app's shutdown (the batcher finishes its queue). A second signal stops at once.
 
 Connections are counted per client address: one past the app's ``Limits.max_connections_per_client`` is
-answered ``429`` and closed as it opens, before anything is read from it (a client cannot hold every
-connection the server has). A connection that sends nothing is closed after the keep-alive time, and a header
-block not finished within ``Limits.body_timeout_s`` is answered ``408`` and closed.
+answered ``429`` (with ``Retry-After``) as it opens and half-closed; what the client sends on it is read and dropped,
+at most :data:`REFUSAL_DRAIN_BYTES` for at most :data:`REFUSAL_LINGER_S`, then it is closed. Closing at once would
+reset a connection whose request had already arrived, and the reset throws the 429 away before the client reads it.
+A client cannot hold every connection the server has. A connection that sends nothing is closed after the keep-alive
+time, and a header block not finished within ``Limits.body_timeout_s`` is answered ``408`` and closed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from lmembed.serving.limits import Limits
 #: Idle keep-alive connections stay open this long (uvicorn's 5 s default races busy clients that reuse
 #: a pooled connection just as the server closes it).
 KEEP_ALIVE_S = 75
+#: A connection refused for its address's connection count is closed after this long at most ...
+REFUSAL_LINGER_S = 2.0
+#: ... or once it has sent this many bytes (read and dropped, so that its request does not reset the connection).
+REFUSAL_DRAIN_BYTES = 65536
 
 
 def _closing_answer(status: str, error: ApiError, extra: str = "") -> bytes:
@@ -69,6 +75,9 @@ def per_client_protocol(limit: int, metrics: Any = None, header_timeout_s: float
     class PerClientLimited(H11Protocol):
         address: str | None = None
         header_timer: asyncio.TimerHandle | None = None
+        refused: asyncio.Transport | None = None  # answered 429: drained until the client closes or the linger ends
+        refused_timer: asyncio.TimerHandle | None = None
+        drained = 0
         open_connections = open_by_address  # {address: connections open}, for metrics and tests
 
         def connection_made(self, transport: Any) -> None:
@@ -77,8 +86,7 @@ def per_client_protocol(limit: int, metrics: Any = None, header_timeout_s: float
             if open_by_address[address] >= limit:
                 if metrics is not None:
                     metrics.error(429, "too_many_connections")
-                transport.write(refusal)
-                transport.close()
+                self._refuse(transport)
                 return
             open_by_address[address] += 1
             self.address = address
@@ -88,7 +96,20 @@ def per_client_protocol(limit: int, metrics: Any = None, header_timeout_s: float
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
 
+        def _refuse(self, transport: asyncio.Transport) -> None:
+            """Answer 429 and half-close: the client reads the answer whether or not its request was already sent."""
+            self.refused = transport
+            transport.write(refusal)
+            if transport.can_write_eof():
+                transport.write_eof()
+            self.refused_timer = self.loop.call_later(REFUSAL_LINGER_S, transport.close)
+
         def data_received(self, data: bytes) -> None:
+            if self.refused is not None:  # what a refused client sends is dropped, up to a bound
+                self.drained += len(data)
+                if self.drained > REFUSAL_DRAIN_BYTES:
+                    self.refused.close()
+                return
             super().data_received(data)
             waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()  # a header block begun
             if waiting and self.header_timer is None:
@@ -118,7 +139,15 @@ def per_client_protocol(limit: int, metrics: Any = None, header_timeout_s: float
                 self.header_timer.cancel()
                 self.header_timer = None
 
+        def eof_received(self) -> bool | None:
+            if self.refused is not None:
+                return None  # the client is done: the transport closes
+            return super().eof_received()
+
         def connection_lost(self, exc: Exception | None) -> None:
+            if self.refused_timer is not None:
+                self.refused_timer.cancel()
+                self.refused_timer = None
             if self.address is None:
                 return  # refused in connection_made: uvicorn's state was never set up
             self._stop_header_timer()

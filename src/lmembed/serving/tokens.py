@@ -37,6 +37,17 @@ def _too_many_tokens(limit: int) -> ApiError:
 #: A length bound no text reaches: what the over-length check tokenises with.
 UNBOUNDED = 1 << 30
 
+#: How a refusal names a request's texts: a request field (text i is ``field[i]``, the param ``field``), or each
+#: text's own ``(name, param)``.
+Field = str | Sequence[tuple[str, str]]
+
+
+def text_name(field: Field, i: int) -> tuple[str, str]:
+    """The name and param of text ``i`` of ``field``."""
+    if isinstance(field, str):
+        return f"{field}[{i}]", field
+    return field[i]
+
 
 class RequestTokenizer:
     """Builds the features of request texts (and refuses over-long texts when truncation is off) on its own
@@ -54,10 +65,19 @@ class RequestTokenizer:
         self.closed = False
 
     def build(
-        self, texts: Sequence[str], instruction: str | None, field: str = "input", truncate: bool | None = None
+        self,
+        texts: Sequence[str],
+        instruction: str | None,
+        field: Field = "input",
+        truncate: bool | None = None,
+        instruction_field: str | None = None,
     ) -> list[Features]:
         """Each text's features, as the model is fed them (after truncation); a text longer than the model reads is
-        refused when this server does not truncate, or the request says ``truncate: false`` (TEI's field)."""
+        refused when this server does not truncate, or the request says ``truncate: false`` (TEI's field).
+
+        ``field`` names the texts in a refusal: a request field (its texts are ``field[i]``) or each text's own
+        ``(name, param)``. ``instruction_field``: the request field the instruction came from, named when the
+        instruction leaves the text no room (``None``: the model's own prompt, and the texts are named)."""
         try:
             features = self.builder.build_all(texts, instruction)
             if not self.truncate or truncate is False:
@@ -69,15 +89,30 @@ class RequestTokenizer:
                 full = self.unbounded.build_all(texts, instruction)
                 for i, (cut, whole) in enumerate(zip(features, full, strict=True)):
                     if len(whole) > len(cut):
+                        name, param = text_name(field, i)
                         raise bad_request(
-                            f"'{field}[{i}]' is {len(whole)} tokens long; the model reads at most {self.max_length} "
+                            f"'{name}' is {len(whole)} tokens long; the model reads at most {self.max_length} "
                             f"and {why}",
                             "input_too_long",
-                            field,
+                            param,
                         )
         except InputError as exc:
-            raise bad_request(str(exc), "invalid_input", field) from None
+            if instruction_field is not None and instruction is not None and self._no_room(instruction):
+                raise bad_request(
+                    f"'{instruction_field}' is too long: {exc}; send a shorter instruction",
+                    "instruction_too_long",
+                    instruction_field,
+                ) from None
+            raise bad_request(str(exc), "invalid_input", text_name(field, 0)[1]) from None
         return features
+
+    def _no_room(self, instruction: str) -> bool:
+        """True when ``instruction`` alone leaves no token for a text."""
+        try:
+            self.builder.build_all(["a"], instruction)
+        except InputError:
+            return True
+        return False
 
     def split(self, texts: Sequence[str], add_special_tokens: bool, limit: int) -> list[list[dict[str, Any]]]:
         """Each text's tokens as the model's tokenizer splits it (TEI's ``/tokenize``): no instruction and no cut,
@@ -133,12 +168,19 @@ class RequestTokenizer:
         return await asyncio.get_running_loop().run_in_executor(self.inspector, fn, *args)
 
     async def features(
-        self, texts: Sequence[str], instruction: str | None, field: str = "input", truncate: bool | None = None
+        self,
+        texts: Sequence[str],
+        instruction: str | None,
+        field: Field = "input",
+        truncate: bool | None = None,
+        instruction_field: str | None = None,
     ) -> list[Features]:
+        """:meth:`build` on the tokenizing thread."""
         if self.closed:
             raise ApiError(503, "the server is shutting down", "shutting_down")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.build, texts, instruction, field, truncate)
+        build = self.build
+        return await loop.run_in_executor(self.executor, build, texts, instruction, field, truncate, instruction_field)
 
     def close(self) -> None:
         self.closed = True
