@@ -234,6 +234,7 @@ def test_bm25_files_are_checked_before_they_are_used(built, tmp_path, damage):
         ["index", "verify", str(folder)],
         ["search", str(folder), "cat dog", "--mode", "bm25"],
         ["search", str(folder), "cat dog", "--mode", "hybrid"],
+        ["serve", "minilm", "--index", str(folder), "--port", "0"],  # refused at start, not at a first BM25 search
     ):
         refused(argv, f"{path}: {field}")
 

@@ -152,6 +152,8 @@ def serve(
         max_tokens_in_flight=max_tokens_in_flight,
     )
     index = Index.open(index_dir) if index_dir is not None else None  # a broken index fails before the model loads
+    if index_dir is not None:
+        Index.check_lexical(index_dir)  # its BM25 files too, before the first hybrid search
     # an int8 model is calibrated before it serves: else the first request's texts would decide every vector
     recorded = index.manifest.model.load.calibration if index is not None and options.calibration is None else None
     if options.precision == "int8" and options.calibration is None and not recorded:

@@ -472,9 +472,17 @@ class Index:
         manifest = Manifest.read(path)
         integrity.verify(path, manifest)
         Index.open(path, verify=False)  # the files hash right; they must also read back whole
-        if integrity.lexical_files(path):  # checked whether or not bm25s (an optional extra) is installed
-            LexicalIndex.load(path) if importlib.util.find_spec("bm25s") is not None else read_saved(path)
+        Index.check_lexical(path)
         return manifest
+
+    @staticmethod
+    def check_lexical(path: str | Path) -> None:
+        """Read back the BM25 files saved in the index at ``path``, if any, checking them as a BM25 search would
+        (whether or not bm25s, an optional extra, is installed): a server checks them before it answers, so a
+        damaged file stops it at start, not at its first BM25 search."""
+        path = Path(path)
+        if integrity.lexical_files(path):
+            LexicalIndex.load(path) if importlib.util.find_spec("bm25s") is not None else read_saved(path)
 
     @staticmethod
     def restore_previous(path: str | Path) -> Manifest:
