@@ -153,52 +153,37 @@ def _vocabulary_an_array(bm25: Path) -> tuple[str, str]:
     return "vocab.index.json", "the BM25 vocabulary must hold an object at its top, not an array"
 
 
-def _vocabulary_id_out_of_range(bm25: Path) -> tuple[str, str]:
-    path = bm25 / "vocab.index.json"
-    vocab = json.loads(path.read_text())
-    vocab["cat"] = 10**6
-    path.write_text(json.dumps(vocab))
-    return "vocab.index.json", "the vocabulary['cat'] is 1000000, not a word id below"
+def _json_change(name: str, change: Callable[[dict], object], field: str) -> Callable[[Path], tuple[str, str]]:
+    """A damage that edits one JSON file of ``bm25/`` with ``change`` and expects ``field`` in the refusal."""
+
+    def damage(bm25: Path) -> tuple[str, str]:
+        path = bm25 / name
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+        return name, field
+
+    return damage
 
 
-def _tokenizer_id_out_of_range(bm25: Path) -> tuple[str, str]:
-    path = bm25 / "vocab.tokenizer.json"
-    vocab = json.loads(path.read_text())
-    vocab["word_to_id"]["cat"] = 10**6
-    path.write_text(json.dumps(vocab))
-    return "vocab.tokenizer.json", "word_to_id['cat'] is 1000000"
-
-
-def _params_nan(bm25: Path) -> tuple[str, str]:
-    path = bm25 / "params.index.json"
-    params = json.loads(path.read_text())
-    params["k1"] = float("nan")
-    path.write_text(json.dumps(params))
-    return "params.index.json", "k1 must be a finite number"
-
-
-def _params_document_count(bm25: Path) -> tuple[str, str]:
-    path = bm25 / "params.index.json"
-    params = json.loads(path.read_text())
-    params["num_docs"] = 10**12
-    path.write_text(json.dumps(params))
-    return "params.index.json", "num_docs is 1000000000000"
-
-
-def _record_params_nan(bm25: Path) -> tuple[str, str]:
-    path = bm25 / "lexical.json"
-    record = json.loads(path.read_text())
-    record["params"]["b"] = float("nan")
-    path.write_text(json.dumps(record))
-    return "lexical.json", "params.b must be a finite number"
-
-
-def _record_stopwords_unknown(bm25: Path) -> tuple[str, str]:
-    path = bm25 / "lexical.json"
-    record = json.loads(path.read_text())
-    record["params"]["stopwords"] = "klingon"
-    path.write_text(json.dumps(record))
-    return "lexical.json", "params.stopwords must name one of bm25s' stop word lists, not 'klingon'"
+_vocabulary_id_out_of_range = _json_change(
+    "vocab.index.json", lambda d: d.update(cat=10**6), "the vocabulary['cat'] is 1000000, not a word id below"
+)
+_tokenizer_id_out_of_range = _json_change(
+    "vocab.tokenizer.json", lambda d: d["word_to_id"].update(cat=10**6), "word_to_id['cat'] is 1000000"
+)
+_params_nan = _json_change("params.index.json", lambda d: d.update(k1=float("nan")), "k1 must be a finite number")
+_params_document_count = _json_change(
+    "params.index.json", lambda d: d.update(num_docs=10**12), "num_docs is 1000000000000"
+)
+_record_params_nan = _json_change(
+    "lexical.json", lambda d: d["params"].update(b=float("nan")), "params.b must be a finite number"
+)
+_record_stopwords_unknown = _json_change(
+    "lexical.json",
+    lambda d: d["params"].update(stopwords="klingon"),
+    "params.stopwords must name one of bm25s' stop word lists, not 'klingon'",
+)
 
 
 BM25_DAMAGE: dict[str, Callable[[Path], tuple[str, str]]] = {
