@@ -714,6 +714,27 @@ RESUME_DAMAGE = {
         lambda d: d["history"][0].update(step="x"),
         r"selection.json: history.0.step: Input should be a valid number",
     ),
+    # believed before: a NaN score picked as best, a step as text, a state or a planned file outside the run folder
+    "a score not a number": (
+        "selection.json",
+        lambda d: d["history"][0].update({d["metric"]: float("nan")}),
+        r"selection.json: history.0.\S+: Input should be a finite number",
+    ),
+    "the best step as text": (
+        "selection.json",
+        lambda d: d.update(best_step="0"),
+        r"selection.json: best_step: Input should be a valid integer",
+    ),
+    "a state named outside the run folder": (
+        "selection.json",
+        lambda d: d["states"].update({"../../start_state.safetensors": ["0" * 64]}),
+        r"selection.json: states: .*'../../start_state.safetensors' is not the name of a file of the run folder",
+    ),
+    "a planned file outside the run folder": (
+        "adapt_plan.json",
+        lambda d: d["files"].update({"../rows.jsonl": "0" * 64}),
+        r"adapt_plan.json: files: .*'../rows.jsonl' is not the name of a file of the run folder",
+    ),
     "no metric in the history": (
         "selection.json",
         lambda d: [h.pop(d["metric"]) for h in d["history"]],

@@ -258,3 +258,25 @@ def test_lora_options_without_lora_are_refused(make_embedder):
     with pytest.raises(ConfigError, match=r"keep_adapter: LoRA options, but no adapters are trained \(lora is false"):
         build_trainable(TrainConfig(lora=False, merge_lora=False), make_embedder("llama"))
     assert build_trainable(TrainConfig(lora_r=16), make_embedder("bert")) is not None  # the default: nothing said
+
+
+def test_a_lora_rank_above_the_hidden_size_is_refused_before_any_adapter(make_embedder):
+    """lora_r: 100000000 ended in an internal RuntimeError allocating 153 GB; a rank above the hidden size is
+    refused naming lora_r (a small excess here: a regression must not allocate a huge adapter)."""
+    from lmembed.training.trainable import build_trainable
+
+    embedder = make_embedder("llama")
+    hidden = embedder.backbone.hidden_size
+    with pytest.raises(ConfigError, match=rf"lora_r={2 * hidden} is more than the model's hidden size \({hidden}\)"):
+        build_trainable(TrainConfig(lora=True, lora_r=2 * hidden), embedder)
+    assert build_trainable(TrainConfig(lora=True, lora_r=hidden), make_embedder("llama")) is not None
+
+
+@pytest.mark.parametrize("steps", [10**15, 2.5, True])
+def test_steps_beyond_any_run_or_not_whole_are_refused(tmp_path, steps):
+    with pytest.raises(TrainConfigError, match=r"steps=.* must be a whole number from 1 to 1000000000"):
+        TrainConfig(steps=steps)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: m\nsteps: {10**15}\n")
+    with pytest.raises(TrainConfigError, match=r"c\.yaml:2: steps=1000000000000000"):
+        TrainConfig.from_yaml(config)

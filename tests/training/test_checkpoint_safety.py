@@ -11,6 +11,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 from typer.testing import CliRunner
 
@@ -229,3 +230,124 @@ def test_a_damaged_latest_checkpoint_names_the_earlier_one_to_resume_from(run, t
     resumed = train(args, 3, "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert (output / "checkpoints" / "step-0000003").is_dir()
+
+
+def _forge_state(step, name: str, change) -> None:
+    """Rewrite the state in ``name`` through ``change`` and re-record its sha256, as someone forging it would."""
+    state = ckpt.read_state(step / name)
+    change(state)
+    (step / name).unlink()
+    ckpt.write_state(step / name, state)
+    _record_sha256(step, name)
+
+
+def _set_group(key, value):
+    def change(state):
+        state["param_groups"][0][key] = value
+
+    return change
+
+
+def _set_moment(state):
+    state["state"][0]["exp_avg"] = torch.zeros(2, 2)
+
+
+def _set_params(state):
+    state["param_groups"][0]["params"] = [10**6]
+
+
+def _set_sched(key, value):
+    def change(state):
+        state[key] = value
+
+    return change
+
+
+def _set_base_lrs_nan(state):
+    state["base_lrs"] = [float("nan")] * len(state["base_lrs"])
+
+
+def _set_lambda(state):
+    state["lr_lambdas"][0]["warmup"] = "x"
+
+
+def _set_total(state):
+    state["lr_lambdas"][0]["total"] = 0
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "said"),
+    [
+        ("optimizer.safetensors", _set_group("lr", float("inf")), "param_groups[0].lr=inf"),
+        ("optimizer.safetensors", _set_group("lr", "0.1"), "param_groups[0].lr='0.1'"),
+        ("optimizer.safetensors", _set_group("lr", -1.0), "param_groups[0].lr=-1.0 is out of range"),
+        ("optimizer.safetensors", _set_group("betas", "x"), "param_groups[0].betas='x'"),
+        ("optimizer.safetensors", _set_group("betas", (0.9, 1.5)), "param_groups[0].betas=(0.9, 1.5) is out of range"),
+        ("optimizer.safetensors", _set_group("eps", 0.0), "param_groups[0].eps=0.0 is out of range"),
+        ("optimizer.safetensors", _set_moment, "state[0].exp_avg has shape (2, 2)"),
+        ("optimizer.safetensors", _set_params, "param_groups[0].params are not the parameters"),
+        ("scheduler.safetensors", _set_lambda, "lr_lambdas="),
+        ("scheduler.safetensors", _set_total, "lr_lambdas[0]"),
+        ("scheduler.safetensors", _set_sched("last_epoch", 10**30), "last_epoch=10"),
+        ("scheduler.safetensors", _set_sched("last_epoch", 1e30), "last_epoch="),
+        ("scheduler.safetensors", _set_base_lrs_nan, "base_lrs=[nan"),
+    ],
+)
+def test_a_forged_optimizer_or_scheduler_setting_is_refused(run, name, change, said):
+    """An optimizer or scheduler state whose hashes were re-recorded is checked against this run's own: a learning
+    rate of inf trained to non-finite weights with exit 0, other values ended in internal errors (exit 1)."""
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    _forge_state(step, name, change)
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert f"{step / name}:" in text.replace(" ", "") or f"{step / name}" in text, text
+    assert said in text, text
+    assert "internal error" not in text
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [("step", 10**12, "step=1000000000000 is past"), ("world_size", 0, "world_size=0")],
+)
+def test_a_forged_checkpoint_step_or_world_size_is_refused(run, field, value, said):
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    info = json.loads((step / ckpt.STATE_FILE).read_text())
+    info[field] = value
+    (step / ckpt.STATE_FILE).write_text(json.dumps(info))
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.replace("│", " ").split())
+
+
+def test_a_trainable_tensor_of_the_wrong_shape_names_the_file(run):
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    tensors = safetensors_load(step / "trainable.safetensors")
+    first = next(iter(tensors))
+    tensors[first] = torch.zeros(3, 3)
+    (step / "trainable.safetensors").write_bytes(safetensors_bytes(tensors))
+    _record_sha256(step, "trainable.safetensors")
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    text = "".join(result.output.replace("│", " ").split())
+    assert f"{step / 'trainable.safetensors'}:checkpointdoesnotmatch" in text, result.output
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../../rows.jsonl", "absent.safetensors"])
+def test_a_recorded_file_that_is_not_a_file_of_the_checkpoint_is_refused(run, name):
+    """``files`` naming something outside the checkpoint folder (or nothing) was ignored; it is refused by name."""
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    step = output / "checkpoints" / "step-0000002"
+    info = json.loads((step / ckpt.STATE_FILE).read_text())
+    info[ckpt.FILES_KEY][name] = "0" * 64
+    (step / ckpt.STATE_FILE).write_text(json.dumps(info))
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    assert repr(name) in result.output or name in result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -204,3 +205,15 @@ def test_round_robin_batches_take_the_datasets_in_turn():
 def test_default_sampler_blends_datasets_within_a_batch():
     sampler = MixtureSampler(_datasets(), batch_size=12, seed=0)
     assert any(len(set(sampler.batch(s).sources)) > 1 for s in range(5))
+
+
+def test_a_pairs_row_without_an_anchor_names_the_file_and_line(tmp_path):
+    """A pairs file whose row lacks ``anchor`` ended in an internal KeyError; it is refused naming file and line."""
+    from lmembed.training.rows import TrainingDataError
+
+    source = tmp_path / "pairs.jsonl"
+    source.write_text(json.dumps({"anchor": "q", "positive": "p"}) + "\n\n" + json.dumps({"positive": "p2"}) + "\n")
+    with pytest.raises(TrainingDataError, match=rf"{re.escape(str(source))}:3: 'anchor' must be a text"):
+        pair_rows(source)
+    with pytest.raises(TrainingDataError, match=r"rows:1: 'positive' must be a text"):
+        pair_rows([{"anchor": "q", "positive": 3}])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -262,7 +263,7 @@ def test_sts_rows_carry_the_sts_instruction_unless_told_none(tmp_path):
     source = _write_jsonl(tmp_path / "sts.jsonl", STS_ROWS)
     rows = {}
     for label, extra in (("default", {}), ("none", {"instruction": ""})):
-        step = {"name": label, "kind": "sts", "input": source, "output": str(tmp_path / f"{label}.jsonl"), **extra}
+        step = {"name": label, "kind": "sts", "input": source, "output": f"{label}-rows.jsonl", **extra}
         rows[label] = [json.loads(line) for line in prepare_data(step, tmp_path).read_text().splitlines()]
     assert rows["default"] and all(r["instruction"] == STS_INSTRUCTION for r in rows["default"])
     assert len(rows["none"]) == len(rows["default"])
@@ -290,12 +291,12 @@ def test_prepared_data_is_made_again_when_its_input_is_edited_or_its_stamp_damag
     from lmembed.training.recipes import prepare_data
 
     source = _write_jsonl(tmp_path / "sts.jsonl", STS_ROWS)
-    step = {"name": "sts", "kind": "sts", "input": source, "output": str(tmp_path / "sts-prepared.jsonl")}
+    step = {"name": "sts", "kind": "sts", "input": source, "output": "sts-prepared.jsonl"}
     first = prepare_data(step, tmp_path).read_text()
     _write_jsonl(tmp_path / "sts.jsonl", [{**STS_ROWS[0], "sentence1": "an edited sentence"}, *STS_ROWS[1:]])
     second = prepare_data(step, tmp_path).read_text()
     assert "an edited sentence" in second and "an edited sentence" not in first
-    stamp = tmp_path / "sts-prepared.jsonl.recipe.json"
+    stamp = tmp_path / "data" / "sts-prepared.jsonl.recipe.json"
     stamp.write_text("[1, 2]")
     assert prepare_data(step, tmp_path).read_text() == second
     assert any("prepare stamp must hold an object" in r.getMessage() for r in caplog.records)
@@ -473,3 +474,27 @@ def test_a_killed_synthesize_step_resumes_from_its_shards(tmp_path, tiny_dir, mo
     assert len(calls) == 5  # 2 shards, the failed call, then the 2 missing shards
     fresh = run_recipe(_synth_recipe(tmp_path, tiny_dir, "fresh"), stages=[])
     assert _rows(resumed.prepared["synthetic"]) == _rows(fresh.prepared["synthetic"])
+
+
+@pytest.mark.parametrize("target", ["/tmp/escaped.jsonl", "../../escaped.jsonl", "data/../../escaped.jsonl"])
+def test_a_prepare_output_outside_the_data_folder_is_refused(tmp_path, target):
+    """A prepare step's ``output`` was written wherever it pointed (an absolute path, or ``..`` from the working
+    directory); it is refused naming the recipe, its line and ``prepare.output``, before anything is written."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model: m\noutput: {tmp_path / 'run'}\nprepare:\n  - name: p\n    kind: rows\n    input: x.jsonl\n"
+        f"    output: {target}\nstages:\n  - name: s\n    data: ['{{prepared:p}}']\n"
+    )
+    with pytest.raises(RecipeError, match=rf"r\.yaml:7: prepare step 1: prepare\.output='{re.escape(target)}'"):
+        load_recipe(recipe)
+
+
+def test_a_code_built_prepare_output_outside_the_data_folder_is_refused(tmp_path):
+    from lmembed.training.recipes import prepare_data
+
+    rows = _write_jsonl(tmp_path / "rows.jsonl", TEXT_ROWS)
+    for target in (str(tmp_path / "escaped.jsonl"), "../escaped.jsonl"):
+        step = {"name": "p", "kind": "rows", "input": rows, "output": target}
+        with pytest.raises(RecipeError, match=r"prepare\.output="):
+            prepare_data(step, tmp_path / "run")
+    assert not (tmp_path / "escaped.jsonl").exists() and not (tmp_path / "run" / "escaped.jsonl").exists()

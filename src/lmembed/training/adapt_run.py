@@ -12,10 +12,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
-from pydantic import model_validator
+from pydantic import AllowInfNan, Strict, StrictInt, field_validator, model_validator
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
@@ -110,6 +110,8 @@ class _SelectingTrainer(Trainer):
             data = read_checked_json(self.selection_path, _Selection, AdaptError, "an adapt run's selection")
             if any(self.metric not in h for h in data["history"]):
                 raise AdaptError(f"{self.selection_path}: history: an entry without {self.metric}, the run's metric")
+            for name in data["states"]:
+                inside(self.output, name, file=self.selection_path, field=f"states.{name}", error=AdaptError)
             self.history = [h for h in data["history"] if h["step"] <= self.step]
             self.states = data["states"]
         return resumed
@@ -181,16 +183,33 @@ class _SelectingTrainer(Trainer):
         return inside(self.output, name, file=self.selection_path, field=f"states.{name}", error=AdaptError)
 
 
+_Finite = Annotated[float, Strict(), AllowInfNan(False)]
+
+
+def _plain_names(names: dict[str, Any]) -> dict[str, Any]:
+    """``names`` when each key is a plain file name (a file of the run folder itself, not a path)."""
+    for name in names:
+        if name in ("", ".", "..") or any(c in name for c in "/\\\0") or name.startswith("~"):
+            raise ValueError(f"{name!r} is not the name of a file of the run folder")
+    return names
+
+
 class _Selection(RecordModel):
     """What a resumed run reads of ``selection.json``."""
 
-    history: list[dict[str, float]]  # each entry: its step and its scores
+    history: list[dict[str, _Finite]]  # each entry: its step and its scores
     metric: str
+    best_step: StrictInt | None = None
     states: dict[str, list[str]]  # file name -> the sha256 digests its content may have
+
+    @field_validator("states")
+    @classmethod
+    def _state_names(cls, states: dict[str, list[str]]) -> dict[str, list[str]]:
+        return _plain_names(states)
 
     @model_validator(mode="after")
     def _steps(self) -> _Selection:
-        if not all("step" in h and float(h["step"]).is_integer() for h in self.history):
+        if not all("step" in h and float(h["step"]).is_integer() and h["step"] >= 0 for h in self.history):
             raise ValueError("each history entry needs a whole step")
         return self
 
@@ -200,6 +219,11 @@ class _Plan(RecordModel):
 
     report: dict[str, Any]
     files: dict[str, str]  # rows and held-back queries -> sha256
+
+    @field_validator("files")
+    @classmethod
+    def _file_names(cls, files: dict[str, str]) -> dict[str, str]:
+        return _plain_names(files)
 
 
 def _scores_text(scores: dict[str, float]) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -386,7 +387,14 @@ def _verify(path: Path, info: dict[str, Any], names: list[str]) -> None:
             info_file,
         )
         return
-    check_recorded_files(path, info_file, info[FILES_KEY], names, key=FILES_KEY, error=CheckpointError)
+    files = info[FILES_KEY]
+    if isinstance(files, dict):
+        for name in files:
+            if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+                raise CheckpointError(f"{info_file}: {FILES_KEY} names {name!r}, which is not a file name of {path}")
+            if not (path / name).is_file():
+                raise CheckpointError(f"{info_file}: {FILES_KEY}.{name}: {path / name} is not a file of the checkpoint")
+    check_recorded_files(path, info_file, files, names, key=FILES_KEY, error=CheckpointError)
 
 
 def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu") -> Checkpoint:
@@ -435,3 +443,137 @@ def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torc
         rng_state=rng_state,
         info=info,
     )
+
+
+# ---------------------------------------------------------------------------------------------- checking a loaded state
+_GROUP_RANGES: dict[str, Callable[[float], bool]] = {
+    "lr": lambda v: v >= 0,
+    "initial_lr": lambda v: v >= 0,
+    "eps": lambda v: v > 0,
+    "weight_decay": lambda v: v >= 0,
+    "betas": lambda v: 0 <= v < 1,
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _like(saved: Any, live: Any) -> bool:
+    """``saved`` is a plain value of the kind ``live`` is (a number for a number, finite; a tuple of as many)."""
+    if isinstance(live, bool) or live is None or isinstance(live, str):
+        return type(saved) is type(live)
+    if isinstance(live, int):
+        return isinstance(saved, int) and not isinstance(saved, bool)
+    if isinstance(live, float):
+        return _is_number(saved) and math.isfinite(saved)
+    if isinstance(live, tuple | list):
+        return (
+            type(saved) is type(live)
+            and len(saved) == len(live)
+            and all(_like(s, v) for s, v in zip(saved, live, strict=True))
+        )
+    if isinstance(live, dict):
+        return isinstance(saved, dict) and saved.keys() == live.keys() and all(_like(saved[k], live[k]) for k in live)
+    return False
+
+
+def _check_group(saved: Any, live: dict[str, Any], source: Path, where: str) -> None:
+    if not isinstance(saved, dict) or set(saved) != set(live):
+        keys = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
+        raise CheckpointError(f"{source}: {where} holds {keys}, not the optimizer's {sorted(live)}")
+    if saved["params"] != live["params"]:
+        raise CheckpointError(f"{source}: {where}.params are not the parameters this run's optimizer holds there")
+    for key, value in live.items():
+        if key == "params":
+            continue
+        if not _like(saved[key], value):
+            raise CheckpointError(
+                f"{source}: {where}.{key}={saved[key]!r} is not a finite value of the type this run's optimizer "
+                f"holds there ({value!r})"
+            )
+        check = _GROUP_RANGES.get(key)
+        values = saved[key] if isinstance(saved[key], tuple) else (saved[key],)
+        if check is not None and not all(check(v) for v in values):
+            raise CheckpointError(f"{source}: {where}.{key}={saved[key]!r} is out of range")
+
+
+def check_optimizer_state(saved: dict[str, Any], optimizer: torch.optim.Optimizer, source: Path) -> None:
+    """Refuse (a :class:`CheckpointError` naming ``source``) an optimizer state that does not fit ``optimizer``
+    before it is loaded: other groups or settings, a setting of another type or not finite, a parameter's moment
+    of another shape, a value that is not finite."""
+    live = optimizer.state_dict()
+    if set(saved) != {"state", "param_groups"}:
+        raise CheckpointError(f"{source}: holds {sorted(map(str, saved))}, not an optimizer's state and param_groups")
+    groups = saved["param_groups"]
+    if not isinstance(groups, list) or len(groups) != len(live["param_groups"]):
+        raise CheckpointError(
+            f"{source}: param_groups: not the {len(live['param_groups'])} parameter groups this run's optimizer has"
+        )
+    for i, (group, live_group) in enumerate(zip(groups, live["param_groups"], strict=True)):
+        _check_group(group, live_group, source, f"param_groups[{i}]")
+    params = {
+        index: p
+        for group, live_group in zip(optimizer.param_groups, live["param_groups"], strict=True)
+        for index, p in zip(live_group["params"], group["params"], strict=True)
+    }
+    state = saved["state"]
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{source}: state is a {type(state).__name__}, not a dict")
+    amsgrad = any(g.get("amsgrad") for g in live["param_groups"])
+    moments = {"exp_avg", "exp_avg_sq", *(["max_exp_avg_sq"] if amsgrad else [])}
+    for index, entry in state.items():
+        if index not in params:
+            raise CheckpointError(f"{source}: state[{index!r}] names no parameter of this run's optimizer")
+        param = params[index]
+        if not isinstance(entry, dict) or set(entry) != {"step", *moments}:
+            keys = sorted(map(str, entry)) if isinstance(entry, dict) else type(entry).__name__
+            raise CheckpointError(f"{source}: state[{index}] holds {keys}, not step and {sorted(moments)}")
+        for key, value in entry.items():
+            where = f"{source}: state[{index}].{key}"
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                raise CheckpointError(f"{where} is not a floating-point tensor")
+            shape = () if key == "step" else tuple(param.shape)
+            if tuple(value.shape) != shape:
+                raise CheckpointError(f"{where} has shape {tuple(value.shape)}, the parameter's state has {shape}")
+            if key != "step" and value.dtype != param.dtype:
+                raise CheckpointError(f"{where} is {value.dtype}, the parameter is {param.dtype}")
+            if not bool(torch.isfinite(value).all()) or (key == "step" and float(value) < 0):
+                raise CheckpointError(f"{where} holds a value that is not finite (or a negative step)")
+
+
+def check_scheduler_state(saved: dict[str, Any], scheduler: Any, source: Path, steps: int) -> None:
+    """Refuse a scheduler state that does not fit ``scheduler``: other fields, a field of another type or not
+    finite, ``last_epoch`` outside ``[0, steps]`` (the run's steps), a learning rate below 0."""
+    live = scheduler.state_dict()
+    if set(saved) != set(live):
+        raise CheckpointError(f"{source}: holds {sorted(map(str, saved))}, not the scheduler's {sorted(live)}")
+    for key, value in live.items():
+        if not _like(saved[key], value):
+            raise CheckpointError(
+                f"{source}: {key}={str(saved[key])[:80]} is not a finite value of the type this run's scheduler "
+                f"holds there ({str(value)[:80]})"
+            )
+    last = saved.get("last_epoch")
+    if last is not None and not (isinstance(last, int) and 0 <= last <= steps):
+        raise CheckpointError(f"{source}: last_epoch={last!r} is not a step of this run's {steps} steps")
+    for key in ("base_lrs", "_last_lr"):
+        if any(v < 0 for v in saved.get(key) or []):
+            raise CheckpointError(f"{source}: {key} holds a negative learning rate")
+    for i, fn in enumerate(saved.get("lr_lambdas") or []):
+        if isinstance(fn, dict) and not all(v >= (1 if k == "total" else 0) for k, v in fn.items() if _is_number(v)):
+            raise CheckpointError(f"{source}: lr_lambdas[{i}] holds {fn}: the schedule's steps must be positive")
+
+
+def check_info(info: dict[str, Any], source: Path, steps: int) -> None:
+    """Refuse a ``state.json`` whose ``step`` is past the run's ``steps`` or whose ``world_size`` is not a
+    positive process count."""
+    step = info["step"]
+    if step > steps:
+        raise CheckpointError(
+            f"{source}: step={step} is past this run's {steps} steps (a checkpoint of another run, or one "
+            "written with more steps than this run is given)"
+        )
+    world = info.get("world_size", 1)
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise CheckpointError(f"{source}: world_size={world!r} is not a number of processes")

@@ -34,6 +34,7 @@ import numpy as np
 
 from lmembed.errors import ConfigError
 from lmembed.evaluation.retrieval_data import load_beir
+from lmembed.io import DataFormatError, iter_jsonl
 from lmembed.mining import mine_hard_negatives, read_rows, write_rows
 from lmembed.task_registry import STS_INSTRUCTION
 from lmembed.training.rows import TrainingDataError
@@ -133,12 +134,33 @@ def pair_rows(
     max_rows: int | None = None,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """(anchor, positive[, negative]) rows, e.g. NLI triplets, in the trainer's format."""
+    """(anchor, positive[, negative]) rows, e.g. NLI triplets, in the trainer's format. A row without a text
+    anchor or positive is a :class:`TrainingDataError` naming the file and line (the row number for rows given
+    in code)."""
+    if isinstance(source, str | Path):
+        try:
+            items = list(iter_jsonl(source))
+        except DataFormatError as exc:
+            raise TrainingDataError(str(exc)) from exc
+        where = str(source)
+    else:
+        items = [(i + 1, dict(r)) for i, r in enumerate(source)]
+        where = "rows"
     rows = []
-    for item in _load(source):
+    for line, item in items:
+        for key in (query_key, positive_key):
+            value = item.get(key)
+            texts = value if key == positive_key and isinstance(value, list) and value else [value]
+            if not all(isinstance(t, str) for t in texts):
+                raise TrainingDataError(
+                    f"{where}:{line}: {key!r} must be a text (a pairs row holds {query_key!r}, {positive_key!r} "
+                    f"and optionally {negative_key!r}); got {item.get(key)!r:.80}"
+                )
         negative = item.get(negative_key)
-        negatives = [negative] if isinstance(negative, str) else list(negative or [])
-        rows.append(_row(item[query_key], item[positive_key], negatives, instruction, task))
+        negatives = [negative] if isinstance(negative, str) else negative if negative is not None else []
+        if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
+            raise TrainingDataError(f"{where}:{line}: {negative_key!r} must be a text or a list of texts")
+        rows.append(_row(item[query_key], item[positive_key], list(negatives), instruction, task))
     return _subsample(rows, max_rows, np.random.default_rng(seed))
 
 

@@ -208,11 +208,23 @@ def _synthesize(step: dict[str, Any], corpus: Path | None, target: Path) -> list
     return rows[: int(step["max_rows"])] if step.get("max_rows") else rows
 
 
-def prepare_data(step: dict[str, Any], output: Path) -> Path:
+def prepared_file(step: Mapping[str, Any], output: Path, source: str = "recipe") -> Path:
+    """Where a prepare step writes its rows: ``<output>/data/NAME.jsonl``, or its ``output`` (a path inside
+    ``<output>/data``); one that leaves the folder is refused naming ``source`` and the field."""
+    data = output / "data"
+    named = inside(data, f"{step['name']}.jsonl", file=source, field="prepare.name", error=RecipeError)
+    chosen = step.get("output")
+    if not chosen:
+        return named
+    if not isinstance(chosen, str):
+        raise RecipeError(f"{source}: prepare.output={chosen!r} must be a file name inside {data}")
+    return inside(data, chosen, file=source, field="prepare.output", error=RecipeError)
+
+
+def prepare_data(step: dict[str, Any], output: Path, source: str = "recipe") -> Path:
     """Run one prepare step; reuses the file when it was written from the same step before."""
-    # the name is a file of <output>/data: checked when the recipe is read, and here for a Recipe built in code
-    named = inside(output / "data", f"{step['name']}.jsonl", file="recipe", field="prepare.name", error=RecipeError)
-    target = Path(step.get("output") or named)
+    # name and output are files of <output>/data: checked when the recipe is read, and here (links, code-built)
+    target = prepared_file(step, output, source)
     stamp = target.with_name(target.name + ".recipe.json")
     path = resolve_input(str(step["input"])) if "input" in step else None
     digest = _spec_hash({**step, "input content": _input_digest(path)})
@@ -235,4 +247,4 @@ def prepare_data(step: dict[str, Any], output: Path) -> Path:
     return target
 
 
-__all__ = ["prepare_data", "resolve_data", "resolve_input"]
+__all__ = ["prepare_data", "prepared_file", "resolve_data", "resolve_input"]

@@ -14,7 +14,7 @@ import inspect
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from lmembed.errors import LmembedError
@@ -111,6 +111,17 @@ def _check_prepare(where: Where, index: int, step: Any, seen: set[str]) -> None:
         )
     if step["name"] in seen:
         raise RecipeError(f"{label}: prepared data name {step['name']!r} is used twice")
+    chosen = step.get("output")
+    if chosen is not None and (
+        not isinstance(chosen, str)
+        or PurePath(chosen).is_absolute()
+        or chosen.startswith("~")
+        or ".." in PurePath(chosen.replace("\\", "/")).parts
+    ):
+        raise RecipeError(
+            f"{where.at((*path, 'output'))}: prepare step {index + 1}: prepare.output={chosen!r} must be a file "
+            "name inside the recipe's output/data folder"
+        )
     seen.add(step["name"])
     if step.get("kind") not in PREPARE_KINDS:
         raise RecipeError(f"{label}: kind {step.get('kind')!r} is unknown; choose one of {PREPARE_KINDS}")

@@ -36,7 +36,8 @@ saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout:
     evaluate: {...}                     # free-form; read by bench/recipes_table.py, ignored here
 
 Strings may use ``{output}`` (the recipe's output folder) and ``{prepared:NAME}`` (a prepared file).
-Relative paths are taken from the current directory.
+Relative paths are taken from the current directory, except a prepare step's ``output``: a file name (or a
+relative path) inside ``<output>/data``, where ``NAME.jsonl`` goes by default; one leaving that folder is refused.
 
 A ``synthesize`` step runs :func:`lmembed.synthesis.synthesize.synthesize` into ``<output>/data/NAME.synth.jsonl``
 with its shards in ``NAME.synth.jsonl.parts/``: a recipe run killed during the step generates only the missing
@@ -68,7 +69,7 @@ from typing import Any
 
 from lmembed.errors import LmembedError
 from lmembed.schema import KeyPath, Where, check_fields
-from lmembed.training.recipe_data import prepare_data, resolve_data, resolve_input
+from lmembed.training.recipe_data import prepare_data, prepared_file, resolve_data, resolve_input
 from lmembed.training.recipe_schema import (
     TRAINER_STAGES,
     Recipe,
@@ -285,7 +286,7 @@ def check_stage_work(config: TrainConfig | ObjectiveConfig) -> None:
 def _context(recipe: Recipe, output: Path) -> dict[str, str]:
     context = {"output": str(output)}
     for step in recipe.prepare:
-        context[f"prepared:{step['name']}"] = str(step.get("output") or output / "data" / f"{step['name']}.jsonl")
+        context[f"prepared:{step['name']}"] = str(prepared_file(step, output, str(recipe.source or "recipe")))
     return context
 
 
@@ -309,7 +310,7 @@ def run_recipe(
     result = RecipeResult(recipe.name, output)
     for step in recipe.prepare:
         resolved = _substitute(step, context)
-        result.prepared[step["name"]] = prepare_data(resolved, output)
+        result.prepared[step["name"]] = prepare_data(resolved, output, str(recipe.source or "recipe"))
     model = recipe.model
     for stage in recipe.stages:
         if stages is not None and stage["name"] not in stages:

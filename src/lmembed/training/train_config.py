@@ -98,6 +98,16 @@ class ObjectiveConfigError(LmembedError, ValueError):
 MAX_SEED = 2**63 - 1
 
 
+#: More optimisation steps than any run makes (a step a millisecond: eleven days); a larger count is a mistake.
+MAX_STEPS = 10**9
+
+
+def check_steps(error: type[Exception], steps: Any) -> None:
+    """Raise ``error`` unless ``steps`` is a whole number in ``[1, MAX_STEPS]``."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
+        raise error(f"steps={steps!r} must be a whole number from 1 to {MAX_STEPS}")
+
+
 def check_at_least(error: type[Exception], minimum: int, **values: float) -> None:
     """Raise ``error`` naming the first of ``values`` that is below ``minimum``."""
     for name, value in values.items():
@@ -277,6 +287,7 @@ class TrainConfig(TrainedModel):
             log_every=self.log_every,
             eval_batch_size=self.eval_batch_size,
         )
+        check_steps(TrainConfigError, self.steps)
         for name in ("eval_max_queries", "eval_max_docs"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -416,6 +427,7 @@ class ObjectiveConfig(TrainedModel):
             known = ", ".join(OBJECTIVE_NAMES)
             raise ObjectiveConfigError(f"objective {self.objective!r} is unknown; choose one of {known}")
         check_at_least(ObjectiveConfigError, 1, steps=self.steps, batch_size=self.batch_size, log_every=self.log_every)
+        check_steps(ObjectiveConfigError, self.steps)
         check_optimisation(ObjectiveConfigError, self)
         check_at_least(ObjectiveConfigError, 0, warmup_steps=self.warmup_steps)
         if self.max_texts is not None and self.max_texts < 1:

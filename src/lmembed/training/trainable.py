@@ -62,11 +62,27 @@ class LoraSettings:
 _NAMES_SHOWN = 12
 
 
+def check_lora_rank(model: nn.Module, rank: int) -> None:
+    """Refuse (naming ``lora_r``) a rank above the model's hidden size, before any adapter is allocated: such a
+    rank adds nothing over full fine-tuning and, large enough, asks for more memory than any machine has."""
+    config = getattr(model, "config", None)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
+    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+        sizes = [min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
+        hidden = max(sizes, default=None)
+    if hidden is not None and rank > hidden:
+        raise ConfigError(
+            f"lora_r={rank} is more than the model's hidden size ({hidden}); a LoRA rank is at most that "
+            "(typically 8 to 64)"
+        )
+
+
 def peft_with_lora(model: nn.Module, config: Any) -> Any:
     """``peft.get_peft_model(model, config)``; LoRA targets that match no module of the model (a mistyped
     ``--lora-targets``) are a :class:`ConfigError` naming the option and listing the model's linear layers."""
     from peft import get_peft_model  # lazy: peft takes seconds to import; only LoRA runs need it
 
+    check_lora_rank(model, config.r)
     try:
         return get_peft_model(model, config)
     except ValueError:

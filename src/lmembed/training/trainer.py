@@ -451,6 +451,7 @@ class Trainer:
             return False
         try:
             state = ckpt.load_checkpoint(path, rank=self.dist.rank, map_location=self.dist.device)
+            self._check_states(path, state)
         except ckpt.CheckpointError as exc:
             earlier = [p for _, p in ckpt.list_checkpoints(self.output) if p != path]
             if not earlier:
@@ -465,13 +466,7 @@ class Trainer:
                 f"{path} was written {'with' if saved_fsdp else 'without'} FSDP: resume it the same way "
                 "(its optimizer state is keyed differently)"
             )
-        if self.dist.fsdp is not None:
-            load_full_state(self.model, self.optimizer, state.model_state, state.optimizer_state)
-            self.model.weights_changed()
-        else:
-            self.model.load_trainable_state_dict(state.model_state)
-            self.optimizer.load_state_dict(state.optimizer_state)
-        self.scheduler.load_state_dict(state.scheduler_state)
+        self._load_states(path, state)
         if state.rng_state is not None:
             ckpt.restore_rng(state.rng_state)
         else:
@@ -489,6 +484,48 @@ class Trainer:
         self.metrics.resume_at(self.step)
         log.info("resumed from %s at step %d", path, self.step)
         return True
+
+    def _check_states(self, path: Path, state: ckpt.Checkpoint) -> None:
+        """Check the checkpoint's facts and states against this run's model, optimizer and scheduler before any is
+        loaded; one that does not fit is a :class:`~lmembed.training.checkpoint.CheckpointError` naming its file."""
+        steps = self.config.steps
+        ckpt.check_info(state.info, path / ckpt.STATE_FILE, steps)
+        weights, optimizer_file, scheduler_file = (
+            path / n for n in (ckpt.WEIGHTS_FILE, ckpt.OPTIMIZER_FILE, ckpt.SCHEDULER_FILE)
+        )
+        bad = [
+            name for name, t in state.model_state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())
+        ]
+        if bad:
+            raise ckpt.CheckpointError(f"{weights}: {bad[0]} holds values that are not finite")
+        ckpt.check_scheduler_state(state.scheduler_state, self.scheduler, scheduler_file, steps)
+        if self.dist.fsdp is None:
+            ckpt.check_optimizer_state(state.optimizer_state, self.optimizer, optimizer_file)
+
+    def _load_states(self, path: Path, state: ckpt.Checkpoint) -> None:
+        """Load the checked states; an error torch still finds is a CheckpointError naming the file."""
+        weights, optimizer_file, scheduler_file = (
+            path / n for n in (ckpt.WEIGHTS_FILE, ckpt.OPTIMIZER_FILE, ckpt.SCHEDULER_FILE)
+        )
+        if self.dist.fsdp is not None:
+            try:
+                load_full_state(self.model, self.optimizer, state.model_state, state.optimizer_state)
+            except (TypeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+                raise ckpt.CheckpointError(f"{optimizer_file}: does not fit this run's model ({exc})") from exc
+            self.model.weights_changed()
+        else:
+            try:
+                self.model.load_trainable_state_dict(state.model_state)
+            except ConfigError as exc:
+                raise ckpt.CheckpointError(f"{weights}: {exc}") from exc
+            try:
+                self.optimizer.load_state_dict(state.optimizer_state)
+            except (TypeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+                raise ckpt.CheckpointError(f"{optimizer_file}: does not fit this run's optimizer ({exc})") from exc
+        try:
+            self.scheduler.load_state_dict(state.scheduler_state)
+        except (TypeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+            raise ckpt.CheckpointError(f"{scheduler_file}: does not fit this run's scheduler ({exc})") from exc
 
     def _warn_if_changed(self, saved: dict[str, Any], path: Path) -> None:
         current = self.config.to_dict()
