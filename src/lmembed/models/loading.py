@@ -441,10 +441,10 @@ def check_token_ids(tokenizer: Any, model: nn.Module, source: str | Path) -> Non
     holding it. Refused at load, naming the token, its id and the rows."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None)
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if not isinstance(rows, int) or backend is None:
+    rust = getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(rows, int) or rust is None:
         return
-    vocab = backend.get_vocab(with_added_tokens=True)
+    vocab = rust.get_vocab(with_added_tokens=True)
     if not vocab:
         return
     token, top = max(vocab.items(), key=lambda item: item[1])
