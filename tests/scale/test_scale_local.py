@@ -207,7 +207,28 @@ PLAN_DAMAGE = {
         json.dumps({k: v for k, v in json.loads((folder / "plan.json").read_text()).items() if k != "files"})
     ),
     "plan.json a list": lambda folder: (folder / "plan.json").write_text("[1]"),
+    # resealed: the digests rewritten to match, as whoever can write the folder can (these were served: a slot out
+    # of range gave a row an all-zero vector, one in range another text's; a float array an internal IndexError)
+    "a slot out of range, resealed": lambda folder: _resealed(folder, "slot_of_row", lambda a: a.__setitem__(0, 10**9)),
+    "a first row in another slot, resealed": lambda folder: _resealed(
+        folder, "slot_of_row", lambda a: a.__setitem__(int(np.load(folder / "order.npy")[0]), 1)
+    ),
+    "slots as floats, resealed": lambda folder: _resealed(folder, "slot_of_row", None, dtype=np.float64),
+    "a negative length, resealed": lambda folder: _resealed(folder, "lengths", lambda a: a.__setitem__(0, -1)),
 }
+
+
+def _resealed(folder, name: str, change, dtype=None) -> None:
+    """Change ``name``.npy and record its new sha256 in plan.json."""
+    from lmembed.io import sha256_file
+
+    array = np.load(folder / f"{name}.npy")
+    if change is not None:
+        change(array)
+    np.save(folder / f"{name}.npy", array.astype(dtype) if dtype is not None else array)
+    plan = json.loads((folder / "plan.json").read_text())
+    plan["files"][f"{name}.npy"] = sha256_file(folder / f"{name}.npy")
+    (folder / "plan.json").write_text(json.dumps(plan))
 
 
 @pytest.mark.parametrize("damage", PLAN_DAMAGE)
@@ -246,7 +267,9 @@ def test_memory_mapped_and_float16_outputs(tmp_path, one_torch_thread):
     assert storage_of(half)["memory_mapped"] and storage_of(half)["dtype"] == "float16"
 
 
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "record gone", "record of another shape", "a link"])
+@pytest.mark.parametrize(
+    "damage", ["flipped", "truncated", "record gone", "record of another shape", "a link", "NaN, resealed"]
+)
 def test_a_finished_vectors_matrix_is_read_again_only_as_it_was_written(tmp_path, one_torch_thread, caplog, damage):
     """The memory-mapped ``vectors-*.npy`` of a finished job was served as it stood when read again: a flipped byte
     gave other vectors, a truncated file an internal error. Its record holds its sha256, shape and dtype."""
@@ -266,6 +289,13 @@ def test_a_finished_vectors_matrix_is_read_again_only_as_it_was_written(tmp_path
         record.unlink()
     elif damage == "record of another shape":
         record.write_text(json.dumps({**json.loads(record.read_text()), "shape": [3, 3]}))
+    elif damage == "NaN, resealed":  # its record rewritten to match: it was served
+        from lmembed.io import sha256_file
+
+        nan = np.load(matrix)
+        nan[0, 0] = np.nan
+        np.save(matrix, nan)
+        record.write_text(json.dumps({**json.loads(record.read_text()), "sha256": sha256_file(matrix)}))
     else:
         elsewhere = tmp_path / "elsewhere.npy"
         elsewhere.write_bytes(matrix.read_bytes())

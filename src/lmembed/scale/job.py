@@ -44,6 +44,7 @@ from lmembed.embedder import Embedder, check_strategy, postprocess
 from lmembed.encoding.cache import EmbeddingCache, read_shard
 from lmembed.encoding.engine import resolve_max_length
 from lmembed.errors import ConfigError
+from lmembed.index.kinds import all_finite
 from lmembed.io import sha256_file
 from lmembed.protocols import ENCODE_BATCH_SIZE
 from lmembed.scale.engines import JobEngine, describe
@@ -429,7 +430,9 @@ def _matrix_as_recorded(target: Path, shape: tuple[int, int], dtype: str) -> boo
             raise ScaleError(
                 f"{target}: its sha256 is not the one {record} records: changed or damaged after it was written"
             )
-    except ScaleError as exc:
+        if not all_finite(np.load(target, mmap_mode="r", allow_pickle=False)):  # a record can be rewritten to match
+            raise ScaleError(f"{target}: holds NaN or infinite values")
+    except (ScaleError, ValueError, OSError) as exc:
         log.warning("%s; the vectors are written again from the job's shards", exc)
         return False
     return True

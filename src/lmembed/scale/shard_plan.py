@@ -137,11 +137,36 @@ class ShardPlan:
                 raise ScaleError(f"{folder / name}.npy: {len(arrays[name])} entries; {path} records {count}")
         if len(ids) != rows:
             raise ScaleError(f"{folder / IDS_FILE}: {len(ids)} ids; {path} records {rows} rows")
+        _check_values(folder, arrays, rows)
         return cls(n_rows=rows, shard_rows=info["shard_rows"], ids=ids, **arrays)
 
     @staticmethod
     def exists(folder: Path) -> bool:
         return (folder / PLAN_FILE).is_file()
+
+
+def _check_values(folder: Path, arrays: dict[str, np.ndarray], rows: int) -> None:
+    """What the arrays hold, beyond their lengths: whole numbers where they index, each distinct text's first row in
+    range and once, every row's slot in range and each first row in its own slot (a slot out of range gave a row
+    an all-zero vector; one in range, another text's vector), digests of 16 bytes; :class:`ScaleError` names the
+    array otherwise."""
+    for name in ("order", "slot_of_row", "stage_of_row", "offset_of_row", "lengths"):
+        array = arrays[name]
+        if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+            raise ScaleError(f"{folder / name}.npy: {array.dtype} of shape {list(array.shape)}, not whole numbers")
+        if len(array) and int(array.min()) < 0:
+            raise ScaleError(f"{folder / name}.npy: holds {int(array.min())}, below 0")
+    keys = arrays["keys"]
+    if keys.dtype != np.uint8 or keys.ndim != 2 or keys.shape[1] != 16:
+        raise ScaleError(f"{folder / 'keys'}.npy: {keys.dtype} of shape {list(keys.shape)}, not 16-byte digests")
+    order, slots = arrays["order"], arrays["slot_of_row"]
+    unique = len(order)
+    if len(order) and (int(order.max()) >= rows or len(np.unique(order)) != unique):
+        raise ScaleError(f"{folder / 'order'}.npy: not {unique} distinct rows below {rows}")
+    if len(slots) and int(slots.max()) >= unique:
+        raise ScaleError(f"{folder / 'slot_of_row'}.npy: holds slot {int(slots.max())}; the plan has {unique}")
+    if unique and not np.array_equal(slots[order], np.arange(unique)):
+        raise ScaleError(f"{folder / 'slot_of_row'}.npy: a text's first row is not in its own slot")
 
 
 class PlanFile(RecordModel):
