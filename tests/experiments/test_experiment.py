@@ -635,3 +635,29 @@ def test_resume_after_sigkill_in_another_process(workspace: Path):
     outcome = run_experiment(spec, out, resume=True)
     assert sorted(outcome.reused) == sorted(finished) and len(outcome.finished) == 4 - len(finished)
     assert {run.id: run.run_file.stat().st_mtime_ns for run in plan_runs(spec, out) if run.id in finished} == finished
+
+
+RUN_VALUES = {
+    # each was believed: a NaN score ended in an internal TypeError in the summary, 1e9 showed as an nDCG of 10^11,
+    # an infinite time left every later run "not started", a negative one gave a negative budget
+    "a NaN score": (lambda r: r["tasks"]["Toy"].update(main_score=float("nan")), "tasks.Toy.main_score"),
+    "a score past any": (lambda r: r["tasks"]["Toy"].update(main_score=1e9), "tasks.Toy.main_score"),
+    "negative steps": (lambda r: r.update(steps=-5), "steps"),
+    "infinite seconds": (lambda r: r["seconds"].update(total=float("inf")), "seconds.total"),
+    "negative seconds": (lambda r: r["seconds"].update(total=-1e9), "seconds.total"),
+}
+
+
+@pytest.mark.parametrize("case", RUN_VALUES)
+def test_a_run_record_of_impossible_values_is_run_again_naming_the_field(workspace, monkeypatch, caplog, case):
+    spec, out, runs, calls = _two_untrained_arms(workspace, monkeypatch)
+    mean = runs["mean/eval"]
+    record = json.loads(mean.run_file.read_text())
+    change, field = RUN_VALUES[case]
+    change(record)
+    mean.run_file.write_text(json.dumps(record))
+    with caplog.at_level("WARNING", logger="lmembed.experiments.plan"):
+        assert not mean.finished
+    assert f"run.json: {field}" in caplog.records[0].getMessage(), caplog.records[0].getMessage()
+    run_experiment(spec, out, resume=True)
+    assert calls == ["mean/eval"] and mean.finished

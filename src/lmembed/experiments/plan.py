@@ -25,9 +25,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.experiments.spec import ArmSpec, ExperimentSpec
@@ -45,12 +45,20 @@ class RunFileError(LmembedError, ValueError):
     """A run's ``run.json`` or ``items.json`` that is not as lmembed wrote it (damaged, changed, another shape)."""
 
 
+#: a number a run records: finite (a NaN score ended in an internal TypeError in the summary, an infinite time left
+#: every later run "not started")
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
+_Seconds = Annotated[float, Field(allow_inf_nan=False, ge=0)]
+#: a task's main score: a fraction, or a correlation, never past this (1e9 was shown as an nDCG of 100,000,000,000)
+_Score = Annotated[float, Field(allow_inf_nan=False, ge=-1e3, le=1e3)]
+
+
 class _TaskRecord(RecordModel):
     """What is read of one task in ``run.json``."""
 
     task_type: str
     main_metric: str
-    main_score: float | None
+    main_score: _Score | None
 
 
 class RunRecord(RecordModel):
@@ -59,9 +67,9 @@ class RunRecord(RecordModel):
     key: str
     arm: str
     seed: int | None
-    steps: int
-    seconds: dict[str, float]
-    losses: dict[str, list[float]]
+    steps: int = Field(ge=0)
+    seconds: dict[str, _Seconds]
+    losses: dict[str, list[_Finite]]
     tasks: dict[str, _TaskRecord]
     files: dict[str, str]  # file name -> sha256: items.json
 
@@ -72,8 +80,8 @@ class ItemScores(BaseModel):
     model_config = ConfigDict(extra="forbid")
     statistic: str | None
     ids: list[str]
-    values: list[float]
-    reference: list[float] | None
+    values: list[_Finite]
+    reference: list[_Finite] | None
 
     @model_validator(mode="after")
     def _one_value_per_item(self) -> ItemScores:
