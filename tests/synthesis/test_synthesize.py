@@ -174,6 +174,12 @@ RECORD_DAMAGE = {
     "attempted as text": ("shard-00000.stats.json", lambda d: d.update(attempted="x"), r"stats.json: attempted:"),
     "rejections a list": ("shard-00000.stats.json", lambda d: d.update(rejected=[1]), r"stats.json: rejected:"),
     "the plan a list": ("plan.json", None, r"plan.json: the whole file: Input should be a valid dictionary"),
+    "rows negative": ("shard-00000.stats.json", lambda d: d.update(rows=-5), r"stats.json: rows:"),
+    "a file of another name": (
+        "shard-00000.stats.json",
+        lambda d: d["files"].update({"../rows_orig.jsonl": "0" * 64}),
+        r"stats.json: files names .*not the shard's shard-00000.jsonl alone",
+    ),
 }
 
 
@@ -397,3 +403,31 @@ def test_options_the_generator_does_not_read_are_refused(tmp_path):
         result = CliRunner().invoke(app, [*argv, *extra])
         assert result.exit_code == 2 and f"Invalid value for {flag}" in result.output, result.output
     assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("row", "count_too", "said"),
+    [
+        ('{"query": "q", "positive": "p"}', False, r"shard-00000\.jsonl: 7 rows; \S+ records 6 \(rows\)"),
+        ("[1, 2]", True, r"shard-00000\.jsonl:7: a row is a JSON object, not list"),
+        ("not json", True, r"shard-00000\.jsonl:7: not a JSON row"),
+    ],
+)
+def test_a_row_added_to_a_finished_shard_and_resealed_is_refused(tmp_path, row, count_too, said):
+    """A row appended to a shard, its sha256 rewritten in the shard's record, went into the output (7 rows of 6
+    attempted); the row count the record keeps, and each row being a JSON object, are now checked too."""
+    import hashlib
+
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(_Killed):
+        synthesize("e5-mistral", _DiesAfter(3), out, shard_size=6)
+    parts = out.with_name("out.jsonl.parts")
+    shard, record = parts / "shard-00000.jsonl", parts / "shard-00000.stats.json"
+    shard.write_text(shard.read_text() + row + "\n")
+    stats = json.loads(record.read_text())
+    stats["files"]["shard-00000.jsonl"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    stats["rows"] += 1 if count_too else 0
+    record.write_text(json.dumps(stats))
+    with pytest.raises(ShardError, match=said):
+        synthesize("e5-mistral", _DiesAfter(None), out, shard_size=6)
+    assert not out.exists()

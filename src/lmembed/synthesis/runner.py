@@ -32,14 +32,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 from pydantic import Field
 
 from lmembed.atomic import atomic_write, atomic_write_json, atomic_write_text
 from lmembed.errors import ConfigError
-from lmembed.io import check_recorded_files
+from lmembed.io import check_recorded_files, loads_json
 from lmembed.paths import inside
 from lmembed.protocols import LocalShards, ShardMapper
 from lmembed.schema import RecordModel, read_checked_json
@@ -89,9 +89,10 @@ class _Plan(RecordModel):
 class _ShardStats(RecordModel):
     """What assembling the output reads of a shard's ``.stats.json`` (its rows' sha256 among it)."""
 
+    rows: int = Field(ge=0)
     attempted: int = Field(ge=0)
     repaired: int = Field(ge=0)
-    rejected: dict[str, int]
+    rejected: dict[str, Annotated[int, Field(ge=0)]]
     samples: dict[str, str] = Field(default_factory=dict)
     files: dict[str, str]
 
@@ -301,6 +302,24 @@ def _by_content(plan: dict[str, Any]) -> dict[str, Any]:
     return plan
 
 
+def _check_rows(shard: Path, count: int, record: Path) -> None:
+    """A shard's rows as the runner writes them: one JSON object a line, as many as its record says (a row added,
+    and the record resealed, went into the output with a count that no longer added up)."""
+    text = shard.read_text(encoding="utf-8")
+    lines = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")  # only "\n" ends a row
+    if not text:
+        lines = []
+    if len(lines) != count:
+        raise ShardError(f"{shard}: {len(lines)} rows; {record} records {count} (rows)")
+    for line_no, line in enumerate(lines, 1):
+        try:
+            row = loads_json(line)
+        except (ValueError, RecursionError) as exc:
+            raise ShardError(f"{shard}:{line_no}: not a JSON row ({exc})") from None
+        if not isinstance(row, dict):
+            raise ShardError(f"{shard}:{line_no}: a row is a JSON object, not {type(row).__name__}")
+
+
 def _finish(
     output: Path,
     parts: Path,
@@ -319,7 +338,10 @@ def _finish(
         try:
             stats = read_checked_json(record, _ShardStats, ShardError, "a synthesis shard's record")
             shard = inside(parts, f"{name}.jsonl", file=record, field="rows", error=ShardError)
+            if set(stats["files"]) != {shard.name}:
+                raise ShardError(f"{record}: files names {sorted(stats['files'])}, not the shard's {shard.name} alone")
             check_recorded_files(parts, record, stats["files"], [shard.name], key="files", error=ShardError)
+            _check_rows(shard, stats["rows"], record)
         except ShardError as exc:
             raise ShardError(
                 f"{exc}. To generate this shard again (the others are kept), delete {record.name} and {name}.jsonl "
