@@ -90,6 +90,10 @@ def test_a_record_that_is_missing_damaged_or_of_another_format_is_refused(saved)
         "format 3": ({**meta, "format": 3}, r"lmembed.json: format=3: this lmembed reads formats 1 and 2"),
         "format true": ({**meta, "format": True}, r"format=True"),
         "is_decoder as text": ({**meta, "is_decoder": "false"}, r"lmembed.json: is_decoder='false' must be true"),
+        "latent heads not dividing the width": (
+            {**meta, "strategy": {**meta["strategy"], "latent": {**meta["strategy"]["latent"], "num_heads": 3}}},
+            r"lmembed.json: strategy.latent: latent.num_heads=3 does not divide the model's hidden size",
+        ),
     }
     for case, (content, message) in cases.items():
         record.write_text(json.dumps(content))

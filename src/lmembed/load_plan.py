@@ -515,8 +515,11 @@ def _load_latent_head(path: Path, backbone: Backbone, cfg: EmbeddingConfig) -> n
     """The latent-attention head of ``cfg`` with the weights of ``path``: the file's tensor names and shapes are
     checked against the head's (built on the meta device: nothing allocated) before any tensor is read, and every
     value must be finite; :class:`ModelLoadError` names the file and the tensor otherwise."""
-    with torch.device("meta"):
-        shapes = build_latent_head(backbone.hidden_size, cfg.latent).state_dict()
+    try:
+        with torch.device("meta"):
+            shapes = build_latent_head(backbone.hidden_size, cfg.latent).state_dict()
+    except ConfigError as exc:  # the saved strategy's head cannot be built on this model (num_heads not dividing)
+        raise ModelLoadError(f"{path.parent / STRATEGY_FILE}: strategy.latent: {exc}") from exc
     expected = {name: tuple(t.shape) for name, t in shapes.items()}
     recorded = read_safetensors_header(path)
     if set(recorded) != set(expected):

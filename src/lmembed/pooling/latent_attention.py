@@ -26,7 +26,7 @@ class LatentAttentionPooling(nn.Module):
         super().__init__()
         cfg = config or LatentAttentionConfig()
         if hidden_size % cfg.num_heads:
-            raise ConfigError(f"hidden size {hidden_size} is not divisible by num_heads={cfg.num_heads}")
+            raise ConfigError(f"latent.num_heads={cfg.num_heads} does not divide the model's hidden size {hidden_size}")
         self.config = cfg
         self.latents = nn.Parameter(torch.randn(cfg.num_latents, hidden_size) * hidden_size**-0.5)
         self.attention = nn.MultiheadAttention(hidden_size, cfg.num_heads, batch_first=True)
