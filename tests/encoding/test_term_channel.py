@@ -146,6 +146,8 @@ def test_a_changed_table_is_refused_by_its_digest(bert, tmp_path):
         ({"other": "full"}, r"terms\.safetensors: holds .* needs one tensor 'idf'"),
         ({"idf": "negative"}, r"terms\.safetensors: idf holds a negative or non-finite weight"),
         ({"idf": "half"}, r"terms\.safetensors: idf is torch\.float16"),
+        # finite, yet it overflowed the vectors and the refusal blamed the model's weights
+        ({"idf": "huge"}, r"terms\.safetensors: idf holds 1e\+38, past any BM25 weight"),
     ],
 )
 def test_a_wrong_table_is_refused_by_name(bert, tmp_path, tensors, message):
@@ -160,6 +162,7 @@ def test_a_wrong_table_is_refused_by_name(bert, tmp_path, tensors, message):
         "full": torch.ones(vocab),
         "negative": -torch.ones(vocab),
         "half": torch.ones(vocab, dtype=torch.float16),
+        "huge": torch.full((vocab,), 1e38),
     }
     state = {name: made[kind] for name, kind in tensors.items()}
     save_file(state, str(folder / TERMS_FILE))

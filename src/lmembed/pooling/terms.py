@@ -37,6 +37,10 @@ TERMS_TENSOR = "idf"
 DOCUMENT_SIDES = (None, "document")  # a text read without a side (STS, clustering) is weighed as a document
 
 
+#: BM25's idf is ln(1 + (N - n + 0.5) / (n + 0.5)), below 30 for any corpus of up to 10^12 documents
+MAX_IDF = 1e3
+
+
 def table_digest(idf: torch.Tensor) -> str:
     """The sha256 of the idf table's float32 bytes: what the strategy records and the loader checks."""
     return hashlib.sha256(idf.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()).hexdigest()
@@ -160,6 +164,10 @@ def load_terms(directory: Path, config: TermsConfig, vocab_size: int, strategy_f
         raise ModelLoadError(f"{path}: {TERMS_TENSOR} is {idf.dtype}, the term channel's table is float32")
     if not bool(torch.isfinite(idf).all()) or bool((idf < 0).any()):
         raise ModelLoadError(f"{path}: {TERMS_TENSOR} holds a negative or non-finite weight")
+    if idf.numel() and float(idf.max()) > MAX_IDF:  # finite, yet it overflowed the vectors, and the model was blamed
+        raise ModelLoadError(
+            f"{path}: {TERMS_TENSOR} holds {float(idf.max()):.3g}, past any BM25 weight (at most {MAX_IDF:g})"
+        )
     digest = table_digest(idf)
     if digest != config.sha256:
         raise UnsafeFileError(
