@@ -254,9 +254,21 @@ def test_a_model_that_gives_nan_is_refused_and_nothing_is_cached(make_embedder, 
     emb.engine.use_cache, emb.engine.cache_dir, emb.engine.pipelined = True, tmp_path, pipelined
     with torch.no_grad():
         next(emb.backbone.model.parameters()).fill_(float("nan"))
-    with pytest.raises(NonFiniteVectorsError, match=r"NaN or infinite values for 3 of a batch's 3 texts"):
+    with pytest.raises(NonFiniteVectorsError, match=r"NaN or infinite values .*for 3 of a batch's 3 texts"):
         emb.encode(TEXTS)
     assert cache_size(tmp_path) == (0, 0)
+
+
+def test_vectors_too_long_for_float32_are_refused_like_nan():
+    """A latent head with finite weights of 1e30 gave finite vectors whose length overflowed float32: normalised,
+    each came out all zeros, with exit 0."""
+    from lmembed.encoding.engine import NonFiniteVectorsError, _add_rows
+
+    huge = np.full((3, 32), 1e38, dtype=np.float32)  # every value finite; the length is not
+    assert np.isfinite(huge).all()
+    with pytest.raises(NonFiniteVectorsError, match=r"too long for float32\) for 3 of a batch's 3 texts"):
+        _add_rows([], [huge], [0, 1, 2])
+    _add_rows([], [np.ones((3, 32), dtype=np.float32)], [0, 1, 2])  # ordinary vectors pass
 
 
 def _npz(path, **members: bytes) -> None:

@@ -734,13 +734,17 @@ def _add_rows(writers: Sequence[_CacheWriter], outputs: Sequence[np.ndarray], ro
     """After a batch: its rows must be finite in every output (checked before any is cached), then they are
     handed to the cache writers."""
     for out in outputs:
-        bad = ~np.isfinite(out[rows]).all(axis=1)
+        block = out[rows]
+        # a vector whose length overflows float32 is as bad: normalised, it came out all zeros
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = ~np.isfinite(block).all(axis=1) | ~np.isfinite(np.linalg.norm(block, axis=1))
         if bad.any():
             first = rows[int(np.argmax(bad))]
             raise NonFiniteVectorsError(
-                f"the model gave NaN or infinite values for {int(bad.sum())} of a batch's {len(rows)} texts (the "
-                f"first: text {first}); its weights are not finite, or its dtype overflows (float16: try bfloat16 "
-                "or float32); nothing of them was returned or cached"
+                f"the model gave NaN or infinite values (or vectors too long for float32) for {int(bad.sum())} of a "
+                f"batch's {len(rows)} texts (the first: text {first}); its weights are not finite or are far past "
+                "any trained model's, or its dtype overflows (float16: try bfloat16 or float32); nothing of them was "
+                "returned or cached"
             )
     for writer in writers:
         writer.add(rows)
