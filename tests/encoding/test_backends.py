@@ -3,6 +3,7 @@ cache keeps backends apart, token-budget batching and batched tokenisation chang
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -133,15 +134,103 @@ EXPORT_DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", EXPORT_DAMAGE)
+def _reseal(folder, *names):
+    """Record the sha256 of ``names`` (model.onnx always) in the manifest, as a writer of the cache could."""
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for name in ("model.onnx", *names):
+        manifest["files"][name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    path.write_text(json.dumps(manifest))
+
+
+def _forged_graph(folder, *, width=None, external=None, dims=None, op="Mul", declared=None):
+    """Replace model.onnx by a one-output graph (states = ids * W) of the same output name, and reseal it.
+
+    ``width`` the output's width (the model's by default), ``external`` W's external-data entries, ``dims`` W's
+    declared dims (16 bytes held), ``op`` the last node's operator, ``declared`` the output width the graph
+    declares (its real one by default; a name leaves it symbolic)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    old = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.output[0]
+    width = width or old.type.tensor_type.shape.dim[2].dim_value
+    weights = numpy_helper.from_array(np.ones(width, dtype=np.float32), "W")
+    if external is not None:
+        weights = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[width])
+        weights.data_location = TensorProto.EXTERNAL
+        for key, value in external.items():
+            weights.external_data.add(key=key, value=value)
+    if dims is not None:
+        weights = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=dims, raw_data=b"\0" * 16)
+    axis = numpy_helper.from_array(np.array([2], dtype=np.int64), "axis")
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["f", "axis"], ["f3"]),
+        helper.make_node(op, ["f3", "W"], [old.name]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "tokens"])
+        for n in ("input_ids", "attention_mask")
+    ]
+    output = helper.make_tensor_value_info(old.name, TensorProto.FLOAT, ["batch", "tokens", declared or width])
+    model = helper.make_model(
+        helper.make_graph(nodes, "forged", inputs, [output], [weights, axis]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model.ir_version = 8
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    _reseal(folder)
+
+
+def _weights_beside(folder, link_to=None):
+    """A forged graph whose weights are external data in ``w.bin`` (a link to ``link_to``, or a file of ones)."""
+    if link_to is not None:
+        (folder / "w.bin").symlink_to(link_to)
+    else:
+        (folder / "w.bin").write_bytes(np.full(4096, 0.5, dtype=np.float32).tobytes())
+    _forged_graph(folder, external={"location": "w.bin", "offset": "0"})
+
+
+RESEALED_DAMAGE = {
+    "graph truncated and resealed": lambda folder, tmp: (
+        (folder / "model.onnx").write_bytes((folder / "model.onnx").read_bytes()[:5000]),
+        _reseal(folder),
+    ),
+    "graph replaced by zeros and resealed": lambda folder, tmp: (
+        (folder / "model.onnx").write_bytes(b"\0" * 100),
+        _reseal(folder),
+    ),
+    "graph of another width": lambda folder, tmp: _forged_graph(folder, width=7),
+    "graph of another width, left symbolic": lambda folder, tmp: _forged_graph(folder, width=7, declared="width"),
+    "weights read from outside by '..'": lambda folder, tmp: _forged_graph(
+        folder, external={"location": "../../../../../../etc/passwd", "offset": "0", "length": "128"}
+    ),
+    "weights read from an absolute path": lambda folder, tmp: _forged_graph(
+        folder, external={"location": "/etc/passwd", "offset": "0", "length": "128"}
+    ),
+    "weights in a file the manifest does not record": lambda folder, tmp: _weights_beside(folder),
+    "weights through a link the manifest does not record": lambda folder, tmp: _weights_beside(folder, "/etc/passwd"),
+    "weights in a recorded file, shorter than declared": lambda folder, tmp: (
+        (folder / "w.bin").write_bytes(b"\0" * 8),
+        _forged_graph(folder, external={"location": "w.bin"}),
+        _reseal(folder, "w.bin"),
+    ),
+    "weights declared far larger than held": lambda folder, tmp: _forged_graph(folder, dims=[2**40]),
+    "graph ONNX Runtime cannot run": lambda folder, tmp: _forged_graph(folder, op="NoSuchOperator"),
+}
+
+
+@pytest.mark.parametrize("damage", [*EXPORT_DAMAGE, *RESEALED_DAMAGE])
 def test_a_damaged_export_is_said_and_built_again(tokenizer, tmp_path, caplog, damage):
-    """Each ended in an internal error (JSONDecodeError, ONNX Runtime's NoSuchFile / InvalidProtobuf), or was
-    loaded as it stood (a replaced graph of the right shape, a link to a graph elsewhere)."""
+    """Each ended in an internal error (JSONDecodeError, ONNX Runtime's NoSuchFile / InvalidProtobuf / Fail, a
+    shape mismatch), or was loaded as it stood (a replaced graph of the right shape, a link to a graph elsewhere,
+    weights in a file no checksum covers). The resealed ones record their new sha256, as any writer of the cache
+    could."""
     model = tiny_model("bert", len(tokenizer))
     first = Embedder.from_model(model, tokenizer, backend="onnx", use_cache=False, show_progress=False)
     expected = first.encode(TEXTS)
     (folder,) = list((tmp_path / "home" / "exports").iterdir())
-    EXPORT_DAMAGE[damage](folder, tmp_path)
+    {**EXPORT_DAMAGE, **RESEALED_DAMAGE}[damage](folder, tmp_path)
     again = Embedder.from_model(model, tokenizer, backend="onnx", use_cache=False, show_progress=False)
     with caplog.at_level("WARNING", logger="lmembed.encoding.backends.store"):
         np.testing.assert_allclose(again.encode(TEXTS), expected, atol=1e-6)
@@ -149,6 +238,7 @@ def test_a_damaged_export_is_said_and_built_again(tokenizer, tmp_path, caplog, d
     assert str(folder) in said and said.endswith("the export is built again"), said
     assert not (folder / "model.onnx").is_symlink()
     assert json.loads((folder / "manifest.json").read_text())["files"]["model.onnx"]
+    assert not (folder / "w.bin").exists() and not (folder / "w.bin").is_symlink()
 
 
 def test_embedding_cache_keeps_backends_apart(tokenizer, tmp_path):

@@ -357,3 +357,44 @@ def test_int8_rounding_is_numpy_arithmetic_apart_from_the_graph():
             imported.add(node.module or "")
     assert not {m for m in imported if m.split(".")[0] in {"onnx", "onnxruntime", "torch"}}, imported
     assert not {m for m in imported if m.startswith("lmembed")}, imported
+
+
+# each was read back as it stood: a TypeError (internal error), a gate passed on values no measurement gives, or a
+# failed gate with no shortfall named
+FORGED_REPORTS = [
+    ("min_cosine", {"min_cosine": "x"}),
+    ("min_cosine", {"min_cosine": None}),
+    ("min_cosine", {"min_cosine": True, "neighbour_ndcg_at_10": True}),
+    ("min_cosine", {"min_cosine": float("inf"), "neighbour_ndcg_at_10": 5.0}),
+    ("neighbour_ndcg_at_10", {"neighbour_ndcg_at_10": 5.0}),
+    ("min_cosine", {"min_cosine": float("nan")}),
+    ("mean_cosine", {"mean_cosine": -3.0}),
+    ("texts", {"texts": [1]}),
+    ("texts", {"texts": True}),
+    ("passed", {"passed": "yes"}),
+]
+
+
+def test_a_forged_gate_report_is_said_and_measured_again(tokenizer, tmp_path, caplog):
+    """The report in an int8 export's manifest is covered by no checksum: each field is read strictly (finite
+    numbers in their ranges, a count, a bool), and one that fails is said, naming the field, and measured again."""
+    model = tiny_model("bert", len(tokenizer))
+    options = {"precision": "int8", "threads": 1, "use_cache": False, "show_progress": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = Embedder.from_model(model, tokenizer, **options).calibrate(TEXTS)
+        first.encode(TEXTS[:4])
+    label = first.config.label()
+    manifest, path = _int8_manifest(tmp_path)
+    measured = manifest["quality_gate"][label]
+    for field, forged in FORGED_REPORTS:
+        path.write_text(json.dumps({**manifest, "quality_gate": {label: {**measured, **forged}}}))
+        caplog.clear()
+        again = Embedder.from_model(model, tokenizer, **options).calibrate(TEXTS)
+        with warnings.catch_warnings(), caplog.at_level("WARNING"):
+            warnings.simplefilter("ignore")
+            again.encode(TEXTS[:4])
+        said = [r.getMessage() for r in caplog.records if "quality_gate is not as lmembed writes it" in r.getMessage()]
+        assert len(said) == 1 and f"quality_gate.{label}.{field}" in said[0] and str(path) in said[0], (forged, said)
+        assert again.backend.describe()["quality_gate"][label] == pytest.approx(measured)
+        assert _int8_manifest(tmp_path)[0]["quality_gate"][label] == pytest.approx(measured)

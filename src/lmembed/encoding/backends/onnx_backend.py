@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from lmembed.config import EmbeddingConfig
 from lmembed.encoding.backends.base import Backend, BackendError, BatchMaker, Pooler, spread_sample
@@ -40,10 +41,19 @@ from lmembed.encoding.backends.graph import (
 from lmembed.encoding.backends.int8 import CALIBRATION_MAX_TOKENS, RECIPE, quantize_graph
 from lmembed.encoding.backends.quality import GateReport, gate
 from lmembed.encoding.backends.runtime import CPU_PROVIDERS, session_options
-from lmembed.encoding.backends.store import GRAPH_FILE, cached_export, runtime_versions, update_manifest
+from lmembed.encoding.backends.store import (
+    GRAPH_FILE,
+    MANIFEST,
+    ExportFileError,
+    cached_export,
+    discard_export,
+    runtime_versions,
+    update_manifest,
+)
 from lmembed.models.attention import AttentionError, check_bidirectional_supported
 from lmembed.models.families import CAUSAL_TOLERANCE, probe_ids
 from lmembed.models.loading import Backbone
+from lmembed.schema import RecordModel
 
 log = logging.getLogger(__name__)
 
@@ -242,11 +252,25 @@ class OnnxBackend(Backend):
     def _graph(self, readouts: tuple[Readout, ...], mode: str) -> _Graph:
         key = (readouts, mode, "float32")
         if key not in self._graphs:
-            folder, _ = cached_export(
-                self._parts(readouts, mode), lambda tmp: self._export_float32(tmp, readouts, mode), self.export_root
+            self._graphs[key], _ = self._cached_graph(
+                self._parts(readouts, mode), lambda tmp: self._export_float32(tmp, readouts, mode), readouts
             )
-            self._graphs[key] = self._load(folder, readouts)
         return self._graphs[key]
+
+    def _cached_graph(
+        self, parts: dict[str, Any], build: Any, readouts: Sequence[Readout]
+    ) -> tuple[_Graph, dict[str, Any]]:
+        """The export of ``parts`` loaded into ONNX Runtime; a cached one that does not load as lmembed wrote it
+        is said, removed and built once again (one built just now that fails is refused)."""
+        for attempt in range(2):
+            folder, manifest = cached_export(parts, build, self.export_root)
+            try:
+                return self._load(folder, readouts), manifest
+            except ExportFileError as exc:
+                if attempt:
+                    raise
+                discard_export(folder, exc)
+        raise AssertionError("unreachable")
 
     def _export_float32(self, folder: Path, readouts: Sequence[Readout], mode: str) -> dict[str, Any]:
         log.info("exporting %s to ONNX (%s)", self.backbone.name, ", ".join(r.label() for r in readouts))
@@ -293,9 +317,13 @@ class OnnxBackend(Backend):
             log.info("quantised %s to int8 in %.1f s", self.backbone.name, time.perf_counter() - start)
             return manifest
 
-        folder, manifest = cached_export(parts, build, self.export_root)
         key = (readouts, mode, "int8")
-        graph = self._graphs.get(key) or self._load(folder, readouts)
+        if key in self._graphs:
+            folder, manifest = cached_export(parts, build, self.export_root)
+            graph = self._graphs[key]
+        else:
+            graph, manifest = self._cached_graph(parts, build, readouts)
+            folder = graph.folder
         self._graphs[key] = graph
         # the graph serves every strategy that reads its layers: each one is gated (one measured before is read back)
         recorded = _recorded_gate(manifest, folder)
@@ -343,18 +371,70 @@ class OnnxBackend(Backend):
         # lazy: onnxruntime is an optional extra
         import onnxruntime as ort
 
-        session = ort.InferenceSession(str(folder / GRAPH_FILE), session_options(self.threads), providers=CPU_PROVIDERS)
+        path = folder / GRAPH_FILE
+        try:
+            session = ort.InferenceSession(str(path), session_options(self.threads), providers=CPU_PROVIDERS)
+        except Exception as exc:  # ONNX Runtime raises its own classes for a graph it cannot run
+            raise ExportFileError(f"{path}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from None
+        _check_outputs(path, session, len(readouts), self.backbone.hidden_size)
         return _Graph(session, {r: i for i, r in enumerate(readouts)}, folder)
+
+
+def _check_outputs(path: Path, session: Any, count: int, width: int) -> None:
+    """The graph returns one state per readout, each ``[batch, tokens, width]``; else :class:`ExportFileError`.
+    A width the graph leaves symbolic is measured on a two-token input."""
+    outputs = session.get_outputs()
+    if len(outputs) != count:
+        raise ExportFileError(f"{path}: the graph returns {len(outputs)} outputs, the export has {count} readouts")
+    shapes = [list(out.shape or []) for out in outputs]
+    if not all(len(shape) == 3 and isinstance(shape[-1], int) for shape in shapes):
+        ids = np.ones((1, 2), dtype=np.int64)
+        try:
+            states = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        except Exception as exc:  # ONNX Runtime raises its own classes for a graph it cannot run
+            raise ExportFileError(f"{path}: ONNX Runtime cannot run it ({type(exc).__name__}: {exc})") from None
+        shapes = [list(np.shape(state)) for state in states]
+    for out, shape in zip(outputs, shapes, strict=True):
+        if len(shape) != 3 or shape[-1] != width:
+            raise ExportFileError(
+                f"{path}: output {out.name!r} has shape {shape}; the model's states are [batch, tokens, {width}]"
+            )
+
+
+class _RecordedReport(RecordModel):
+    """One gate report as :meth:`GateReport.to_dict` writes it: strict types, finite numbers in their ranges."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    texts: int = Field(ge=0)
+    min_cosine: float = Field(ge=-1.0, le=1.0)
+    mean_cosine: float = Field(ge=-1.0, le=1.0)
+    neighbour_ndcg_at_10: float = Field(ge=0.0, le=1.0)
+    passed: bool | None = None
+
+
+_RECORDED_GATE = TypeAdapter(dict[str, _RecordedReport])
 
 
 def _recorded_gate(manifest: dict[str, Any], folder: Path) -> dict[str, GateReport]:
     """The gate reports an int8 graph's manifest holds, by strategy label; none where it holds none, or holds them
-    in another shape (said, and the gate is measured again)."""
+    in another shape or with values lmembed never writes (said, naming the field, and the gate is measured again)."""
     raw = manifest.get("quality_gate")
     if raw is None:
         return {}
     try:
-        return {str(k): GateReport(**{f: v[f] for f in GateReport.__dataclass_fields__}) for k, v in raw.items()}
-    except (AttributeError, KeyError, TypeError) as exc:
-        log.warning("%s: quality_gate is not as lmembed writes it (%r); the gate is measured again", folder, exc)
+        reports = _RECORDED_GATE.validate_python(raw)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        field = ".".join(["quality_gate", *(str(part) for part in problem["loc"])])
+        log.warning(
+            "%s: quality_gate is not as lmembed writes it (%s: %s, got %r); the gate is measured again",
+            folder / MANIFEST,
+            field,
+            problem["msg"],
+            problem.get("input"),
+        )
         return {}
+    return {
+        label: GateReport(r.texts, r.min_cosine, r.mean_cosine, r.neighbour_ndcg_at_10) for label, r in reports.items()
+    }
