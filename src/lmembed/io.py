@@ -27,6 +27,7 @@ import gzip
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import zlib
@@ -327,6 +328,18 @@ def is_beir_folder(folder: str | Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def is_whole_number(value: Any) -> bool:
+    """Whether a value read from JSON is an integer (``true`` is not 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any, *, finite: bool = False) -> bool:
+    """Whether a value read from JSON is a number (``true`` is not 1); with ``finite``, neither NaN nor infinite."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    return not finite or math.isfinite(value)
 
 
 def string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, required: bool = True) -> str:

@@ -29,7 +29,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError
 from lmembed.index.errors import IndexFormatError, IndexMismatchError
 from lmembed.index.kinds import IndexParams
-from lmembed.io import read_json
+from lmembed.io import is_whole_number, read_json
 from lmembed.load_spec import LoadSpec, load_field_names
 
 if TYPE_CHECKING:  # the Embedder pulls in torch; an index folder can be inspected without it
@@ -40,10 +40,6 @@ FORMAT_VERSION = 1
 SIMILARITY = "cosine"
 #: The similarities an index may record (every kind scores by cosine, see :mod:`lmembed.index.kinds`).
 SIMILARITIES = (SIMILARITY,)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _names_to_strings(value: Any) -> bool:
@@ -172,7 +168,7 @@ class Manifest:
         is an :class:`IndexFormatError` naming ``where`` and the field."""
         if not isinstance(data, dict):
             raise IndexFormatError(f"{where}: must hold an object, not {type(data).__name__}")
-        if not _is_int(data.get("format")) or data["format"] != FORMAT_VERSION:
+        if not is_whole_number(data.get("format")) or data["format"] != FORMAT_VERSION:
             raise IndexFormatError(f"{where}: format {data.get('format')!r} is not {FORMAT_VERSION}")
         for name in ("params", "dim", "count", "model", "strategy", "generation", "files"):
             if name not in data:
@@ -187,7 +183,7 @@ class Manifest:
             raise IndexFormatError(f"{where}: kind is {data['kind']!r}, but params.kind is {params.kind!r}")
         dim, count, generation = data["dim"], data["count"], data["generation"]
         for name, value, least in (("dim", dim, 1), ("count", count, 0), ("generation", generation, 0)):
-            if not _is_int(value) or value < least:
+            if not is_whole_number(value) or value < least:
                 raise IndexFormatError(f"{where}: {name} must be a whole number >= {least}, not {value!r}")
         similarity = data.get("similarity", SIMILARITY)
         if similarity not in SIMILARITIES:

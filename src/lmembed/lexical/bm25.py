@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 
 from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.errors import LmembedError
-from lmembed.io import read_json, read_npy_header
+from lmembed.io import is_number, is_whole_number, read_json, read_npy_header
 from lmembed.paths import inside
 
 log = logging.getLogger(__name__)
@@ -251,14 +250,6 @@ def _json_file(path: Path, kind: type, what: str) -> Any:
     return read_json(path, error=LexicalIndexError, what=what, kind=kind)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _checked_params(path: Path, data: Any, field: str) -> LexicalParams:
     """:class:`LexicalParams` from ``data`` (``field`` of ``path``), each value of the type and range BM25 needs."""
     if not isinstance(data, dict):
@@ -267,7 +258,7 @@ def _checked_params(path: Path, data: Any, field: str) -> LexicalParams:
     if unknown := sorted(set(data) - names):
         raise _refuse(path, f"{field}.{unknown[0]}", "is not a BM25 parameter")
     for name in ("k1", "b"):
-        if name in data and not (_is_number(data[name]) and data[name] >= 0):
+        if name in data and not (is_number(data[name], finite=True) and data[name] >= 0):
             raise _refuse(path, f"{field}.{name}", f"must be a finite number >= 0, not {data[name]!r}")
     if "method" in data and data["method"] not in METHODS:
         raise _refuse(path, f"{field}.method", f"must be one of {', '.join(METHODS)}, not {data['method']!r}")
@@ -284,7 +275,7 @@ def _check_scoring(path: Path, data: dict[str, Any], count: int) -> None:
     if missing := sorted(expected - set(data)):
         raise _refuse(path, missing[0], "is missing")
     for name in ("k1", "b", "delta"):
-        if not (_is_number(data[name]) and data[name] >= 0):
+        if not (is_number(data[name], finite=True) and data[name] >= 0):
             raise _refuse(path, name, f"must be a finite number >= 0, not {data[name]!r}")
     for name, allowed in (
         ("method", METHODS),
@@ -297,7 +288,7 @@ def _check_scoring(path: Path, data: dict[str, Any], count: int) -> None:
             raise _refuse(path, name, f"must be one of {', '.join(allowed)}, not {data[name]!r}")
     if not isinstance(data["version"], str):
         raise _refuse(path, "version", f"must be a string, not {data['version']!r}")
-    if data["num_docs"] != count or not _is_int(data["num_docs"]):
+    if data["num_docs"] != count or not is_whole_number(data["num_docs"]):
         raise _refuse(path, "num_docs", f"is {data['num_docs']!r}, but {LEXICAL_FILE} records {count} documents")
 
 
@@ -306,7 +297,7 @@ def _word_ids(path: Path, data: Any, field: str, words: int, *, every: bool) -> 
     if not isinstance(data, dict):
         raise _refuse(path, field, "must be an object mapping each word to its id")
     for word, word_id in data.items():
-        if not _is_int(word_id) or not 0 <= word_id < words:
+        if not is_whole_number(word_id) or not 0 <= word_id < words:
             raise _refuse(path, f"{field}[{word!r}]", f"is {word_id!r}, not a word id below {words}")
     if every and sorted(data.values()) != list(range(words)):
         raise _refuse(path, field, f"must give each of the {words} word ids of the score matrix to one word")
@@ -359,7 +350,7 @@ def read_saved(folder: Path) -> SavedLexical | None:
     if record.get("format") != FORMAT_VERSION:  # older: an ids-only digest
         return None
     count, digest = record.get("count"), record.get("ids")
-    if not _is_int(count) or count < 0:
+    if not is_whole_number(count) or count < 0:
         raise _refuse(record_file, "count", f"must be a whole number >= 0, not {count!r}")
     if not isinstance(digest, str):
         raise _refuse(record_file, "ids", f"must be a string, not {digest!r}")

@@ -17,7 +17,6 @@ A model folder comes from anyone: a Hub snapshot, a colleague's run, a shared dr
 from __future__ import annotations
 
 import logging
-import math
 import re
 import struct
 from collections.abc import Iterable, Mapping
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.errors import ModelLoadError
-from lmembed.io import loads_json, read_json
+from lmembed.io import is_number, loads_json, read_json
 from lmembed.paths import inside
 
 log = logging.getLogger(__name__)
@@ -308,7 +307,7 @@ MAX_ROPE_FACTOR = 1 << 10
 
 
 def _positive_number(value: Any, field: str, source: Path, bound: float | None = None) -> None:
-    number_ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    number_ok = is_number(value, finite=True) and value > 0
     if not number_ok:
         raise ConfigSizeError(f"{source}: {field}={value!r} must be a positive finite number")
     if bound is not None and value > bound:

@@ -29,7 +29,7 @@ import numpy as np
 from lmembed.config import SIDES
 from lmembed.encoding.inputs import check_encodable
 from lmembed.errors import InputError
-from lmembed.io import DuplicateKeyError, loads_json
+from lmembed.io import DuplicateKeyError, is_whole_number, loads_json
 from lmembed.serving.errors import bad_request, only_fields, shown, too_many_inputs
 
 ENCODING_FORMATS = ("float", "base64")
@@ -118,15 +118,11 @@ def parse_json_value(body: bytes) -> Any:
     return payload
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_token_ids(value: list[Any]) -> bool:
     """An array of ints, or an array of arrays of ints (OpenAI's pre-tokenised input)."""
-    if all(map(_is_int, value)):
+    if all(map(is_whole_number, value)):
         return True
-    return all(isinstance(x, list) and x and all(map(_is_int, x)) for x in value)
+    return all(isinstance(x, list) and x and all(map(is_whole_number, x)) for x in value)
 
 
 def _texts(value: Any, field: str, max_inputs: int) -> list[str]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import re
@@ -50,7 +49,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import LmembedError
-from lmembed.io import check_recorded_files, loads_json, read_json, sha256_file
+from lmembed.io import check_recorded_files, is_number, loads_json, read_json, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -455,10 +454,6 @@ _GROUP_RANGES: dict[str, Callable[[float], bool]] = {
 }
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _like(saved: Any, live: Any) -> bool:
     """``saved`` is a plain value of the kind ``live`` is (a number for a number, finite; a tuple of as many)."""
     if isinstance(live, bool) or live is None or isinstance(live, str):
@@ -466,7 +461,7 @@ def _like(saved: Any, live: Any) -> bool:
     if isinstance(live, int):
         return isinstance(saved, int) and not isinstance(saved, bool)
     if isinstance(live, float):
-        return _is_number(saved) and math.isfinite(saved)
+        return is_number(saved, finite=True)
     if isinstance(live, tuple | list):
         return (
             type(saved) is type(live)
@@ -561,7 +556,7 @@ def check_scheduler_state(saved: dict[str, Any], scheduler: Any, source: Path, s
         if any(v < 0 for v in saved.get(key) or []):
             raise CheckpointError(f"{source}: {key} holds a negative learning rate")
     for i, fn in enumerate(saved.get("lr_lambdas") or []):
-        if isinstance(fn, dict) and not all(v >= (1 if k == "total" else 0) for k, v in fn.items() if _is_number(v)):
+        if isinstance(fn, dict) and not all(v >= (1 if k == "total" else 0) for k, v in fn.items() if is_number(v)):
             raise CheckpointError(f"{source}: lr_lambdas[{i}] holds {fn}: the schedule's steps must be positive")
 
 
