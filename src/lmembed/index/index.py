@@ -19,7 +19,6 @@ Index read it.
 from __future__ import annotations
 
 import errno
-import importlib.util
 import logging
 import re
 import shutil
@@ -477,12 +476,13 @@ class Index:
 
     @staticmethod
     def check_lexical(path: str | Path) -> None:
-        """Read back the BM25 files saved in the index at ``path``, if any, checking them as a BM25 search would
-        (whether or not bm25s, an optional extra, is installed): a server checks them before it answers, so a
-        damaged file stops it at start, not at its first BM25 search."""
+        """Read back the BM25 files saved in the index at ``path``, if any, through the one reader that checks them
+        (:func:`~lmembed.lexical.bm25.read_saved`, which a BM25 search's load also goes through; it needs numpy, not
+        bm25s, and builds no retriever to throw away): a server checks them before it answers, so a damaged file
+        stops it at start, not at its first BM25 search."""
         path = Path(path)
         if integrity.lexical_files(path):
-            LexicalIndex.load(path) if importlib.util.find_spec("bm25s") is not None else read_saved(path)
+            read_saved(path)
 
     @staticmethod
     def restore_previous(path: str | Path) -> Manifest:
