@@ -53,7 +53,7 @@ from lmembed.encoding.backends.store import (
 from lmembed.models.attention import AttentionError, check_bidirectional_supported
 from lmembed.models.families import CAUSAL_TOLERANCE, probe_ids
 from lmembed.models.loading import Backbone
-from lmembed.schema import RecordModel
+from lmembed.schema import RecordModel, first_problem
 
 log = logging.getLogger(__name__)
 
@@ -262,15 +262,13 @@ class OnnxBackend(Backend):
     ) -> tuple[_Graph, dict[str, Any]]:
         """The export of ``parts`` loaded into ONNX Runtime; a cached one that does not load as lmembed wrote it
         is said, removed and built once again (one built just now that fails is refused)."""
-        for attempt in range(2):
-            folder, manifest = cached_export(parts, build, self.export_root)
-            try:
-                return self._load(folder, readouts), manifest
-            except ExportFileError as exc:
-                if attempt:
-                    raise
-                discard_export(folder, exc)
-        raise AssertionError("unreachable")
+        folder, manifest = cached_export(parts, build, self.export_root)
+        try:
+            return self._load(folder, readouts), manifest
+        except ExportFileError as exc:
+            discard_export(folder, exc)
+        folder, manifest = cached_export(parts, build, self.export_root)
+        return self._load(folder, readouts), manifest
 
     def _export_float32(self, folder: Path, readouts: Sequence[Readout], mode: str) -> dict[str, Any]:
         log.info("exporting %s to ONNX (%s)", self.backbone.name, ", ".join(r.label() for r in readouts))
@@ -425,14 +423,11 @@ def _recorded_gate(manifest: dict[str, Any], folder: Path) -> dict[str, GateRepo
     try:
         reports = _RECORDED_GATE.validate_python(raw)
     except ValidationError as exc:
-        problem = exc.errors()[0]
-        field = ".".join(["quality_gate", *(str(part) for part in problem["loc"])])
         log.warning(
-            "%s: quality_gate is not as lmembed writes it (%s: %s, got %r); the gate is measured again",
+            "%s: quality_gate is not as lmembed writes it (quality_gate.%s, got %r); the gate is measured again",
             folder / MANIFEST,
-            field,
-            problem["msg"],
-            problem.get("input"),
+            first_problem(exc),
+            exc.errors()[0].get("input"),
         )
         return {}
     return {
