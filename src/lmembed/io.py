@@ -342,6 +342,17 @@ def is_number(value: Any, *, finite: bool = False) -> bool:
     return not finite or math.isfinite(value)
 
 
+def is_plain_file_name(name: Any) -> bool:
+    """Whether a name read from a record is that of a file in the record's own folder: not empty, not ``.`` or
+    ``..``, no separator, NUL or leading ``~`` (a path, or one to expand, could name a file anywhere)."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+        and not name.startswith("~")
+    )
+
+
 def string_field(row: dict[str, Any], key: str, path: Path, line_no: int, *, required: bool = True) -> str:
     """``row[key]``, a string (a text: a number there is a mistake, not a text to embed)."""
     value = row.get(key)

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save
 from lmembed.atomic import atomic_folder, atomic_write
 from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
-from lmembed.io import check_recorded_files, sha256_file
+from lmembed.io import check_recorded_files, is_plain_file_name, sha256_file
 from lmembed.mining import read_rows
 from lmembed.paths import inside
 from lmembed.schema import RecordModel, read_checked_json
@@ -189,7 +189,7 @@ _Finite = Annotated[float, Strict(), AllowInfNan(False)]
 def _plain_names(names: dict[str, Any]) -> dict[str, Any]:
     """``names`` when each key is a plain file name (a file of the run folder itself, not a path)."""
     for name in names:
-        if name in ("", ".", "..") or any(c in name for c in "/\\\0") or name.startswith("~"):
+        if not is_plain_file_name(name):
             raise ValueError(f"{name!r} is not the name of a file of the run folder")
     return names
 

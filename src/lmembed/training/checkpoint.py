@@ -49,7 +49,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import LmembedError
-from lmembed.io import check_recorded_files, is_number, loads_json, read_json, sha256_file
+from lmembed.io import check_recorded_files, is_number, is_plain_file_name, loads_json, read_json, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ def _verify(path: Path, info: dict[str, Any], names: list[str]) -> None:
     files = info[FILES_KEY]
     if isinstance(files, dict):
         for name in files:
-            if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            if not is_plain_file_name(name):
                 raise CheckpointError(f"{info_file}: {FILES_KEY} names {name!r}, which is not a file name of {path}")
             if not (path / name).is_file():
                 raise CheckpointError(f"{info_file}: {FILES_KEY}.{name}: {path / name} is not a file of the checkpoint")
