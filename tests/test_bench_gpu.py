@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import bundled_or_skip
 
@@ -17,15 +19,38 @@ MODELS = ("minilm", "smollm2-135m", "qwen2-0.5b")
 
 
 def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The script as a user starts it: for what it refuses before any work."""
     command = [sys.executable, str(SCRIPT), "--device", "cpu", "--dry", "--out", str(out), *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
-def test_dry_run_measures_every_cell_and_compares_vectors(tmp_path):
+@pytest.fixture(scope="module")
+def script():
+    """The script's module, imported once here (bench/ on the path for its ``_common``): a dry run in this process
+    spares each test the seconds a new interpreter takes to import torch and sentence-transformers."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_throughput_under_test", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return module
+
+
+def _dry(script, out: Path, *extra: str) -> dict:
+    """One dry run in this process; torch's thread count (which the dry run sets to 1) is restored after it."""
+    threads = torch.get_num_threads()
+    try:
+        return script.main(["--device", "cpu", "--dry", "--out", str(out), *extra])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_dry_run_measures_every_cell_and_compares_vectors(script, tmp_path):
     bundled_or_skip("minilm")  # the tokenizers: minilm's, and SmolLM2's for both decoders
     bundled_or_skip("smollm2-135m")
-    done = _run(tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _dry(script, tmp_path)
     result = json.loads((tmp_path / "result.json").read_text())
     table = (tmp_path / "table.md").read_text()
     assert result["dry"] and "Dry run" in table
@@ -57,9 +82,8 @@ def test_dry_run_measures_every_cell_and_compares_vectors(tmp_path):
                 assert 0 < cell["host"][f"tokenising share lmembed-{dtype}-serial"] < 1
 
 
-def test_time_budget_stops_cleanly_and_still_writes(tmp_path):
-    done = _run(tmp_path, "--budget-s", "0")
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_time_budget_stops_cleanly_and_still_writes(script, tmp_path):
+    _dry(script, tmp_path, "--budget-s", "0")
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["models"] == {} and "time budget" in result["stopped"]
     assert "Stopped early" in (tmp_path / "table.md").read_text()
@@ -72,12 +96,11 @@ def test_cpu_without_dry_is_refused(tmp_path):
     assert not (tmp_path / "result.json").exists()
 
 
-def test_one_dtype_and_two_arms_measure_only_their_rows_and_documents_on_request(tmp_path):
+def test_one_dtype_and_two_arms_measure_only_their_rows_and_documents_on_request(script, tmp_path):
     bundled_or_skip("minilm")
     extra = ["--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8", "--lengths", "short,documents"]
     extra += ["--arms", "pipelined,graphs"]
-    done = _run(tmp_path, *extra)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _dry(script, tmp_path, *extra)
     result = json.loads((tmp_path / "result.json").read_text())
     cells = result["models"]["minilm"]["cells"]
     assert list(cells) == ["batch 4, short", "batch 4, documents"]  # --dry caps the batch size
@@ -95,12 +118,11 @@ def test_one_dtype_and_two_arms_measure_only_their_rows_and_documents_on_request
 
 
 @pytest.mark.parametrize(("cell_seconds", "rounds"), [("1000", 3), ("0", 1)])
-def test_short_cells_get_more_rounds_up_to_the_most(tmp_path, cell_seconds, rounds):
+def test_short_cells_get_more_rounds_up_to_the_most(script, tmp_path, cell_seconds, rounds):
     """Past --repeats, rounds go on while a contender has measured under --cell-seconds, up to --max-repeats."""
     bundled_or_skip("minilm")
     extra = ["--dtypes", "float16", "--models", "minilm", "--batch-sizes", "8", "--arms", "pipelined,serial"]
-    done = _run(tmp_path, *extra, "--max-repeats", "3", "--cell-seconds", cell_seconds)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _dry(script, tmp_path, *extra, "--max-repeats", "3", "--cell-seconds", cell_seconds)
     cells = json.loads((tmp_path / "result.json").read_text())["models"]["minilm"]["cells"]
     assert [cell["rounds"] for cell in cells.values()] == [rounds, rounds]
 

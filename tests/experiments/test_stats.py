@@ -105,6 +105,25 @@ def test_average_precision_statistic():
     assert statistic_value("ap", inverted, labels) == pytest.approx((1 / 4 + 2 / 5 + 3 / 6) / 3)
 
 
+def test_average_precision_equals_scikit_learn_with_ties_and_one_class_rows():
+    """Every resample's AP is computed at once over rows; each must be scikit-learn's, ties taken as one threshold."""
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(3)
+    for n in (2, 5, 40):
+        for scores in (rng.normal(size=(20, n)), rng.integers(0, 4, size=(20, n)).astype(float)):
+            labels = (rng.random((20, n)) < 0.4).astype(float)
+            labels[0] = 0.0  # one class only: no AP
+            for row, label in zip(scores, labels, strict=True):
+                got = statistic_value("ap", row, label)
+                if 0 < label.sum() < n:
+                    assert got == pytest.approx(average_precision_score(label, row), abs=1e-12)
+                else:
+                    assert math.isnan(got)
+    with pytest.raises(ValueError, match="labels of 0 and 1"):
+        statistic_value("ap", [0.1, 0.2], [1.0, 2.0])
+
+
 def test_seed_average():
     assert seed_average([[0.2, 0.4], [0.4, 0.8]]).tolist() == pytest.approx([0.3, 0.6])
     # rank statistics average each run's fractional ranks, so scales do not matter

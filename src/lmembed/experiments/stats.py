@@ -37,7 +37,6 @@ from typing import Any, get_args
 
 import numpy as np
 from scipy.stats import rankdata
-from sklearn.metrics import average_precision_score
 
 from lmembed.evaluation.base import Statistic
 
@@ -102,10 +101,23 @@ def _score_rows(statistic: Statistic, values: np.ndarray, reference: np.ndarray 
         raise ValueError(f"statistic {statistic!r} needs the reference (gold scores or labels)")
     if statistic == "spearman":
         return _spearman_rows(values, rankdata(reference, axis=1))
-    out = np.empty(values.shape[0])
-    for i, (scores, labels) in enumerate(zip(values, reference, strict=True)):
-        out[i] = average_precision_score(labels, scores) if 0 < labels.sum() < labels.size else np.nan
-    return out
+    return _average_precision_rows(values, reference)
+
+
+def _average_precision_rows(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Average precision of each row, as scikit-learn's ``average_precision_score`` gives it (items of one score are
+    one threshold): the mean over positives of the precision among the items scored at least as high. NaN for a row
+    whose labels are all one class."""
+    if not np.isin(labels, (0.0, 1.0)).all():
+        raise ValueError("average precision needs labels of 0 and 1")
+    at_least = rankdata(-scores, method="max", axis=1).astype(np.int64)  # items scored >= each item's score
+    order = np.argsort(-scores, axis=1, kind="stable")
+    positives_before = np.cumsum(np.take_along_axis(labels, order, axis=1), axis=1)
+    positives_at_least = np.take_along_axis(positives_before, at_least - 1, axis=1)
+    total = labels.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ap = (labels * positives_at_least / at_least).sum(axis=1) / total
+    return np.where((total > 0) & (total < labels.shape[1]), ap, np.nan)
 
 
 def statistic_value(statistic: Statistic, values: Sequence[float], reference: Sequence[float] | None = None) -> float:
