@@ -70,10 +70,10 @@ def main() -> None:
         with torch.no_grad():
             scores = held_out.score(embedder)
             if task is not None:
-                scores[f"{args.split}_ndcg@10"] = float(task.evaluate(embedder, batch_size=32).scores["ndcg_at_10"])
+                scores[f"{args.split}_ndcg_at_10"] = float(task.evaluate(embedder, batch_size=32).scores["ndcg_at_10"])
         report[str(step)] = scores
         print(step, {k: round(v, 4) for k, v in scores.items()}, flush=True)
-    picks = {m: max(steps, key=lambda s, m=m: (report[str(s)][m], -s)) for m in ("ndcg@10", "teacher_ndcg@10")}
+    picks = {m: max(steps, key=lambda s, m=m: (report[str(s)][m], -s)) for m in ("ndcg_at_10", "teacher_ndcg_at_10")}
     name = f"selection-metric-{args.set}-{args.run.name}"
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / f"{name}.json", {"run": str(args.run), "steps": report, "picks": picks})
@@ -84,7 +84,7 @@ def main() -> None:
             f"{100 * report[str(step)][k]:.2f} ({100 * (report[str(step)][k] - report['0'][k]):+.2f})" for k in keys
         ]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    lines += ["", f"kept by own: step {picks['ndcg@10']}; by teacher: step {picks['teacher_ndcg@10']}"]
+    lines += ["", f"kept by own: step {picks['ndcg_at_10']}; by teacher: step {picks['teacher_ndcg_at_10']}"]
     atomic_write_text(args.out / f"{name}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -517,10 +517,10 @@ def test_selection_can_follow_the_teachers_ranking(tmp_path, make_embedder, one_
     )
     result = adapt_tiny(make_embedder, tmp_path, out, recipe, teacher="hybrid")
     selection = json.loads((out / "selection.json").read_text())
-    assert selection["metric"] == "teacher_ndcg@10"
+    assert selection["metric"] == "teacher_ndcg_at_10"
     history = result.summary["selection"]["history"]
-    assert [h["step"] for h in history] == [0, 1, 2] and all(0 < h["teacher_ndcg@10"] <= 1 for h in history)
-    best = max(history, key=lambda h: (h["teacher_ndcg@10"], -h["step"]))
+    assert [h["step"] for h in history] == [0, 1, 2] and all(0 < h["teacher_ndcg_at_10"] <= 1 for h in history)
+    best = max(history, key=lambda h: (h["teacher_ndcg_at_10"], -h["step"]))
     assert selection["best_step"] == best["step"] == result.summary["selection"]["best_step"]
 
 
@@ -531,7 +531,7 @@ def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder
     result = adapt_tiny(make_embedder, tmp_path, out)
     summary = json.loads((out / "adapt_summary.json").read_text())
     assert [h["step"] for h in summary["selection"]["history"]] == [0, 2, 4]
-    assert summary["selection"]["after"]["ndcg@10"] >= summary["selection"]["before"]["ndcg@10"]
+    assert summary["selection"]["after"]["ndcg_at_10"] >= summary["selection"]["before"]["ndcg_at_10"]
     assert summary["report"]["by_source"].keys() <= {"title", "crop"} and summary["report"]["train_rows"] > 0
     assert summary["peak_memory_mb"] > 0 and summary["seconds"] > 0
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
@@ -565,7 +565,7 @@ def test_the_saved_model_carries_the_corpus_term_channel(tmp_path, make_embedder
     terms = summary["terms"]
     assert terms["dims"] == 4096 and terms["weight"] == 0.5  # the recipe's defaults
     assert terms["documents"] == len(read_adapt_corpus(corpus_file(tmp_path)))
-    assert 0 <= terms["saved_scores"]["ndcg@10"] <= 1 and summary["timings"]["terms_s"] >= 0
+    assert 0 <= terms["saved_scores"]["ndcg_at_10"] <= 1 and summary["timings"]["terms_s"] >= 0
     model = Embedder.from_pretrained(result.model_dir, show_progress=False, cache=False)
     assert model.config.terms is not None and model.config.terms.sha256 == terms["sha256"]
     assert model.encode_corpus(["the cat"]).shape == (1, model.backbone.hidden_size + 4096)

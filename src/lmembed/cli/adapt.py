@@ -108,11 +108,12 @@ def adapt(
     terms = result.summary["terms"]
     channel = ""
     if terms:
-        channel = f", with the term channel {terms['saved_scores']['ndcg@10']:.4f} ({terms['dims']} dims appended)"
+        channel = f", with the term channel {terms['saved_scores']['ndcg_at_10']:.4f} ({terms['dims']} dims appended)"
     console = terminal.console(stderr=True)
     console.print(
         f"adapted model: {result.model_dir}  (held-back pseudo-queries nDCG@10 "
-        f"{selection['before']['ndcg@10']:.4f} → {selection['after']['ndcg@10']:.4f}, step {selection['best_step']}"
+        f"{selection['before']['ndcg_at_10']:.4f} → {selection['after']['ndcg_at_10']:.4f}, "
+        f"step {selection['best_step']}"
         f"{channel}; {result.summary['seconds']:.0f} s, peak memory {result.summary['peak_memory_mb']:.0f} MB)"
     )
 

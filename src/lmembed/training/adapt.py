@@ -500,7 +500,7 @@ class HeldOut:
         return cls([q.query for q in held], [where[q.doc] for q in held], [docs[i].full for i in chosen], chosen)
 
     def follow(self, teacher: HybridTeacher, temperature: float) -> None:
-        """Score the slice with ``teacher`` once; :meth:`score` then also gives ``teacher_ndcg@10``."""
+        """Score the slice with ``teacher`` once; :meth:`score` then also gives ``teacher_ndcg_at_10``."""
         self.teacher = teacher.score_matrix(self.queries, self.columns)
         self.temperature = temperature
 
@@ -514,9 +514,9 @@ class HeldOut:
         top = ranks <= 10
         ndcg = float(np.mean(np.where(top, 1.0 / np.log2(ranks + 1), 0.0)))
         mrr = float(np.mean(np.where(top, 1.0 / ranks, 0.0)))
-        scores = {"ndcg@10": ndcg, "mrr@10": mrr}
+        scores = {"ndcg_at_10": ndcg, "mrr_at_10": mrr}
         if self.teacher is not None:
-            scores["teacher_ndcg@10"] = agreement(sims, self.teacher, self.temperature)
+            scores["teacher_ndcg_at_10"] = agreement(sims, self.teacher, self.temperature)
         return scores
 
 

@@ -88,7 +88,7 @@ class _SelectingTrainer(Trainer):
         held: HeldOut,
         every: int,
         merge: float = 1.0,
-        metric: str = "ndcg@10",
+        metric: str = "ndcg_at_10",
         **kwargs: Any,
     ) -> None:
         super().__init__(config, **kwargs)
@@ -580,10 +580,10 @@ def _run(
         write_json(plan_path, {**plan, "report": report, "files": files})
     log.info("adapt: %s", json.dumps(report))
     held_out = HeldOut.build(held, docs, recipe.selection.max_documents, recipe.seed)
-    metric = "ndcg@10"
+    metric = "ndcg_at_10"
     if recipe.selection.metric == "teacher":  # agreement with the teacher's ranking picks the step
         held_out.follow(drawn or _candidate_teacher(teacher, embedder, device, docs, recipe), training.temperature)
-        metric = "teacher_ndcg@10"
+        metric = "teacher_ndcg_at_10"
     examples = [parse_row({k: v for k, v in r.items() if k != "provenance"}) for r in rows]
     dataset = TrainDataset("adapt", examples, sorted({d.full for d in docs}))
     loss = training.teacher_loss if teacher is not None else training.loss
