@@ -563,3 +563,28 @@ def test_a_job_whose_staged_texts_are_partly_gone_plans_again(tmp_path, one_torc
     staged[-1].unlink()
     again = encode_corpus(emb, texts, batch_size=4, shard_rows=8)
     assert again.report.planned and np.array_equal(again.vectors, emb.encode(texts))
+
+
+def test_a_worker_given_a_gpu_its_torch_cannot_use_is_refused_before_it_loads_the_model(monkeypatch, tmp_path):
+    """A cluster that reports GPUs while the workers' torch is a CPU build: the worker says so in one ScaleError
+    (it was an AssertionError from torch's guts, raised while moving the model)."""
+    from lmembed.scale.work import ShardEncoder, ShardSettings
+
+    class NeverLoaded:
+        def load(self, device: str) -> Embedder:
+            raise AssertionError("the model must not be loaded onto a device torch cannot use")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    settings = ShardSettings(
+        job_id="j",
+        plan_dir=str(tmp_path),
+        staging_dir=str(tmp_path),
+        configs=(EmbeddingConfig(),),
+        cache_root=str(tmp_path),
+        model_fingerprints=("f",),
+        instruction=None,
+        batch_size=8,
+        device="cuda",
+    )
+    with pytest.raises(ScaleError, match=r"was given a GPU, but its torch .* cannot use CUDA.*--gpus-per-worker 0"):
+        ShardEncoder(NeverLoaded(), settings)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -193,6 +194,12 @@ class ShardEncoder:
         if settings.threads:
             torch.set_num_threads(settings.threads)
         self.settings = settings
+        if settings.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ScaleError(
+                f"this worker ({socket.gethostname()}) was given a GPU, but its torch {torch.__version__} cannot use "
+                "CUDA (torch.cuda.is_available() is False): install a CUDA build of torch where the workers run, or "
+                "encode on the workers' CPUs with --gpus-per-worker 0"
+            )
         embedder = model.load(settings.device)
         found = tuple(model_fingerprint(embedder, cfg) for cfg in settings.configs)
         if found != settings.model_fingerprints:
