@@ -420,6 +420,35 @@ class Embedder:
             instruction = self.config.named_prompt(prompt_name)
         return self._encode_as(texts, batch_size, instruction, self.config)
 
+    def encode_tokens(
+        self,
+        texts: Sequence[str],
+        batch_size: int = ENCODE_BATCH_SIZE,
+        *,
+        side: str | None = None,
+        instruction: str | None = None,
+        prompt_name: str | None = None,
+    ) -> list[np.ndarray]:
+        """Token-level vectors, as sentence-transformers' ``encode(output_value="token_embeddings")`` gives them: for
+        each text an array ``(tokens, hidden)`` of the states the strategy pools from (its layer, attention and
+        final norm), one row per token the model reads, special tokens and the instruction included, padding out.
+        Nothing after the states applies (pooling, head, term channel, normalisation, ``dim``).
+
+        The text before each input is chosen as :meth:`encode` chooses it (``instruction`` or ``prompt_name``), or
+        with ``side`` (``"query"``/``"document"``) as :meth:`encode_queries`/:meth:`encode_corpus` do."""
+        if instruction is not None and prompt_name is not None:
+            raise ConfigError(
+                f"instruction and prompt_name={prompt_name!r} both set the text before each input; give one"
+            )
+        config = self.config
+        if side is not None:
+            if prompt_name is not None:
+                raise ConfigError(f"side={side!r} chooses the prompt itself; prompt_name={prompt_name!r} cannot")
+            config, instruction = for_side(self.config, side, instruction)
+        elif instruction is None:
+            instruction = self.config.named_prompt(prompt_name)
+        return self.engine.encode_token_states(texts, config, instruction=instruction, batch_size=batch_size)
+
     def encode_queries(
         self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = ENCODE_BATCH_SIZE
     ) -> np.ndarray:

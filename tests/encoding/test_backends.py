@@ -82,6 +82,23 @@ def test_onnx_matches_torch_for_other_decoder_families(tokenizer, family, attent
     assert _min_cos(ref.encode(TEXTS, batch_size=3), onnx.encode(TEXTS, batch_size=3)) >= 0.9999
 
 
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_token_states_and_late_chunks_run_on_onnx_as_on_torch(tokenizer, family):
+    """The two readings that take the states themselves (token vectors, late chunking) prepare the strategy's graph
+    as encode does; late chunking on a fresh ONNX embedder had failed with "graph ... not prepared"."""
+    from lmembed.encoding.chunking import Chunking
+
+    strategy = {"pooling": "mean"} if family == "bert" else {"pooling": "mean", "layer": 1, "final_norm": True}
+    ref, onnx = _pair(family, tokenizer, **strategy)
+    chunking = Chunking(tokens=4, overlap=1, late=True)
+    want = ref.encode_corpus(TEXTS, chunking=chunking)
+    got = onnx.encode_corpus(TEXTS, chunking=chunking)
+    assert np.array_equal(want.doc_index, got.doc_index) and _min_cos(want.vectors, got.vectors) >= 0.9999
+    _, fresh = _pair(family, tokenizer, **strategy)  # nothing encoded before: the graph is made for the states
+    for mine, theirs in zip(fresh.encode_tokens(TEXTS, batch_size=4), ref.encode_tokens(TEXTS), strict=True):
+        assert mine.shape == theirs.shape and _min_cos(mine, theirs) >= 0.9999
+
+
 def test_bidirectional_graph_differs_from_causal_and_is_probed(tokenizer):
     _, causal = _pair("qwen2", tokenizer, attention="causal")
     _, bidir = _pair("qwen2", tokenizer, attention="bidirectional")

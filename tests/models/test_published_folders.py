@@ -231,6 +231,41 @@ def test_embedder_reproduces_the_published_folder(case, tmp_path):
     assert ours.dim == theirs.get_embedding_dimension()
 
 
+@pytest.mark.parametrize(
+    "case", ["mean-prompt-pooled-dot", "cls-dense-normalized-prompt-excluded", "decoder-max-prompt-pooled"]
+)
+def test_token_vectors_are_sentence_transformers_token_embeddings(case, tmp_path):
+    """``encode_tokens`` gives sentence-transformers' ``output_value="token_embeddings"``: the same tokens (the
+    prompt's and the special ones included, whether or not pooling reads them; texts cut at max_seq_length) and the
+    same states, before any head or normalisation."""
+    kind, pooling, include_prompt, head, normalize, prompts, similarity = CASES[case]
+    path = save_st_model(tmp_path, kind, pooling, include_prompt, head, normalize, prompts, similarity)
+    theirs = st.SentenceTransformer(str(path), device="cpu")
+    ours = load(path)
+    pairs = [
+        (
+            ours.encode_tokens(TEXTS, batch_size=2),
+            reference(theirs, kind, "encode", TEXTS, output_value="token_embeddings"),
+        ),
+        (
+            ours.encode_tokens(TEXTS, side="query"),
+            reference(theirs, kind, "encode_query", TEXTS, output_value="token_embeddings"),
+        ),
+        (
+            ours.encode_tokens(TEXTS, prompt_name="document"),
+            reference(theirs, kind, "encode", TEXTS, prompt_name="document", output_value="token_embeddings"),
+        ),
+    ]
+    for mine, reference_states in pairs:
+        assert len(mine) == len(reference_states) == len(TEXTS)
+        for row, expected in zip(mine, reference_states, strict=True):
+            assert row.dtype == np.float32 and row.shape == tuple(expected.shape)
+            np.testing.assert_allclose(row, expected.numpy(), atol=1e-4, rtol=1e-3)
+    assert len(pairs[1][0][0]) > len(pairs[0][0][0])  # the query prompt's tokens are there
+    with pytest.raises(ConfigError, match="give one"):
+        ours.encode_tokens(TEXTS, instruction="x", prompt_name="query")
+
+
 # ---------------------------------------------------------------------------------------------- one shared folder
 @pytest.fixture(scope="module")
 def cls_folder(tmp_path_factory):

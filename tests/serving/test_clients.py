@@ -84,6 +84,33 @@ def test_quantised_types_follow_their_definitions():
     assert cos > 0.999
 
 
+def test_tei_embed_all_gives_the_token_vectors_encode_tokens_gives(make_embedder, monkeypatch):
+    """TEI's ``/embed_all``: per text, per token, the vector ``Embedder.encode_tokens`` gives (the prompt's side
+    as ``prompt_name`` says); its own fields only; an answer over the cap on numbers is refused before any work."""
+    emb = make_embedder("bert", query_instruction="Find: ")
+    with serving(emb) as server:
+        plain = httpx.post(server.url + "/embed_all", json={"inputs": TEXTS}, timeout=30)
+        assert plain.status_code == 200, plain.text
+        expected = emb.encode_tokens(TEXTS)
+        got = plain.json()
+        assert [len(rows) for rows in got] == [len(rows) for rows in expected]
+        for rows, want in zip(got, expected, strict=True):
+            np.testing.assert_allclose(np.array(rows, dtype=np.float32), want, atol=1e-5)
+        one = httpx.post(server.url + "/embed_all", json={"inputs": TEXTS[0], "prompt_name": "query"}, timeout=30)
+        (query,) = emb.encode_tokens(TEXTS[:1], side="query")
+        assert len(one.json()) == 1 and len(one.json()[0]) == len(query) > len(expected[0])  # the instruction's tokens
+        np.testing.assert_allclose(np.array(one.json()[0], dtype=np.float32), query, atol=1e-5)
+        unknown = httpx.post(server.url + "/embed_all", json={"inputs": TEXTS, "normalize": True}, timeout=30)
+        assert unknown.status_code == 400 and unknown.json()["code"] == "unknown_field"
+        assert unknown.json()["param"] == "normalize"
+        monkeypatch.setattr("lmembed.serving.app.MAX_TOKEN_VALUES", emb.backbone.hidden_size * 10)
+        big = httpx.post(server.url + "/embed_all", json={"inputs": TEXTS}, timeout=30)
+        assert big.status_code == 413 and big.json()["code"] == "too_many_token_values"
+        assert big.json()["param"] == "inputs"
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'endpoint="/embed_all"' in metrics
+
+
 def test_tei_routes_and_huggingface_hub_client(make_embedder, ce_folder):
     hub = pytest.importorskip("huggingface_hub")
     emb = make_embedder("bert", normalize=False)

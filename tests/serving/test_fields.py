@@ -75,6 +75,7 @@ FULL_BODIES = {
         "dimensions": 8,
         "encoding_format": "float",
     },
+    "/embed_all": {"inputs": ["cat"], "truncate": True, "truncation_direction": "Right", "prompt_name": "query"},
     "/": {"inputs": "cat", "normalize": False},
     "/rerank": {
         "query": "cat",

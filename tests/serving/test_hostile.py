@@ -32,6 +32,7 @@ ROUTES = [
     "/v2/embed",
     "/v2/rerank",
     "/embed",
+    "/embed_all",
     "/",
     "/rerank",
     "/similarity",
@@ -188,6 +189,8 @@ NOT_A_CHOICE = [
     ("/v2/embed", {"texts": ["x"]}, "embedding_types", [False, 0, "", {}, [], [1], [["float"]], ["float", None]]),
     ("/v2/embed", {"texts": ["x"]}, "truncate", [[], {}, 1, "START"]),
     ("/embed", {"inputs": "x"}, "prompt_name", [["query"], {}, 1, ""]),
+    ("/embed_all", {"inputs": "x"}, "prompt_name", [["query"], {}, 1, ""]),
+    ("/embed_all", {"inputs": "x"}, "truncate", [[], {}, 1, "yes"]),
     ("/", {"inputs": "x"}, "prompt_name", [["query"]]),
 ]
 

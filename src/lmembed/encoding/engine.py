@@ -137,6 +137,12 @@ def plan_batches(
     return batches
 
 
+def check_batch_size(batch_size: Any) -> None:
+    """Refuse a batch size that is not a whole number >= 1 (naming the argument)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
+
+
 def _check_window(window: int | None) -> None:
     if window is not None and window < 1:
         raise ConfigError(f"plan_window={window!r} must be a number of texts (>= 1) or None")
@@ -333,8 +339,7 @@ class EncodingEngine:
                 raise ConfigError("pre-built features are one tokenisation: the configs must share a forward key")
         if instruction is not None:
             check_encodable(instruction, "the instruction")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
+        check_batch_size(batch_size)
         outputs = [np.empty((len(texts), self.output_dim(cfg)), dtype=np.float32) for cfg in configs]
         if not texts:
             return outputs
@@ -392,8 +397,12 @@ class EncodingEngine:
         its token states are pooled per ``chunking`` window over the pooled (text) tokens. Returns the raw chunk
         vectors and each chunk's text row. Not cached (the chunks depend on ``chunking``)."""
         texts = validate_texts(texts)
+        check_batch_size(batch_size)
         builder, mode = self._reading(config)
         features = builder.build_all(texts, instruction)
+        if texts:  # as encode_raw: int8 calibrates on the first texts it sees; an ONNX graph is built for the strategy
+            self.backend.ensure_calibration(texts)
+            self._prepare(builder, [config], mode, batch_size)
         spans = [_late_spans(f.pool_mask, chunking) for f in features]
         offsets = np.cumsum([0] + [len(s) for s in spans])
         out = np.empty((int(offsets[-1]), self.output_dim(config)), dtype=np.float32)
@@ -417,6 +426,40 @@ class EncodingEngine:
                 out[rows] = pooled.float().cpu().numpy()
         doc_index = np.repeat(np.arange(len(texts), dtype=np.int64), np.diff(offsets))
         return out, doc_index
+
+    def encode_token_states(
+        self,
+        texts: Sequence[str],
+        config: EmbeddingConfig,
+        *,
+        instruction: str | None = None,
+        batch_size: int = ENCODE_BATCH_SIZE,
+        features: Sequence[Features] | None = None,
+    ) -> list[np.ndarray]:
+        """The hidden states ``config`` pools from (its layer or fused layers, attention and final norm), one array
+        ``(tokens, hidden)`` per text: every token the model reads (special tokens and ``instruction`` included,
+        padding left out), in order. No pooling, head, term channel, normalisation or Matryoshka cut. Not cached.
+        With ``features`` (one per text, built with ``instruction``), the texts are not tokenised again."""
+        texts = validate_texts(texts)
+        check_batch_size(batch_size)
+        builder, mode = self._reading(config)
+        if not texts:
+            return []
+        if features is None:
+            features = builder.build_all(texts, instruction)
+        elif len(features) != len(texts):
+            raise ConfigError(f"{len(features)} features for {len(texts)} texts")
+        features = list(features)
+        self.backend.ensure_calibration(texts)
+        self._prepare(builder, [config], mode, batch_size)
+        out: list[np.ndarray] = [np.empty((0, self.backbone.hidden_size), dtype=np.float32)] * len(texts)
+        with torch.inference_mode():
+            for batch in self._batches(features, list(range(len(texts))), batch_size):
+                states = self.backend.states(batch.input_ids, batch.attention_mask, [config], mode)[0]
+                read = batch.attention_mask.to(states.device).bool()
+                for b, row in enumerate(batch.rows):
+                    out[row] = states[b][read[b]].float().cpu().numpy()
+        return out
 
     # ------------------------------------------------------------------ cache
     def cache_model_key(self, config: EmbeddingConfig) -> str:

@@ -12,6 +12,7 @@ endpoint                    what it does
 ``POST /v2/embed``          Cohere v2 embeddings (float, int8, uint8, binary, ubinary, base64: :mod:`.compat`)
 ``POST /v2/rerank``         Cohere v2 reranking (404 without a reranker)
 ``POST /embed``, ``POST /`` Text Embeddings Inference's embeddings (``{"inputs": ...}`` → a list of vectors)
+``POST /embed_all``         Text Embeddings Inference's token vectors (``{"inputs": ...}`` → per text, per token)
 ``POST /rerank``            Text Embeddings Inference's reranking (404 without a reranker)
 ``GET /info``               Text Embeddings Inference's model information
 ``GET /health``             200 once warmed up (one forward pass done), 503 before and while shutting down
@@ -58,6 +59,7 @@ from lmembed.rerank import Reranker
 from lmembed.serving.batcher import TokenBudgetBatcher, forward_workers
 from lmembed.serving.compat import (
     COHERE_RERANK_FIELDS,
+    MAX_TOKEN_VALUES,
     CompatEmbedRequest,
     cohere_embed_body,
     cohere_rerank_body,
@@ -65,11 +67,13 @@ from lmembed.serving.compat import (
     parse_cohere_embed,
     parse_tei_decode,
     parse_tei_embed,
+    parse_tei_embed_all,
     parse_tei_rerank,
     parse_tei_similarity,
     parse_tei_tokenize,
     similarity_body,
     tei_rerank_body,
+    token_states_body,
 )
 from lmembed.serving.errors import ApiError
 from lmembed.serving.limits import ENDPOINTS, GuardMiddleware, Limits, TokenAdmission
@@ -194,6 +198,36 @@ class ServerState:
         instruction = self.instruction_for(req.input_type, None)
         work = self.embed(req.texts, instruction, req.dimensions, field, req.input_type, req.normalize, req.truncate)
         return await unless_disconnected(request, work)
+
+    async def token_states(self, request: Request, req: CompatEmbedRequest) -> list[np.ndarray]:
+        """Token vectors of a TEI ``/embed_all`` request (``Embedder.encode_tokens``, the side its ``prompt_name``
+        names), their tokens admitted as in flight; 413 when the answer would hold over ``MAX_TOKEN_VALUES``."""
+        if req.input_type in SIDES:
+            config, instruction = for_side(self.config, req.input_type)
+        else:  # as encode: the model's default prompt
+            config, instruction = self.config, self.instruction_for(None, None)
+        features = await self.tokenizer.features(req.texts, instruction, "inputs", req.truncate)
+        tokens = sum(len(f) for f in features)
+        values = tokens * self.embedder.backbone.hidden_size
+        if values > MAX_TOKEN_VALUES:
+            raise ApiError(
+                413,
+                f"'inputs' make {tokens} tokens of {self.embedder.backbone.hidden_size} numbers each ({values}); an "
+                f"/embed_all answer holds at most {MAX_TOKEN_VALUES}: send fewer or shorter texts",
+                "too_many_token_values",
+                param="inputs",
+            )
+        self.admission.admit(tokens)
+        self.trimmer.note(tokens + values * 10 // 4)  # and the answer: about 10 characters per number
+        try:
+            work = asyncio.to_thread(
+                self.engine.encode_token_states, req.texts, config, instruction=instruction, features=features
+            )
+            states = await unless_disconnected(request, work)
+        finally:
+            self.admission.release(tokens)
+        self.metrics.tokens.inc(tokens)
+        return states
 
     async def score(self, request: Request, req: RerankRequest) -> tuple[np.ndarray, int]:
         """The reranker's scores of a rerank request's documents (their tokens admitted as in flight)."""
@@ -466,6 +500,14 @@ def create_app(
         )
         vectors, _ = await state.embed_compat(request, req, "inputs")
         return Response(json.dumps(vectors.tolist()).encode(), media_type=JSON)
+
+    @app.post("/embed_all")
+    async def tei_embed_all(request: Request) -> Response:
+        req = parse_tei_embed_all(
+            parse_json(await request.body()), default_model=state.model_name, max_inputs=state.limits.max_inputs
+        )
+        states = await state.token_states(request, req)
+        return Response(await asyncio.to_thread(token_states_body, states), media_type=JSON)
 
     @app.post("/rerank")
     async def tei_rerank(request: Request) -> Response:

@@ -29,6 +29,11 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     the model reads is refused, 413, as TEI does; a ``--no-truncate`` server refuses it whatever the field) and
     ``truncation_direction`` (``Right`` only). Another field is refused by name. Answer: a list of vectors.
 
+    ``POST /embed_all``: ``inputs``, ``prompt_name``, ``truncate``, ``truncation_direction``, as ``/embed`` reads
+    them. Answer: per text, a vector per token (``Embedder.encode_tokens``: the states the strategy pools from, every
+    token the model reads, before pooling and normalisation). One request's answer holds at most
+    ``MAX_TOKEN_VALUES`` numbers (tokens x the model's width; 413 ``too_many_token_values`` above it).
+
     ``POST /rerank``: ``query``, ``texts`` (named so in refusals), ``return_text``, ``raw_scores`` (false only:
     scores are the reranker's activated ones), ``truncate``, ``truncation_direction`` (``Right`` only).
     Answer: ``[{"index", "score", "text"?}]``, best first.
@@ -53,6 +58,7 @@ Every route refuses a field it does not take with 400 ``unknown_field`` naming i
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -96,6 +102,9 @@ TEI_EMBED_FIELDS = (
 )
 #: Cohere v2 rerank's fields (``priority``, a scheduling hint, is accepted and has no effect here)
 COHERE_RERANK_FIELDS = ("model", "query", "documents", "top_n", "return_documents", "max_tokens_per_doc", "priority")
+#: the most numbers (tokens x the model's width) one ``/embed_all`` answer holds: about 40 MB of JSON
+MAX_TOKEN_VALUES = 2**22
+TEI_EMBED_ALL_FIELDS = ("inputs", "truncate", "truncation_direction", "prompt_name")
 TEI_RERANK_FIELDS = ("query", "texts", "truncate", "raw_scores", "return_text", "truncation_direction")
 TEI_TOKENIZE_FIELDS = ("inputs", "add_special_tokens", "prompt_name")
 TEI_DECODE_FIELDS = ("ids", "skip_special_tokens")
@@ -254,6 +263,24 @@ def parse_tei_embed(
     dimensions = _dimensions(payload, "dimensions", dim, fixed_width)
     side = TEI_PROMPTS.get(prompt) if prompt is not None else None
     return CompatEmbedRequest(texts, default_model, side, dimensions, ("float",), normalize, truncate)
+
+
+def parse_tei_embed_all(payload: dict[str, Any], *, default_model: str, max_inputs: int) -> CompatEmbedRequest:
+    """Validate a TEI ``/embed_all`` body (see the module doc)."""
+    only_fields(payload, TEI_EMBED_ALL_FIELDS, "a TEI embed_all request")
+    texts = _texts(payload.get("inputs"), "inputs", max_inputs)
+    truncate = payload.get("truncate")
+    if truncate is not None:
+        _flag(payload, "truncate", False)
+    _direction(payload)
+    prompt = _choice(payload, "prompt_name", TEI_PROMPTS, "invalid_prompt_name")
+    side = TEI_PROMPTS.get(prompt) if prompt is not None else None
+    return CompatEmbedRequest(texts, default_model, side, truncate=truncate)
+
+
+def token_states_body(states: list[np.ndarray]) -> bytes:
+    """TEI's ``/embed_all`` answer: per text, per token, its vector."""
+    return json.dumps([s.tolist() for s in states]).encode()
 
 
 def parse_tei_rerank(payload: dict[str, Any]) -> dict[str, Any]:

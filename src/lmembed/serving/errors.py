@@ -30,7 +30,7 @@ ERROR_TYPES = {
 }
 
 #: The routes of Text Embeddings Inference's API and of Cohere's (v2), whose clients read their own error shape.
-TEI_ROUTES = frozenset({"/embed", "/", "/rerank", "/similarity", "/tokenize", "/decode", "/info"})
+TEI_ROUTES = frozenset({"/embed", "/embed_all", "/", "/rerank", "/similarity", "/tokenize", "/decode", "/info"})
 COHERE_ROUTES = frozenset({"/v2/embed", "/v2/rerank"})
 #: TEI's ``error_type`` of each status that is not a plain refusal of the request (``Validation``).
 TEI_ERROR_TYPES = {429: "Overloaded", 500: "Backend", 503: "Unhealthy"}
