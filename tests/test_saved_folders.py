@@ -42,7 +42,10 @@ def test_the_record_covers_every_file_and_the_folder_reloads_to_the_same_vectors
     folder, before = saved
     meta = json.loads((folder / STRATEGY_FILE).read_text())
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    assert meta["format"] == SAVED_FORMAT and sorted(meta[FILES_KEY]) == [f for f in files if f != STRATEGY_FILE]
+    # every file but the record and the card, which is recorded apart (an edited card must not fail the checks)
+    assert meta["format"] == SAVED_FORMAT
+    assert sorted(meta[FILES_KEY]) == [f for f in files if f not in (STRATEGY_FILE, "README.md")]
+    assert meta["card"] == hashlib.sha256((folder / "README.md").read_bytes()).hexdigest()
     for name, digest in meta[FILES_KEY].items():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
     assert "pooling_head.safetensors" in meta[FILES_KEY] and "model.safetensors" in meta[FILES_KEY]

@@ -32,6 +32,7 @@ from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.io import read_json
 from lmembed.load_plan import HEAD_FILE, check_replaceable, plan_load, write_strategy_file
 from lmembed.load_spec import LoadSpec
+from lmembed.model_card import CARD_FILE, TrainingRecord, card_text
 from lmembed.models import presets
 from lmembed.models.attention import check_bidirectional_supported
 from lmembed.models.bundled import BUNDLED
@@ -627,6 +628,7 @@ class Embedder:
         backbone_state: dict[str, Tensor] | None = None,
         head_state: dict[str, Tensor] | None = None,
         extra: Callable[[Path], None] | None = None,
+        training: TrainingRecord | None = None,
     ) -> Path:
         """Write everything needed to reload this Embedder exactly (see the module doc), atomically: the folder is
         filled under a temporary name beside ``directory`` and renamed into place once ``lmembed.json``, written
@@ -635,8 +637,12 @@ class Embedder:
 
         ``backbone_state`` and ``head_state`` are whole tensors to write instead of the modules' own state
         dicts (a model sharded over processes is saved from its gathered state this way); ``extra`` writes more
-        files into the folder before they are recorded (a LoRA adapter beside the weights).
+        files into the folder before they are recorded (a LoRA adapter beside the weights). A model card,
+        ``README.md`` (:mod:`lmembed.model_card`), says how to load the model, its strategy, its ``training`` when
+        given, and the papers to cite.
         """
+        from lmembed import __version__  # lazy: the package's __init__ is imported before this module is
+
         directory = Path(directory)
         check_replaceable(directory)
         with atomic_folder(directory) as tmp:
@@ -644,11 +650,23 @@ class Embedder:
             model.save_pretrained(tmp, state_dict=backbone_state)
             self.backbone.tokenizer.save_pretrained(tmp)
             self._save_after_pooling(tmp, head_state)
-            if self.sentence_transformers_compatible():
+            compatible = self.sentence_transformers_compatible()
+            if compatible:
                 max_length = resolve_max_length(self.backbone, self.config.max_length)
                 write_sentence_transformers_files(tmp, self.config, self.backbone.hidden_size, max_length)
             if extra is not None:
                 extra(tmp)
+            card = card_text(
+                name=directory.name,
+                base_model=BUNDLED[name].hub_id if (name := self.backbone.name) in BUNDLED else name,
+                config=self.config,
+                is_decoder=self.backbone.is_decoder,
+                dim=self.dim,
+                version=__version__,
+                sentence_transformers=compatible,
+                training=training,
+            )
+            (tmp / CARD_FILE).write_text(card, encoding="utf-8")
             meta = {
                 "base_model": self.backbone.name,
                 "is_decoder": self.backbone.is_decoder,

@@ -35,6 +35,7 @@ from lmembed.config import EmbeddingConfig
 from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.io import check_recorded_files, loads_json, read_json, sha256_file
 from lmembed.load_spec import STRATEGY_FILE
+from lmembed.model_card import CARD_FILE, CARD_KEY
 from lmembed.models import presets
 from lmembed.models.adapters import load_adapter_stack
 from lmembed.models.bundled import BUNDLED, resolve_bundled
@@ -60,7 +61,7 @@ SAVED_FORMAT = 2
 FILES_KEY = "files"
 #: files a saved folder may gain after it was written without being recorded (a Hub repository's card and
 #: attributes, a licence): nothing lmembed or transformers loads; hidden files and folders are left alone too
-UNRECORDED_OK = ("README.md", ".gitattributes", "LICENSE", "LICENSE.md", "LICENSE.txt", "NOTICE")
+UNRECORDED_OK = (CARD_FILE, ".gitattributes", "LICENSE", "LICENSE.md", "LICENSE.txt", "NOTICE")
 HEAD_FILE = "pooling_head.safetensors"  # a saved Embedder's trained latent-attention head
 
 
@@ -352,12 +353,17 @@ def _read_saved(name_or_path: str) -> dict[str, Any] | None:
 def write_strategy_file(directory: Path, meta: dict[str, Any]) -> Path:
     """Write ``lmembed.json`` (``meta``: the strategy and what else the folder records) as the last file of a saved
     or exported folder, with the sha256 of every other file in it (``files``), so that a folder loads only as it was
-    written: :func:`check_saved_files` checks them before anything in it is read."""
+    written: :func:`check_saved_files` checks them before anything in it is read. The model card is recorded apart
+    (``card``: no loader reads it, and its user may edit it)."""
+    skipped = {directory / STRATEGY_FILE, directory / CARD_FILE}
     files = {
         p.relative_to(directory).as_posix(): sha256_file(p)
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and p != directory / STRATEGY_FILE
+        if p.is_file() and p not in skipped
     }
+    card = directory / CARD_FILE
+    if card.is_file():
+        meta = {**meta, CARD_KEY: sha256_file(card)}
     return atomic_write_text(
         directory / STRATEGY_FILE, json.dumps({"format": SAVED_FORMAT, **meta, FILES_KEY: files}, indent=2)
     )
@@ -388,6 +394,9 @@ def check_replaceable(directory: Path) -> None:
         for path in directory.rglob("*")
         if (path.is_symlink() or not path.is_dir()) and path != record
     )
+    own_card = isinstance(saved.get(CARD_KEY), str) and (directory / CARD_FILE).is_file()
+    if own_card and sha256_file(directory / CARD_FILE) == saved[CARD_KEY]:  # lmembed's card, unedited
+        others.remove(CARD_FILE)
     if lost := [name for name in others if name not in files]:
         shown = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
         raise ConfigError(refusal % f"it holds files its {record.name} does not record, which would be lost: {shown}")

@@ -349,7 +349,7 @@ def test_an_export_holds_what_acts_after_pooling(tokenizer, tmp_path):
     emb = Embedder.from_model(tiny_model("bert", len(tokenizer)), tokenizer, config, use_cache=False)
     saved = tmp_path / "model"
     emb.fit_terms(TEXTS, dims=64).save(saved)
-    kept = {p.name for p in saved.iterdir()} - {"model.safetensors", "config.json"}
+    kept = {p.name for p in saved.iterdir()} - {"model.safetensors", "config.json", "README.md"}  # README: the card
     out = tmp_path / "exported"
     result = CliRunner().invoke(app, ["export", str(out), "--model", str(saved), "--format", "onnx"])
     assert result.exit_code == 0, result.output

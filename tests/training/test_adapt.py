@@ -570,6 +570,9 @@ def test_the_saved_model_carries_the_corpus_term_channel(tmp_path, make_embedder
     assert model.config.terms is not None and model.config.terms.sha256 == terms["sha256"]
     assert model.encode_corpus(["the cat"]).shape == (1, model.backbone.hidden_size + 4096)
     assert not (Path(result.model_dir) / "modules.json").exists()  # sentence-transformers cannot read the channel
+    card = (Path(result.model_dir) / "README.md").read_text()  # the card tells the adaptation and cites GPL and BM25
+    assert "| adapted with | lmembed adapt" in card and "| term channel | 4096 buckets, weight 0.5 |" in card
+    assert "@misc{wang2022gpl," in card and "@misc{robertson2009bm25," in card
 
     plain = tmp_path / "plain"
     no_terms = AdaptRecipe().terms.model_copy(update={"enabled": False})

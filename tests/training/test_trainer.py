@@ -111,6 +111,20 @@ def test_training_run_writes_metrics_curve_and_loadable_model(tmp_path, tokenize
     assert (result.model_dir / "lmembed.json").exists() and result.losses == [r["loss"] for r in records]
 
 
+def test_the_trained_model_card_tells_the_run_and_cites_its_loss_and_techniques(tmp_path, tokenizer, data_file):
+    import re
+
+    cfg = make_config(tmp_path, data_file, steps=2, loss="gte", grad_cache_chunk=2)
+    model_dir = Trainer(cfg, model=tiny_embedder(tokenizer)).train().model_dir
+    card = (model_dir / "README.md").read_text()
+    assert "## Training" in card and "| loss | gte |" in card and "| steps | 2 |" in card
+    assert "| LoRA | rank 4, alpha 8, merged |" in card and f"| data | {data_file.name} |" in card
+    keys = re.findall(r"^@\w+\{([^,\n]+),$", card, flags=re.M)
+    # the strategy's bidirectional attention, then the run's loss, GradCache and LoRA
+    assert keys == ["behnamghader2024llm2vec", "li2023gte", "gao2021gradcache", "hu2021lora"]
+    Embedder.from_pretrained(str(model_dir), cache=False, show_progress=False)
+
+
 def test_adapter_can_be_kept_instead_of_merged(tmp_path, tokenizer):
     model = TrainableEmbedder(tiny_embedder(tokenizer), lora=LoraSettings(r=4, alpha=8, dropout=0.0))
     with torch.no_grad():

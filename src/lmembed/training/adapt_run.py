@@ -24,6 +24,7 @@ from lmembed.embedder import Embedder
 from lmembed.errors import LmembedError
 from lmembed.io import check_recorded_files, is_plain_file_name, sha256_file
 from lmembed.mining import read_rows
+from lmembed.model_card import TrainingRecord
 from lmembed.paths import inside
 from lmembed.schema import RecordModel, read_checked_json
 from lmembed.training import checkpoint as ckpt
@@ -363,8 +364,18 @@ def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe,
 def _save_with_terms(embedder: Embedder, docs: Sequence[Document], recipe: AdaptRecipe, model_dir: Path) -> Embedder:
     """``embedder`` with the recipe's term channel fitted on the corpus, saved to ``model_dir`` atomically."""
     fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
+    record = TrainingRecord(
+        {
+            "adapted with": "lmembed adapt: training rows made from the corpus alone",
+            "query sources": ", ".join(recipe.source_names),
+            "corpus documents": len(docs),
+            "term channel": f"{recipe.terms.dims} buckets, weight {recipe.terms.weight}",
+            "seed": recipe.seed,
+        },
+        ("wang2022gpl",),
+    )
     with atomic_folder(model_dir) as tmp:
-        fitted.save(tmp)
+        fitted.save(tmp, training=record)
     return fitted
 
 

@@ -40,6 +40,7 @@ from lmembed.embedder import Embedder
 from lmembed.encoding.engine import collate, resolve_max_length
 from lmembed.encoding.inputs import InputBuilder
 from lmembed.errors import ConfigError
+from lmembed.model_card import TrainingRecord
 from lmembed.models.attention import configure_attention
 from lmembed.pooling.layers import normalize_layer
 
@@ -381,8 +382,10 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
         in_place: bool = False,
         adapter_base: str | Path | None = None,
         full_state: dict[str, torch.Tensor] | None = None,
+        training: TrainingRecord | None = None,
     ) -> Path:
-        """Write an Embedder directory that ``Embedder.from_pretrained(directory)`` loads.
+        """Write an Embedder directory that ``Embedder.from_pretrained(directory)`` loads (its card tells of
+        ``training`` when given).
 
         With LoRA, ``merge_lora=True`` folds the adapters into the weights; ``False`` stores the
         base weights plus a peft adapter (``adapter_config.json``) that transformers applies on load.
@@ -401,20 +404,24 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
                 raise ValueError("full_state is for full fine-tuning; a LoRA model saves its own adapters")
             backbone = {k.removeprefix("model."): v for k, v in full_state.items() if k.startswith("model.")}
             head = {k.removeprefix("head."): v for k, v in full_state.items() if k.startswith("head.")}
-            return self._clone_embedder(self.model).save(directory, backbone_state=backbone, head_state=head or None)
+            return self._clone_embedder(self.model).save(
+                directory, backbone_state=backbone, head_state=head or None, training=training
+            )
         if not self.uses_lora:
-            return self._clone_embedder(self.model).save(directory)
+            return self._clone_embedder(self.model).save(directory, training=training)
         peft_model = self._peft[0]
         if merge_lora and in_place:
             clean = peft_model.merge_and_unload()
             self._peft.clear()
-            return self._clone_embedder(clean).save(directory)
+            return self._clone_embedder(clean).save(directory, training=training)
         duplicate = copy.deepcopy(peft_model)
         clean = duplicate.merge_and_unload() if merge_lora else duplicate.unload()
         if merge_lora:
-            return self._clone_embedder(clean).save(directory)
+            return self._clone_embedder(clean).save(directory, training=training)
         base = Path(adapter_base or directory)
-        return self._clone_embedder(clean).save(directory, extra=partial(self._save_adapter, peft_model, base=base))
+        return self._clone_embedder(clean).save(
+            directory, extra=partial(self._save_adapter, peft_model, base=base), training=training
+        )
 
     def _clone_embedder(self, model: nn.Module) -> Embedder:
         backbone = dataclasses.replace(self.embedder.backbone, model=model, _fingerprint=None)

@@ -61,6 +61,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lmembed.atomic import atomic_folder, atomic_write_text
 from lmembed.embedder import Embedder
 from lmembed.errors import ConfigError
+from lmembed.model_card import TrainingRecord
 from lmembed.rerank import Reranker
 from lmembed.training import checkpoint as ckpt
 from lmembed.training.dev_eval import evaluate_retrieval, load_eval_tasks
@@ -73,12 +74,13 @@ from lmembed.training.distributed import (
     shard_model,
 )
 from lmembed.training.gradcache import GradCache
-from lmembed.training.losses import LayerwiseLoss, reads_teacher_scores
+from lmembed.training.losses import LayerwiseLoss, loss_citations, reads_teacher_scores
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
 from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, build_optimizer, build_scheduler
 from lmembed.training.reranker import TrainableReranker, build_trainable_reranker
 from lmembed.training.rows import (
+    DataSource,
     MixtureSampler,
     RoundRobinSampler,
     TaskHomogeneousSampler,
@@ -587,6 +589,34 @@ class Trainer:
         found = ckpt.list_checkpoints(self.output)
         return found[-1][0] if found else -1
 
+    def training_record(self) -> TrainingRecord:
+        """What the saved model's card says of this run: its settings and the papers of its loss and techniques."""
+        config = self.config
+        inner = config.loss_kwargs.get("inner")
+        cites = [*loss_citations(config.loss, inner if isinstance(inner, str) else None)]
+        settings: dict[str, Any] = {
+            "loss": config.loss + (f" (inner: {inner})" if isinstance(inner, str) else ""),
+            "steps": config.steps,
+            "batch size": config.batch_size,
+            "learning rate": config.lr,
+        }
+        if config.temperature is not None:
+            settings["temperature"] = config.temperature
+        settings["hard negatives per query"] = config.num_negatives
+        if config.grad_cache_chunk:
+            settings["GradCache chunk"] = config.grad_cache_chunk
+            cites.append("gao2021gradcache")
+        if self.model.uses_lora:
+            settings["LoRA"] = f"rank {config.lora_r}, alpha {config.lora_alpha}" + (
+                ", merged" if config.merge_lora else ", kept as an adapter"
+            )
+            cites.append("hu2021lora")
+        sources = [DataSource.parse(d) for d in config.data]
+        names = [source.name or Path(source.path).name for source in sources]
+        settings["data"] = ", ".join(names) if names else "(none)"
+        settings["seed"] = config.seed
+        return TrainingRecord(settings, tuple(cites))
+
     def save_model(self, directory: str | Path | None = None) -> Path | None:
         """Write the trained Embedder atomically (main process) to ``<output>/model`` by default.
 
@@ -601,6 +631,7 @@ class Trainer:
             merge = self.config.merge_lora
             # the model before stays under its name until the new one is whole and renamed in (never neither)
             with atomic_folder(target) as scratch:
-                self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target, full_state=full)
+                card = {"training": self.training_record()} if isinstance(self.model, TrainableEmbedder) else {}
+                self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target, full_state=full, **card)
         self.dist.barrier()
         return target

@@ -47,6 +47,7 @@ from typing import Any
 
 from torch import nn
 
+from lmembed.citations import check_keys
 from lmembed.errors import ConfigError, UnknownNameError
 from lmembed.training.loss_names import MATRYOSHKA, canonical_loss_name
 from lmembed.training.losses.angle import AnglELoss, angle_similarity, cosent_loss
@@ -81,6 +82,7 @@ __all__ = [
     "canonical_loss_name",
     "check_keywords",
     "cosent_loss",
+    "loss_citations",
     "loss_spec",
     "pairwise_similarity",
     "reads_teacher_scores",
@@ -102,17 +104,20 @@ class LossSpec:
     ``takes``: the :data:`SHARED_OPTIONS` its factory accepts (the trainer passes exactly these);
     ``not_contrastive``: why the contrastive trainer cannot use it (``None``: it can); ``wraps``: it takes another
     loss as ``inner`` (by name, with ``inner_kwargs``), to which the trainer's shared settings go; ``reranks``: it
-    scores a reranker's groups of logits (the trainer's reranker mode), not embeddings."""
+    scores a reranker's groups of logits (the trainer's reranker mode), not embeddings; ``cites``: its papers."""
 
     factory: LossFactory
     takes: frozenset[str] = frozenset()
     not_contrastive: str | None = None
     wraps: bool = False
     reranks: bool = False
+    #: the papers the loss comes from (keys of :data:`lmembed.citations.CITATIONS`); a saved model's card cites them
+    cites: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if unknown := self.takes - SHARED_OPTIONS:
             raise ValueError(f"takes: {sorted(unknown)} are not shared options ({', '.join(sorted(SHARED_OPTIONS))})")
+        check_keys(self.cites, f"loss {getattr(self.factory, '__name__', self.factory)!r}")
 
 
 def _inner_loss(inner: str | nn.Module, inner_kwargs: Mapping[str, Any] | None) -> nn.Module:
@@ -148,18 +153,31 @@ def _build_matryoshka_2d(
 
 
 LOSSES: dict[str, LossSpec] = {
-    "infonce": LossSpec(InfoNCELoss, frozenset({"temperature", "similarity", "in_batch_negatives", "gather"})),
-    "gte": LossSpec(GTELoss, frozenset({"temperature", "similarity", "gather"})),
-    "triplet": LossSpec(TripletLoss),
-    "angle": LossSpec(
-        AnglELoss, not_contrastive="AnglE scores labelled text pairs, not (query, positive, negatives) rows"
+    "infonce": LossSpec(
+        InfoNCELoss, frozenset({"temperature", "similarity", "in_batch_negatives", "gather"}), cites=("oord2018cpc",)
     ),
-    "matryoshka_2d": LossSpec(_build_matryoshka_2d, wraps=True),  # 2DMSE (alias "2dmse")
-    "listwise_softmax": LossSpec(ListwiseSoftmaxLoss, frozenset({"temperature"}), reranks=True),
-    "pointwise_bce": LossSpec(PointwiseBCELoss, reranks=True),
-    "margin_mse": LossSpec(MarginMSELoss, frozenset({"similarity"})),
+    "gte": LossSpec(GTELoss, frozenset({"temperature", "similarity", "gather"}), cites=("li2023gte",)),
+    "triplet": LossSpec(TripletLoss, cites=("reimers2019sbert",)),
+    "angle": LossSpec(
+        AnglELoss,
+        not_contrastive="AnglE scores labelled text pairs, not (query, positive, negatives) rows",
+        cites=("li2023angle",),
+    ),
+    "matryoshka_2d": LossSpec(_build_matryoshka_2d, wraps=True, cites=("li2024twodmse",)),  # 2DMSE (alias "2dmse")
+    "listwise_softmax": LossSpec(ListwiseSoftmaxLoss, frozenset({"temperature"}), reranks=True, cites=("gao2021lce",)),
+    "pointwise_bce": LossSpec(PointwiseBCELoss, reranks=True, cites=("nogueira2019monobert",)),
+    "margin_mse": LossSpec(MarginMSELoss, frozenset({"similarity"}), cites=("hofstatter2020marginmse",)),
     "distill_kl": LossSpec(ListwiseKLLoss, frozenset({"temperature", "similarity"})),  # alias "kl", "listwise_kl"
 }
+#: the papers of the Matryoshka wrapper (not a :class:`LossSpec`: it is built by :func:`build_loss` itself)
+MATRYOSHKA_CITES = ("kusupati2022mrl",)
+
+
+def loss_citations(name: str, inner: str | None = None) -> tuple[str, ...]:
+    """The papers of loss ``name`` (and of ``inner``, the loss a wrapper wraps)."""
+    own = MATRYOSHKA_CITES if canonical_loss_name(name) == MATRYOSHKA else loss_spec(name).cites
+    wraps = canonical_loss_name(name) == MATRYOSHKA or loss_spec(name).wraps
+    return own + (loss_citations(inner) if wraps and inner else ())
 
 
 def register_loss(name: str, factory: LossFactory | LossSpec) -> None:

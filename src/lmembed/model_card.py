@@ -1,0 +1,132 @@
+"""A saved model's card, ``README.md``: what the model is, how to load it, how it was trained, and what to cite.
+
+:meth:`Embedder.save <lmembed.embedder.Embedder.save>` writes it beside the weights, in the layout the Hugging Face
+Hub reads (YAML front matter, then Markdown), so a saved folder can be published as it is. The card cites the paper
+of each part of the strategy (:func:`strategy_citations`) and, for a trained model, of its training
+(:class:`TrainingRecord`, written by the trainer): the BibTeX entries come from :mod:`lmembed.citations`.
+
+The card is for people; no loader reads it. ``lmembed.json`` records its sha256 apart from the model's files
+(``card``), so that a user may edit it before publishing without the folder failing its checks, and saving over the
+folder again replaces lmembed's own card but refuses to drop an edited one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmembed.citations import bibtex, check_keys
+from lmembed.config import EmbeddingConfig
+
+CARD_FILE = "README.md"
+#: the key of ``lmembed.json`` that records the card's sha256
+CARD_KEY = "card"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """What a training run tells the card: its settings (name -> value, shown as a table) and its papers."""
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    cites: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_keys(self.cites, "the training record")
+
+
+def strategy_citations(config: EmbeddingConfig, is_decoder: bool) -> tuple[str, ...]:
+    """The papers of the strategy's parts: its pooling, a decoder's attention and layer, echo, Matryoshka ``dim``
+    and a term channel."""
+    keys = []
+    if config.pooling == "weighted_mean":
+        keys.append("muennighoff2022sgpt")
+    if config.pooling == "latent_attention":
+        keys.append("lee2024nvembed")
+    if is_decoder and config.pooling == "last":
+        keys.append("ma2023repllama")
+    if is_decoder and config.attention == "bidirectional":
+        keys.append("behnamghader2024llm2vec")
+    if config.echo:
+        keys.append("springer2024echo")
+    if is_decoder and (config.layers != (-1,) or config.final_norm is not None):
+        keys.append("juboor2024decoding")
+    if config.dim is not None:
+        keys.append("kusupati2022mrl")
+    if config.terms is not None:
+        keys.append("robertson2009bm25")
+    return tuple(keys)
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text.replace("|", "\\|").replace("\n", "\\n")
+
+
+def card_text(
+    *,
+    name: str,
+    base_model: str,
+    config: EmbeddingConfig,
+    is_decoder: bool,
+    dim: int,
+    version: str,
+    sentence_transformers: bool,
+    training: TrainingRecord | None = None,
+) -> str:
+    """The card's Markdown (with the Hub's YAML front matter)."""
+    tags = ["lmembed", "feature-extraction", "sentence-similarity"]
+    if sentence_transformers:
+        tags.append("sentence-transformers")
+    front = ["---", "library_name: lmembed"]
+    if _HUB_ID.match(base_model):  # the Hub links a base model by its id only (not a local path)
+        front.append(f"base_model: {base_model}")
+    front += ["pipeline_tag: sentence-similarity", "tags:", *(f"- {t}" for t in tags), "---", ""]
+    lines = [
+        *front,
+        f"# {name}",
+        "",
+        f"A text-embedding model saved by lmembed {version}: `{base_model}` read with the strategy `{config.label()}` "
+        f"({dim} dimensions, {config.similarity} similarity).",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from lmembed import Embedder",
+        "",
+        f'model = Embedder.from_pretrained("{name}")  # this folder, or its Hub id once published',
+        'queries = model.encode_queries(["what is this model for?"])',
+        'documents = model.encode_corpus(["It turns texts into vectors."])',
+        "```",
+        "",
+    ]
+    if sentence_transformers:
+        lines += [
+            "sentence-transformers loads it too, with the same vectors: "
+            f'`SentenceTransformer("{name}").encode(texts)`.',
+            "",
+        ]
+    defaults = EmbeddingConfig().to_dict()
+    changed = {k: v for k, v in config.to_dict().items() if defaults.get(k) != v}
+    lines += ["## Strategy", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in changed.items()] or ["| (lmembed's defaults) | |"]
+    lines.append("")
+    if training is not None:
+        lines += ["## Training", "", "| setting | value |", "|---|---|"]
+        lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in training.settings.items()]
+        lines.append("")
+    cites = [*strategy_citations(config, is_decoder), *(training.cites if training else ())]
+    if cites:
+        lines += [
+            "## Citations",
+            "",
+            "The methods this model's strategy and training use come from these papers:",
+            "",
+            "```bibtex",
+            bibtex(cites),
+            "```",
+            "",
+        ]
+    return "\n".join(lines)
