@@ -33,6 +33,7 @@ def test_doctor_prints_sources_and_passes_on_a_published_model(tmp_path):
     for name in ("attention", "padding", "truncation"):
         assert f"pass  {name}:" in result.output
     assert "skip  prompt-pooling" in result.output  # last-token pooling reads one token
+    assert "the strategy's papers: ma2023repllama" in result.output  # a decoder's last-token pooling
 
 
 def test_provenance_names_option_preset_and_default(tmp_path):

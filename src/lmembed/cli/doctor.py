@@ -41,6 +41,7 @@ def doctor(
     # lazy: torch loads only when the command runs
     from lmembed.config import EmbeddingConfig
     from lmembed.evaluation.doctor import preset_fields, provenance, run_checks, weights_here
+    from lmembed.model_card import strategy_citations
     from lmembed.models import presets
 
     options = replace(options, no_cache=True)  # every vector computed: a cached one would hide what is checked
@@ -67,6 +68,8 @@ def doctor(
     _print_fields(out, model, provenance(emb, given))
     if emb.published:
         _print_preset(out, emb.published)
+    if cites := strategy_citations(emb.config, emb.backbone.is_decoder):  # the BibTeX is in a saved folder's card
+        out.print(f"the strategy's papers: {', '.join(cites)} (lmembed.citations; a saved folder's README.md has them)")
     checks = run_checks(emb)
     for check in checks:
         out.print(f"{MARKS[check.passed]}  {check.name}: {escape(check.detail)}", soft_wrap=True)
