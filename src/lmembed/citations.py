@@ -184,6 +184,16 @@ CITATIONS: dict[str, Citation] = {
             "2403.20327",
         ),
         Citation(
+            "li2024bgeicl", "Li, Chaofan and others", "Making Text Embedders Few-Shot Learners", 2024, "2409.15700"
+        ),
+        Citation(
+            "zhang2025qwen3embedding",
+            "Zhang, Yanzhao and others",
+            "Qwen3 Embedding: Advancing Text Embedding and Reranking Through Foundation Models",
+            2025,
+            "2506.05176",
+        ),
+        Citation(
             "wang2022gpl",
             "Wang, Kexin and Thakur, Nandan and Reimers, Nils and Gurevych, Iryna",
             "GPL: Generative Pseudo Labeling for Unsupervised Domain Adaptation of Dense Retrieval",

@@ -665,6 +665,7 @@ class Embedder:
                 version=__version__,
                 sentence_transformers=compatible,
                 training=training,
+                family_cites=self.published.preset.cites if self.published else (),
             )
             (tmp / CARD_FILE).write_text(card, encoding="utf-8")
             meta = {

@@ -75,8 +75,10 @@ def card_text(
     version: str,
     sentence_transformers: bool,
     training: TrainingRecord | None = None,
+    family_cites: tuple[str, ...] = (),
 ) -> str:
-    """The card's Markdown (with the Hub's YAML front matter)."""
+    """The card's Markdown (with the Hub's YAML front matter); ``family_cites``: the papers of the published family
+    the model was loaded as (its preset's)."""
     tags = ["lmembed", "feature-extraction", "sentence-similarity"]
     if sentence_transformers:
         tags.append("sentence-transformers")
@@ -117,12 +119,12 @@ def card_text(
         lines += ["## Training", "", "| setting | value |", "|---|---|"]
         lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in training.settings.items()]
         lines.append("")
-    cites = [*strategy_citations(config, is_decoder), *(training.cites if training else ())]
+    cites = [*family_cites, *strategy_citations(config, is_decoder), *(training.cites if training else ())]
     if cites:
         lines += [
             "## Citations",
             "",
-            "The methods this model's strategy and training use come from these papers:",
+            "The model, its strategy and its training come from these papers:",
             "",
             "```bibtex",
             bibtex(cites),

@@ -33,7 +33,15 @@ def test_doctor_prints_sources_and_passes_on_a_published_model(tmp_path):
     for name in ("attention", "padding", "truncation"):
         assert f"pass  {name}:" in result.output
     assert "skip  prompt-pooling" in result.output  # last-token pooling reads one token
-    assert "the strategy's papers: ma2023repllama" in result.output  # a decoder's last-token pooling
+    assert "papers: wang2024e5mistral, ma2023repllama" in result.output  # the family's, its last-token pooling
+
+
+def test_a_published_model_saved_again_cites_its_family_paper_first(tmp_path):
+    import re
+
+    emb = Embedder.from_pretrained(str(e5_snapshot(tmp_path)), cache=False, show_progress=False)
+    card = (emb.save(tmp_path / "copy") / "README.md").read_text()
+    assert re.findall(r"^@\w+\{([^,\n]+),$", card, flags=re.M) == ["wang2024e5mistral", "ma2023repllama"]
 
 
 def test_provenance_names_option_preset_and_default(tmp_path):

@@ -68,8 +68,9 @@ def doctor(
     _print_fields(out, model, provenance(emb, given))
     if emb.published:
         _print_preset(out, emb.published)
-    if cites := strategy_citations(emb.config, emb.backbone.is_decoder):  # the BibTeX is in a saved folder's card
-        out.print(f"the strategy's papers: {', '.join(cites)} (lmembed.citations; a saved folder's README.md has them)")
+    family = emb.published.preset.cites if emb.published else ()
+    if cites := (*family, *strategy_citations(emb.config, emb.backbone.is_decoder)):  # their BibTeX: a saved card's
+        out.print(f"papers: {', '.join(dict.fromkeys(cites))} (lmembed.citations; a saved folder's README.md has them)")
     checks = run_checks(emb)
     for check in checks:
         out.print(f"{MARKS[check.passed]}  {check.name}: {escape(check.detail)}", soft_wrap=True)

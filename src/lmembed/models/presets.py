@@ -34,6 +34,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
+from lmembed.citations import check_keys
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ModelLoadError, UnknownNameError
 from lmembed.io import read_json
@@ -61,6 +62,11 @@ class Preset:
     # the reference puts few-shot examples before its template (bge-en-icl): a template that ends with the published
     # one adds examples, as the reference does, and is not warned about as an override
     examples_before_template: bool = False
+    #: the family's paper(s) (keys of :data:`lmembed.citations.CITATIONS`): a saved model's card cites them
+    cites: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_keys(self.cites, f"preset {self.family}")
 
     def config(self, **overrides: Any) -> EmbeddingConfig:
         """The preset's strategy as an :class:`EmbeddingConfig` (``overrides`` replace fields)."""
@@ -107,6 +113,7 @@ def bge_icl_template(examples: Sequence[Mapping[str, str]], task: str = BGE_ICL_
 PRESETS: tuple[Preset, ...] = (
     Preset(
         family="e5-mistral-7b-instruct",
+        cites=("wang2024e5mistral",),
         hub_ids=("intfloat/e5-mistral-7b-instruct",),
         strategy={
             "pooling": "last",
@@ -151,6 +158,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         family="gte-Qwen2-instruct",
+        cites=("li2023gte",),
         hub_ids=("alibaba-nlp/gte-qwen2-*-instruct",),
         strategy={
             "pooling": "last",
@@ -173,6 +181,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         family="Qwen3-Embedding",
+        cites=("zhang2025qwen3embedding",),
         hub_ids=("qwen/qwen3-embedding-*",),
         strategy={
             "pooling": "last",
@@ -196,6 +205,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         family="GritLM",
+        cites=("muennighoff2024grit",),
         hub_ids=("gritlm/gritlm-*",),
         strategy={
             "pooling": "mean",
@@ -215,6 +225,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         family="LLM2Vec",
+        cites=("behnamghader2024llm2vec",),
         hub_ids=("mcgill-nlp/llm2vec-*",),
         strategy={
             "pooling": "mean",
@@ -245,6 +256,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         family="NV-Embed",
+        cites=("lee2024nvembed",),
         hub_ids=("nvidia/nv-embed-v1", "nvidia/nv-embed-v2"),
         strategy={
             "pooling": "latent_attention",
@@ -277,6 +289,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         family="bge-en-icl",
+        cites=("li2024bgeicl",),
         hub_ids=("baai/bge-en-icl",),
         strategy={
             "pooling": "last",
