@@ -413,13 +413,15 @@ class Embedder:
         prompt can be named (``prompt_name``, one of ``config.prompts``); without either, its default prompt
         (``default_prompt_name``) applies, as in sentence-transformers' ``encode``. Giving both is refused: which one
         was meant cannot be told (sentence-transformers warns and drops ``prompt_name``)."""
+        return self._encode_as(texts, batch_size, self._prompt(instruction, prompt_name), self.config)
+
+    def _prompt(self, instruction: str | None, prompt_name: str | None) -> str | None:
+        """The text before each input of :meth:`encode`: ``instruction``, else the named (or default) prompt."""
         if instruction is not None and prompt_name is not None:
             raise ConfigError(
                 f"instruction and prompt_name={prompt_name!r} both set the text before each input; give one"
             )
-        if instruction is None:
-            instruction = self.config.named_prompt(prompt_name)
-        return self._encode_as(texts, batch_size, instruction, self.config)
+        return instruction if instruction is not None else self.config.named_prompt(prompt_name)
 
     def encode_tokens(
         self,
@@ -437,17 +439,12 @@ class Embedder:
 
         The text before each input is chosen as :meth:`encode` chooses it (``instruction`` or ``prompt_name``), or
         with ``side`` (``"query"``/``"document"``) as :meth:`encode_queries`/:meth:`encode_corpus` do."""
-        if instruction is not None and prompt_name is not None:
-            raise ConfigError(
-                f"instruction and prompt_name={prompt_name!r} both set the text before each input; give one"
-            )
-        config = self.config
-        if side is not None:
-            if prompt_name is not None:
-                raise ConfigError(f"side={side!r} chooses the prompt itself; prompt_name={prompt_name!r} cannot")
+        if side is None:
+            config, instruction = self.config, self._prompt(instruction, prompt_name)
+        elif prompt_name is not None:
+            raise ConfigError(f"side={side!r} chooses the prompt itself; prompt_name={prompt_name!r} cannot")
+        else:
             config, instruction = for_side(self.config, side, instruction)
-        elif instruction is None:
-            instruction = self.config.named_prompt(prompt_name)
         return self.engine.encode_token_states(texts, config, instruction=instruction, batch_size=batch_size)
 
     def encode_queries(
