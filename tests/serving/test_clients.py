@@ -186,10 +186,10 @@ def test_served_model_name_takes_several_names():
 
 
 def test_a_term_channel_model_keeps_its_width_and_its_sides_in_every_dialect(make_embedder):
-    """A model with a term channel cannot be shortened (the channel is weighed against the dense part in the
-    cosine): a smaller ``dimensions`` / ``output_dimension`` is a 400 naming the field, in each dialect, before any
-    work; the full width asks for nothing. Queries and documents are weighed apart (idf vs BM25) through each
-    dialect's side field."""
+    """A model with a term channel cannot be shortened nor left unnormalised (the channel is weighed against the
+    dense part in the cosine): a smaller ``dimensions`` / ``output_dimension``, or TEI's ``normalize: false``, is a
+    400 naming the field, in each dialect, before any work; the full width asks for nothing. Queries and documents
+    are weighed apart (idf vs BM25) through each dialect's side field."""
     openai = pytest.importorskip("openai")
     cohere = pytest.importorskip("cohere")
     corpus = ["the cat sat on the mat", "a dog ran in the park", "the cat and the dog"]
@@ -221,6 +221,11 @@ def test_a_term_channel_model_keeps_its_width_and_its_sides_in_every_dialect(mak
         tei = httpx.post(server.url + "/embed", json={"inputs": text, "dimensions": 8}, timeout=30)
         assert tei.status_code == 400 and tei.json()["param"] == "dimensions"
         assert tei.json()["error_type"] == "Validation"
+        for route in ("/embed", "/"):  # nor left unnormalised: a 400 naming the field (was a 500, internal error)
+            tei = httpx.post(server.url + route, json={"inputs": text, "normalize": False}, timeout=30)
+            assert tei.status_code == 400 and tei.json()["param"] == "normalize", tei.text
+            assert tei.json()["code"] == "invalid_normalize" and "term channel" in tei.json()["error"]
+        assert "internal_error" not in httpx.get(server.url + "/metrics").text
         tei = httpx.post(server.url + "/embed", json={"inputs": text, "prompt_name": "query"}, timeout=30)
         np.testing.assert_array_equal(np.array(tei.json(), dtype=np.float32), emb.encode_queries(text))
 

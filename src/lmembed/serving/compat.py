@@ -254,6 +254,13 @@ def parse_tei_embed(
     only_fields(payload, TEI_EMBED_FIELDS, "a TEI embed request")
     texts = _texts(payload.get("inputs"), "inputs", max_inputs)
     normalize = _flag(payload, "normalize", True)
+    if not normalize and fixed_width is not None:
+        raise bad_request(
+            f"'normalize' must be true or absent for this model: its vectors cannot be left unnormalised "
+            f"({fixed_width})",
+            "invalid_normalize",
+            "normalize",
+        )
     truncate = payload.get("truncate")
     if truncate is not None:
         _flag(payload, "truncate", False)
