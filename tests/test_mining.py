@@ -82,9 +82,25 @@ def test_perc_pos_removes_the_planted_false_negative_and_naive_keeps_it():
 
 def test_negatives_are_ranked_by_teacher_score():
     row = mine_hard_negatives(BagOfWords(), ROWS, CORPUS, k=4, method="naive", with_scores=True)[0]
-    scores = row["negative_scores"]
-    assert scores == sorted(scores, reverse=True)
-    assert row["positive_score"] == pytest.approx(float(_scores("cat sat mat", [POSITIVE])[0]))
+    scores = row["teacher_scores"]["negatives"]
+    assert scores == sorted(scores, reverse=True) and len(scores) == len(row["negatives"])
+    assert row["teacher_scores"]["positive"] == pytest.approx([float(_scores("cat sat mat", [POSITIVE])[0])])
+
+
+def test_scored_rows_feed_the_distillation_losses_as_they_are(tmp_path):
+    """``mine --scores`` writes ``teacher_scores`` in the form training reads (it wrote ``positive_score`` and
+    ``negative_scores``, which ``--loss margin_mse`` refused as rows without teacher scores); kept negatives are
+    scored too, so the scores still match the negatives one for one."""
+    from lmembed.training.rows import parse_row
+
+    rows = [{**ROWS[0], "negatives": [CORPUS["d4"]]}]
+    row = mine_hard_negatives(BagOfWords(), rows, CORPUS, k=3, method="naive", with_scores=True, keep_existing=True)[0]
+    assert row["negatives"][0] == CORPUS["d4"] and len(row["teacher_scores"]["negatives"]) == len(row["negatives"])
+    assert row["teacher_scores"]["negatives"][0] == pytest.approx(float(_scores("cat sat mat", [CORPUS["d4"]])[0]))
+    example = parse_row(row)
+    assert example.teacher_scores == pytest.approx(
+        (*row["teacher_scores"]["positive"], *row["teacher_scores"]["negatives"])
+    )
 
 
 @pytest.mark.parametrize(
@@ -128,7 +144,9 @@ def test_several_positives_use_the_lowest_positive_score_and_are_all_excluded():
     rows = [{"query": "cat sat mat", "positive": [POSITIVE, CORPUS["d2"]]}]
     row = mine_hard_negatives(BagOfWords(), rows, CORPUS, k=5, method="perc_pos", with_scores=True)[0]
     assert CORPUS["d2"] not in row["negatives"] and POSITIVE not in row["negatives"]
-    assert row["positive_score"] == pytest.approx(float(_scores("cat sat mat", [CORPUS["d2"]])[0]))
+    assert row["teacher_scores"]["positive"] == pytest.approx(
+        [float(_scores("cat sat mat", [p])[0]) for p in (POSITIVE, CORPUS["d2"])]
+    )
 
 
 def test_queries_are_grouped_by_instruction_and_never_their_own_negative():

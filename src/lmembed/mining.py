@@ -298,7 +298,8 @@ def mine_hard_negatives(
         candidates: documents retrieved per query (default :func:`default_candidates`).
         query_instruction: used for rows without their own ``instruction``.
         keep_existing: put a row's existing ``negatives`` first and mine only the rest.
-        with_scores: add ``positive_score`` and ``negative_scores`` (teacher cosine) to each row.
+        with_scores: add ``teacher_scores`` (the teacher's cosine of each positive and each negative, existing ones
+            included) in the form the distillation losses read: ``{"positive": [...], "negatives": [...]}``.
         stats: filled in with counts, when given.
 
     Similarity is cosine (the teacher's vectors are L2-normalised here).
@@ -330,6 +331,10 @@ def mine_hard_negatives(
 
     doc_vecs = unit_rows(teacher.encode_corpus(docs, batch_size=batch_size))
     query_vecs = unit_rows(_embed_queries(teacher, queries, instructions, batch_size))
+    kept = _TextPool([])  # a row's existing negatives, when they are kept and scored
+    for text in (t for r in items for t in _row_negatives(r)) if keep_existing and with_scores else ():
+        kept.add(text)
+    kept_vecs = unit_rows(teacher.encode_corpus(kept.texts, batch_size=batch_size)) if kept.texts else None
     found = exact_search(query_vecs, doc_vecs, top_k=min(n_retrieve, len(docs)), similarity="dot")
     stats.queries += len(items)
     out = []
@@ -357,8 +362,8 @@ def mine_hard_negatives(
         new_row["negatives"] = existing + [docs[j] for j in chosen]
         new_row.pop("teacher_scores", None)  # they scored the row's old negatives
         if with_scores:
-            new_row["positive_score"] = positive_score
-            new_row["negative_scores"] = scores
+            before = [float(kept_vecs[kept.index[t]] @ query_vecs[i]) for t in existing] if existing else []
+            new_row["teacher_scores"] = {"positive": [float(x) for x in pos_scores], "negatives": before + scores}
         out.append(new_row)
     if stats.short_rows:
         log.warning("%d of %d rows got fewer than %d negatives", stats.short_rows, len(items), k)

@@ -58,7 +58,14 @@ def mine(
     split: Annotated[str, typer.Option("--split", help="Qrels split when --data is a BEIR folder.")] = "train",
     instruction: InstructionOpt = None,
     batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
-    scores: Annotated[bool, typer.Option("--scores", help="Also write the teacher scores.")] = False,
+    scores: Annotated[
+        bool,
+        typer.Option(
+            "--scores",
+            help="Also write the teacher's score of each positive and negative as teacher_scores, the field the "
+            "distillation losses (margin_mse, distill_kl) read.",
+        ),
+    ] = False,
     options: Annotated[ModelOptions, TEACHER] = ModelOptions(),
 ) -> None:
     """Mine hard negatives for training rows with a teacher embedding model."""

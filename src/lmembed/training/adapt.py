@@ -343,11 +343,12 @@ def mine_rows(
     found = {}
     for q, m in zip(chosen, mined, strict=True):
         own = {docs[q.doc].full, q.positive}
-        kept = [(n, s) for n, s in zip(m["negatives"], m["negative_scores"], strict=True) if n not in own]
+        scored = m["teacher_scores"]
+        kept = [(n, s) for n, s in zip(m["negatives"], scored["negatives"], strict=True) if n not in own]
         row = _row(q, docs, [n for n, _ in kept])
         # the miner's cosines of the whole own document and of each negative: how they were chosen, and what a
         # teacher built on the same model need not compute again
-        row["provenance"]["mined_scores"] = {"positive": m["positive_score"], "negatives": [s for _, s in kept]}
+        row["provenance"]["mined_scores"] = {"positive": min(scored["positive"]), "negatives": [s for _, s in kept]}
         found[id(q)] = row
     return [found.get(id(q)) or _row(q, docs, []) for q in queries], stats
 
