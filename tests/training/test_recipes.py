@@ -118,6 +118,10 @@ def test_structural_errors_are_reported():
     recipe = parse_recipe({"model": "m", "stages": [{"name": "a"}]})
     with pytest.raises(RecipeError, match="match no stage option"):
         apply_overrides(recipe, {"stepz": 1})
+    with pytest.raises(RecipeError, match=r"'cites' names nope2020, which lmembed.citations does not hold"):
+        parse_recipe({"model": "m", "stages": [{"name": "a"}], "cites": ["li2023gte", "nope2020"]})
+    with pytest.raises(RecipeError, match="a list of citation keys"):
+        parse_recipe({"model": "m", "stages": [{"name": "a"}], "cites": "li2023gte"})
 
 
 @pytest.mark.parametrize(
@@ -349,6 +353,10 @@ def test_shipped_nv_embed_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):
     final = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
     assert final.config.pooling == "latent_attention" and final.pooling_head is not None
     assert time.perf_counter() - started < 120
+    card = (Path(result.model_dir) / "README.md").read_text()  # the recipe, its stage and its papers
+    assert "| recipe | nv-embed-two-stage, stage stage2-blend |" in card and "NV-Embed (arXiv:2405.17428)" in card
+    for key in ("lee2024nvembed", "moreira2024nvretriever", "oord2018cpc", "hu2021lora"):
+        assert f"{{{key}," in card, key
 
 
 def test_shipped_grit_recipe_runs_on_a_tiny_model(tmp_path, tiny_dir):

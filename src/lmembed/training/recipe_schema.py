@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePath
 from typing import Any
 
+from lmembed.citations import CITATIONS
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
 from lmembed.mining import mine_hard_negatives
@@ -55,6 +56,8 @@ class Recipe:
     evaluate: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     paper: str = ""
+    #: the recipe's papers (keys of lmembed.citations.CITATIONS): the trained model's card cites them
+    cites: tuple[str, ...] = ()
     source: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # applied last, to stages that know the field
     #: the file and lines of the recipe's keys, for messages (``Where(source)`` without lines when built in code)
@@ -69,6 +72,7 @@ class RecipeFile(FileModel):
     name: Any = None
     description: Any = None
     paper: Any = None
+    cites: Any = None
     model: Any = None
     output: Any = None
     defaults: Any = None
@@ -269,6 +273,14 @@ def parse_recipe(
     if not data.get("model") and not stages[0].get("model"):
         raise RecipeError(f"{where.at(('model',))}: no 'model' given")
     name = str(data.get("name") or (source.stem if source else "recipe"))
+    cites = data.get("cites") or []
+    if not isinstance(cites, list) or not all(isinstance(c, str) for c in cites):
+        raise RecipeError(f"{where.at(('cites',))}: 'cites' must be a list of citation keys")
+    if unknown := [c for c in cites if c not in CITATIONS]:
+        raise RecipeError(
+            f"{where.at(('cites',))}: 'cites' names {', '.join(unknown)}, which lmembed.citations does not hold "
+            f"(it holds {', '.join(CITATIONS)})"
+        )
     return Recipe(
         name=name,
         model=str(data.get("model") or ""),
@@ -279,6 +291,7 @@ def parse_recipe(
         evaluate=dict(data.get("evaluate") or {}),
         description=str(data.get("description") or ""),
         paper=str(data.get("paper") or ""),
+        cites=tuple(cites),
         source=source,
         where=where,
     )

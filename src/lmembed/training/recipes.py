@@ -7,6 +7,8 @@ stage (:mod:`lmembed.training.stages`, set by an :class:`~lmembed.training.train
 saved, with a fresh optimizer (NV-Embed restarts it between its stages). Layout::
 
     name: nv-embed-two-stage
+    paper: "Lee et al. 2024, NV-Embed"  # shown in the trained model's card
+    cites: [lee2024nvembed]             # lmembed.citations keys: the card gives their BibTeX
     model: smollm2-135m                 # the first stage's model
     output: runs/recipes/nv-embed       # each stage writes <output>/<stage name>/
     defaults: {pooling: mean, ...}      # merged into every stage (only the fields a stage knows)
@@ -170,7 +172,10 @@ def stage_options(recipe: Recipe, stage: Mapping[str, Any], model: str, output: 
     return options
 
 
-def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
+def _run_contrastive(
+    options: dict[str, Any], stage: Mapping[str, Any], recipe: Recipe
+) -> tuple[Path, list[float], int]:
+    from lmembed.model_card import TrainingRecord  # lazy, as below
     from lmembed.training.trainer import Trainer  # lazy: keeps `lmembed --help` free of torch
 
     options = dict(options)
@@ -179,14 +184,15 @@ def _run_contrastive(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple
         config = TrainConfig.from_dict(options)
     except (TrainConfigError, TypeError, ValueError) as exc:
         raise RecipeError(f"stage {stage['name']!r}: {exc}") from exc
-    trainer = Trainer(config)
+    note = {"recipe": f"{recipe.name}, stage {stage['name']}", **({"paper": recipe.paper} if recipe.paper else {})}
+    trainer = Trainer(config, card=TrainingRecord(note, recipe.cites))
     result = trainer.train()
     if result.model_dir is None:
         raise RecipeError(f"stage {stage['name']!r}: the trainer saved no model")
     return Path(result.model_dir), list(result.losses), result.end_step
 
 
-def _run_objective(options: dict[str, Any], stage: Mapping[str, Any]) -> tuple[Path, list[float], int]:
+def _run_objective(options: dict[str, Any], stage: Mapping[str, Any], recipe: Recipe) -> tuple[Path, list[float], int]:
     from lmembed.training.stages import run_objective  # lazy: keeps `lmembed --help` free of torch
 
     options = {**options, "data": resolve_data(options.get("data") or [])}
@@ -205,7 +211,7 @@ def run_stage(recipe: Recipe, stage: dict[str, Any], model: str, output: Path) -
     kind = stage.get("type", "contrastive")
     log.info("recipe %s: stage %s (%s) from %s", recipe.name, stage["name"], kind, options["model"])
     runner = _run_contrastive if kind in TRAINER_STAGES else _run_objective
-    model_dir, losses, steps = runner(options, stage)
+    model_dir, losses, steps = runner(options, stage, recipe)
     return StageResult(
         name=stage["name"],
         type=kind,

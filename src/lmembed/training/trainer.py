@@ -143,9 +143,11 @@ class Trainer:
         *,
         model: Embedder | TrainableEmbedder | Reranker | TrainableReranker | None = None,
         datasets: Sequence[TrainDataset] | None = None,
+        card: TrainingRecord | None = None,
     ) -> None:
         config.check_ready(model_given=model is not None, data_given=datasets is not None)
         self.config = config
+        self.card = card  # what runs this trainer adds to the saved model's card (a recipe: its name and papers)
         self.dist = setup_distributed(config.device)
         if config.batch_size % self.dist.world_size:
             raise TrainConfigError(
@@ -615,6 +617,9 @@ class Trainer:
         names = [source.name or Path(source.path).name for source in sources]
         settings["data"] = ", ".join(names) if names else "(none)"
         settings["seed"] = config.seed
+        if self.card is not None:
+            settings = {**self.card.settings, **settings}
+            cites = [*self.card.cites, *cites]
         return TrainingRecord(settings, tuple(cites))
 
     def save_model(self, directory: str | Path | None = None) -> Path | None:
