@@ -109,5 +109,7 @@ def test_cli_index_build_with_chunking(make_embedder, tmp_path):
     assert result.exit_code == 0, result.output
     index = Index.open(folder)
     assert index.manifest.chunking == CHUNKING.to_dict() and index.count == 3 and index.vectors.ntotal > 3
+    shown = CliRunner().invoke(app, ["index", "info", str(folder)], terminal_width=200).output
+    assert "aggregate=maxp, tokens=4, overlap=1" in shown, shown  # what the chunks are (was "-": parameters only)
     refused = CliRunner().invoke(app, [*args, "--overwrite", "--chunking", "mean"])
     assert refused.exit_code == 2 and "maxp" in refused.output

@@ -261,6 +261,7 @@ def info(
         "model source": model["source"] or "(in memory: pass the Embedder to Index.open)",
         "strategy": data["strategy_label"],
         "parameters": ", ".join(f"{k}={v}" for k, v in data["params"].items() if k != "kind") or "-",
+        "chunking": ", ".join(f"{k}={v}" for k, v in (data.get("chunking") or {}).items()) or "-",
         "memory": f"{data['memory_bytes'] / 2**20:.1f} MiB (approx.)",
         "on disk": f"{data['disk_bytes'] / 2**20:.1f} MiB",
         "updated": data["updated"],
