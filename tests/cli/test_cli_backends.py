@@ -102,6 +102,22 @@ def test_export_reads_calibration_texts_as_every_other_command(saved_model, file
     assert not (tmp_path / "out").exists()
 
 
+def test_export_takes_its_folder_as_every_command_does(saved_model, tmp_path):
+    """``-o DIR`` as every other command writes (the folder as the argument still works); two different folders, or
+    none, are refused before any work."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", "-o", str(out), "--model", saved_model])
+    assert result.exit_code == 0, result.output
+    assert (out / "model.onnx").is_file() and (out / "lmembed.json").is_file()
+    for argv, said in (
+        (["export", str(tmp_path / "a"), "-o", str(tmp_path / "b")], "two folders to write"),
+        (["export"], "the folder to write"),
+    ):
+        refused = CliRunner().invoke(app, [*argv, "--model", saved_model])
+        assert refused.exit_code == 2 and said in " ".join(refused.output.split()), refused.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_served_int8_needs_its_calibration_up_front(saved_model):
     result = CliRunner().invoke(app, ["serve", saved_model, "--precision", "int8", "--port", "0"])
     assert result.exit_code == 2 and "--calibration" in result.output, result.output

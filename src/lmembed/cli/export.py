@@ -31,8 +31,12 @@ PRECISIONS = PORTABLE_PRECISIONS  # float32 or int8: the graph ONNX Runtime runs
 @options_command
 def export(
     directory: Annotated[
-        Path, typer.Argument(help="Folder to write: new, empty, or an earlier export (replaced atomically).")
-    ],
+        Path | None,
+        typer.Argument(help="Folder to write: new, empty, or an earlier export (replaced atomically); or -o DIR."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Folder to write, as every command's -o (or DIRECTORY).")
+    ] = None,
     model: ModelOpt = "minilm",
     format: Annotated[str, typer.Option("--format", help="Graph format: onnx.")] = "onnx",
     precision: Annotated[
@@ -47,6 +51,11 @@ def export(
     """Export MODEL with its strategy: model.onnx returns exactly the hidden states the strategy pools (pooling stays
     in lmembed), beside manifest.json, the tokenizer and lmembed.json. Exports are cached by weights, strategy and
     runtime versions; `backend="onnx"` in Python runs the same graph."""
+    if directory is not None and output is not None and directory != output:
+        raise typer.BadParameter(f"two folders to write: {directory} and {output}; give one", param_hint="--output")
+    directory = directory or output
+    if directory is None:
+        raise typer.BadParameter("the folder to write: -o DIR (or as the argument)", param_hint="--output")
     if format not in FORMATS:
         raise typer.BadParameter(f"{format!r}: the only format is {', '.join(FORMATS)}", param_hint="--format")
     if precision not in PRECISIONS:
