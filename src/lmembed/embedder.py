@@ -638,8 +638,6 @@ class Embedder:
         ``README.md`` (:mod:`lmembed.model_card`), says how to load the model, its strategy, its ``training`` when
         given, and the papers to cite.
         """
-        from lmembed import __version__  # lazy: the package's __init__ is imported before this module is
-
         directory = Path(directory)
         check_replaceable(directory)
         with atomic_folder(directory) as tmp:
@@ -659,7 +657,6 @@ class Embedder:
                 config=self.config,
                 is_decoder=self.backbone.is_decoder,
                 dim=self.dim,
-                version=__version__,
                 sentence_transformers=compatible,
                 training=training,
                 family_cites=self.published.preset.cites if self.published else (),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from lmembed.citations import bibtex, check_keys
@@ -60,6 +61,13 @@ def strategy_citations(config: EmbeddingConfig, is_decoder: bool) -> tuple[str, 
     return tuple(keys)
 
 
+def _version() -> str:
+    try:
+        return metadata.version("lmembed")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "(from source)"
+
+
 def _cell(value: Any) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text.replace("|", "\\|").replace("\n", "\\n")
@@ -72,13 +80,12 @@ def card_text(
     config: EmbeddingConfig,
     is_decoder: bool,
     dim: int,
-    version: str,
     sentence_transformers: bool,
     training: TrainingRecord | None = None,
     family_cites: tuple[str, ...] = (),
 ) -> str:
-    """The card's Markdown (with the Hub's YAML front matter); ``family_cites``: the papers of the published family
-    the model was loaded as (its preset's)."""
+    """The card's Markdown (with the Hub's YAML front matter), naming the installed lmembed's version;
+    ``family_cites``: the papers of the published family the model was loaded as (its preset's)."""
     tags = ["lmembed", "feature-extraction", "sentence-similarity"]
     if sentence_transformers:
         tags.append("sentence-transformers")
@@ -90,8 +97,8 @@ def card_text(
         *front,
         f"# {name}",
         "",
-        f"A text-embedding model saved by lmembed {version}: `{base_model}` read with the strategy `{config.label()}` "
-        f"({dim} dimensions, {config.similarity} similarity).",
+        f"A text-embedding model saved by lmembed {_version()}: `{base_model}` read with the strategy "
+        f"`{config.label()}` ({dim} dimensions, {config.similarity} similarity).",
         "",
         "## Use",
         "",
