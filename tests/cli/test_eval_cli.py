@@ -142,3 +142,63 @@ def test_eval_of_a_published_model_uses_its_mteb_instructions(beir, tmp_path):
     assert result.exit_code == 0, result.output
     written = json.loads(next(out.rglob("SciFact.json")).read_text())
     assert mteb.get_task("SciFact").metadata.prompt["query"] in json.dumps(written)
+
+
+def _report_rows(runner, out) -> list[str]:
+    report = runner.invoke(app, ["report", str(out)])
+    assert report.exit_code == 0, report.output
+    return [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
+
+
+def test_eval_on_int8_lands_beside_float32_and_says_so(saved_model, beir, tmp_path):
+    """--precision int8 (and --backend onnx) write their own result file, which records them; float32 on torch keeps
+    its folder, and the report shows each in a row of its own."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (pip install 'lmembed[onnx]')")
+    out = tmp_path / "results"
+    runner = CliRunner()
+    base = ["eval", "--model", saved_model, "--data", str(beir), "-o", str(out), "--no-cache"]
+    for extra in ([], ["--precision", "int8"], ["--backend", "onnx"]):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 0, result.output
+    assert "mean@-1 (onnx float32)" in result.output  # the run's own table says so too
+    files = sorted(out.rglob("toy.json"))
+    by_runtime = {}
+    for f in files:
+        runtime = json.loads(f.read_text())["lmembed"]["extra"]["runtime"]
+        by_runtime[runtime["backend"], runtime["precision"]] = f.parent.name
+    digest = by_runtime["torch", "float32"].rsplit("-", 1)[-1]
+    assert len(files) == 3 and by_runtime == {
+        ("torch", "float32"): f"mean--1-{digest}",  # the float32 folder, as it was
+        ("onnx", "int8"): f"mean--1+onnx-int8-{digest}",
+        ("onnx", "float32"): f"mean--1+onnx-float32-{digest}",
+    }
+    rows = _report_rows(runner, out)
+    for label in ("| mean@-1 |", "| mean@-1 (onnx int8) |", "| mean@-1 (onnx float32) |"):
+        assert any(label in row for row in rows), rows
+
+
+def test_staged_evals_of_two_dense_strategies_keep_apart(saved_model, beir, tmp_path):
+    """Two hybrid evaluations under different dense strategies write two files, each naming its strategy."""
+    out = tmp_path / "results"
+    runner = CliRunner()
+    base = [
+        "eval",
+        "--model",
+        saved_model,
+        "--data",
+        str(beir),
+        "-o",
+        str(out),
+        "--no-cache",
+        "--first-stage",
+        "hybrid",
+    ]
+    for extra in ([], ["--pooling", "last"]):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 0, result.output
+    files = sorted(out.rglob("toy.json"))
+    strategies = [json.loads(f.read_text())["lmembed"]["strategy"] for f in files]
+    assert len(files) == 2 and {s["pooling"] for s in strategies} == {"mean", "last"}
+    assert all(s["first_stage"] == "hybrid" and s["fusion"] == "rrf" for s in strategies)
+    rows = _report_rows(runner, out)
+    assert any("| last@-1 |" in row for row in rows) and any("| mean@-1 |" in row for row in rows), rows

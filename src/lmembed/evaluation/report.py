@@ -22,7 +22,14 @@ from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
-from lmembed.evaluation.results import markdown_cell, scan_results, strategy_digest, strategy_label, strategy_slug
+from lmembed.evaluation.results import (
+    markdown_cell,
+    runtime_tag,
+    scan_results,
+    strategy_digest,
+    strategy_label,
+    strategy_slug,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,26 +92,39 @@ def _newest_first(results: Iterable[TaskResult]) -> list[TaskResult]:
     return sorted(results, key=mtime, reverse=True)
 
 
-def _row_names(results: list[TaskResult]) -> dict[tuple[str, str], Row]:
-    """Each (model, strategy slug)'s row: the model and the strategy's label; where strategies of one model share a
-    label, the fields in which they differ follow it (``mean@-1 max_length=128``), else their digest."""
-    keys = {(r.model_name or "unknown", strategy_slug(r.strategy)): r for r in results}
-    groups: dict[tuple[str, str], list[tuple[str, TaskResult]]] = defaultdict(list)
-    for (model, slug), r in keys.items():
-        groups[model, strategy_label(r)].append((slug, r))
-    names: dict[tuple[str, str], Row] = {}
+#: What tells one row from another: the model, the strategy's slug, and the backend and precision it ran on ("" for
+#: the reference, torch at float32).
+RowKey = tuple[str, str, str]
+
+
+def _row_key(result: TaskResult) -> RowKey:
+    return result.model_name or "unknown", strategy_slug(result.strategy), runtime_tag(result)
+
+
+def _row_names(results: list[TaskResult]) -> dict[RowKey, Row]:
+    """Each (model, strategy, runtime)'s row: the model and the strategy's label (with the backend and precision
+    where they are not torch at float32: ``mean@-1+bidir (onnx int8)``); where strategies of one model share a label,
+    the fields in which they differ follow it (``mean@-1 max_length=128``: a field a strategy lacks, as a plain run
+    lacks a staged run's ``first_stage``, is left out of its name), else their digest."""
+    keys = {_row_key(r): r for r in results}
+    groups: dict[tuple[str, str], list[tuple[RowKey, TaskResult]]] = defaultdict(list)
+    for key, r in keys.items():
+        groups[key[0], strategy_label(r)].append((key, r))
+    names: dict[RowKey, Row] = {}
     for (model, label), members in groups.items():
         strategies = [r.strategy if isinstance(r.strategy, dict) else {} for _, r in members]
         differing = sorted(
             {k for st in strategies for k in st if len({json.dumps(s.get(k), default=str) for s in strategies}) > 1}
         )
-        for (slug, r), strategy in zip(members, strategies, strict=True):
+        named = [" ".join([label, *(f"{k}={st[k]}" for k in differing if k in st)]) for st in strategies]
+        unique = len(set(named)) == len(named)
+        for (key, r), name in zip(members, named, strict=True):
             if len(members) == 1:
-                names[model, slug] = (model, label)
-            elif differing:
-                names[model, slug] = (model, label + " " + " ".join(f"{k}={strategy.get(k)}" for k in differing))
+                names[key] = (model, label)
+            elif differing and unique:
+                names[key] = (model, name)
             else:
-                names[model, slug] = (model, f"{label} [{strategy_digest(r.strategy)}]")
+                names[key] = (model, f"{label} [{strategy_digest(r.strategy)}]")
     return names
 
 
@@ -116,7 +136,7 @@ def build_table(results: Iterable[TaskResult]) -> ScoreTable:
     ordered = _newest_first(results)
     names = _row_names(ordered)
     for r in ordered:
-        row = names[r.model_name or "unknown", strategy_slug(r.strategy)]
+        row = names[_row_key(r)]
         if r.task_name in scores[row]:
             logger.warning("several results for %s / %s; using the newest", row, r.task_name)
             continue

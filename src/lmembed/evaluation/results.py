@@ -1,7 +1,9 @@
 """Save and load :class:`TaskResult` files in MTEB's results layout.
 
-Files go to ``OUT/<model name, "/" → "__">/<strategy slug>/<TaskName>.json``: the layout of
-MTEB's results repository, with the strategy slug where MTEB puts the model revision. Each file is
+Files go to ``OUT/<model name, "/" → "__">/<strategy folder>/<TaskName>.json``: the layout of
+MTEB's results repository, with the strategy's folder (:func:`strategy_dir_name`: its label and a digest of the
+whole strategy, plus the backend and precision where they are not the reference's, torch at float32) where MTEB puts
+the model revision. Each file is
 a valid MTEB 2.x task result (``dataset_revision``, ``task_name``, ``mteb_version``,
 ``evaluation_time``, ``scores: {split: [{"hf_subset", "languages", "main_score", ...}]}``), so
 ``mteb.results.TaskResult.from_disk`` reads it. ``mteb_version`` is ``null`` because MTEB did
@@ -45,6 +47,9 @@ DEFAULT_LANGUAGES = ["eng-Latn"]
 
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 _MAX_SLUG = 100
+#: The backend and precision scores are checked against (MTEB's own run): a result of this run keeps its strategy's
+#: folder; one of another backend or precision (``--backend onnx``, ``--precision int8``) is kept apart and labelled.
+REFERENCE_RUNTIME = ("torch", "float32")
 
 
 def model_dir_name(model_name: str) -> str:
@@ -77,12 +82,47 @@ def strategy_slug(strategy: Mapping[str, Any] | str | None) -> str:
     return slug
 
 
+def runtime_record(encoder: Any) -> dict[str, str] | None:
+    """What ran ``encoder``'s transformer, as a result records it (``extra["runtime"]``):
+    ``{"backend": "onnx", "precision": "int8"}``; None for an encoder without a backend (a test double)."""
+    backend = getattr(encoder, "backend", None)
+    name, precision = getattr(backend, "name", None), getattr(backend, "precision", None)
+    if not isinstance(name, str) or not isinstance(precision, str) or not name:
+        return None
+    return {"backend": name, "precision": precision}
+
+
+def result_runtime(result: TaskResult) -> tuple[str, str] | None:
+    """``(backend, precision)`` of a result run otherwise than the reference (:data:`REFERENCE_RUNTIME`, torch at
+    float32); None for a reference run, and for a result that records no runtime (written by MTEB, or before lmembed
+    recorded it: those ran on torch at float32)."""
+    runtime = result.extra.get("runtime")
+    if not isinstance(runtime, Mapping):
+        return None
+    backend = str(runtime.get("backend") or REFERENCE_RUNTIME[0])
+    precision = str(runtime.get("precision") or REFERENCE_RUNTIME[1])
+    return None if (backend, precision) == REFERENCE_RUNTIME else (backend, precision)
+
+
+def runtime_tag(result: TaskResult) -> str:
+    """``onnx-int8`` for a result of another backend or precision than the reference's; ``""`` for a reference run."""
+    runtime = result_runtime(result)
+    return "" if runtime is None else "-".join(runtime)
+
+
+def _own_label(result: TaskResult) -> str | None:
+    label = result.extra.get("strategy_label")
+    return label if isinstance(label, str) and label else None
+
+
 def strategy_label(result: TaskResult) -> str:
     """How a result's strategy is shown in tables and charts: the label it was evaluated under
     (``EmbeddingConfig.label``, e.g. ``mean@-1+bidir``, kept in ``extra["strategy_label"]``), or the slug of its
-    strategy for a result that has none."""
-    label = result.extra.get("strategy_label")
-    return label if isinstance(label, str) and label else strategy_slug(result.strategy)
+    strategy for a result that has none; followed by the backend and precision where they are not the reference's
+    (``mean@-1+bidir (onnx int8)``)."""
+    label = _own_label(result) or strategy_slug(result.strategy)
+    runtime = result_runtime(result)
+    return label if runtime is None else f"{label} ({' '.join(runtime)})"
 
 
 def strategy_digest(strategy: Mapping[str, Any] | str | None) -> str:
@@ -93,10 +133,19 @@ def strategy_digest(strategy: Mapping[str, Any] | str | None) -> str:
 
 def strategy_dir_name(result: TaskResult) -> str:
     """The folder of a result's strategy: its label made path-safe, then :func:`strategy_digest` (so strategies that
-    share a label keep apart); the slug of the strategy for a result without a label."""
-    if not isinstance(result.extra.get("strategy_label"), str):
-        return strategy_slug(result.strategy)
-    return strategy_slug(f"{strategy_label(result)}-{strategy_digest(result.strategy)}")
+    share a label keep apart); the slug of the strategy for a result without a label. A result of another backend or
+    precision than the reference's (torch at float32) has ``+<backend>-<precision>`` after the label
+    (``mean--1+bidir+onnx-int8-4083e8f1``), so it never replaces the reference run's file; a reference run's folder
+    is the one it always was."""
+    tag = runtime_tag(result)
+    suffix = f"+{tag}" if tag else ""
+    label = result.extra.get("strategy_label")
+    if not isinstance(label, str):
+        slug = strategy_slug(result.strategy)
+        return strategy_slug(f"{slug}{suffix}") if suffix else slug
+    return strategy_slug(
+        f"{_own_label(result) or strategy_slug(result.strategy)}{suffix}-{strategy_digest(result.strategy)}"
+    )
 
 
 def _compact(value: Any) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from lmembed.config import ConfigError, EmbeddingConfig, for_side
 from lmembed.evaluation.base import Task, TaskResult
-from lmembed.evaluation.results import write_result
+from lmembed.evaluation.results import runtime_record, strategy_label, write_result
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
@@ -201,12 +201,15 @@ def evaluate_retrieval_strategies(
         ]
     encode_s = time.perf_counter() - start
     speeds = measure_speeds(embedder, data.corpus_texts, configs, batch_size=batch_size) if measure_speed else {}
+    runtime = runtime_record(embedder)
     out = []
     for cfg, q, c in zip(configs, queries, corpus, strict=True):
         result = task.score_embeddings(q, c, model_name=embedder.name)
         result.strategy = cfg.to_dict()
         result.extra.setdefault("timings", {})["encode_s_shared"] = encode_s
         result.extra["strategy_label"] = cfg.label()
+        if runtime is not None:
+            result.extra["runtime"] = dict(runtime)
         result.extra["instruction"] = task.instruction
         result.extra["texts_encoded"] = len(data.query_texts) + len(data.corpus_texts)
         if cfg in speeds:
@@ -251,7 +254,9 @@ def evaluate_strategies(
 
     ``instruction_for`` (optional) replaces each task's instruction with ``instruction_for(task)``.
     Retrieval tasks share forward passes between strategies (:func:`evaluate_retrieval_strategies`, which with
-    ``measure_speed`` also measures each strategy's texts/s when they read different layers).
+    ``measure_speed`` also measures each strategy's texts/s when they read different layers). Each result records
+    the strategy, its label and the backend and precision that ran it (``extra["runtime"]``), which name its folder
+    (:func:`~lmembed.evaluation.results.strategy_dir_name`).
     """
     results: list[StrategyResult] = []
     for task in tasks:
@@ -268,6 +273,9 @@ def evaluate_strategies(
                 result.strategy = cfg.to_dict()
                 result.model_name = result.model_name or embedder.name
                 result.extra["strategy_label"] = cfg.label()
+                runtime = runtime_record(embedder)
+                if runtime is not None:
+                    result.extra["runtime"] = runtime
                 batch.append(StrategyResult(cfg, result))
         for item in batch:
             if on_result:
@@ -278,7 +286,8 @@ def evaluate_strategies(
 
 def results_table(results: Sequence[StrategyResult], metrics: Sequence[str] = ("ndcg_at_10",)) -> str:
     """Markdown table sorted by main score (best first); ``metrics`` are shown where a task has them, and a
-    ``texts/s`` column where results carry a measured speed (a grid over layers)."""
+    ``texts/s`` column where results carry a measured speed (a grid over layers). A strategy is labelled as the
+    report labels it (with the backend and precision where they are not torch at float32)."""
     rows = sorted(results, key=lambda r: -r.result.main_score)
     speeds = any("texts_per_s" in r.result.extra for r in rows)
     header = ["model", "strategy", "task", "main metric", "score", *metrics, *(["texts/s"] if speeds else []), "eval s"]
@@ -287,7 +296,7 @@ def results_table(results: Sequence[StrategyResult], metrics: Sequence[str] = ("
         res = item.result
         cells = [
             res.model_name,
-            item.config.label(),
+            strategy_label(res) if isinstance(res.extra.get("strategy_label"), str) else item.config.label(),
             res.task_name,
             res.main_metric,
             f"{100 * res.main_score:.2f}",

@@ -13,21 +13,29 @@ The second stage takes each query's first ``rerank_top_k`` candidates in the ord
 holds those candidates only, as MTEB's reranking of previous results does. Where the task ignores identical ids
 (ArguAna), a candidate that is the query itself is dropped before the cut. :func:`stage_table` shows what each
 stage adds.
+
+Each stage's result records what produced it as its strategy (:func:`stage_strategy`): the dense strategy (the
+Embedder's, as a plain evaluation records it), ``first_stage``, BM25's parameters and the ``fusion`` where BM25
+takes part, and for the reranked stage the ``reranker`` and its ``rerank_top_k``; with its label (the dense
+strategy's, e.g. ``mean@3+bidir``, or BM25's; ``rerank_top_k=5`` after it for the reranked stage) and the backend
+and precision that ran the model. Its folder is named by them (:func:`~lmembed.evaluation.results.strategy_dir_name`),
+so two staged runs that differ in any of them are written apart, and apart from a plain evaluation.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from lmembed.errors import ConfigError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.metrics import drop_identical_ids, evaluate_run, trec_order
+from lmembed.evaluation.results import runtime_record
 from lmembed.evaluation.search import exact_search
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
-from lmembed.lexical.bm25 import LexicalIndex
+from lmembed.lexical.bm25 import LexicalIndex, LexicalParams
 from lmembed.lexical.fusion import FUSIONS, fuse
 from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
@@ -63,9 +71,14 @@ def dense_run(task: RetrievalTask, encoder: RetrievalEncoder, *, batch_size: int
     return result.to_run(task.data.query_ids, task.data.corpus_ids)
 
 
+#: BM25's parameters in a staged evaluation (bm25s' Lucene defaults), recorded in each result it takes part in.
+BM25_PARAMS = LexicalParams()
+
+
 def bm25_run(task: RetrievalTask) -> Run:
     data = task.data
-    scores, rows = LexicalIndex.build(data.corpus_texts, data.corpus_ids).search(data.query_texts, task.top_k)
+    index = LexicalIndex.build(data.corpus_texts, data.corpus_ids, BM25_PARAMS)
+    scores, rows = index.search(data.query_texts, task.top_k)
     return {
         qid: {data.corpus_ids[r]: float(s) for s, r in zip(scores[i], rows[i], strict=True) if r >= 0}
         for i, qid in enumerate(data.query_ids)
@@ -112,8 +125,64 @@ def rerank_run(reranker: Reranker, task: RetrievalTask, run: Run, top_k: int = D
     return reranked
 
 
-def _result(task: RetrievalTask, run: Run, name: str, elapsed: float, extra: dict[str, Any]) -> TaskResult:
+@dataclass(frozen=True)
+class StageStrategy:
+    """What a stage's result records as its strategy, and the label it is shown under."""
+
+    strategy: dict[str, Any]
+    label: str
+
+
+def stage_strategy(
+    first_stage: str,
+    encoder: RetrievalEncoder | None = None,
+    *,
+    fusion: str = "rrf",
+    reranker: Reranker | None = None,
+    rerank_top_k: int = DEFAULT_RERANK_TOP_K,
+) -> StageStrategy:
+    """The strategy of a first stage (``reranker`` None) or of its reranked stage: the encoder's dense strategy
+    (``EmbeddingConfig.to_dict``, with dense and hybrid first stages), ``first_stage``, ``bm25`` (its parameters)
+    and ``fusion`` (hybrid), then ``reranker``, ``reranker_max_length`` and ``rerank_top_k``. The label is the dense
+    strategy's (``mean@-1+bidir``; BM25's parameters for a BM25 first stage), ``rerank_top_k=K`` after it for the
+    reranked stage (the model name already says which first stage and reranker)."""
+    strategy: dict[str, Any] = {}
+    label = first_stage
+    if first_stage != "bm25":
+        config = getattr(encoder, "config", None)
+        if config is not None and callable(getattr(config, "to_dict", None)):
+            strategy.update(config.to_dict())
+            label = str(config.label())
+    strategy["first_stage"] = first_stage
+    if first_stage != "dense":
+        strategy["bm25"] = asdict(BM25_PARAMS)
+        if first_stage == "bm25":
+            label = f"{BM25_PARAMS.method} k1={BM25_PARAMS.k1} b={BM25_PARAMS.b}"
+    if first_stage == "hybrid":
+        strategy["fusion"] = fusion
+    if reranker is not None:
+        strategy["reranker"] = reranker.name
+        max_length = getattr(reranker, "max_length", None)
+        if isinstance(max_length, int):
+            strategy["reranker_max_length"] = max_length
+        strategy["rerank_top_k"] = rerank_top_k
+        label = f"{label} rerank_top_k={rerank_top_k}"
+    return StageStrategy(strategy, label)
+
+
+def _result(
+    task: RetrievalTask,
+    run: Run,
+    name: str,
+    elapsed: float,
+    extra: dict[str, Any],
+    stage: StageStrategy,
+    runtime: dict[str, str] | None,
+) -> TaskResult:
     scores = evaluate_run(task.data.qrels, run, task.k_values, ignore_identical_ids=task.ignore_identical_ids)
+    extra = {**extra, "strategy_label": stage.label, "data": task.data.summary(), "instruction": task.instruction}
+    if runtime is not None:
+        extra["runtime"] = dict(runtime)
     return TaskResult(
         task_name=task.name,
         task_type=task.task_type,
@@ -122,7 +191,8 @@ def _result(task: RetrievalTask, run: Run, name: str, elapsed: float, extra: dic
         main_metric=task.main_metric,
         evaluation_time=elapsed,
         model_name=name,
-        extra={**extra, "data": task.data.summary(), "instruction": task.instruction},
+        strategy=dict(stage.strategy),
+        extra=extra,
     )
 
 
@@ -146,7 +216,9 @@ def evaluate_two_stage(
     model_name = getattr(encoder, "model_name", None) or getattr(encoder, "name", "") if encoder is not None else ""
     name = first_stage_name(first_stage, str(model_name), fusion)
     settings = {"first_stage": first_stage, "fusion": fusion if first_stage == "hybrid" else None}
-    first = _result(task, run, name, time.perf_counter() - start, {"two_stage": settings})
+    runtime = runtime_record(encoder) if first_stage != "bm25" else None
+    first_strategy = stage_strategy(first_stage, encoder, fusion=fusion)
+    first = _result(task, run, name, time.perf_counter() - start, {"two_stage": settings}, first_strategy, runtime)
     if reranker is None:
         return StageResults(first)
     start = time.perf_counter()
@@ -158,7 +230,8 @@ def evaluate_two_stage(
         "pairs": pairs,
         "pairs_per_s": pairs / elapsed if elapsed > 0 else None,
     }
-    reranked = _result(task, reranked_run, f"{name} » {reranker.name}", elapsed, extra)
+    second = stage_strategy(first_stage, encoder, fusion=fusion, reranker=reranker, rerank_top_k=rerank_top_k)
+    reranked = _result(task, reranked_run, f"{name} » {reranker.name}", elapsed, extra, second, runtime)
     return StageResults(first, reranked)
 
 
