@@ -157,8 +157,13 @@ def test_an_int8_index_reloads_as_the_same_int8_model(saved_model, files, tmp_pa
     assert result.exit_code == 0, result.output
     backend = served["app"].state.lmembed.embedder.backend
     assert backend.precision == "int8" and backend.calibration_texts == index.embedder.backend.calibration_texts
-    refused = CliRunner().invoke(app, ["serve", saved_model, "--index", str(folder)])  # float32 for an int8 index
-    assert refused.exit_code != 0 and "backend: index=onnx int8" in refused.output
+    served.clear()  # no option at all: the model as the index was built (int8, its calibration), as `search` reads it
+    result = CliRunner().invoke(app, ["serve", saved_model, "--index", str(folder)])
+    assert result.exit_code == 0, result.output
+    backend = served["app"].state.lmembed.embedder.backend
+    assert backend.precision == "int8" and backend.calibration_texts == index.embedder.backend.calibration_texts
+    refused = CliRunner().invoke(app, ["serve", saved_model, "--index", str(folder), "--backend", "onnx"])
+    assert refused.exit_code != 0 and "backend: index=onnx int8" in refused.output  # float32 asked for an int8 index
 
 
 def test_main_job_refuses_ray_naming_the_engine(tmp_path):

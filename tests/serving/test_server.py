@@ -605,7 +605,11 @@ def test_lmembed_serve_command(make_embedder, tmp_path):
     assert "Application shutdown complete" in output, output
 
 
-def test_serve_refuses_a_mismatched_index_in_one_line(make_embedder, tmp_path):
+def test_serve_reads_the_index_model_as_built_and_refuses_a_conflicting_option_in_one_line(
+    make_embedder, tmp_path, monkeypatch
+):
+    """Without strategy options, `serve MODEL --index` serves the model as the index was built (here at dim 16), as
+    `search` reads it (it refused the index); an option that contradicts the index is still refused in one line."""
     from typer.testing import CliRunner
 
     from lmembed.cli.app import app
@@ -614,7 +618,13 @@ def test_serve_refuses_a_mismatched_index_in_one_line(make_embedder, tmp_path):
     emb = make_embedder("bert")
     emb.save(model_dir)
     Index.build(emb, ["the cat sat"], tmp_path / "index", dim=16)
+    served = {}
+    monkeypatch.setattr("lmembed.serving.server.run", lambda app, **_: served.setdefault("app", app))
     result = CliRunner().invoke(app, ["serve", str(model_dir), "--index", str(tmp_path / "index")])
+    assert result.exit_code == 0, result.output
+    assert served["app"].state.lmembed.embedder.dim == 16 and served["app"].state.lmembed.config.dim == 16
+    argv = ["serve", str(model_dir), "--index", str(tmp_path / "index"), "--pooling", "cls"]
+    result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2
     assert "was built with another model or strategy" in result.output and "Traceback" not in result.output
     assert json.loads((tmp_path / "index" / "manifest.json").read_text())["strategy"]["dim"] == 16

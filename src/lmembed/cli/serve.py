@@ -10,6 +10,7 @@ HTTP; see ``lmembed.serving`` for the endpoints, fields and limits.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -35,7 +36,12 @@ def served_names(given: list[str] | None, model: str) -> list[str]:
 def serve(
     model: Annotated[str, typer.Argument(help="Bundled name, saved Embedder folder or Hub id.")],
     index_dir: Annotated[
-        Path | None, typer.Option("--index", help="Serve /v1/search over this index (built with the same model).")
+        Path | None,
+        typer.Option(
+            "--index",
+            help="Serve /v1/search over this index (built with the same model). Without strategy or runtime "
+            "options, the model is read as the index was built (strategy, backend, precision), as `search` reads it.",
+        ),
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
@@ -161,9 +167,14 @@ def serve(
             "a served int8 model needs calibration texts: --calibration FILE (or an int8 --index)",
             param_hint="--calibration",
         )
-    embedder = load_embedder(model, options)
-    if options.precision == "int8" and recorded:
-        embedder.calibrate(recorded)  # as the index was built
+    if index is not None and replace(options, device=SERVED.device) == SERVED:
+        # no strategy or runtime option given: serve the index's model as it was built (strategy, backend,
+        # precision, int8 calibration), as `lmembed search` reads it; MODEL is checked against the index
+        embedder = index.load_embedder(device=options.device, source=model)
+    else:
+        embedder = load_embedder(model, options)
+        if options.precision == "int8" and recorded:
+            embedder.calibrate(recorded)  # as the index was built
     reranker = open_reranker(rerank, device=options.device) if rerank else None
     names = served_names(served_model_name, model)
     app = create_app(
