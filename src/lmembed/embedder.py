@@ -626,6 +626,7 @@ class Embedder:
         head_state: dict[str, Tensor] | None = None,
         extra: Callable[[Path], None] | None = None,
         training: TrainingRecord | None = None,
+        name: str | None = None,
     ) -> Path:
         """Write everything needed to reload this Embedder exactly (see the module doc), atomically: the folder is
         filled under a temporary name beside ``directory`` and renamed into place once ``lmembed.json``, written
@@ -636,7 +637,8 @@ class Embedder:
         dicts (a model sharded over processes is saved from its gathered state this way); ``extra`` writes more
         files into the folder before they are recorded (a LoRA adapter beside the weights). A model card,
         ``README.md`` (:mod:`lmembed.model_card`), says how to load the model, its strategy, its ``training`` when
-        given, and the papers to cite.
+        given, and the papers to cite; it calls the model ``name`` (default: the folder's name; a caller that saves
+        into a scratch folder renamed into place later gives the final one).
         """
         directory = Path(directory)
         check_replaceable(directory)
@@ -652,7 +654,7 @@ class Embedder:
             if extra is not None:
                 extra(tmp)
             card = card_text(
-                name=directory.name,
+                name=name or directory.name,
                 base_model=BUNDLED[name].hub_id if (name := self.backbone.name) in BUNDLED else name,
                 config=self.config,
                 is_decoder=self.backbone.is_decoder,

@@ -117,6 +117,7 @@ def test_the_trained_model_card_tells_the_run_and_cites_its_loss_and_techniques(
     cfg = make_config(tmp_path, data_file, steps=2, loss="gte", grad_cache_chunk=2)
     model_dir = Trainer(cfg, model=tiny_embedder(tokenizer)).train().model_dir
     card = (model_dir / "README.md").read_text()
+    assert f"# {model_dir.name}\n" in card and ".tmp" not in card  # the folder's name, not the scratch one it was in
     assert "## Training" in card and "| loss | gte |" in card and "| steps | 2 |" in card
     assert "| LoRA | rank 4, alpha 8, merged |" in card and f"| data | {data_file.name} |" in card
     keys = re.findall(r"^@\w+\{([^,\n]+),$", card, flags=re.M)

@@ -375,7 +375,7 @@ def _save_with_terms(embedder: Embedder, docs: Sequence[Document], recipe: Adapt
         ("wang2022gpl",),
     )
     with atomic_folder(model_dir) as tmp:
-        fitted.save(tmp, training=record)
+        fitted.save(tmp, training=record, name=model_dir.name)
     return fitted
 
 

@@ -383,9 +383,10 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
         adapter_base: str | Path | None = None,
         full_state: dict[str, torch.Tensor] | None = None,
         training: TrainingRecord | None = None,
+        name: str | None = None,
     ) -> Path:
         """Write an Embedder directory that ``Embedder.from_pretrained(directory)`` loads (its card tells of
-        ``training`` when given).
+        ``training`` when given, and calls the model ``name``: see :meth:`Embedder.save`).
 
         With LoRA, ``merge_lora=True`` folds the adapters into the weights; ``False`` stores the
         base weights plus a peft adapter (``adapter_config.json``) that transformers applies on load.
@@ -405,22 +406,22 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
             backbone = {k.removeprefix("model."): v for k, v in full_state.items() if k.startswith("model.")}
             head = {k.removeprefix("head."): v for k, v in full_state.items() if k.startswith("head.")}
             return self._clone_embedder(self.model).save(
-                directory, backbone_state=backbone, head_state=head or None, training=training
+                directory, backbone_state=backbone, head_state=head or None, training=training, name=name
             )
         if not self.uses_lora:
-            return self._clone_embedder(self.model).save(directory, training=training)
+            return self._clone_embedder(self.model).save(directory, training=training, name=name)
         peft_model = self._peft[0]
         if merge_lora and in_place:
             clean = peft_model.merge_and_unload()
             self._peft.clear()
-            return self._clone_embedder(clean).save(directory, training=training)
+            return self._clone_embedder(clean).save(directory, training=training, name=name)
         duplicate = copy.deepcopy(peft_model)
         clean = duplicate.merge_and_unload() if merge_lora else duplicate.unload()
         if merge_lora:
-            return self._clone_embedder(clean).save(directory, training=training)
+            return self._clone_embedder(clean).save(directory, training=training, name=name)
         base = Path(adapter_base or directory)
         return self._clone_embedder(clean).save(
-            directory, extra=partial(self._save_adapter, peft_model, base=base), training=training
+            directory, extra=partial(self._save_adapter, peft_model, base=base), training=training, name=name
         )
 
     def _clone_embedder(self, model: nn.Module) -> Embedder:
