@@ -85,11 +85,12 @@ def strategy_slug(strategy: Mapping[str, Any] | str | None) -> str:
 def runtime_record(encoder: Any) -> dict[str, str] | None:
     """What ran ``encoder``'s transformer, as a result records it (``extra["runtime"]``):
     ``{"backend": "onnx", "precision": "int8"}``; None for an encoder without a backend (a test double)."""
-    backend = getattr(encoder, "backend", None)
-    name, precision = getattr(backend, "name", None), getattr(backend, "precision", None)
-    if not isinstance(name, str) or not isinstance(precision, str) or not name:
+    from lmembed.encoding.backends import Backend  # lazy: reading and reporting results needs no torch
+
+    runs = getattr(encoder, "backend", None)  # an Embedder's; encoders of other kinds have none
+    if not isinstance(runs, Backend):
         return None
-    return {"backend": name, "precision": precision}
+    return {"backend": runs.name, "precision": runs.precision}
 
 
 def result_runtime(result: TaskResult) -> tuple[str, str] | None:
