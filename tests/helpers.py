@@ -66,6 +66,25 @@ def write_beir(
     return folder
 
 
+def random_beir(
+    folder: Path, words: list[str], *, docs: int, queries: int, relevant: int, seed: int, lengths: tuple = (4, 12)
+) -> Path:
+    """A BEIR folder of random texts over ``words``: ``docs`` documents (``lengths``: from, below which many words;
+    ids ``d0``...), ``queries`` queries of 3 words (``q0``...), each with ``relevant`` distinct relevant documents
+    drawn at random."""
+    import numpy as np  # lazy: the other helpers need none
+
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(words, size=rng.integers(*lengths))) for _ in range(docs)]
+    asked = [" ".join(rng.choice(words, size=3)) for _ in range(queries)]
+    pairs = [(f"q{q}", f"d{d}") for q in range(queries) for d in rng.choice(docs, size=relevant, replace=False)]
+    return write_beir(folder, list(enumerate_ids("d", texts)), list(enumerate_ids("q", asked)), pairs)
+
+
+def enumerate_ids(prefix: str, texts: list[str]) -> Iterator[tuple[str, str]]:
+    return ((f"{prefix}{i}", t) for i, t in enumerate(texts))
+
+
 # ---------------------------------------------------------------------------------------------- files opened
 _opened: list[str] | None = None
 _hooked = False

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from conftest import WORDS
-from helpers import save_tiny_cross_encoder, write_jsonl
+from helpers import random_beir, save_tiny_cross_encoder
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.report import build_table
 from lmembed.evaluation.results import load_results, read_result, result_path, strategy_digest, write_result
@@ -24,17 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture
 def task(tmp_path):
-    rng = np.random.default_rng(3)
-    folder = tmp_path / "tiny-beir"
-    (folder / "qrels").mkdir(parents=True)
-    docs = [" ".join(rng.choice(WORDS[9:], size=rng.integers(4, 10))) for _ in range(24)]
-    write_jsonl(folder / "corpus.jsonl", [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(docs)])
-    queries = [" ".join(rng.choice(WORDS[9:], size=3)) for _ in range(6)]
-    write_jsonl(folder / "queries.jsonl", [{"_id": f"q{i}", "text": t} for i, t in enumerate(queries)])
-    lines = ["query-id\tcorpus-id\tscore"]
-    for q in range(6):
-        lines += [f"q{q}\td{d}\t1" for d in rng.choice(24, size=2, replace=False)]
-    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
+    folder = random_beir(tmp_path / "tiny-beir", WORDS[9:], docs=24, queries=6, relevant=2, seed=3, lengths=(4, 10))
     return RetrievalTask.from_path(folder, name="tiny")
 
 

@@ -12,7 +12,7 @@ import pytrec_eval
 from typer.testing import CliRunner
 
 from conftest import WORDS
-from helpers import save_tiny_cross_encoder, write_jsonl
+from helpers import random_beir, save_tiny_cross_encoder
 from lmembed.cli.app import app
 from lmembed.evaluation.metrics import trec_order
 from lmembed.evaluation.tasks.reranking import RerankingTask, RerankSample, rerank_metrics
@@ -26,18 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture
 def beir(tmp_path):
-    rng = np.random.default_rng(7)
-    folder = tmp_path / "tiny-beir"
-    (folder / "qrels").mkdir(parents=True)
-    docs = [" ".join(rng.choice(WORDS[9:], size=rng.integers(4, 12))) for _ in range(40)]
-    write_jsonl(folder / "corpus.jsonl", [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(docs)])
-    queries = [" ".join(rng.choice(WORDS[9:], size=3)) for _ in range(8)]
-    write_jsonl(folder / "queries.jsonl", [{"_id": f"q{i}", "text": t} for i, t in enumerate(queries)])
-    lines = ["query-id\tcorpus-id\tscore"]
-    for q in range(8):
-        lines += [f"q{q}\td{d}\t1" for d in rng.choice(40, size=3, replace=False)]
-    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
-    return folder
+    return random_beir(tmp_path / "tiny-beir", WORDS[9:], docs=40, queries=8, relevant=3, seed=7)
 
 
 @pytest.fixture
