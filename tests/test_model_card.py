@@ -101,12 +101,42 @@ def test_a_bundled_model_names_its_hub_id_as_the_base_model(tmp_path):
     assert front_matter(card)["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def test_a_folder_saved_again_keeps_the_model_it_was_made_from(tmp_path):
+    """Reloading a saved folder and saving it again (as `lmembed adapt` does to append its term channel) keeps the
+    base model it was made from: the card and lmembed.json named the first folder as the base."""
+    import json
+
+    from conftest import bundled_or_skip
+
+    first = Embedder.from_pretrained(bundled_or_skip("minilm"), cache=False, show_progress=False).save(tmp_path / "a")
+    again = Embedder.from_pretrained(str(first), cache=False, show_progress=False)
+    assert again.base_model == "minilm"
+    folder = again.fit_terms(["a cat sat", "a dog ran far"], dims=64).save(tmp_path / "b")
+    assert json.loads((folder / "lmembed.json").read_text())["base_model"] == "minilm"
+    card = (folder / CARD_FILE).read_text()
+    assert front_matter(card)["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert "| terms | dims=64, weight=0.5," in card  # a setting of several values reads as one line
+
+
+def test_a_recorded_base_model_that_is_not_a_name_is_refused_naming_the_field(tokenizer, tmp_path):
+    import json
+
+    from lmembed.errors import ModelLoadError
+
+    folder = tiny(tokenizer, "bert", pooling="mean").save(tmp_path / "model")
+    record = json.loads((folder / "lmembed.json").read_text())
+    record["base_model"] = {"os": "system"}
+    (folder / "lmembed.json").write_text(json.dumps(record))
+    with pytest.raises(ModelLoadError, match=r"lmembed\.json: base_model=.* must be the name of the model"):
+        Embedder.from_pretrained(str(folder), cache=False, show_progress=False)
+
+
 def test_an_edited_card_still_loads_and_is_not_dropped_by_saving_again(tokenizer, tmp_path):
     emb = tiny(tokenizer, "bert", pooling="mean")
     folder = emb.save(tmp_path / "model")
     emb.save(folder)  # lmembed's own card, unedited: replaced with the folder
     (folder / CARD_FILE).write_text("---\nlicense: mit\n---\n# my notes\n")
     Embedder.from_pretrained(str(folder), cache=False, show_progress=False)  # the card is not a model file
-    with pytest.raises(ConfigError, match=r"README\.md"):
+    with pytest.raises(ConfigError, match=r"README\.md was edited since lmembed wrote it"):
         emb.save(folder)
     assert "my notes" in (folder / CARD_FILE).read_text()

@@ -31,7 +31,7 @@ from lmembed.encoding.inputs import validate_texts, wants_eos
 from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.io import read_json
 from lmembed.load_plan import HEAD_FILE, check_replaceable, plan_load, write_strategy_file
-from lmembed.load_spec import LoadSpec
+from lmembed.load_spec import STRATEGY_FILE, LoadSpec
 from lmembed.model_card import CARD_FILE, TrainingRecord, card_text
 from lmembed.models import presets
 from lmembed.models.attention import check_bidirectional_supported
@@ -152,6 +152,9 @@ class Embedder:
     published_folder: PublishedModel | None = None  # the sentence-transformers folder it was read from
     checkpoint_sources: dict[str, str] | None = None  # fields a published checkpoint's own files decided (NV-Embed)
     source: str | None = None  # where from_pretrained read it (bundled name, absolute folder, Hub id); None: in memory
+    #: the model a saved folder was made from (its lmembed.json's ``base_model``), which saving it again keeps as its
+    #: base; None: the backbone itself is the base
+    base_model: str | None = None
     attn_implementation: str | None = "sdpa"  # the attention kernel transformers was asked for
 
     def __init__(
@@ -319,6 +322,7 @@ class Embedder:
         embedder.checkpoint_sources = plan.checkpoint_sources
         embedder.source = _source_of(plan.where)
         embedder.attn_implementation = attn_implementation
+        embedder.base_model = _recorded_base(plan)
         return embedder
 
     @classmethod
@@ -555,6 +559,7 @@ class Embedder:
             self.backbone, config, pooling_head=self.pooling_head, engine=engine, executor=self.executor
         )
         embedder.source, embedder.attn_implementation = self.source, self.attn_implementation
+        embedder.base_model = self.base_model
         return embedder
 
     def fit_terms(self, documents: Sequence[str], *, dims: int = 4096, weight: float = 0.5, seed: int = 0) -> Embedder:
@@ -586,6 +591,7 @@ class Embedder:
         embedder.published, embedder.published_folder = self.published, self.published_folder
         embedder.checkpoint_sources = self.checkpoint_sources
         embedder.source, embedder.attn_implementation = self.source, self.attn_implementation
+        embedder.base_model = self.base_model
         return embedder
 
     # ------------------------------------------------------------------ saving
@@ -653,9 +659,10 @@ class Embedder:
                 write_sentence_transformers_files(tmp, self.config, self.backbone.hidden_size, max_length)
             if extra is not None:
                 extra(tmp)
+            base = self.base_model or self.backbone.name
             card = card_text(
                 name=name or directory.name,
-                base_model=BUNDLED[name].hub_id if (name := self.backbone.name) in BUNDLED else name,
+                base_model=BUNDLED[base].hub_id if base in BUNDLED else base,
                 config=self.config,
                 is_decoder=self.backbone.is_decoder,
                 dim=self.dim,
@@ -665,7 +672,7 @@ class Embedder:
             )
             (tmp / CARD_FILE).write_text(card, encoding="utf-8")
             meta = {
-                "base_model": self.backbone.name,
+                "base_model": base,
                 "is_decoder": self.backbone.is_decoder,
                 "strategy": self.config.to_dict(),
             }
@@ -723,6 +730,20 @@ def _head_width(head: nn.Module | None, backbone: Backbone, config: EmbeddingCon
     if config.head and isinstance(head, PostPoolingHead):
         return head.output_dim(backbone.hidden_size, config.route)
     return None
+
+
+def _recorded_base(plan: Any) -> str | None:
+    """The ``base_model`` a saved folder's lmembed.json records (what it was made from), or None for another source;
+    a value that is not a short printable string is refused naming the file and field."""
+    if plan.saved is None or plan.saved.get("base_model") is None:
+        return None
+    value = plan.saved["base_model"]
+    if not isinstance(value, str) or not value or len(value) > 300 or not value.isprintable():
+        raise ModelLoadError(
+            f"{Path(plan.path) / STRATEGY_FILE}: base_model={value!r:.80} must be the name of the model the folder "
+            "was made from (a printable string of at most 300 characters)"
+        )
+    return value
 
 
 def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:

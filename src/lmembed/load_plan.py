@@ -397,6 +397,12 @@ def check_replaceable(directory: Path) -> None:
     own_card = isinstance(saved.get(CARD_KEY), str) and (directory / CARD_FILE).is_file()
     if own_card and sha256_file(directory / CARD_FILE) == saved[CARD_KEY]:  # lmembed's card, unedited
         others.remove(CARD_FILE)
+    elif own_card:
+        raise ConfigError(
+            f"{directory}: its {CARD_FILE} was edited since lmembed wrote it ({record.name} records the card's "
+            "sha256), and writing an Embedder replaces the folder whole: keep the edits elsewhere first, or write to "
+            "a new folder"
+        )
     if lost := [name for name in others if name not in files]:
         shown = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
         raise ConfigError(refusal % f"it holds files its {record.name} does not record, which would be lost: {shown}")

@@ -68,9 +68,19 @@ def _version() -> str:
         return "(from source)"
 
 
+def _short(value: Any) -> str:
+    """A setting as a person reads it: floats to 4 significant digits, digests cut to their first 12 characters."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, str):
+        return value[:12] + "…" if re.fullmatch(r"[0-9a-f]{32,}", value) else value
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_short(v)}" for k, v in value.items())
+    return repr(value)
+
+
 def _cell(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text.replace("|", "\\|").replace("\n", "\\n")
+    return _short(value).replace("|", "\\|").replace("\n", "\\n")
 
 
 def card_text(

@@ -427,9 +427,12 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
     def _clone_embedder(self, model: nn.Module) -> Embedder:
         backbone = dataclasses.replace(self.embedder.backbone, model=model, _fingerprint=None)
         terms = self.embedder.engine.terms  # a term channel is fitted, not trained: it is saved as it came
-        return Embedder(
+        clone = Embedder(
             backbone, self.config, pooling_head=self.head, terms=terms, use_cache=False, show_progress=False
         )
+        # what the model was made from, for the saved card: its base model, and the published family it was read as
+        clone.base_model, clone.published = self.embedder.base_model, self.embedder.published
+        return clone
 
     @staticmethod
     def _save_adapter(peft_model: Any, directory: Path, *, base: Path) -> None:
