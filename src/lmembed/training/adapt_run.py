@@ -9,7 +9,7 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -352,16 +352,28 @@ def make_queries(
     return made, report
 
 
-def attach_terms(model_dir: Path, docs: Sequence[Document], recipe: AdaptRecipe, device: str = "cpu") -> Embedder:
+def attach_terms(
+    model_dir: Path,
+    docs: Sequence[Document],
+    recipe: AdaptRecipe,
+    device: str = "cpu",
+    kept: Mapping[str, Any] | None = None,
+) -> Embedder:
     """Fit the recipe's term channel on the corpus to the model saved in ``model_dir`` and save the model again
     with it, in place and atomically (the folder no longer carries sentence-transformers' files: that library
     would read the model without its channel). Returns the model with its channel, loaded on ``device`` (where
     the run trained: the held-back queries are scored with it there)."""
     embedder = Embedder.from_pretrained(str(model_dir), device=device, cache=False, show_progress=False)
-    return _save_with_terms(embedder, docs, recipe, model_dir)
+    return _save_with_terms(embedder, docs, recipe, model_dir, kept)
 
 
-def _save_with_terms(embedder: Embedder, docs: Sequence[Document], recipe: AdaptRecipe, model_dir: Path) -> Embedder:
+def _save_with_terms(
+    embedder: Embedder,
+    docs: Sequence[Document],
+    recipe: AdaptRecipe,
+    model_dir: Path,
+    kept: Mapping[str, Any] | None = None,
+) -> Embedder:
     """``embedder`` with the recipe's term channel fitted on the corpus, saved to ``model_dir`` atomically."""
     fitted = embedder.fit_terms([d.full for d in docs], dims=recipe.terms.dims, weight=recipe.terms.weight)
     record = TrainingRecord(
@@ -369,6 +381,7 @@ def _save_with_terms(embedder: Embedder, docs: Sequence[Document], recipe: Adapt
             "adapted with": "lmembed adapt: training rows made from the corpus alone",
             "query sources": ", ".join(recipe.source_names),
             "corpus documents": len(docs),
+            **(kept or {"training": "none: the model as it was, with the term channel"}),
             "term channel": f"{recipe.terms.dims} buckets, weight {recipe.terms.weight}",
             "seed": recipe.seed,
         },
@@ -649,7 +662,14 @@ def _run(
     terms = None
     if recipe.terms.enabled:
         t0 = time.perf_counter()
-        with_terms = attach_terms(Path(result.model_dir), docs, recipe, device=str(trainer.model.device))
+        kept = {
+            "steps trained": steps,
+            "kept step": best["step"]
+            if best["step"]
+            else "0: the starting weights (no step retrieved the held-back pseudo-queries better)",
+            "merged with the start": training.merge,
+        }
+        with_terms = attach_terms(Path(result.model_dir), docs, recipe, device=str(trainer.model.device), kept=kept)
         terms = {
             **asdict(with_terms.config.terms),  # type: ignore[arg-type]
             "saved_scores": held_out.score(with_terms),
