@@ -102,7 +102,7 @@ def eval_command(
     With --engine ray every encoding runs as a sharded job on Ray (workers load the model themselves) and
     retrieval corpora are searched memory-mapped from the embedding cache; scores equal --engine local's."""
     # lazy (here and below): the evaluation stack imports scikit-learn and SciPy, seconds that --help must not pay
-    from lmembed.evaluation.instructions import published_instructions
+    from lmembed.evaluation.instructions import instruction_set, published_instructions
     from lmembed.evaluation.main_job import instruction_lookup, resolve_eval_tasks, suite_summary_lines
     from lmembed.evaluation.runner import evaluate_strategies, expand_grid, parse_grid, results_table, write_all
 
@@ -165,11 +165,15 @@ def eval_command(
         configs = expand_grid(emb.config, parsed)
         timed = len(parsed.get("layer", [])) > 1 and engine.engine == "local"  # a layer x dim grid: quality vs cost
         console.print(f"• {name}: {len(configs)} strateg{'y' if len(configs) == 1 else 'ies'} × {len(tasks)} task(s)")
-        own = None if instructions else published_instructions(getattr(emb, "published", None))
-        published = instruction_lookup(own)  # a published model's own per-task instructions
-        results += evaluate_strategies(
+        default = published_instructions(getattr(emb, "published", None))
+        published = None if instructions else instruction_lookup(default)  # a published model's own instructions
+        scored = evaluate_strategies(
             emb, tasks, configs, batch_size=batch_size, instruction_for=published, measure_speed=timed
         )
+        if instructions and instruction_set(instructions) is not default:  # not what a plain run reads: kept apart
+            for item in scored:
+                item.result.extra["instructions"] = instructions.strip().lower()
+        results += scored
     write_all(results, output)
     out_console.print(results_table(results))
     if suite:

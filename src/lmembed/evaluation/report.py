@@ -24,11 +24,11 @@ from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.cutoff_curves import plot_cutoff_curves
 from lmembed.evaluation.results import (
     markdown_cell,
-    runtime_tag,
     scan_results,
     strategy_digest,
     strategy_label,
     strategy_slug,
+    variant_tag,
 )
 
 logger = logging.getLogger(__name__)
@@ -92,19 +92,21 @@ def _newest_first(results: Iterable[TaskResult]) -> list[TaskResult]:
     return sorted(results, key=mtime, reverse=True)
 
 
-#: What tells one row from another: the model, the strategy's slug, and the backend and precision it ran on ("" for
-#: the reference, torch at float32).
+#: What tells one row from another: the model, the strategy's slug, and how it was read and run where a plain run
+#: differs (:func:`~lmembed.evaluation.results.variant_tag`: chunking, instruction table, backend and precision; ""
+#: for a plain run on the reference, torch at float32).
 RowKey = tuple[str, str, str]
 
 
 def _row_key(result: TaskResult) -> RowKey:
-    return result.model_name or "unknown", strategy_slug(result.strategy), runtime_tag(result)
+    return result.model_name or "unknown", strategy_slug(result.strategy), variant_tag(result)
 
 
 def _row_names(results: list[TaskResult]) -> dict[RowKey, Row]:
-    """Each (model, strategy, runtime)'s row: the model and the strategy's label (with the backend and precision
-    where they are not torch at float32: ``mean@-1+bidir (onnx int8)``); where strategies of one model share a label,
-    the fields in which they differ follow it (``mean@-1 max_length=128``: a field a strategy lacks, as a plain run
+    """Each (model, strategy, variant)'s row: the model and the strategy's label (with the chunking, instruction
+    table, backend and precision where a plain run differs: ``mean@-1+bidir (maxp 64/32)``,
+    ``mean@-1+bidir (onnx int8)``); where strategies of one model share a label, the fields in which they differ
+    follow it (``mean@-1 max_length=128``: a field a strategy lacks, as a plain run
     lacks a staged run's ``first_stage``, is left out of its name), else their digest."""
     keys = {_row_key(r): r for r in results}
     groups: dict[tuple[str, str], list[tuple[RowKey, TaskResult]]] = defaultdict(list)

@@ -2,8 +2,8 @@
 
 Files go to ``OUT/<model name, "/" → "__">/<strategy folder>/<TaskName>.json``: the layout of
 MTEB's results repository, with the strategy's folder (:func:`strategy_dir_name`: its label and a digest of the
-whole strategy, plus the backend and precision where they are not the reference's, torch at float32) where MTEB puts
-the model revision. Each file is
+whole strategy, plus the chunking and instruction table where a plain run has none, and the backend and precision
+where they are not the reference's, torch at float32) where MTEB puts the model revision. Each file is
 a valid MTEB 2.x task result (``dataset_revision``, ``task_name``, ``mteb_version``,
 ``evaluation_time``, ``scores: {split: [{"hf_subset", "languages", "main_score", ...}]}``), so
 ``mteb.results.TaskResult.from_disk`` reads it. ``mteb_version`` is ``null`` because MTEB did
@@ -111,6 +111,34 @@ def runtime_tag(result: TaskResult) -> str:
     return "" if runtime is None else "-".join(runtime)
 
 
+def result_reading(result: TaskResult) -> list[tuple[str, str]]:
+    """How a result's texts were read where it differs from a plain run, as ``(folder tag, label)`` pairs: its
+    documents chunked (``extra["settings"]["chunking"]``, ``--chunking``: ``("maxp64-32", "maxp 64/32")``, ``late``
+    after a late-chunked one) and its instructions chosen from a table other than the plain run's
+    (``extra["instructions"]``, ``--instructions e5``: ``("instr-e5", "instructions e5")``). Empty for a plain run
+    (documents truncated at the model's window, the default instructions) and for a result that records neither."""
+    parts: list[tuple[str, str]] = []
+    settings = result.extra.get("settings")
+    chunking = settings.get("chunking") if isinstance(settings, Mapping) else None
+    if isinstance(chunking, Mapping):
+        aggregate, tokens, overlap = chunking.get("aggregate"), chunking.get("tokens"), chunking.get("overlap")
+        late = chunking.get("late") is True
+        tag = f"{aggregate}{tokens}-{overlap}{'-late' if late else ''}"
+        parts.append((tag, f"{aggregate} {tokens}/{overlap}{' late' if late else ''}"))
+    instructions = result.extra.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        parts.append((f"instr-{instructions}", f"instructions {instructions}"))
+    return parts
+
+
+def variant_tag(result: TaskResult) -> str:
+    """What tells a result's run from a plain one of its strategy (:func:`result_reading`, then :func:`runtime_tag`),
+    as its folder carries it after the label: ``maxp64-32+onnx-int8``; ``""`` for a plain run on the reference."""
+    tags = [tag for tag, _ in result_reading(result)]
+    runtime = runtime_tag(result)
+    return "+".join([*tags, *([runtime] if runtime else [])])
+
+
 def _own_label(result: TaskResult) -> str | None:
     label = result.extra.get("strategy_label")
     return label if isinstance(label, str) and label else None
@@ -119,11 +147,13 @@ def _own_label(result: TaskResult) -> str | None:
 def strategy_label(result: TaskResult) -> str:
     """How a result's strategy is shown in tables and charts: the label it was evaluated under
     (``EmbeddingConfig.label``, e.g. ``mean@-1+bidir``, kept in ``extra["strategy_label"]``), or the slug of its
-    strategy for a result that has none; followed by the backend and precision where they are not the reference's
-    (``mean@-1+bidir (onnx int8)``)."""
+    strategy for a result that has none; followed by how its texts were read where a plain run reads them otherwise
+    (:func:`result_reading`) and the backend and precision where they are not the reference's
+    (``mean@-1+bidir (onnx int8)``, ``mean@-1+bidir (maxp 64/32)``, ``mean@-1+bidir (instructions e5)``)."""
     label = _own_label(result) or strategy_slug(result.strategy)
     runtime = result_runtime(result)
-    return label if runtime is None else f"{label} ({' '.join(runtime)})"
+    parts = [text for _, text in result_reading(result)] + ([" ".join(runtime)] if runtime else [])
+    return f"{label} ({', '.join(parts)})" if parts else label
 
 
 def strategy_digest(strategy: Mapping[str, Any] | str | None) -> str:
@@ -134,11 +164,12 @@ def strategy_digest(strategy: Mapping[str, Any] | str | None) -> str:
 
 def strategy_dir_name(result: TaskResult) -> str:
     """The folder of a result's strategy: its label made path-safe, then :func:`strategy_digest` (so strategies that
-    share a label keep apart); the slug of the strategy for a result without a label. A result of another backend or
-    precision than the reference's (torch at float32) has ``+<backend>-<precision>`` after the label
-    (``mean--1+bidir+onnx-int8-4083e8f1``), so it never replaces the reference run's file; a reference run's folder
-    is the one it always was."""
-    tag = runtime_tag(result)
+    share a label keep apart); the slug of the strategy for a result without a label. A result read otherwise than a
+    plain run (chunked documents, instructions of another table: :func:`result_reading`) or run on another backend
+    or precision than the reference's (torch at float32) has them after the label (:func:`variant_tag`:
+    ``mean--1+bidir+maxp64-32-4083e8f1``, ``mean--1+bidir+instr-e5-4083e8f1``, ``mean--1+bidir+onnx-int8-4083e8f1``),
+    so it never replaces the plain run's file; a plain reference run's folder is the one it always was."""
+    tag = variant_tag(result)
     suffix = f"+{tag}" if tag else ""
     label = result.extra.get("strategy_label")
     if not isinstance(label, str):
