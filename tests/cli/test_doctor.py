@@ -39,9 +39,13 @@ def test_doctor_prints_sources_and_passes_on_a_published_model(tmp_path):
 def test_a_published_model_saved_again_cites_its_family_paper_first(tmp_path):
     import re
 
+    from lmembed.training.trainable import TrainableEmbedder
+
     emb = Embedder.from_pretrained(str(e5_snapshot(tmp_path)), cache=False, show_progress=False)
     card = (emb.save(tmp_path / "copy") / "README.md").read_text()
     assert re.findall(r"^@\w+\{([^,\n]+),$", card, flags=re.M) == ["wang2024e5mistral", "ma2023repllama"]
+    trained = (TrainableEmbedder(emb).save(tmp_path / "trained") / "README.md").read_text()  # a trained copy too
+    assert re.findall(r"^@\w+\{([^,\n]+),$", trained, flags=re.M)[0] == "wang2024e5mistral"
 
 
 def test_provenance_names_option_preset_and_default(tmp_path):
