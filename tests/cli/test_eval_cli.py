@@ -202,3 +202,7 @@ def test_staged_evals_of_two_dense_strategies_keep_apart(saved_model, beir, tmp_
     assert all(s["first_stage"] == "hybrid" and s["fusion"] == "rrf" for s in strategies)
     rows = _report_rows(runner, out)
     assert any("| last@-1 |" in row for row in rows) and any("| mean@-1 |" in row for row in rows), rows
+    result = runner.invoke(app, [*base, "--instructions", "e5"])  # a staged run with an instruction table: a third file
+    assert result.exit_code == 0, result.output
+    assert len(sorted(out.rglob("toy.json"))) == 3
+    assert any("instructions e5" in row for row in _report_rows(runner, out))

@@ -155,6 +155,7 @@ def eval_command(
             rerank_batch_tokens=rerank_batch_tokens,
             batch_size=batch_size,
             output=output,
+            instructions=instructions,
         )
         return
     results = []

@@ -81,8 +81,11 @@ def evaluate_in_stages(
     rerank_batch_tokens: int,
     batch_size: int,
     output: Path,
+    instructions: str | None = None,
 ) -> None:
-    """``lmembed eval --first-stage/--rerank``: retrieval tasks in two stages, reranking tasks by the reranker."""
+    """``lmembed eval --first-stage/--rerank``: retrieval tasks in two stages, reranking tasks by the reranker. The
+    tasks carry the instructions ``--instructions`` named, which each retrieval result records (kept apart from a run
+    without them)."""
     # lazy: torch, transformers, the evaluation stack
     from lmembed.cli.options import load_embedder
     from lmembed.evaluation.results import write_result
@@ -119,7 +122,10 @@ def evaluate_in_stages(
                 batch_size=batch_size,
             )
             staged.append(item)
-            written += [write_result(r, output) for r in (item.first, item.reranked) if r is not None]
+            for stage in (r for r in (item.first, item.reranked) if r is not None):
+                if instructions:  # a staged run reads no published instructions: any table given is not its own
+                    stage.extra["instructions"] = instructions.strip().lower()
+                written.append(write_result(stage, output))
     if staged:
         terminal.console().print(stage_table(staged))
     console.print(f"results written under {output}/ ({len(written)} files)")
