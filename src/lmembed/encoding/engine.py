@@ -397,18 +397,12 @@ class EncodingEngine:
         its token states are pooled per ``chunking`` window over the pooled (text) tokens. Returns the raw chunk
         vectors and each chunk's text row. Not cached (the chunks depend on ``chunking``)."""
         texts = validate_texts(texts)
-        check_batch_size(batch_size)
-        builder, mode = self._reading(config)
-        features = builder.build_all(texts, instruction)
-        if texts:  # as encode_raw: int8 calibrates on the first texts it sees; an ONNX graph is built for the strategy
-            self.backend.ensure_calibration(texts)
-            self._prepare(builder, [config], mode, batch_size)
+        features, mode = self._read_directly(texts, config, instruction, batch_size)
         spans = [_late_spans(f.pool_mask, chunking) for f in features]
         offsets = np.cumsum([0] + [len(s) for s in spans])
         out = np.empty((int(offsets[-1]), self.output_dim(config)), dtype=np.float32)
         with torch.inference_mode():
-            for batch in self._batches(features, list(range(len(texts))), batch_size):
-                states = self.backend.states(batch.input_ids, batch.attention_mask, [config], mode)[0]
+            for batch, states in self._states(features, config, mode, batch_size):
                 width = batch.input_ids.shape[1]
                 owner, masks = [], []
                 for b, row in enumerate(batch.rows):
@@ -441,25 +435,44 @@ class EncodingEngine:
         padding left out), in order. No pooling, head, term channel, normalisation or Matryoshka cut. Not cached.
         With ``features`` (one per text, built with ``instruction``), the texts are not tokenised again."""
         texts = validate_texts(texts)
-        check_batch_size(batch_size)
-        builder, mode = self._reading(config)
-        if not texts:
-            return []
-        if features is None:
-            features = builder.build_all(texts, instruction)
-        elif len(features) != len(texts):
-            raise ConfigError(f"{len(features)} features for {len(texts)} texts")
-        features = list(features)
-        self.backend.ensure_calibration(texts)
-        self._prepare(builder, [config], mode, batch_size)
+        features, mode = self._read_directly(texts, config, instruction, batch_size, features)
         out: list[np.ndarray] = [np.empty((0, self.backbone.hidden_size), dtype=np.float32)] * len(texts)
         with torch.inference_mode():
-            for batch in self._batches(features, list(range(len(texts))), batch_size):
-                states = self.backend.states(batch.input_ids, batch.attention_mask, [config], mode)[0]
+            for batch, states in self._states(features, config, mode, batch_size):
                 read = batch.attention_mask.to(states.device).bool()
                 for b, row in enumerate(batch.rows):
                     out[row] = states[b][read[b]].float().cpu().numpy()
         return out
+
+    def _read_directly(
+        self,
+        texts: list[str],
+        config: EmbeddingConfig,
+        instruction: str | None,
+        batch_size: int,
+        features: Sequence[Features] | None = None,
+    ) -> tuple[list[Features], str]:
+        """What the readings that take the states themselves (late chunks, token vectors) need first: the texts'
+        features (``features`` when given, one per text) and the attention mode, with the backend ready for
+        ``config`` as :meth:`encode_raw` readies it (int8 calibrated on the first texts it sees, the ONNX graph
+        built)."""
+        check_batch_size(batch_size)
+        builder, mode = self._reading(config)
+        if features is None:
+            features = builder.build_all(texts, instruction)
+        elif len(features) != len(texts):
+            raise ConfigError(f"{len(features)} features for {len(texts)} texts")
+        if texts:
+            self.backend.ensure_calibration(texts)
+            self._prepare(builder, [config], mode, batch_size)
+        return list(features), mode
+
+    def _states(
+        self, features: list[Features], config: EmbeddingConfig, mode: str, batch_size: int
+    ) -> Iterator[tuple[Batch, torch.Tensor]]:
+        """Each batch of ``features`` (in input order) with the states ``config`` pools from."""
+        for batch in self._batches(features, list(range(len(features))), batch_size):
+            yield batch, self.backend.states(batch.input_ids, batch.attention_mask, [config], mode)[0]
 
     # ------------------------------------------------------------------ cache
     def cache_model_key(self, config: EmbeddingConfig) -> str:
