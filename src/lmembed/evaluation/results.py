@@ -93,6 +93,17 @@ def runtime_record(encoder: Any) -> dict[str, str] | None:
     return {"backend": runs.name, "precision": runs.precision}
 
 
+def record_strategy(
+    result: TaskResult, strategy: Mapping[str, Any], label: str, runtime: dict[str, str] | None
+) -> None:
+    """Stamp on ``result`` what produced it: its ``strategy``, the ``label`` it is shown under and the backend and
+    precision that ran the model (:func:`runtime_record`, None: not recorded): what names its folder."""
+    result.strategy = dict(strategy)
+    result.extra["strategy_label"] = label
+    if runtime is not None:
+        result.extra["runtime"] = dict(runtime)
+
+
 def result_runtime(result: TaskResult) -> tuple[str, str] | None:
     """``(backend, precision)`` of a result run otherwise than the reference (:data:`REFERENCE_RUNTIME`, torch at
     float32); None for a reference run, and for a result that records no runtime (written by MTEB, or before lmembed
@@ -103,12 +114,6 @@ def result_runtime(result: TaskResult) -> tuple[str, str] | None:
     backend = str(runtime.get("backend") or REFERENCE_RUNTIME[0])
     precision = str(runtime.get("precision") or REFERENCE_RUNTIME[1])
     return None if (backend, precision) == REFERENCE_RUNTIME else (backend, precision)
-
-
-def runtime_tag(result: TaskResult) -> str:
-    """``onnx-int8`` for a result of another backend or precision than the reference's; ``""`` for a reference run."""
-    runtime = result_runtime(result)
-    return "" if runtime is None else "-".join(runtime)
 
 
 def result_reading(result: TaskResult) -> list[tuple[str, str]]:
@@ -131,12 +136,18 @@ def result_reading(result: TaskResult) -> list[tuple[str, str]]:
     return parts
 
 
+def _variants(result: TaskResult) -> list[tuple[str, str]]:
+    """What tells a result's run from a plain one of its strategy, as ``(folder tag, label)`` pairs: how its texts
+    were read (:func:`result_reading`), then the backend and precision where they are not the reference's
+    (``("onnx-int8", "onnx int8")``)."""
+    runtime = result_runtime(result)
+    return result_reading(result) + ([("-".join(runtime), " ".join(runtime))] if runtime else [])
+
+
 def variant_tag(result: TaskResult) -> str:
-    """What tells a result's run from a plain one of its strategy (:func:`result_reading`, then :func:`runtime_tag`),
-    as its folder carries it after the label: ``maxp64-32+onnx-int8``; ``""`` for a plain run on the reference."""
-    tags = [tag for tag, _ in result_reading(result)]
-    runtime = runtime_tag(result)
-    return "+".join([*tags, *([runtime] if runtime else [])])
+    """:func:`_variants` as a result's folder carries them after the label: ``maxp64-32+onnx-int8``; ``""`` for a
+    plain run on the reference."""
+    return "+".join(tag for tag, _ in _variants(result))
 
 
 def _own_label(result: TaskResult) -> str | None:
@@ -151,8 +162,7 @@ def strategy_label(result: TaskResult) -> str:
     (:func:`result_reading`) and the backend and precision where they are not the reference's
     (``mean@-1+bidir (onnx int8)``, ``mean@-1+bidir (maxp 64/32)``, ``mean@-1+bidir (instructions e5)``)."""
     label = _own_label(result) or strategy_slug(result.strategy)
-    runtime = result_runtime(result)
-    parts = [text for _, text in result_reading(result)] + ([" ".join(runtime)] if runtime else [])
+    parts = [text for _, text in _variants(result)]
     return f"{label} ({', '.join(parts)})" if parts else label
 
 

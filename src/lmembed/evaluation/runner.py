@@ -20,7 +20,7 @@ import numpy as np
 
 from lmembed.config import ConfigError, EmbeddingConfig, for_side
 from lmembed.evaluation.base import Task, TaskResult
-from lmembed.evaluation.results import runtime_record, strategy_label, write_result
+from lmembed.evaluation.results import record_strategy, runtime_record, strategy_label, write_result
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
@@ -205,11 +205,8 @@ def evaluate_retrieval_strategies(
     out = []
     for cfg, q, c in zip(configs, queries, corpus, strict=True):
         result = task.score_embeddings(q, c, model_name=embedder.name)
-        result.strategy = cfg.to_dict()
+        record_strategy(result, cfg.to_dict(), cfg.label(), runtime)
         result.extra.setdefault("timings", {})["encode_s_shared"] = encode_s
-        result.extra["strategy_label"] = cfg.label()
-        if runtime is not None:
-            result.extra["runtime"] = dict(runtime)
         result.extra["instruction"] = task.instruction
         result.extra["texts_encoded"] = len(data.query_texts) + len(data.corpus_texts)
         if cfg in speeds:
@@ -259,6 +256,7 @@ def evaluate_strategies(
     (:func:`~lmembed.evaluation.results.strategy_dir_name`).
     """
     results: list[StrategyResult] = []
+    runtime = runtime_record(embedder)
     for task in tasks:
         if instruction_for is not None:
             task = task.with_instruction(instruction_for(task))
@@ -270,12 +268,8 @@ def evaluate_strategies(
             batch = []
             for cfg in configs:
                 result = task.evaluate(embedder.with_config(cfg), batch_size=batch_size)
-                result.strategy = cfg.to_dict()
+                record_strategy(result, cfg.to_dict(), cfg.label(), runtime)
                 result.model_name = result.model_name or embedder.name
-                result.extra["strategy_label"] = cfg.label()
-                runtime = runtime_record(embedder)
-                if runtime is not None:
-                    result.extra["runtime"] = runtime
                 batch.append(StrategyResult(cfg, result))
         for item in batch:
             if on_result:

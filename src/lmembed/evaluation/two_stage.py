@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from lmembed.errors import ConfigError
 from lmembed.evaluation.base import TaskResult
 from lmembed.evaluation.metrics import drop_identical_ids, evaluate_run, trec_order
-from lmembed.evaluation.results import runtime_record
+from lmembed.evaluation.results import record_strategy, runtime_record
 from lmembed.evaluation.search import exact_search
 from lmembed.evaluation.tasks.retrieval import RetrievalTask
 from lmembed.lexical.bm25 import LexicalIndex, LexicalParams
@@ -180,10 +180,7 @@ def _result(
     runtime: dict[str, str] | None,
 ) -> TaskResult:
     scores = evaluate_run(task.data.qrels, run, task.k_values, ignore_identical_ids=task.ignore_identical_ids)
-    extra = {**extra, "strategy_label": stage.label, "data": task.data.summary(), "instruction": task.instruction}
-    if runtime is not None:
-        extra["runtime"] = dict(runtime)
-    return TaskResult(
+    result = TaskResult(
         task_name=task.name,
         task_type=task.task_type,
         split=task.data.split,
@@ -191,9 +188,10 @@ def _result(
         main_metric=task.main_metric,
         evaluation_time=elapsed,
         model_name=name,
-        strategy=dict(stage.strategy),
-        extra=extra,
+        extra={**extra, "data": task.data.summary(), "instruction": task.instruction},
     )
+    record_strategy(result, stage.strategy, stage.label, runtime)
+    return result
 
 
 def first_stage_name(first_stage: str, model_name: str, fusion: str) -> str:
