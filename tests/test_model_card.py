@@ -118,6 +118,17 @@ def test_a_folder_saved_again_keeps_the_model_it_was_made_from(tmp_path):
     assert "| terms | dims=64, weight=0.5," in card  # a setting of several values reads as one line
 
 
+def test_a_local_folder_of_hub_id_form_is_not_named_a_hub_base_model(tokenizer, tmp_path, monkeypatch):
+    """A checkpoint loaded from a relative folder ``runs/ckpt`` has the form of a Hub id; the card names it as the
+    base it was read from but gives the Hub no ``base_model`` (it named the local folder there)."""
+    monkeypatch.chdir(tmp_path)
+    tiny_model("bert", len(tokenizer)).save_pretrained("runs/ckpt")
+    tokenizer.save_pretrained("runs/ckpt")
+    emb = Embedder.from_pretrained("runs/ckpt", cache=False, show_progress=False)
+    card = (emb.save(tmp_path / "saved") / CARD_FILE).read_text()
+    assert "base_model" not in front_matter(card) and "runs/ckpt" in card
+
+
 def test_a_recorded_base_model_that_is_not_a_name_is_refused_naming_the_field(tokenizer, tmp_path):
     import json
 

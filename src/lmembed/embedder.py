@@ -37,7 +37,7 @@ from lmembed.models import presets
 from lmembed.models.attention import check_bidirectional_supported
 from lmembed.models.bundled import BUNDLED
 from lmembed.models.context import PositionInterpolationError, interpolate_positions, interpolation_factor
-from lmembed.models.loading import Backbone, backbone_from_model
+from lmembed.models.loading import Backbone, backbone_from_model, is_hub_id
 from lmembed.models.sentence_transformers_folder import (
     ST_POOLING_MODES,
     PublishedModel,
@@ -660,9 +660,11 @@ class Embedder:
             if extra is not None:
                 extra(tmp)
             base = self.base_model or self.backbone.name
+            hub_id = BUNDLED[base].hub_id if base in BUNDLED else base
             card = card_text(
                 name=name or directory.name,
-                base_model=BUNDLED[base].hub_id if base in BUNDLED else base,
+                base_model=hub_id,
+                hub_id=hub_id if is_hub_id(hub_id) and not Path(hub_id).expanduser().exists() else None,
                 config=self.config,
                 is_decoder=self.backbone.is_decoder,
                 dim=self.dim,

@@ -24,7 +24,6 @@ from lmembed.config import EmbeddingConfig
 CARD_FILE = "README.md"
 #: the key of ``lmembed.json`` that records the card's sha256
 CARD_KEY = "card"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass(frozen=True)
@@ -87,6 +86,7 @@ def card_text(
     *,
     name: str,
     base_model: str,
+    hub_id: str | None,
     config: EmbeddingConfig,
     is_decoder: bool,
     dim: int,
@@ -94,14 +94,15 @@ def card_text(
     training: TrainingRecord | None = None,
     family_cites: tuple[str, ...] = (),
 ) -> str:
-    """The card's Markdown (with the Hub's YAML front matter), naming the installed lmembed's version;
+    """The card's Markdown (with the Hub's YAML front matter: ``hub_id``, the base model's id on the Hub when it has
+    one, is its ``base_model``), naming the installed lmembed's version;
     ``family_cites``: the papers of the published family the model was loaded as (its preset's)."""
     tags = ["lmembed", "feature-extraction", "sentence-similarity"]
     if sentence_transformers:
         tags.append("sentence-transformers")
     front = ["---", "library_name: lmembed"]
-    if _HUB_ID.match(base_model):  # the Hub links a base model by its id only (not a local path)
-        front.append(f"base_model: {base_model}")
+    if hub_id is not None:  # the Hub links a base model by its id only (not a local path)
+        front.append(f"base_model: {hub_id}")
     front += ["pipeline_tag: sentence-similarity", "tags:", *(f"- {t}" for t in tags), "---", ""]
     lines = [
         *front,
