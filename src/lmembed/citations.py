@@ -216,10 +216,15 @@ CITATIONS: dict[str, Citation] = {
 }
 
 
+def unknown_keys(keys: Iterable[str]) -> list[str]:
+    """Those of ``keys`` that :data:`CITATIONS` does not hold."""
+    return [k for k in keys if k not in CITATIONS]
+
+
 def check_keys(keys: Iterable[str], where: str) -> tuple[str, ...]:
     """``keys`` as a tuple, each one of :data:`CITATIONS` (else ``KeyError`` naming ``where``)."""
     keys = tuple(keys)
-    if unknown := [k for k in keys if k not in CITATIONS]:
+    if unknown := unknown_keys(keys):
         raise KeyError(f"{where} cites {', '.join(unknown)}, which lmembed.citations does not hold")
     return keys
 

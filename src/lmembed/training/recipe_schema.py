@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePath
 from typing import Any
 
-from lmembed.citations import CITATIONS
+from lmembed.citations import CITATIONS, unknown_keys
 from lmembed.errors import LmembedError
 from lmembed.io import read_text
 from lmembed.mining import mine_hard_negatives
@@ -276,7 +276,7 @@ def parse_recipe(
     cites = data.get("cites") or []
     if not isinstance(cites, list) or not all(isinstance(c, str) for c in cites):
         raise RecipeError(f"{where.at(('cites',))}: 'cites' must be a list of citation keys")
-    if unknown := [c for c in cites if c not in CITATIONS]:
+    if unknown := unknown_keys(cites):
         raise RecipeError(
             f"{where.at(('cites',))}: 'cites' names {', '.join(unknown)}, which lmembed.citations does not hold "
             f"(it holds {', '.join(CITATIONS)})"

@@ -636,8 +636,8 @@ class Trainer:
             merge = self.config.merge_lora
             # the model before stays under its name until the new one is whole and renamed in (never neither)
             with atomic_folder(target) as scratch:
-                card = {"training": self.training_record(), "name": target.name}
-                card = card if isinstance(self.model, TrainableEmbedder) else {}
+                embedder = isinstance(self.model, TrainableEmbedder)  # a reranker's folder has no card
+                card = {"training": self.training_record(), "name": target.name} if embedder else {}
                 self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target, full_state=full, **card)
         self.dist.barrier()
         return target
