@@ -18,8 +18,10 @@ import pytest
 from helpers import unrecord
 from lmembed import Embedder
 from lmembed.errors import ConfigError
+from lmembed.io import sha256_file
 from lmembed.load_plan import FILES_KEY, SAVED_FORMAT, plan_load
 from lmembed.load_spec import STRATEGY_FILE
+from lmembed.model_card import CARD_FILE, CARD_KEY
 from lmembed.models.loading import ModelLoadError
 
 TEXTS = ["the cat sat on the mat", "a dog ran", "hello world"]
@@ -233,7 +235,9 @@ def test_an_export_records_its_files_and_never_replaces_a_folder_of_other_files(
     folder = emb.export(tmp_path / "export")
     meta = json.loads((folder / STRATEGY_FILE).read_text())
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    assert meta["format"] == SAVED_FORMAT and sorted(meta[FILES_KEY]) == [f for f in files if f != STRATEGY_FILE]
+    recorded = [f for f in files if f not in (STRATEGY_FILE, CARD_FILE)]  # the card is recorded apart
+    assert meta["format"] == SAVED_FORMAT and sorted(meta[FILES_KEY]) == recorded
+    assert meta[CARD_KEY] == sha256_file(folder / CARD_FILE)
     assert "model.onnx" in meta[FILES_KEY] and "manifest.json" in meta[FILES_KEY]
     assert emb.export(folder) == folder  # an earlier export is replaced
     with pytest.raises(ModelLoadError, match=r"export is an lmembed export .* loads the model it was exported from"):

@@ -201,6 +201,13 @@ CITATIONS: dict[str, Citation] = {
             "2112.07577",
         ),
         Citation(
+            "lee2019ict",
+            "Lee, Kenton and Chang, Ming-Wei and Toutanova, Kristina",
+            "Latent Retrieval for Weakly Supervised Open Domain Question Answering",
+            2019,
+            "1906.00300",
+        ),
+        Citation(
             "juboor2024decoding",
             "Juboor, David N. and Walsh, John MacLaren and Weyant, Christopher",
             "Decoding Latent Spaces: LLM-based Embeddings vs Encoder-Only Architectures",

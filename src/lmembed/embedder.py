@@ -31,8 +31,8 @@ from lmembed.encoding.inputs import validate_texts, wants_eos
 from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.io import read_json
 from lmembed.load_plan import HEAD_FILE, check_replaceable, plan_load, write_strategy_file
-from lmembed.load_spec import STRATEGY_FILE, LoadSpec
-from lmembed.model_card import CARD_FILE, TrainingRecord, card_text
+from lmembed.load_spec import LoadSpec
+from lmembed.model_card import CARD_FILE, ExportRecord, TrainingRecord, card_text
 from lmembed.models import presets
 from lmembed.models.attention import check_bidirectional_supported
 from lmembed.models.bundled import BUNDLED
@@ -322,7 +322,7 @@ class Embedder:
         embedder.checkpoint_sources = plan.checkpoint_sources
         embedder.source = _source_of(plan.where)
         embedder.attn_implementation = attn_implementation
-        embedder.base_model = _recorded_base(plan)
+        embedder.base_model = plan.base_model
         return embedder
 
     @classmethod
@@ -659,27 +659,32 @@ class Embedder:
                 write_sentence_transformers_files(tmp, self.config, self.backbone.hidden_size, max_length)
             if extra is not None:
                 extra(tmp)
-            base = self.base_model or self.backbone.name
-            hub_id = BUNDLED[base].hub_id if base in BUNDLED else base
-            card = card_text(
-                name=name or directory.name,
-                base_model=hub_id,
-                hub_id=hub_id if is_hub_id(hub_id) and not Path(hub_id).expanduser().exists() else None,
-                config=self.config,
-                is_decoder=self.backbone.is_decoder,
-                dim=self.dim,
-                sentence_transformers=compatible,
-                training=training,
-                family_cites=self.published.preset.cites if self.published else (),
-            )
+            card = self._card(name or directory.name, sentence_transformers=compatible, training=training)
             (tmp / CARD_FILE).write_text(card, encoding="utf-8")
             meta = {
-                "base_model": base,
+                "base_model": self.base_model or self.backbone.name,
                 "is_decoder": self.backbone.is_decoder,
                 "strategy": self.config.to_dict(),
             }
             write_strategy_file(tmp, meta)
         return directory
+
+    def _card(self, name: str, *, sentence_transformers: bool = False, **kinds: Any) -> str:
+        """The model card of a folder this Embedder is saved or exported to, called ``name`` (``kinds``:
+        :func:`card_text`'s ``training`` or ``export``)."""
+        base = self.base_model or self.backbone.name
+        hub_id = BUNDLED[base].hub_id if base in BUNDLED else base
+        return card_text(
+            name=name,
+            base_model=hub_id,
+            hub_id=hub_id if is_hub_id(hub_id) and not Path(hub_id).expanduser().exists() else None,
+            config=self.config,
+            is_decoder=self.backbone.is_decoder,
+            dim=self.dim,
+            sentence_transformers=sentence_transformers,
+            family_cites=self.published.preset.cites if self.published else (),
+            **kinds,
+        )
 
     def sentence_transformers_compatible(self) -> bool:
         """True when sentence-transformers can reproduce this strategy exactly: each strategy field's own rule
@@ -734,20 +739,6 @@ def _head_width(head: nn.Module | None, backbone: Backbone, config: EmbeddingCon
     return None
 
 
-def _recorded_base(plan: Any) -> str | None:
-    """The ``base_model`` a saved folder's lmembed.json records (what it was made from), or None for another source;
-    a value that is not a short printable string is refused naming the file and field."""
-    if plan.saved is None or plan.saved.get("base_model") is None:
-        return None
-    value = plan.saved["base_model"]
-    if not isinstance(value, str) or not value or len(value) > 300 or not value.isprintable():
-        raise ModelLoadError(
-            f"{Path(plan.path) / STRATEGY_FILE}: base_model={value!r:.80} must be the name of the model the folder "
-            "was made from (a printable string of at most 300 characters)"
-        )
-    return value
-
-
 def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
     """Fill ``directory`` with the export folder ``source`` + tokenizer + strategy, atomically (temporary sibling,
     then one rename; an existing ``directory`` is replaced only once the new one is complete)."""
@@ -758,6 +749,8 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
             shutil.copy2(item, tmp / item.name)
         embedder.backbone.tokenizer.save_pretrained(tmp)
         embedder._save_after_pooling(tmp)  # the graph stops where pooling starts: the head and term table travel
+        graph = ExportRecord(embedder.load_spec.source, embedder.backend.precision)
+        (tmp / CARD_FILE).write_text(embedder._card(directory.name, export=graph), encoding="utf-8")
         meta = {
             "base_model": embedder.backbone.name,
             "is_decoder": embedder.backbone.is_decoder,

@@ -142,6 +142,12 @@ class LoadPlan:
             return self.nvembed.head(backbone, strategy)
         return None
 
+    @property
+    def base_model(self) -> str | None:
+        """The model a saved folder was made from (its lmembed.json's ``base_model``, checked when it was read), or
+        None for another source."""
+        return None if self.saved is None else self.saved.get("base_model")
+
     def terms(self, backbone: Backbone, strategy: dict[str, Any]) -> TermChannel | None:
         """The term channel the final ``strategy`` names, read from a saved folder and checked (None: none)."""
         if not strategy.get("terms"):
@@ -346,6 +352,12 @@ def _read_saved(name_or_path: str) -> dict[str, Any] | None:
         EmbeddingConfig.from_dict(saved["strategy"])
     except (ConfigError, TypeError) as exc:
         raise ModelLoadError(f"{path}: strategy: {exc}") from exc
+    base = saved.get("base_model")
+    if base is not None and (not isinstance(base, str) or not base or len(base) > 300 or not base.isprintable()):
+        raise ModelLoadError(
+            f"{path}: base_model={base!r:.80} must be the name of the model the folder was made from (a printable "
+            "string of at most 300 characters)"
+        )
     check_saved_files(Path(name_or_path), saved)
     return saved
 

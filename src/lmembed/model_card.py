@@ -37,6 +37,55 @@ class TrainingRecord:
         check_keys(self.cites, "the training record")
 
 
+@dataclass(frozen=True)
+class ExportRecord:
+    """What an ONNX export tells the card: the model it was exported from (how lmembed loads it again) and the
+    graph's precision."""
+
+    source: str | None  # None: a model built in memory (the card's snippet then asks for where it is)
+    precision: str
+
+
+def _use(name: str) -> list[str]:
+    return [
+        "## Use",
+        "",
+        "```python",
+        "from lmembed import Embedder",
+        "",
+        f'model = Embedder.from_pretrained("{name}")  # this folder, or its Hub id once published',
+        'queries = model.encode_queries(["what is this model for?"])',
+        'documents = model.encode_corpus(["It turns texts into vectors."])',
+        "```",
+        "",
+    ]
+
+
+def _use_export(export: ExportRecord) -> list[str]:
+    return [
+        "## Use",
+        "",
+        "`model.onnx` takes `input_ids` and `attention_mask` (int64, batch × tokens, as the tokenizer in this folder "
+        "gives them) and returns the hidden states the strategy pools (`states_0`, and `states_1` … when it reads "
+        "more than one layer; batch × tokens × width). Pooling and what follows it (the strategy below: which tokens "
+        "are pooled, a head, normalisation) are not in the graph. lmembed runs this very graph, with its pooling, for "
+        f"{f'`{export.source}`' if export.source else 'the model'}, the model it was exported from (its "
+        "`lmembed.json` records how it was loaded, int8's calibration texts too):",
+        "",
+        "```python",
+        "import json",
+        "",
+        "from lmembed import Embedder",
+        "from lmembed.load_spec import LoadSpec",
+        "",
+        'spec = LoadSpec.from_dict(json.load(open("lmembed.json"))["load"])  # the lmembed.json of this folder',
+        "model = Embedder.from_spec(spec)" if export.source else 'model = Embedder.from_spec(spec, source="MODEL")',
+        'vectors = model.encode(["It turns texts into vectors."])',
+        "```",
+        "",
+    ]
+
+
 def strategy_citations(config: EmbeddingConfig, is_decoder: bool) -> tuple[str, ...]:
     """The papers of the strategy's parts: its pooling, a decoder's attention and layer, echo, Matryoshka ``dim``
     and a term channel."""
@@ -93,35 +142,31 @@ def card_text(
     sentence_transformers: bool,
     training: TrainingRecord | None = None,
     family_cites: tuple[str, ...] = (),
+    export: ExportRecord | None = None,
 ) -> str:
     """The card's Markdown (with the Hub's YAML front matter: ``hub_id``, the base model's id on the Hub when it has
     one, is its ``base_model``), naming the installed lmembed's version;
-    ``family_cites``: the papers of the published family the model was loaded as (its preset's)."""
+    ``family_cites``: the papers of the published family the model was loaded as (its preset's); ``export``: the
+    folder is an ONNX export (its graph's inputs and outputs, and how lmembed runs it, take the place of loading)."""
     tags = ["lmembed", "feature-extraction", "sentence-similarity"]
     if sentence_transformers:
         tags.append("sentence-transformers")
+    if export is not None:
+        tags.append("onnx")
     front = ["---", "library_name: lmembed"]
     if hub_id is not None:  # the Hub links a base model by its id only (not a local path)
         front.append(f"base_model: {hub_id}")
     front += ["pipeline_tag: sentence-similarity", "tags:", *(f"- {t}" for t in tags), "---", ""]
+    what = "saved" if export is None else f"exported to ONNX ({export.precision})"
     lines = [
         *front,
         f"# {name}",
         "",
-        f"A text-embedding model saved by lmembed {_version()}: `{base_model}` read with the strategy "
+        f"A text-embedding model {what} by lmembed {_version()}: `{base_model}` read with the strategy "
         f"`{config.label()}` ({dim} dimensions, {config.similarity} similarity).",
         "",
-        "## Use",
-        "",
-        "```python",
-        "from lmembed import Embedder",
-        "",
-        f'model = Embedder.from_pretrained("{name}")  # this folder, or its Hub id once published',
-        'queries = model.encode_queries(["what is this model for?"])',
-        'documents = model.encode_corpus(["It turns texts into vectors."])',
-        "```",
-        "",
     ]
+    lines += _use(name) if export is None else _use_export(export)
     if sentence_transformers:
         lines += [
             "sentence-transformers loads it too, with the same vectors: "

@@ -308,7 +308,7 @@ def test_batched_tokenisation_equals_one_by_one(tokenizer, echo, instruction):
     assert builder.build_all(texts, instruction) == [builder.build(t, instruction) for t in texts]
 
 
-def test_export_command_writes_a_graph_that_gives_the_torch_vectors(tokenizer, tmp_path):
+def test_export_command_writes_a_graph_that_gives_the_torch_vectors(tokenizer, tmp_path, monkeypatch):
     # lazy: onnxruntime is optional (the module is skipped without it)
     import onnxruntime as ort
     from typer.testing import CliRunner
@@ -332,6 +332,15 @@ def test_export_command_writes_a_graph_that_gives_the_torch_vectors(tokenizer, t
         (states,) = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
         vec = mean_pool(torch.from_numpy(states), torch.tensor([feat.pool_mask])).numpy()
         assert _min_cos(vec, ref.encode([text], batch_size=1)) >= 0.9999
+    # the card says what the graph takes and gives, and its snippet loads the exported model with this very graph
+    card = (out / "README.md").read_text()
+    assert "- onnx\n" in card and "exported to ONNX (float32)" in card and "`input_ids` and `attention_mask`" in card
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(out)
+    scope: dict = {}
+    exec(snippet, scope)
+    assert scope["model"].backend.describe() == {"backend": "onnx", "precision": "float32"}
+    np.testing.assert_allclose(scope["vectors"], ref.encode(["It turns texts into vectors."]), atol=1e-5)
     bad = CliRunner().invoke(app, ["export", str(out), "--model", str(saved), "--format", "tflite"])
     assert bad.exit_code == 2 and "the only format is onnx" in bad.output
 

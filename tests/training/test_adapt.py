@@ -573,6 +573,7 @@ def test_the_saved_model_carries_the_corpus_term_channel(tmp_path, make_embedder
     card = (Path(result.model_dir) / "README.md").read_text()  # the card tells the adaptation and cites GPL and BM25
     assert "| adapted with | lmembed adapt" in card and "| term channel | 4096 buckets, weight 0.5 |" in card
     assert "@misc{wang2022gpl," in card and "@misc{robertson2009bm25," in card
+    assert "@misc{lee2019ict," in card  # its queries were cropped from the documents: the inverse cloze task
     assert f"# {Path(result.model_dir).name}\n" in card and ".tmp" not in card
     assert "| steps trained | 2 |" in card and "| kept step |" in card  # which weights these are
 

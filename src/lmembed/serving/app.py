@@ -40,8 +40,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -158,6 +158,20 @@ class ServerState:
             return for_side(self.config, input_type, instruction)[1]
         return instruction or self.config.named_prompt(None)
 
+    @contextmanager
+    def in_flight(self, tokens: int, *, memory: int | None = None, counted: bool = True) -> Iterator[None]:
+        """Hold ``tokens`` as in flight while the block runs (a 429 past ``--max-tokens-in-flight``), note what the
+        work holds for the memory trimmer (``memory``: its size in tokens' worth, the tokens when not given), and
+        count the tokens in ``lmembed_prompt_tokens_total`` once the block succeeded, unless not ``counted``."""
+        self.admission.admit(tokens)
+        self.trimmer.note(tokens if memory is None else memory)
+        try:
+            yield
+        finally:
+            self.admission.release(tokens)
+        if counted:
+            self.metrics.tokens.inc(tokens)
+
     async def embed(
         self,
         texts: list[str],
@@ -179,15 +193,9 @@ class ServerState:
         features = await self.tokenizer.features(texts, instruction, field, truncate, instruction_field)
         lengths = [len(f) for f in features]
         tokens = sum(lengths)
-        self.admission.admit(tokens)
-        self.trimmer.note(tokens)
         batcher = self.query_batcher if side == "query" and self.query_batcher is not None else self.batcher
-        try:
+        with self.in_flight(tokens, counted=counted):  # every route that embeds counts here (search's queries too)
             raw = await batcher.embed(texts, lengths, instruction, features)
-        finally:
-            self.admission.release(tokens)
-        if counted:  # every route that embeds counts here (search's queries too)
-            self.metrics.tokens.inc(tokens)
         config = self.config if dimensions is None else self.config.with_options(dim=dimensions)
         if normalize is not None:
             config = config.with_options(normalize=normalize)
@@ -217,17 +225,11 @@ class ServerState:
                 "too_many_token_values",
                 param="inputs",
             )
-        self.admission.admit(tokens)
-        self.trimmer.note(tokens + values * 10 // 4)  # and the answer: about 10 characters per number
-        try:
+        with self.in_flight(tokens, memory=tokens + values * 10 // 4):  # the answer: about 10 characters a number
             work = asyncio.to_thread(
                 self.engine.encode_token_states, req.texts, config, instruction=instruction, features=features
             )
-            states = await unless_disconnected(request, work)
-        finally:
-            self.admission.release(tokens)
-        self.metrics.tokens.inc(tokens)
-        return states
+            return await unless_disconnected(request, work)
 
     async def score(self, request: Request, req: RerankRequest) -> tuple[np.ndarray, int]:
         """The reranker's scores of a rerank request's documents (their tokens admitted as in flight)."""

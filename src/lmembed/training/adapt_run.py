@@ -385,7 +385,7 @@ def _save_with_terms(
             "term channel": f"{recipe.terms.dims} buckets, weight {recipe.terms.weight}",
             "seed": recipe.seed,
         },
-        ("wang2022gpl",),
+        ("wang2022gpl", *(("lee2019ict",) if "crops" in recipe.source_names else ())),  # crops: inverse cloze
     )
     with atomic_folder(model_dir) as tmp:
         fitted.save(tmp, training=record, name=model_dir.name)
