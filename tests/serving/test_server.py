@@ -556,10 +556,56 @@ def test_search_endpoint(make_embedder, tokenizer, tmp_path):
         assert_error(post(server, {"query": "gene", "k": 11}, "/v1/search"), 400, "invalid_k", "from 1 to 10")
         assert_error(post(server, {"query": []}, "/v1/search"), 400, "empty_input", "'query' is an empty list")
         models = httpx.get(server.url + "/v1/models").json()["data"][0]
-        assert models["index"] == {"kind": "flat", "documents": 40} and models["dimensions"] == 32
+        assert models["index"] == {"kind": "flat", "documents": 40, "generation": 1} and models["dimensions"] == 32
     other = Embedder.from_model(tiny_model("bert", len(tokenizer), seed=5), tokenizer, EmbeddingConfig())
     with pytest.raises(IndexMismatchError, match="weights"):
         create_app(other, index=index)
+
+
+def test_the_server_searches_what_index_add_wrote_and_keeps_its_generation_when_the_folder_breaks(
+    make_embedder, tmp_path, caplog
+):
+    """`lmembed index add` while the server runs: the next searches find the new documents without a restart, with
+    the checks a start makes; a folder that changed into something it cannot search is said and the loaded
+    generation stays searched."""
+    emb = make_embedder("bert")
+    folder = tmp_path / "index"
+    Index.build(emb, [("a", "the cat sat on the mat"), ("b", "protein gene study")], folder)
+
+    def ids(server, query: str = "cell growth") -> list[str]:
+        response = post(server, {"query": query, "k": 5}, "/v1/search")
+        assert response.status_code == 200, response.text
+        return [h["id"] for h in response.json()["data"][0]["hits"]]
+
+    def generation(server) -> dict:
+        return httpx.get(server.url + "/v1/models").json()["data"][0]["index"]
+
+    with serving(emb, index=Index.open(folder), index_poll_s=0.05) as (server, state):
+        assert sorted(ids(server)) == ["a", "b"]
+        Index.open(folder, emb).add([("c", "cell growth and division")])  # what `lmembed index add` does
+        time.sleep(0.06)
+        ids(server)  # this search looks at the folder and starts opening generation 2
+        asyncio_wait(server, state)
+        assert sorted(ids(server)) == ["a", "b", "c"] and generation(server)["generation"] == 2
+
+        Index.open(folder, emb).add([("d", "a dog ran home")])
+        damaged = next(folder.glob("g000003.docs.*"))
+        damaged.write_bytes(damaged.read_bytes().replace(b"dog", b"cat"))  # not what the manifest's sha256 says
+        time.sleep(0.06)
+        with caplog.at_level("WARNING", logger="lmembed.serving.followed_index"):
+            ids(server)
+            asyncio_wait(server, state)
+        assert sorted(ids(server)) == ["a", "b", "c"]  # generation 2 is still searched
+        card = generation(server)
+        assert card["generation"] == 2 and "g000003.docs" in card["not_searched"]
+        assert any("still searching generation 2" in r.getMessage() for r in caplog.records)
+    other = create_app(emb, index=Index.open(folder, verify=False), index_poll_s=0)
+    assert other.state.lmembed.index.every_s == 0
+
+
+def asyncio_wait(server: BackgroundServer, state) -> None:
+    """Until the server's followed index has ended what it began (it runs on the server's event loop)."""
+    wait_until(lambda: not state.index.opening, timeout=60)
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -628,3 +674,20 @@ def test_serve_reads_the_index_model_as_built_and_refuses_a_conflicting_option_i
     assert result.exit_code == 2
     assert "was built with another model or strategy" in result.output and "Traceback" not in result.output
     assert json.loads((tmp_path / "index" / "manifest.json").read_text())["strategy"]["dim"] == 16
+
+
+def test_the_serve_command_defaults_are_the_servers():
+    """A default written in the command (kept torch- and FastAPI-free for --help) equals the server's own."""
+    import inspect
+    from dataclasses import fields
+
+    from lmembed.cli.serve import serve
+    from lmembed.serving.followed_index import DEFAULT_POLL_S
+
+    params = inspect.signature(serve).parameters
+    limits = {f.name: f.default for f in fields(Limits)}
+    same = [name for name in params if name in limits]
+    assert len(same) >= 8, same
+    assert {name: params[name].default for name in same} == {name: limits[name] for name in same}
+    assert params["batch_wait_ms"].default / 1000 == limits["batch_wait_s"]
+    assert params["index_poll"].default == DEFAULT_POLL_S

@@ -43,6 +43,16 @@ def serve(
             "options, the model is read as the index was built (strategy, backend, precision), as `search` reads it.",
         ),
     ] = None,
+    index_poll: Annotated[
+        float,
+        typer.Option(
+            "--index-poll",
+            min=0,
+            help="Seconds between looks at the --index folder: documents `lmembed index add` writes while the server "
+            "runs are searched once their generation is opened whole, with a start's checks (0: the index as it was "
+            "at start).",
+        ),
+    ] = 2.0,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
     served_model_name: Annotated[
@@ -185,5 +195,6 @@ def serve(
         limits=limits,
         reranker=reranker,
         reranker_name=rerank,
+        index_poll_s=index_poll,
     )
     run(app, host=host, port=port, graceful_timeout=graceful_timeout, log_level=log_level, access_log=access_log)

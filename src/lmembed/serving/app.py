@@ -4,7 +4,7 @@
 endpoint                    what it does
 =========================== ==================================================================================
 ``POST /v1/embeddings``     OpenAI-compatible embeddings (see :mod:`lmembed.serving.schemas` for the fields)
-``POST /v1/search``         query text(s) → ids, scores, texts of the loaded index (404 without an index):
+``POST /v1/search``         query text(s) → ids, scores, texts of the index (404 without one; followed on disk):
                             dense, BM25 or hybrid, optionally reranked (:mod:`lmembed.serving.rerank`)
 ``POST /v1/rerank``         Cohere/Jina-style reranking with the loaded reranker (404 without one)
 ``GET /v1/models``          the served model, with its dimension and strategy (and the reranker)
@@ -42,6 +42,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -76,6 +77,7 @@ from lmembed.serving.compat import (
     token_states_body,
 )
 from lmembed.serving.errors import ApiError
+from lmembed.serving.followed_index import DEFAULT_POLL_S, FollowedIndex
 from lmembed.serving.limits import ENDPOINTS, GuardMiddleware, Limits, TokenAdmission
 from lmembed.serving.memory import MemoryTrimmer
 from lmembed.serving.metrics import ServerMetrics
@@ -112,13 +114,14 @@ class ServerState:
         reranker: Reranker | None = None,
         reranker_name: str | None = None,
         aliases: Sequence[str] = (),
+        index_poll_s: float = DEFAULT_POLL_S,
     ) -> None:
         self.embedder = embedder
         self.config = embedder.config
         self.model_name = model_name
         self.aliases = tuple(a for a in dict.fromkeys(aliases) if a != model_name)
         self.trimmer = MemoryTrimmer()
-        self.index = index
+        self.index = None if index is None else FollowedIndex(index, self.open_index, every_s=index_poll_s)
         self.limits = limits
         self.metrics = ServerMetrics()
         self.engine = embedder.engine.uncached()  # its backend too: served vectors are the ones its encode gives
@@ -248,11 +251,18 @@ class ServerState:
         limit = self.limits.max_inputs
         return parse_rerank_request(payload, served={name}, default_model=name, max_inputs=limit, **dialect)
 
+    def open_index(self, folder: Path) -> Index:
+        """The index at ``folder`` opened with every check a server start makes: each data file's sha256, the model
+        it was built with against the served one, its BM25 files."""
+        index = Index.open(folder, self.embedder)
+        Index.check_lexical(folder)
+        return index
+
     async def warm_up(self) -> None:
         try:
             vectors, _ = await self.embed([WARM_UP_TEXT], None, None, "input", counted=False)
             if self.index is not None:
-                await asyncio.to_thread(self.index.search_vectors, vectors, 1)
+                await asyncio.to_thread(self.index.index.search_vectors, vectors, 1)
             if self.rerank is not None:
                 await self.rerank.score([WARM_UP_PAIR])
         except Exception:
@@ -319,6 +329,14 @@ def served_load_spec(spec: LoadSpec) -> dict[str, Any]:
     return data
 
 
+def index_card(followed: FollowedIndex) -> dict[str, Any]:
+    """What ``/v1/models`` says of the searched index: its kind, documents and generation, and why the folder's
+    newest write is not searched when it is not."""
+    index = followed.index
+    card = {"kind": index.kind, "documents": index.count, "generation": index.manifest.generation}
+    return card if followed.failure is None else {**card, "not_searched": followed.failure}
+
+
 def create_app(
     embedder: Embedder,
     *,
@@ -328,18 +346,21 @@ def create_app(
     reranker: Reranker | None = None,
     reranker_name: str | None = None,
     aliases: Sequence[str] = (),
+    index_poll_s: float = DEFAULT_POLL_S,
 ) -> FastAPI:
     """The server application for ``embedder`` (served under ``model_name``, by default the model's name, and
     under each of ``aliases``: requests may name any of them).
 
     With an ``index``, ``/v1/search`` searches it; the index must have been built with this model and
     strategy (an :class:`~lmembed.index.IndexMismatchError` otherwise). With a ``reranker`` (served under
-    ``reranker_name``), ``/v1/rerank`` reranks and ``/v1/search`` can rerank its candidates.
+    ``reranker_name``), ``/v1/rerank`` reranks and ``/v1/search`` can rerank its candidates. An index saved to a
+    folder is followed (:mod:`lmembed.serving.followed_index`): its manifest is looked at every ``index_poll_s``
+    seconds at most, and a new generation (``lmembed index add``) is searched once it is opened whole (0: never).
     """
     if index is not None:
         check_embedder(index.manifest, embedder, index.path or "(in memory)")
     name = model_name or embedder.name
-    state = ServerState(embedder, name, index, limits or Limits(), reranker, reranker_name, aliases)
+    state = ServerState(embedder, name, index, limits or Limits(), reranker, reranker_name, aliases, index_poll_s)
     app = FastAPI(title="lmembed", version=__version__, lifespan=state.lifespan)
     app.state.lmembed = state
     app.add_middleware(GuardMiddleware, limits=state.limits, metrics=state.metrics, on_idle=state.trimmer.idle)
@@ -402,8 +423,9 @@ def create_app(
             vectors, tokens = await unless_disconnected(request, embedding)
         depth = max(req.k, stages.rerank_top_k) if stages.rerank else req.k
         how = {"mode": stages.mode, "fusion": stages.fusion, "vectors": vectors}
-        scores, rows = await asyncio.to_thread(state.index.search_rows, req.queries, depth, **how)
-        results = state.index.hits(scores, rows)
+        index = state.index.current()  # the newest generation opened whole (followed_index)
+        scores, rows = await asyncio.to_thread(index.search_rows, req.queries, depth, **how)
+        results = index.hits(scores, rows)
         state.trimmer.note(sum(map(len, req.queries)) // 4 + depth * len(req.queries))  # even if reranking is refused
         if stages.rerank:
             reranked = state.rerank.rerank_hits(req.queries, results, req.k, state.admission)
@@ -553,7 +575,7 @@ def create_app(
             "max_input_tokens": state.tokenizer.max_length,
             "strategy": state.config.label(),
             "load": served_load_spec(embedder.load_spec),
-            "index": None if state.index is None else {"kind": state.index.kind, "documents": state.index.count},
+            "index": None if state.index is None else index_card(state.index),
         }
         served = [card]
         if state.rerank is not None:
