@@ -58,3 +58,28 @@ def test_a_side_and_the_prompts_it_decides_are_refused_by_name(asymmetric, tmp_p
     result, out = _encode(tmp_path, model, *extra)
     assert result.exit_code == 2 and named in result.output, result.output
     assert not out.exists()
+
+
+def test_tokens_writes_encode_tokens_arrays_for_each_side(asymmetric, tmp_path):
+    """`lmembed encode --tokens -o F.npz`: every text's token vectors (as Embedder.encode_tokens gives them, the
+    side's prompt included) one after another, with the offsets that cut them apart."""
+    emb, model = asymmetric
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(TEXTS) + "\n")
+    for extra, expected in [
+        ((), emb.encode_tokens(TEXTS)),
+        (("--side", "query"), emb.encode_tokens(TEXTS, side="query")),
+    ]:
+        out = tmp_path / f"tokens{len(extra)}.npz"
+        command = ["encode", str(source), "-o", str(out), "--model", model, "--no-cache", "--tokens", *extra]
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0, result.output
+        with np.load(out, allow_pickle=False) as saved:
+            vectors, offsets = saved["vectors"], saved["offsets"]
+        assert offsets[0] == 0 and offsets.dtype == np.int64 and len(offsets) == len(TEXTS) + 1
+        for i, states in enumerate(expected):
+            np.testing.assert_allclose(vectors[offsets[i] : offsets[i + 1]], states, atol=1e-6)
+        assert offsets[-1] == len(vectors)
+    assert len(expected[0]) > len(emb.encode_tokens(TEXTS[:1])[0])  # the query instruction's tokens are there
+    wrong = CliRunner().invoke(app, ["encode", str(source), "-o", str(tmp_path / "t.npy"), "--model", model, "--tokens"])
+    assert wrong.exit_code == 2 and "--tokens writes an .npz" in wrong.output

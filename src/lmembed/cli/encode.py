@@ -29,6 +29,7 @@ from lmembed.protocols import ENCODE_BATCH_SIZE
 
 console = terminal.console(stderr=True)
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
+TOKENS_SUFFIX = ".npz"  # --tokens: every text's token vectors and their offsets
 
 
 def read_texts(path: Path, field: str) -> list[str]:
@@ -61,7 +62,7 @@ def write_vectors(vectors: np.ndarray, texts: list[str], output: Path) -> None:
 @options_command
 def encode(
     input: Annotated[Path, typer.Argument(help="A text file (one text per line) or a .jsonl file.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write: .npy or .jsonl.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write: .npy or .jsonl (--tokens: .npz).")],
     model: ModelOpt = "minilm",
     field: Annotated[str, typer.Option(help="Text field of .jsonl rows.")] = "text",
     instruction: InstructionOpt = None,
@@ -82,6 +83,15 @@ def encode(
             "model (query/document routes, a term channel, published prompts) needs. Without it: as they are.",
         ),
     ] = None,
+    tokens: Annotated[
+        bool,
+        typer.Option(
+            "--tokens",
+            help="Write token vectors instead (Embedder.encode_tokens: the states the strategy pools, one row per "
+            "token the model reads, before pooling) to an .npz: 'vectors' (all tokens × hidden) and 'offsets' "
+            "(text i's rows are vectors[offsets[i]:offsets[i+1]]).",
+        ),
+    ] = False,
     batch_size: BatchSizeOpt = ENCODE_BATCH_SIZE,
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
@@ -90,17 +100,32 @@ def encode(
 
     With --engine ray the file is streamed (also .parquet: column FIELD) and encoded as a resumable sharded
     job: run the same command again after an interruption and only the missing shards are encoded."""
-    if output.suffix not in OUTPUT_SUFFIXES:
+    if tokens and output.suffix != TOKENS_SUFFIX:
+        raise typer.BadParameter(f"{output}: --tokens writes an {TOKENS_SUFFIX} file; name one", param_hint="--output")
+    if not tokens and output.suffix not in OUTPUT_SUFFIXES:
         raise typer.BadParameter(f"{output}: use a .npy or .jsonl file name", param_hint="--output")
     _check_side(side, instruction, prompt_name)
     check_writable(output, "--output")
     check_engine(engine, options)
+    if tokens and engine.engine == "ray":
+        raise typer.BadParameter(
+            "--tokens runs on this machine (--engine local): a sharded job keeps one vector per text",
+            param_hint="--engine",
+        )
     if engine.engine == "ray":
         path = check_input_file(input, "INPUT")
         _encode_on_ray(path, output, model, field, instruction, prompt_name, side, batch_size, options, engine)
         return
     texts = read_texts(check_input_file(input, "INPUT"), field)
     emb = load_embedder(model, options)
+    if tokens:
+        states = emb.encode_tokens(texts, batch_size, side=side, instruction=instruction, prompt_name=prompt_name)
+        write_token_vectors(states, output)
+        console.print(
+            f"wrote {sum(len(s) for s in states)} token vectors of {len(texts)} texts ({emb.config.label()}) "
+            f"to {output}"
+        )
+        return
     if side == "query":
         vectors = emb.encode_queries(texts, instruction=instruction, batch_size=batch_size)
     elif side == "document":
@@ -109,6 +134,19 @@ def encode(
         vectors = emb.encode(texts, batch_size=batch_size, instruction=instruction, prompt_name=prompt_name)
     write_vectors(vectors, texts, output)
     console.print(f"wrote {vectors.shape[0]} × {vectors.shape[1]} vectors ({emb.config.label()}) to {output}")
+
+
+def write_token_vectors(states: list[np.ndarray], output: Path) -> None:
+    """An ``.npz`` of every text's token vectors, one after another (``vectors``, float32) and where each text's
+    begin (``offsets``, int64, one more than the texts), written atomically and readable without pickles."""
+    offsets = np.zeros(len(states) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(s) for s in states])
+    width = states[0].shape[1] if states else 0
+    vectors = np.concatenate(states).astype(np.float32, copy=False) if states else np.zeros((0, width), np.float32)
+    try:
+        atomic_write(output, lambda handle: np.savez(handle, vectors=vectors, offsets=offsets))
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output") from None
 
 
 def _check_side(side: str | None, instruction: str | None, prompt_name: str | None) -> None:
