@@ -24,6 +24,7 @@ from lmembed.io import (
     iter_lines,
     iter_qrels,
     qrels_splits,
+    read_json,
     read_jsonl,
     read_qrels,
     read_text_lines,
@@ -64,6 +65,7 @@ def test_binary_file_names_file_and_line(tmp_path: Path) -> None:
         ('["a", "b"]', r"rows\.jsonl:3: expected a JSON object, got an array"),
         ('"just text"', r"rows\.jsonl:3: expected a JSON object, got a string"),
         ("null", r"rows\.jsonl:3: expected a JSON object, got null"),
+        ('{"n": ' + "9" * 4301 + "}", r"rows\.jsonl:3: invalid JSON \(an integer of more than 4300 digits at col"),
     ],
 )
 def test_bad_json_rows_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
@@ -428,3 +430,9 @@ def test_a_plain_text_corpus_gets_the_same_ids_from_every_command(tmp_path: Path
     assert [d.id for d in load_corpus(path)] == expected
     assert [d.id for d in read_adapt_corpus(path)] == expected
     assert read_passages(path)[0] == expected
+
+
+def test_a_whole_file_with_an_endless_integer_names_the_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "config.json", '{\n  "hidden_size": ' + "1" * 5000 + "\n}")
+    with pytest.raises(ValueError, match=r"config\.json: line 2: invalid JSON in the file \(an integer of more"):
+        read_json(path)

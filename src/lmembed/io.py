@@ -95,11 +95,32 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: digits of the longest integer a JSON document may hold (Python's own limit on converting a string to an int)
+MAX_INT_DIGITS = 4300
+
+
+class _LongInteger(Exception):
+    pass
+
+
+def _int(digits: str) -> int:
+    if len(digits) > MAX_INT_DIGITS:  # int() would raise a bare ValueError, which no reader takes for bad JSON
+        raise _LongInteger
+    return int(digits)
+
+
 def loads_json(text: str | bytes) -> Any:
     """The one JSON parser of lmembed's readers: :func:`json.loads`, except that an object giving one key twice is
     a :class:`DuplicateKeyError` (two readers of one file, ours and another tool's, could otherwise see different
-    values)."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    values), and an integer of more than :data:`MAX_INT_DIGITS` digits is a :class:`json.JSONDecodeError` at it."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_int)
+    except _LongInteger:
+        doc = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        found = re.search(rf"\d{{{MAX_INT_DIGITS + 1},}}", doc)
+        raise json.JSONDecodeError(
+            f"an integer of more than {MAX_INT_DIGITS} digits", doc, found.start() if found else 0
+        ) from None
 
 
 def read_json(

@@ -81,5 +81,7 @@ def test_tokens_writes_encode_tokens_arrays_for_each_side(asymmetric, tmp_path):
             np.testing.assert_allclose(vectors[offsets[i] : offsets[i + 1]], states, atol=1e-6)
         assert offsets[-1] == len(vectors)
     assert len(expected[0]) > len(emb.encode_tokens(TEXTS[:1])[0])  # the query instruction's tokens are there
-    wrong = CliRunner().invoke(app, ["encode", str(source), "-o", str(tmp_path / "t.npy"), "--model", model, "--tokens"])
+    wrong = CliRunner().invoke(
+        app, ["encode", str(source), "-o", str(tmp_path / "t.npy"), "--model", model, "--tokens"]
+    )
     assert wrong.exit_code == 2 and "--tokens writes an .npz" in wrong.output

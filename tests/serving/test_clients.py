@@ -72,6 +72,37 @@ def test_cohere_client_v2_embeds_and_reranks_as_in_process(make_embedder, ce_fol
         assert refused.value.status_code == 400 and "--served-model-name" in str(refused.value.body)
 
 
+def test_cohere_truncate_is_the_requests_own_on_either_server(make_embedder):
+    """Cohere's ``truncate``: NONE refuses a text the model cannot read whole and embeds a short one, END cuts, on a
+    server that cuts and on a --no-truncate one (which refuses long texts whatever the field, as TEI's flag)."""
+    cohere = pytest.importorskip("cohere")
+    from lmembed.serving.limits import Limits
+
+    emb = make_embedder("bert")
+    long = " ".join(["cat"] * 400)
+    for truncates in (True, False):
+        with serving(emb, limits=Limits(truncate=truncates)) as server:
+            client = cohere.ClientV2(base_url=server.url, api_key="unused", timeout=30)
+
+            def embed(texts, how):
+                return client.embed(model="tiny", texts=texts, input_type="classification", truncate=how)
+
+            for how in ("NONE", "END"):
+                got = np.array(embed(TEXTS[:1], how).embeddings.float_, dtype=np.float32)
+                np.testing.assert_array_equal(got, emb.encode(TEXTS[:1]))
+            with pytest.raises(cohere.core.ApiError) as refused:
+                embed([long], "NONE")
+            assert refused.value.status_code == 400 and refused.value.body["param"] == "texts"
+            if truncates:
+                cut = np.array(embed([long], "END").embeddings.float_, dtype=np.float32)
+                np.testing.assert_array_equal(cut, emb.encode([long]))
+            else:
+                with pytest.raises(cohere.core.ApiError, match="--no-truncate"):
+                    embed([long], "END")
+            with pytest.raises(cohere.core.ApiError, match="START is not served"):
+                embed(TEXTS[:1], "START")
+
+
 def test_quantised_types_follow_their_definitions():
     v = np.array([[0.5, -0.25, 0.0, 1.0, -1.0, 0.1, 0.2, -0.3, 0.0, 2.0, 0, 0, 0, 0, 0, -2.0]], dtype=np.float32)
     int8 = np.array(quantise(v, "int8"))
@@ -268,6 +299,14 @@ def test_tei_similarity_tokenize_and_decode(make_embedder, tokenizer):
             assert "".join(text[t["start"] : t["stop"]] for t in words).replace(" ", "") == text.replace(" ", "")
             decoded = httpx.post(server.url + "/decode", json={"ids": [t["id"] for t in tokens]}, timeout=30).json()
             assert decoded == [bpe.decode([t["id"] for t in tokens], skip_special_tokens=True)]
+        accented = "ünï 日本 ok"  # spans count UTF-8 bytes, as TEI's: a client slices the encoded text with them
+        (tokens,) = httpx.post(server.url + "/tokenize", json={"inputs": accented}, timeout=30).json()
+        raw = accented.encode()
+        assert all(raw[t["start"] : t["stop"]].decode() == t["text"] for t in tokens if not t["special"])
+        assert max(t["stop"] for t in tokens if not t["special"]) == len(raw) > len(accented)
+        for empty, where in (([], "'ids'"), ([[5, 6], []], "'ids[1]'")):
+            refused = httpx.post(server.url + "/decode", json={"ids": empty}, timeout=30)
+            assert refused.status_code == 400 and f"{where} is an empty list" in refused.json()["error"]
         bare = httpx.post(server.url + "/tokenize", json={"inputs": source, "add_special_tokens": False}).json()
         assert [t["id"] for t in bare[0]] == bpe(source, add_special_tokens=False)["input_ids"]
         refused = httpx.post(server.url + "/decode", json={"ids": [[5, 6], [7, len(bpe)]]}, timeout=30)

@@ -83,7 +83,7 @@ def test_depth_scan_counts_brackets_outside_strings_only():
     assert json_depth_over(b'{"q": "\\\\", "x": ' + b"[" * 40 + b"]" * 40 + b"}")
 
 
-def test_nested_json_is_a_400_naming_the_limit_on_every_route(make_embedder, ce_folder, tmp_path):
+def test_nested_json_and_endless_integers_are_a_400_on_every_route(make_embedder, ce_folder, tmp_path):
     emb = make_embedder("bert")
     Index.build(emb, [(str(i), d) for i, d in enumerate(TOY_DOCS)], tmp_path / "index", kind="flat")
     index = Index.open(tmp_path / "index")
@@ -94,6 +94,10 @@ def test_nested_json_is_a_400_naming_the_limit_on_every_route(make_embedder, ce_
         for route in ROUTES:
             error = error_of(httpx.post(server.url + route, content=hostile, timeout=30), 400)
             assert error["code"] == "json_too_deep" and f"deeper than {MAX_JSON_DEPTH} levels" in error["message"]
+        long_integer = b'{"input": "x", "dimensions": ' + b"1" * 5000 + b"}"  # past Python's int() digit limit
+        for route in ROUTES:
+            error = error_of(httpx.post(server.url + route, content=long_integer, timeout=30), 400)
+            assert error["code"] == "invalid_json" and "more than 4300 digits" in error["message"], (route, error)
         metrics = httpx.get(server.url + "/metrics").text
         assert f'code="json_too_deep",status="400"}} {len(ROUTES)}.0' in metrics and "internal_error" not in metrics
         ok = httpx.post(server.url + "/v1/search", json={"query": "cat", "k": 2, "rerank": True}, timeout=30)
@@ -188,6 +192,7 @@ NOT_A_CHOICE = [
     ("/v2/embed", {"texts": ["x"]}, "input_type", [["search_query"], {}, [], 0]),
     ("/v2/embed", {"texts": ["x"]}, "embedding_types", [False, 0, "", {}, [], [1], [["float"]], ["float", None]]),
     ("/v2/embed", {"texts": ["x"]}, "truncate", [[], {}, 1, "START"]),
+    ("/v2/embed", {"texts": ["x"]}, "priority", [["a"], {"a": 1}, "high", -5, 1.5, True]),  # Cohere: an integer
     ("/embed", {"inputs": "x"}, "prompt_name", [["query"], {}, 1, ""]),
     ("/embed_all", {"inputs": "x"}, "prompt_name", [["query"], {}, 1, ""]),
     ("/embed_all", {"inputs": "x"}, "truncate", [[], {}, 1, "yes"]),
@@ -213,7 +218,11 @@ def test_a_field_of_names_takes_exactly_one_of_them_in_every_dialect(make_embedd
             assert error_of(httpx.post(server.url + "/v1/search", json=body, timeout=30), 400)["param"] == param
         ok = httpx.post(server.url + "/v1/search", json={"query": "cat", "top_k": 2}, timeout=30)
         assert ok.status_code == 200 and len(ok.json()["data"][0]["hits"]) == 2, ok.json()
-        for route, body in (("/v2/embed", {"texts": ["x"], "truncate": None}), ("/embed", {"inputs": "x"})):
+        for route, body in (
+            ("/v2/embed", {"texts": ["x"], "truncate": None}),
+            ("/v2/embed", {"texts": ["x"], "priority": 3}),
+            ("/embed", {"inputs": "x"}),
+        ):
             assert httpx.post(server.url + route, json=body, timeout=30).status_code == 200
         assert "internal_error" not in httpx.get(server.url + "/metrics").text
 

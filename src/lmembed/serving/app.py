@@ -467,7 +467,6 @@ def create_app(
             dim=embedder.dim,
             fixed_width=embedder.config.fixed_width(),
             max_length=state.tokenizer.max_length,
-            truncates=state.limits.truncate,
         )
         vectors, tokens = await state.embed_compat(request, req, "texts")
         body = await asyncio.to_thread(cohere_embed_body, req, vectors, tokens)

@@ -4,8 +4,9 @@ same engine, batcher, limits, metrics and API key as the OpenAI routes.
 Cohere v2 (``cohere.ClientV2(base_url=...)``)
     ``POST /v2/embed``: ``texts``, ``model``, ``input_type`` (``search_query`` embeds as a query, with its
     instruction; ``search_document`` as a document; ``classification``/``clustering`` as plain text),
-    ``embedding_types`` (default ``["float"]``), ``output_dimension`` (Matryoshka), ``truncate`` (``END``, or
-    ``NONE`` on a ``--no-truncate`` server), ``max_tokens`` (accepted when it is at least what the model reads).
+    ``embedding_types`` (default ``["float"]``), ``output_dimension`` (Matryoshka), ``truncate`` (``END`` cuts a
+    long text at its end, ``NONE`` refuses it, as TEI's ``truncate``; ``START`` is refused), ``max_tokens``
+    (accepted when it is at least what the model reads), ``priority`` (an integer; no effect).
     Answer: ``{"id", "embeddings": {type: [...]}, "texts", "meta": {"billed_units": {"input_tokens"}}}``.
 
     ``POST /v2/rerank``: ``query``, ``documents`` (strings), ``top_n``, ``model``, ``return_documents``,
@@ -45,7 +46,8 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
 
     ``POST /tokenize``: ``inputs`` (a string or a list), ``add_special_tokens`` (default true). The texts as the
     model's tokenizer splits them (no instruction, no cut); answer, per text: ``[{"id", "text", "special",
-    "start", "stop"}]``, ``start``/``stop`` the token's character span in the text (null for a special token).
+    "start", "stop"}]``, ``start``/``stop`` the token's span in the text's UTF-8 bytes, as TEI counts them (null
+    for a special token).
 
     ``POST /decode``: ``ids`` (a list of token ids, or a list of those), ``skip_special_tokens`` (default true).
     Answer: one string per list of ids.
@@ -110,6 +112,11 @@ TEI_TOKENIZE_FIELDS = ("inputs", "add_special_tokens", "prompt_name")
 TEI_DECODE_FIELDS = ("ids", "skip_special_tokens")
 
 
+#: Cohere's ``truncate`` values served, as the request's own truncate flag (``START`` is not: texts are cut at
+#: their end)
+COHERE_TRUNCATE = {"END": True, "NONE": False}
+
+
 @dataclass(frozen=True)
 class CompatEmbedRequest:
     """An embedding request of Cohere v2 or TEI, in lmembed's terms."""
@@ -148,6 +155,13 @@ def _reads_at_least(payload: dict[str, Any], field: str, max_length: int, what: 
         )
 
 
+def _priority(payload: dict[str, Any]) -> None:
+    """Cohere's ``priority`` (an integer scheduling hint; requests are served in arrival order here): checked."""
+    value = payload.get("priority")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise bad_request(f"'priority' must be an integer >= 0, got {shown(value)}", "invalid_priority", "priority")
+
+
 def parse_cohere_embed(
     payload: dict[str, Any],
     *,
@@ -156,7 +170,6 @@ def parse_cohere_embed(
     max_inputs: int,
     dim: int,
     max_length: int,
-    truncates: bool,
     fixed_width: str | None = None,
 ) -> CompatEmbedRequest:
     """Validate a Cohere v2 ``/v2/embed`` body (see the module doc)."""
@@ -187,13 +200,18 @@ def parse_cohere_embed(
             "embedding_types",
         )
     truncate = payload.get("truncate")  # absent: what this server does (a long text is then cut, or refused by name)
-    allowed = ("END",) if truncates else ("NONE",)
-    if truncate is not None and (not isinstance(truncate, str) or truncate not in allowed):
-        how = "cuts long texts at their end (END)" if truncates else "refuses long texts (NONE, --no-truncate)"
-        raise bad_request(f"'truncate' is {shown(truncate)}; this server {how}", "invalid_truncate", "truncate")
+    if truncate is not None and (not isinstance(truncate, str) or truncate not in COHERE_TRUNCATE):
+        raise bad_request(
+            f"'truncate' is {shown(truncate)}; send END (a long text is cut at its end) or NONE (a long text is "
+            "refused); START is not served",
+            "invalid_truncate",
+            "truncate",
+        )
     _reads_at_least(payload, "max_tokens", max_length, "the model")
+    _priority(payload)
     side = COHERE_INPUT_TYPES.get(input_type) if input_type is not None else None
-    return CompatEmbedRequest(texts, model, side, dimensions, tuple(dict.fromkeys(types)))
+    cut = None if truncate is None else COHERE_TRUNCATE[truncate]
+    return CompatEmbedRequest(texts, model, side, dimensions, tuple(dict.fromkeys(types)), truncate=cut)
 
 
 def quantise(vectors: np.ndarray, kind: str) -> list[Any]:
@@ -224,6 +242,7 @@ def cohere_embed_body(req: CompatEmbedRequest, vectors: np.ndarray, tokens: int)
 def cohere_rerank_checks(payload: dict[str, Any], max_length: int) -> None:
     """Cohere v2's extra rerank fields (the rest is ``/v1/rerank``'s schema)."""
     _reads_at_least(payload, "max_tokens_per_doc", max_length, "the reranker")
+    _priority(payload)
 
 
 def cohere_rerank_body(order: list[int], scores: np.ndarray, documents: list[str] | None, tokens: int) -> dict:
@@ -411,6 +430,10 @@ def parse_tei_decode(payload: dict[str, Any], *, max_inputs: int, vocab_size: in
         raise bad_request("'ids' must be a list of token ids or a list of such lists", "invalid_ids", "ids")
     if len(rows) > max_inputs:
         raise too_many_inputs("ids", len(rows), max_inputs, "lists")
+    for i, row in enumerate(rows):
+        if not row:  # as TEI: there is nothing to decode
+            where = f"ids[{i}]" if len(rows) > 1 or ids is not rows[0] else "ids"
+            raise bad_request(f"'{where}' is an empty list; send the token ids to decode", "empty_input", "ids")
     for i, row in enumerate(rows):
         for j, token in enumerate(row):
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:

@@ -14,6 +14,7 @@ import asyncio
 import copy
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
 from typing import Any, TypeVar
 
 from lmembed.config import EmbeddingConfig
@@ -47,6 +48,14 @@ def text_name(field: Field, i: int) -> tuple[str, str]:
     if isinstance(field, str):
         return f"{field}[{i}]", field
     return field[i]
+
+
+def _byte_offsets(text: str) -> Callable[[int], int]:
+    """The UTF-8 byte offset of each character offset of ``text``."""
+    if text.isascii():
+        return int
+    ends = [0, *accumulate(len(c.encode("utf-8", "surrogatepass")) for c in text)]
+    return ends.__getitem__
 
 
 class RequestTokenizer:
@@ -148,11 +157,14 @@ class RequestTokenizer:
             if count > limit:
                 raise _too_many_tokens(limit)
             tokens = []
+            at_byte = _byte_offsets(text)
             for token_id, piece, special, span in zip(
                 ids, tokenizer.convert_ids_to_tokens(ids), added, spans, strict=True
             ):
                 start, stop = (None, None) if special or span is None else span
                 covered = piece if start is None else text[start:stop]
+                if start is not None:  # TEI's spans count UTF-8 bytes (its tokenizer's), not characters
+                    start, stop = at_byte(start), at_byte(stop)
                 tokens.append({"id": token_id, "text": covered, "special": bool(special), "start": start, "stop": stop})
             out.append(tokens)
         return out
