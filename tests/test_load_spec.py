@@ -94,6 +94,7 @@ def test_every_field_reaches_an_export_and_the_server(tmp_path):
         backbone=SimpleNamespace(name="some-folder", is_decoder=True, tokenizer=SimpleNamespace(save_pretrained=str)),
         backend=SimpleNamespace(describe=lambda: {"backend": "onnx", "precision": "int8"}),
         _save_after_pooling=lambda directory: None,  # no head, no term channel
+        _card=lambda name, **kinds: f"# {name}\n",
     )
     out = _copy_export(graph, tmp_path / "exported", exporter)
     meta = json.loads((out / STRATEGY_FILE).read_text())

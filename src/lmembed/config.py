@@ -40,6 +40,19 @@ HEAD_LAYERS = {
     "normalize": (set(), {"route"}),
 }
 ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
+#: The kinds each value of a head layer may be, and how a refusal says it (a saved folder's lmembed.json is a file
+#: from elsewhere: its values are checked before a layer is built of them).
+HEAD_VALUE_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "in_features": ((int,), "a whole number"),
+    "out_features": ((int,), "a whole number"),
+    "dimension": ((int,), "a whole number"),
+    "path": ((str,), "a string"),
+    "bias": ((bool,), "true or false"),
+    "residual": ((bool,), "true or false"),
+    "activation": ((str,), "a string"),
+    "route": ((str,), "a string"),
+    "eps": ((float, int), "a number"),
+}
 #: The backend registry: the runtimes lmembed runs a model on. Kept here, free of torch, so the CLI checks --backend
 #: against it without importing torch; lmembed.encoding.backends re-exports it and builds each one.
 BACKENDS = ("torch", "onnx", "cuda-graphs")
@@ -312,8 +325,9 @@ class EmbeddingConfig:
             object.__setattr__(self, "layer", tuple(self.layer))
         if isinstance(self.latent, dict):
             object.__setattr__(self, "latent", LatentAttentionConfig(**self.latent))
-        if isinstance(self.head, list):
-            object.__setattr__(self, "head", tuple(dict(layer) for layer in self.head))
+        if isinstance(self.head, list):  # a copy of each layer object; anything else is left for validate to name
+            copied = tuple(dict(layer) if isinstance(layer, dict) else layer for layer in self.head)
+            object.__setattr__(self, "head", copied)
         if isinstance(self.terms, dict):
             unknown = unknown_options(TermsConfig, self.terms)
             if unknown:
@@ -370,6 +384,8 @@ class EmbeddingConfig:
             )
         if self.instruction_suffix and self.prompt_style != "lmembed":
             raise ConfigError("instruction_suffix needs prompt_style='lmembed' (sentence-transformers prompts prefix)")
+        if not isinstance(self.head, tuple):  # a string or an object would be walked as if it were the layers
+            raise ConfigError(f"head must be a list of layer objects, not {_what(self.head)}")
         for i, layer in enumerate(self.head):
             validate_head_layer(layer, f"head[{i}]")
         if self.head and self.pooling == "latent_attention":
@@ -509,15 +525,32 @@ def for_side(config: EmbeddingConfig, side: str, instruction: str | None = None)
 
 def validate_head_layer(layer: Any, where: str) -> None:
     """Refuse a post-pooling head layer description lmembed cannot run (``where`` names it in the message)."""
-    if not isinstance(layer, dict) or layer.get("type") not in HEAD_LAYERS:
-        kinds = ", ".join(HEAD_LAYERS)
-        raise ConfigError(f"{where} must be a dict whose 'type' is one of {kinds}, got {layer!r:.80}")
+    kinds = ", ".join(HEAD_LAYERS)
+    if not isinstance(layer, dict):
+        raise ConfigError(f"{where} must be an object whose 'type' is one of {kinds}, not {_what(layer)}")
+    if not isinstance(layer.get("type"), str) or layer["type"] not in HEAD_LAYERS:
+        raise ConfigError(f"{where}.type must be one of {kinds}, not {_what(layer.get('type'))}")
     required, optional = HEAD_LAYERS[layer["type"]]
     keys = set(layer) - {"type"}
     if missing := required - keys:
         raise ConfigError(f"{where} ({layer['type']}) lacks {', '.join(sorted(missing))}")
     if unknown := keys - required - optional:
         raise ConfigError(f"{where} ({layer['type']}) has unknown key(s) {', '.join(sorted(unknown))}")
+    for key, (kinds_of, wanted) in HEAD_VALUE_KINDS.items():  # each value's type, before a layer is built of it
+        if key in layer and not any(_is_kind(layer[key], kind) for kind in kinds_of):
+            raise ConfigError(f"{where}.{key} must be {wanted}, not {_what(layer[key])}")
+    for key in ("in_features", "out_features", "dimension"):  # upper bounds: checked against the weights' shapes
+        if key in layer and layer[key] < 1:
+            raise ConfigError(f"{where}.{key} must be a positive size, not {layer[key]}")
+    if "eps" in layer and not 0 < layer["eps"] <= 1:  # an int too large for a float compares without overflow
+        raise ConfigError(f"{where}.eps must be a number above 0 and at most 1, not {layer['eps']!r:.80}")
     activation = layer.get("activation", "identity")
     if layer["type"] == "dense" and activation not in ACTIVATIONS:
-        raise ConfigError(f"{where}: activation={activation!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
+        raise ConfigError(f"{where}.activation must be one of {', '.join(ACTIVATIONS)}, not {_what(activation)}")
+
+
+def _what(value: Any) -> str:
+    """What a value from elsewhere is, for a refusal: its JSON kind and (cut short) its text."""
+    kind = {dict: "an object", list: "a list", tuple: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    name = kind.get(type(value), "a number" if isinstance(value, int | float) else type(value).__name__)
+    return f"{name} ({value!r:.80})"

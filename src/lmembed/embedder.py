@@ -47,7 +47,7 @@ from lmembed.models.sentence_transformers_folder import (
 )
 from lmembed.pooling.head import PostPoolingHead
 from lmembed.pooling.latent_attention import build_latent_head
-from lmembed.pooling.layers import find_final_norm, normalize_layer
+from lmembed.pooling.layers import LayerSelectionError, find_final_norm, normalize_layer
 from lmembed.pooling.normalize import unit_rows
 from lmembed.pooling.terms import TermChannel, fit_terms, save_terms
 from lmembed.protocols import ENCODE_BATCH_SIZE
@@ -298,6 +298,12 @@ class Embedder:
         base.update(plan.options)  # the source's own conventions, then the caller's options over them
         base.update(given)
         strategy = EmbeddingConfig.from_dict(base)  # an option that is refused is not first said to override
+        if "layer" not in given and "layer" in plan.sources:  # a layer the source's own files chose: named there
+            try:
+                for chosen in strategy.layers:
+                    normalize_layer(chosen, backbone.num_layers)
+            except LayerSelectionError as exc:
+                raise ModelLoadError(f"{plan.sources['layer']}: strategy.layer: {exc}") from None
         plan.warn_overrides(given)
         head = plan.head(backbone, base)
         terms = plan.terms(backbone, base)
@@ -749,7 +755,7 @@ def _copy_export(source: Path, directory: Path, embedder: Embedder) -> Path:
             shutil.copy2(item, tmp / item.name)
         embedder.backbone.tokenizer.save_pretrained(tmp)
         embedder._save_after_pooling(tmp)  # the graph stops where pooling starts: the head and term table travel
-        graph = ExportRecord(embedder.load_spec.source, embedder.backend.precision)
+        graph = ExportRecord(embedder.load_spec.source, embedder.load_spec.precision)
         (tmp / CARD_FILE).write_text(embedder._card(directory.name, export=graph), encoding="utf-8")
         meta = {
             "base_model": embedder.backbone.name,

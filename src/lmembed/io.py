@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -131,6 +132,8 @@ def read_json(
     ``kind``) holds another type at its top, is ``error("<file>: ...")`` naming ``what`` the file should be."""
     path = Path(path)
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a pipe would be waited on forever, a device read without end
+            raise error(f"{path}: the {what} is not a plain file (a pipe, socket, device or folder)")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None

@@ -36,6 +36,7 @@ cache snapshot's links to its repository's blobs count as inside).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path, PurePath
 
 from lmembed.errors import LmembedError, UnsafeFileError
@@ -193,13 +194,17 @@ def inside(
 def check_links_inside(folder: str | Path, *, error: type[LmembedError] = UnsafeFileError) -> None:
     """Refuse ``folder`` when a link in it (a file or a folder, at any depth) leads outside it: a loader that opens
     the folder's files by name (transformers reading ``tokenizer.json`` or ``model.safetensors``) would read what the
-    link points at. A Hugging Face cache snapshot's links to its own repository's blobs are the folder's own."""
+    link points at. A Hugging Face cache snapshot's links to its own repository's blobs are the folder's own. A file
+    that is not a plain file (a named pipe, a socket, a device: a reader of ``config.json`` would wait on a pipe
+    forever) is refused too."""
     folder = Path(folder)
     base = folder.resolve()
     for top, dirs, files in os.walk(folder):  # links to folders are listed, not followed
         for name in (*dirs, *files):
             path = Path(top, name)
             if not path.is_symlink():
+                if name in files and not stat.S_ISREG(path.lstat().st_mode):
+                    raise error(f"{path}: not a plain file (a pipe, socket or device); the folder is not loaded")
                 continue
             try:
                 target = path.resolve(strict=True)
@@ -210,6 +215,8 @@ def check_links_inside(folder: str | Path, *, error: type[LmembedError] = Unsafe
                     f"{path}: a link leading outside {folder} (to {target}); a model folder is loaded only with "
                     "files of its own"
                 )
+            if not target.is_dir() and not stat.S_ISREG(target.stat().st_mode):
+                raise error(f"{path}: a link to {target}, not a plain file (a pipe, socket or device)")
 
 
 def _leaves(base: Path, target: Path) -> bool:

@@ -10,6 +10,7 @@ import struct
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,3 +205,227 @@ def test_tampered_converted_folder_is_converted_again(tmp_path, home, monkeypatc
     assert (target / "model.safetensors").read_bytes() == b"\1" * 64
     assert not (target / "pytorch_model.bin").exists()
     assert json.loads((target / RECORD).read_text())["sha256"].keys() == {"config.json", "model.safetensors"}
+
+
+# ----------------------------------------------------------------- forged copies of a small, convertible llama GGUF
+# Each case changes one thing in a 2-block llama written with the ``gguf`` package (the package transformers reads
+# GGUF with); the checker refuses it naming the file and the key or tensor, before any conversion.
+E, HEADS, KV_HEADS, FFN, BLOCKS = 8, 2, 1, 16, 2
+TOKENS: list[str | bytes] = ["<unk>", "<s>", "</s>", *"abcdefghijklmnopqrstuvwxyz", "Ġ", "ab"]
+
+
+def _tensor_shapes(vocab: int, head_dim: int = E // HEADS) -> dict[str, tuple[int, ...]]:
+    """The genuine tensors and their shapes, in GGUF order (input dimension first)."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (E, vocab),
+        "output_norm.weight": (E,),
+        "output.weight": (E, vocab),
+    }
+    for block in range(BLOCKS):
+        shapes.update(
+            {
+                f"blk.{block}.attn_norm.weight": (E,),
+                f"blk.{block}.ffn_norm.weight": (E,),
+                f"blk.{block}.attn_q.weight": (E, HEADS * head_dim),
+                f"blk.{block}.attn_k.weight": (E, KV_HEADS * head_dim),
+                f"blk.{block}.attn_v.weight": (E, KV_HEADS * head_dim),
+                f"blk.{block}.attn_output.weight": (HEADS * head_dim, E),
+                f"blk.{block}.ffn_gate.weight": (E, FFN),
+                f"blk.{block}.ffn_up.weight": (E, FFN),
+                f"blk.{block}.ffn_down.weight": (FFN, E),
+            }
+        )
+    return shapes
+
+
+def tiny_llama(
+    path: Path,
+    *,
+    meta: dict[str, Any] | None = None,
+    tokens: list[str | bytes] | None = None,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> Path:
+    """Write a tiny llama GGUF at ``path``: ``meta`` replaces llama.* values (an ``("f32", x)`` pair stores a
+    float), ``tokens`` the token list, ``shapes`` some tensors' shapes."""
+    import gguf
+    import numpy as np
+
+    tokens = TOKENS if tokens is None else tokens
+    values: dict[str, Any] = {
+        "block_count": BLOCKS,
+        "context_length": 64,
+        "embedding_length": E,
+        "feed_forward_length": FFN,
+        "attention.head_count": HEADS,
+        "attention.head_count_kv": KV_HEADS,
+        "rope.dimension_count": E // HEADS,
+        "vocab_size": len(tokens),
+        **(meta or {}),
+    }
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in values.items():
+        if isinstance(value, tuple):
+            writer.add_float32(f"llama.{key}", value[1])
+        else:
+            writer.add_uint32(f"llama.{key}", value)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    rng = np.random.default_rng(0)
+    for name, shape in {**_tensor_shapes(len(TOKENS)), **(shapes or {})}.items():
+        writer.add_tensor(name, (rng.standard_normal(shape[::-1]) * 0.1).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _patch_tensor_info(path: Path, name: str, field: str, value: int) -> None:
+    """Overwrite the first dimension (``field="dim0"``) or the data offset (``"offset"``) of tensor ``name``."""
+    import gguf
+
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == name)
+    pos = tensor.field.offset + 8 + len(name.encode()) + 4  # past the name and the dimension count
+    if field == "offset":
+        pos += 8 * len(tensor.shape) + 4  # past the dimensions and the type
+    raw = bytearray(path.read_bytes())
+    raw[pos : pos + 8] = struct.pack("<Q", value)
+    path.write_bytes(bytes(raw))
+
+
+def _forge(case: str, path: Path) -> Path:
+    if case == "dims_zero":
+        _patch_tensor_info(tiny_llama(path), "blk.0.attn_norm.weight", "dim0", 0)
+    elif case == "dims_absurd":
+        _patch_tensor_info(tiny_llama(path), "blk.0.attn_norm.weight", "dim0", 2**63)
+    elif case == "shape_transposed":
+        tiny_llama(path, shapes={"token_embd.weight": (len(TOKENS), E)})
+    elif case == "ffn_shape":
+        tiny_llama(path, shapes={"blk.1.ffn_up.weight": (E, FFN * 2)})
+    elif case == "attn_k_shape":
+        tiny_llama(path, shapes={"blk.0.attn_k.weight": (E, E)})
+    elif case == "vocab_size_huge":
+        tiny_llama(path, meta={"vocab_size": 4 * 10**9})
+    elif case == "vocab_size_mismatch":
+        tiny_llama(path, meta={"vocab_size": len(TOKENS) + 1})
+    elif case == "embedding_length_huge":
+        tiny_llama(path, meta={"embedding_length": 2**31})
+    elif case == "head_count_zero":
+        tiny_llama(path, meta={"attention.head_count": 0})
+    elif case == "head_count_kv_zero":
+        tiny_llama(path, meta={"attention.head_count_kv": 0})
+    elif case == "head_count_float":
+        tiny_llama(path, meta={"attention.head_count": ("f32", 2.0)})
+    elif case == "head_count_not_dividing":
+        tiny_llama(path, meta={"attention.head_count": 3})
+    elif case == "head_count_kv_not_dividing":
+        tiny_llama(path, meta={"attention.head_count_kv": 3})
+    elif case == "rope_dimension":
+        tiny_llama(path, meta={"rope.dimension_count": 2})
+    elif case == "token_bad_utf8":
+        tiny_llama(path, tokens=[*TOKENS[:5], b"\xff\xfe", *TOKENS[6:]])
+    elif case == "block_count_huge":
+        tiny_llama(path, meta={"block_count": 10**9})
+    elif case == "block_count_without_tensors":
+        tiny_llama(path, meta={"block_count": BLOCKS + 1})
+    elif case == "block_tensors_past_count":
+        tiny_llama(path, meta={"block_count": BLOCKS - 1})
+    elif case == "offset_overlap":
+        _patch_tensor_info(tiny_llama(path), "blk.0.ffn_down.weight", "offset", 0)
+    elif case == "offset_past_end":
+        _patch_tensor_info(tiny_llama(path), "blk.1.ffn_down.weight", "offset", path.stat().st_size // 32 * 32)
+    elif case == "offset_unaligned":
+        _patch_tensor_info(tiny_llama(path), "output_norm.weight", "offset", 1)
+    else:  # pragma: no cover
+        raise AssertionError(case)
+    return path
+
+
+#: each forgery -> what the refusal must name besides the file
+FORGED: dict[str, tuple[str, ...]] = {
+    "dims_zero": ("blk.0.attn_norm.weight", "dimension 0"),
+    "dims_absurd": ("blk.0.attn_norm.weight", "dimension 0"),
+    "shape_transposed": ("token_embd.weight", "llama.embedding_length", "tokenizer.ggml.tokens"),
+    "ffn_shape": ("blk.1.ffn_up.weight", "llama.feed_forward_length"),
+    "attn_k_shape": ("blk.0.attn_k.weight", "llama.attention.head_count_kv"),
+    "vocab_size_huge": ("llama.vocab_size",),
+    "vocab_size_mismatch": ("llama.vocab_size", "tokenizer.ggml.tokens"),
+    "embedding_length_huge": ("llama.embedding_length",),
+    "head_count_zero": ("llama.attention.head_count",),
+    "head_count_kv_zero": ("llama.attention.head_count_kv",),
+    "head_count_float": ("llama.attention.head_count", "whole number"),
+    "head_count_not_dividing": ("llama.attention.head_count", "divide"),
+    "head_count_kv_not_dividing": ("llama.attention.head_count_kv", "divide"),
+    "rope_dimension": ("llama.rope.dimension_count",),
+    "token_bad_utf8": ("tokenizer.ggml.tokens'[5]", "UTF-8"),
+    "block_count_huge": ("llama.block_count",),
+    "block_count_without_tensors": ("llama.block_count", f"block {BLOCKS}"),
+    "block_tensors_past_count": ("llama.block_count", f"block {BLOCKS - 1}"),
+    "offset_overlap": ("blk.0.ffn_down.weight", "overlaps"),
+    "offset_past_end": ("blk.1.ffn_down.weight", "past"),
+    "offset_unaligned": ("output_norm.weight", "alignment"),
+}
+
+
+def test_tiny_llama_passes_the_check(tmp_path):
+    from lmembed.models.gguf_file import check_gguf_file
+
+    metadata = check_gguf_file(tiny_llama(tmp_path / "tiny.gguf"))
+    assert metadata["llama.block_count"] == BLOCKS
+    assert metadata["tokenizer.ggml.tokens"] == ("array", 8, len(TOKENS))
+
+
+@pytest.mark.parametrize("case", sorted(FORGED))
+def test_forged_gguf_is_refused_naming_file_and_key(tmp_path, case):
+    from lmembed.models.gguf_file import check_gguf_file
+
+    path = _forge(case, tmp_path / "forged.gguf")
+    with pytest.raises(ModelLoadError) as caught:
+        check_gguf_file(path)
+    message = str(caught.value)
+    assert str(path) in message
+    for part in FORGED[case]:
+        assert part in message, message
+    assert len(message) < 500
+
+
+@pytest.mark.parametrize("case", ["block_count_huge", "head_count_zero", "offset_overlap", "token_bad_utf8"])
+def test_resolve_refuses_forged_gguf_before_conversion(tmp_path, home, monkeypatch, case):
+    name = _fake_bundled(monkeypatch, tmp_path, _forge(case, tmp_path / "forged.gguf").name)
+
+    def convert(*args: Any) -> None:  # pragma: no cover - reaching it is the failure
+        raise AssertionError("the forged file reached the conversion")
+
+    monkeypatch.setattr(bundled, "_convert_gguf", convert)
+    with pytest.raises(ModelLoadError, match=r"forged\.gguf"):
+        bundled.resolve_bundled(name)
+
+
+def test_genuine_tiny_llama_converts(tmp_path, home, monkeypatch):
+    pytest.importorskip("transformers")
+    name = _fake_bundled(monkeypatch, tmp_path, tiny_llama(tmp_path / "tiny.gguf").name)
+    target = bundled.resolve_bundled(name)
+    config = json.loads((target / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (BLOCKS, E, len(TOKENS))
+    assert bundled.converted_problem(target) is None
+
+
+def test_conversion_failure_is_a_model_load_error(tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    path = tiny_llama(tmp_path / "tiny.gguf")
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("size mismatch for model.embed_tokens.weight")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
+    with pytest.raises(ModelLoadError, match=r"tiny\.gguf.*RuntimeError.*size mismatch"):
+        bundled._convert_gguf(tmp_path, path.name, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

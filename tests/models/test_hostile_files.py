@@ -540,3 +540,75 @@ def test_an_adapter_without_its_weights_is_refused_naming_the_folder(adapter):
     (adapter / "adapter_model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match=r"adapter: holds adapter_config\.json but no adapter weights"):
         load_adapter_stack(str(adapter))
+
+
+# ---------------------------------------------------------------------------------------------- what is missing
+def _one_line(result) -> str:
+    return " ".join(result.output.replace("│", " ").split())
+
+
+def test_a_tensor_missing_from_the_weights_is_refused_not_filled_at_random(model, tmp_path):
+    """transformers fills a tensor the weights lack with random values (each load other vectors): refused, naming
+    it; a sharded checkpoint whose index leaves tensors out is refused the same way; a missing pooler, which an
+    embedder never reads, is not."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(model / "model.safetensors"))
+    kept = {k: v for k, v in state.items() if k != "embeddings.token_type_embeddings.weight"}
+    save_file(kept, str(model / "model.safetensors"), metadata={"format": "pt"})
+    result = encode(model, tmp_path)
+    assert_refused(result)
+    said = _one_line(result)
+    assert "the model needs embeddings.token_type_embeddings.weight" in said and "model.safetensors" in said
+
+    sharded = tmp_path / "sharded"
+    shutil.copytree(model, sharded)
+    (sharded / "model.safetensors").unlink()
+    names = sorted(state)
+    first, second = names[: len(names) // 2], names[len(names) // 2 :]
+    save_file({k: state[k] for k in first}, str(sharded / "model-00001-of-00002.safetensors"), {"format": "pt"})
+    save_file({k: state[k] for k in second}, str(sharded / "model-00002-of-00002.safetensors"), {"format": "pt"})
+    index = {"metadata": {}, "weight_map": dict.fromkeys(first, "model-00001-of-00002.safetensors")}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match=rf"the model needs {second[0]}.* by its index"):
+        Embedder.from_pretrained(str(sharded), cache=False, show_progress=False)
+
+    no_pooler = tmp_path / "no_pooler"
+    shutil.copytree(model, no_pooler)
+    without = {k: v for k, v in state.items() if not k.startswith("pooler.")}
+    save_file(without, str(no_pooler / "model.safetensors"), metadata={"format": "pt"})
+    whole = Embedder.from_pretrained(str(no_pooler), cache=False, show_progress=False)
+    assert whole.encode(["the cat"]).shape == (1, 32)
+
+
+def test_a_folder_without_weights_or_vocabulary_is_refused_naming_it(model, tmp_path):
+    empty = tmp_path / "no_weights"
+    shutil.copytree(model, empty)
+    (empty / "model.safetensors").unlink()
+    assert_refused(encode(empty, tmp_path), "the model's weights cannot be loaded")
+    # no vocabulary file: transformers builds a BERT tokenizer of the special tokens alone, every word unknown
+    bare = tmp_path / "no_vocab"
+    shutil.copytree(model, bare)
+    (bare / "tokenizer.json").unlink()
+    (bare / "vocab.txt").unlink(missing_ok=True)
+    specials = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"}
+    edit_json(bare / "tokenizer_config.json", tokenizer_class="BertTokenizer", **specials)
+    result = encode(bare, tmp_path)
+    assert_refused(result, "holds no vocabulary beyond its", "special tokens")
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_pipe_in_place_of_a_file_is_refused_not_waited_on(name, model, tmp_path):
+    import os
+
+    (model / name).unlink()
+    os.mkfifo(model / name)
+    result = encode(model, tmp_path)  # a read would block forever
+    assert_refused(result, f"{model / name}", "not a plain file")
+
+
+def test_the_settings_file_at_fault_is_named(model, tmp_path):
+    """special_tokens_map.json's mask_token overrides tokenizer_config.json's: a bad one is named in its own file."""
+    (model / "special_tokens_map.json").write_text(json.dumps({"mask_token": 7}))
+    edit_json(model / "tokenizer_config.json", mask_token="[MASK]")
+    assert_refused(encode(model, tmp_path), f"{model / 'special_tokens_map.json'}: the tokenizer cannot be read")

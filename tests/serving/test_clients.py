@@ -84,7 +84,7 @@ def test_cohere_truncate_is_the_requests_own_on_either_server(make_embedder):
         with serving(emb, limits=Limits(truncate=truncates)) as server:
             client = cohere.ClientV2(base_url=server.url, api_key="unused", timeout=30)
 
-            def embed(texts, how):
+            def embed(texts, how, client=client):
                 return client.embed(model="tiny", texts=texts, input_type="classification", truncate=how)
 
             for how in ("NONE", "END"):

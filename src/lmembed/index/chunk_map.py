@@ -17,16 +17,21 @@ from pathlib import Path
 import numpy as np
 
 from lmembed.index.errors import IndexFormatError
+from lmembed.index.integrity import remedy
+from lmembed.index.kinds import read_array
+from lmembed.io import read_npy_header
 
 #: Chunks fetched per document wanted.
 OVERFETCH = 8
+#: The dtype of the document rows, in memory and on disk (a file of another dtype is refused).
+DTYPE = "int64"
 
 
 class ChunkMap:
     """Which document row each chunk vector belongs to."""
 
     def __init__(self, doc_rows: np.ndarray) -> None:
-        self.doc_rows = np.asarray(doc_rows, dtype=np.int64)
+        self.doc_rows = np.asarray(doc_rows, dtype=DTYPE)
         if self.doc_rows.ndim != 1 or np.any(np.diff(self.doc_rows) < 0):
             raise IndexFormatError("chunk document rows must be a non-decreasing 1-D array")
 
@@ -34,7 +39,7 @@ class ChunkMap:
         return len(self.doc_rows)
 
     def extend(self, doc_rows: np.ndarray) -> None:
-        self.doc_rows = np.concatenate([self.doc_rows, np.asarray(doc_rows, dtype=np.int64)])
+        self.doc_rows = np.concatenate([self.doc_rows, np.asarray(doc_rows, dtype=DTYPE)])
 
     def check(self, vectors: int, documents: int, where: str) -> None:
         """Refuse a map that does not cover ``vectors`` chunks of ``documents`` documents, each with a chunk."""
@@ -75,7 +80,28 @@ class ChunkMap:
 
     @classmethod
     def load(cls, path: Path) -> ChunkMap:
+        """The chunk map at ``path``, read through the index's one ``.npy`` reader
+        (:func:`lmembed.index.kinds.read_array`): the header must claim a 1-D array of :data:`DTYPE` that fills the
+        file exactly, checked before anything is allocated; the rows must then be document rows (0 or more, never
+        going back). The length is the header's own: :meth:`check` holds it to the index's vectors. A refusal names
+        the file and the field, and says what to do (rebuild, or restore the previous generation)."""
         try:
-            return cls(np.load(path, allow_pickle=False))
-        except (OSError, ValueError) as exc:
-            raise IndexFormatError(f"{path}: cannot read the chunk map ({exc})") from exc
+            return cls(_read_rows(path))
+        except IndexFormatError as exc:
+            raise IndexFormatError(f"{exc}; {remedy(path.parent)}") from exc
+
+
+def _read_rows(path: Path) -> np.ndarray:
+    try:
+        with path.open("rb") as handle:
+            shape = read_npy_header(handle, path.stat().st_size).shape
+    except (OSError, ValueError, EOFError) as exc:
+        raise IndexFormatError(f"{path}: not a readable NumPy array file ({exc})") from exc
+    if len(shape) != 1:
+        raise IndexFormatError(f"{path}: shape is {list(shape)}; a chunk map is 1-D (one document row per chunk)")
+    rows = read_array(path, dtype=DTYPE, shape=shape)  # dtype, order and the file's size, before np.load
+    if len(rows) and rows[0] < 0:
+        raise IndexFormatError(f"{path}: values: {int(rows[0])} is not a document row (rows start at 0)")
+    if np.any(np.diff(rows) < 0):
+        raise IndexFormatError(f"{path}: values: the document rows go back (a document's chunks are consecutive)")
+    return rows

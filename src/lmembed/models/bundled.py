@@ -9,7 +9,8 @@ Neither kind of file under the home is trusted as found: an assembled GGUF file 
 package gives (a stamp beside it, ``<file>.sha256.json``, records size, mtime and digest so an unchanged file is
 not hashed again) and assembled again, atomically, when it differs; a converted folder carries the sha256 of each of
 its files (``lmembed-checksums.json``, written last) and is converted again when one differs. A GGUF file's header is
-checked (:func:`lmembed.models.gguf_file.check_gguf_file`) before transformers parses it.
+checked (:func:`lmembed.models.gguf_file.check_gguf_file`: layout, strings, model sizes, tensor shapes and data ranges)
+before transformers parses it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import importlib.util
 import json
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -247,9 +247,14 @@ def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-    except (struct.error, ValueError, TypeError, KeyError, IndexError) as exc:  # the file's values, as parsed
+    except LmembedError:
+        raise
+    except Exception as exc:  # a backstop: whatever the file's values make the conversion raise
+        # (struct.error, ValueError, KeyError from parsing; RuntimeError, ZeroDivisionError, OSError from building
+        # the model or tokenizer) is a refusal naming the file; check_gguf_file refuses the known cases before this
         raise ModelLoadError(
-            f"{directory / gguf_file}: transformers cannot convert this GGUF file: {str(exc)[:300]}"
+            f"{directory / gguf_file}: transformers cannot convert this GGUF file "
+            f"({type(exc).__name__}): {str(exc)[:300]}"
         ) from None
     # The dequantised weights are plain float32 now; drop the GGUF quantiser so they can be saved.
     model.hf_quantizer = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -296,7 +297,7 @@ def load_backbone(
     model_class = model_class_for(config)
     try:
         try:
-            model = pretrained_safely(model_class, path, config=config, **kwargs)
+            model = pretrained_safely(model_class, path, config=config, unread=UNREAD_TENSORS, **kwargs)
         except LmembedError:
             raise
         except ValueError as exc:
@@ -305,9 +306,12 @@ def load_backbone(
                 raise
             log.info("%s has no SDPA attention; loading it with transformers' default implementation", path)
             kwargs.pop("attn_implementation")
-            model = pretrained_safely(model_class, path, config=config, **kwargs)
+            model = pretrained_safely(model_class, path, config=config, unread=UNREAD_TENSORS, **kwargs)
     except LmembedError:
         raise
+    except OSError as exc:  # no weight file transformers can read (a copy cut short), or the Hub could not give one
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelLoadError(f"{name_or_path}: the model's weights cannot be loaded: {first}") from exc
     except CONFIG_READ_ERRORS as exc:  # the model cannot be built from config.json's values (an unknown activation)
         raise config_error(path, exc) from exc
     model.to(torch_device).eval()
@@ -333,6 +337,10 @@ def load_backbone(
         quantization=quantize,
     )
 
+
+#: tensors an embedder's backbone may lack (transformers then fills them at random): those lmembed never reads, the
+#: BERT-style pooler over the first token (the strategy pools the hidden states itself)
+UNREAD_TENSORS = ("pooler",)
 
 #: what transformers raises on a config value it cannot take (its strict dataclasses raise their own kind)
 CONFIG_READ_ERRORS: tuple[type[BaseException], ...] = (
@@ -404,7 +412,7 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     if folder.is_dir():
         check_tokenizer_settings(folder)
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, RecursionError, MemoryError):
         raise  # not the file's content (an unreachable Hub raises OSError, handled by the caller)
     except BaseException as exc:  # a pyo3 PanicException derives from BaseException
@@ -415,11 +423,42 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
                 loads_json(tokenizer_file.read_bytes())
             except ValueError as bad:  # not UTF-8, not JSON, a key given twice
                 raise ModelLoadError(f"{tokenizer_file}: not readable JSON ({bad})") from exc
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         named = tokenizer_file if tokenizer_file.is_file() else folder
         if tokenizer_file.is_file() and _reads_alone(tokenizer_file):
-            named = next((folder / n for n in TOKENIZER_SETTINGS_FILES if (folder / n).is_file()), named)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            named = _settings_file_at_fault(folder, str(exc)) or named
         raise ModelLoadError(f"{named}: the tokenizer cannot be read from it ({type(exc).__name__}: {first})") from exc
+    _check_vocabulary(tokenizer, folder)
+    return tokenizer
+
+
+def _settings_file_at_fault(folder: Path, said: str) -> Path | None:
+    """The settings file beside ``tokenizer.json`` that a tokenizer's failure is about: of those holding a key the
+    failure names, the one transformers reads last (``special_tokens_map.json``'s tokens override the config's),
+    else the first one there."""
+    present = [folder / n for n in TOKENIZER_SETTINGS_FILES if (folder / n).is_file()]
+    naming = [
+        path
+        for path in present
+        if any(re.search(rf"\b{re.escape(key)}\b", said) for key in read_json(path, error=ModelLoadError))
+    ]
+    return naming[-1] if naming else (present[0] if present else None)
+
+
+def _check_vocabulary(tokenizer: Any, folder: Path) -> None:
+    """A tokenizer whose vocabulary is nothing but its special tokens (a folder whose vocabulary file is missing:
+    transformers builds one from the settings alone) would read every word as unknown, and every text alike."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return
+    special = set(getattr(tokenizer, "all_special_tokens", ()))
+    if vocab and set(vocab) <= special:
+        raise ModelLoadError(
+            f"{folder}: the tokenizer holds no vocabulary beyond its {len(vocab)} special tokens, so every word would "
+            "be read as unknown; the folder lacks its vocabulary file (tokenizer.json, vocab.txt, vocab.json with "
+            "merges.txt, or a SentencePiece model)"
+        )
 
 
 def _reads_alone(tokenizer_file: Path) -> bool:

@@ -507,12 +507,18 @@ def check_adapter(folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- loading
-def pretrained_safely(model_class: Any, path: str, *, config: Any = None, **kwargs: Any) -> Any:
+def pretrained_safely(
+    model_class: Any, path: str, *, config: Any = None, unread: tuple[str, ...] = (), **kwargs: Any
+) -> Any:
     """``model_class.from_pretrained(path, config=config, **kwargs)`` of a model folder from elsewhere.
 
     A local folder's sizes are checked first (:func:`check_config_sizes` has run on the raw file before the config
     was parsed; :func:`check_against_weights` runs here), its safetensors files are the ones read when it has
-    any, and a pickled file that ``weights_only`` loading refuses raises :class:`UnsafeWeightsError`."""
+    any, and a pickled file that ``weights_only`` loading refuses raises :class:`UnsafeWeightsError`. A tensor the
+    model has and the weights lack is refused (:class:`~lmembed.errors.ModelLoadError` naming it): transformers would
+    fill it with random values, so every load would give other vectors. ``unread``: names of modules whose tensors
+    may be missing (the caller never reads them, as a BERT pooler under an embedder, or means them to be new, as a
+    reranker's head on a backbone that has none)."""
     folder = Path(path)
     local = folder.is_dir()
     if local:
@@ -523,12 +529,23 @@ def pretrained_safely(model_class: Any, path: str, *, config: Any = None, **kwar
         if "gguf_file" not in kwargs and any((folder / name).is_file() for name in TRANSFORMERS_SAFETENSORS):
             kwargs.setdefault("use_safetensors", True)  # never fall back to a pickled file beside them
     try:
-        return model_class.from_pretrained(path, config=config, **kwargs)
+        model, info = model_class.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
     except Exception as exc:
         if is_unpickling_refusal(exc):
             culprit = next(iter(weight_files(folder)[1]), folder) if local else path
             raise unsafe_pickle_error(culprit, exc) from None
         raise
+    missing = sorted(name for name in info.get("missing_keys", ()) if not set(name.split(".")[:-1]) & set(unread))
+    if missing:
+        safe, pickled = weight_files(folder) if local else ([], [])
+        files = ", ".join(p.name for p in [*safe, *pickled]) if local else "its weight files"
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ModelLoadError(
+            f"{path}: the model needs {', '.join(missing[:5])}{more}, and its weights as read ({files or 'none'}; "
+            "a sharded checkpoint's by its index) give none of them: transformers would fill them with random "
+            "values, and every load would give other vectors"
+        )
+    return model
 
 
 __all__ = [

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmembed.errors import ModelLoadError
+
 ACTIVATION_MODULES: dict[str, type[nn.Module]] = {
     "identity": nn.Identity,
     "tanh": nn.Tanh,
@@ -95,11 +97,21 @@ class PostPoolingHead(nn.Module):
         return {k: v.detach().cpu().contiguous() for k, v in self.layers[index].state_dict().items()}
 
     def load_layer_state(self, index: int, state: Mapping[str, torch.Tensor], source: str) -> None:
-        """Load layer ``index``'s weights; ``source`` (the file) names it when the weights do not fit."""
+        """Load layer ``index``'s weights; a :class:`~lmembed.errors.ModelLoadError` naming ``source`` (the layer's
+        folder or file) and the tensors at fault when they are not exactly the layer's, name for name and shape for
+        shape (a tensor too many is refused as well as one missing: the weights are not the layer's)."""
         layer = self.layers[index]
         own = layer.state_dict()
-        if set(own) != set(state) or any(own[k].shape != state[k].shape for k in own):
-            found = {k: tuple(v.shape) for k, v in state.items()}
-            wanted = {k: tuple(v.shape) for k, v in own.items()}
-            raise ValueError(f"{source}: holds {found}, but the layer needs {wanted}")
+        wanted = {k: tuple(v.shape) for k, v in own.items()}
+        found = {k: tuple(v.shape) for k, v in state.items()}
+        faults = [f"{k} (not a tensor of this layer)" for k in sorted(set(found) - set(wanted))]
+        faults += [f"{k} (missing)" for k in sorted(set(wanted) - set(found))]
+        misshapen = [k for k in wanted if k in found and found[k] != wanted[k]]
+        faults += [f"{k} of shape {list(found[k])}, not {list(wanted[k])}" for k in misshapen]
+        if faults:
+            needed = ", ".join(f"{k} {list(shape)}" for k, shape in wanted.items())
+            raise ModelLoadError(
+                f"{source}: the weights do not fit head layer {index} ({self.specs[index]['type']}): "
+                f"{'; '.join(faults)}; it needs exactly {needed}"
+            )
         layer.load_state_dict(dict(state))

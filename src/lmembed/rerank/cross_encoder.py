@@ -49,6 +49,9 @@ ST_CONFIG_FILE = "config_sentence_transformers.json"
 ST_TRANSFORMER = "sentence_transformers.base.modules.transformer.Transformer"
 KIND = "cross-encoder"
 FORMAT_VERSION = 1
+#: the modules of a sequence-classification head across architectures (BERT's classifier, DistilBERT's
+#: pre_classifier, a decoder's score): a backbone without a head gets them new, so their tensors may be missing
+NEW_HEAD_MODULES = ("classifier", "pre_classifier", "score")
 
 
 def activation_name(activation: nn.Module) -> str:
@@ -173,6 +176,7 @@ class CrossEncoderReranker(Reranker):
                 config=config,
                 dtype=resolve_dtype(dtype),
                 trust_remote_code=trust_remote_code,
+                unread=() if has_head else NEW_HEAD_MODULES + (("pooler",) if reset_pooler else ()),
             )
         except ModelLoadError:
             raise
