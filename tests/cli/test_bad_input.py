@@ -169,6 +169,11 @@ CASES = [
         ["unknown instruction set 'nope'"],
     ),
     ("eval-grid-key", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "colour=red"], ["colour"]),
+    (
+        "eval-rerank-missing",
+        ["eval", "--model", "{model}", "--data", "{beir}", "--rerank", "{tmp}/no-such-reranker"],
+        ["--rerank", "the reranker: model", "no-such-reranker"],
+    ),
     ("eval-grid-dim", ["eval", "--model", "{model}", "--data", "{beir}", "--grid", "dim=big"], ["dim='big'"]),
     (
         "eval-grid-final-norm",

@@ -121,3 +121,17 @@ def test_late_chunking_in_a_padded_batch_matches_alone(make_embedder):
     together = emb.encode_corpus([SHORT, LONG], chunking=chunking, batch_size=2)
     alone = emb.encode_corpus([LONG], chunking=chunking, batch_size=1)
     np.testing.assert_allclose(together.vectors[together.doc_index == 1], alone.vectors, atol=2e-5)
+
+
+def test_the_default_window_fits_the_bundled_encoder_and_a_larger_one_is_refused():
+    """The defaults run on minilm (256 tokens read, 2 of them special), as the docs' example does; a window that
+    would be cut at max_length is refused naming both."""
+    from lmembed import Embedder
+    from lmembed.encoding.chunking import DEFAULT_CHUNK_TOKENS, Chunking
+
+    emb = Embedder.from_pretrained("minilm", cache=False, show_progress=False)
+    long = " ".join(["protein folding in cells"] * 120)
+    chunked = emb.encode_corpus([long, "short"], chunking=Chunking("maxp"))
+    assert chunked.vectors.shape[0] > 2 and Chunking().tokens == DEFAULT_CHUNK_TOKENS
+    with pytest.raises(ConfigError, match=r"chunk tokens=256 \(\+2 special\) exceed the strategy's max_length=256"):
+        emb.encode_corpus([long], chunking=Chunking("maxp", tokens=256))

@@ -265,6 +265,22 @@ def test_table_groups_by_type_with_means(tmp_path: Path) -> None:
     assert "–" in md and "*" in md  # model-b lacks Banking77
 
 
+def test_a_sample_of_a_task_is_a_type_of_its_own_outside_the_overall_means(tmp_path: Path) -> None:
+    """The main job scores SciFact whole and SciFact[500 docs]: the easier sample is not averaged with the task."""
+    write_result(make_result("SciFact", "Retrieval", 0.60), tmp_path)
+    write_result(make_result("SciFact[500 docs]", "Retrieval", 0.8380), tmp_path)
+    write_result(make_result("STS12", "STS", 0.70), tmp_path)
+    table = build_table(load_results(tmp_path))
+    assert list(table.task_types) == ["Retrieval", "STS", "Retrieval (samples)"]
+    row = ("sentence-transformers/all-MiniLM-L6-v2", "layer=-1_pooling=mean")
+    assert table.type_mean(row, "Retrieval") == (pytest.approx(0.60), True)
+    assert table.task_mean(row) == (pytest.approx(0.65), True)  # the sample left out
+    assert table.mean_of_type_means(row) == (pytest.approx(0.65), True)
+    md = table_markdown(table)
+    assert "## Retrieval (samples)" in md and "left out of the overall means" in md
+    assert "| 60.00 | 70.00 | 83.80 | 65.00 | 65.00 |" in md
+
+
 def test_render_report_writes_markdown_png_json(tmp_path: Path) -> None:
     _write_grid(tmp_path / "results")
     report = render_report(tmp_path / "results", tmp_path / "report")

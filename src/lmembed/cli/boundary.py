@@ -23,6 +23,7 @@ is a bug and is reported as one.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -126,10 +127,17 @@ def guarded(ctx: typer.Context, call: Callable[[], Any]) -> Any:
 
 
 class GuardedGroup(TyperGroup):
-    """The root command group: every sub-command runs inside the boundary."""
+    """The root command group: every sub-command runs inside the boundary. Its command list shows each command's
+    first paragraph as one flowing line (typer would keep the docstring's line breaks there)."""
 
     def invoke(self, ctx: typer.Context) -> Any:
         return guarded(ctx, lambda: super(GuardedGroup, self).invoke(ctx))
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.help and not command.short_help:
+            command.short_help = " ".join(inspect.cleandoc(command.help).split("\n\n")[0].split())
+        return command
 
 
 class GuardedCommand(TyperCommand):

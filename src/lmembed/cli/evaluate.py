@@ -35,6 +35,7 @@ from lmembed.cli.rerank import (
     evaluate_in_stages,
 )
 from lmembed.config import ATTENTIONS
+from lmembed.encoding.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS
 from lmembed.evaluation.instructions import INSTRUCTION_SETS
 from lmembed.options import EngineOptions, ModelOptions, flags_of
 from lmembed.protocols import ENCODE_BATCH_SIZE
@@ -90,8 +91,8 @@ def eval_command(
     rerank_top_k: RerankTopKOpt = 100,
     rerank_batch_tokens: RerankBatchTokensOpt = 16384,
     chunking: ChunkingOpt = None,
-    chunk_tokens: ChunkTokensOpt = 256,
-    chunk_overlap: ChunkOverlapOpt = 32,
+    chunk_tokens: ChunkTokensOpt = DEFAULT_CHUNK_TOKENS,
+    chunk_overlap: ChunkOverlapOpt = DEFAULT_CHUNK_OVERLAP,
     late_chunking: LateChunkingOpt = False,
 ) -> None:
     """Evaluate models (× strategies) on tasks, MTEB-style. With no arguments: the main job.

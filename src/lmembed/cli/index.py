@@ -51,6 +51,7 @@ from lmembed.cli.rerank import (
     check_stage_options,
     open_reranker,
 )
+from lmembed.encoding.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS
 from lmembed.errors import ConfigError
 from lmembed.options import EngineOptions, ModelOptions
 from lmembed.protocols import ENCODE_BATCH_SIZE
@@ -132,8 +133,8 @@ def build(
     options: ModelOptions = ModelOptions(),
     engine: EngineOptions = EngineOptions(),
     chunking: ChunkingOpt = None,
-    chunk_tokens: ChunkTokensOpt = 256,
-    chunk_overlap: ChunkOverlapOpt = 32,
+    chunk_tokens: ChunkTokensOpt = DEFAULT_CHUNK_TOKENS,
+    chunk_overlap: ChunkOverlapOpt = DEFAULT_CHUNK_OVERLAP,
     late_chunking: LateChunkingOpt = False,
 ) -> None:
     """Embed a corpus and write a searchable index folder (a re-run after an interruption reuses the cache).
@@ -234,7 +235,7 @@ def add(
     index.load_embedder(device=device, cache=not no_cache)
     with _ProgressBar("adding") as bar:
         added = index.add(docs, batch_size=batch_size, chunk_size=chunk_size, progress=bar)
-    console.print(f"added {added} documents to {index_dir} (now {index.count})")
+    console.print(f"added {added} document{'' if added == 1 else 's'} to {index_dir} (now {index.count})")
 
 
 def info(

@@ -53,8 +53,15 @@ def check_stage_options(mode: str, fusion: str, mode_option: str = "--mode") -> 
 
 
 def open_reranker(name: str, *, device: str, max_batch_tokens: int | None = None) -> Reranker:
+    """The reranker ``--rerank`` names; a name that is no model is refused naming the option."""
+    from lmembed.errors import ModelLoadError
+    from lmembed.models.loading import check_model_name
     from lmembed.rerank import load_reranker  # lazy: torch and transformers
 
+    try:
+        check_model_name(name)
+    except ModelLoadError as exc:
+        raise typer.BadParameter(f"the reranker: {exc}", param_hint="--rerank") from None
     options = {"max_batch_tokens": max_batch_tokens} if max_batch_tokens else {}
     return load_reranker(name, device=device, **options)
 

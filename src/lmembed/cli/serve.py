@@ -140,7 +140,7 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level", help=", ".join(LOG_LEVELS))] = "info",
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
-    """Serve MODEL_OR_DIR over HTTP: /v1/embeddings (OpenAI-compatible), /v1/search, /v1/rerank (with --rerank),
+    """Serve MODEL over HTTP: /v1/embeddings (OpenAI-compatible), /v1/search, /v1/rerank (with --rerank),
     Cohere v2 (/v2/embed, /v2/rerank), Text Embeddings Inference (/embed, /rerank, /similarity, /tokenize, /decode,
     /info), /health, /metrics."""
     if log_level not in LOG_LEVELS:

@@ -39,14 +39,20 @@ __all__ = [
 ]
 
 
+#: text tokens per window by default: with its special tokens a window fits a model that reads 256 tokens (minilm,
+#: many sentence-transformers encoders); a larger one is refused where it would be cut at the strategy's max_length
+DEFAULT_CHUNK_TOKENS = 192
+DEFAULT_CHUNK_OVERLAP = 32
+
+
 @dataclass(frozen=True)
 class Chunking:
     """How long documents are chunked and scored: ``tokens`` per window, ``overlap`` shared with the previous
     window, ``aggregate`` (first, maxp, mean) and ``late`` (pool chunks from one long forward pass)."""
 
     aggregate: Aggregate = "maxp"
-    tokens: int = 256
-    overlap: int = 32
+    tokens: int = DEFAULT_CHUNK_TOKENS
+    overlap: int = DEFAULT_CHUNK_OVERLAP
     late: bool = False
 
     def __post_init__(self) -> None:

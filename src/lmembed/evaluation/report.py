@@ -37,6 +37,15 @@ TYPE_ORDER = ["Retrieval", "STS", "Classification", "Clustering", "PairClassific
 MISSING = "–"
 
 Row = tuple[str, str]  # (model name, strategy slug)
+#: what a sample's task type is marked with: a task run on a subset of its data is named ``Task[500 docs]``
+#: (``RetrievalTask.subsample``); it is a type of its own, kept out of the overall means
+SAMPLES = " (samples)"
+
+
+def task_type_of(result: TaskResult) -> str:
+    """The type ``result`` is grouped under: its task's, marked as samples when the task ran on a subset."""
+    name = result.task_name
+    return result.task_type + SAMPLES if name.endswith("]") and "[" in name else result.task_type
 
 
 @dataclass
@@ -51,11 +60,17 @@ class ScoreTable:
         """Mean over the type's tasks the row has, and whether it has all of them."""
         return _mean([self.scores[row].get(t) for t in self.task_types[task_type]])
 
+    @property
+    def whole_types(self) -> list[str]:
+        """The task types of whole tasks: the overall means are over these (a sample's scores are not comparable
+        with its task's, :data:`SAMPLES`)."""
+        return [t for t in self.task_types if not t.endswith(SAMPLES)]
+
     def task_mean(self, row: Row) -> tuple[float | None, bool]:
-        return _mean([self.scores[row].get(t) for tasks in self.task_types.values() for t in tasks])
+        return _mean([self.scores[row].get(t) for kind in self.whole_types for t in self.task_types[kind]])
 
     def mean_of_type_means(self, row: Row) -> tuple[float | None, bool]:
-        means = [self.type_mean(row, t) for t in self.task_types]
+        means = [self.type_mean(row, t) for t in self.whole_types]
         value, complete = _mean([m for m, _ in means])
         return value, complete and all(c for _, c in means)
 
@@ -76,9 +91,11 @@ def _mean(values: list[float | None]) -> tuple[float | None, bool]:
     return sum(present) / len(present), len(present) == len(values)
 
 
-def type_rank(task_type: str) -> tuple[int, str]:
-    """Sort key of a task type: MTEB's usual order (``TYPE_ORDER``), then any other type by name."""
-    return (TYPE_ORDER.index(task_type) if task_type in TYPE_ORDER else len(TYPE_ORDER), task_type)
+def type_rank(task_type: str) -> tuple[int, int, str]:
+    """Sort key of a task type: MTEB's usual order (``TYPE_ORDER``), then any other type by name; each type's
+    samples after all whole types."""
+    whole = task_type.removesuffix(SAMPLES)
+    return (whole != task_type, TYPE_ORDER.index(whole) if whole in TYPE_ORDER else len(TYPE_ORDER), whole)
 
 
 def _newest_first(results: Iterable[TaskResult]) -> list[TaskResult]:
@@ -143,7 +160,7 @@ def build_table(results: Iterable[TaskResult]) -> ScoreTable:
             logger.warning("several results for %s / %s; using the newest", row, r.task_name)
             continue
         scores[row][r.task_name] = r.main_score
-        types[r.task_type].add(r.task_name)
+        types[task_type_of(r)].add(r.task_name)
     ordered_types = {t: sorted(types[t]) for t in sorted(types, key=type_rank)}
     return ScoreTable(rows=sorted(scores), task_types=ordered_types, scores=dict(scores))
 
@@ -164,6 +181,12 @@ def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
 def table_markdown(table: ScoreTable, *, title: str = "Results") -> str:
     """Markdown: a summary table (per-type means), then one table per task type."""
     lines = [f"# {title}", "", "Main scores × 100. `*` = mean over the tasks present only.", ""]
+    if len(table.whole_types) < len(table.task_types):
+        lines += [
+            f"A task run on a subset of its data (`Task[500 docs]`) is listed under its type{SAMPLES} and left out "
+            "of the overall means: its scores are not comparable with the whole task's.",
+            "",
+        ]
     types = list(table.task_types)
     header = ["model", "strategy", *(f"{t} mean" for t in types), "mean (task)", "mean (type)"]
     body = []

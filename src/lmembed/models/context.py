@@ -27,6 +27,10 @@ class PositionInterpolationError(ConfigError):
 MARKER = "lmembed_position_interpolation"
 
 
+#: the families whose one rotary embedding is interpolated (tested in tests/models/test_context.py)
+SUPPORTED = "llama, mistral, qwen2, qwen3"
+
+
 def _rotary(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
     """The one rotary-embedding module of ``model``: (its parent, its attribute name, the module)."""
     found = [
@@ -37,7 +41,7 @@ def _rotary(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
     if len(found) != 1:
         raise PositionInterpolationError(
             f"position interpolation needs exactly one rotary embedding module; {type(model).__name__} has "
-            f"{len(found)} (families supported: llama, mistral, qwen2, qwen3)"
+            f"{len(found)} (families supported: {SUPPORTED})"
         )
     name, module = found[0]
     parent_name, _, attribute = name.rpartition(".")
@@ -56,6 +60,11 @@ def interpolate_positions(backbone: Any, factor: float) -> None:
         raise PositionInterpolationError(f"position interpolation factor={factor} must be > 1")
     config = backbone.model.config
     rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) and "rope_type" in v for v in rope.values()):
+        raise PositionInterpolationError(  # Gemma 3: one RoPE per attention kind (full, sliding)
+            f"{config.model_type} has a rotary embedding per attention kind ({', '.join(rope)}); position "
+            f"interpolation supports {SUPPORTED} only"
+        )
     if not isinstance(rope, dict) or "rope_type" not in rope:
         raise PositionInterpolationError(f"{config.model_type} has no rotary position embedding to interpolate")
     if rope["rope_type"] != "default":
