@@ -131,3 +131,32 @@ def test_an_option_offered_twice_is_refused_when_the_command_is_declared():
 
     with pytest.raises(TypeError, match="device"):
         options_command(clash)
+
+
+def test_train_help_shows_defaults_as_every_command_and_a_config_file_still_wins(tmp_path):
+    """train's flags show their TrainConfig defaults as other commands do ([default: 16], not '(16)'), and a value
+    the command line did not give stays None, so a --config file's value is not overridden by a shown default."""
+    from typer.testing import CliRunner
+
+    from lmembed.cli.app import app
+
+    shown = " ".join(CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "LoRA rank. [default: 16]" in shown and "(16)" not in shown
+    config = tmp_path / "train.yaml"
+    config.write_text("lora_r: 4\n")
+    captured = {}
+
+    def keep(config_file, options):
+        captured.update(options)
+        raise SystemExit(0)
+
+    import lmembed.cli.train as train_module
+
+    original = train_module.build_config
+    train_module.build_config = keep
+    try:
+        CliRunner().invoke(app, ["train", "--config", str(config), "-o", str(tmp_path / "run")])
+    finally:
+        train_module.build_config = original
+    # not given: None, so the file's value (or TrainConfig's) stands (tests/cli/test_bad_input.py: train-loss-option)
+    assert captured["lora_r"] is None and captured["lr"] is None and captured["output"] is not None

@@ -56,8 +56,8 @@ def _param_name(spec: Flag) -> str:
 
 
 def _shown_default(spec: Flag, default: Any) -> str | bool:
-    """What ``--help`` shows as a field's default (its TrainConfig value; the option itself defaults to None,
-    so a value not given leaves a --config file's value in place)."""
+    """What ``--help`` shows as a field's default (its TrainConfig value; a value the command line does not give
+    leaves a --config file's value in place, :func:`_given_only`), or False for none to show."""
     if isinstance(default, bool):
         if "/" in spec.decls[0]:  # --merge-lora/--keep-adapter: the flag that is on
             on, off = spec.decls[0].split("/")
@@ -77,23 +77,44 @@ def _parameters() -> list[inspect.Parameter]:
     }
     hints = get_type_hints(TrainConfig)
     annotations: dict[str, Any] = {}
+    offered: dict[str, Any] = {}
     for name, spec in flags_of(TrainConfig).items():
         kind = spec.cli_type if spec.cli_type is not None else hints[name] | None
         extra = {} if spec.min is None else {"min": spec.min}
         shown = _shown_default(spec, defaults[name])
-        option = typer.Option(*spec.decls, help=spec.help, show_default=shown, **extra)
+        option = typer.Option(*spec.decls, help=spec.help, show_default=shown is not False, **extra)
         annotations[_param_name(spec)] = Annotated[kind, option]
+        if shown is not False:  # --help shows it as every command shows a default; train() drops it unless given
+            offered[_param_name(spec)] = defaults[name]
         if name == "data":
             annotations.update(_SOURCE_OPTIONS)
     annotations.update(_FILE_OPTIONS)
     keyword = inspect.Parameter.KEYWORD_ONLY
-    return [inspect.Parameter(name, keyword, default=None, annotation=kind) for name, kind in annotations.items()]
+    context = inspect.Parameter("ctx", keyword, annotation=typer.Context)  # which values were given
+    return [context] + [
+        inspect.Parameter(name, keyword, default=offered.get(name), annotation=kind)
+        for name, kind in annotations.items()
+    ]
 
 
-def train(**options: Any) -> None:
+def _given_only(ctx: typer.Context | None, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with every value the command line did not give set to None (a default shown by --help must not
+    override a --config file's value)."""
+    if ctx is None:
+        return options
+
+    def given(name: str) -> bool:  # typer's own click: its ParameterSource, compared by name
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name != "DEFAULT"
+
+    return {k: v if given(k) else None for k, v in options.items()}
+
+
+def train(ctx: typer.Context | None = None, **options: Any) -> None:
     """Train an embedding model contrastively (InfoNCE with in-batch negatives by default), a reranker
     (--reranker), or run a published recipe with --recipe (other options given then override every stage that
     has them)."""
+    options = _given_only(ctx, options)
     config_file = options.pop("config")
     recipe_file = options.pop("recipe")
     if recipe_file is not None:
