@@ -137,3 +137,39 @@ def unrecord(folder: Path) -> Path:
     meta.pop(FILES_KEY, None)
     (folder / STRATEGY_FILE).write_text(json.dumps({**meta, "format": 1}))
     return folder
+
+
+def add_dense_head(
+    folder: Path,
+    in_features: int = 32,
+    out_features: int = 12,
+    *,
+    tensors: dict | None = None,
+    activation: str = "torch.nn.modules.activation.Tanh",
+) -> Path:
+    """Make ``folder`` a sentence-transformers folder: Transformer (the folder itself) → mean Pooling → a Dense module
+    whose config says ``in_features`` → ``out_features`` and whose weight file holds ``tensors`` (default: a seeded
+    12 × 32 layer with its bias, whatever the config says, so a test can make the two disagree). Returns the Dense
+    folder."""
+    import torch
+    from safetensors.torch import save_file
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode": "mean"})
+    )
+    dense = folder / "2_Dense"
+    dense.mkdir()
+    config = {"in_features": in_features, "out_features": out_features, "bias": True, "activation_function": activation}
+    (dense / "config.json").write_text(json.dumps(config))
+    if tensors is None:
+        torch.manual_seed(1)
+        tensors = {"linear.weight": torch.randn(12, 32), "linear.bias": torch.randn(12)}
+    save_file(tensors, str(dense / "model.safetensors"))
+    return dense

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from helpers import reseal
+from helpers import add_dense_head, reseal
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli.app import app
 from lmembed.errors import ConfigError, ModelLoadError
@@ -157,26 +157,7 @@ def with_dense(source: Path, folder: Path, tensors: dict[str, torch.Tensor]) -> 
     """A copy of ``source`` made a sentence-transformers folder (itself → mean pooling → a 32 → 12 Dense layer) whose
     Dense weight file holds ``tensors``; returns the Dense folder."""
     shutil.copytree(source, folder)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
-    ]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    pooling = {"word_embedding_dimension": 32, "pooling_mode": "mean"}
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    dense = folder / "2_Dense"
-    dense.mkdir()
-    config = {
-        "in_features": 32,
-        "out_features": 12,
-        "bias": True,
-        "activation_function": "torch.nn.modules.linear.Identity",
-    }
-    (dense / "config.json").write_text(json.dumps(config))
-    save_file(tensors, str(dense / "model.safetensors"))
-    return dense
+    return add_dense_head(folder, tensors=tensors, activation="torch.nn.modules.linear.Identity")
 
 
 def right_tensors() -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from helpers import save_tiny_cross_encoder
+from helpers import add_dense_head, save_tiny_cross_encoder
 from lmembed import Embedder
 from lmembed.cli.app import app
 from lmembed.errors import LmembedError, ModelLoadError
@@ -69,32 +69,6 @@ def model(bert_dir, tmp_path) -> Path:
     folder = tmp_path / "model"
     shutil.copytree(bert_dir, folder)
     return folder
-
-
-def add_dense_head(folder: Path, in_features: int = 32, out_features: int = 12) -> Path:
-    """Make ``folder`` a sentence-transformers folder: Transformer (the folder itself) → mean Pooling → Dense."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
-    ]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(
-        json.dumps({"word_embedding_dimension": 32, "pooling_mode": "mean"})
-    )
-    dense = folder / "2_Dense"
-    dense.mkdir()
-    config = {
-        "in_features": in_features,
-        "out_features": out_features,
-        "bias": True,
-        "activation_function": "torch.nn.modules.activation.Tanh",
-    }
-    (dense / "config.json").write_text(json.dumps(config))
-    torch.manual_seed(1)
-    save_file({"linear.weight": torch.randn(12, 32), "linear.bias": torch.randn(12)}, str(dense / "model.safetensors"))
-    return dense
 
 
 def encode(folder: Path, tmp_path: Path):
