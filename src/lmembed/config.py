@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import string
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any
@@ -358,6 +359,10 @@ class EmbeddingConfig:
             raise ConfigError(f"dim={self.dim} must be a positive int up to {MAX_DIM}, or None")
         if "{text}" not in self.echo_template:
             raise ConfigError("echo_template must contain '{text}' (the first copy of the input)")
+        _check_template(self.echo_template, "echo_template", "text")
+        _check_template(self.instruction_template, "instruction_template", "instruction")
+        if not isinstance(self.latent, LatentAttentionConfig):
+            raise ConfigError(f"latent={self.latent!r:.80} must be an object of latent-attention options")
         if self.instruction_mask not in INSTRUCTION_MASKS:
             raise ConfigError(
                 f"instruction_mask={self.instruction_mask!r} is unknown; choose one of {', '.join(INSTRUCTION_MASKS)}"
@@ -466,6 +471,8 @@ class EmbeddingConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EmbeddingConfig:
+        if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+            raise ConfigError(f"a strategy is an object of options by name, not {type(data).__name__} ({data!r:.60})")
         unknown = unknown_options(cls, data)
         if unknown:
             known = sorted(f.name for f in fields(cls))
@@ -477,13 +484,21 @@ class EmbeddingConfig:
 
     @classmethod
     def from_json(cls, text: str) -> EmbeddingConfig:
-        data = loads_json(text)
+        if not isinstance(text, str | bytes):
+            raise ConfigError(f"a strategy in JSON is text, not {type(text).__name__}")
+        try:
+            data = loads_json(text)
+        except ValueError as exc:  # not JSON, or a key given twice
+            raise ConfigError(f"the strategy is not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"a strategy in JSON is an object of options, not {type(data).__name__}")
         return cls.from_dict(data)
 
     def with_options(self, **changes: Any) -> EmbeddingConfig:
         """A copy with some options changed (validated)."""
+        unknown = unknown_options(type(self), changes)
+        if unknown:
+            raise ConfigError(f"unknown strategy option(s): {', '.join(unknown)}")
         return replace(self, **changes)
 
     def label(self) -> str:
@@ -521,6 +536,19 @@ def for_side(config: EmbeddingConfig, side: str, instruction: str | None = None)
     if side == "query":
         return config, instruction or config.query_instruction
     return config, config.document_instruction
+
+
+def _check_template(template: str, name: str, slot: str) -> None:
+    """A prompt template fills exactly one named slot, ``{slot}``: any other field (``{foo}``, ``{0}``) or a stray
+    brace would fail at the first text, far from where the template was given."""
+    try:
+        fields_used = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+    except ValueError as exc:
+        raise ConfigError(f"{name}={template!r:.80}: {exc} (write a literal brace as {{{{ or }}}})") from None
+    others = sorted(fields_used - {slot})
+    if others:
+        named = ", ".join(repr(o) for o in others)
+        raise ConfigError(f"{name}={template!r:.80} names {named}; only {{{slot}}} is filled")
 
 
 def validate_head_layer(layer: Any, where: str) -> None:

@@ -28,7 +28,7 @@ from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documents
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
 from lmembed.encoding.inputs import validate_texts, wants_eos
-from lmembed.errors import ConfigError, ModelLoadError
+from lmembed.errors import ConfigError, InputError, ModelLoadError
 from lmembed.io import read_json
 from lmembed.load_plan import HEAD_FILE, check_replaceable, plan_load, write_strategy_file
 from lmembed.load_spec import LoadSpec
@@ -501,6 +501,10 @@ class Embedder:
     ) -> ChunkedEmbeddings:
         """Chunk vectors of ``texts`` under ``config`` (this Embedder's strategy by default): see
         :meth:`encode_corpus`."""
+        if not isinstance(chunking, Chunking):
+            raise ConfigError(
+                f"chunking={chunking!r:.40} must be a Chunking (lmembed.encoding.chunking), e.g. Chunking('maxp')"
+            )
         config = config or self.config
         texts = validate_texts(texts)
         if chunking.late:
@@ -535,6 +539,7 @@ class Embedder:
         batch_size: int = ENCODE_BATCH_SIZE,
     ) -> list[np.ndarray]:
         """Embed with several strategies at once, sharing forward passes where they can."""
+        configs = _strategies(configs, "configs")  # a generator is read once, here
         for cfg in configs:
             check_strategy(self.backbone, cfg, _head_width(self.pooling_head, self.backbone, cfg))
         return self.executor.run(self, texts, configs, instruction=instruction, batch_size=batch_size)
@@ -552,7 +557,16 @@ class Embedder:
             engine.use_cache = previous
 
     def with_config(self, config: EmbeddingConfig) -> Embedder:
-        """The same backbone, engine and executor (no reload) read out with another strategy."""
+        """The same backbone, engine and executor (no reload) read out with another strategy; an option this model
+        cannot take effect as it says is refused, as ``from_pretrained`` refuses it."""
+        if not isinstance(config, EmbeddingConfig):
+            raise ConfigError(
+                f"config is {type(config).__name__}; expected an EmbeddingConfig (EmbeddingConfig.from_dict reads "
+                "a dict)"
+            )
+        if not self.backbone.is_decoder and config.attention != "bidirectional":
+            config = config.with_options(attention="bidirectional")  # what an encoder does, as __init__ records it
+        _check_given(self.backbone, _changed(self.config, config))
         return self._sharing(config, self.executor)
 
     def with_terms(self, channel: TermChannel | None) -> Embedder:
@@ -572,13 +586,16 @@ class Embedder:
         """This model with a term channel fitted on ``documents`` (:mod:`lmembed.pooling.terms`): the idf of each
         token id over the tokens the model pools when it reads them as documents, ``dims`` hashed buckets weighed
         ``weight`` against the dense vector in the cosine."""
+        documents = validate_texts(documents, "documents")  # a str would be fitted character by character
+        if not documents:
+            raise InputError("documents is empty; a term channel is fitted on the corpus it will search")
         plain = self.config.with_options(terms=None, route=None)
         config, instruction = for_side(plain, "document")
         builder = self.engine.input_builder(config)
         rows = (
             [t for t, keep in zip(f.input_ids, f.pool_mask, strict=True) if keep]
             for start in range(0, len(documents), 4096)
-            for f in builder.build_all(validate_texts(list(documents[start : start + 4096])), instruction)
+            for f in builder.build_all(documents[start : start + 4096], instruction)
         )
         tokenizer = self.backbone.tokenizer
         channel = fit_terms(
@@ -704,6 +721,28 @@ class Embedder:
             and not (self.backbone.is_decoder and cfg.attention == "bidirectional")
             and not uses_eos
         )
+
+
+def _strategies(configs: Any, argument: str) -> list[EmbeddingConfig]:
+    """``configs`` as a list of :class:`EmbeddingConfig` (a generator read once), each checked by type."""
+    if isinstance(configs, EmbeddingConfig | str | dict) or configs is None:
+        raise ConfigError(f"{argument} must be a list of EmbeddingConfig, got {type(configs).__name__}")
+    listed = list(configs)
+    for i, config in enumerate(listed):
+        if not isinstance(config, EmbeddingConfig):
+            raise ConfigError(
+                f"{argument}[{i}] is {type(config).__name__}; expected an EmbeddingConfig (EmbeddingConfig.from_dict "
+                "reads a dict)"
+            )
+    if not listed:
+        raise ConfigError(f"{argument} is empty; give at least one strategy")
+    return listed
+
+
+def _changed(current: EmbeddingConfig, config: EmbeddingConfig) -> dict[str, Any]:
+    """The fields ``config`` sets otherwise than ``current``: what a caller asks of the same model anew."""
+    before, after = current.to_dict(), config.to_dict()
+    return {k: v for k, v in after.items() if before.get(k) != v}
 
 
 def _check_given(backbone: Backbone, given: dict[str, Any]) -> None:

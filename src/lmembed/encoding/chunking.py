@@ -58,6 +58,12 @@ class Chunking:
     def __post_init__(self) -> None:
         if self.aggregate not in AGGREGATES:
             raise ConfigError(f"chunking aggregate={self.aggregate!r}: expected one of {', '.join(AGGREGATES)}")
+        for name in ("tokens", "overlap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"chunk {name}={value!r} must be a whole number of tokens")
+        if not isinstance(self.late, bool):
+            raise ConfigError(f"chunk late={self.late!r} must be true or false")
         if self.tokens < 1:
             raise ConfigError(f"chunk tokens={self.tokens} must be >= 1")
         if not 0 <= self.overlap < self.tokens:

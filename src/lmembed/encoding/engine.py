@@ -279,6 +279,12 @@ class EncodingEngine:
         self.pooling_head = pooling_head
         self.terms = terms  # a fitted term channel (lmembed.pooling.terms), appended to a strategy that names one
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        if use_cache and self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise ConfigError(f"cache_dir={str(self.cache_dir)!r} is a file; the embedding cache is a folder")
+        if max_batch_tokens is not None and (
+            isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1
+        ):
+            raise ConfigError(f"max_batch_tokens={max_batch_tokens!r} must be a whole number of tokens >= 1, or None")
         self.use_cache = use_cache
         self.padding_side = padding_side or ("left" if backbone.is_decoder else "right")
         self.show_progress = show_progress

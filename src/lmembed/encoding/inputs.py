@@ -84,6 +84,11 @@ def validate_texts(texts: Any, argument: str = "texts") -> list[str]:
         raise InputError(f"{argument} is None; expected a list of strings")
     if isinstance(texts, Mapping | bytes | bytearray | set | frozenset):  # a dict's keys, a set's order: not texts
         raise InputError(f"{argument} must be a list of strings, got {type(texts).__name__}")
+    if hasattr(texts, "columns") or getattr(texts, "ndim", 1) != 1:  # a table iterates over its column names
+        raise InputError(
+            f"{argument} must be a list of strings, got a {getattr(texts, 'ndim', 2)}-dimensional "
+            f"{type(texts).__name__}; pass one column (e.g. frame['text'].tolist())"
+        )
     try:
         items = list(texts)
     except TypeError as exc:

@@ -50,9 +50,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
+from typing import Any
 
 import numpy as np
 import pytrec_eval
+
+from lmembed.errors import ConfigError
 
 #: MTEB's retrieval cut-offs.
 MTEB_K_VALUES: tuple[int, ...] = (1, 3, 5, 10, 20, 100, 1000)
@@ -68,6 +72,22 @@ CURVE_METRICS: tuple[str, ...] = ("ndcg", "map", "recall", "precision", "mrr", "
 #: (``0.30000000000000004`` rather than ``0.3`` decides how a count such as 4.5 rounds).
 ABSTENTION_RATES: tuple[float, ...] = tuple(float(x) for x in np.linspace(0.0, 1.0, 11)[:-1])
 MAIN_METRIC = "ndcg_at_10"
+
+
+def check_k_values(k_values: Any, argument: str = "k_values") -> tuple[int, ...]:
+    """``k_values`` as a tuple of ints: a non-empty list of whole numbers >= 1 (no bools), else a
+    :class:`ConfigError` naming ``argument`` (pytrec_eval ends the whole process on a cut-off of 0)."""
+    if isinstance(k_values, str | bytes | Mapping) or not isinstance(k_values, Iterable):
+        raise ConfigError(f"{argument}={k_values!r:.40} must be a list of whole numbers >= 1, e.g. [1, 10, 100]")
+    values = list(k_values)
+    if not values:
+        raise ConfigError(f"{argument} is empty; give at least one cut-off, e.g. [10]")
+    for i, k in enumerate(values):
+        if isinstance(k, bool) or not isinstance(k, Integral) or k < 1:
+            raise ConfigError(f"{argument}[{i}]={k!r:.40} must be a whole number >= 1")
+    return tuple(int(k) for k in values)
+
+
 ROUND_DIGITS = 5
 
 Run = Mapping[str, Mapping[str, float]]
@@ -154,6 +174,7 @@ def _mteb_key(trec_key: str) -> str:
 
 def per_query_scores(qrels: QrelsLike, run: Run, k_values: Sequence[int] = K_VALUES) -> dict[str, dict[str, float]]:
     """Every metric for every scored query, under MTEB's keys."""
+    k_values = check_k_values(k_values)
     trec = _pytrec_per_query(qrels, run, k_values)
     out: dict[str, dict[str, float]] = {}
     for query_id, values in trec.items():
@@ -286,7 +307,7 @@ def evaluate_run(
     """Score a run against judgments, returning MTEB-keyed averages and per-query values.
 
     With ``nauc`` (the default) the averages also hold MTEB's nAUC keys (:func:`nauc_scores`)."""
-    k_values = sorted(set(k_values) | {10})
+    k_values = sorted(set(check_k_values(k_values)) | {10})
     if ignore_identical_ids:
         run = drop_identical_ids(run)
     per_query = per_query_scores(qrels, run, k_values)

@@ -19,13 +19,15 @@ Index read it.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import re
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +35,8 @@ import numpy as np
 
 from lmembed.atomic import TEMP_PREFIX, atomic_write_json, file_lock, sweep_leftovers, temp_path
 from lmembed.encoding.chunking import Chunking
-from lmembed.errors import ConfigError
+from lmembed.encoding.inputs import check_encodable, validate_texts
+from lmembed.errors import ConfigError, InputError
 from lmembed.index import integrity, kinds
 from lmembed.index.chunk_map import ChunkMap
 from lmembed.index.corpus import Document, load_corpus
@@ -75,21 +78,74 @@ class Hit:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+def whole_number(value: Any, argument: str, *, minimum: int = 1) -> int:
+    """``value`` as an int if it is a whole number (not a bool) of at least ``minimum``, else a :class:`ConfigError`
+    naming ``argument``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ConfigError(f"{argument}={value!r:.40} must be a whole number >= {minimum}, got {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"{argument}={value} must be >= {minimum}")
+    return int(value)
+
+
+def _check_document(doc: Document, i: int) -> Document:
+    """``doc`` (``corpus[i]``) if its id and text are strings that can be written as UTF-8 and its metadata a JSON
+    object, else an :class:`InputError` naming its position and field (before anything is encoded or written)."""
+    for name in ("id", "text"):
+        value = getattr(doc, name)
+        if not isinstance(value, str):
+            raise InputError(f"corpus[{i}].{name} is {type(value).__name__} ({value!r:.40}); it must be a str")
+        check_encodable(value, f"corpus[{i}].{name}")
+    if not isinstance(doc.metadata, Mapping):
+        raise InputError(f"corpus[{i}].metadata is {type(doc.metadata).__name__}; it must be a dict")
+    if doc.metadata:
+        try:
+            json.dumps(dict(doc.metadata), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"corpus[{i}].metadata cannot be saved as JSON ({exc})") from None
+    return doc
+
+
 def as_documents(corpus: CorpusLike, first_row: int = 0) -> list[Document]:
     """Documents from a path (see :func:`load_corpus`), :class:`Document` objects, ``(id, text)`` pairs, or
-    plain strings (whose ids are their row numbers in the index, counting from ``first_row``)."""
+    plain strings (whose ids are their row numbers in the index, counting from ``first_row``). Anything else (a
+    dict, ``None``, an id or a text that is not a str) is an :class:`InputError` naming it."""
     if isinstance(corpus, str | Path):
         return load_corpus(corpus)
+    if corpus is None:
+        raise InputError("corpus is None; expected a path, or a list of Documents, (id, text) pairs or strings")
+    if isinstance(corpus, Mapping):
+        raise InputError(
+            f"corpus is a {type(corpus).__name__}; pass a list of (id, text) pairs or Documents "
+            "(e.g. list(corpus.items()) for {id: text})"
+        )
+    if hasattr(corpus, "columns"):  # a table iterates over its column names
+        raise InputError(
+            f"corpus is a {type(corpus).__name__}; pass a list of (id, text) pairs, e.g. "
+            "list(zip(frame['id'], frame['text']))"
+        )
+    if isinstance(corpus, bytes | bytearray | set | frozenset | Document):  # a set's order is no row order
+        raise InputError(
+            f"corpus is a {type(corpus).__name__}; pass a path or a list of Documents, (id, text) pairs or strings"
+        )
+    try:
+        items = list(corpus)
+    except TypeError:
+        raise InputError(
+            f"corpus is {type(corpus).__name__}; expected a path, or a list of Documents, (id, text) pairs or strings"
+        ) from None
     docs = []
-    for i, item in enumerate(corpus):
+    for i, item in enumerate(items):
         if isinstance(item, Document):
-            docs.append(item)
+            docs.append(_check_document(item, i))
         elif isinstance(item, str):
-            docs.append(Document(str(first_row + i), item))
-        elif isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
-            docs.append(Document(item[0], item[1]))
+            docs.append(_check_document(Document(str(first_row + i), item), i))
+        elif isinstance(item, tuple | list) and len(item) == 2:
+            docs.append(_check_document(Document(item[0], item[1]), i))
         else:
-            raise TypeError(f"corpus[{i}] is {type(item).__name__}; expected a Document, an (id, text) pair or a str")
+            raise InputError(
+                f"corpus[{i}] is {type(item).__name__} ({item!r:.40}); expected a Document, an (id, text) pair or a str"
+            )
     return docs
 
 
@@ -98,8 +154,7 @@ def encode_in_chunks(
 ) -> np.ndarray:
     """``embedder.encode_corpus`` over ``chunk_size`` texts at a time (each chunk reaches the cache as soon
     as it is done, so an interrupted run loses at most one chunk)."""
-    if chunk_size < 1:
-        raise ConfigError(f"chunk_size={chunk_size} must be >= 1")
+    chunk_size = whole_number(chunk_size, "chunk_size")
     out = np.empty((len(texts), embedder.dim), dtype=np.float32)
     for start in range(0, len(texts), chunk_size):
         stop = min(start + chunk_size, len(texts))
@@ -121,8 +176,7 @@ def encode_chunks_in_chunks(
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`encode_in_chunks` for long documents: the chunk vectors of ``texts`` (``chunk_size`` documents per
     call) and each chunk's document row, counted from ``first_row``."""
-    if chunk_size < 1:
-        raise ConfigError(f"chunk_size={chunk_size} must be >= 1")
+    chunk_size = whole_number(chunk_size, "chunk_size")
     vectors, rows = [np.empty((0, embedder.dim), dtype=np.float32)], [np.empty(0, dtype=np.int64)]
     for start in range(0, len(texts), chunk_size):
         stop = min(start + chunk_size, len(texts))
@@ -157,6 +211,16 @@ def _writing(folder: Path) -> Iterator[None]:
             f"{exc.filename or folder}: cannot write the index {folder} ({exc.strerror or exc}); it is left as it "
             "was. Work on a copy of the index in a place you can write to"
         ) from exc
+
+
+def _check_embedder_given(embedder: Any) -> None:
+    """Refuse, before anything is read, an ``embedder`` that is not one (``None``, a model name)."""
+    if embedder is None:
+        raise ConfigError("embedder is None; pass an Embedder (Embedder.from_pretrained(...)) to build an index")
+    if not callable(getattr(embedder, "encode_corpus", None)) or not hasattr(embedder, "dim"):
+        raise ConfigError(
+            f"embedder is a {type(embedder).__name__}, not an Embedder; load one with Embedder.from_pretrained(...)"
+        )
 
 
 def _check_target(path: Path, overwrite: bool) -> None:
@@ -234,11 +298,14 @@ class Index:
         :class:`IndexParams`) or a ready ``params``. ``dim`` keeps the first ``dim`` dimensions
         (Matryoshka): the strategy recorded, and used for queries, has that ``dim``.
         """
+        _check_embedder_given(embedder)
+        chunk_size = whole_number(chunk_size, "chunk_size")
         if params is None:
             params = IndexParams(kind=kind, **kind_params)
         elif kind_params or kind != "flat":
             raise TypeError("give either params= or kind=/index parameters, not both")
         if dim is not None:
+            dim = whole_number(dim, "dim")
             width = embedder.engine.output_dim(embedder.config)
             if dim > width:
                 raise ConfigError(f"dim={dim} is more than the model's {width} dimensions")
@@ -381,6 +448,7 @@ class Index:
         An id the index already holds, or one given twice, is a :class:`DuplicateIdError` and nothing is
         added."""
         embedder = self._require_embedder()
+        chunk_size = whole_number(chunk_size, "chunk_size")
         docs = as_documents(corpus, first_row=self.count)
         self.store.check_new(docs)
         if not docs:
@@ -513,7 +581,7 @@ class Index:
     # ------------------------------------------------------------------ search
     def _require_embedder(self) -> Embedder:
         if self.embedder is None:
-            raise ValueError("this Index has no Embedder: pass one to Index.open, or call load_embedder() first")
+            raise ConfigError("this Index has no Embedder: pass one to Index.open, or call load_embedder() first")
         return self.embedder
 
     def embed_queries(
@@ -526,7 +594,7 @@ class Index:
         """The ``k`` documents most similar to one query (``mode=``, ``fusion=``, ``candidates=``: see
         :meth:`search_rows`)."""
         if not isinstance(query, str):
-            raise TypeError(f"query must be a str, got {type(query).__name__}; use search_batch for several")
+            raise InputError(f"query must be a str, got {type(query).__name__}; use search_batch for several")
         return self.search_batch([query], k, instruction=instruction, **how)[0]
 
     def search_batch(
@@ -539,6 +607,7 @@ class Index:
         **how: Any,
     ) -> list[list[Hit]]:
         """The ``k`` best documents of each query, in query order (see :meth:`search_rows` for ``how``)."""
+        queries = validate_texts(queries, "queries")
         return self.hits(*self.search_rows(queries, k, instruction=instruction, batch_size=batch_size, **how))
 
     @property
@@ -609,12 +678,15 @@ class Index:
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, rows)`` of each query's ``k`` best documents. ``mode``: ``dense`` (cosine of the Embedder's
         vectors), ``bm25``, or ``hybrid``: the ``max(k, candidates)`` best of each, fused by ``fusion`` (``rrf`` or
-        ``minmax``; the score is then the fused one). ``vectors``: the queries' vectors, if already embedded."""
+        ``minmax``; the score is then the fused one). ``vectors``: the queries' vectors, if already embedded.
+
+        ``k`` and ``candidates`` beyond the number of documents are searched as that number (the hits are the same),
+        so the arrays have ``min(k, documents)`` columns (at least 1), misses being row ``-1``."""
         if mode not in SEARCH_MODES:
             raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(SEARCH_MODES)}")
-        if k < 1 or candidates < 1:
-            raise ConfigError(f"k={k} and candidates={candidates} must be >= 1")
-        queries = list(queries)
+        k = self._depth(whole_number(k, "k"))
+        candidates = self._depth(whole_number(candidates, "candidates"))
+        queries = validate_texts(queries, "queries")
         if mode == "bm25":
             return self.lexical.search(queries, k)
         if vectors is None:
@@ -626,15 +698,30 @@ class Index:
         return fuse_rows([dense, self.lexical.search(queries, depth)], k, fusion)
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """``(scores, rows)`` for query vectors embedded elsewhere (they must be this index's kind of vector)."""
-        if k < 1:
-            raise ConfigError(f"k={k} must be >= 1")
-        vectors = np.asarray(vectors, dtype=np.float32)
+        """``(scores, rows)`` for query vectors embedded elsewhere (they must be this index's kind of vector): an
+        ``(n, dim)`` array of finite numbers. ``k`` beyond the number of documents is searched as that number."""
+        k = self._depth(whole_number(k, "k"))
+        try:
+            vectors = np.asarray(vectors, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InputError(
+                f"vectors must be an (n, {self.dim}) array of numbers, got {type(vectors).__name__} ({exc})"
+            ) from None
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
-            raise ValueError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
+            raise InputError(
+                f"vectors must have shape (n, {self.dim}) (this index holds {self.dim}-dimensional vectors), "
+                f"got shape {vectors.shape}"
+            )
+        if not np.isfinite(vectors).all():
+            bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+            raise InputError(f"vectors[{bad}] holds NaN or infinite values; every query vector must be finite")
         if self.chunks is not None:  # chunks of long documents: each document at its best chunk
             return self.chunks.collapse(*self.vectors.search(vectors, self.chunks.depth(k)), k)
         return self.vectors.search(vectors, k)
+
+    def _depth(self, k: int) -> int:
+        """``k`` capped at the number of documents (at least 1): no search allocates room for hits that cannot be."""
+        return min(k, max(self.count, 1))
 
     def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[list[Hit]]:
         """Search results as :class:`Hit` lists (misses dropped)."""

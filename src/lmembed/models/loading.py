@@ -175,12 +175,20 @@ def resolve_device(device: str) -> torch.device:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise ModelLoadError(f"device={device!r} is not a device name (use cpu, cuda, cuda:N, mps or auto)")
     try:
         resolved = torch.device(device)
     except RuntimeError as exc:
-        raise ModelLoadError(f"device={device!r} is not a valid device (use cpu, cuda, cuda:N or auto)") from exc
+        raise ModelLoadError(f"device={device!r} is not a valid device (use cpu, cuda, cuda:N, mps or auto)") from exc
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device='cuda' was requested but no CUDA GPU is available; use device='cpu' or 'auto'")
+    if resolved.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelLoadError("device='mps' was requested but this torch has no usable Apple GPU; use 'cpu' or 'auto'")
+    if resolved.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"device={device!r}: lmembed runs on cpu, cuda or mps")
     return resolved
 
 

@@ -12,8 +12,9 @@ one-label model, ``(n, num_labels)`` otherwise); :meth:`score` and :meth:`rank` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmembed.encoding.inputs import check_encodable
+from lmembed.encoding.inputs import check_encodable, validate_texts
 from lmembed.errors import ConfigError, InputError
 from lmembed.rerank.batching import token_batches
 
@@ -49,8 +50,14 @@ def check_pairs(pairs: Any) -> list[tuple[str, str]]:
     """A list of ``(query, document)`` string pairs, or an :class:`InputError` naming the bad item."""
     if isinstance(pairs, tuple) and len(pairs) == 2 and all(isinstance(x, str) for x in pairs):
         raise InputError("pairs must be a list of (query, document) pairs, not a single pair (wrap it in a list)")
+    if pairs is None or isinstance(pairs, str | bytes | bytearray | Mapping | set | frozenset):
+        raise InputError(f"pairs must be a list of (query, document) pairs, got {type(pairs).__name__}")
+    try:
+        items = list(pairs)
+    except TypeError:
+        raise InputError(f"pairs must be a list of (query, document) pairs, got {type(pairs).__name__}") from None
     checked = []
-    for i, pair in enumerate(pairs):
+    for i, pair in enumerate(items):
         if not isinstance(pair, list | tuple) or len(pair) != 2 or not all(isinstance(x, str) for x in pair):
             raise InputError(f"pairs[{i}] is {pair!r:.60}; every item must be a (query, document) pair of strings")
         check_encodable(pair[0], f"pairs[{i}] query")
@@ -152,16 +159,16 @@ class Reranker:
         """Scores of ``documents`` for one query."""
         if not isinstance(query, str):
             raise InputError(f"query must be a str, got {type(query).__name__}")
+        documents = validate_texts(documents, "documents")
         return self.score_pairs([(query, d) for d in documents])
 
     def rank(
         self, query: str, documents: Sequence[str], top_k: int | None = None, *, return_documents: bool = False
     ) -> list[Ranked]:
         """``documents`` by descending score (ties keep the given order), the first ``top_k`` of them."""
-        if isinstance(documents, str):
-            raise InputError("documents must be a list of strings, not a single string")
-        if top_k is not None and top_k < 1:
-            raise ConfigError(f"top_k={top_k} must be >= 1")
+        documents = validate_texts(documents, "documents")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, Integral) or top_k < 1):
+            raise ConfigError(f"top_k={top_k!r:.40} must be a whole number >= 1 (or None for all)")
         scores = self.score(query, documents)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_k]
         return [Ranked(i, float(scores[i]), documents[i] if return_documents else None) for i in order]

@@ -36,6 +36,7 @@ from sklearn.metrics.pairwise import (
     paired_manhattan_distances,
 )
 
+from lmembed.encoding.inputs import validate_texts
 from lmembed.evaluation.base import ItemScores
 from lmembed.evaluation.tasks._common import (
     TaskBase,
@@ -180,6 +181,8 @@ class PairClassificationTask(TaskBase):
     item_fields: ClassVar[tuple[str, ...]] = ("labels", "sentence1", "sentence2")
 
     def __post_init__(self) -> None:
+        self.sentence1 = validate_texts(self.sentence1, "sentence1")
+        self.sentence2 = validate_texts(self.sentence2, "sentence2")
         require_same_length(self.name, sentence1=self.sentence1, sentence2=self.sentence2, labels=self.labels)
 
     def texts(self) -> list[str]:

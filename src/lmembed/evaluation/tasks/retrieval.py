@@ -37,7 +37,7 @@ from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking
 from lmembed.errors import ConfigError
 from lmembed.evaluation.base import ItemScores, ShrinkLimits, TaskResult, TextsToEmbed
 from lmembed.evaluation.large_corpus import SearchMethod, corpus_matrix, is_large_corpus, search_corpus, storage_of
-from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, evaluate_run
+from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, check_k_values, evaluate_run
 from lmembed.evaluation.retrieval_data import RetrievalData, load_beir
 from lmembed.evaluation.search import SearchResult, Similarity, exact_search, identical_id_positions
 from lmembed.io import Qrels
@@ -293,7 +293,9 @@ class RetrievalTask:
 
     def __post_init__(self) -> None:
         self.name = self.name or self.data.name
-        self.k_values = tuple(self.k_values)
+        self.k_values = check_k_values(self.k_values, "k_values")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ConfigError(f"top_k={self.top_k!r:.40} must be a whole number >= 1")
         self.languages = list(self.languages)
         if not self.dataset_revision:
             self.dataset_revision = fingerprint(self.data.files) if self.data.files else "unknown"

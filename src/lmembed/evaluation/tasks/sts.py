@@ -22,7 +22,8 @@ Data: jsonl rows ``{"sentence1", "sentence2", "score"}`` (extra fields are ignor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,6 +36,8 @@ from sklearn.metrics.pairwise import (
     paired_manhattan_distances,
 )
 
+from lmembed.encoding.inputs import validate_texts
+from lmembed.errors import ConfigError, InputError
 from lmembed.evaluation.base import ItemScores
 from lmembed.evaluation.tasks._common import (
     TaskBase,
@@ -53,6 +56,28 @@ def _correlations(gold: np.ndarray, predicted: np.ndarray) -> tuple[float, float
     return float(pearsonr(gold, predicted)[0]), float(spearmanr(gold, predicted)[0])
 
 
+def check_gold_scores(scores: Any, argument: str = "scores", *, correlatable: bool = True) -> list[float]:
+    """Gold scores as floats: a list of finite numbers, else an :class:`InputError` naming ``argument``. With
+    ``correlatable``, also at least 2 of them, not all equal (a correlation with fewer, or with a constant, is
+    undefined: scipy would raise, or give NaN)."""
+    if scores is None or isinstance(scores, str | bytes | Mapping | set | frozenset):
+        raise InputError(f"{argument} must be a list of numbers, got {type(scores).__name__}")
+    try:
+        values = list(scores)
+    except TypeError:
+        raise InputError(f"{argument} must be a list of numbers, got {type(scores).__name__}") from None
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+            raise InputError(f"{argument}[{i}] is {type(value).__name__} ({value!r:.40}); every score must be a number")
+        if not math.isfinite(value):
+            raise InputError(f"{argument}[{i}] is {value}; every score must be a finite number")
+    if correlatable and len(values) < 2:
+        raise InputError(f"{argument} holds {len(values)} score(s); a correlation needs at least 2 pairs")
+    if correlatable and len(set(values)) == 1:
+        raise InputError(f"{argument} are all {values[0]}; a correlation with constant gold scores is undefined")
+    return [float(v) for v in values]
+
+
 def sts_scores(
     embeddings1: np.ndarray,
     embeddings2: np.ndarray,
@@ -64,7 +89,8 @@ def sts_scores(
     """MTEB's STS metrics for paired embeddings (row i of each matrix is pair i)."""
     if len(embeddings1) != len(embeddings2) or len(embeddings1) != len(gold_scores):
         raise ValueError("embeddings1, embeddings2 and gold_scores must have the same length")
-    gold = (np.asarray(gold_scores, dtype=np.float64) - min_score) / (max_score - min_score)
+    _check_scale(min_score, max_score)
+    gold = (np.asarray(check_gold_scores(gold_scores, "gold_scores")) - min_score) / (max_score - min_score)
     predictions = {
         "cosine": 1.0 - paired_cosine_distances(embeddings1, embeddings2),
         "manhattan": -paired_manhattan_distances(embeddings1, embeddings2),
@@ -80,6 +106,14 @@ def sts_scores(
     scores["spearman"] = scores["cosine_spearman"]
     scores["main_score"] = scores["cosine_spearman"]
     return scores
+
+
+def _check_scale(min_score: Any, max_score: Any) -> None:
+    for name, value in (("min_score", min_score), ("max_score", max_score)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"{name}={value!r:.40} must be a finite number")
+    if max_score <= min_score:
+        raise ConfigError(f"max_score={max_score} must be more than min_score={min_score}")
 
 
 def load_sts_pairs(path: str | Path) -> tuple[list[str], list[str], list[float]]:
@@ -118,7 +152,11 @@ class STSTask(TaskBase):
     item_fields: ClassVar[tuple[str, ...]] = ("scores", "sentence1", "sentence2")
 
     def __post_init__(self) -> None:
+        self.sentence1 = validate_texts(self.sentence1, "sentence1")
+        self.sentence2 = validate_texts(self.sentence2, "sentence2")
         require_same_length(self.name, sentence1=self.sentence1, sentence2=self.sentence2, scores=self.scores)
+        self.scores = check_gold_scores(self.scores, "scores", correlatable=False)  # a 1-pair task loads; not scored
+        _check_scale(self.min_score, self.max_score)
 
     def texts(self) -> list[str]:
         """Both sides of every pair: the first sentences, then the second ones."""
@@ -132,6 +170,7 @@ class STSTask(TaskBase):
         self, encoder: RetrievalEncoder, batch_size: int
     ) -> tuple[dict[str, float], dict[str, Any], ItemScores]:
         """Embed both sides (each distinct sentence once) and score the pairs."""
+        check_gold_scores(self.scores, "scores")  # before anything is embedded
         embeddings1, embeddings2 = self._embed_pairs(encoder, self.sentence1, self.sentence2, batch_size)
         scores = sts_scores(embeddings1, embeddings2, self.scores, min_score=self.min_score, max_score=self.max_score)
         items = ItemScores.numbered("spearman", paired_cosine(embeddings1, embeddings2), self.scores)
