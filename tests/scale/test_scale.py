@@ -469,3 +469,22 @@ def test_gpu_workers_give_the_vectors_of_one_gpu_process(cluster, tmp_path):
     done = encode_corpus(emb, texts, engine=make_engine("ray", gpus_per_worker=1), batch_size=16, shard_rows=32)
     assert done.report.engine["gpus"] and done.report.engine["threads_per_worker"] is None
     assert np.array_equal(done.vectors, expected)
+
+
+def test_starting_ray_keeps_the_sigterm_handler_in_place(monkeypatch):
+    """Ray's core puts in a SIGTERM handler that dumps a stack and aborts (exit 134, no finished shard kept); the
+    handler in place before (lmembed's: stop as Ctrl-C does, exit 143) is put back once the cluster is joined."""
+    import signal
+
+    import lmembed.scale.ray_engine as ray_engine
+    from lmembed.errors import sigterm_interrupts
+
+    def init(**options):  # what Ray's core does to the process's SIGTERM handling
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    monkeypatch.setattr(ray_engine.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_engine.ray, "init", init)
+    with sigterm_interrupts():
+        ours = signal.getsignal(signal.SIGTERM)
+        ray_engine.RayEngine().start()
+        assert signal.getsignal(signal.SIGTERM) is ours

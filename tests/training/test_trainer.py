@@ -340,6 +340,34 @@ def test_resume_continues_the_exact_loss_sequence(tmp_path, tokenizer, data_file
     assert logged == expected
 
 
+def test_a_second_run_on_an_output_folder_in_use_is_refused(tmp_path, tokenizer, data_file):
+    """Two runs started on one --output both trained and wrote interleaved metrics and a mixed folder; the second
+    is refused while the first holds the folder (the lock ends with the process however it ends)."""
+    import subprocess
+    import sys
+
+    from lmembed.training.trainer import RUN_LOCK
+
+    output = tmp_path / "shared"
+    output.mkdir()
+    holder = (
+        "import fcntl, sys, time; h = open(sys.argv[1], 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
+        "print('held', flush=True); time.sleep(60)"
+    )
+    other = subprocess.Popen([sys.executable, "-c", holder, str(output / RUN_LOCK)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"  # another process writes to the folder now
+        second = Trainer(make_config(tmp_path, data_file, output=str(output), steps=2), model=tiny_embedder(tokenizer))
+        with pytest.raises(TrainConfigError, match="another training run is writing to this folder now"):
+            second.train()
+        assert not (output / "metrics.jsonl").exists() or not (output / "metrics.jsonl").read_text()
+    finally:
+        other.kill()
+        other.wait()
+    done = Trainer(make_config(tmp_path, data_file, output=str(output), steps=2), model=tiny_embedder(tokenizer))
+    assert done.train().end_step == 2  # the holder ended: the folder is free
+
+
 def test_kill_9_after_a_checkpoint_then_resume(tmp_path, tokenizer, data_file):
     model_dir = tiny_embedder(tokenizer).save(tmp_path / "tiny")
     output = tmp_path / "killed"

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -137,12 +139,18 @@ class RayEngine:
             "logging_level": logging.WARNING if verbose else logging.ERROR,
             "log_to_driver": verbose,
         }
+        # Ray's core installs a handler of its own for SIGTERM that dumps a stack and aborts (exit 134): the
+        # handler in place (lmembed's, which stops the job as Ctrl-C does, its finished shards kept) is put back
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
         if self.options.ray_address:
             ray.init(address=self.options.ray_address, **logging_options)
         else:
             cpus = self.options.num_cpus or os.cpu_count() or 1
             ray.init(num_cpus=cpus, include_dashboard=False, **logging_options)
             self.started_here = True
+        if main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
     def shutdown(self) -> None:
         """Stop the local cluster this engine started (a joined cluster is left running)."""

@@ -58,7 +58,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lmembed.atomic import atomic_folder, atomic_write_text
+from lmembed.atomic import atomic_folder, atomic_write_text, file_lock
 from lmembed.embedder import Embedder
 from lmembed.errors import ConfigError
 from lmembed.model_card import TrainingRecord
@@ -100,6 +100,8 @@ __all__ = ["TrainResult", "Trainer"]
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "train_config.yaml"
+#: held by the run writing to an output folder (an advisory lock: released when the process ends, however it ends)
+RUN_LOCK = ".lmembed-train.lock"
 MODEL_DIR = "model"
 CURVE_INTERVAL_S = 120.0  # at checkpoints, redraw the loss curve at most this often (drawing takes ~1 s)
 # Options that decide the data order and the optimisation path; resuming with other values is reported.
@@ -543,7 +545,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> TrainResult:
-        """Run (or continue, with ``config.resume``) until ``config.steps``; then save the model."""
+        """Run (or continue, with ``config.resume``) until ``config.steps``; then save the model. One run at a time
+        writes to an output folder: a second one started on it while the first runs is refused (its checkpoints,
+        metrics and model would interleave with the first's), naming the folder."""
+        if not self.dist.is_main:
+            return self._train()
+        self.output.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.output / RUN_LOCK, wait=False) as held:
+            if not held:
+                raise TrainConfigError(
+                    f"{self.output}: another training run is writing to this folder now; wait for it to end, or "
+                    "choose another output folder"
+                )
+            return self._train()
+
+    def _train(self) -> TrainResult:
         cfg = self.config
         if cfg.resume:
             self.resume()
