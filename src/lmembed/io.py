@@ -34,10 +34,11 @@ import stat
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from numbers import Integral
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from lmembed.errors import LmembedError
+from lmembed.errors import ConfigError, LmembedError
 
 logger = logging.getLogger(__name__)
 
@@ -357,6 +358,16 @@ def is_beir_folder(folder: str | Path) -> bool:
 def is_whole_number(value: Any) -> bool:
     """Whether a value read from JSON is an integer (``true`` is not 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def whole_number(value: Any, argument: str, *, minimum: int = 1) -> int:
+    """An argument given in Python as an int if it is a whole number (any integral type, numpy's too; not a bool) of
+    at least ``minimum``, else a :class:`~lmembed.errors.ConfigError` naming ``argument``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ConfigError(f"{argument}={value!r:.40} must be a whole number >= {minimum}, got {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"{argument}={value} must be >= {minimum}")
+    return int(value)
 
 
 def is_number(value: Any, *, finite: bool = False) -> bool:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmembed.errors import ConfigError
+from lmembed.io import is_whole_number
 from lmembed.pooling.normalize import unit_rows
 
 Aggregate = Literal["first", "maxp", "mean"]
@@ -60,7 +61,7 @@ class Chunking:
             raise ConfigError(f"chunking aggregate={self.aggregate!r}: expected one of {', '.join(AGGREGATES)}")
         for name in ("tokens", "overlap"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not is_whole_number(value):
                 raise ConfigError(f"chunk {name}={value!r} must be a whole number of tokens")
         if not isinstance(self.late, bool):
             raise ConfigError(f"chunk late={self.late!r} must be true or false")

@@ -48,6 +48,7 @@ from lmembed.encoding.chunking import Chunking, token_windows
 from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, validate_texts
 from lmembed.encoding.pipeline import COLLATE_THREAD, QUEUE_DEPTH, TOKENISE_THREAD, Prefetcher, ReadBack
 from lmembed.errors import ModelLoadError
+from lmembed.io import is_whole_number
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
 from lmembed.pooling.terms import TermChannel
@@ -281,9 +282,7 @@ class EncodingEngine:
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         if use_cache and self.cache_dir.exists() and not self.cache_dir.is_dir():
             raise ConfigError(f"cache_dir={str(self.cache_dir)!r} is a file; the embedding cache is a folder")
-        if max_batch_tokens is not None and (
-            isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1
-        ):
+        if max_batch_tokens is not None and (not is_whole_number(max_batch_tokens) or max_batch_tokens < 1):
             raise ConfigError(f"max_batch_tokens={max_batch_tokens!r} must be a whole number of tokens >= 1, or None")
         self.use_cache = use_cache
         self.padding_side = padding_side or ("left" if backbone.is_decoder else "right")

@@ -50,13 +50,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import Any
 
 import numpy as np
 import pytrec_eval
 
 from lmembed.errors import ConfigError
+from lmembed.io import whole_number
 
 #: MTEB's retrieval cut-offs.
 MTEB_K_VALUES: tuple[int, ...] = (1, 3, 5, 10, 20, 100, 1000)
@@ -82,10 +82,7 @@ def check_k_values(k_values: Any, argument: str = "k_values") -> tuple[int, ...]
     values = list(k_values)
     if not values:
         raise ConfigError(f"{argument} is empty; give at least one cut-off, e.g. [10]")
-    for i, k in enumerate(values):
-        if isinstance(k, bool) or not isinstance(k, Integral) or k < 1:
-            raise ConfigError(f"{argument}[{i}]={k!r:.40} must be a whole number >= 1")
-    return tuple(int(k) for k in values)
+    return tuple(whole_number(k, f"{argument}[{i}]") for i, k in enumerate(values))
 
 
 ROUND_DIGITS = 5

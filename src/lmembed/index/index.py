@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +43,7 @@ from lmembed.index.errors import IndexFormatError, IndexIntegrityError, IndexWri
 from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
-from lmembed.io import read_json
+from lmembed.io import read_json, whole_number
 from lmembed.lexical.bm25 import LEXICAL_DIR, LexicalIndex, open_lexical, read_saved
 from lmembed.lexical.fusion import fuse_rows
 from lmembed.protocols import ENCODE_BATCH_SIZE
@@ -76,16 +75,6 @@ class Hit:
     text: str
     rank: int
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def whole_number(value: Any, argument: str, *, minimum: int = 1) -> int:
-    """``value`` as an int if it is a whole number (not a bool) of at least ``minimum``, else a :class:`ConfigError`
-    naming ``argument``."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ConfigError(f"{argument}={value!r:.40} must be a whole number >= {minimum}, got {type(value).__name__}")
-    if value < minimum:
-        raise ConfigError(f"{argument}={value} must be >= {minimum}")
-    return int(value)
 
 
 def _check_document(doc: Document, i: int) -> Document:

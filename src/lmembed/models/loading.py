@@ -293,7 +293,7 @@ def load_backbone(
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as exc:  # not a folder here, and the Hub could not give it (unreachable, no such repository)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first_line(exc)
         raise ModelLoadError(f"{name_or_path}: cannot be loaded: {first}") from exc
     except LmembedError:
         raise
@@ -318,7 +318,7 @@ def load_backbone(
     except LmembedError:
         raise
     except OSError as exc:  # no weight file transformers can read (a copy cut short), or the Hub could not give one
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        first = _first_line(exc, 300)
         raise ModelLoadError(f"{name_or_path}: the model's weights cannot be loaded: {first}") from exc
     except CONFIG_READ_ERRORS as exc:  # the model cannot be built from config.json's values (an unknown activation)
         raise config_error(path, exc) from exc
@@ -354,6 +354,11 @@ UNREAD_TENSORS = ("pooler",)
 CONFIG_READ_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, KeyError, TypeError, AttributeError, AssertionError, IndexError, StrictDataclassError,
 )  # fmt: skip
+
+
+def _first_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first line of what a library's exception says (its type's name when it says nothing), cut at ``limit``."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
 def config_error(path: str | Path, exc: BaseException) -> ModelLoadError:
@@ -431,7 +436,7 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
                 loads_json(tokenizer_file.read_bytes())
             except ValueError as bad:  # not UTF-8, not JSON, a key given twice
                 raise ModelLoadError(f"{tokenizer_file}: not readable JSON ({bad})") from exc
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        first = _first_line(exc, 200)
         named = tokenizer_file if tokenizer_file.is_file() else folder
         if tokenizer_file.is_file() and _reads_alone(tokenizer_file):
             named = _settings_file_at_fault(folder, str(exc)) or named

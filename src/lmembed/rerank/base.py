@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch import nn
 
 from lmembed.encoding.inputs import check_encodable, validate_texts
 from lmembed.errors import ConfigError, InputError
+from lmembed.io import whole_number
 from lmembed.rerank.batching import token_batches
 
 log = logging.getLogger(__name__)
@@ -167,8 +167,8 @@ class Reranker:
     ) -> list[Ranked]:
         """``documents`` by descending score (ties keep the given order), the first ``top_k`` of them."""
         documents = validate_texts(documents, "documents")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, Integral) or top_k < 1):
-            raise ConfigError(f"top_k={top_k!r:.40} must be a whole number >= 1 (or None for all)")
+        if top_k is not None:  # None: all of them
+            top_k = whole_number(top_k, "top_k")
         scores = self.score(query, documents)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_k]
         return [Ranked(i, float(scores[i]), documents[i] if return_documents else None) for i in order]

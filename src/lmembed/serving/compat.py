@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from lmembed.io import is_whole_number
 from lmembed.pooling.normalize import unit_rows
 from lmembed.serving.errors import bad_request, only_fields, shown, too_many_inputs
 from lmembed.serving.schemas import _choice, _dimensions, _model, _texts, text_field
@@ -158,7 +159,7 @@ def _reads_at_least(payload: dict[str, Any], field: str, max_length: int, what: 
 def _priority(payload: dict[str, Any]) -> None:
     """Cohere's ``priority`` (an integer scheduling hint; requests are served in arrival order here): checked."""
     value = payload.get("priority")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+    if value is not None and (not is_whole_number(value) or value < 0):
         raise bad_request(f"'priority' must be an integer >= 0, got {shown(value)}", "invalid_priority", "priority")
 
 

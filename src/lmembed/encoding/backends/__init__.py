@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lmembed.encoding.backends.base import BACKENDS, PRECISIONS, Backend, BackendError, TorchBackend, dtype_name
+from lmembed.io import is_whole_number
 from lmembed.models.families import check_verified
 from lmembed.models.loading import Backbone
 
@@ -83,7 +84,7 @@ def make_backend(
         raise BackendError(f"backend={backend!r} is unknown; choose one of {', '.join(BUILDERS)}")
     if precision is not None and precision not in PRECISIONS:
         raise BackendError(f"precision={precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
+    if threads is not None and (not is_whole_number(threads) or not 1 <= threads <= 1024):
         raise BackendError(f"threads={threads!r} must be a whole number of threads from 1 to 1024, or None")
     backend = backend or ("onnx" if precision == "int8" and not _torch_int8(backbone) else "torch")
     return BUILDERS[backend](backbone, precision, threads)

@@ -40,7 +40,7 @@ from lmembed.evaluation.large_corpus import SearchMethod, corpus_matrix, is_larg
 from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, check_k_values, evaluate_run
 from lmembed.evaluation.retrieval_data import RetrievalData, load_beir
 from lmembed.evaluation.search import SearchResult, Similarity, exact_search, identical_id_positions
-from lmembed.io import Qrels
+from lmembed.io import Qrels, is_whole_number
 from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 logger = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ class RetrievalTask:
     def __post_init__(self) -> None:
         self.name = self.name or self.data.name
         self.k_values = check_k_values(self.k_values, "k_values")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+        if not is_whole_number(self.top_k) or self.top_k < 1:
             raise ConfigError(f"top_k={self.top_k!r:.40} must be a whole number >= 1")
         self.languages = list(self.languages)
         if not self.dataset_revision:
