@@ -6,8 +6,10 @@ and rich would wrap tables and Markdown at 80 columns; instead:
 
 * :func:`progress` returns a :class:`LogProgress` that prints a plain line as work advances, at most one
   every ``LOG_EVERY_S`` seconds (and one at the end): ``label: done/total (pct), rate/s, elapsed, ETA``, with
-  any extra fields; and, while a step takes longer than ``HEARTBEAT_S`` (one slow batch, a long forward pass), a
-  line every ``HEARTBEAT_S`` seconds saying for how long nothing has finished, so a log never goes silent for long;
+  any extra fields (where items differ in cost, texts of different lengths, the count is of items while the
+  percentage and the ETA are of the work: an encode that runs its longest texts first does not promise too late
+  an end); and, while a step takes longer than ``HEARTBEAT_S`` (one slow batch, a long forward pass), a line
+  every ``HEARTBEAT_S`` seconds saying for how long nothing has finished, so a log never goes silent for long;
 * :func:`console` is as wide as the content (``LOG_WIDTH`` columns, no soft wrapping), unless ``COLUMNS`` is
   set, which rich honours as ever.
 """
@@ -27,6 +29,9 @@ from rich.progress import Progress
 LOG_EVERY_S = 5.0
 #: Seconds without a finished step after which a log is told that the work goes on (and again each as long).
 HEARTBEAT_S = 60.0
+#: Task fields that count what a task's work is made of when items differ in cost (texts of different lengths):
+#: lines and bars show ``items``/``items_total`` while the percentage and the time left follow the work.
+ITEMS, ITEMS_TOTAL = "items", "items_total"
 #: Width of a console that writes to a file or pipe: a table is never wrapped at 80 columns in a log.
 LOG_WIDTH = 400
 
@@ -124,6 +129,7 @@ class LogProgress:
             "last": now,
             "changed": now,
             "printed": None,
+            "start_items": fields.get(ITEMS, 0),
             "fields": fields,
         }
         return task_id
@@ -156,19 +162,27 @@ class LogProgress:
                 self._emit(task_id)
 
     def line(self, task_id: int) -> str:
-        """``label: done/total (pct), rate/s, elapsed, ETA`` and the task's extra fields."""
+        """``label: done/total (pct), rate/s, elapsed, ETA`` and the task's extra fields.
+
+        A task whose fields hold ``items`` and ``items_total`` (see the module doc: work that is not the same for
+        every item) counts and rates items, while its percentage and ETA follow ``completed``/``total``."""
         task = self.tasks[task_id]
+        fields = dict(task["fields"])
         done, total = task["completed"], task["total"]
         elapsed = max(self.clock() - task["start"], 1e-9)
-        rate = (done - task["start_done"]) / elapsed
-        parts = [f"{done:,.0f}/{total:,.0f}{self.unit}" if total else f"{done:,.0f}{self.unit}"]
+        work_rate = (done - task["start_done"]) / elapsed
+        shown, shown_total, rate = done, total, work_rate
+        if ITEMS in fields and ITEMS_TOTAL in fields:
+            shown, shown_total = fields.pop(ITEMS), fields.pop(ITEMS_TOTAL)
+            rate = (shown - task["start_items"]) / elapsed
+        parts = [f"{shown:,.0f}/{shown_total:,.0f}{self.unit}" if shown_total else f"{shown:,.0f}{self.unit}"]
         if total:
             parts[0] += f" ({100 * done / total:.0f}%)"
         parts.append(f"{rate:,.1f}{self.unit}/s")
         parts.append(f"elapsed {_duration(elapsed)}")
-        if total and rate > 0 and done < total:
-            parts.append(f"ETA {_duration((total - done) / rate)}")
-        parts += [f"{key} {value}" for key, value in task["fields"].items()]
+        if total and work_rate > 0 and done < total:
+            parts.append(f"ETA {_duration((total - done) / work_rate)}")
+        parts += [f"{key} {value}" for key, value in fields.items()]
         return f"{self.label}: " + ", ".join(parts)
 
     def _emit(self, task_id: int, *, final: bool = False, note: str = "") -> None:

@@ -92,6 +92,43 @@ def test_progress_in_a_log_is_a_line_every_few_seconds(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_items_of_unequal_cost_are_counted_while_the_eta_follows_the_work(capsys):
+    """An encode runs its longest texts first: 10 long texts hold 90% of the characters. Counting texts, the ETA
+    after them was 9× too long (90 short texts left at the long texts' rate); it follows the work now, while the
+    line still counts texts."""
+    clock = Clock()
+    items = {terminal.ITEMS: 0, terminal.ITEMS_TOTAL: 100}
+    with terminal.LogProgress("encoding", unit="texts", every_s=5, clock=clock) as progress:
+        task = progress.add_task("encode", total=1000, **items)
+        clock.now += 9
+        progress.update(task, advance=900, **{terminal.ITEMS: 10})  # the 10 long texts: 90 characters each
+    assert capsys.readouterr().err.splitlines() == [
+        "encoding: 10/100 texts (90%), 1.1 texts/s, elapsed 9 s, ETA 1 s",
+    ]
+
+
+def test_an_encode_in_a_log_counts_texts_and_ends_at_all_of_them():
+    from lmembed.encoding import engine as engine_module
+
+    script = f"""
+import sys
+from lmembed.embedder import Embedder
+from lmembed import terminal
+from lmembed.encoding import engine
+terminal.LOG_EVERY_S = 0.0
+emb = Embedder.from_pretrained("minilm", cache=False)
+texts = [f"text {{i}} " + "word " * (i % 40) for i in range({engine_module.PROGRESS_MIN_TEXTS})]
+emb.encode(texts)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("encoding [")]
+    total = engine_module.PROGRESS_MIN_TEXTS
+    assert lines, done.stderr
+    assert lines[-1].split(": ", 1)[1].startswith(f"{total}/{total} texts (100%)"), lines[-1]
+    assert "ETA" not in lines[-1]
+
+
 def test_a_log_is_told_the_work_goes_on_while_a_step_takes_long(capsys):
     """A log said nothing between two finished steps, however long one took (a slow batch of a large model looked
     like a hung job); a line now comes every ``heartbeat_s`` while nothing finishes, and none after the work ends."""

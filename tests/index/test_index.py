@@ -140,6 +140,24 @@ def test_build_reopen_add_search(make_embedder, corpus_file, tmp_path, params):
         assert top.score == pytest.approx(1.0, abs=1e-4 if params.get("rescore") != "int8" else 0.02)
 
 
+def test_build_refuses_a_parameter_its_kind_does_not_read_and_search_names_its_keywords(bert, corpus_file):
+    """``Index.build(kind="flat", nlist=3)`` built a flat index as if ``nlist`` meant something, and a misspelt
+    parameter was a TypeError from a dataclass the user never called; both are refused before anything is
+    encoded, with the names the kind reads. ``search`` spelt its keywords as ``**how``: a misspelt one was
+    reported as ``search_rows()``'s."""
+    from lmembed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"nlist is a parameter of ivf-pq indexes: a flat index does not read it"):
+        Index.build(bert, corpus_file, kind="flat", nlist=3)
+    with pytest.raises(ConfigError, match=r"'hnsw_mm' \(did you mean 'hnsw_m'\?\); a hnsw index reads: hnsw_m, "):
+        Index.build(bert, corpus_file, kind="hnsw", hnsw_mm=8)
+    index = Index.build(bert, corpus_file, kind="hnsw", hnsw_m=8)
+    assert index.manifest.params.hnsw_m == 8
+    with pytest.raises(TypeError, match=r"Index\.search\(\) got an unexpected keyword argument 'modee'"):
+        index.search("cat", 2, modee="bm25")  # type: ignore[call-arg]
+    assert [h.rank for h in index.search("cat", 2, mode="hybrid", candidates=3)] == [1, 2]
+
+
 def test_duplicate_ids_are_refused_and_change_nothing(bert, corpus_file, tmp_path):
     with pytest.raises(DuplicateIdError, match="given twice"):
         Index.build(bert, [("a", "one"), ("b", "two"), ("a", "three")])

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 from torch import nn
 
 from lmembed import terminal
@@ -593,7 +593,7 @@ class EncodingEngine:
         tokenised = time.perf_counter()
         self._prepare(job.builder, job.configs, job.mode, job.batch_size)
         prepared = time.perf_counter()
-        with self._progress(len(job.rows), job.configs) as advance, torch.inference_mode():
+        with self._progress(job) as advance, torch.inference_mode():
             for batch in self._batches(features, job.rows, job.batch_size):
                 pooled = self.forward_pool(
                     batch.input_ids, batch.attention_mask, batch.pool_mask, job.configs, backend=self.backend
@@ -601,7 +601,7 @@ class EncodingEngine:
                 for out, vectors in zip(job.outputs, pooled, strict=True):
                     out[batch.rows] = vectors.float().cpu().numpy()
                 stats.padded += batch.attention_mask.numel()  # a shape: no device sync in the loop
-                advance(len(batch.rows))
+                advance(batch.rows)
                 if job.on_batch is not None:
                     job.on_batch(batch.rows)
         stats.seconds = time.perf_counter() - prepared
@@ -624,12 +624,12 @@ class EncodingEngine:
             Prefetcher(
                 partial(self._feed, job, cuda and self.pin_inputs, stats), depth=QUEUE_DEPTH, name=COLLATE_THREAD
             ) as batches,
-            self._progress(len(job.rows), job.configs) as advance,
+            self._progress(job) as advance,
             torch.inference_mode(),
         ):
 
             def done(finished: list[int]) -> None:
-                advance(len(finished))
+                advance(finished)
                 if job.on_batch is not None:
                     job.on_batch(finished)
 
@@ -766,15 +766,30 @@ class EncodingEngine:
         return pooled
 
     @contextmanager
-    def _progress(self, total: int, configs: Sequence[EmbeddingConfig]):
+    def _progress(self, job: _Job):
+        """``advance(rows)`` after each batch. The bar counts texts, while its percentage and time left follow the
+        characters done (plus the instruction's, per text): batches run longest first, so a rate per text would
+        make the first minutes promise too late an end."""
+        total = len(job.rows)
         if not self.show_progress or total < PROGRESS_MIN_TEXTS:
-            yield lambda n: None
+            yield lambda rows: None
             return
-        label = ", ".join(c.label() for c in configs[:3]) + (" ..." if len(configs) > 3 else "")
-        columns = (TextColumn(f"encoding [{label}]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        extra = len(job.instruction or "") + 1
+        work = {row: len(job.texts[row]) + extra for row in job.rows}
+        label = ", ".join(c.label() for c in job.configs[:3]) + (" ..." if len(job.configs) > 3 else "")
+        counted = f"{{task.fields[{terminal.ITEMS}]}}/{{task.fields[{terminal.ITEMS_TOTAL}]}}"
+        columns = (TextColumn(f"encoding [{label}]"), BarColumn(), TextColumn(counted), TimeRemainingColumn())
         with terminal.progress(*columns, label=f"encoding [{label}]", unit="texts", transient=True) as progress:
-            task = progress.add_task("encode", total=total)
-            yield lambda n: progress.advance(task, n)
+            fields = {terminal.ITEMS: 0, terminal.ITEMS_TOTAL: total}
+            task = progress.add_task("encode", total=sum(work.values()), **fields)
+            done = 0
+
+            def advance(rows: Sequence[int]) -> None:
+                nonlocal done
+                done += len(rows)
+                progress.update(task, advance=sum(work[row] for row in rows), **{terminal.ITEMS: done})
+
+            yield advance
 
 
 def _late_spans(pool_mask: Sequence[int], chunking: Chunking) -> list[list[int]]:

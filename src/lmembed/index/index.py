@@ -290,7 +290,7 @@ class Index:
         _check_embedder_given(embedder)
         chunk_size = whole_number(chunk_size, "chunk_size")
         if params is None:
-            params = IndexParams(kind=kind, **kind_params)
+            params = IndexParams.of(kind, **kind_params)
         elif kind_params or kind != "flat":
             raise TypeError("give either params= or kind=/index parameters, not both")
         if dim is not None:
@@ -579,11 +579,21 @@ class Index:
         """Query vectors, embedded as the index's strategy embeds queries (``encode_queries``)."""
         return self._require_embedder().encode_queries(list(queries), instruction=instruction, batch_size=batch_size)
 
-    def search(self, query: str, k: int = 10, *, instruction: str | None = None, **how: Any) -> list[Hit]:
-        """The ``k`` documents most similar to one query (``mode=``, ``fusion=``, ``candidates=``: see
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        instruction: str | None = None,
+        mode: str = "dense",
+        fusion: str = "rrf",
+        candidates: int = DEFAULT_CANDIDATES,
+    ) -> list[Hit]:
+        """The ``k`` documents most similar to one query (``mode``, ``fusion``, ``candidates``: see
         :meth:`search_rows`)."""
         if not isinstance(query, str):
             raise InputError(f"query must be a str, got {type(query).__name__}; use search_batch for several")
+        how = {"mode": mode, "fusion": fusion, "candidates": candidates}
         return self.search_batch([query], k, instruction=instruction, **how)[0]
 
     def search_batch(
@@ -593,10 +603,15 @@ class Index:
         *,
         instruction: str | None = None,
         batch_size: int = ENCODE_BATCH_SIZE,
-        **how: Any,
+        mode: str = "dense",
+        fusion: str = "rrf",
+        candidates: int = DEFAULT_CANDIDATES,
+        vectors: np.ndarray | None = None,
     ) -> list[list[Hit]]:
-        """The ``k`` best documents of each query, in query order (see :meth:`search_rows` for ``how``)."""
+        """The ``k`` best documents of each query, in query order (``mode``, ``fusion``, ``candidates``,
+        ``vectors``: see :meth:`search_rows`)."""
         queries = validate_texts(queries, "queries")
+        how = {"mode": mode, "fusion": fusion, "candidates": candidates, "vectors": vectors}
         return self.hits(*self.search_rows(queries, k, instruction=instruction, batch_size=batch_size, **how))
 
     @property

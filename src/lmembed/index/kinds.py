@@ -25,6 +25,7 @@ shape, the file's size) in :func:`read_array` before it is mapped, and its float
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from abc import ABC, abstractmethod
@@ -105,6 +106,25 @@ class IndexParams:
         if unknown:
             raise ConfigError(f"unknown index parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**data)
+
+    @classmethod
+    def of(cls, kind: str, **given: Any) -> IndexParams:
+        """The parameters of a ``kind`` index built from keyword arguments (``Index.build(kind=..., hnsw_m=...)``):
+        a name no kind reads is refused with the names this kind reads, and so is another kind's parameter, which
+        would change nothing (``nlist=`` on a flat index)."""
+        if kind not in KINDS:
+            raise ConfigError(f"index kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
+        known = {f.name for f in fields(cls)} - {"kind"}
+        reads = ", ".join(KIND_PARAMS[kind]) or "none"
+        if unknown := sorted(set(given) - known):
+            near = {name: difflib.get_close_matches(name, sorted(known), n=1) for name in unknown}
+            said = "; ".join(f"{n!r}" + (f" (did you mean {m[0]!r}?)" if m else "") for n, m in near.items())
+            raise ConfigError(f"unknown index parameter {said}; a {kind} index reads: {reads}")
+        if unread := sorted(set(given) - set(KIND_PARAMS[kind])):
+            kinds_of = {k: [other for other, names in KIND_PARAMS.items() if k in names] for k in unread}
+            said = "; ".join(f"{k} is a parameter of {' and '.join(kinds_of[k])} indexes" for k in unread)
+            raise ConfigError(f"{said}: a {kind} index does not read it (it reads: {reads})")
+        return cls(kind=kind, **given)
 
     def with_search(self, **overrides: int | None) -> IndexParams:
         """A copy with query-time parameters changed (``None`` keeps the current value)."""
