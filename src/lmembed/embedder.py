@@ -150,7 +150,7 @@ class Embedder:
 
     published: presets.Resolution | None = None  # the published family it was loaded as (from_pretrained)
     published_folder: PublishedModel | None = None  # the sentence-transformers folder it was read from
-    checkpoint_sources: dict[str, str] | None = None  # fields a published checkpoint's own files decided (NV-Embed)
+    checkpoint_sources: dict[str, str] | None = None  # fields a published checkpoint's own files decided
     source: str | None = None  # where from_pretrained read it (bundled name, absolute folder, Hub id); None: in memory
     #: the model a saved folder was made from (its lmembed.json's ``base_model``), which saving it again keeps as its
     #: base; None: the backbone itself is the base

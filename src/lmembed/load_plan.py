@@ -81,7 +81,7 @@ class LoadPlan:
     published: presets.Resolution | None = None  # a published family's preset
     folder: PublishedModel | None = None  # a sentence-transformers folder's conventions
     nvembed: _NVEmbedLoad | None = None
-    checkpoint_sources: dict[str, str] | None = None  # what an NV-Embed checkpoint's own files decided
+    checkpoint_sources: dict[str, str] | None = None  # what a checkpoint's own files decided (NV-Embed, LLM2Vec)
     where: str = ""  # the name or folder read (a run folder's model folder): the Embedder's source
 
     def load_backbone(self, **kwargs: Any) -> Backbone:
@@ -112,7 +112,7 @@ class LoadPlan:
     def warn_overrides(self, given: dict[str, Any]) -> None:
         """One warning per option the caller gives that differs from the source's own (the caller wins)."""
         if self.published is not None:
-            presets.warn_overrides(self.published, given)
+            presets.warn_overrides(self.published, given, self.options)
         if self.folder is not None:
             _warn_overrides(self.folder, given)
         if self.saved is not None and isinstance(self.saved.get("strategy"), dict):
@@ -201,13 +201,19 @@ def read_preset(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
         return None
     published.preset.check_reproducible(name_or_path)
     options = dict(published.preset.strategy)
+    sources = dict.fromkeys(options, f"preset {published.preset.family}")
+    if published.preset.loader == "llm2vec" and Path(name_or_path).is_dir():  # the folder's own llm2vec settings
+        saved = presets.llm2vec_settings(Path(name_or_path))
+        options.update(saved)
+        sources.update(dict.fromkeys(saved, str(Path(name_or_path) / presets.LLM2VEC_CONFIG)))
     plan = LoadPlan(
         "preset",
         name_or_path,
         options=options,
-        sources=dict.fromkeys(options, f"preset {published.preset.family}"),
+        sources=sources,
         published=published,
         where=name_or_path,
+        checkpoint_sources={k: v for k, v in sources.items() if v.endswith(presets.LLM2VEC_CONFIG)} or None,
     )
     if published.preset.loader == "llm2vec":
         plan.loader = partial(_load_llm2vec, quantize=torch_int8)

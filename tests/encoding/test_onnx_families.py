@@ -144,7 +144,8 @@ def test_the_window_changes_the_vectors_so_the_matrix_can_fail(tokenizer, model_
 
 @pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3", "gemma3_text"])
 def test_bidirectional_graphs_of_windowed_families_match_torch(tokenizer, model_type):
-    """Bidirectional attention is one padding-only mask for every layer, on both paths."""
+    """Bidirectional attention is one padding-only mask for every layer, on both paths, except on Gemma 3's local
+    layers, which keep transformers' bidirectional window (tests/models/test_attention.py) on both paths."""
     model = tiny_decoder(model_type, len(tokenizer))
     config = EmbeddingConfig(attention="bidirectional")
     common = {"use_cache": False, "show_progress": False}

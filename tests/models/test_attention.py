@@ -13,6 +13,7 @@ from lmembed.models.attention import AttentionError
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
 A = "the cat sat on the mat"
 B = "the cat sat on the rug"
+NEAR = "the dog sat on the mat"
 LONG = "a much longer text that forces padding of the first one and more words here"
 
 
@@ -25,12 +26,14 @@ def first_token_vectors(emb, texts, batch_size):
 @pytest.mark.parametrize("mode", ["causal", "bidirectional"])
 def test_first_token_sees_later_tokens_only_when_bidirectional(make_embedder, family, attn, mode):
     emb = make_embedder(family, attn, pooling="cls", attention=mode, normalize=False)
+    # Gemma 3's local layers keep a bidirectional window (3 tokens on either side here): its texts differ early
+    b = NEAR if family == "gemma3_text" else B
     # batch size 1 (no padding at all) ...
-    single = np.stack([emb.encode([A], batch_size=1)[0], emb.encode([B], batch_size=1)[0]])
+    single = np.stack([emb.encode([A], batch_size=1)[0], emb.encode([b], batch_size=1)[0]])
     # ... and a padded batch, under both padding sides
     for side in ("left", "right"):
         emb.engine.padding_side = side
-        padded = emb.encode([A, LONG, B], batch_size=3)[[0, 2]]
+        padded = emb.encode([A, LONG, b], batch_size=3)[[0, 2]]
         np.testing.assert_allclose(padded, single, atol=1e-5)
     delta = np.abs(single[0] - single[1]).max()
     if mode == "bidirectional":
@@ -59,7 +62,7 @@ def test_unsupported_family_fails_loudly(tokenizer):
 def test_a_mask_that_stops_working_is_caught(make_embedder, monkeypatch):
     """Simulate a transformers upgrade that ignores our 4-D mask: the probe must refuse to run."""
     emb = make_embedder("llama", "sdpa", attention="bidirectional")
-    monkeypatch.setattr(attention, "mask_for", lambda mode, mask, dtype: mask)
+    monkeypatch.setattr(attention, "mask_for", lambda mode, mask, dtype, config: mask)
     monkeypatch.setattr(attention, "set_causal_flags", lambda model, causal: 0)
     for module in emb.backbone.model.modules():
         if hasattr(module, "is_causal"):
@@ -103,3 +106,35 @@ def test_embedders_sharing_a_model_keep_their_modes(tokenizer):
     after = causal.encode([A, B], batch_size=1)
     np.testing.assert_array_equal(after, before)
     assert np.abs(before[0] - before[1]).max() < 1e-6 < np.abs(moved[0] - moved[1]).max()
+
+
+def test_bidirectional_gemma3_keeps_transformers_window_on_its_local_layers(tokenizer):
+    """Run bidirectionally, Gemma 3's sliding-window layers lost their window (one padding-only mask for every
+    layer): texts longer than half the window got other vectors than transformers' own bidirectional Gemma 3
+    (``use_bidirectional_attention``, EmbeddingGemma's convention: a symmetric window of ``w // 2 + 1``). The
+    reference is transformers' model with that flag, built on the same weights; the vectors without any window
+    differ, so the comparison can fail."""
+    import torch
+    from transformers import AutoModel, Gemma3TextConfig
+
+    model = tiny_model("gemma3_text", len(tokenizer))
+    assert "sliding_attention" in model.config.layer_types and model.config.sliding_window == 4
+    texts = [LONG, A, "one two three four five six seven eight nine ten eleven twelve"]
+    strategy = EmbeddingConfig(attention="bidirectional", pooling="mean", normalize=False)
+    got = Embedder.from_model(model, tokenizer, strategy, use_cache=False, show_progress=False).encode(texts)
+
+    flagged = Gemma3TextConfig(**{**model.config.to_dict(), "use_bidirectional_attention": True})
+    reference = AutoModel.from_config(flagged, attn_implementation="sdpa").eval()
+    reference.load_state_dict(model.state_dict())
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        states = reference(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    want = ((states * mask).sum(1) / mask.sum(1)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+    wide = Gemma3TextConfig(**{**model.config.to_dict(), "sliding_window": 1024})  # longer than every text
+    unwindowed = AutoModel.from_config(wide, attn_implementation="sdpa").eval()
+    unwindowed.load_state_dict(model.state_dict())
+    plain = Embedder.from_model(unwindowed, tokenizer, strategy, use_cache=False, show_progress=False).encode(texts)
+    assert np.abs(plain - want).max() > 1e-3

@@ -336,7 +336,7 @@ def llm2vec_checkpoints(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def llm2vec_reference(
-    base: Path, mntp: Path, supervised: Path | None, texts: list[str], instruction: str
+    base: Path, mntp: Path, supervised: Path | None, texts: list[str], instruction: str, pooling: str = "mean"
 ) -> torch.Tensor:
     """llm2vec's steps: merge MNTP, apply the supervised adapter, 'instr !@#$%^&*()text' split into the whole
     string and the text alone, embed mask = the last len(text tokens) positions (left padding), mean."""
@@ -356,6 +356,12 @@ def llm2vec_reference(
         n = len(tok(text, add_special_tokens=False)["input_ids"])
         embed_mask[i, mask.shape[1] - n :] = 1
     states = forward(model, ids, mask, bidirectional=True)
+    if pooling == "last_token":  # get_pooling: the last position (left padding)
+        return states[:, -1]
+    if pooling == "weighted_mean":  # get_pooling: weights 1..n over the last n (embed mask) positions, normalised
+        weights = (torch.cumsum(embed_mask, dim=1) * embed_mask).float()
+        weights = weights / weights.sum(1, keepdim=True)
+        return (states * weights.unsqueeze(-1)).sum(1)
     return (states * embed_mask.unsqueeze(-1)).sum(1) / embed_mask.sum(1, keepdim=True)
 
 
@@ -369,6 +375,46 @@ def test_llm2vec_adapter_stack_matches_its_steps(tmp_path):
         llm2vec_reference(base, mntp, supervised, QUERIES, instruction),
     )
     assert_close(emb.encode_corpus(DOCS), llm2vec_reference(base, mntp, supervised, DOCS, ""))
+
+
+@pytest.mark.parametrize("mode", ["weighted_mean", "last_token"])
+def test_llm2vec_config_json_decides_the_pooling_as_llm2vec_reads_it(tmp_path, mode):
+    """``llm2vec_config.json`` only made a folder an LLM2Vec one: its ``pooling_mode`` was ignored (mean pooling
+    always, vectors off by up to 0.2 for a weighted_mean model). ``LLM2Vec.from_pretrained`` reads it from the
+    adapter folder; so does lmembed, and doctor names the file as what decided the field."""
+    base, mntp, supervised = llm2vec_checkpoints(tmp_path)
+    (supervised / "llm2vec_config.json").write_text(json.dumps({"pooling_mode": mode, "max_length": 512}))
+    emb = embedder(supervised)
+    assert emb.config.pooling == {"weighted_mean": "weighted_mean", "last_token": "last"}[mode]
+    assert (emb.checkpoint_sources or {})["pooling"] == str(supervised / "llm2vec_config.json")
+    instruction = "search the document:"
+    assert_close(
+        emb.encode_queries(QUERIES, instruction=instruction),
+        llm2vec_reference(base, mntp, supervised, QUERIES, instruction, pooling=mode),
+    )
+    assert_close(emb.encode_corpus(DOCS), llm2vec_reference(base, mntp, supervised, DOCS, "", pooling=mode))
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"pooling_mode": "eos_token"}, "pooling_mode='eos_token' is not one lmembed reproduces"),
+        ({"pooling_mode": "bos_token"}, "pooling_mode='bos_token' is not one lmembed reproduces"),
+        ({"skip_instruction": False}, "skip_instruction=false pools the instruction"),
+        ({"max_length": "512"}, "max_length='512' must be a whole number"),
+        ({"pooling": "mean"}, r"unknown key\(s\) pooling; llm2vec reads pooling_mode"),
+        ([1, 2], "must hold an object at its top, not an array"),
+    ],
+)
+def test_llm2vec_settings_lmembed_cannot_reproduce_are_refused_by_file_and_key(tmp_path, settings, fragment):
+    from lmembed.errors import ModelLoadError
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "llm2vec_config.json").write_text(json.dumps(settings))
+    with pytest.raises(ModelLoadError, match=fragment) as caught:
+        presets.llm2vec_settings(folder)
+    assert str(folder / "llm2vec_config.json") in str(caught.value)
 
 
 def test_qwen3_queries_default_to_its_folders_query_prompt(tmp_path):

@@ -68,19 +68,53 @@ def set_causal_flags(model: nn.Module, causal: bool) -> int:
     return count
 
 
-def padding_only_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """4-D additive mask (batch, 1, query, key) that hides padded keys and nothing else."""
+def four_d_mask(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+    """Additive (batch, 1, query, key) mask hiding padded keys, and later keys too when ``mode`` is causal. With
+    ``window``, a sliding-window layer's mask: causal, keys ``window`` or more positions back are hidden as well;
+    bidirectional, keys ``window`` or more positions away on either side (transformers' bidirectional overlay)."""
     keep = attention_mask[:, None, None, :].to(torch.bool)
-    mask = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
-    mask = mask.masked_fill(~keep, torch.finfo(dtype).min)
-    return mask.expand(-1, 1, attention_mask.shape[1], -1)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    distance = positions[:, None] - positions[None, :]  # query minus key
+    allowed = None
+    if mode == "causal":
+        allowed = distance >= 0
+        if window is not None:
+            allowed = allowed & (distance < window)
+    elif window is not None:
+        allowed = distance.abs() < window
+    keep = keep.expand(-1, 1, attention_mask.shape[1], -1) if allowed is None else keep & allowed[None, None]
+    zeros = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
+    return zeros.masked_fill(~keep, torch.finfo(dtype).min)
 
 
-def mask_for(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The ``attention_mask`` argument to pass to the model for ``mode``."""
-    if mode == "bidirectional":
-        return padding_only_mask(attention_mask, dtype)
-    return attention_mask  # 2-D: the model builds its own causal mask
+def bidirectional_window(config: object) -> int | None:
+    """The window of the sliding-window layers of ``config``'s model run bidirectionally (None: none windowed).
+
+    Only Gemma 3 has a bidirectional convention for its local layers, transformers' own
+    (``use_bidirectional_attention``, as EmbeddingGemma sets it): a key is seen when it is less than
+    ``sliding_window // 2 + 1`` positions away on either side, the causal window halved about the query
+    (a config that already has the flag holds the halved value). Other families run bidirectionally without a
+    window, as LLM2Vec's bidirectional Mistral does."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or ()
+    if getattr(config, "model_type", None) != "gemma3_text" or "sliding_attention" not in layer_types:
+        return None
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        return None
+    return window if getattr(config, "use_bidirectional_attention", False) else window // 2 + 1
+
+
+def mask_for(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype, config: object) -> torch.Tensor | dict:
+    """The ``attention_mask`` argument to pass to a decoder with ``config`` for ``mode``: causal, the 2-D mask (the
+    model builds its own causal masks); bidirectional, a 4-D mask hiding only padding, and for a model whose local
+    layers keep a bidirectional window (:func:`bidirectional_window`) one mask per layer type."""
+    if mode != "bidirectional":
+        return attention_mask
+    everywhere = four_d_mask(mode, attention_mask, dtype)
+    window = bidirectional_window(config)
+    if window is None:
+        return everywhere
+    return {"full_attention": everywhere, "sliding_attention": four_d_mask(mode, attention_mask, dtype, window)}
 
 
 def first_token_sensitivity(model: nn.Module, mode: str) -> float:
@@ -91,7 +125,7 @@ def first_token_sensitivity(model: nn.Module, mode: str) -> float:
     """
     param = next(model.parameters())
     ones = torch.ones((2, PROBE_LENGTH), dtype=torch.long, device=param.device)
-    return first_token_change(model, mask_for(mode, ones, param.dtype))
+    return first_token_change(model, mask_for(mode, ones, param.dtype, model.config))
 
 
 def verify_attention(model: nn.Module, mode: str) -> None:

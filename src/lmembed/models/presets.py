@@ -37,7 +37,7 @@ from typing import Any, Literal
 from lmembed.citations import check_keys
 from lmembed.config import EmbeddingConfig
 from lmembed.errors import ModelLoadError, UnknownNameError
-from lmembed.io import read_json
+from lmembed.io import is_whole_number, read_json
 from lmembed.load_spec import STRATEGY_FILE
 from lmembed.models.sentence_transformers_folder import DOCUMENT_PROMPT_NAMES
 
@@ -250,7 +250,8 @@ PRESETS: tuple[Preset, ...] = (
         "cosine >= 0.9999 (llm2vec itself pins transformers<=4.44.2 and cannot be installed beside lmembed); "
         "tests/models/test_token_level.py: the embed mask's count on a byte-level BPE (Llama-3 style) tokenizer",
         limits="llm2vec cuts a text over 400 tokens (doc_max_length) by a word ratio before tokenising; lmembed "
-        "cuts at max_length tokens, so texts over 400 tokens differ; the chat wrappers llm2vec adds when a base "
+        "cuts at max_length tokens, so texts over 400 tokens differ; llm2vec strips the instruction (an instruction "
+        "given with leading or trailing whitespace differs); the chat wrappers llm2vec adds when a base "
         "model is loaded under its original name from a local folder are not applied (MTEB loads it by Hub id, "
         "where llm2vec applies none)",
     ),
@@ -387,7 +388,7 @@ def adapter_base(folder: Path) -> str | None:
 
 
 def _from_llm2vec_files(folder: Path) -> Resolution | None:
-    marker = folder / "llm2vec_config.json"
+    marker = folder / LLM2VEC_CONFIG
     base = adapter_base(folder)
     if not marker.exists() and not (base and Path(base).name.lower().startswith("llm2vec")):
         return None
@@ -396,6 +397,54 @@ def _from_llm2vec_files(folder: Path) -> Resolution | None:
     if base:
         files["adapter_config.json"] = f"base_model_name_or_path={base}"
     return Resolution(preset, None, "llm2vec_config.json" if marker.exists() else "adapter base", files)
+
+
+#: The file llm2vec's ``LLM2Vec.save`` writes beside a model and ``LLM2Vec.from_pretrained`` reads its encoder
+#: settings from (they override the class's defaults: mean pooling, the instruction skipped, 512 tokens).
+LLM2VEC_CONFIG = "llm2vec_config.json"
+#: llm2vec's pooling modes lmembed reproduces, as strategy options. Refused: ``eos_token``, which appends a
+#: family-dependent text (" </s>", "<eos>", ...) whose tokenisation lmembed does not reproduce, and ``bos_token``,
+#: which pools the BOS inside the instruction.
+LLM2VEC_POOLING: dict[str, dict[str, Any]] = {
+    "mean": {"pooling": "mean"},
+    "weighted_mean": {"pooling": "weighted_mean"},  # weights 1..n over the pooled (text) tokens, as lmembed's
+    "last_token": {"pooling": "last", "add_eos": False},  # the last text token, nothing appended
+}
+_LLM2VEC_KEYS = ("pooling_mode", "max_length", "doc_max_length", "skip_instruction")
+
+
+def llm2vec_settings(folder: Path) -> dict[str, Any]:
+    """The strategy options a folder's ``llm2vec_config.json`` sets (none without one), each checked: a setting
+    lmembed does not reproduce is refused, naming the file and the key, rather than read with the preset's."""
+    path = folder / LLM2VEC_CONFIG
+    if not path.exists():
+        return {}
+    data = read_json(path, error=ModelLoadError, what="llm2vec config")
+    if unknown := sorted(set(data) - set(_LLM2VEC_KEYS)):
+        raise ModelLoadError(f"{path}: unknown key(s) {', '.join(unknown)}; llm2vec reads {', '.join(_LLM2VEC_KEYS)}")
+    options: dict[str, Any] = {}
+    mode = data.get("pooling_mode", "mean")
+    if mode not in LLM2VEC_POOLING:
+        raise ModelLoadError(
+            f"{path}: pooling_mode={mode!r} is not one lmembed reproduces ({', '.join(LLM2VEC_POOLING)}); its "
+            "vectors would differ from llm2vec's"
+        )
+    options.update(LLM2VEC_POOLING[mode])
+    skip = data.get("skip_instruction", True)
+    if not isinstance(skip, bool):
+        raise ModelLoadError(f"{path}: skip_instruction={skip!r} must be true or false")
+    if not skip:
+        raise ModelLoadError(
+            f"{path}: skip_instruction=false pools the instruction (and BOS) with the text, which lmembed does not "
+            "reproduce: an instruction's tokens always stay out of its pooling"
+        )
+    for key in ("max_length", "doc_max_length"):
+        value = data.get(key)
+        if value is not None and (not is_whole_number(value) or value < 1):
+            raise ModelLoadError(f"{path}: {key}={value!r} must be a whole number >= 1")
+    if data.get("max_length") is not None:
+        options["max_length"] = data["max_length"]
+    return options
 
 
 def _from_adapter(folder: Path) -> Resolution | None:
@@ -423,9 +472,12 @@ def _from_config(folder: Path) -> Resolution | None:
     return None
 
 
-def warn_overrides(resolution: Resolution, given: Mapping[str, Any]) -> list[str]:
-    """Log one warning per option in ``given`` that overrides a different value of the preset; returns them."""
-    strategy = resolution.preset.strategy
+def warn_overrides(
+    resolution: Resolution, given: Mapping[str, Any], strategy: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Log one warning per option in ``given`` that overrides a different value of the preset (or of ``strategy``:
+    the preset as the model's own files set it); returns them."""
+    strategy = resolution.preset.strategy if strategy is None else strategy
     messages = [
         f"{key}={value!r} overrides {resolution.preset.family}'s published {key}={strategy[key]!r}; "
         "its vectors will not match the reference"

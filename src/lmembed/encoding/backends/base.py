@@ -209,7 +209,7 @@ class TorchBackend(Backend):
         model = self.backbone.model
         kwargs: dict[str, Any] = {"input_ids": input_ids}
         if self.backbone.is_decoder:
-            kwargs["attention_mask"] = mask_for(mode, attention_mask, self.backbone.dtype)
+            kwargs["attention_mask"] = mask_for(mode, attention_mask, self.backbone.dtype, model.config)
         else:
             kwargs["attention_mask"] = attention_mask
         positions = position_ids(self._positions, attention_mask, self._padding_idx)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from lmembed.config import EmbeddingConfig
-from lmembed.models.attention import set_causal_flags
+from lmembed.models.attention import bidirectional_window, four_d_mask, set_causal_flags
 from lmembed.models.depth import exit_depth, forward_states
 from lmembed.models.families import model_position_ids
 from lmembed.models.loading import Backbone
@@ -154,22 +154,6 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def four_d_mask(mode: str, attention_mask: torch.Tensor, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
-    """Additive (batch, 1, query, key) mask hiding padded keys, and later keys too when ``mode`` is causal (and,
-    with ``window``, keys ``window`` or more positions back: a sliding-window layer's causal mask)."""
-    keep = attention_mask[:, None, None, :].to(torch.bool)
-    if mode == "causal":
-        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-        allowed = positions[None, :] <= positions[:, None]
-        if window is not None:
-            allowed = allowed & (positions[None, :] > positions[:, None] - window)
-        keep = keep & allowed[None, None]
-    else:
-        keep = keep.expand(-1, 1, attention_mask.shape[1], -1)
-    zeros = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
-    return zeros.masked_fill(~keep, torch.finfo(dtype).min)
-
-
 class StateGraph(nn.Module):
     """``(input_ids, attention_mask) -> one states tensor per readout`` for a backbone and attention mode; the
     forward pass (and so a traced graph) stops after the deepest layer a readout reads."""
@@ -189,9 +173,10 @@ class StateGraph(nn.Module):
         # the graph holds only the blocks its deepest readout needs (early exit: lmembed.models.depth)
         self.depth = exit_depth((x for r in self.readouts for x in r.layers), backbone.num_layers)
         # Mistral-style models window every layer; Gemma 3 / Qwen2-style ones mix full and sliding-window layers,
-        # each kind with its own mask (the torch path lets transformers build them); a bidirectional mask is one
-        # padding-only mask for all.
+        # each kind with its own mask (the torch path lets transformers build them); a bidirectional mask hides
+        # only padding, except on Gemma 3's local layers (models.attention.bidirectional_window)
         self.window, self.sliding_window = sliding_windows(backbone.model.config)
+        self.bidirectional_window = bidirectional_window(backbone.model.config)
         # a new module starts in training mode, and torch.onnx.export restores the mode it found: without this, an
         # export would leave the shared model training (dropout on) for the torch path that runs it next
         self.train(backbone.model.training)
@@ -199,9 +184,14 @@ class StateGraph(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         kwargs: dict[str, Any] = {"input_ids": input_ids}
         if self.is_decoder:
-            mask = four_d_mask(self.mode, attention_mask, self.dtype, self.window)
-            if self.mode == "causal" and self.sliding_window is not None:
-                sliding = four_d_mask(self.mode, attention_mask, self.dtype, self.sliding_window)
+            if self.mode == "causal":
+                mask = four_d_mask(self.mode, attention_mask, self.dtype, self.window)
+                local = self.sliding_window
+            else:  # as the torch path's mask_for: no window, except Gemma 3's local layers
+                mask = four_d_mask(self.mode, attention_mask, self.dtype)
+                local = self.bidirectional_window
+            if local is not None:
+                sliding = four_d_mask(self.mode, attention_mask, self.dtype, local)
                 kwargs["attention_mask"] = {"full_attention": mask, "sliding_attention": sliding}
             else:
                 kwargs["attention_mask"] = mask

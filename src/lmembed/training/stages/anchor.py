@@ -119,7 +119,7 @@ class AnchorObjective:
         positions = torch.arange(inputs.size(1), device=inputs.device).expand(inputs.size(0), -1)
         out = backbone.model(
             inputs_embeds=inputs,
-            attention_mask=mask_for("causal", attention, backbone.dtype),
+            attention_mask=mask_for("causal", attention, backbone.dtype, backbone.model.config),
             position_ids=positions,
             use_cache=False,
         )

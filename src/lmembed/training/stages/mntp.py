@@ -207,7 +207,7 @@ class MNTPObjective:
         positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         out = backbone.model(
             input_ids=input_ids,
-            attention_mask=mask_for(mode, attention_mask, backbone.dtype),
+            attention_mask=mask_for(mode, attention_mask, backbone.dtype, backbone.model.config),
             position_ids=positions,
             use_cache=False,
         )
