@@ -117,6 +117,14 @@ def test_keep_mask_rules(method, margin, kept):
     assert keep_mask(scores, 0.8, method, margin).tolist() == kept
 
 
+def test_perc_pos_keeps_its_gap_below_a_negative_positive_score():
+    """With the positive at -0.2, ``score < pos * 0.95`` (-0.19) kept candidates at -0.195 and -0.1999, closer to
+    the query than its own document; the 5% gap is now taken below the positive whatever its sign."""
+    scores = np.array([-0.195, -0.1999, -0.205, -0.3])
+    assert keep_mask(scores, -0.2, "perc_pos", 0.95).tolist() == [False, False, False, True]  # below -0.21
+    assert keep_mask(np.array([0.79, 0.75]), 0.8, "perc_pos", 0.95).tolist() == [False, True]  # as before: < 0.76
+
+
 def test_margin_pos_and_abs_also_drop_the_duplicate():
     for method, margin in (("margin_pos", 0.05), ("abs", 0.5)):
         row = mine_hard_negatives(BagOfWords(), ROWS, CORPUS, k=2, method=method, margin=margin)[0]

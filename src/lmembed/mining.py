@@ -12,7 +12,7 @@ method     a candidate is kept when its score is ...                            
 naive      (always kept: plain top-k)                                           ignored
 abs        below an absolute ceiling: ``score < margin`` (TopK-Abs)             0.7
 margin_pos below the positive score minus a gap: ``score < pos - margin``       0.05
-perc_pos   below a fraction of the positive score: ``score < pos * margin``     0.95 (NV-Embed's)
+perc_pos   a share below the positive: ``score < pos - |pos|·(1 - margin)``     0.95 (NV-Embed's)
 ========== ==================================================================== ====================
 
 ``pos`` is the *lowest* teacher score among a query's positives, the cautious choice when a query has
@@ -127,7 +127,9 @@ def keep_mask(scores: np.ndarray, positive_score: float, method: str, margin: fl
         return scores < margin
     if method == "margin_pos":
         return scores < positive_score - margin
-    return scores < positive_score * margin
+    # pos·margin for a positive pos; for a negative one (a cosine below 0) that would be *above* pos, keeping
+    # candidates closer to the query than its own document: the same gap is taken below pos instead
+    return scores < positive_score - abs(positive_score) * (1 - margin)
 
 
 # ---------------------------------------------------------------------------------------------- inputs

@@ -197,7 +197,7 @@ def _gte_manual(q, p, n, tau):
         positive = _cos(q[i], p[i]) / tau
         z = sum(math.exp(_cos(q[i], d) / tau) for d in docs)
         z += sum(math.exp(_cos(q[i], q[j]) / tau) for j in range(batch) if j != i)
-        z += sum(math.exp(_cos(q[j], p[i]) / tau) for j in range(batch) if j != i)
+        z += sum(math.exp(_cos(q[j], p[i]) / tau) for j in range(batch))  # every query, its own too (eq. 3)
         z += sum(math.exp(_cos(d, p[i]) / tau) for d, o in zip(docs, owner, strict=True) if o != i)
         total += -positive + math.log(z)
     return total / batch
@@ -211,9 +211,28 @@ def test_gte_matches_the_four_term_partition_function(num_neg):
     assert loss.item() == pytest.approx(_gte_manual(q, p, n, tau), rel=1e-5)
 
 
+def test_gte_equals_sentence_transformers_four_directions():
+    """GTE's improved contrastive loss is sentence-transformers' MultipleNegativesRankingLoss with its four
+    directions (query→doc, query→query, doc→query, doc→doc); lmembed left the row's own query out of the
+    doc→query term, 0.14 off this loss."""
+    st_losses = pytest.importorskip("sentence_transformers.losses")
+    q, p, _ = _batch(batch=4, negatives=0, dim=6, seed=5)
+    tau = 0.05
+    want = GTELoss(temperature=tau)(q, p, None).item()
+
+    class Fixed(torch.nn.Module):  # a "model" that returns the given embeddings for each input
+        def forward(self, features):
+            return {"sentence_embedding": features["x"]}
+
+    directions = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
+    mnrl = st_losses.MultipleNegativesRankingLoss(Fixed(), scale=1 / tau, directions=directions, partition_mode="joint")
+    got = mnrl([{"x": q}, {"x": p}], labels=None).item()
+    assert want == pytest.approx(got, rel=1e-5)
+
+
 def test_gte_single_pair_is_zero_and_bounds_infonce():
     q, p, n = _batch(batch=1, negatives=0)
-    assert GTELoss()(q, p, None).item() == pytest.approx(0.0, abs=1e-6)
+    assert GTELoss()(q, p, None).item() == pytest.approx(math.log(2), abs=1e-6)  # the positive counts twice
     q, p, n = _batch()
     # A larger partition function can only raise the loss.
     assert GTELoss(temperature=0.1)(q, p, n) > InfoNCELoss(temperature=0.1)(q, p, n)
@@ -373,3 +392,45 @@ def test_bad_loss_settings_are_user_errors_naming_the_setting():
         build_loss("gte", temperature=0)
     with pytest.raises(ConfigError, match="dims must be positive"):
         build_loss("matryoshka", inner="infonce", dims=[0])
+
+
+# ------------------------------------------------------------------------------- copies of a positive in a batch
+
+
+def test_copies_of_a_rows_positive_are_left_out_of_its_negatives():
+    """Two queries sharing a document, or a row met twice at an epoch's turn, put the same text in the batch twice:
+    each copy was the other row's negative (its loss could not fall below ln 2, and the gradient pushed the query
+    away from its own document). The sampler marks the copies on the global batch; InfoNCE (plain, symmetric and
+    under Matryoshka) leaves them out, which equals the loss with those columns deleted."""
+    from lmembed.training.losses import MatryoshkaLoss, reads_false_negatives
+    from lmembed.training.rows import MixtureSampler, TrainDataset, TrainExample
+
+    examples = [TrainExample("q1", ("shared doc",), ("n1",)), TrainExample("q2", ("shared doc",), ("n2",))]
+    examples += [TrainExample("q3", ("other doc",), ("shared doc",))]
+    sampler = MixtureSampler([TrainDataset("d", examples, [])], batch_size=3, num_negatives=1, seed=0)
+    batch = sampler.batch(0)
+    documents = batch.positives + batch.flat_negatives
+    marks = batch.false_negatives
+    assert marks is not None
+    for row, positive in enumerate(batch.positives):
+        want = [c != row and text == positive for c, text in enumerate(documents)]
+        assert marks[row].tolist() == want
+    assert marks.sum() == 4  # q1 and q2: the other's positive and q3's negative; q3: none
+    assert batch.shard(1, 3).false_negatives.tolist() == [marks[1].tolist()]
+
+    q, p, n = _batch(batch=3, negatives=1, dim=6, seed=7)
+    mask = torch.from_numpy(marks)
+    for loss in (InfoNCELoss(temperature=0.1), MatryoshkaLoss(InfoNCELoss(temperature=0.1), dims=[6])):
+        assert reads_false_negatives(loss)
+        got = loss(q, p, n, false_negatives=mask).item()
+        docs = torch.cat([p, n.reshape(-1, 6)])
+        want = 0.0
+        for i in range(3):
+            keep = [c for c in range(docs.size(0)) if not marks[i, c]]
+            logits = (F.normalize(q[i], dim=0) @ F.normalize(docs[keep], dim=1).T / 0.1).tolist()
+            want += _ce(logits, keep.index(i)) / 3
+        assert got == pytest.approx(want, rel=1e-5)
+        assert loss(q, p, n).item() > got  # unmasked: the copies count against their rows
+    assert not reads_false_negatives(InfoNCELoss(in_batch_negatives=False))
+    symmetric = InfoNCELoss(temperature=0.1, symmetric=True)
+    assert symmetric(q, p, n, false_negatives=mask).item() < symmetric(q, p, n).item()

@@ -287,3 +287,21 @@ def test_run_objective_saves_a_loadable_embedder(tokenizer, tmp_path):
     loaded = Embedder.from_pretrained(str(result.model_dir), cache=False, show_progress=False)
     assert loaded.config.attention == "bidirectional"
     assert loaded.encode(["the cat"]).shape == (1, 32)
+
+
+def test_mntp_hides_tokens_with_the_tokenizers_own_mask_token_as_llm2vec_does():
+    """LLM2Vec's run_mntp.py keeps a tokenizer's own mask token and falls back to ``_`` only without one; lmembed
+    preferred ``_`` always, so Gemma 3 was masked with ``_`` (236779) instead of its ``<mask>`` (4)."""
+    from lmembed.training.stages.mntp import mask_token_id
+
+    class Tok:
+        def __init__(self, mask_id, underscore_ids):
+            self.mask_token_id, self.unk_token_id, self.pad_token_id = mask_id, None, 0
+            self.underscore_ids = underscore_ids
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": self.underscore_ids}
+
+    assert mask_token_id(Tok(4, [236779])) == 4  # the tokenizer's own mask token
+    assert mask_token_id(Tok(None, [79])) == 79  # none: "_" (mask_token_type: blank)
+    assert mask_token_id(Tok(None, [5, 6])) == 0  # "_" is not one token: pad

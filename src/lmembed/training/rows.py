@@ -168,9 +168,25 @@ class TrainBatch:
     sources: list[str] = field(default_factory=list)
     symmetric: list[bool] = field(default_factory=list)
     teacher_scores: list[list[float] | None] = field(default_factory=list)
+    #: ``[rows, global rows × (1 + num_negatives)]``: True where a document column of the (global) batch is another
+    #: copy of the row's own positive text (two queries sharing a document, a row met twice at an epoch's turn):
+    #: an in-batch loss leaves those columns out instead of pushing the query away from its own document
+    false_negatives: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.queries)
+
+    def mark_false_negatives(self) -> None:
+        """Set :attr:`false_negatives` for this whole batch (documents: the positives, then ``flat_negatives``)."""
+        documents = self.positives + self.flat_negatives
+        where: dict[str, list[int]] = {}
+        for column, text in enumerate(documents):
+            where.setdefault(text, []).append(column)
+        marks = np.zeros((len(self), len(documents)), dtype=bool)
+        for row, text in enumerate(self.positives):
+            columns = [c for c in where[text] if c != row]
+            marks[row, columns] = True
+        self.false_negatives = marks if marks.any() else None
 
     @property
     def num_negatives(self) -> int:
@@ -194,6 +210,7 @@ class TrainBatch:
             self.sources[part],
             self.symmetric[part],
             self.teacher_scores[part],
+            None if self.false_negatives is None else self.false_negatives[part],
         )
 
 
@@ -633,6 +650,7 @@ class MixtureSampler:
             positions[dataset] += 1
             self._append_row(batch, dataset, position)
         self._cursors, self._cursor_step = positions, step + 1
+        batch.mark_false_negatives()
         return batch
 
     def _append_row(self, batch: TrainBatch, dataset: int, position: int) -> None:

@@ -74,7 +74,7 @@ from lmembed.training.distributed import (
     shard_model,
 )
 from lmembed.training.gradcache import GradCache
-from lmembed.training.losses import LayerwiseLoss, loss_citations, reads_teacher_scores
+from lmembed.training.losses import LayerwiseLoss, loss_citations, reads_false_negatives, reads_teacher_scores
 from lmembed.training.losses.factory import build_training_loss
 from lmembed.training.metrics_log import CURVE_FILE, METRICS_FILE, MetricsLog, progress_bar
 from lmembed.training.optim import EngineOptimisationStep, OptimisationStep, build_optimizer, build_scheduler
@@ -189,6 +189,7 @@ class Trainer:
                 "and a repeated row is a false in-batch negative; use a batch of at most the rows"
             )
         self.distils = reads_teacher_scores(self.loss_fn)
+        self.masks_copies = reads_false_negatives(self.loss_fn)
         if self.distils:
             check_teacher_scores(data, config.num_negatives, config.loss)
         if isinstance(self.loss_fn, LayerwiseLoss):  # 2DMSE: the model returns each text's vectors at more layers
@@ -342,7 +343,7 @@ class Trainer:
         embeddings = self.module(**self.model.tokenize(texts, instructions))
         query, positive = embeddings[:rows], embeddings[rows : 2 * rows]
         negative = embeddings[2 * rows :].reshape(rows, negatives, -1) if negatives else None
-        loss = self.loss_fn(query, positive, negative, **self._teacher_scores(batch, query.device))
+        loss = self.loss_fn(query, positive, negative, **self._loss_inputs(batch, query.device))
         if self.engine is not None:
             self.engine.backward(loss)
         else:
@@ -376,14 +377,18 @@ class Trainer:
         queries = self.model.tokenize(batch.queries, batch.instructions)
         positives = self.model.tokenize(batch.positives, positive_instructions)
         negatives = self.model.tokenize(batch.flat_negatives, negative_instructions) if batch.num_negatives else None
-        return cache(queries, positives, negatives, **self._teacher_scores(batch, self.dist.device))
+        return cache(queries, positives, negatives, **self._loss_inputs(batch, self.dist.device))
 
-    def _teacher_scores(self, batch: TrainBatch, device: Any) -> dict[str, torch.Tensor]:
-        """``{"teacher_scores": [rows, 1 + negatives]}`` for a distillation loss, else nothing."""
-        if not self.distils:
-            return {}
-        # every row has them: check_teacher_scores refused the data otherwise
-        return {"teacher_scores": torch.tensor(batch.teacher_scores, dtype=torch.float32, device=device)}
+    def _loss_inputs(self, batch: TrainBatch, device: Any) -> dict[str, torch.Tensor]:
+        """What the loss reads besides the embeddings: ``teacher_scores`` ``[rows, 1 + negatives]`` for a
+        distillation loss; ``false_negatives`` for an in-batch loss when the batch holds copies of a row's positive
+        (the sampler marks them on the global batch)."""
+        inputs: dict[str, torch.Tensor] = {}
+        if self.distils:  # every row has them: check_teacher_scores refused the data otherwise
+            inputs["teacher_scores"] = torch.tensor(batch.teacher_scores, dtype=torch.float32, device=device)
+        if self.masks_copies and batch.false_negatives is not None:
+            inputs["false_negatives"] = torch.from_numpy(batch.false_negatives).to(device)
+        return inputs
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:

@@ -85,6 +85,7 @@ __all__ = [
     "loss_citations",
     "loss_spec",
     "pairwise_similarity",
+    "reads_false_negatives",
     "reads_teacher_scores",
     "register_loss",
     "similarity_matrix",
@@ -237,3 +238,11 @@ def build_loss(name: str, **kwargs: Any) -> nn.Module:
     factory = loss_spec(name).factory
     check_keywords(f"loss {name!r}", factory, kwargs)
     return factory(**kwargs)
+
+
+def reads_false_negatives(loss: nn.Module) -> bool:
+    """Whether ``loss`` (or the loss a Matryoshka wrapper holds) leaves a batch's copies of a row's positive out of
+    its in-batch negatives when given ``false_negatives`` (:attr:`lmembed.training.rows.TrainBatch.false_negatives`)."""
+    if isinstance(loss, MatryoshkaLoss):
+        return reads_false_negatives(loss.loss)
+    return isinstance(loss, InfoNCELoss) and loss.in_batch_negatives

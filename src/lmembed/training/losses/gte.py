@@ -8,7 +8,7 @@ partition function with three more kinds of in-batch contrasts, so that for row 
 
     Z_i =   Σ_j      exp(s(q_i, d_j)/τ)    query vs. every document (positives and hard negatives)
           + Σ_{j≠i}  exp(s(q_i, q_j)/τ)    query vs. the other queries
-          + Σ_{j≠i}  exp(s(q_j, d_i)/τ)    positive vs. the other queries
+          + Σ_j      exp(s(q_j, d_i)/τ)    positive vs. every query (its own too, as the paper's eq. 3 sums)
           + Σ_{j≠i}  exp(s(d_j, d_i)/τ)    positive vs. the other documents
 
 The paper's batches hold (q, d) pairs only. Here hard negatives, when present, join the query-document
@@ -71,7 +71,7 @@ class GTELoss(nn.Module):
         gather: optional hook that concatenates a tensor across processes (see the module docstring).
 
     Call with ``query [B, D]``, ``positive [B, D]`` and ``negatives [B, N, D]`` (or ``None``).
-    With ``B = 1`` and no negatives every extra term is empty and the loss is 0.
+    With ``B = 1`` and no negatives ``Z`` holds the positive twice (first and third terms): the loss is ``log 2``.
     """
 
     def __init__(
@@ -102,7 +102,7 @@ class GTELoss(nn.Module):
             [
                 score(query, documents),
                 _mask_own_columns(score(query, all_queries), offset),
-                _mask_own_columns(score(positive, all_queries), offset),
+                score(positive, all_queries),  # j = i too: s(q_i, d_i) counts again here (eq. 3)
                 score(positive, documents).masked_fill(own_documents, float("-inf")),
             ],
             dim=1,

@@ -124,11 +124,20 @@ class InfoNCELoss(nn.Module):
         self.symmetric = symmetric
         self.gather = gather
 
-    def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        query: Tensor,
+        positive: Tensor,
+        negatives: Tensor | None = None,
+        false_negatives: Tensor | None = None,
+    ) -> Tensor:
+        """``false_negatives`` (``[B, T + T·N]`` booleans over the gathered documents, see
+        :attr:`lmembed.training.rows.TrainBatch.false_negatives`): columns left out of a row's softmax (and, in the
+        symmetric term, the queries of those positives), being copies of its own positive."""
         negatives = normalize_negatives(negatives, query)
         if not self.in_batch_negatives:
             return self._own_candidates_loss(query, positive, negatives)
-        return self._in_batch_loss(query, positive, negatives)
+        return self._in_batch_loss(query, positive, negatives, false_negatives)
 
     def extra_repr(self) -> str:
         return (
@@ -144,8 +153,11 @@ class InfoNCELoss(nn.Module):
         targets = torch.zeros(query.size(0), dtype=torch.long, device=query.device)
         return F.cross_entropy(logits, targets)
 
-    def _in_batch_loss(self, query: Tensor, positive: Tensor, negatives: Tensor) -> Tensor:
-        """Every (gathered) positive and hard negative is a candidate for every local query."""
+    def _in_batch_loss(
+        self, query: Tensor, positive: Tensor, negatives: Tensor, false_negatives: Tensor | None = None
+    ) -> Tensor:
+        """Every (gathered) positive and hard negative is a candidate for every local query, except the copies of
+        its own positive ``false_negatives`` marks."""
         gather = self.gather or _identity
         all_positives = gather(positive)
         candidates = [all_positives]
@@ -154,10 +166,18 @@ class InfoNCELoss(nn.Module):
         offset = global_batch_offset(query.size(0), query.device) if self.gather is not None else 0
         targets = torch.arange(query.size(0), device=query.device) + offset
         logits = similarity_matrix(query, torch.cat(candidates), self.similarity) / self.temperature
+        if false_negatives is not None:
+            if false_negatives.shape != logits.shape:
+                raise ValueError(
+                    f"false_negatives has shape {tuple(false_negatives.shape)}, the logits {tuple(logits.shape)}"
+                )
+            logits = logits.masked_fill(false_negatives, float("-inf"))
         loss = F.cross_entropy(logits, targets)
         if not self.symmetric:
             return loss
         reverse = similarity_matrix(positive, gather(query), self.similarity) / self.temperature
+        if false_negatives is not None:  # the query of another copy of this positive is this positive's query too
+            reverse = reverse.masked_fill(false_negatives[:, : reverse.size(1)], float("-inf"))
         return 0.5 * (loss + F.cross_entropy(reverse, targets))
 
 

@@ -24,8 +24,8 @@ from lmembed.errors import ConfigError
 
 __all__ = ["MatryoshkaLoss", "truncate_embeddings"]
 
-#: keyword arguments that hold scores, not embeddings: never truncated
-SCORE_KEYWORDS = frozenset({"teacher_scores"})
+#: keyword arguments that hold scores or masks, not embeddings: never truncated
+SCORE_KEYWORDS = frozenset({"teacher_scores", "false_negatives"})
 
 
 def truncate_embeddings(value: Any, dim: int) -> Any:

@@ -90,11 +90,15 @@ def build_lm_head(model: nn.Module, path: str = "") -> nn.Module:
 
 # ---------------------------------------------------------------------------------------------- masking
 def mask_token_id(tokenizer: Any) -> int:
-    """The id used to hide tokens: ``_`` if it is one token, else mask / unk / pad / 0."""
+    """The id used to hide tokens, as LLM2Vec's ``run_mntp.py`` chooses it: the tokenizer's own mask token when it
+    has one (Gemma 3's ``<mask>``), else ``_`` if it is one token (its default ``mask_token_type: blank``), else
+    unk / pad / 0."""
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
     ids = tokenizer("_", add_special_tokens=False)["input_ids"]
     if len(ids) == 1 and ids[0] != tokenizer.unk_token_id:
         return int(ids[0])
-    for candidate in (tokenizer.mask_token_id, tokenizer.unk_token_id, tokenizer.pad_token_id):
+    for candidate in (tokenizer.unk_token_id, tokenizer.pad_token_id):
         if candidate is not None:
             return int(candidate)
     return 0

@@ -51,7 +51,8 @@ class SimCSEObjective:
     Args:
         model: the trainable embedder (its own pooling and attention strategy are used).
         temperature: InfoNCE temperature.
-        dropout: attention-dropout rate to apply to decoder attention modules (``None``: keep).
+        dropout: attention-dropout rate to apply to decoder attention modules (``None``: keep); 0.1 by default
+            (SimCSE's), the LLM2Vec recipe sets its 0.3.
     """
 
     data_kind = "texts"
