@@ -24,6 +24,7 @@ from lmembed.training.adapt import (
     label_rows,
     mine_rows,
     read_adapt_corpus,
+    split_check,
     title_queries,
 )
 from lmembed.training.adapt_recipe import AdaptRecipe, AdaptRecipeError, load_adapt_recipe
@@ -193,6 +194,47 @@ def test_hold_back_is_seeded_and_refuses_too_few_queries():
     assert [q.query for q in hold_back(qs, 0.25, 3, seed=0)[1]] == [q.query for q in held]
     with pytest.raises(AdaptError, match="at least two"):
         hold_back(qs[:1], 0.5, 3, seed=0)
+
+
+def test_hold_back_holds_whole_documents_and_the_check_half_others_again():
+    """A split by query held back a document's crop while its title trained (the held-back score measured what was
+    trained on); whole documents are held back now, and the check half, which never picks a step, is again a
+    split by document."""
+    qs = [PseudoQuery(f"q {d} {k}", f"p {d}", d, "crop" if k else "title") for d in range(12) for k in range(3)]
+    train, held = hold_back(qs, 0.3, 100, seed=1)
+    assert {q.doc for q in train}.isdisjoint({q.doc for q in held})
+    assert 9 <= len(held) <= 12 and len(held) % 3 == 0 and len(train) + len(held) == len(qs)
+    assert hold_back(qs, 0.3, 100, seed=1) == (train, held)
+    selecting, checking = split_check(held, seed=1)
+    assert selecting and checking and {q.doc for q in selecting}.isdisjoint({q.doc for q in checking})
+    assert split_check(held[:3], seed=1) == (held[:3], [])  # one document: nothing to check with
+    with pytest.raises(AdaptError, match="at least two"):
+        hold_back([PseudoQuery("a b", "p", 0, "crop"), PseudoQuery("c d", "p", 0, "title")], 0.5, 3, seed=0)
+
+
+def test_a_held_back_query_is_scored_against_the_text_it_would_train_on():
+    """A held-back crop was scored against its whole document, which holds it word for word (nDCG 1 before any
+    training); its own target is now the document with the span cut out, and the slice's other variant of the
+    same document (another query's positive) is no rival to it."""
+    from lmembed.training.adapt import HeldOut
+
+    docs = [Document("a", "", "alpha beta gamma delta", 1), Document("b", "", "epsilon zeta eta theta", 2)]
+    held = [PseudoQuery("beta gamma", "alpha delta", 0, "crop"), PseudoQuery("alpha", "beta gamma delta", 0, "crop")]
+    slice_ = HeldOut.build(held, docs, max_documents=10, seed=0)
+    assert slice_.documents == ["alpha delta", "beta gamma delta", "epsilon zeta eta theta"]
+    assert slice_.targets == [0, 1] and slice_.columns == [0, 0, 1]
+    table = {
+        "beta gamma": [1.0, 0.0],
+        "alpha": [0.0, 1.0],
+        "alpha delta": [0.6, 0.8],  # query 0's target
+        "beta gamma delta": [1.0, 0.0],  # query 1's target: query 0's twin, but the same document's variant
+        "epsilon zeta eta theta": [0.8, 0.6],
+    }
+    scores = slice_.score(Axes(table))
+    # query 0: its target (0.6) below the other document (0.8), the variant (1.0) left out: rank 2
+    # query 1: its target (0.0) below "alpha delta"'s variant? no: left out; below the other document (0.6): rank 2
+    assert scores["ndcg_at_10"] == pytest.approx(1 / np.log2(3))
+    assert scores["mrr_at_10"] == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------------------------------------- mining, labels
@@ -528,10 +570,17 @@ def test_adapt_trains_selects_and_saves_a_loadable_model(tmp_path, make_embedder
     from lmembed import Embedder
 
     out = tmp_path / "out"
-    result = adapt_tiny(make_embedder, tmp_path, out)
+    recipe = AdaptRecipe.model_validate({**tiny_recipe().model_dump(), "selection": {"fraction": 0.4, "every": 2}})
+    result = adapt_tiny(make_embedder, tmp_path, out, recipe)
     summary = json.loads((out / "adapt_summary.json").read_text())
     assert [h["step"] for h in summary["selection"]["history"]] == [0, 2, 4]
     assert summary["selection"]["after"]["ndcg_at_10"] >= summary["selection"]["before"]["ndcg_at_10"]
+    check = summary["selection"]["check"]  # the half that picked nothing: measured before and on the saved model
+    assert check["queries"] > 0 and check["documents"] >= 1
+    assert set(check["before"]) == set(check["saved"]) == {"ndcg_at_10", "mrr_at_10"}
+    held = [json.loads(line) for line in (out / "heldout.jsonl").read_text().splitlines()]
+    trained = {json.loads(line)["provenance"]["doc_id"] for line in (out / "rows.jsonl").read_text().splitlines()}
+    assert held and all(h["positive"] for h in held) and trained.isdisjoint({h["doc_id"] for h in held})
     assert summary["report"]["by_source"].keys() <= {"title", "crop"} and summary["report"]["train_rows"] > 0
     assert summary["peak_memory_mb"] > 0 and summary["seconds"] > 0
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]

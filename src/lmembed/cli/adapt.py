@@ -110,10 +110,17 @@ def adapt(
     if terms:
         channel = f", with the term channel {terms['saved_scores']['ndcg_at_10']:.4f} ({terms['dims']} dims appended)"
     console = terminal.console(stderr=True)
+    check = selection.get("check")
+    measured = "no check half: too few held-back documents"
+    if check:
+        measured = (
+            f"check pseudo-queries, which picked nothing: nDCG@10 {check['before']['ndcg_at_10']:.4f} → "
+            f"{check['saved']['ndcg_at_10']:.4f} on {check['queries']}"
+        )
     console.print(
-        f"adapted model: {result.model_dir}  (held-back pseudo-queries nDCG@10 "
-        f"{selection['before']['ndcg_at_10']:.4f} → {selection['after']['ndcg_at_10']:.4f}, "
-        f"step {selection['best_step']}"
+        f"adapted model: {result.model_dir}  ({measured}; step {selection['best_step']} picked by "
+        f"{selection['queries']} selection pseudo-queries, nDCG@10 {selection['before']['ndcg_at_10']:.4f} → "
+        f"{selection['after']['ndcg_at_10']:.4f}"
         f"{channel}; {result.summary['seconds']:.0f} s, peak memory {result.summary['peak_memory_mb']:.0f} MB)"
     )
 

@@ -280,17 +280,42 @@ def filter_queries(
 def hold_back(
     queries: Sequence[PseudoQuery], fraction: float, max_queries: int, seed: int
 ) -> tuple[list[PseudoQuery], list[PseudoQuery]]:
-    """A seeded split into (training, held back): ``fraction`` of the queries, at most ``max_queries``, at least
-    one; training keeps at least one."""
-    if len(queries) < 2:
+    """A seeded split into (training, held back) by document: whole documents are held back, with all their
+    queries, until about ``fraction`` of the queries are (at most ``max_queries``, at least one); no held-back
+    query's document is a training positive, and training keeps at least one document. A split by query let a
+    document's title train while its crop was held back: the held-back score measured what was trained on."""
+    documents = sorted({q.doc for q in queries})
+    if len(queries) < 2 or len(documents) < 2:
         raise AdaptError(
-            f"only {len(queries)} pseudo-query survived the filters: adapting needs at least two (one to train on, "
-            "one to pick the step with); give a larger corpus, or enable more query sources in the recipe"
+            f"only {len(queries)} pseudo-queries from {len(documents)} document(s) survived the filters: adapting "
+            "needs queries from at least two documents (one to train on, one held back to pick the step with); "
+            "give a larger corpus, or enable more query sources in the recipe"
         )
-    order = np.random.default_rng(seed).permutation(len(queries))
-    n = max(1, min(max_queries, round(fraction * len(queries)), len(queries) - 1))
-    held = set(order[:n].tolist())
-    return [q for i, q in enumerate(queries) if i not in held], [q for i, q in enumerate(queries) if i in held]
+    order = np.random.default_rng(seed).permutation(documents)
+    wanted = max(1, min(max_queries, round(fraction * len(queries)), len(queries) - 1))
+    per_document = Counter(q.doc for q in queries)
+    held_documents: set[int] = set()
+    count = 0
+    for doc in order.tolist():
+        if count >= wanted or len(held_documents) == len(documents) - 1:
+            break
+        held_documents.add(doc)
+        count += per_document[doc]
+    held = [q for q in queries if q.doc in held_documents][:max_queries]
+    return [q for q in queries if q.doc not in held_documents], held
+
+
+def split_check(held: Sequence[PseudoQuery], seed: int) -> tuple[list[PseudoQuery], list[PseudoQuery]]:
+    """The held-back queries split by document into (selection, check): the selection half picks the step to keep;
+    the check half never does, so its score before and after is an unbiased measure of the kept model (the best
+    of several steps on the set that chose it is optimistic by construction). Fewer than two held-back documents:
+    no check half (empty)."""
+    documents = sorted({q.doc for q in held})
+    if len(documents) < 2:
+        return list(held), []
+    order = np.random.default_rng([seed, 1]).permutation(documents).tolist()
+    checked = set(order[: len(documents) // 2])
+    return [q for q in held if q.doc not in checked], [q for q in held if q.doc in checked]
 
 
 # ---------------------------------------------------------------------------------------------- mining, labels
@@ -480,7 +505,11 @@ class HybridTeacher:
 @dataclass
 class HeldOut:
     """Held-back pseudo-queries and the corpus slice they are retrieved from; with :meth:`follow`, also a
-    teacher's scores of that slice, which :meth:`score` measures the student's agreement with."""
+    teacher's scores of that slice, which :meth:`score` measures the student's agreement with.
+
+    Each query's own document is the text it would have trained on (a body without its title, a document with
+    the query's span cut out), not the whole document, which holds a title or crop word for word; the slice's
+    other variants of the same document are left out of that query's ranking."""
 
     queries: list[str]
     targets: list[int]  # index into ``documents`` of each query's own document
@@ -496,20 +525,30 @@ class HeldOut:
         room = max(0, max_documents - len(own))
         if len(others) > room:
             others = sorted(np.random.default_rng(seed).choice(others, room, replace=False).tolist())
-        chosen = own + others
-        where = {doc: i for i, doc in enumerate(chosen)}
-        return cls([q.query for q in held], [where[q.doc] for q in held], [docs[i].full for i in chosen], chosen)
+        texts = [q.positive for q in held] + [docs[i].full for i in others]
+        columns = [q.doc for q in held] + others
+        return cls([q.query for q in held], list(range(len(held))), texts, columns)
 
     def follow(self, teacher: HybridTeacher, temperature: float) -> None:
         """Score the slice with ``teacher`` once; :meth:`score` then also gives ``teacher_ndcg_at_10``."""
         self.teacher = teacher.score_matrix(self.queries, self.columns)
         self.temperature = temperature
 
+    def _variants(self) -> np.ndarray:
+        """``queries x documents``: True where a column is another variant of the query's own document."""
+        columns = np.asarray(self.columns if self.columns else range(len(self.documents)))
+        own = columns[np.asarray(self.targets)]
+        mask = columns[None, :] == own[:, None]
+        mask[np.arange(len(self.targets)), self.targets] = False
+        return mask
+
     def score(self, embedder: Any, batch_size: int = ENCODE_BATCH_SIZE) -> dict[str, float]:
         """nDCG@10 and MRR@10 of retrieving each query's own document (one relevant document each)."""
         q = unit_rows(embedder.encode_queries(self.queries, batch_size=batch_size))
         d = unit_rows(embedder.encode_corpus(self.documents, batch_size=batch_size))
         sims = q @ d.T
+        variants = self._variants()
+        sims[variants] = -np.inf
         own = sims[np.arange(len(self.targets)), self.targets]
         ranks = (sims > own[:, None]).sum(axis=1) + 1  # ties count in the query's favour
         top = ranks <= 10
@@ -517,7 +556,9 @@ class HeldOut:
         mrr = float(np.mean(np.where(top, 1.0 / ranks, 0.0)))
         scores = {"ndcg_at_10": ndcg, "mrr_at_10": mrr}
         if self.teacher is not None:
-            scores["teacher_ndcg_at_10"] = agreement(sims, self.teacher, self.temperature)
+            teacher = self.teacher.copy()
+            teacher[variants] = -np.inf
+            scores["teacher_ndcg_at_10"] = agreement(sims, teacher, self.temperature)
         return scores
 
 
@@ -576,6 +617,7 @@ __all__ = [
     "label_rows",
     "mine_rows",
     "read_adapt_corpus",
+    "split_check",
     "title_queries",
     "write_rows",
 ]

@@ -50,6 +50,7 @@ from lmembed.training.adapt import (
     mine_rows,
     peak_memory_mb,
     read_adapt_corpus,
+    split_check,
     title_queries,
     unmined_rows,
     write_json,
@@ -402,10 +403,30 @@ def _starting_model(model: str | Embedder, device: str) -> tuple[Embedder, str]:
 
 
 def read_held_back(path: Path, docs: Sequence[Document]) -> list[PseudoQuery]:
-    """The held-back pseudo-queries a run wrote to ``path`` (``heldout.jsonl``), against ``docs``."""
+    """The held-back pseudo-queries a run wrote to ``path`` (``heldout.jsonl``), against ``docs``: each with the
+    positive it would have trained on (a run written before positives were recorded: its whole document)."""
     index = {d.id: i for i, d in enumerate(docs)}
     rows = read_rows(path)
-    return [PseudoQuery(r["query"], docs[index[r["doc_id"]]].full, index[r["doc_id"]], r["source"]) for r in rows]
+    held = []
+    for r in rows:
+        doc = index[r["doc_id"]]
+        positive = r.get("positive", docs[doc].full)
+        if not isinstance(positive, str) or not positive:
+            raise AdaptError(f"{path}: a held-back query's positive must be a non-empty string")
+        held.append(PseudoQuery(r["query"], positive, doc, r["source"]))
+    return held
+
+
+#: history[0]'s keys for the check half's scores of the starting model
+CHECK_PREFIX = "check_"
+
+
+def _held_rows(held: Sequence[PseudoQuery], docs: Sequence[Document]) -> list[dict[str, Any]]:
+    return [{"query": q.query, "doc_id": docs[q.doc].id, "source": q.source, "positive": q.positive} for q in held]
+
+
+def _prefixed(scores: dict[str, float], prefix: str) -> dict[str, float]:
+    return {f"{prefix}{name}": value for name, value in scores.items()}
 
 
 def run_terms_only(
@@ -597,13 +618,13 @@ def _run(
             "mining": mining,
         }
         write_rows(rows, output / ROWS_FILE)
-        write_rows(
-            [{"query": q.query, "doc_id": docs[q.doc].id, "source": q.source} for q in held], output / HELDOUT_FILE
-        )
+        write_rows(_held_rows(held, docs), output / HELDOUT_FILE)
         files = {name: sha256_file(output / name) for name in (ROWS_FILE, HELDOUT_FILE)}
         write_json(plan_path, {**plan, "report": report, "files": files})
     log.info("adapt: %s", json.dumps(report))
-    held_out = HeldOut.build(held, docs, recipe.selection.max_documents, recipe.seed)
+    selecting, checking = split_check(held, recipe.seed)
+    held_out = HeldOut.build(selecting, docs, recipe.selection.max_documents, recipe.seed)
+    check = HeldOut.build(checking, docs, recipe.selection.max_documents, recipe.seed) if checking else None
     metric = "ndcg_at_10"
     if recipe.selection.metric == "teacher":  # agreement with the teacher's ranking picks the step
         held_out.follow(drawn or _candidate_teacher(teacher, embedder, device, docs, recipe), training.temperature)
@@ -645,6 +666,8 @@ def _run(
         trainer.model.eval()
         with torch.no_grad():
             before = held_out.score(trainer.model.embedder)
+            if check is not None:  # kept in history[0], so a resumed run still has the start's check scores
+                before |= _prefixed(check.score(trainer.model.embedder), CHECK_PREFIX)
         trainer.model.train()
         timings["score_before_s"] = round(time.perf_counter() - t0, 2)
         trainer.start_selection(before)
@@ -659,6 +682,16 @@ def _run(
         with torch.no_grad():
             merged = {"step": best["step"], "merge": training.merge, **held_out.score(trainer.model.embedder)}
     assert result.model_dir is not None
+    checked = None
+    if check is not None:  # the saved weights (trainer.model holds them now) on queries that picked nothing
+        trainer.model.eval()
+        with torch.no_grad():
+            checked = {
+                "queries": len(checking),
+                "documents": len({q.doc for q in checking}),
+                "before": {k.removeprefix(CHECK_PREFIX): v for k, v in history[0].items() if CHECK_PREFIX in k},
+                "saved": check.score(trainer.model.embedder),
+            }
     terms = None
     if recipe.terms.enabled:
         t0 = time.perf_counter()
@@ -674,6 +707,8 @@ def _run(
             **asdict(with_terms.config.terms),  # type: ignore[arg-type]
             "saved_scores": held_out.score(with_terms),
         }
+        if checked is not None:
+            checked["saved_with_terms"] = check.score(with_terms)  # type: ignore[union-attr]
         timings["terms_s"] = round(time.perf_counter() - t0, 2)
         log.info("adapt: term channel fitted (%s)", _scores_text(terms["saved_scores"]))
     summary = {
@@ -687,6 +722,9 @@ def _run(
             "saved": merged,
             "best_step": best["step"],
             "last_step": result.end_step,
+            "queries": len(selecting),
+            # the held-back queries that picked nothing: their before -> saved is the unbiased measure
+            "check": checked,
         },
         "steps": steps,
         "batch_size": batch_size,
