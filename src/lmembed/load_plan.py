@@ -482,7 +482,12 @@ def _kind(is_decoder: bool) -> str:
 
 
 def _load_llm2vec(name_or_path: str, *, quantize: bool, **kwargs: Any) -> Backbone:
-    """An LLM2Vec checkpoint: base model + MNTP adapter + supervised adapter (:mod:`lmembed.models.adapters`)."""
+    """An LLM2Vec checkpoint: base model + MNTP adapter + supervised adapter (:mod:`lmembed.models.adapters`); or
+    a folder ``LLM2Vec.save(merge_before_save=True)`` wrote, whose weights are the merged model itself (no
+    ``adapter_config.json``), read as any transformers folder."""
+    folder = Path(name_or_path)
+    if folder.is_dir() and presets.adapter_base(folder) is None and (folder / "config.json").is_file():
+        return load_backbone(name_or_path, quantize="int8" if quantize else None, **kwargs)
     if quantize:
         raise ConfigError("torch int8 is not available for an adapter stack (LLM2Vec); use backend='onnx'")
     keep = {k: kwargs[k] for k in ("dtype", "device", "attn_implementation")}

@@ -395,6 +395,28 @@ def test_llm2vec_config_json_decides_the_pooling_as_llm2vec_reads_it(tmp_path, m
     assert_close(emb.encode_corpus(DOCS), llm2vec_reference(base, mntp, supervised, DOCS, "", pooling=mode))
 
 
+def test_a_merged_llm2vec_save_loads_as_its_own_weights(tmp_path):
+    """``LLM2Vec.save(merge_before_save=True)`` writes the merged model with ``llm2vec_config.json`` and no
+    adapter: it was refused as "not an adapter checkpoint"; it is read as the full model it is."""
+    from peft import PeftModel
+    from transformers import AutoModel
+
+    base, mntp, supervised = llm2vec_checkpoints(tmp_path)
+    merged = PeftModel.from_pretrained(AutoModel.from_pretrained(base), mntp).merge_and_unload()
+    merged = PeftModel.from_pretrained(merged, supervised).merge_and_unload()
+    folder = tmp_path / "merged-save"
+    merged.save_pretrained(folder)
+    build_tokenizer(bos=True).save_pretrained(folder)
+    (folder / "llm2vec_config.json").write_text(json.dumps({"pooling_mode": "mean", "skip_instruction": True}))
+    emb = embedder(folder)
+    assert emb.published.preset.family == "LLM2Vec"
+    instruction = "search the document:"
+    assert_close(
+        emb.encode_queries(QUERIES, instruction=instruction),
+        llm2vec_reference(base, mntp, supervised, QUERIES, instruction),
+    )
+
+
 @pytest.mark.parametrize(
     ("settings", "fragment"),
     [

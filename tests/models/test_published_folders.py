@@ -569,3 +569,30 @@ def test_training_a_published_model_trains_its_head_and_saves_a_loadable_folder(
     assert not torch.equal(trained.pooling_head.layer_state(0)["linear.weight"], before)
     reloaded = st.SentenceTransformer(str(result.model_dir), device="cpu")
     assert_same(trained.encode_queries(TEXTS), reloaded.encode_query(TEXTS), exact=True)
+
+
+def test_a_decoder_saved_with_a_chat_template_is_refused_saying_why(tmp_path):
+    """sentence-transformers 6 saves a ``message`` (chat) input beside ``text`` when the tokenizer has a chat template,
+    and then embeds a plain string through that template: its vectors are not the plain forward's (checked here, so
+    the refusal stays needed), and lmembed, which does not reproduce the template, refuses the folder saying so."""
+    from transformers import AutoTokenizer
+
+    backbone = tiny_backbone(tmp_path, "decoder_eos")
+    stack = [
+        modules.Transformer(str(backbone), max_seq_length=MAX_SEQ_LENGTH),
+        modules.Pooling(32, pooling_mode="lasttoken"),
+        modules.Normalize(),
+    ]
+    st.SentenceTransformer(modules=stack, prompts=DECODER_PROMPTS, device="cpu").save(str(tmp_path / "plain"))
+    plain = load(tmp_path / "plain").encode_corpus(TEXTS)
+    tok = AutoTokenizer.from_pretrained(backbone)
+    tok.chat_template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    tok.save_pretrained(backbone)
+    stack[0] = modules.Transformer(str(backbone), max_seq_length=MAX_SEQ_LENGTH)
+    st.SentenceTransformer(modules=stack, prompts=DECODER_PROMPTS, device="cpu").save(str(tmp_path / "chat"))
+    config = json.loads((tmp_path / "chat" / "sentence_bert_config.json").read_text())
+    assert "message" in (config.get("modality_config") or {}), config  # what sentence-transformers 6 writes
+    theirs = st.SentenceTransformer(str(tmp_path / "chat"), device="cpu").encode_document(TEXTS)
+    assert cosines(plain, theirs).max() < 0.99  # the chat template changed every vector
+    with pytest.raises(PublishedModelError, match="wraps every text in the tokenizer's chat template"):
+        load(tmp_path / "chat")

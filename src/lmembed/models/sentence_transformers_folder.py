@@ -330,7 +330,14 @@ def _read_transformer(published: PublishedModel, folder: Path) -> None:
     _refuse_unless(source, config, "module_output_name", ("token_embeddings",))
     modality = config.get("modality_config")
     if modality not in (None, {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}):
-        raise PublishedModelError(f"{source}: modality_config={modality!r}; lmembed reads plain text models only")
+        chat = isinstance(modality, dict) and "message" in modality
+        why = (
+            " (with a 'message' input, sentence-transformers wraps every text in the tokenizer's chat template, "
+            "which lmembed does not reproduce)"
+            if chat
+            else ""
+        )
+        raise PublishedModelError(f"{source}: modality_config={modality!r}; lmembed reads plain text models only{why}")
     for key in ("query_length", "document_length", "query_expansion"):
         if config.get(key) is not None:
             raise PublishedModelError(f"{source}: {key}={config[key]!r} is a multi-vector setting lmembed does not run")
