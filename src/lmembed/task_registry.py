@@ -68,7 +68,8 @@ class TaskSpec:
 
     @property
     def ignore_identical_ids(self) -> bool:
-        """Retrieval: a hit whose id equals the query id is not counted (MTEB's ArguAna)."""
+        """Retrieval: a hit whose id equals the query id is not counted, where MTEB's task class sets it (ArguAna,
+        FiQA2018, QuoraRetrieval, FEVER, MSMARCO; checked against mteb in tests)."""
         return bool(self.settings.get("ignore_identical_ids", False))
 
     def files(self, root: str | Path) -> list[Path]:
@@ -164,12 +165,18 @@ _SPECS: tuple[TaskSpec, ...] = (
         "scidocs",
         "Given a scientific paper title, retrieve paper abstracts that are cited by the given paper",
     ),
-    _beir("FiQA2018", "fiqa", "Given a financial question, retrieve user replies that best answer the question"),
+    _beir(
+        "FiQA2018",
+        "fiqa",
+        "Given a financial question, retrieve user replies that best answer the question",
+        ignore_identical_ids=True,
+    ),
     _beir("TRECCOVID", "trec-covid", "Given a query on COVID-19, retrieve documents that answer the query"),
     _beir(
         "QuoraRetrieval",
         "quora",
         "Given a question, retrieve questions that are semantically equivalent to the given question",
+        ignore_identical_ids=True,  # every query is also a document under its own id
     ),
     TaskSpec(
         "ClimateFEVER",
@@ -177,7 +184,12 @@ _SPECS: tuple[TaskSpec, ...] = (
         instruction="Given a claim about climate change, retrieve documents that support or refute the claim",
     ),
     TaskSpec("DBPedia", "Retrieval", instruction="Given a query, retrieve relevant entity descriptions from DBPedia"),
-    TaskSpec("FEVER", "Retrieval", instruction="Given a claim, retrieve documents that support or refute the claim"),
+    TaskSpec(
+        "FEVER",
+        "Retrieval",
+        instruction="Given a claim, retrieve documents that support or refute the claim",
+        settings={"ignore_identical_ids": True},
+    ),
     TaskSpec(
         "HotpotQA",
         "Retrieval",
@@ -188,6 +200,7 @@ _SPECS: tuple[TaskSpec, ...] = (
         "Retrieval",
         split="dev",
         instruction="Given a web search query, retrieve relevant passages that answer the query",
+        settings={"ignore_identical_ids": True},
     ),
     TaskSpec("NQ", "Retrieval", instruction="Given a question, retrieve passages that answer the question"),
     TaskSpec("Touche2020", "Retrieval", instruction="Given a question, retrieve passages that answer the question"),

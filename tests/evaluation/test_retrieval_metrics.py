@@ -216,6 +216,24 @@ def test_task_settings_follow_mteb() -> None:
     assert (msmarco.task_type, msmarco.split, msmarco.path) == ("Retrieval", "dev", None)
 
 
+def test_every_retrieval_task_drops_self_hits_where_mteb_does() -> None:
+    """Only ArguAna dropped self-hits; mteb's QuoraRetrieval (every query is also a document under its own id: a
+    non-relevant self-hit at rank 1, nDCG@10 0.63 instead of 1.0 on a Quora-shaped set), FiQA2018, FEVER and MSMARCO
+    set ``ignore_identical_ids`` too. Each registry task's flag is read from mteb's own task class."""
+    mteb = pytest.importorskip("mteb")
+    checked = []
+    for spec in task_registry.TASKS.values():
+        if spec.task_type != "Retrieval":
+            continue
+        try:
+            task = mteb.get_task(spec.name)
+        except Exception:
+            continue
+        assert spec.ignore_identical_ids == bool(getattr(task, "ignore_identical_ids", False)), spec.name
+        checked.append(spec.name)
+    assert {"ArguAna", "QuoraRetrieval", "FiQA2018", "FEVER", "MSMARCO", "SciFact", "NFCorpus"} <= set(checked)
+
+
 def test_arguana_style_task_drops_self_hits(tmp_path) -> None:
     from lmembed.evaluation.retrieval_data import RetrievalData
 

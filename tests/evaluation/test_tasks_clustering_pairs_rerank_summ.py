@@ -207,6 +207,30 @@ def test_pair_scores_distances_are_lower_is_closer():
 # -------------------------------------------------------------- reranking
 
 
+def test_rerank_mrr_breaks_ties_as_mteb_does():
+    """mteb 2 ranks tied candidates by document id, descending (``negative_…`` before ``apositive_…``); lmembed
+    put the tied positive first, +0.09 to +0.28 MRR@10 on rows with one such tie. Compared with mteb's own MRR."""
+    metrics = pytest.importorskip("mteb._evaluators.retrieval_metrics")
+    rows = [
+        ([True, False, False], [0.5, 0.5, 0.2]),  # a positive tied with a negative
+        ([True, True, False, False], [0.1, 0.7, 0.7, 0.7]),  # a positive tied with two negatives
+        ([True, True, False], [0.5, 0.5, 0.1]),  # two tied positives
+        ([False, True, False], [0.3, 0.9, 0.1]),  # no tie
+    ]
+    for relevant, scores in rows:
+        ordered = [s for s, r in zip(scores, relevant, strict=True) if r]
+        positives = len(ordered)
+        ordered += [s for s, r in zip(scores, relevant, strict=True) if not r]
+        ids = [f"apositive_q_{i:05}" for i in range(positives)]  # as mteb's reranking task names them
+        ids += [f"negative_q_{i:05}" for i in range(len(ordered) - positives)]
+        qrels = {"q": dict.fromkeys(ids[:positives], 1)}
+        run = {"q": dict(zip(ids, ordered, strict=True))}
+        want = metrics.mrr(qrels, run, [10])["MRR@10"][0]  # mteb's own
+        relevant_sorted = [True] * sum(relevant) + [False] * (len(relevant) - sum(relevant))
+        assert mrr_at_k(relevant_sorted, np.array(ordered)) == pytest.approx(want), (relevant, scores)
+    assert mrr_at_k([True, False, False], np.array([0.5, 0.5, 0.2])) == 0.5
+
+
 def test_rerank_metrics_hand_case():
     relevant = [True, False, True, False]
     scores = np.array([0.2, 0.9, 0.8, 0.1])
@@ -331,3 +355,37 @@ def test_load_task_binds_a_retrieval_instruction_to_the_queries(tmp_path):
     result = task.evaluate(encoder, batch_size=4)
     assert result.main_score == pytest.approx(1.0)
     assert ("queries", "Find it", ["q1"]) in encoder.calls
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        [[0], [1], [-1], [2], [1], [0], [-1], [2]] * 4,  # an integer -1: mteb drops those documents
+        [["a", "x"], ["b"], ["a", "y"], ["b", "z"], ["c"], ["a", "x"], ["c", "z"], ["b"]] * 4,  # uneven string paths
+    ],
+)
+def test_bootstrap_levels_are_those_mteb_scores(labels):
+    """mteb writes a missing level as -1 and leaves out every label equal to -1 after numpy's conversion: an
+    integer -1 label is dropped (lmembed clustered it: 0.989 vs 0.968), and a string path's missing level becomes
+    the cluster "-1". The V-measures are mteb's own function's, run for run."""
+    import random
+
+    from mteb.abstasks.clustering import _evaluate_clustering_bootstrapped
+
+    from lmembed.evaluation.tasks.clustering import bootstrap_v_measures
+
+    embeddings = np.random.default_rng(3).normal(size=(len(labels), 6)).astype(np.float32)
+    ours = bootstrap_v_measures(embeddings, labels, rng=random.Random(7), runs=3, size=12, seed=42)
+    theirs, _ = _evaluate_clustering_bootstrapped(
+        embeddings,
+        labels,
+        n_clusters=3,
+        cluster_size=12,
+        kmean_batch_size=512,
+        max_depth=None,
+        rng_state=random.Random(7),
+        seed=42,
+    )
+    assert ours.keys() == theirs["v_measure"].keys()
+    for level, values in ours.items():
+        assert values == pytest.approx(theirs["v_measure"][level], abs=1e-12), level

@@ -98,14 +98,18 @@ def bootstrap_v_measures(
     """V-measure of ``runs`` k-means clusterings, each of ``size`` documents drawn with replacement by ``rng``.
 
     A label that is a list is a path of hierarchical labels; level ``i`` is scored on the documents whose
-    path has an ``i``-th entry. Returns ``{"Level i": [one V-measure per run]}``.
+    path has an ``i``-th entry, found as mteb finds them: a missing entry is written ``-1`` and every label equal
+    to ``-1`` after numpy's conversion of the level's labels is left out (so an integer label ``-1`` is dropped
+    too, while with string labels a missing entry becomes the string ``"-1"`` and stays, as a cluster of its
+    own). Returns ``{"Level i": [one V-measure per run]}``.
     """
     paths = [list(label) if isinstance(label, list | tuple) else [label] for label in labels]
     out: dict[str, list[float]] = {}
     for level in range(max((len(p) for p in paths), default=0)):
-        rows = [i for i, p in enumerate(paths) if len(p) > level]
-        level_labels = np.array([paths[i][level] for i in rows])
-        level_embeddings = embeddings[rows]
+        written = np.array([p[level] if len(p) > level else -1 for p in paths])
+        kept = np.array([label != -1 for label in written], dtype=bool)
+        level_labels = written[kept]
+        level_embeddings = embeddings[kept]
         model = MiniBatchKMeans(
             n_clusters=np.unique(level_labels).size,
             batch_size=batch_size,
@@ -115,7 +119,7 @@ def bootstrap_v_measures(
         )
         scores = []
         for _ in range(runs):
-            picks = rng.choices(range(len(rows)), k=size)
+            picks = rng.choices(range(len(level_labels)), k=size)
             assignment = model.fit_predict(level_embeddings[picks])
             scores.append(float(v_measure_score(level_labels[picks], assignment)))
         out[f"Level {level}"] = scores

@@ -68,8 +68,11 @@ def candidate_scores(query_embeddings: np.ndarray, doc_embeddings: np.ndarray) -
 
 
 def mrr_at_k(relevant: Sequence[bool], scores: np.ndarray, k: int = MRR_AT) -> float:
-    """1/rank of the first relevant candidate among the top ``k`` (stable order on ties)."""
-    ranking = np.argsort(-np.asarray(scores), kind="stable")
+    """1/rank of the first relevant candidate among the top ``k``. Ties rank as mteb 2 ranks them: by document id,
+    descending, its ids being ``apositive_{q}_{i:05}`` and ``negative_{q}_{i:05}``, so a tied negative comes
+    before a tied positive, and within each the later candidate first (candidates: positives, then negatives)."""
+    positions = np.arange(len(relevant))
+    ranking = np.lexsort((-positions, np.asarray(relevant, dtype=np.int8), -np.asarray(scores)))
     for rank, index in enumerate(ranking[:k], start=1):
         if relevant[index]:
             return 1.0 / rank

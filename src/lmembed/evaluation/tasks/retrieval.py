@@ -2,8 +2,8 @@
 
 :class:`RetrievalTask` binds a loaded BEIR split (:mod:`lmembed.evaluation.retrieval_data`) to the
 scoring settings of its MTEB task: cosine similarity, exact top-1000 search, pytrec_eval metrics, and
-``ignore_identical_ids`` where MTEB sets it (ArguAna). Metrics come at the 20 cut-offs of
-:data:`~lmembed.evaluation.metrics.K_VALUES` (MTEB's seven among them) plus MTEB's nAUC keys
+``ignore_identical_ids`` where MTEB sets it (ArguAna, FiQA2018, QuoraRetrieval, FEVER, MSMARCO). Metrics come
+at the 20 cut-offs of :data:`~lmembed.evaluation.metrics.K_VALUES` (MTEB's seven among them) plus MTEB's nAUC keys
 (:mod:`lmembed.evaluation.metrics`). Queries are embedded with ``encode_queries``
 and the task's ``instruction``; documents with ``encode_corpus``, never with an instruction.
 ``ndcg_at_10`` is the main score; the result's items (for paired comparisons) are the scored queries,
