@@ -167,14 +167,13 @@ def test_tei_routes_and_huggingface_hub_client(make_embedder, ce_folder):
         assert [r["index"] for r in ranked] == order.tolist()
         assert [r["text"] for r in ranked] == [TOY_DOCS[i] for i in order]
         np.testing.assert_allclose([r["score"] for r in ranked], scores[order], atol=1e-5)
-        refused = httpx.post(server.url + "/rerank", json={**body, "raw_scores": True}, timeout=30)
+        raw = httpx.post(server.url + "/rerank", json={**body, "raw_scores": True}, timeout=30).json()
+        logits = reranker.logits(reranker.encode_pairs([(query, d) for d in TOY_DOCS]))[:, 0].numpy()
+        np.testing.assert_allclose([r["score"] for r in raw], logits[order], atol=1e-5)  # TEI: the logits
+        refused = httpx.post(server.url + "/rerank", json={**body, "raw_scores": "yes"}, timeout=30)
         assert refused.status_code == 400
-        assert refused.json() == {
-            "error": refused.json()["error"],
-            "error_type": "Validation",  # TEI's error shape on TEI's routes
-            "code": "invalid_raw_scores",
-            "param": "raw_scores",
-        }
+        assert refused.json()["error_type"] == "Validation"  # TEI's error shape on TEI's routes
+        assert refused.json()["param"] == "raw_scores"
         # the Hub client shows the message as it shows a TEI server's (not the repr of an object)
         with pytest.raises(hub.errors.HfHubHTTPError) as wrong:
             client.feature_extraction(TEXTS[0], prompt_name="no-such-prompt")
@@ -335,3 +334,54 @@ def test_tei_similarity_tokenize_and_decode(make_embedder, tokenizer):
         # a text far over the token bound is refused from a prefix, not tokenised whole
         huge = httpx.post(server.url + "/tokenize", json={"inputs": "the " * 300_000}, timeout=30)
         assert huge.status_code == 413 and huge.json()["code"] == "too_many_tokens"
+
+
+def test_rerank_routes_give_their_dialects_scores_whatever_activation_the_folder_records(make_embedder, tmp_path):
+    """A cross-encoder that records no activation (Identity, as cross-encoder/ms-marco-* do) gave its raw logits on
+    every route: Cohere ``relevance_score`` values of 2.45 and -11.5, and TEI's scores without TEI's sigmoid. TEI
+    answers the sigmoid of the logits unless ``raw_scores`` (then the logits), Cohere (v1 and v2) the sigmoid: the
+    same order as the reranker's own scores, on each dialect's scale."""
+    import json
+
+    cohere = pytest.importorskip("cohere")
+    folder = save_tiny_cross_encoder(tmp_path / "ce-identity", seed=11)
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"activation_fn": "torch.nn.modules.linear.Identity"})
+    )
+    reranker = load_reranker(str(folder))
+    query = "gene study"
+    logits = reranker.logits(reranker.encode_pairs([(query, d) for d in TOY_DOCS]))[:, 0].numpy()
+    np.testing.assert_allclose(reranker.score(query, TOY_DOCS), logits, atol=1e-6)  # Identity: raw in process
+    logits = logits * 25  # a wide range, as ms-marco's logits have
+    with torch_scaled(reranker, 25.0), serving(make_embedder("bert"), reranker) as server:
+        order = np.argsort(-logits, kind="stable").tolist()
+        sigmoid = 1 / (1 + np.exp(-logits.astype(np.float64)))
+        tei = httpx.post(server.url + "/rerank", json={"query": query, "texts": TOY_DOCS}, timeout=30).json()
+        assert [r["index"] for r in tei] == order
+        np.testing.assert_allclose([r["score"] for r in tei], sigmoid[order], rtol=1e-5)
+        raw = httpx.post(server.url + "/rerank", json={"query": query, "texts": TOY_DOCS, "raw_scores": True}).json()
+        np.testing.assert_allclose([r["score"] for r in raw], logits[order], rtol=1e-5, atol=1e-5)
+        client = cohere.ClientV2(base_url=server.url, api_key="unused", timeout=30)
+        ranked = client.rerank(model="tiny-ce", query=query, documents=TOY_DOCS)
+        assert [r.index for r in ranked.results] == order
+        assert all(0 < r.relevance_score < 1 for r in ranked.results)
+        np.testing.assert_allclose([r.relevance_score for r in ranked.results], sigmoid[order], rtol=1e-5)
+        v1 = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": TOY_DOCS}, timeout=30).json()
+        np.testing.assert_allclose([r["relevance_score"] for r in v1["results"]], sigmoid[order], rtol=1e-5)
+
+
+@contextmanager
+def torch_scaled(reranker, factor: float) -> Iterator[None]:
+    """The reranker's classifier scaled by ``factor`` (its logits too): scores far outside (0, 1)."""
+    import torch
+
+    head = reranker.model.classifier
+    with torch.no_grad():
+        head.weight.mul_(factor)
+        head.bias.mul_(factor)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            head.weight.div_(factor)
+            head.bias.div_(factor)

@@ -72,6 +72,7 @@ from lmembed.serving.compat import (
     parse_tei_rerank,
     parse_tei_similarity,
     parse_tei_tokenize,
+    raw_scores,
     similarity_body,
     tei_rerank_body,
     token_states_body,
@@ -88,6 +89,7 @@ from lmembed.serving.rerank import (
     parse_rerank_request,
     parse_search_stages,
     ranking,
+    relevance_scores,
     rerank_body,
 )
 from lmembed.serving.schemas import embedding_body, parse_embedding_request, parse_json, parse_search_request
@@ -235,7 +237,7 @@ class ServerState:
             return await unless_disconnected(request, work)
 
     async def score(self, request: Request, req: RerankRequest) -> tuple[np.ndarray, int]:
-        """The reranker's scores of a rerank request's documents (their tokens admitted as in flight)."""
+        """The reranker's logits of a rerank request's documents (their tokens admitted as in flight)."""
         if self.rerank is None:
             raise ApiError(404, "no reranker is loaded; start the server with --rerank MODEL", "no_reranker")
         pairs = [(req.query, document) for document in req.documents]
@@ -454,8 +456,8 @@ def create_app(
     @app.post("/v1/rerank")
     async def rerank(request: Request) -> Response:
         req = state.parse_rerank(parse_json(await request.body()))
-        scores, tokens = await state.score(request, req)
-        return JSONResponse(rerank_body(req, scores, tokens))
+        logits, tokens = await state.score(request, req)
+        return JSONResponse(rerank_body(req, relevance_scores(logits), tokens))
 
     @app.post("/v2/embed")
     async def cohere_embed(request: Request) -> Response:
@@ -477,7 +479,8 @@ def create_app(
         payload = parse_json(await request.body())
         req = state.parse_rerank(payload, fields=COHERE_RERANK_FIELDS, what="a Cohere v2 rerank request")
         cohere_rerank_checks(payload, state.rerank.reranker.max_length if state.rerank else 0)
-        scores, tokens = await state.score(request, req)
+        logits, tokens = await state.score(request, req)
+        scores = relevance_scores(logits)
         documents = req.documents if req.return_documents else None
         return JSONResponse(cohere_rerank_body(ranking(scores, req.top_n), scores, documents, tokens))
 
@@ -535,8 +538,10 @@ def create_app(
     @app.post("/rerank")
     async def tei_rerank(request: Request) -> Response:
         payload = parse_json(await request.body())
+        raw = raw_scores(payload)
         req = state.parse_rerank(parse_tei_rerank(payload), fields=None, documents_field="texts")
-        scores, _ = await state.score(request, req)
+        logits, _ = await state.score(request, req)
+        scores = logits if raw else relevance_scores(logits)  # TEI: the sigmoid unless raw_scores
         return JSONResponse(tei_rerank_body(ranking(scores), scores, req.documents, req.return_documents))
 
     @app.api_route("/info", methods=READ_METHODS)

@@ -314,18 +314,18 @@ def parse_tei_rerank(payload: dict[str, Any]) -> dict[str, Any]:
     """A TEI ``/rerank`` body as a ``/v1/rerank`` body whose documents are in ``texts`` (read with
     ``documents_field="texts"``, so refusals name TEI's field), its own fields checked."""
     only_fields(payload, TEI_RERANK_FIELDS, "a TEI rerank request")
-    if _flag(payload, "raw_scores", False):
-        raise bad_request(
-            "'raw_scores' true is not served: scores are the reranker's activated ones",
-            "invalid_raw_scores",
-            "raw_scores",
-        )
+    raw_scores(payload)
     _flag(payload, "truncate", False)
     _direction(payload)
     return_text = _flag(payload, "return_text", False)
     if "texts" not in payload:
         raise bad_request("'texts' is required", "missing_input", "texts")
     return {"query": payload.get("query"), "texts": payload.get("texts"), "return_documents": return_text}
+
+
+def raw_scores(payload: dict[str, Any]) -> bool:
+    """TEI's ``raw_scores`` (default false): true answers the reranker's logits, false their sigmoid."""
+    return _flag(payload, "raw_scores", False)
 
 
 def tei_rerank_body(order: list[int], scores: np.ndarray, documents: list[str], return_text: bool) -> list[dict]:

@@ -102,8 +102,8 @@ class PairBatcher(TokenBudgetBatcher):
         if features is None:
             raise ValueError("a rerank pass needs its pairs' features")
         reranker = self.reranker
-        with torch.inference_mode():
-            scores = reranker.activation(reranker.forward(reranker.collate(features)).float())
+        with torch.inference_mode():  # raw logits: each route puts them on its dialect's scale (RerankService)
+            scores = reranker.forward(reranker.collate(features)).float()
         return scores.cpu().numpy()
 
 
@@ -181,11 +181,18 @@ class RerankService:
         await self.batcher.stop()
         self.executor.shutdown(wait=True)
 
+    def activated(self, logits: np.ndarray) -> np.ndarray:
+        """The reranker's own scores (its recorded activation of the logits), as the in-process reranker gives."""
+        with torch.inference_mode():
+            return self.reranker.activation(torch.from_numpy(np.asarray(logits, dtype=np.float32))).numpy()
+
     async def score(
         self, pairs: Sequence[tuple[str, str]], admission: TokenAdmission | None = None
     ) -> tuple[np.ndarray, int]:
-        """Activated scores of ``pairs`` (input order) and the tokens they took; with an ``admission``, the pairs'
-        tokens count against the server's tokens in flight (413/429 beyond them) while they are scored."""
+        """Raw logits of ``pairs`` (input order) and the tokens they took; with an ``admission``, the pairs'
+        tokens count against the server's tokens in flight (413/429 beyond them) while they are scored. A route
+        gives them on its dialect's scale: :func:`relevance_scores` (Cohere, TEI), :meth:`activated` (lmembed's
+        search, equal to the in-process reranker)."""
         # A pair given more than once is scored once: copies split across passes of different shapes would get
         # scores a rounding apart, and ties would no longer keep the documents' order (usage still counts each).
         unique: dict[tuple[str, str], int] = {}
@@ -219,7 +226,7 @@ class RerankService:
     ) -> list[list[Hit]]:
         """Each query's hits reordered by the reranker, the ``k`` best (``rerank_hits``, through the batcher)."""
         pairs = candidate_pairs(queries, results)
-        scores = (await self.score(pairs, admission))[0].tolist() if pairs else []
+        scores = self.activated((await self.score(pairs, admission))[0]).tolist() if pairs else []
         return reorder_hits(results, scores, k)
 
 
@@ -303,6 +310,13 @@ def parse_rerank_request(
 def ranking(scores: np.ndarray, top_n: int | None = None) -> list[int]:
     """Indices best first (ties keep the documents' order), the ``top_n`` first."""
     return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_n]
+
+
+def relevance_scores(logits: np.ndarray) -> np.ndarray:
+    """A relevance score in (0, 1) for each logit: its sigmoid, as Text Embeddings Inference gives a one-label
+    reranker's scores unless ``raw_scores`` (``core/src/infer.rs``) and as Cohere's ``relevance_score`` is bounded;
+    whatever activation the reranker's folder records (cross-encoder/ms-marco-* record none: raw logits)."""
+    return (1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))).astype(np.float32)
 
 
 def rerank_body(req: RerankRequest, scores: np.ndarray, tokens: int) -> dict[str, Any]:
