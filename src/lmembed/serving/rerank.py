@@ -134,7 +134,10 @@ class RerankService:
         """The pairs' features, each distinct query first cut to what a pair can hold of it (on the tokenizing
         thread), tokenised ``ENCODE_CHUNK`` pairs at a time: past ``budget`` tokens it stops and refuses (413),
         so 200,000 pairs are not all tokenised only to be refused."""
-        cut = {query: self.bounded_query(query) for query in dict.fromkeys(q for q, _ in pairs)}
+        longest: dict[str, int] = {}
+        for query, document in pairs:
+            longest[query] = max(longest.get(query, 0), len(document))
+        cut = {query: self.bounded_query(query, chars) for query, chars in longest.items()}
         features: list[Features] = []
         tokens = 0
         for start in range(0, len(pairs), ENCODE_CHUNK):
@@ -151,11 +154,14 @@ class RerankService:
             features.extend(chunk)
         return features
 
-    def bounded_query(self, query: str) -> str:
-        """``query`` cut after its first ``max_length + 8`` tokens: no pair keeps more of a query than the reranker
-        reads (truncation keeps the query's first tokens), so the features are the same, but a query of a million
-        characters is tokenised once here, not once per candidate (which took GBs for 100 candidates)."""
-        keep = self.reranker.max_length + QUERY_MARGIN
+    def bounded_query(self, query: str, longest_document: int = 0) -> str:
+        """``query`` cut after its first ``max(max_length + 8, longest_document + 1)`` tokens (``longest_document``:
+        the characters of its longest document, at least that document's tokens): no pair keeps more of a query
+        than the reranker reads (truncation keeps the query's first tokens), and a query longer than a document
+        stays longer than it, so truncation, which cuts the longer side of a pair first and gives it the odd token,
+        cuts the same tokens and the features are the same; but a query of a million characters is tokenised once
+        here, not once per candidate (which took GBs for 100 candidates)."""
+        keep = max(self.reranker.max_length + QUERY_MARGIN, longest_document + 1)
         if len(query) <= keep * 4:
             return query
         tokenizer = self.tokenizing.tokenizer
