@@ -35,9 +35,9 @@ TEI (``huggingface_hub.InferenceClient(model=URL)``, TEI's own clients)
     token the model reads, before pooling and normalisation). One request's answer holds at most
     ``MAX_TOKEN_VALUES`` numbers (tokens x the model's width; 413 ``too_many_token_values`` above it).
 
-    ``POST /rerank``: ``query``, ``texts`` (named so in refusals), ``return_text``, ``raw_scores`` (false only:
-    scores are the reranker's activated ones), ``truncate``, ``truncation_direction`` (``Right`` only).
-    Answer: ``[{"index", "score", "text"?}]``, best first.
+    ``POST /rerank``: ``query``, ``texts`` (named so in refusals), ``return_text``, ``raw_scores`` (false: the
+    sigmoid of the reranker's logits, as TEI; true: the logits), ``truncate``, ``truncation_direction``
+    (``Right`` only). Answer: ``[{"index", "score", "text"?}]``, best first.
 
     ``POST /similarity`` (and ``POST /`` with an object in ``inputs``: ``InferenceClient.sentence_similarity``):
     ``inputs``: ``{"source_sentence", "sentences"}`` (``sentences`` a list, or one string), ``prompt_name``,
