@@ -404,3 +404,15 @@ def test_an_index_from_before_config_and_tokenizer_were_fingerprinted_is_refused
     manifest_file.write_text(json.dumps(data))
     with pytest.raises(IndexMismatchError, match=r"older lmembed.*weights only.*Rebuild the index"):
         Index.open(folder, emb)
+
+
+def test_a_trec_run_keeps_scores_trec_eval_can_tell_apart():
+    """Scores were written to 6 decimals: a reranker's saturated scores (0.9999969, 0.9999968) became ties, and
+    trec_eval, which re-sorts by score, scored another order than the one written."""
+    from lmembed.cli.index import trec_lines
+    from lmembed.index.index import Hit
+
+    hits = [Hit("a", 0.9999969, "x", 1), Hit("b", 0.9999968, "y", 2), Hit("c", 0.1 + 0.2, "z", 3)]
+    lines = trec_lines(["q1"], [hits])
+    assert [float(line.split()[4]) for line in lines] == [h.score for h in hits]
+    assert [line.split()[3] for line in lines] == ["1", "2", "3"]

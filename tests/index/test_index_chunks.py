@@ -113,3 +113,28 @@ def test_cli_index_build_with_chunking(make_embedder, tmp_path):
     assert "aggregate=maxp, tokens=4, overlap=1" in shown, shown  # what the chunks are (was "-": parameters only)
     refused = CliRunner().invoke(app, [*args, "--overwrite", "--chunking", "mean"])
     assert refused.exit_code == 2 and "maxp" in refused.output
+
+
+def test_a_document_whose_chunks_fill_the_fetch_still_leaves_room_for_k_documents(make_embedder):
+    """The search fetched 8 × k chunks: one long document whose chunks all outrank the rest filled that window,
+    and k=20 returned one document. A query short of k documents is searched again deeper."""
+    emb = make_embedder("bert", pooling="mean")
+    long_doc = ("long", " ".join(["cat mat"] * 200))  # hundreds of 4-token chunks, all alike
+    docs = [long_doc, *[(f"d{i}", f"protein gene {i} study") for i in range(30)]]
+    index = Index.build(emb, docs, chunking=CHUNKING)
+    assert len(index.chunks) > 8 * 20
+    for k in (1, 5, 20):
+        hits = index.search("cat mat", k=k)
+        assert len(hits) == k and len({h.id for h in hits}) == k and hits[0].id == "long"
+    everything = index.search("cat mat", k=100)
+    assert len(everything) == len(docs)  # every document, once
+    (want,) = _expected(emb, docs, ["cat mat"])  # each document at its best chunk (ties may come in either order)
+    np.testing.assert_allclose([h.score for h in everything], [s for _, s in want], atol=1e-5)
+
+
+def test_an_index_refuses_mean_chunk_scores_it_would_not_give(make_embedder):
+    """``Chunking("mean")`` was accepted by Index.build, recorded in the manifest, and searched by the best chunk."""
+    from lmembed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="an index scores a document by its best chunk; use maxp or first"):
+        Index.build(make_embedder("bert"), DOCS, chunking=Chunking("mean", tokens=4, overlap=1))

@@ -145,6 +145,7 @@ def build(
     With --engine ray the corpus is embedded as one resumable sharded job on Ray (workers load the model
     themselves); the vectors, and so the index, are the same as with --engine local."""
     from lmembed.index import Index, IndexParams, load_corpus  # lazy: FAISS loads only when a command runs
+    from lmembed.index.index import INDEX_AGGREGATES
     from lmembed.index.kinds import KIND_PARAMS
 
     if kind in KIND_PARAMS:  # an unknown kind is IndexParams' to refuse, naming the kinds
@@ -165,9 +166,10 @@ def build(
     check_engine(engine, options)
     check_chunk_options(ctx, chunking, late_chunking)
     chunks = make_chunking(chunking, chunk_tokens, chunk_overlap, late_chunking)
-    if chunks is not None and chunks.aggregate == "mean":
+    if chunks is not None and chunks.aggregate not in INDEX_AGGREGATES:
         raise typer.BadParameter(
-            "an index scores a document by its best chunk: use maxp (or first)", param_hint="--chunking"
+            f"an index scores a document by its best chunk: use {' or '.join(INDEX_AGGREGATES)}",
+            param_hint="--chunking",
         )
     docs = load_corpus(data)
     emb = load_embedder(model, options)
@@ -352,7 +354,9 @@ def trec_lines(query_ids: list[str], results: list[list[Hit]], tag: str = "lmemb
             for value in (query_id, hit.id):
                 if not value or any(c.isspace() for c in value):
                     raise ConfigError(f"id {value!r} contains whitespace; a TREC run cannot hold it (use .jsonl)")
-            lines.append(f"{query_id} Q0 {hit.id} {hit.rank} {hit.score:.6f} {tag}")
+            # the score in full (shortest round trip): trec_eval re-sorts by it, so rounding to a few decimals
+            # turned a reranker's close scores into ties and the file was scored in another order than written
+            lines.append(f"{query_id} Q0 {hit.id} {hit.rank} {float(hit.score)!r} {tag}")
     return lines
 
 

@@ -3,8 +3,9 @@
 Vector row ``i`` is a chunk of document row ``doc_rows[i]`` (non-decreasing: a document's chunks are consecutive).
 A search runs over chunks and returns documents, each scored by its best chunk (MaxP); since a document's best
 chunk is the first of its chunks in a ranked list, collapsing keeps each document's first hit. The search asks for
-:data:`OVERFETCH` times ``k`` chunks so that ``k`` distinct documents are usually among them (always, for a
-``flat`` index holding at most that many chunks).
+:data:`OVERFETCH` times ``k`` chunks, which usually hold ``k`` distinct documents; a query whose chunks do not
+(one long document filling the window with its own chunks) is searched again ``WIDEN`` times deeper, until it has
+``k`` documents or every chunk was fetched.
 
 On disk: ``{stem}.chunks.npy``, an int64 array, listed in the manifest's files (so its sha256 is checked).
 """
@@ -12,6 +13,7 @@ On disk: ``{stem}.chunks.npy``, an int64 array, listed in the manifest's files (
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,8 @@ from lmembed.io import read_npy_header
 
 #: Chunks fetched per document wanted.
 OVERFETCH = 8
+#: How much deeper a query that found fewer than ``k`` documents is searched again.
+WIDEN = 4
 #: The dtype of the document rows, in memory and on disk (a file of another dtype is refused).
 DTYPE = "int64"
 
@@ -53,6 +57,22 @@ class ChunkMap:
     def depth(self, k: int) -> int:
         """How many chunks to fetch for ``k`` documents."""
         return max(1, min(len(self), k * OVERFETCH))
+
+    def search(
+        self, search: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]], vectors: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best documents of each query vector, ``search(vectors, depth)`` ranking chunks; a query that
+        found fewer than ``k`` documents (of those there are) is searched again deeper (see the module doc)."""
+        depth = self.depth(k)
+        scores, rows = self.collapse(*search(vectors, depth), k)
+        wanted = min(k, int(self.doc_rows[-1]) + 1 if len(self) else 0)
+        while depth < len(self):
+            short = np.flatnonzero((rows >= 0).sum(axis=1) < wanted)
+            if not len(short):
+                break
+            depth = min(len(self), depth * WIDEN)
+            scores[short], rows[short] = self.collapse(*search(vectors[short], depth), k)
+        return scores, rows
 
     def collapse(self, scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Ranked chunk hits ``(scores, rows)`` to the ``k`` best documents, each at its best chunk's score;

@@ -60,6 +60,8 @@ GENERATION_FILE = re.compile(r"^g\d{6}\.")
 #: (:mod:`lmembed.lexical.fusion`) from the ``candidates`` best of each.
 SEARCH_MODES = ("dense", "bm25", "hybrid")
 DEFAULT_CANDIDATES = 100
+#: The chunk aggregations an index serves: each document at its best chunk (or its first); ``mean`` is refused.
+INDEX_AGGREGATES = ("maxp", "first")
 
 #: Receives (documents encoded so far, documents to encode) after each chunk.
 Progress = Callable[[int, int], None]
@@ -68,7 +70,9 @@ CorpusLike = str | Path | Sequence[Document | tuple[str, str] | str]
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result: the document, its cosine similarity to the query and its rank (1-based)."""
+    """One search result: the document, its score and its rank (1-based). The score is the cosine similarity to
+    the query (on a flat, hnsw or rescored binary index exactly; an ivf-pq index gives its product-quantisation
+    estimate of it, up to a few hundredths off); with ``mode="bm25"`` or ``"hybrid"`` the BM25 or fused score."""
 
     id: str
     score: float
@@ -303,6 +307,11 @@ class Index:
         if target is not None:
             _check_target(target, overwrite)
         params.check_dim(embedder.dim)  # refuse impossible parameters before the encoding starts
+        if chunking is not None and chunking.aggregate not in INDEX_AGGREGATES:
+            raise ConfigError(
+                f"chunking aggregate={chunking.aggregate!r}: an index scores a document by its best chunk; use "
+                f"{' or '.join(INDEX_AGGREGATES)}"
+            )
         store = DocumentStore(as_documents(corpus))
         vectors = kinds.create(params, embedder.dim)
         chunks = None
@@ -720,7 +729,7 @@ class Index:
             bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
             raise InputError(f"vectors[{bad}] holds NaN or infinite values; every query vector must be finite")
         if self.chunks is not None:  # chunks of long documents: each document at its best chunk
-            return self.chunks.collapse(*self.vectors.search(vectors, self.chunks.depth(k)), k)
+            return self.chunks.search(self.vectors.search, vectors, k)
         return self.vectors.search(vectors, k)
 
     def _depth(self, k: int) -> int:

@@ -97,6 +97,12 @@ class LexicalIndex:
         params = params or LexicalParams()
         tokenizer = Tokenizer(stopwords=params.stopwords)
         tokens = tokenizer.tokenize(list(texts), return_as="tuple", show_progress=False)
+        # bm25s's Tokenizer gives a document with no indexed word (all stop words) the empty word, which counted
+        # as a word of length 1 (and lengthened the average): such a document has length 0, as bm25s.tokenize
+        # and Lucene count it
+        empty = tokens.vocab.get("")
+        if empty is not None:
+            tokens = type(tokens)(ids=[[] if doc == [empty] else doc for doc in tokens.ids], vocab=tokens.vocab)
         retriever = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
         retriever.index(tokens, show_progress=False)
         return cls(retriever, tokenizer, params, len(texts), ids_digest(ids, texts))
