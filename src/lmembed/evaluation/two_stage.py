@@ -101,7 +101,8 @@ def first_stage_run(
     if first_stage == "dense":
         return dense
     lexical = bm25_run(task)
-    return {qid: dict(fuse([dense[qid], lexical[qid]], fusion)[: task.top_k]) for qid in task.data.query_ids}
+    fused = {qid: fuse([dense[qid], lexical[qid]], fusion, tie_key=str) for qid in task.data.query_ids}
+    return {qid: dict(ranked[: task.top_k]) for qid, ranked in fused.items()}  # cut where trec_eval would
 
 
 def rerank_run(reranker: Reranker, task: RetrievalTask, run: Run, top_k: int = DEFAULT_RERANK_TOP_K) -> Run:

@@ -708,7 +708,8 @@ class Index:
         dense = self.search_vectors(vectors, depth)
         if mode == "dense":
             return dense
-        return fuse_rows([dense, self.lexical.search(queries, depth)], k, fusion)
+        ids = self.store.ids  # equal fused scores in trec_eval's order (id descending): served as evaluated
+        return fuse_rows([dense, self.lexical.search(queries, depth)], k, fusion, tie_key=ids.__getitem__)
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, rows)`` for query vectors embedded elsewhere (they must be this index's kind of vector): an

@@ -11,8 +11,8 @@ fusion is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -58,15 +58,23 @@ def minmax_fusion(runs: Sequence[Mapping[K, float]], *, weights: Sequence[float]
 
 
 def fuse(
-    runs: Sequence[Mapping[K, float]], method: str = "rrf", *, weights: Sequence[float] | None = None
+    runs: Sequence[Mapping[K, float]],
+    method: str = "rrf",
+    *,
+    weights: Sequence[float] | None = None,
+    tie_key: Callable[[K], Any] | None = None,
 ) -> list[tuple[K, float]]:
-    """One ranking of every document of ``runs``, best first, with its fused score."""
+    """One ranking of every document of ``runs``, best first, with its fused score. Equal scores (frequent under
+    RRF: ranks 1 and 3 make what ranks 2 and 2 make) rank by ``tie_key`` descending when given (a document's id:
+    trec_eval's order, so a run is scored in the order it is served), else by first appearance in ``runs``."""
     if method == "rrf":
         fused = reciprocal_rank_fusion(runs, weights=weights)
     elif method == "minmax":
         fused = minmax_fusion(runs, weights=weights)
     else:
         raise ConfigError(f"fusion={method!r} is unknown; choose one of {', '.join(FUSIONS)}")
+    if tie_key is not None:
+        return sorted(fused.items(), key=lambda item: (item[1], tie_key(item[0])), reverse=True)
     order: dict[K, int] = {}
     for key in (key for run in runs for key in _ranked(run)):
         order.setdefault(key, len(order))
@@ -79,9 +87,11 @@ def fuse_rows(
     method: str = "rrf",
     *,
     weights: Sequence[float] | None = None,
+    tie_key: Callable[[int], Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fuse search results given as ``(scores, rows)`` arrays (one row of each per query; row ``-1`` is a miss)
-    into the ``k`` best ``(scores, rows)`` per query, misses padded with ``-1``."""
+    into the ``k`` best ``(scores, rows)`` per query, misses padded with ``-1``. With ``tie_key`` (a row's
+    document id) equal scores rank as trec_eval ranks them, compared as the float32 scores returned."""
     queries = len(runs[0][0])
     scores = np.zeros((queries, k), dtype=np.float32)
     rows = np.full((queries, k), -1, dtype=np.int64)
@@ -90,7 +100,10 @@ def fuse_rows(
             {int(r): float(s) for s, r in zip(run_scores[q], run_rows[q], strict=True) if r >= 0}
             for run_scores, run_rows in runs
         ]
-        for j, (row, score) in enumerate(fuse(per_run, method, weights=weights)[:k]):
+        ranked = fuse(per_run, method, weights=weights)
+        if tie_key is not None:  # the order of the scores as returned (float32), ties by id as trec_eval
+            ranked.sort(key=lambda item: (np.float32(item[1]), tie_key(item[0])), reverse=True)
+        for j, (row, score) in enumerate(ranked[:k]):
             rows[q, j] = row
             scores[q, j] = score
     return scores, rows
