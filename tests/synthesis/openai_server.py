@@ -75,7 +75,11 @@ async def chat(request: Request) -> JSONResponse:
             ]
         }
     else:
-        choice["message"] = {"role": "assistant", "content": _answer(prompt)}
+        answer = _answer(prompt)
+        limit = body.get("max_tokens")
+        if isinstance(limit, int) and len(answer.split()) > limit:  # a "token" a word: cut as servers cut
+            answer, choice["finish_reason"] = " ".join(answer.split()[:limit]), "length"
+        choice["message"] = {"role": "assistant", "content": answer}
     text = choice["message"]["content"]
     with lock:
         state["served"] += 1

@@ -59,6 +59,33 @@ def test_gecko_relabels_with_both_signals_fused_and_keeps_provenance(tmp_path):
     assert stats["notes"] == []
 
 
+def test_gecko_never_takes_the_seed_passage_or_a_copy_of_the_positive_as_the_hard_negative(tmp_path):
+    """The negative was drawn from fused ranks 3-8 whatever it was: a seed passage outranked there became its own
+    query's hard negative, and with duplicate passages the negative was the positive's very text."""
+    docs = [*TOPICS, TOPICS[0], TOPICS[1]]  # two duplicates
+    ids = [f"doc{i}" for i in range(len(docs))]
+    out = tmp_path / "g.jsonl"
+    synthesize("gecko", TinyGenerator(), out, corpus=(ids, docs), encode=encode, shard_size=3)
+    rows = _rows(out)
+    assert rows
+    for row in rows:
+        seed = docs[ids.index(row["provenance"]["seed_passage"])]
+        assert row["negatives"][0] != row["positive"]
+        assert row["provenance"]["negative"]["id"] != row["provenance"]["seed_passage"]
+        assert row["negatives"][0] != seed or seed == row["positive"]  # the seed's text only as a positive
+
+
+def test_the_hard_negative_pool_leaves_out_the_seed_and_copies_of_the_positive():
+    from lmembed.synthesis.gecko import negative_pool
+
+    candidates = [10, 11, 12, 13, 14, 15]  # corpus rows; the seed is 12
+    texts = ["a", "b", "c", "a", "e", "f"]  # row 13 is a copy of row 10's text
+    ranked = [0, 1, 2, 3, 4, 5]  # the positive is candidate 0 (row 10); the seed ranks 3rd
+    assert negative_pool(ranked, candidates, texts, 12, (3, 8)) == [4, 5]  # not the seed, not the copy
+    assert negative_pool(ranked, candidates, texts, 12, (3, 4)) == [1, 4, 5]  # none left in the ranks: any below
+    assert negative_pool([0, 1], [10, 12], ["a", "c"], 12, (3, 8)) == []  # nothing but the seed: no negative
+
+
 def test_reciprocal_rank_fusion_rewards_agreement():
     fused = rrf([3.0, 2.0, 1.0], [0.1, 0.9, 0.5], k=1)
     assert fused[1] > fused[0] > fused[2]

@@ -79,6 +79,8 @@ def test_the_same_seed_gives_the_same_rows_and_another_seed_other_knobs(tmp_path
         ('{"q": "a", "p": ["b"]}', "wrong_type", False),
         ('["a", "b"]', "wrong_type", False),
         ("I cannot help with that.", "not_json", False),
+        ('{"q": "a \\ud83d", "p": "b"}', "invalid_unicode", False),  # half an emoji, escaped: cannot be written
+        ('{"q": "a \\ud83d\\ude00", "p": "b"}', None, False),  # the whole emoji is fine
     ],
 )
 def test_strict_parsing_repairs_or_rejects_with_a_reason(text, reason, repaired):
@@ -86,7 +88,17 @@ def test_strict_parsing_repairs_or_rejects_with_a_reason(text, reason, repaired)
     assert parsed.reason == reason
     assert parsed.repaired is repaired
     if reason is None:
-        assert parsed.value == {"q": "a", "p": "b"}
+        assert parsed.value["p"] == "b" and parsed.value["q"].startswith("a")
+
+
+def test_half_an_emoji_is_rejected_by_every_parser_not_a_crash_at_the_shard_write():
+    """An answer holding a lone surrogate (``\\ud83d``, half an emoji) parsed, and writing its shard raised
+    UnicodeEncodeError: the shard was lost, and every rerun of a deterministic recipe crashed again."""
+    from lmembed.synthesis.parsing import parse_query_line
+
+    assert parse_string_list('["a", "b \\ud83d"]').reason == "invalid_unicode"
+    assert parse_query_line("what binds \ud83d the protein?").reason == "invalid_unicode"
+    assert parse_object("what binds \ud83d", ("query",), plain_text=True).reason == "invalid_unicode"
 
 
 def test_a_single_field_answer_in_plain_text_is_repaired_only_when_allowed():
@@ -318,6 +330,17 @@ def test_the_endpoint_generator_synthesises_through_a_real_server_with_its_key(s
     assert stats["rows"] > 0 and stats["repaired"] == stats["rows"]  # the server wraps its JSON in code fences
     assert stats["usage_now"]["prompt_tokens"] > 0 and stats["generator"].startswith("endpoint:tiny@")
     assert read_jsonl_examples(tmp_path / "e.jsonl")[0]
+
+
+def test_answers_the_server_cut_at_the_token_limit_are_counted(server):
+    """An answer stopped at ``max_tokens`` (``finish_reason: "length"``) fails to parse as JSON, and was counted as
+    the model's ``not_json`` alone; the generator's usage now says how many were cut at the limit."""
+    gen = EndpointGenerator(server(), "tiny", retries=0)
+    message = ({"role": "user", "content": 'Answer with "query": and "positive": about proteins and cells'},)
+    short, whole = Request(message, max_new_tokens=3), Request(message, max_new_tokens=256)
+    cut, full = gen.generate([short, whole])
+    assert len(cut.split()) == 3 and len(full.split()) > 3
+    assert gen.usage.cut_at_limit == 1 and parse_object(cut, ("query", "positive")).reason == "not_json"
 
 
 def test_a_refused_key_is_a_clear_error_and_not_retried(server, monkeypatch):

@@ -116,6 +116,9 @@ class E5MistralRunner:
             if value[mapping["query"]] == value[mapping["positive"]]:
                 result.reject("positive_repeats_query", answer)
                 continue
+            if mapping.get("negative") and value[mapping["negative"]] == value[mapping["positive"]]:
+                result.reject("negative_repeats_positive", answer)  # a false negative of itself
+                continue
             result.rows.append(
                 {
                     "query": value[mapping["query"]],

@@ -105,6 +105,21 @@ def rrf(*rankings: Sequence[float], k: int = 60) -> list[float]:
     return fused
 
 
+def negative_pool(
+    ranked: list[int], candidates: list[int], texts: list[str], seed: int, ranks: tuple[int, int]
+) -> list[int]:
+    """The candidates (positions in ``candidates``, best first in ``ranked``) a hard negative is drawn from: those at
+    fused ranks ``ranks`` (1-based, inclusive; else any below the positive), never the seed passage (the query was
+    written from it) nor a passage whose text is the positive's (a duplicate)."""
+    low, high = ranks
+    positive = texts[ranked[0]]
+
+    def allowed(j: int) -> bool:
+        return candidates[j] != seed and texts[j] != positive
+
+    return [j for j in ranked[max(1, low - 1) : high] if allowed(j)] or [j for j in ranked[1:] if allowed(j)]
+
+
 class GeckoRunner:
     """Generate, retrieve, relabel, fuse."""
 
@@ -166,9 +181,12 @@ class GeckoRunner:
             if note not in context.notes:
                 context.notes.append(note)
         low, high = recipe.get("negative_ranks", [3, 8])
-        pool = ranked[max(1, low - 1) : high] or ranked[1:]
-        negative = random.Random(_seed(context.seed, item["id"], "negative")).choice(pool)
         positive = ranked[0]
+        texts = [context.corpus_texts[c] for c in candidates]
+        pool = negative_pool(ranked, candidates, texts, item["index"], (low, high))
+        if not pool:
+            return "no_negative"
+        negative = random.Random(_seed(context.seed, item["id"], "negative")).choice(pool)
 
         def scores(j: int) -> dict[str, Any]:
             return {

@@ -77,6 +77,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retries: int = 0
+    #: answers the server stopped at the request's token limit (``finish_reason: "length"``): a JSON answer cut
+    #: there fails to parse, and this says why (raise the recipe's ``max_new_tokens``)
+    cut_at_limit: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -273,6 +276,11 @@ class LocalGenerator:
         self.usage.requests += len(requests)
         self.usage.prompt_tokens += int(batch["attention_mask"].sum())
         self.usage.completion_tokens += int((new != self.tokenizer.pad_token_id).sum())
+        eos = self.tokenizer.eos_token_id
+        for row, request in zip(new.tolist(), requests, strict=True):  # no end of text within its own limit: cut
+            kept = row[: request.max_new_tokens]
+            if len(kept) >= request.max_new_tokens and eos not in kept:
+                self.usage.cut_at_limit += 1
         return [t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
 
     def loglikelihood(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[float]:
@@ -405,9 +413,14 @@ class EndpointGenerator:
     def _one(self, request: Request) -> str:
         body = self._post("chat/completions", self._payload(request))
         try:
-            return str(body["choices"][0]["message"]["content"] or "")
+            choice = body["choices"][0]
+            text = str(choice["message"]["content"] or "")
         except (KeyError, IndexError, TypeError) as exc:
             raise GeneratorError(f"{self.base_url}/chat/completions: answer has no choices[0].message.content") from exc
+        if isinstance(choice, dict) and choice.get("finish_reason") == "length":
+            with self._lock:
+                self.usage.cut_at_limit += 1
+        return text
 
     def _post(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}/{route}"

@@ -18,7 +18,17 @@ from typing import Any
 #: why an answer is rejected
 REASONS = ("not_json", "wrong_type", "missing_field", "empty_field")
 #: why a plain-text query answer is rejected
-QUERY_REASONS = ("empty", "not_plain", "multi_line", "too_short", "too_long", "not_question", "copy", "off_passage")
+QUERY_REASONS = (
+    "empty",
+    "invalid_unicode",
+    "not_plain",
+    "multi_line",
+    "too_short",
+    "too_long",
+    "not_question",
+    "copy",
+    "off_passage",
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,24 @@ class Parsed:
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (half an emoji, as an LLM's JSON escape ``\\ud83d`` decodes): no
+    character, it cannot be written as UTF-8, and a shard holding it failed to be written (every rerun again)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _broken_unicode(text: str) -> Parsed | None:
+    return (
+        Parsed(reason="invalid_unicode", detail=text.encode("utf-8", "replace")[:80].decode())
+        if _lone_surrogate(text)
+        else None
+    )
 
 
 def _load(text: str, opener: str, closer: str) -> tuple[Any, bool] | None:
@@ -62,6 +90,8 @@ def parse_object(text: str, keys: tuple[str, ...], *, plain_text: bool = False) 
     """A JSON object whose ``keys`` all hold non-empty strings (other keys are dropped). With ``plain_text`` and a
     single key, an answer with no JSON in it is taken as that field's value (its first non-empty line, quotes
     stripped), counted as a repair: small models often answer the text and skip the JSON."""
+    if broken := _broken_unicode(text):
+        return broken
     loaded = _load(text, "{", "}")
     bare = loaded is None or isinstance(loaded[0], str)
     if bare and plain_text and len(keys) == 1 and "{" not in text:
@@ -71,6 +101,8 @@ def parse_object(text: str, keys: tuple[str, ...], *, plain_text: bool = False) 
     if loaded is None:
         return Parsed(reason="not_json", detail=text[:80])
     value, repaired = loaded
+    if _lone_surrogate(json.dumps(value, ensure_ascii=False)):  # an escape "\ud83d" alone, decoded
+        return Parsed(reason="invalid_unicode", detail=text[:80])
     if not isinstance(value, dict):
         return Parsed(reason="wrong_type", detail=type(value).__name__)
     missing = [k for k in keys if k not in value]
@@ -91,10 +123,14 @@ def parse_object(text: str, keys: tuple[str, ...], *, plain_text: bool = False) 
 
 def parse_string_list(text: str) -> Parsed:
     """A JSON list of non-empty strings (empty entries dropped; none left is a rejection)."""
+    if broken := _broken_unicode(text):
+        return broken
     loaded = _load(text, "[", "]")
     if loaded is None:
         return Parsed(reason="not_json", detail=text[:80])
     value, repaired = loaded
+    if _lone_surrogate(json.dumps(value, ensure_ascii=False)):
+        return Parsed(reason="invalid_unicode", detail=text[:80])
     if not isinstance(value, list):
         return Parsed(reason="wrong_type", detail=type(value).__name__)
     items = [str(v).strip() for v in value if isinstance(v, (str, int, float)) and str(v).strip()]
@@ -173,6 +209,8 @@ def parse_query_line(
     is about nothing in it, e.g. the prompt echoed: "What is the question?"); with ``question``, it must end with
     a question mark (a small model asked for a question often answers instead: "The answer to your question is:
     ..."). Anything else is rejected with a reason from :data:`QUERY_REASONS`."""
+    if broken := _broken_unicode(text):
+        return broken
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     if not lines:
         return Parsed(reason="empty")
