@@ -107,26 +107,18 @@ def test_items_of_unequal_cost_are_counted_while_the_eta_follows_the_work(capsys
     ]
 
 
-def test_an_encode_in_a_log_counts_texts_and_ends_at_all_of_them():
+def test_an_encode_in_a_log_counts_texts_and_ends_at_all_of_them(make_embedder, monkeypatch, capsys):
     from lmembed.encoding import engine as engine_module
 
-    script = f"""
-import sys
-from lmembed.embedder import Embedder
-from lmembed import terminal
-from lmembed.encoding import engine
-terminal.LOG_EVERY_S = 0.0
-emb = Embedder.from_pretrained("minilm", cache=False)
-texts = [f"text {{i}} " + "word " * (i % 40) for i in range({engine_module.PROGRESS_MIN_TEXTS})]
-emb.encode(texts)
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.startswith("encoding [")]
+    monkeypatch.setattr(terminal, "LOG_EVERY_S", 0.0)
+    emb = make_embedder("bert")
+    emb.engine.show_progress = True
     total = engine_module.PROGRESS_MIN_TEXTS
-    assert lines, done.stderr
+    emb.encode([f"text {i} " + "word " * (i % 40) for i in range(total)], batch_size=32)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("encoding [")]
+    assert len(lines) >= 2, lines  # a line a batch (every 0 s), counted in texts
     assert lines[-1].split(": ", 1)[1].startswith(f"{total}/{total} texts (100%)"), lines[-1]
-    assert "ETA" not in lines[-1]
+    assert "ETA" not in lines[-1] and "ETA" in lines[0]
 
 
 def test_a_log_is_told_the_work_goes_on_while_a_step_takes_long(capsys):
