@@ -205,3 +205,27 @@ def test_difference_of_differences_with_spearman():
 def test_difference_of_differences_needs_four_equal_arms():
     with pytest.raises(ValueError, match="equally long"):
         paired_bootstrap([1.0, 2.0], [1.0, 2.0], minus=([1.0, 2.0], [1.0]))
+
+
+def test_an_arm_of_several_runs_scores_as_the_mean_of_its_runs_statistics():
+    """Spearman over seeds was taken of the seeds' averaged ranks, a number the scores table never printed (STS-B:
+    a − b −0.97 against means differing by −2.03; the sign could flip) and one that favoured the arm with more
+    seeds. Given one row per run, an arm scores as the mean of its runs' statistics, interval included."""
+    from scipy.stats import spearmanr
+
+    from lmembed.experiments.stats import bootstrap_interval, compare
+
+    rng = np.random.default_rng(4)
+    gold = rng.normal(size=40)
+    a_runs = [gold + rng.normal(scale=1.0, size=40) for _ in range(3)]
+    b_run = gold + rng.normal(scale=1.0, size=40)
+    want = np.mean([spearmanr(run, gold)[0] for run in a_runs]) - spearmanr(b_run, gold)[0]
+    result = compare(a_runs, [b_run], "spearman", gold, resamples=500, permutations=200)
+    assert result.difference == pytest.approx(want, abs=1e-12) and result.items == 40
+    assert result.low <= result.difference <= result.high
+    averaged = spearmanr(seed_average(a_runs, "spearman"), gold)[0] - spearmanr(b_run, gold)[0]
+    assert abs(averaged - want) > 1e-3  # the averaged-ranks number is another one
+    low, high = bootstrap_interval(a_runs, "spearman", gold, resamples=500)
+    assert low <= np.mean([spearmanr(run, gold)[0] for run in a_runs]) <= high
+    mean_runs = compare(a_runs, [b_run], "mean", resamples=200, permutations=200)  # means: unchanged
+    assert mean_runs.difference == pytest.approx(np.mean(a_runs) - np.mean(b_run))

@@ -132,39 +132,56 @@ Minus = tuple[Sequence[float], Sequence[float]]
 
 
 def _as_arms(
-    a: Sequence[float], b: Sequence[float], reference: Sequence[float] | None, minus: Minus | None = None
+    a: Sequence[Any], b: Sequence[Any], reference: Sequence[float] | None, minus: Minus | None = None
 ) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """The arms as arrays: ``[a, b]``, or ``[a, b, c, d]`` with ``minus=(c, d)``; all of one length."""
+    """The arms as 2-D arrays, one row per run (a list of item values is one run): ``[a, b]``, or
+    ``[a, b, c, d]`` with ``minus=(c, d)``; every run of every arm has the same items, arms may differ in runs."""
     arms = [np.asarray(v, dtype=np.float64) for v in (a, b, *(minus or ()))]
     if minus is not None and len(minus) != 2:
         raise ValueError(f"minus: two arms (c, d), got {len(minus)}")
-    if any(x.shape != arms[0].shape for x in arms) or arms[0].ndim != 1 or arms[0].size == 0:
+    arms = [x[None, :] if x.ndim == 1 else x for x in arms]
+    if any(x.ndim != 2 or x.shape[1] != arms[0].shape[1] or not x.shape[0] for x in arms) or not arms[0].shape[1]:
         shapes = " and ".join(str(x.shape) for x in arms)
         raise ValueError(f"paired scores need equally long, non-empty lists (got {shapes})")
     ref = None if reference is None else np.asarray(reference, dtype=np.float64)
-    if ref is not None and ref.shape != arms[0].shape:
-        raise ValueError(f"the reference has {ref.size} items, the scores {arms[0].size}")
+    if ref is not None and ref.shape != (arms[0].shape[1],):
+        raise ValueError(f"the reference has {ref.size} items, the scores {arms[0].shape[1]}")
     return arms, ref
 
 
 def _contrast_rows(statistic: Statistic, arms: Sequence[np.ndarray], ref: np.ndarray | None) -> np.ndarray:
     """Row by row: ``statistic(arms[0])``, ``statistic(arms[0]) - statistic(arms[1])``, or with four arms
-    ``(statistic(arms[0]) - statistic(arms[1])) - (statistic(arms[2]) - statistic(arms[3]))``."""
+    ``(statistic(arms[0]) - statistic(arms[1])) - (statistic(arms[2]) - statistic(arms[3]))``. An arm of shape
+    ``(rows, items)`` is one run; ``(runs, rows, items)`` several, its statistic the mean of its runs' (as the
+    scores table's means are: Spearman and AP of averaged ranks would be another number)."""
     signs = {1: (1,), 2: (1, -1), 4: (1, -1, -1, 1)}[len(arms)]
-    return sum(sign * _score_rows(statistic, x, ref) for sign, x in zip(signs, arms, strict=True))  # type: ignore[return-value]
+    return sum(sign * _arm_rows(statistic, x, ref) for sign, x in zip(signs, arms, strict=True))  # type: ignore[return-value]
+
+
+def _arm_rows(statistic: Statistic, x: np.ndarray, ref: np.ndarray | None) -> np.ndarray:
+    if x.ndim == 2:
+        return _score_rows(statistic, x, ref)
+    runs, rows, items = x.shape
+    tiled = None if ref is None else np.broadcast_to(ref, (runs, rows, items)).reshape(runs * rows, items)
+    return _score_rows(statistic, x.reshape(runs * rows, items), tiled).reshape(runs, rows).mean(axis=0)
+
+
+def _observed(statistic: Statistic, arms: Sequence[np.ndarray], ref: np.ndarray | None) -> float:
+    """The contrast on the items as they are (each arm ``(runs, items)``)."""
+    return float(_contrast_rows(statistic, [x[:, None, :] for x in arms], None if ref is None else ref[None, :])[0])
 
 
 def _resampled(
     statistic: Statistic, arms: Sequence[np.ndarray], ref: np.ndarray | None, resamples: int, seed: int
 ) -> np.ndarray:
-    """The contrast of ``arms`` (see :func:`_contrast_rows`) on item resamples drawn with replacement; the
-    same resample serves every arm."""
+    """The contrast of ``arms`` (each ``(runs, items)``; see :func:`_contrast_rows`) on item resamples drawn with
+    replacement; the same resample serves every run of every arm."""
     rng = np.random.default_rng(seed)
-    size = arms[0].size
+    size = arms[0].shape[1]
     out = []
     for start in range(0, resamples, _CHUNK):
         index = rng.integers(0, size, size=(min(_CHUNK, resamples - start), size))
-        out.append(_contrast_rows(statistic, [x[index] for x in arms], None if ref is None else ref[index]))
+        out.append(_contrast_rows(statistic, [x[:, index] for x in arms], None if ref is None else ref[index]))
     return np.concatenate(out) if out else np.zeros(0)
 
 
@@ -200,12 +217,13 @@ def paired_bootstrap(
     seed: int = 0,
 ) -> Interval:
     """Percentile interval of ``statistic(a) - statistic(b)`` (minus ``statistic(c) - statistic(d)`` with
-    ``minus=(c, d)``) over items resampled with replacement."""
+    ``minus=(c, d)``) over items resampled with replacement. An arm given as several runs (one list of item values
+    per seed) scores as the mean of its runs' statistics."""
     _check(statistic)
     arms, ref = _as_arms(a, b, reference, minus)
-    observed = _contrast_rows(statistic, [x[None, :] for x in arms], None if ref is None else ref[None, :])[0]
+    observed = _observed(statistic, arms, ref)
     low, high = _percentiles(_resampled(statistic, arms, ref, resamples, seed), confidence)
-    return Interval(float(observed), low, high, confidence, resamples)
+    return Interval(observed, low, high, confidence, resamples)
 
 
 def _swap_patterns(n: int, permutations: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
@@ -230,6 +248,7 @@ def paired_randomization_test(
     ``minus=(c, d)``, of the difference of differences under "each item's (a, b) and (c, d) are exchangeable"."""
     _check(statistic)
     arms, ref = _as_arms(a, b, reference, minus)
+    arms = [seed_average(x, statistic) if x.shape[0] > 1 else x[0] for x in arms]  # one value per item and arm
     if statistic != "mean":
         # Spearman and AP see only each arm's ordering; swapping raw values between arms on different similarity
         # scales (one model's cosines in [0.2, 0.9], another's in [0.7, 1]) would scramble both orderings and
@@ -310,7 +329,7 @@ def compare(
         high=interval.high,
         p_value=p_value,
         verdict=verdict(interval.difference, interval.low, interval.high, p_value, expected, alpha),
-        items=len(a),
+        items=np.asarray(a, dtype=np.float64).shape[-1],
         statistic=statistic,
         expected=int(np.sign(expected)),
     )
@@ -325,9 +344,10 @@ def bootstrap_interval(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile interval of one arm's score over resampled items (the error bars of the plot)."""
+    """Percentile interval of one arm's score over resampled items (the error bars of the plot); ``values`` one
+    list of item values, or one per run (the arm's score then the mean of its runs')."""
     _check(statistic)
     x = np.asarray(values, dtype=np.float64)
     ref = None if reference is None else np.asarray(reference, dtype=np.float64)
-    scores = _resampled(statistic, [x], ref, resamples, seed)
+    scores = _resampled(statistic, [x[None, :] if x.ndim == 1 else x], ref, resamples, seed)
     return _percentiles(scores, confidence)

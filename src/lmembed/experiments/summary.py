@@ -103,11 +103,13 @@ def _arm_items(
 def _aligned(
     per_run: Sequence[tuple[dict[str, float], Any]], ids: Sequence[str], statistic: str
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """One value per item over ``ids`` (averaged over the runs) and the reference values in that order."""
-    matrix = [[run[0][i] for i in ids] for run in per_run]
-    averaged = seed_average(matrix, statistic)  # type: ignore[arg-type]
+    """The runs' values over ``ids`` (one row per run: a Spearman or AP arm scores as the mean of its runs', as
+    the scores table does, not as the statistic of their averaged ranks) and the reference values in that order."""
+    matrix = np.array([[run[0][i] for i in ids] for run in per_run], dtype=np.float64)
+    if statistic == "mean":
+        matrix = seed_average(matrix, statistic)[None, :]  # the same difference, one row
     reference = per_run[0][1]
-    return averaged, (np.array([reference[i] for i in ids]) if reference is not None else None)
+    return matrix, (np.array([reference[i] for i in ids]) if reference is not None else None)
 
 
 def _common_ids(*groups: Sequence[tuple[dict[str, float], Any]]) -> list[str]:
@@ -147,8 +149,8 @@ def _score_table(
             if per_run and statistic:
                 ids = _common_ids(per_run)
                 if len(ids) >= 2:
-                    averaged, reference = _aligned(per_run, ids, statistic)
-                    cell["interval"] = list(bootstrap_interval(averaged, statistic, reference))
+                    runs, reference = _aligned(per_run, ids, statistic)
+                    cell["interval"] = list(bootstrap_interval(runs, statistic, reference))
                     cell["items"] = len(ids)
             if name == LOSS_TASK:
                 curves = [_last_stage_losses(r) for r in records if _last_stage_losses(r)]
