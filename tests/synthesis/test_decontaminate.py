@@ -72,8 +72,26 @@ def test_planted_overlaps_are_dropped_for_their_reasons_and_the_rest_kept():
     assert "| bm25 | 1 |" in report.markdown()
 
 
+def test_a_short_test_query_wrapped_in_a_training_query_is_dropped():
+    """Test queries under 13 words were caught only when equal or of like length: "Is it true that <query>?" and
+    "What is the evidence for the claim that <query>?" were kept for 163 of SciFact's 300 test queries. A row's
+    query holding a test query of 6 words or more as a run of its words is dropped (``contains``); a passage
+    using such a phrase is not."""
+    rows = [
+        ("What is the evidence for the claim that the effect of aspirin on cardiovascular events is small?", "p"),
+        ("Is it true that what causes scurvy in sailors on long voyages?", "p"),
+        ("aspirin and the heart", "a review of the effect of aspirin on cardiovascular events in adults"),
+    ]
+    report = decontaminate(rows, protected_texts({"SciFact": EVAL_QUERIES}))
+    assert [(d.row, d.reason) for d in report.dropped] == [(0, "contains"), (1, "contains")]
+    assert report.dropped[0].matched == EVAL_QUERIES[3] and report.dropped[0].score == 6.0
+    assert report.kept == [2]
+    off = decontaminate(rows, protected_texts({"SciFact": EVAL_QUERIES}), DecontaminationSettings(contains=None))
+    assert 0 in off.kept and "contains" not in off.by_reason  # off: the long wrapped query passes the rest
+
+
 def test_each_test_can_be_turned_off():
-    off = DecontaminationSettings(ngram=None, near_duplicate=None, bm25=None)
+    off = DecontaminationSettings(ngram=None, contains=None, near_duplicate=None, bm25=None)
     report = decontaminate(_rows(), protected_texts({"SciFact": EVAL_QUERIES}), off)
     assert [d.reason for d in report.dropped] == ["exact"]
 

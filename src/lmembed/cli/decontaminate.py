@@ -35,6 +35,12 @@ def decontaminate_command(
     ngram: Annotated[
         int, typer.Option("--ngram", min=0, help="Shared run of this many words counts (13; 0 turns it off).")
     ] = 13,
+    contains: Annotated[
+        int,
+        typer.Option(
+            "--contains", min=0, help="An evaluation text of at least this many words inside a row counts (6; 0: off)."
+        ),
+    ] = 6,
     near_duplicate: Annotated[
         float, typer.Option("--near-duplicate", min=0, help="Word-set Jaccard threshold (0.8; 0 turns it off).")
     ] = 0.8,
@@ -44,7 +50,8 @@ def decontaminate_command(
     split: Annotated[str, typer.Option("--split", help="Split of the evaluation sets.")] = "test",
 ) -> None:
     """Drop training rows whose query or positive repeats an evaluation item: exact and near-duplicate texts,
-    shared n-grams, and a BM25 similarity threshold as NV-Embed did; writes the kept rows and a report."""
+    shared n-grams, a query holding a shorter evaluation text, and a BM25 similarity threshold as NV-Embed did;
+    writes the kept rows and a report."""
     # lazy: the evaluation sets' readers import scikit-learn and SciPy, seconds that --help must not pay
     from lmembed.synthesis.decontaminate import DecontaminationSettings, decontaminate
     from lmembed.synthesis.eval_texts import evaluation_texts, parse_names
@@ -53,7 +60,9 @@ def decontaminate_command(
     if not names:
         raise typer.BadParameter("name at least one evaluation set", param_hint="--against")
     check_writable(output, "--output")
-    settings = DecontaminationSettings(ngram=ngram or None, near_duplicate=near_duplicate or None, bm25=bm25 or None)
+    settings = DecontaminationSettings(
+        ngram=ngram or None, contains=contains or None, near_duplicate=near_duplicate or None, bm25=bm25 or None
+    )
     raw, texts = [], []
     for line_no, row in iter_jsonl(rows):
         try:

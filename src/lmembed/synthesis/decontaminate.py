@@ -3,7 +3,7 @@
 A training row is a tuple of texts (a query and its positives, say). It is *contaminated* when one of its
 texts repeats an evaluation item: a retrieval task's query, or any text of an STS, classification,
 clustering or pair-classification task (a retrieval corpus is not an evaluation item: training on the
-documents of a public corpus is how BEIR train splits work). Four tests, cheapest first; the first that
+documents of a public corpus is how BEIR train splits work). Five tests, cheapest first; the first that
 fires names the reason:
 
 ``exact``
@@ -11,6 +11,12 @@ fires names the reason:
 ``ngram``
     they share a run of ``ngram`` words (13 by default, the length GPT-3's report used), for texts at least
     that long;
+``contains``
+    a row's query holds an evaluation text of ``contains`` (6) to ``ngram`` − 1 words as a run of its words (a
+    short test query wrapped in other words, "Is it true that <query>?": the n-gram test does not see texts
+    shorter than ``ngram`` words, and the BM25 test compares texts of like length only). Queries only: a passage
+    may well use a short test query's phrase ("the effect of aspirin on cardiovascular events") as any text on
+    its subject does;
 ``near_duplicate``
     the Jaccard similarity of their sets of words is at least ``near_duplicate`` (0.8), among the evaluation
     texts BM25 ranks highest for the training text (sets of words rather than of word n-grams: one changed
@@ -41,7 +47,7 @@ import numpy as np
 
 from lmembed.errors import ConfigError
 
-REASONS = ("exact", "ngram", "near_duplicate", "bm25")
+REASONS = ("exact", "ngram", "contains", "near_duplicate", "bm25")
 #: The BM25 test needs an evaluation text with at least this many distinct indexed (non-stop) words: "No you are
 #: not." keeps only "no", and every text with a "no" in it would cover all of its weight.
 MIN_BM25_WORDS = 2
@@ -50,9 +56,10 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 @dataclass(frozen=True)
 class DecontaminationSettings:
-    """The four tests' thresholds (``None`` turns a test off); see the module docstring."""
+    """The five tests' thresholds (``None`` turns a test off); see the module docstring."""
 
     ngram: int | None = 13
+    contains: int | None = 6
     near_duplicate: float | None = 0.8
     bm25: float | None = 0.9
     candidates: int = 5  # evaluation texts BM25 proposes per training text for the last two tests
@@ -60,6 +67,8 @@ class DecontaminationSettings:
     def __post_init__(self) -> None:
         if self.ngram is not None and self.ngram < 3:
             raise ConfigError(f"decontamination ngram={self.ngram}: use 3 words or more (or None to turn it off)")
+        if self.contains is not None and self.contains < 3:
+            raise ConfigError(f"decontamination contains={self.contains}: use 3 words or more (or None: off)")
         # a Jaccard overlap is at most 1 (above it the test would silently never fire); a relative BM25 score may
         # pass 1 a little (a training text that repeats the evaluation text's rare words)
         for name, top in (("near_duplicate", 1.0), ("bm25", 1.5)):
@@ -87,7 +96,7 @@ class Drop:
     text: str  # the row's text that matched
     matched: str  # the evaluation text it matched
     source: str  # the evaluation set
-    score: float  # 1.0 for exact; the n-gram length; the Jaccard similarity; the relative BM25 score
+    score: float  # 1.0 for exact; the n-gram or contained text's length; the Jaccard similarity; the relative BM25
 
 
 @dataclass
@@ -182,6 +191,14 @@ class Decontaminator:
             for i, t in enumerate(self.tokens):
                 for gram in shingles(t, n) if len(t) >= n else ():
                     self.ngrams.setdefault(gram, i)
+        # shorter evaluation texts, searched whole inside a training text (longer ones share an n-gram with it)
+        self.contained: dict[tuple[str, ...], int] = {}
+        low, high = self.settings.contains, n if n is not None else None
+        if low is not None:
+            for i, t in enumerate(self.tokens):
+                if len(t) >= low and (high is None or len(t) < high):
+                    self.contained.setdefault(tuple(t), i)
+        self.contained_lengths = sorted({len(t) for t in self.contained})
         self.lexical = None
         self.self_scores = np.zeros(0)
         self.known_words: list[int] = []
@@ -203,9 +220,11 @@ class Decontaminator:
         self.self_scores = self_scores
         self.known_words = self.lexical.known_words(texts)
 
-    def check_many(self, texts: Sequence[str]) -> list[Drop | None]:
-        """For each text, the first test it fails (``Drop.row`` is the text's position), or ``None``."""
-        found: list[Drop | None] = [self._cheap(i, t) for i, t in enumerate(texts)]
+    def check_many(self, texts: Sequence[str], queries: Sequence[bool] | None = None) -> list[Drop | None]:
+        """For each text, the first test it fails (``Drop.row`` is the text's position), or ``None``; ``queries``
+        marks the texts that are a row's query (the ``contains`` test reads only those; default: all)."""
+        marks = [True] * len(texts) if queries is None else list(queries)
+        found: list[Drop | None] = [self._cheap(i, t, marks[i]) for i, t in enumerate(texts)]
         pending = [i for i, d in enumerate(found) if d is None]
         if self.lexical is None or not pending:
             return found
@@ -221,7 +240,7 @@ class Decontaminator:
         p = self.protected[match]
         return Drop(position, reason, text, p.text, p.source, float(score))
 
-    def _cheap(self, position: int, text: str) -> Drop | None:
+    def _cheap(self, position: int, text: str, query: bool = True) -> Drop | None:
         tokens = words(text)
         if not tokens:
             return None
@@ -234,6 +253,13 @@ class Decontaminator:
                 match = self.ngrams.get(gram)
                 if match is not None:
                     return self._drop(position, "ngram", text, match, float(n))
+        for length in self.contained_lengths if query else ():
+            if length > len(tokens):
+                break
+            for gram in shingles(tokens, length):
+                match = self.contained.get(gram)
+                if match is not None:
+                    return self._drop(position, "contains", text, match, float(length))
         return None
 
     def _by_candidates(self, position: int, text: str, scores: np.ndarray, rows: np.ndarray) -> Drop | None:
@@ -262,16 +288,19 @@ def decontaminate(
     protected: Sequence[ProtectedText],
     settings: DecontaminationSettings | None = None,
 ) -> DecontaminationReport:
-    """Check every text of every row against ``protected``; a row with one contaminated text is dropped."""
+    """Check every text of every row (its first text is its query) against ``protected``; a row with one
+    contaminated text is dropped."""
     checker = Decontaminator(protected, settings)
     flat: list[str] = []
     owner: list[int] = []
+    queries: list[bool] = []
     for r, texts in enumerate(rows):
-        for text in texts:
+        for k, text in enumerate(texts):
             flat.append(text)
             owner.append(r)
+            queries.append(k == 0)  # a row's first text is its query
     first: dict[int, Drop] = {}
-    for drop in checker.check_many(flat):
+    for drop in checker.check_many(flat, queries):
         if drop is not None and owner[drop.row] not in first:
             row = owner[drop.row]
             first[row] = Drop(row, drop.reason, drop.text, drop.matched, drop.source, drop.score)

@@ -70,7 +70,7 @@ BATCHING_DOC = (
 )
 DECONTAMINATE_DOC = (
     "Comma list of evaluation sets (scifact,nfcorpus): drop rows whose query or positive repeats their "
-    "items (exact, n-gram, near-duplicate, BM25); the report goes to the output folder."
+    "items (exact, n-gram, a query holding one, near-duplicate, BM25); the report goes to the output folder."
 )
 EVAL_DATA_DOC = "BEIR folder or dataset name for dev nDCG@10; repeatable."
 
