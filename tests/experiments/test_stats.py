@@ -229,3 +229,14 @@ def test_an_arm_of_several_runs_scores_as_the_mean_of_its_runs_statistics():
     assert low <= np.mean([spearmanr(run, gold)[0] for run in a_runs]) <= high
     mean_runs = compare(a_runs, [b_run], "mean", resamples=200, permutations=200)  # means: unchanged
     assert mean_runs.difference == pytest.approx(np.mean(a_runs) - np.mean(b_run))
+
+
+def test_an_items_file_with_a_repeated_id_is_refused():
+    """Arms are paired by item id: ids q1, q1, q2 with values 1.0, 0.0, 0.5 silently became two items, q1 = 0.0."""
+    from pydantic import ValidationError
+
+    from lmembed.experiments.plan import ItemScores
+
+    with pytest.raises(ValidationError, match="item id 'q1' appears more than once"):
+        ItemScores(statistic="mean", ids=["q1", "q1", "q2"], values=[1.0, 0.0, 0.5], reference=None)
+    assert ItemScores(statistic="mean", ids=["q1", "q2"], values=[1.0, 0.5], reference=None).ids == ["q1", "q2"]

@@ -87,6 +87,10 @@ class ItemScores(BaseModel):
     def _one_value_per_item(self) -> ItemScores:
         if len(self.values) != len(self.ids) or (self.reference is not None and len(self.reference) != len(self.ids)):
             raise ValueError("ids, values and reference must have one entry per item")
+        if len(set(self.ids)) != len(self.ids):  # the comparison pairs arms by id: a repeated id kept one value
+            seen: set[str] = set()
+            repeated = next(i for i in self.ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+            raise ValueError(f"item id {repeated!r} appears more than once (each item must have its own id)")
         return self
 
 
