@@ -5,6 +5,7 @@ a kill, and file:line errors for a bad experiment file."""
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -163,6 +164,8 @@ def test_two_arms_two_seeds_end_to_end(workspace: Path):
         ("cls", "untrained", "Toy"),  # the gap against mean's gap; no train loss (untrained has none)
         ("cls", "untrained", "ToySTS"),
     }
+    steps = len(json.loads((out / "runs/mean/seed-0/run.json").read_text())["losses"]["train"])
+    assert compared[("mean", "cls", "train loss")]["items"] == max(1, steps // math.isqrt(steps))  # step blocks
     toy_pair = compared[("mean", "cls", "Toy")]
     assert toy_pair["items"] == 6 and toy_pair["low"] <= toy_pair["difference"] <= toy_pair["high"]
     assert toy_pair["verdict"] in ("holds", "reversed", "not distinguishable") and 0 < toy_pair["p_value"] <= 1

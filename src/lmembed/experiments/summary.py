@@ -16,6 +16,7 @@ seeds); two such arms are compared step by step (same seeds, same data order), l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,13 +64,25 @@ def _task_rows(finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, An
             {
                 "name": LOSS_TASK,
                 "task_type": "Training",
-                "main_metric": "loss (last stage, per step)",
+                "main_metric": "loss (last stage; compared on means of consecutive-step blocks)",
                 "statistic": "mean",
                 "higher_is_better": False,
                 "scale": 1.0,
             }
         )
     return rows
+
+
+def loss_blocks(losses: Sequence[float]) -> list[float]:
+    """The means of consecutive blocks of about √n steps (batch means; a last short block joins the one before):
+    the items a loss comparison pairs. Consecutive steps' losses are correlated (lag-1 autocorrelation up to 0.5
+    in the committed runs), and taken as independent items they made "differs" come out 23-81 % of the time with
+    no difference at all; block means are close to independent, as the randomization test assumes."""
+    n = len(losses)
+    size = max(1, math.isqrt(n))
+    blocks = max(1, n // size)
+    edges = [i * size for i in range(blocks)] + [n]  # the remainder goes to the last block
+    return [float(np.mean(losses[edges[i] : edges[i + 1]])) for i in range(blocks)]
 
 
 def _last_stage_losses(record: Mapping[str, Any]) -> list[float]:
@@ -88,7 +101,7 @@ def _arm_items(
         if task == LOSS_TASK:
             losses = _last_stage_losses(record)
             if losses:
-                out.append(({str(i): v for i, v in enumerate(losses)}, None))
+                out.append(({str(i): v for i, v in enumerate(loss_blocks(losses))}, None))
             continue
         entry = items.get(task)
         if not entry or entry.get("statistic") is None:
