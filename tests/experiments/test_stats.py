@@ -262,3 +262,17 @@ def test_the_loss_row_compares_means_of_consecutive_step_blocks():
     # still above 5 % at this correlation (36 steps hold no blocks long enough; docs/experiments.md says so),
     # but far below the per-step items'
     assert alarms["blocks"] <= 12 and alarms["steps"] >= 2 * alarms["blocks"], alarms
+
+
+def test_arms_that_scored_different_items_are_paired_on_the_shared_ones_and_the_log_says_so(caplog):
+    from lmembed.experiments.summary import _common_ids
+
+    a = [({"q1": 1.0, "q2": 0.5, "q3": 0.2}, None)]
+    b = [({"q2": 0.4, "q3": 0.1}, None)]
+    with caplog.at_level("WARNING", logger="lmembed.experiments.summary"):
+        assert _common_ids(a, b, task="SciFact") == ["q2", "q3"]
+    assert "SciFact: the runs compared scored different items (2 to 3); the comparison pairs the 2" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lmembed.experiments.summary"):
+        assert _common_ids(a, a, task="SciFact") == ["q1", "q2", "q3"]
+    assert caplog.text == ""

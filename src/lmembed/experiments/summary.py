@@ -16,6 +16,7 @@ seeds); two such arms are compared step by step (same seeds, same data order), l
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ from lmembed.experiments.plan import PlannedRun
 from lmembed.experiments.report import SUMMARY_FILE, write_experiment_report
 from lmembed.experiments.spec import CompareSpec, ExperimentSpec
 from lmembed.experiments.stats import bootstrap_interval, compare, mean_std, seed_average
+
+log = logging.getLogger(__name__)
 
 LOSS_TASK = "train loss"
 CLAIM_NAMES = {1: "better", -1: "worse", 0: "none"}
@@ -125,11 +128,21 @@ def _aligned(
     return matrix, (np.array([reference[i] for i in ids]) if reference is not None else None)
 
 
-def _common_ids(*groups: Sequence[tuple[dict[str, float], Any]]) -> list[str]:
+def _common_ids(*groups: Sequence[tuple[dict[str, float], Any]], task: str = "") -> list[str]:
+    """The item ids every run of every group scored (in the first run's order); fewer than a run has is said in
+    the log, as the comparison then pairs only the shared items."""
     sets = [set(run[0]) for group in groups for run in group]
     if not sets:
         return []
     common = set.intersection(*sets)
+    if task != LOSS_TASK and any(len(s) != len(common) for s in sets):
+        log.warning(
+            "%s: the runs compared scored different items (%d to %d); the comparison pairs the %d they share",
+            task or "a task",
+            min(map(len, sets)),
+            max(map(len, sets)),
+            len(common),
+        )
     first = groups[0][0][0]
     return [i for i in first if i in common]
 
@@ -160,7 +173,7 @@ def _score_table(
             per_run = _arm_items(finished, arm.name, name)
             statistic = task["statistic"]
             if per_run and statistic:
-                ids = _common_ids(per_run)
+                ids = _common_ids(per_run, task=name)
                 if len(ids) >= 2:
                     runs, reference = _aligned(per_run, ids, statistic)
                     cell["interval"] = list(bootstrap_interval(runs, statistic, reference))
@@ -204,7 +217,7 @@ def _comparisons(
             if pair.minus:  # the gap a − b against the gap c − d
                 entry.update({"minus": list(pair.minus), "c_mean": means[2], "d_mean": means[3]})
             arm_runs = [_arm_items(finished, arm, name) for arm in arms]
-            ids = _common_ids(*arm_runs) if all(arm_runs) else []
+            ids = _common_ids(*arm_runs, task=name) if all(arm_runs) else []
             if task["statistic"] and len(ids) >= 2:
                 items = [_aligned(runs, ids, task["statistic"]) for runs in arm_runs]
                 reference = items[0][1]
