@@ -169,6 +169,9 @@ def test_two_arms_two_seeds_end_to_end(workspace: Path):
     toy_pair = compared[("mean", "cls", "Toy")]
     assert toy_pair["items"] == 6 and toy_pair["low"] <= toy_pair["difference"] <= toy_pair["high"]
     assert toy_pair["verdict"] in ("holds", "reversed", "not distinguishable") and 0 < toy_pair["p_value"] <= 1
+    judged = [c for c in summary["comparisons"] if c.get("p_value") is not None]
+    assert all(c["p_value"] <= c["p_holm"] <= 1 for c in judged)  # Holm over the experiment's comparisons
+    assert max(c["p_holm"] / c["p_value"] for c in judged) > 1  # the family made a difference
     assert toy_pair["difference"] == pytest.approx(cell["mean"] - summary["scores"]["cls"]["Toy"]["mean"], abs=1e-5)
     assert compared[("mean", "untrained", "Toy")]["claim"] == "none"
     for task in ("Toy", "ToySTS"):  # (cls − untrained) − (mean − untrained) is cls − mean: the pair, negated
@@ -180,7 +183,8 @@ def test_two_arms_two_seeds_end_to_end(workspace: Path):
     assert toy_gaps["p_value"] == pytest.approx(compared[("mean", "cls", "Toy")]["p_value"])  # mean: the same swaps
     assert summary["runs"]["missing"] == [] and len(summary["runs"]["finished"]) == 5
     markdown = (out / "summary.md").read_text()
-    assert "## Comparisons" in markdown and "mean ± sample std" in markdown and (out / "summary.png").stat().st_size > 0
+    assert "## Comparisons" in markdown and "mean ± sample std" in markdown and "| p (Holm) |" in markdown
+    assert (out / "summary.png").stat().st_size > 0
     assert "| (cls − untrained) | (mean − untrained) | Toy | none |" in markdown
 
     # `lmembed report` renders an experiment folder too

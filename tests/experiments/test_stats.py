@@ -276,3 +276,22 @@ def test_arms_that_scored_different_items_are_paired_on_the_shared_ones_and_the_
     with caplog.at_level("WARNING", logger="lmembed.experiments.summary"):
         assert _common_ids(a, a, task="SciFact") == ["q1", "q2", "q3"]
     assert caplog.text == ""
+
+
+def test_holm_adjusts_a_family_of_p_values_step_down():
+    """Each comparison was judged at 0.05 alone. Holm's adjusted p (checked on a hand-worked family, and as the
+    smallest α at which Holm's step-down procedure rejects each hypothesis) now judges an experiment's verdicts."""
+    from lmembed.experiments.stats import holm
+
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted 0.005, 0.01, 0.03, 0.04 -> ×4, ×3, ×2, ×1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0]) and holm([]) == []
+    for alpha in (0.025, 0.05, 0.07):  # the step-down procedure by hand
+        ordered = sorted(range(len(p)), key=p.__getitem__)
+        rejected = set()
+        for rank, i in enumerate(ordered):
+            if p[i] > alpha / (len(p) - rank):
+                break
+            rejected.add(i)
+        assert {i for i, a in enumerate(holm(p)) if a <= alpha} == rejected

@@ -78,6 +78,7 @@ class _Comparison(RecordModel):
     low: float | None = None
     high: float | None = None
     p_value: float | None = None
+    p_holm: float | None = None  # summaries written before 2026-11-29 (stop 58) have none
     items: int = 0
     minus: list[str] | None = Field(default=None, min_length=2, max_length=2)
 
@@ -184,8 +185,10 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
             "## Comparisons",
             "",
             "Paired over the items both arms were scored on: difference a − b of the task statistic, 95 % "
-            "bootstrap interval, two-sided paired randomization-test p. *holds* / *reversed*: the interval "
-            "excludes 0 and p < 0.05, in / against the claimed direction; otherwise *not distinguishable*.",
+            "bootstrap interval, two-sided paired randomization-test p, and that p adjusted by Holm's method over "
+            "this experiment's comparisons. *holds* / *reversed*: the interval excludes 0 and the Holm p < 0.05 "
+            "(the plain p where a summary has no Holm column: written before 2026-11-29), in / against the claimed "
+            "direction; otherwise *not distinguishable*.",
             "",
         ]
         if any(c.get("minus") for c in comparisons):
@@ -214,12 +217,16 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
                     _number(c["difference"], scale, digits),
                     interval,
                     _p(c.get("p_value")),
+                    _p(c.get("p_holm")),
                     str(c.get("items", 0)),
                     f"**{c['verdict']}**",
                 ]
             )
         lines += [
-            *_table(["a", "b", "task", "claim (a vs b)", "a − b", "95 % interval", "p", "items", "verdict"], rows)
+            *_table(
+                ["a", "b", "task", "claim (a vs b)", "a − b", "95 % interval", "p", "p (Holm)", "items", "verdict"],
+                rows,
+            )
         ]
         lines.append("")
     trained = [a for a in summary["arms"] if a["kind"] in ("train", "recipe") and a.get("train_seconds") is not None]

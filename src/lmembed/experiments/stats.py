@@ -290,6 +290,20 @@ class Comparison:
         return asdict(self)
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (one family): the i-th smallest p times ``m - i`` (i from 0),
+    made non-decreasing in that order and capped at 1. Rejecting where the adjusted p is below α keeps the chance of
+    any false "distinguishable" in the family at most α, whatever the dependence between the tests."""
+    order = np.argsort(np.asarray(p_values, dtype=np.float64), kind="stable")
+    m = len(order)
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(p_values[i])))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
 def verdict(difference: float, low: float, high: float, p_value: float, expected: int, alpha: float = 0.05) -> str:
     """``holds`` / ``reversed`` / ``not distinguishable`` (``differs`` without a claim); see the module doc."""
     distinguishable = bool(np.isfinite(p_value) and p_value < alpha and (low > 0 or high < 0))

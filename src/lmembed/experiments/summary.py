@@ -4,11 +4,14 @@ For every arm and task: the task's main score as mean ± sample std over the arm
 95 % bootstrap interval of the arm's score over items (its per-item values averaged over seeds, see
 :func:`~lmembed.experiments.stats.seed_average`). For every comparison (``compare`` in the file, default:
 each arm against the first) and task: the paired difference over the items both arms were scored on, its
-bootstrap interval, the randomization-test p-value and the verdict (:func:`~lmembed.experiments.stats.compare`);
-a comparison with ``minus: [c, d]`` tests the gap a − b against the gap c − d over the items all four share.
+bootstrap interval, the randomization-test p-value, that p adjusted by Holm's method over the experiment's
+comparisons (``p_holm``, one family) and the verdict judged with it (:func:`~lmembed.experiments.stats.compare`,
+:func:`~lmembed.experiments.stats.holm`); a comparison with ``minus: [c, d]`` tests the gap a − b against the gap
+c − d over the items all four share. An arm of several seeds scores as the mean of its runs' statistic.
 
 Arms that train also get a ``train loss`` row: the per-step loss of their last training stage (mean over
-seeds); two such arms are compared step by step (same seeds, same data order), lower being better.
+seeds); two such arms are compared on means of blocks of about √n consecutive steps (:func:`loss_blocks`; same
+seeds, same data order), lower being better.
 
 ``summary.json`` is written here; the Markdown and the PNG are drawn from it by
 :mod:`lmembed.experiments.report` (which ``lmembed report`` uses too).
@@ -28,7 +31,7 @@ from lmembed.atomic import atomic_write_json
 from lmembed.experiments.plan import PlannedRun
 from lmembed.experiments.report import SUMMARY_FILE, write_experiment_report
 from lmembed.experiments.spec import CompareSpec, ExperimentSpec
-from lmembed.experiments.stats import bootstrap_interval, compare, mean_std, seed_average
+from lmembed.experiments.stats import bootstrap_interval, compare, holm, mean_std, seed_average, verdict
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +244,19 @@ def _comparisons(
                     }
                 )
             out.append(entry)
+    _adjust(out)
     return out
+
+
+def _adjust(comparisons: list[dict[str, Any]]) -> None:
+    """Holm's correction over the experiment's judged comparisons (one family): each keeps its own ``p_value`` and
+    gets ``p_holm``, and its verdict is judged with ``p_holm``; without it, every claim tested at 0.05 on its own,
+    one experiment of a dozen comparisons finds something by chance alone (Holm turned 12 of 56 earlier
+    "distinguishable" verdicts into not distinguishable)."""
+    judged = [c for c in comparisons if isinstance(c.get("p_value"), float) and math.isfinite(c["p_value"])]
+    for c, adjusted in zip(judged, holm([c["p_value"] for c in judged]), strict=True):
+        c["p_holm"] = adjusted
+        c["verdict"] = verdict(c["difference"], c["low"], c["high"], adjusted, c["expected"])
 
 
 def _wanted(pair: CompareSpec, task: str) -> bool:
