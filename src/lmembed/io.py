@@ -280,13 +280,13 @@ def iter_jsonl(path: str | Path, *, on_error: OnError | None = None) -> Iterator
         if not isinstance(row, dict):
             _report(DataFormatError(path, line_no, f"expected a JSON object, got {_json_type(row)}"), on_error)
             continue
-        if _SURROGATE_ESCAPE.search(line) and (problem := _lone_surrogate(row)):
+        if _SURROGATE_ESCAPE.search(line) and (problem := lone_surrogate(row)):
             _report(DataFormatError(path, line_no, problem), on_error)
             continue
         yield line_no, row
 
 
-def _lone_surrogate(value: Any, where: str = "") -> str | None:
+def lone_surrogate(value: Any, where: str = "") -> str | None:
     """What holds a lone surrogate (``\\ud800`` escaped alone: no character, it cannot be encoded as UTF-8) in a
     decoded JSON value, or ``None``; ``where`` is the value's place (``field 'text'``, ``field 'neg'[2]``)."""
     if isinstance(value, str):
@@ -297,10 +297,10 @@ def _lone_surrogate(value: Any, where: str = "") -> str | None:
         return None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        if isinstance(key, str) and (problem := _lone_surrogate(key, f"{where or 'a key'} {key!r}")):
+        if isinstance(key, str) and (problem := lone_surrogate(key, f"{where or 'a key'} {key!r}")):
             return problem
         place = f"{where}[{key!r}]" if where else f"field {key!r}"
-        if problem := _lone_surrogate(item, place):
+        if problem := lone_surrogate(item, place):
             return problem
     return None
 

@@ -193,10 +193,10 @@ class Decontaminator:
                     self.ngrams.setdefault(gram, i)
         # shorter evaluation texts, searched whole inside a training text (longer ones share an n-gram with it)
         self.contained: dict[tuple[str, ...], int] = {}
-        low, high = self.settings.contains, n if n is not None else None
+        low = self.settings.contains
         if low is not None:
             for i, t in enumerate(self.tokens):
-                if len(t) >= low and (high is None or len(t) < high):
+                if len(t) >= low and (n is None or len(t) < n):
                     self.contained.setdefault(tuple(t), i)
         self.contained_lengths = sorted({len(t) for t in self.contained})
         self.lexical = None

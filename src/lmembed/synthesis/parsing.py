@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lmembed.io import lone_surrogate
+
 #: why an answer is rejected
 REASONS = ("not_json", "wrong_type", "missing_field", "empty_field")
 #: why a plain-text query answer is rejected
@@ -50,22 +52,12 @@ _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 
 
-def _lone_surrogate(text: str) -> bool:
-    """Whether ``text`` holds a lone surrogate (half an emoji, as an LLM's JSON escape ``\\ud83d`` decodes): no
-    character, it cannot be written as UTF-8, and a shard holding it failed to be written (every rerun again)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _broken_unicode(text: str) -> Parsed | None:
-    return (
-        Parsed(reason="invalid_unicode", detail=text.encode("utf-8", "replace")[:80].decode())
-        if _lone_surrogate(text)
-        else None
-    )
+def _broken_unicode(value: Any) -> Parsed | None:
+    """An ``invalid_unicode`` rejection when ``value`` (the answer, or what it decoded to) holds a lone surrogate
+    (half an emoji, as an LLM's JSON escape ``\\ud83d`` decodes): it cannot be written as UTF-8, and a shard
+    holding it failed to be written (every rerun again)."""
+    problem = lone_surrogate(value)
+    return Parsed(reason="invalid_unicode", detail=problem) if problem else None
 
 
 def _load(text: str, opener: str, closer: str) -> tuple[Any, bool] | None:
@@ -101,8 +93,8 @@ def parse_object(text: str, keys: tuple[str, ...], *, plain_text: bool = False) 
     if loaded is None:
         return Parsed(reason="not_json", detail=text[:80])
     value, repaired = loaded
-    if _lone_surrogate(json.dumps(value, ensure_ascii=False)):  # an escape "\ud83d" alone, decoded
-        return Parsed(reason="invalid_unicode", detail=text[:80])
+    if broken := _broken_unicode(value):  # an escape "\ud83d" alone, decoded
+        return broken
     if not isinstance(value, dict):
         return Parsed(reason="wrong_type", detail=type(value).__name__)
     missing = [k for k in keys if k not in value]
@@ -129,8 +121,8 @@ def parse_string_list(text: str) -> Parsed:
     if loaded is None:
         return Parsed(reason="not_json", detail=text[:80])
     value, repaired = loaded
-    if _lone_surrogate(json.dumps(value, ensure_ascii=False)):
-        return Parsed(reason="invalid_unicode", detail=text[:80])
+    if broken := _broken_unicode(value):
+        return broken
     if not isinstance(value, list):
         return Parsed(reason="wrong_type", detail=type(value).__name__)
     items = [str(v).strip() for v in value if isinstance(v, (str, int, float)) and str(v).strip()]
