@@ -72,7 +72,6 @@ from lmembed.serving.compat import (
     parse_tei_rerank,
     parse_tei_similarity,
     parse_tei_tokenize,
-    raw_scores,
     similarity_body,
     tei_rerank_body,
     token_states_body,
@@ -538,8 +537,9 @@ def create_app(
     @app.post("/rerank")
     async def tei_rerank(request: Request) -> Response:
         payload = parse_json(await request.body())
-        raw = raw_scores(payload)
-        req = state.parse_rerank(parse_tei_rerank(payload), fields=None, documents_field="texts")
+        body = parse_tei_rerank(payload)
+        raw = body.pop("raw_scores")
+        req = state.parse_rerank(body, fields=None, documents_field="texts")
         logits, _ = await state.score(request, req)
         scores = logits if raw else relevance_scores(logits)  # TEI: the sigmoid unless raw_scores
         return JSONResponse(tei_rerank_body(ranking(scores), scores, req.documents, req.return_documents))

@@ -312,20 +312,21 @@ def token_states_body(states: list[np.ndarray]) -> bytes:
 
 def parse_tei_rerank(payload: dict[str, Any]) -> dict[str, Any]:
     """A TEI ``/rerank`` body as a ``/v1/rerank`` body whose documents are in ``texts`` (read with
-    ``documents_field="texts"``, so refusals name TEI's field), its own fields checked."""
+    ``documents_field="texts"``, so refusals name TEI's field), its own fields checked; ``raw_scores`` (true: the
+    reranker's logits, false, the default: their sigmoid) rides along for the route to take out."""
     only_fields(payload, TEI_RERANK_FIELDS, "a TEI rerank request")
-    raw_scores(payload)
+    raw = _flag(payload, "raw_scores", False)
     _flag(payload, "truncate", False)
     _direction(payload)
     return_text = _flag(payload, "return_text", False)
     if "texts" not in payload:
         raise bad_request("'texts' is required", "missing_input", "texts")
-    return {"query": payload.get("query"), "texts": payload.get("texts"), "return_documents": return_text}
-
-
-def raw_scores(payload: dict[str, Any]) -> bool:
-    """TEI's ``raw_scores`` (default false): true answers the reranker's logits, false their sigmoid."""
-    return _flag(payload, "raw_scores", False)
+    return {
+        "query": payload.get("query"),
+        "texts": payload.get("texts"),
+        "return_documents": return_text,
+        "raw_scores": raw,
+    }
 
 
 def tei_rerank_body(order: list[int], scores: np.ndarray, documents: list[str], return_text: bool) -> list[dict]:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from scipy.special import expit
 
 from lmembed.errors import ConfigError, InputError
 from lmembed.index.index import SEARCH_MODES, Hit
@@ -322,7 +323,7 @@ def relevance_scores(logits: np.ndarray) -> np.ndarray:
     """A relevance score in (0, 1) for each logit: its sigmoid, as Text Embeddings Inference gives a one-label
     reranker's scores unless ``raw_scores`` (``core/src/infer.rs``) and as Cohere's ``relevance_score`` is bounded;
     whatever activation the reranker's folder records (cross-encoder/ms-marco-* record none: raw logits)."""
-    return (1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))).astype(np.float32)
+    return expit(np.asarray(logits, dtype=np.float64)).astype(np.float32)
 
 
 def rerank_body(req: RerankRequest, scores: np.ndarray, tokens: int) -> dict[str, Any]:
