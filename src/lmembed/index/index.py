@@ -602,8 +602,8 @@ class Index:
         :meth:`search_rows`)."""
         if not isinstance(query, str):
             raise InputError(f"query must be a str, got {type(query).__name__}; use search_batch for several")
-        how = {"mode": mode, "fusion": fusion, "candidates": candidates}
-        return self.search_batch([query], k, instruction=instruction, **how)[0]
+        hits = self.search_batch([query], k, instruction=instruction, mode=mode, fusion=fusion, candidates=candidates)
+        return hits[0]
 
     def search_batch(
         self,
@@ -619,7 +619,6 @@ class Index:
     ) -> list[list[Hit]]:
         """The ``k`` best documents of each query, in query order (``mode``, ``fusion``, ``candidates``,
         ``vectors``: see :meth:`search_rows`)."""
-        queries = validate_texts(queries, "queries")
         how = {"mode": mode, "fusion": fusion, "candidates": candidates, "vectors": vectors}
         return self.hits(*self.search_rows(queries, k, instruction=instruction, batch_size=batch_size, **how))
 
