@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lmembed.errors import LmembedError
+from lmembed.io import is_whole_number
 from lmembed.models.families import CAUSAL_TOLERANCE, PROBE_LENGTH, first_token_change
 
 # model_type values whose bidirectional path is tested (tests/models/test_attention.py).
@@ -99,7 +100,7 @@ def bidirectional_window(config: object) -> int | None:
     layer_types = getattr(config, "layer_types", None) or ()
     if getattr(config, "model_type", None) != "gemma3_text" or "sliding_attention" not in layer_types:
         return None
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+    if not is_whole_number(window) or window < 1:
         return None
     return window if getattr(config, "use_bidirectional_attention", False) else window // 2 + 1
 
