@@ -202,10 +202,12 @@ def read_preset(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
     published.preset.check_reproducible(name_or_path)
     options = dict(published.preset.strategy)
     sources = dict.fromkeys(options, f"preset {published.preset.family}")
-    if published.preset.loader == "llm2vec" and Path(name_or_path).is_dir():  # the folder's own llm2vec settings
+    own: dict[str, str] = {}  # what the folder's own llm2vec settings decided
+    if published.preset.loader == "llm2vec" and Path(name_or_path).is_dir():
         saved = presets.llm2vec_settings(Path(name_or_path))
         options.update(saved)
-        sources.update(dict.fromkeys(saved, str(Path(name_or_path) / presets.LLM2VEC_CONFIG)))
+        own = dict.fromkeys(saved, str(Path(name_or_path) / presets.LLM2VEC_CONFIG))
+        sources.update(own)
     plan = LoadPlan(
         "preset",
         name_or_path,
@@ -213,7 +215,7 @@ def read_preset(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
         sources=sources,
         published=published,
         where=name_or_path,
-        checkpoint_sources={k: v for k, v in sources.items() if v.endswith(presets.LLM2VEC_CONFIG)} or None,
+        checkpoint_sources=own or None,
     )
     if published.preset.loader == "llm2vec":
         plan.loader = partial(_load_llm2vec, quantize=torch_int8)
