@@ -688,6 +688,23 @@ def test_adapt_resumes_after_an_interruption(tmp_path, make_embedder, one_torch_
         adapt_tiny(make_embedder, tmp_path, out, tiny_recipe(lr=1e-4), resume=True)
 
 
+def test_a_run_begun_before_check_halves_resumes_without_one(tmp_path, make_embedder, one_torch_thread, monkeypatch):
+    """A run begun by a version without the check half has no start scores for it in its selection history; resumed,
+    it finishes without a check half (it would have ended in a KeyError)."""
+    out = tmp_path / "out"
+    recipe = AdaptRecipe.model_validate({**tiny_recipe().model_dump(), "selection": {"fraction": 0.4, "every": 2}})
+    resume = _stop_before(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        adapt_tiny(make_embedder, tmp_path, out, recipe)
+    selection = json.loads((out / "selection.json").read_text())
+    assert any(k.startswith("check_") for k in selection["history"][0])  # this version wrote them
+    selection["history"][0] = {k: v for k, v in selection["history"][0].items() if not k.startswith("check_")}
+    (out / "selection.json").write_text(json.dumps(selection))
+    resume()
+    result = adapt_tiny(make_embedder, tmp_path, out, recipe, resume=True)
+    assert result.summary["selection"]["check"] is None and result.model_dir.is_dir()
+
+
 def test_a_run_killed_before_its_first_checkpoint_resumes_and_merges(
     tmp_path, make_embedder, one_torch_thread, monkeypatch
 ):

@@ -111,7 +111,7 @@ def adapt(
         channel = f", with the term channel {terms['saved_scores']['ndcg_at_10']:.4f} ({terms['dims']} dims appended)"
     console = terminal.console(stderr=True)
     check = selection.get("check")
-    measured = "no check half: too few held-back documents"
+    measured = "no check half: too few held-back documents, or a run resumed from one begun without it"
     if check:
         measured = (
             f"check pseudo-queries, which picked nothing: nDCG@10 {check['before']['ndcg_at_10']:.4f} → "

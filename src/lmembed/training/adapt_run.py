@@ -683,15 +683,18 @@ def _run(
             merged = {"step": best["step"], "merge": training.merge, **held_out.score(trainer.model.embedder)}
     assert result.model_dir is not None
     checked = None
-    if check is not None:  # the saved weights (trainer.model holds them now) on queries that picked nothing
+    start = {k.removeprefix(CHECK_PREFIX): v for k, v in history[0].items() if k.startswith(CHECK_PREFIX)}
+    # a run resumed from one begun before check halves existed has no start scores for it: no check half then
+    if check is not None and start:  # the saved weights (trainer.model holds them now) on queries that picked nothing
         trainer.model.eval()
         with torch.no_grad():
-            checked = {
-                "queries": len(checking),
-                "documents": len({q.doc for q in checking}),
-                "before": {k.removeprefix(CHECK_PREFIX): v for k, v in history[0].items() if CHECK_PREFIX in k},
-                "saved": check.score(trainer.model.embedder),
-            }
+            saved = check.score(trainer.model.embedder)
+        checked = {
+            "queries": len(checking),
+            "documents": len({q.doc for q in checking}),
+            "before": start,
+            "saved": saved,
+        }
     terms = None
     if recipe.terms.enabled:
         t0 = time.perf_counter()
