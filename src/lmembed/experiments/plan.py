@@ -22,6 +22,7 @@ so is one whose files were damaged or changed since (said once, naming the file 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,10 +88,9 @@ class ItemScores(BaseModel):
     def _one_value_per_item(self) -> ItemScores:
         if len(self.values) != len(self.ids) or (self.reference is not None and len(self.reference) != len(self.ids)):
             raise ValueError("ids, values and reference must have one entry per item")
-        if len(set(self.ids)) != len(self.ids):  # the comparison pairs arms by id: a repeated id kept one value
-            seen: set[str] = set()
-            repeated = next(i for i in self.ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
-            raise ValueError(f"item id {repeated!r} appears more than once (each item must have its own id)")
+        repeated = [i for i, n in Counter(self.ids).items() if n > 1]  # arms are paired by id: one value would stay
+        if repeated:
+            raise ValueError(f"item id {repeated[0]!r} appears more than once (each item must have its own id)")
         return self
 
 
