@@ -81,9 +81,9 @@ def _task_rows(finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, An
 
 def loss_blocks(losses: Sequence[float]) -> list[float]:
     """The means of consecutive blocks of about √n steps (batch means; a last short block joins the one before):
-    the items a loss comparison pairs. Consecutive steps' losses are correlated (lag-1 autocorrelation up to 0.5
-    in the committed runs), and taken as independent items they made "differs" come out 23-81 % of the time with
-    no difference at all; block means are close to independent, as the randomization test assumes."""
+    the items a loss comparison pairs. Consecutive steps' losses are correlated, and taken as independent items
+    they made "differs" come out far more often than 5 % with no difference at all; block means are closer to the
+    independent items the randomization test assumes (docs/experiments.md)."""
     n = len(losses)
     size = max(1, math.isqrt(n))
     blocks = max(1, n // size)
@@ -251,8 +251,7 @@ def _comparisons(
 def _adjust(comparisons: list[dict[str, Any]]) -> None:
     """Holm's correction over the experiment's judged comparisons (one family): each keeps its own ``p_value`` and
     gets ``p_holm``, and its verdict is judged with ``p_holm``; without it, every claim tested at 0.05 on its own,
-    one experiment of a dozen comparisons finds something by chance alone (Holm turned 12 of 56 earlier
-    "distinguishable" verdicts into not distinguishable)."""
+    one experiment of a dozen comparisons finds something by chance alone (bench/experiments_rejudge.py)."""
     judged = [c for c in comparisons if isinstance(c.get("p_value"), float) and math.isfinite(c["p_value"])]
     for c, adjusted in zip(judged, holm([c["p_value"] for c in judged]), strict=True):
         c["p_holm"] = adjusted

@@ -72,7 +72,7 @@ CorpusLike = str | Path | Sequence[Document | tuple[str, str] | str]
 class Hit:
     """One search result: the document, its score and its rank (1-based). The score is the cosine similarity to
     the query (on a flat, hnsw or rescored binary index exactly; an ivf-pq index gives its product-quantisation
-    estimate of it, up to a few hundredths off); with ``mode="bm25"`` or ``"hybrid"`` the BM25 or fused score."""
+    estimate of it); with ``mode="bm25"`` or ``"hybrid"`` the BM25 or fused score."""
 
     id: str
     score: float

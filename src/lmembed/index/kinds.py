@@ -1,9 +1,9 @@
 """The vector index kinds, on FAISS, and their parameters.
 
-Every kind scores by cosine similarity: vectors are L2-normalised on the way in (documents and queries
+Every kind ranks by cosine similarity: vectors are L2-normalised on the way in (documents and queries
 alike), so inner product is cosine, the similarity ``lmembed eval`` ranks with. ``ivf-pq`` keeps no float
-vectors, so its scores are its codes' estimates of the cosine (on SciFact's minilm vectors up to 0.17 off, 0.03 on
-average), and its recall is the codes' (0.71 at 10 there, against 1.00 flat and 0.999 hnsw).
+vectors, so its scores are its codes' estimates of the cosine, not the cosine, and its recall is the
+codes', below the other kinds' (``python bench/index_recall.py`` measures each kind against flat).
 
 =========== ============================================================================================
 kind        what it is
