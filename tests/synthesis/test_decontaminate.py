@@ -112,6 +112,8 @@ def test_helpers_and_bad_settings():
     assert len(shingles(list("abcde"))) == 3
     with pytest.raises(ConfigError, match="ngram=2"):
         DecontaminationSettings(ngram=2)
+    with pytest.raises(ConfigError, match="contains=2: use 3 words or more"):
+        DecontaminationSettings(contains=2)
     with pytest.raises(ConfigError, match="bm25=0"):
         DecontaminationSettings(bm25=0)
     with pytest.raises(ConfigError, match=r"near_duplicate=1.2: a threshold in \(0, 1\]"):
