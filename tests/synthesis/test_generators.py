@@ -44,6 +44,24 @@ def test_batched_left_padded_generation_matches_one_at_a_time(tiny_llama):
     assert gen._chat(requests[0].messages).endswith("assistant:")  # the chat template is applied
 
 
+def test_a_sampled_answer_depends_on_its_own_seed_not_on_its_batch(tiny_llama):
+    """A batch was sampled from one seed, its first request's: a request's answer changed with the requests
+    beside it and with ``batch_size``, and a shorter limit was exceeded when a longer request shared the batch."""
+
+    def ask(text: str, seed: int, limit: int = 8) -> Request:
+        return Request(({"role": "user", "content": text},), max_new_tokens=limit, temperature=1.0, seed=seed)
+
+    requests = [ask("the protein model", 1), ask("gene study result", 2), ask("a language model search", 3, 2)]
+    batched = LocalGenerator(tiny_llama, batch_size=4).generate(requests)
+    alone = LocalGenerator(tiny_llama, batch_size=1)
+    assert batched == [alone.generate([r])[0] for r in requests]
+    assert batched[1] == alone.generate([requests[1], ask("something else entirely", 9)])[0]
+    reseeded = [alone.generate([ask("the protein model", seed)])[0] for seed in range(4)]
+    assert len(set(reseeded)) > 1  # sampled, not greedy
+    ids = alone.tokenizer(batched[2], add_special_tokens=False)["input_ids"]
+    assert len(ids) <= 2  # its own limit, though it shared a batch with limits of 8
+
+
 def test_local_scores_are_log_probabilities(tiny_llama):
     gen = LocalGenerator(tiny_llama)
     ll = gen.loglikelihood(["the protein model", "the protein model"], ["gene", "gene study result"])

@@ -88,5 +88,13 @@ def test_gecko_says_when_equal_scores_leave_the_retrievers_order(tmp_path):
         encode=lambda texts, side: np.random.default_rng(len(texts)).normal(size=(len(texts), 8)).astype(np.float32),
     )
     assert any("retriever-order" in note for note in stats["notes"]), stats
+    again = synthesize(  # a rerun of the finished run generates nothing: the notes come from the shards' records
+        "gecko-plain",
+        Flat(),
+        out,
+        corpus=(["a", "b", "c", "d"], passages),
+        encode=lambda texts, side: np.random.default_rng(len(texts)).normal(size=(len(texts), 8)).astype(np.float32),
+    )
+    assert again["shards_generated_now"] == 0 and again["notes"] == stats["notes"]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows and all(r["provenance"]["ranking"] == "retriever-order" for r in rows)

@@ -91,6 +91,14 @@ def test_strict_parsing_repairs_or_rejects_with_a_reason(text, reason, repaired)
         assert parsed.value["p"] == "b" and parsed.value["q"].startswith("a")
 
 
+def test_the_trailing_comma_repair_leaves_the_commas_inside_strings():
+    """The repair was a regular expression over the whole answer: a query ``"a, }b"`` came back as ``"a}b"``,
+    the generator's own words edited in silence."""
+    parsed = parse_object('Here: {"q": "a, }b \\" ,]", "p": "b",}', ("q", "p"))
+    assert parsed.value == {"q": 'a, }b " ,]', "p": "b"} and parsed.repaired
+    assert parse_string_list('```json\n["x, ]", "y",\n]\n```').value == ["x, ]", "y"]
+
+
 def test_half_an_emoji_is_rejected_by_every_parser_not_a_crash_at_the_shard_write():
     """An answer holding a lone surrogate (``\\ud83d``, half an emoji) parsed, and writing its shard raised
     UnicodeEncodeError: the shard was lost, and every rerun of a deterministic recipe crashed again."""

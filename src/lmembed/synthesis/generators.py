@@ -204,6 +204,37 @@ def _drop_key(text: str) -> str:
 # --------------------------------------------------------------------------------------------------- local
 
 
+class _RowSampler:
+    """A logits processor that makes each row's next token its own request's: greedy at temperature 0, else
+    drawn at the request's temperature from a generator seeded with the request's seed (the drawn token is left
+    the only one greedy decoding can pick). A request's answer then depends on its own seed, not on which
+    requests share its batch nor on ``batch_size`` (one global seed per batch, the first request's, made it
+    depend on both)."""
+
+    def __init__(self, requests: Sequence[Request], device: Any) -> None:
+        import torch
+
+        self.temperatures = [r.temperature for r in requests]
+        self.generators = [
+            torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None for r in requests
+        ]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        out = scores
+        for row, (temperature, generator) in enumerate(zip(self.temperatures, self.generators, strict=True)):
+            if generator is None:
+                continue
+            probs = torch.softmax(scores[row].float() / temperature, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator)
+            if out is scores:
+                out = scores.clone()
+            out[row] = float("-inf")
+            out[row, token] = 0.0
+        return out
+
+
 class LocalGenerator:
     """A Hugging Face causal LM run in this process: requests are batched, left-padded, wrapped in the
     tokenizer's chat template, and decoded with the KV cache (greedy at temperature 0, else sampled)."""
@@ -255,33 +286,33 @@ class LocalGenerator:
 
     def _generate_batch(self, requests: Sequence[Request]) -> list[str]:
         torch = self._torch
+        from transformers import LogitsProcessorList
+
         texts = [self._chat(r.messages) for r in requests]
         batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        first = requests[0]
-        sample = first.temperature > 0
-        if sample:
-            torch.manual_seed(first.seed)
         with torch.inference_mode():
             ids = self.model.generate(
                 **batch,
                 max_new_tokens=max(r.max_new_tokens for r in requests),
-                do_sample=sample,
-                temperature=first.temperature if sample else None,
+                do_sample=False,  # sampled rows draw in the processor, each from its own seeded generator
+                logits_processor=LogitsProcessorList([_RowSampler(requests, self.device)]),
                 top_p=None,
                 top_k=None,
+                temperature=None,
                 use_cache=True,
                 pad_token_id=self.tokenizer.pad_token_id,
             )
         new = ids[:, batch["input_ids"].shape[1] :]
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        # each answer within its own request's limit (the batch runs to the largest)
+        rows = [row[: request.max_new_tokens] for row, request in zip(new.tolist(), requests, strict=True)]
         self.usage.requests += len(requests)
         self.usage.prompt_tokens += int(batch["attention_mask"].sum())
-        self.usage.completion_tokens += int((new != self.tokenizer.pad_token_id).sum())
-        eos = self.tokenizer.eos_token_id
-        for row, request in zip(new.tolist(), requests, strict=True):  # no end of text within its own limit: cut
-            kept = row[: request.max_new_tokens]
-            if len(kept) >= request.max_new_tokens and eos not in kept:
+        self.usage.completion_tokens += sum(token != pad for row in rows for token in row)
+        for row, request in zip(rows, requests, strict=True):  # no end of text within its own limit: cut
+            if len(row) >= request.max_new_tokens and eos not in row:
                 self.usage.cut_at_limit += 1
-        return [t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
+        return [t.strip() for t in self.tokenizer.batch_decode(rows, skip_special_tokens=True)]
 
     def loglikelihood(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[float]:
         torch = self._torch

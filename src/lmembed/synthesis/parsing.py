@@ -49,7 +49,28 @@ class Parsed:
 
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+_CLOSER_AHEAD = re.compile(r"\s*[}\]]")
+
+
+def _drop_trailing_commas(text: str) -> str:
+    """``text`` without the commas that stand before a closing ``}`` or ``]`` (whitespace between allowed),
+    outside JSON strings only: a comma inside a string value is the generator's text and stays."""
+    out: list[str] = []
+    in_string = escaped = False
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char == "," and _CLOSER_AHEAD.match(text, i + 1):
+            continue
+        out.append(char)
+    return "".join(out)
 
 
 def _broken_unicode(value: Any) -> Parsed | None:
@@ -71,7 +92,7 @@ def _load(text: str, opener: str, closer: str) -> tuple[Any, bool] | None:
     start, end = candidate.find(opener), candidate.rfind(closer)
     if start < 0 or end <= start:
         return None
-    candidate = _TRAILING_COMMA.sub(r"\1", candidate[start : end + 1])
+    candidate = _drop_trailing_commas(candidate[start : end + 1])
     try:
         return json.loads(candidate), True
     except json.JSONDecodeError:
