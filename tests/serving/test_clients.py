@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from helpers import TOY_DOCS, save_tiny_cross_encoder
+from lmembed.errors import ConfigError
 from lmembed.rerank import load_reranker
 from lmembed.serving.app import create_app
 from lmembed.serving.compat import quantise
@@ -385,3 +386,27 @@ def torch_scaled(reranker, factor: float) -> Iterator[None]:
         with torch.no_grad():
             head.weight.div_(factor)
             head.bias.div_(factor)
+
+
+def test_responses_are_gzipped_for_clients_that_accept_it(make_embedder):
+    """Embeddings as JSON floats are large and compress well; a client that accepts gzip gets them compressed (the
+    official clients and httpx send ``Accept-Encoding: gzip``), one that does not gets them plain, and
+    ``gzip_min_bytes=0`` never compresses."""
+    from lmembed.serving.limits import Limits
+
+    emb = make_embedder("bert")
+    body = {"model": "tiny", "input": TEXTS * 20}
+    expected = emb.encode(TEXTS * 20)
+    for limits, compressed in ((Limits(), True), (Limits(gzip_min_bytes=0), False)):
+        with serving(emb, limits=limits) as server:
+            got = httpx.post(server.url + "/v1/embeddings", json=body, headers={"accept-encoding": "gzip"})
+            assert got.status_code == 200
+            assert (got.headers.get("content-encoding") == "gzip") is compressed
+            if compressed:
+                assert int(got.headers["content-length"]) < len(got.content) / 1.5  # sent size vs decoded size
+            vectors = np.array([row["embedding"] for row in got.json()["data"]], dtype=np.float32)
+            np.testing.assert_array_equal(vectors, expected)
+            plain = httpx.post(server.url + "/v1/embeddings", json=body, headers={"accept-encoding": "identity"})
+            assert "content-encoding" not in plain.headers and plain.json() == got.json()
+    with pytest.raises(ConfigError, match="gzip_min_bytes"):
+        Limits(gzip_min_bytes=-1)

@@ -132,6 +132,14 @@ def serve(
     max_tokens_in_flight: Annotated[
         int, typer.Option("--max-tokens-in-flight", min=1, help="Tokens admitted and not yet answered (else 429).")
     ] = 131072,
+    gzip_min_bytes: Annotated[
+        int,
+        typer.Option(
+            "--gzip-min-bytes",
+            min=0,
+            help="Gzip-compress responses of this many bytes or more for clients that accept gzip (0: never).",
+        ),
+    ] = 1024,
     options: Annotated[ModelOptions, Exclude("no_cache", "plan_window")] = SERVED,
     graceful_timeout: Annotated[
         float, typer.Option("--graceful-timeout", min=0, help="Seconds requests in flight get to finish on shutdown.")
@@ -166,6 +174,7 @@ def serve(
         max_header_bytes=max_header_bytes,
         max_connections_per_client=max_connections_per_client,
         max_tokens_in_flight=max_tokens_in_flight,
+        gzip_min_bytes=gzip_min_bytes,
     )
     index = Index.open(index_dir) if index_dir is not None else None  # a broken index fails before the model loads
     if index_dir is not None:

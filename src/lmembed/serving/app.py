@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -357,6 +358,8 @@ def create_app(
     ``reranker_name``), ``/v1/rerank`` reranks and ``/v1/search`` can rerank its candidates. An index saved to a
     folder is followed (:mod:`lmembed.serving.followed_index`): its manifest is looked at every ``index_poll_s``
     seconds at most, and a new generation (``lmembed index add``) is searched once it is opened whole (0: never).
+    A response of ``limits.gzip_min_bytes`` or more is gzip-compressed for a client that accepts it
+    (``Accept-Encoding: gzip``, as httpx and the official clients send).
     """
     if index is not None:
         check_embedder(index.manifest, embedder, index.path or "(in memory)")
@@ -364,6 +367,8 @@ def create_app(
     state = ServerState(embedder, name, index, limits or Limits(), reranker, reranker_name, aliases, index_poll_s)
     app = FastAPI(title="lmembed", version=__version__, lifespan=state.lifespan)
     app.state.lmembed = state
+    if state.limits.gzip_min_bytes:
+        app.add_middleware(GZipMiddleware, minimum_size=state.limits.gzip_min_bytes)  # inside the guard's refusals
     app.add_middleware(GuardMiddleware, limits=state.limits, metrics=state.metrics, on_idle=state.trimmer.idle)
 
     @app.exception_handler(ApiError)

@@ -83,6 +83,9 @@ class Limits:
     # Forward passes run at once, each on its own thread with an equal share of torch's threads (1: one pass at a
     # time on all of them; None: two on a CPU with two threads or more, else one, batcher.forward_workers).
     workers: int | None = None
+    # A response of this many bytes or more is gzip-compressed for a client that sends 'Accept-Encoding: gzip' (httpx
+    # and the official clients do); 0: never.
+    gzip_min_bytes: int = 1024
 
     def __post_init__(self) -> None:
         for name in (
@@ -107,6 +110,8 @@ class Limits:
             raise ConfigError(f"batch_wait_s={self.batch_wait_s!r} must be a number of seconds >= 0")
         if isinstance(self.window_share, bool) or not 0 < self.window_share <= 1:
             raise ConfigError(f"window_share={self.window_share!r} must be a share of the queue in (0, 1]")
+        if isinstance(self.gzip_min_bytes, bool) or not isinstance(self.gzip_min_bytes, int) or self.gzip_min_bytes < 0:
+            raise ConfigError(f"gzip_min_bytes={self.gzip_min_bytes!r} must be a whole number of bytes >= 0 (0: never)")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty (leave it unset to serve without authentication)")
 
