@@ -14,6 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def flat(output: str) -> str:
+    """A command's output as one line: the frame rich draws around an error removed and its lines joined, so a
+    message wrapped at the terminal's width (which depends on how long a temporary path is) reads whole."""
+    return " ".join(output.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+
+
 def write_jsonl(path: Path, rows: list) -> Path:
     """Write ``rows`` one per line: dicts as JSON, strings as they are (to plant malformed lines)."""
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
