@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import write_jsonl
+from helpers import save_tiny_cross_encoder, write_jsonl
 from lmembed.training.adapt import (
     AdaptError,
     Document,
@@ -24,6 +24,7 @@ from lmembed.training.adapt import (
     label_rows,
     mine_rows,
     read_adapt_corpus,
+    reranker_scale_to_student,
     split_check,
     title_queries,
 )
@@ -314,6 +315,34 @@ def test_labels_from_an_embedder_teacher_and_from_a_reranker():
 
     labelled = label_rows([dict(rows[0])], Reranker(), num_negatives=2)
     assert labelled[0]["teacher_scores"] == {"positive": 1.0, "negatives": [2.0, 2.0]}
+
+
+def test_a_rerankers_logits_are_put_on_the_students_cosine_scale():
+    """A cross-encoder's margins run past 10, a cosine student's never past 2: MarginMSE on the raw logits asked for
+    margins the student cannot reach. ``auto`` scales them to the spread of the starting model's own margins (the
+    miner's cosines), keeping their order; a number scales by itself."""
+    start = [(0.8, [0.5, 0.6]), (0.7, [0.65, 0.2]), (0.9, [0.1, 0.4])]  # the miner's cosines: positive, negatives
+    rows = [
+        {"query": f"q{i}", "positive": f"p{i}", "negatives": [f"n{i}a", f"n{i}b"],
+         "provenance": {"mined_scores": {"positive": pos, "negatives": negs}}}
+        for i, (pos, negs) in enumerate(start)
+    ]  # fmt: skip
+    logits = {f"p{i}": 10 * pos + 3 for i, (pos, _) in enumerate(start)}
+    logits |= {f"n{i}{c}": 10 * n + 3 for i, (_, negs) in enumerate(start) for c, n in zip("ab", negs, strict=True)}
+
+    class Reranker:
+        def score(self, query, documents):
+            return [logits[d] for d in documents]
+
+    labelled = label_rows(json.loads(json.dumps(rows)), Reranker(), num_negatives=2)
+    for row, (pos, negs) in zip(labelled, start, strict=True):
+        scores = row["teacher_scores"]
+        margins = [scores["positive"] - n for n in scores["negatives"]]
+        assert margins == pytest.approx([pos - n for n in negs])  # the start's margins, 10x smaller than the logits'
+        assert row["provenance"]["teacher_scale"] == pytest.approx(0.1)
+    raw = label_rows(json.loads(json.dumps(rows)), Reranker(), num_negatives=2, reranker_scale=1)
+    assert raw[0]["teacher_scores"]["positive"] == pytest.approx(11.0)
+    assert reranker_scale_to_student(rows[:1], np.ones((1, 3))) == 1.0  # margins that do not vary: left as given
 
 
 # documents for the hybrid teacher: only a and b hold the query's words ("kinase inhibitors")
@@ -847,3 +876,23 @@ def test_a_teacher_labels_the_rows_and_the_loss_distils(tmp_path, make_embedder,
     assert rows and all(len(r["teacher_scores"]["negatives"]) == 1 for r in rows)
     assert yaml.safe_load((out / "train_config.yaml").read_text())["loss"] == "margin_mse"
     assert result.model_dir.is_dir()
+
+
+def test_a_reranker_teacher_labels_on_the_students_scale_and_says_so(tmp_path, make_embedder, one_torch_thread):
+    from lmembed.training.adapt_run import run_adapt
+
+    out = tmp_path / "out"
+    folder = save_tiny_cross_encoder(tmp_path / "ce", seed=3)
+    embedder = make_embedder("bert", pooling="mean")
+    run_adapt(
+        embedder,
+        corpus_file(tmp_path),
+        out,
+        recipe=tiny_recipe(steps=2),
+        teacher=f"reranker:{folder}",
+        device="cpu",
+        progress=False,
+    )
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    scale = json.loads((out / "adapt_plan.json").read_text())["report"]["teacher_scale"]
+    assert rows and scale > 0 and all(r["provenance"]["teacher_scale"] == scale for r in rows)

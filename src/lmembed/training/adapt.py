@@ -378,10 +378,17 @@ def mine_rows(
     return [found.get(id(q)) or _row(q, docs, []) for q in queries], stats
 
 
-def label_rows(rows: list[dict[str, Any]], teacher: Any, num_negatives: int) -> list[dict[str, Any]]:
+def label_rows(
+    rows: list[dict[str, Any]], teacher: Any, num_negatives: int, *, reranker_scale: float | str = "auto"
+) -> list[dict[str, Any]]:
     """Add ``teacher_scores`` (positive, then the first ``num_negatives`` negatives) from ``teacher``: a reranker
     (``score(query, documents)``) or an embedder (cosine of its vectors). Rows with fewer negatives are dropped
-    (a distillation loss needs the same number of scores in every row)."""
+    (a distillation loss needs the same number of scores in every row).
+
+    A reranker's scores are logits, on another scale than the cosine student's (a cross-encoder's margins run to
+    10 and more, a cosine's never past 2: MarginMSE would then ask for margins the student cannot reach). With
+    ``reranker_scale="auto"`` they are multiplied by :func:`reranker_scale_to_student`'s factor; a number multiplies
+    them by it instead (1: as the reranker gives them). Each row's provenance keeps the factor (``teacher_scale``)."""
     usable = [r for r in rows if len(r["negatives"]) >= num_negatives]
     for row in usable:
         row["negatives"] = row["negatives"][:num_negatives]
@@ -391,8 +398,13 @@ def label_rows(rows: list[dict[str, Any]], teacher: Any, num_negatives: int) -> 
         teacher.label(usable, num_negatives)
         return usable
     if hasattr(teacher, "score") and not hasattr(teacher, "encode_queries"):
-        for row in usable:
-            set_teacher_scores(row, teacher.score(row["query"], [row["positive"], *row["negatives"]]))
+        raw = np.asarray(
+            [teacher.score(row["query"], [row["positive"], *row["negatives"]]) for row in usable], dtype=float
+        )
+        factor = reranker_scale_to_student(usable, raw) if reranker_scale == "auto" else float(reranker_scale)
+        for row, scores in zip(usable, raw, strict=True):
+            set_teacher_scores(row, scores * factor)
+            row.setdefault("provenance", {})["teacher_scale"] = factor
         return usable
     q = unit_rows(teacher.encode_queries([r["query"] for r in usable]))
     docs = [d for r in usable for d in (r["positive"], *r["negatives"])]
@@ -401,6 +413,23 @@ def label_rows(rows: list[dict[str, Any]], teacher: Any, num_negatives: int) -> 
     for row, s in zip(usable, scores, strict=True):
         set_teacher_scores(row, s)
     return usable
+
+
+def reranker_scale_to_student(rows: Sequence[dict[str, Any]], scores: np.ndarray) -> float:
+    """The factor that puts a reranker's ``scores`` (one row per row: positive, then negatives) on the starting
+    model's cosine scale: the spread (standard deviation) of the starting model's margins ``cos(q, p) - cos(q, n)``
+    over the rows' (row, negative) pairs, over that of the reranker's margins. One positive factor keeps the
+    reranker's order and its relative margins; only their unit changes. The starting model's cosines are those the
+    miner kept (``provenance.mined_scores``); 1.0 when a row has none or the reranker's margins do not vary."""
+    mined = [r.get("provenance", {}).get("mined_scores") for r in rows]
+    if not mined or any(m is None for m in mined):
+        return 1.0
+    negatives = scores.shape[1] - 1
+    start = np.asarray([[m["positive"] - n for n in m["negatives"][:negatives]] for m in mined], dtype=float)
+    teacher = scores[:, :1] - scores[:, 1:]
+    if start.shape != teacher.shape or float(np.std(teacher)) == 0.0:
+        return 1.0
+    return float(np.std(start) / np.std(teacher))
 
 
 def set_teacher_scores(row: dict[str, Any], scores: Any) -> None:
@@ -617,6 +646,7 @@ __all__ = [
     "label_rows",
     "mine_rows",
     "read_adapt_corpus",
+    "reranker_scale_to_student",
     "split_check",
     "title_queries",
     "write_rows",

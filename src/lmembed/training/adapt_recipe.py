@@ -8,7 +8,7 @@ an unknown key or a value of the wrong type is refused as ``FILE:LINE: key: mess
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -116,6 +116,9 @@ class Training(FileModel):
     loss: str = "infonce"
     teacher_loss: str = "margin_mse"
     hybrid_weight: float = Field(0.25, ge=0)  # --teacher hybrid: the BM25 share of its score (see HybridTeacher)
+    # --teacher reranker:NAME: its logits times this factor are the labels; auto: the factor that gives their margins
+    # the spread of the starting model's cosine margins (adapt.reranker_scale_to_student)
+    reranker_scale: Annotated[float, Field(gt=0)] | Literal["auto"] = "auto"
     merge: float = Field(0.5, gt=0, le=1)  # the kept weights: start + merge × (adapted − start) (1: as adapted)
 
 

@@ -604,7 +604,7 @@ def _run(
             t0 = time.perf_counter()
             labeller = _load_teacher(teacher, embedder, device, docs, recipe)
             drawn = labeller if isinstance(labeller, HybridTeacher) else None
-            rows = label_rows(rows, labeller, max(1, training.num_negatives))
+            rows = label_rows(rows, labeller, max(1, training.num_negatives), reranker_scale=training.reranker_scale)
             timings["labels_s"] = round(time.perf_counter() - t0, 2)
             if not rows:
                 raise AdaptError("no row kept a mined negative to label with the teacher: mining.k is too strict")
@@ -617,6 +617,9 @@ def _run(
             "by_source": dict(Counter(r["provenance"]["source"] for r in rows)),
             "mining": mining,
         }
+        scales = {r["provenance"]["teacher_scale"] for r in rows if "teacher_scale" in r["provenance"]}
+        if scales:  # a reranker's logits put on the student's scale (label_rows)
+            report["teacher_scale"] = scales.pop()
         write_rows(rows, output / ROWS_FILE)
         write_rows(_held_rows(held, docs), output / HELDOUT_FILE)
         files = {name: sha256_file(output / name) for name in (ROWS_FILE, HELDOUT_FILE)}
