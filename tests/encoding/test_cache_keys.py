@@ -157,3 +157,33 @@ def test_an_in_memory_model_s_fingerprint_covers_its_tokenizer_and_config():
     assert backbone.fingerprint() == plain  # computed once ...
     backbone.invalidate_fingerprint()
     assert backbone.fingerprint() != plain  # ... and again after a change
+
+
+def test_a_model_changed_in_place_is_not_served_its_old_vectors(original):
+    """The fingerprint was hashed once and kept: weights written in place (a user's own training loop,
+    ``load_state_dict``, ``add_``) or a tokenizer setting changed after a cached encode were served the vectors
+    of the model as it was, in silence."""
+    emb = Embedder.from_pretrained(str(original), show_progress=False)  # cached (in the test's own home)
+    long = " ".join(WORDS * 8)
+    before = emb.encode([*TEXTS, long])
+    key = emb.backbone.fingerprint()
+    emb.encode([*TEXTS, long])
+    assert emb.backbone.fingerprint() == key  # encoding changes nothing the stamp sees: no hashing again
+    with torch.no_grad():
+        for parameter in emb.backbone.model.layers[0].parameters():
+            parameter.mul_(1.5)
+    changed = emb.encode([*TEXTS, long])
+    fresh = Embedder.from_model(emb.backbone.model, emb.backbone.tokenizer, use_cache=False, show_progress=False)
+    np.testing.assert_allclose(changed, fresh.encode([*TEXTS, long]), atol=1e-6)
+    assert np.abs(changed - before).max() > 1e-3
+    emb.backbone.tokenizer.truncation_side = "left"
+    emb.backbone.model.load_state_dict(emb.backbone.model.state_dict())  # the same values: the same hash
+    cut = Embedder.from_model(emb.backbone.model, emb.backbone.tokenizer, use_cache=False, show_progress=False)
+    np.testing.assert_allclose(emb.encode([long]), cut.encode([long]), atol=1e-6)
+
+
+def test_an_instruction_and_a_text_holding_nul_do_not_share_a_key():
+    from lmembed.encoding.cache import text_key
+
+    assert text_key("b\x00c", "a") != text_key("c", "a\x00b")
+    assert text_key("text", None) == text_key("text", "")

@@ -62,9 +62,13 @@ def model_key(model_fingerprint: str, backend_tag: str = "") -> str:
 
 
 def text_key(text: str, instruction: str | None = None) -> bytes:
+    """The text part of a cache key: the instruction's length, the instruction, the text. The length keeps the two
+    apart where a separator could not: either may hold any character (NUL included), and ``("a", "b\x00c")`` and
+    ``("a\x00b", "c")`` joined by a NUL were one key, so one was served the other's vector."""
+    head = (instruction or "").encode()
     digest = hashlib.blake2b(digest_size=KEY_BYTES)
-    digest.update((instruction or "").encode())
-    digest.update(b"\x00")
+    digest.update(len(head).to_bytes(8, "little"))
+    digest.update(head)
     digest.update(text.encode())
     return digest.digest()
 

@@ -45,6 +45,7 @@ class Backbone:
     _fingerprint: str | None = field(default=None, repr=False)  # the weights' part, where hashed at load (int8)
     quantization: str | None = None  # "int8": torch's dynamic int8 Linear modules (``quantize="int8"``)
     _key: str | None = field(default=None, init=False, repr=False, compare=False)  # fingerprint(), once computed
+    _stamp: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)  # _key's state
 
     @property
     def num_layers(self) -> int:
@@ -61,9 +62,18 @@ class Backbone:
     def fingerprint(self) -> str:
         """Everything about the model that decides a vector: every weight (names, shapes, values), the model
         config and the tokenizer (:func:`setup_fingerprint`). The model part of embedding-cache and export-cache
-        keys; the same on every load of the same folder. Computed once: whoever changes the weights, the config
-        or the tokenizer afterwards calls :meth:`invalidate_fingerprint`."""
+        keys; the same on every load of the same folder. Hashed once, and again when :meth:`state_stamp` finds the
+        model changed since: a weight written in place (a training step, ``load_state_dict``, ``add_``) or replaced,
+        a config field, a tokenizer setting (truncation or padding side, maximum length, added tokens) or the
+        tokenizer itself; else the cache would serve the vectors of the model as it was. A change the stamp cannot
+        see (a tokenizer's normaliser replaced inside its backend) needs :meth:`invalidate_fingerprint`."""
+        stamp = self.state_stamp()
+        if self._key is not None and stamp != self._stamp:
+            if (self._stamp is None or stamp[0] != self._stamp[0]) and self.quantization is None:
+                self._fingerprint = None  # the weights changed: hashed again (an int8 model's hash is its load's)
+            self._key = None
         if self._key is None:
+            self._stamp = stamp
             if self._fingerprint is None:
                 self._fingerprint = weights_fingerprint(self.model)
             key = self._fingerprint
@@ -74,8 +84,27 @@ class Backbone:
         return self._key
 
     def invalidate_fingerprint(self) -> None:
+        """Hash the model again at the next :meth:`fingerprint` (after a change :meth:`state_stamp` cannot see)."""
         self._fingerprint = None
         self._key = None
+
+    def state_stamp(self) -> tuple[Any, ...]:
+        """A cheap record of the model's state, to tell whether it changed since it was hashed: each weight's and
+        buffer's storage and version counter (torch counts every in-place write), the config's fields and the
+        tokenizer's settings; microseconds, where hashing the weights takes a second."""
+        weights = tuple(_tensor_state(t) for t in (*self.model.parameters(), *self.model.buffers()))
+        config = json.dumps(_vector_fields(self.model.config.to_dict()), sort_keys=True, default=str)
+        tokenizer = self.tokenizer
+        settings = tokenizer_state(tokenizer, pipeline=False)[0] if tokenizer is not None else []
+        size = len(tokenizer) if tokenizer is not None else 0
+        return weights, config, id(tokenizer), size, json.dumps(settings, sort_keys=True, default=str)
+
+
+def _tensor_state(tensor: torch.Tensor) -> tuple[int, int]:
+    try:
+        return tensor.data_ptr(), tensor._version
+    except RuntimeError:  # an inference tensor (made under torch.inference_mode) keeps no version counter
+        return tensor.data_ptr(), -1
 
 
 #: Config fields that say where or how a model was loaded, not what it computes; they stay out of the fingerprint so
@@ -110,23 +139,26 @@ def _vector_fields(value: Any) -> Any:
     return value
 
 
-def tokenizer_state(tokenizer: Any) -> tuple[list[Any], str]:
+def tokenizer_state(tokenizer: Any, *, pipeline: bool = True) -> tuple[list[Any], str]:
     """What of a tokenizer decides token ids: its settings (class, special tokens, padding and truncation sides,
     maximum length) and its whole pipeline as text (a fast tokenizer's backend JSON: added tokens, normaliser,
-    pre-tokeniser, post-processor, decoder, vocabulary and merges; a slow one's vocabulary)."""
+    pre-tokeniser, post-processor, decoder, vocabulary and merges; a slow one's vocabulary; with ``pipeline=False``
+    the settings alone, and an empty text)."""
     if tokenizer is None:
         return [], ""
     rust = getattr(tokenizer, "backend_tokenizer", None)
-    if rust is not None:
-        pipeline = rust.to_str()
+    if not pipeline:
+        text = ""
+    elif rust is not None:
+        text = rust.to_str()
         # the JSON opens with the version and the truncation and padding of the last call (set per call by whoever
         # tokenised last, not the tokenizer's own): the pipeline proper starts at the added tokens
-        _, found, rest = pipeline.partition('"added_tokens":')
-        pipeline = rest if found else pipeline
+        _, found, rest = text.partition('"added_tokens":')
+        text = rest if found else text
     elif callable(getattr(tokenizer, "get_vocab", None)):
-        pipeline = json.dumps(sorted(tokenizer.get_vocab().items()), default=str)
+        text = json.dumps(sorted(tokenizer.get_vocab().items()), default=str)
     else:
-        pipeline = ""  # not a transformers tokenizer: its class and settings are all there is to hash
+        text = ""  # not a transformers tokenizer: its class and settings are all there is to hash
     settings = [
         type(tokenizer).__name__,
         getattr(tokenizer, "special_tokens_map", None),
@@ -134,7 +166,7 @@ def tokenizer_state(tokenizer: Any) -> tuple[list[Any], str]:
         getattr(tokenizer, "truncation_side", None),
         getattr(tokenizer, "model_max_length", None),
     ]
-    return settings, pipeline
+    return settings, text
 
 
 def setup_fingerprint(config: Any, tokenizer: Any) -> str:
