@@ -139,6 +139,14 @@ class LocalExecutor:
 LOCAL = LocalExecutor()
 
 
+def _own_length(backbone: Backbone, config: EmbeddingConfig) -> EmbeddingConfig:
+    """``config`` with ``max_length`` None read as the model's window: its folder's ``max_seq_length``, else its
+    positions (512 at most)."""
+    if config.max_length is not None:
+        return config
+    return config.with_options(max_length=resolve_max_length(backbone, default_max_length(backbone.path, None)))
+
+
 class Embedder:
     """A text-embedding model: a transformer backbone read out with one extraction strategy, encoded by an
     :class:`Executor` (this process by default).
@@ -178,14 +186,11 @@ class Embedder:
         self.backbone = backbone
         self.executor = executor or LOCAL
         if engine is not None:
-            self.config = config or EmbeddingConfig()
+            self.config = _own_length(backbone, config or EmbeddingConfig())
             check_strategy(backbone, self.config, _head_width(pooling_head, backbone, self.config))
             self.pooling_head, self.engine = pooling_head, engine
             return
-        self.config = config or EmbeddingConfig()
-        if self.config.max_length is None:
-            limit = resolve_max_length(backbone, default_max_length(backbone.path, None))
-            self.config = self.config.with_options(max_length=limit)
+        self.config = _own_length(backbone, config or EmbeddingConfig())
         if not backbone.is_decoder and self.config.attention != "bidirectional":
             # Encoders always attend bidirectionally; record what really happens.
             self.config = self.config.with_options(attention="bidirectional")
@@ -540,6 +545,7 @@ class Embedder:
     ) -> list[np.ndarray]:
         """Embed with several strategies at once, sharing forward passes where they can."""
         configs = _strategies(configs, "configs")  # a generator is read once, here
+        configs = [self._own_length(cfg) for cfg in configs]
         for cfg in configs:
             check_strategy(self.backbone, cfg, _head_width(self.pooling_head, self.backbone, cfg))
         return self.executor.run(self, texts, configs, instruction=instruction, batch_size=batch_size)
@@ -566,8 +572,15 @@ class Embedder:
             )
         if not self.backbone.is_decoder and config.attention != "bidirectional":
             config = config.with_options(attention="bidirectional")  # what an encoder does, as __init__ records it
+        config = self._own_length(config)
         _check_given(self.backbone, _changed(self.config, config))
         return self._sharing(config, self.executor)
+
+    def _own_length(self, config: EmbeddingConfig) -> EmbeddingConfig:
+        """``config`` with ``max_length`` None read as this Embedder's window (its folder's ``max_seq_length``, its
+        preset's, or its positions): a config made by hand for ``with_config`` or ``encode_strategies`` was read at
+        the engine's fallback (512, or the positions: twice minilm's 256), under the same strategy label."""
+        return config if config.max_length is not None else config.with_options(max_length=self.config.max_length)
 
     def with_terms(self, channel: TermChannel | None) -> Embedder:
         """This model with ``channel`` appended to its vectors (None: without a term channel): the backbone is

@@ -154,9 +154,9 @@ def test_an_in_memory_model_s_fingerprint_covers_its_tokenizer_and_config():
     backbone = backbone_from_model(model, tok)
     backbone.fingerprint()
     model.config.sliding_window = 8
-    assert backbone.fingerprint() == plain  # computed once ...
-    backbone.invalidate_fingerprint()
-    assert backbone.fingerprint() != plain  # ... and again after a change
+    assert backbone.fingerprint() != plain  # a config field changed after hashing: hashed again
+    model.config.sliding_window = None
+    assert backbone.fingerprint() == plain
 
 
 def test_a_model_changed_in_place_is_not_served_its_old_vectors(original):
@@ -187,3 +187,23 @@ def test_an_instruction_and_a_text_holding_nul_do_not_share_a_key():
 
     assert text_key("b\x00c", "a") != text_key("c", "a\x00b")
     assert text_key("text", None) == text_key("text", "")
+
+
+def test_vectors_an_earlier_lmembed_cached_are_not_served(original, monkeypatch, tmp_path):
+    """Input building changed between versions (a wrapped long text's cut) and the cache, keyed on the model and the
+    strategy alone, served the old code's vectors after an upgrade. The cache's model key carries ENCODING_VERSION,
+    as an experiment's run key does."""
+    from lmembed.encoding import cache
+    from lmembed.experiments.spec import ArmSpec, EvalSpec
+
+    emb = Embedder.from_pretrained(str(original), show_progress=False)
+    emb.encode(TEXTS)
+    folders = {p.name for p in (tmp_path / "home").rglob("*") if p.is_dir() and cache.MODEL_DIR_NAME.fullmatch(p.name)}
+    arm, evaluation = ArmSpec(name="a", model="minilm", strategy={}), EvalSpec(tasks=())
+    before = arm.fingerprint(evaluation, seed=0)
+    monkeypatch.setattr(cache, "ENCODING_VERSION", cache.ENCODING_VERSION + 1)
+    monkeypatch.setattr("lmembed.experiments.spec.ENCODING_VERSION", cache.ENCODING_VERSION)
+    emb.encode(TEXTS)
+    again = {p.name for p in (tmp_path / "home").rglob("*") if p.is_dir() and cache.MODEL_DIR_NAME.fullmatch(p.name)}
+    assert len(folders) == 1 and len(again) == 2  # a folder of its own: nothing of the earlier one read
+    assert arm.fingerprint(evaluation, seed=0) != before

@@ -250,3 +250,55 @@ def test_prompted_long_texts_read_on_a_prefix_are_truncated_as_whole(
     assert (sum(taken) > 20) if side == "right" else not taken
     monkeypatch.setattr(builder, "_exact_prefixes", lambda strings, budget: {})  # every string read whole
     assert got == builder.build_all(texts, "query: ")
+
+
+@pytest.mark.parametrize("kind", ["wordpiece-bert", "bpe-roberta", "smollm2-decoder", "minilm", "split-regex-decoder"])
+def test_a_left_truncating_tokenizer_keeps_the_end_of_a_long_text(kind: str) -> None:
+    """A folder whose tokenizer truncates on the left (``truncation_side: left``) had its long texts cut from the
+    start anyway, unless it used sentence-transformers prompts (another vector than sentence-transformers'). A bare
+    text is now truncated by the tokenizer itself; a wrapped one keeps its last tokens inside the whole wrapper."""
+    make, decoder = KINDS[kind]
+    tokenizer = make()
+    tokenizer.truncation_side = "left"
+    builder = InputBuilder(tokenizer, EmbeddingConfig(pooling="mean"), is_decoder=decoder, max_length=24)
+    texts = _random_texts(seed=5, n=20)
+    eos = [builder.eos_id] if builder.eos_id is not None and not builder.tokenizer_ends_with_eos else []
+    for text, features in zip(texts, builder.build_all(texts), strict=True):
+        own = tokenizer(text, truncation=True, max_length=24 - len(eos))["input_ids"]
+        assert features.input_ids == own + eos, text
+    wrapped = InputBuilder(
+        tokenizer, EmbeddingConfig(pooling="mean", instruction_template="Q: {instruction} | "), is_decoder=decoder,
+        max_length=24,
+    )  # fmt: skip
+    specials = set(tokenizer.all_special_ids)
+    wrapper = tokenizer("Q: find | ", add_special_tokens=False)["input_ids"][:-1]  # its last may join the text
+    wrapper = [i for i in wrapper if i not in specials]
+    sentences = [
+        f"the study of protein cells shows that gene models predict a result {i} " * 6 + "the end" for i in (1, 2)
+    ]
+    for text, features in zip(sentences, wrapped.build_all(sentences, "find"), strict=True):
+        ids = [i for i in features.input_ids if i not in specials]
+        tail = [i for i in tokenizer(text, add_special_tokens=False)["input_ids"] if i not in specials][-3:]
+        assert ids[: len(wrapper)] == wrapper and ids[-3:] == tail, text  # the whole wrapper, the text's end
+
+
+@pytest.mark.parametrize("kind", ["smollm2-decoder", "split-regex-decoder", "bpe-roberta"])
+def test_a_wrapped_long_text_is_cut_as_the_published_cards_cut(kind: str) -> None:
+    """E5-mistral's and SFR's cards tokenise ``instruction + query`` whole, truncated to ``max_length - 1``, then
+    append EOS. The text was cut on its own tokens, and where the wrapper's last space joins the text's first word a
+    byte-level tokenizer counts that word apart: 1-3 tokens of the window stayed unused, and a last-token vector
+    differed from the card's."""
+    make, _ = KINDS[kind]
+    tokenizer = make()
+    template = "Instruct: {instruction}\nQuery: "
+    builder = InputBuilder(
+        tokenizer, EmbeddingConfig(pooling="last", instruction_template=template, add_eos=True), is_decoder=True,
+        max_length=32,
+    )  # fmt: skip
+    texts = _random_texts(seed=3, n=40)
+    eos = builder.eos_id
+    for text, features in zip(texts, builder.build_all(texts, "find the passage"), strict=True):
+        room = 32 if builder.tokenizer_ends_with_eos else 31  # SFR's tokenizer adds EOS itself; E5-mistral's not
+        card = tokenizer(template.format(instruction="find the passage") + text, truncation=True, max_length=room)
+        ids = card["input_ids"] if card["input_ids"][-1] == eos else [*card["input_ids"], eos]
+        assert features.input_ids == ids, text

@@ -596,3 +596,21 @@ def test_a_decoder_saved_with_a_chat_template_is_refused_saying_why(tmp_path):
     assert cosines(plain, theirs).max() < 0.99  # the chat template changed every vector
     with pytest.raises(PublishedModelError, match="wraps every text in the tokenizer's chat template"):
         load(tmp_path / "chat")
+
+
+def test_a_strategy_without_max_length_reads_the_folders_own_window(tmp_path):
+    """``with_config`` and ``encode_strategies`` read a hand-made config's ``max_length=None`` as the engine's
+    fallback (512, or the model's positions) where the folder says ``max_seq_length``, under the same strategy
+    label: long texts got other vectors than sentence-transformers'."""
+    from lmembed import EmbeddingConfig
+
+    path = save_st_model(tmp_path)
+    ours = load(path)
+    assert ours.config.max_length == MAX_SEQ_LENGTH
+    long = [" ".join(TEXTS * 4)]
+    expected = ours.encode(long)
+    other = ours.with_config(EmbeddingConfig(pooling="mean", normalize=True))
+    assert other.config.max_length == MAX_SEQ_LENGTH
+    np.testing.assert_allclose(other.encode(long), expected, atol=1e-6)
+    (together,) = ours.encode_strategies(long, [EmbeddingConfig(pooling="mean", normalize=True)])
+    np.testing.assert_allclose(together, expected, atol=1e-6)

@@ -38,6 +38,11 @@ from lmembed.paths import embedding_cache_dir
 log = logging.getLogger(__name__)
 
 KEY_BYTES = 16
+#: The version of the code between a text and its vector that no fingerprint sees (how inputs are built, cut and
+#: pooled): raised whenever a change to it can change a vector, so the cache (and an experiment's runs) made by an
+#: earlier lmembed are not served as this one's. 2: a wrapped long text is cut as a whole at the limit, a left-
+#: truncating tokenizer keeps a text's end (stop 59).
+ENCODING_VERSION = 2
 #: the names the cache gives its folders: ``<model key>/<strategy key>/`` (:func:`model_key`: the backbone's
 #: fingerprint, then the backend's tag; ``EmbeddingConfig.fingerprint``)
 MODEL_DIR_NAME = re.compile(r"[0-9a-f]{32}(-[\w.]+)*")
@@ -57,8 +62,10 @@ def model_key(model_fingerprint: str, backend_tag: str = "") -> str:
     """The model part of a cache key: the backbone's fingerprint (``Backbone.fingerprint``: weights, model config,
     tokenizer), plus the backend and precision that computed the vectors (``backend_tag``, e.g.
     ``onnx-int8-<calibration>``; empty for the torch reference at the model's own dtype), so an int8 or ONNX vector
-    is never served as a torch float32 one."""
-    return f"{model_fingerprint}-{backend_tag}" if backend_tag else model_fingerprint
+    is never served as a torch float32 one, and :data:`ENCODING_VERSION`, so a vector an earlier lmembed made is not
+    served as this one's."""
+    key = f"{model_fingerprint}-e{ENCODING_VERSION}"
+    return f"{key}-{backend_tag}" if backend_tag else key
 
 
 def text_key(text: str, instruction: str | None = None) -> bytes:

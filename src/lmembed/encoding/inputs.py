@@ -50,6 +50,9 @@ PREFIX_CHARS = 8
 #: tokens before it to be the whole text's: what the tokenizer does at the prefix's end cannot reach back that far.
 PREFIX_MARGIN_WORDS = 2
 PREFIX_MARGIN_CHARS = 64
+#: Tokens past its own budget a text keeps before it is wrapped and the wrapped string is cut as a whole
+#: (:meth:`InputBuilder._build_cut`): more than joining the wrapper can take from the text's first word.
+WHOLE_CUT_SLACK = 16
 #: The normalizers and pre-tokenizers whose work on a string is local (a character, a word, a run of spaces), so
 #: that a prefix of a text is normalised and split as the text's beginning is. A tokenizer with any other step (or
 #: with no pre-tokenizer: the whole text is one piece) is always tokenised whole.
@@ -303,13 +306,16 @@ class InputBuilder:
         A long text's cut is found on a prefix of it where that is exact (:meth:`_exact_prefixes`). Tokenising
         was up to two thirds of an encode call on a GPU (bench/gpu_throughput.py); this halves it for texts that
         fit, and reads little more than ``max_length`` tokens of a long one."""
-        cuts = {i: texts[i][:end] for i, end in self._exact_prefixes(texts, budget).items()}
+        if self._cuts_left():  # the tokenizer keeps a long text's last tokens: its own truncation is the cut
+            return [self._features(enc, "") for enc in self._encode(texts, special=True, max_length=limit)]
+        # a long text is truncated by the tokenizer at the limit (as sentence-transformers and the cards cut it),
+        # read on a prefix that shows a few tokens past the cut exactly where there is one, else whole
+        cuts = {i: texts[i][:end] for i, end in self._exact_prefixes(texts, budget + WHOLE_CUT_SLACK).items()}
         rest = [i for i in range(len(texts)) if i not in cuts]
         encodings = dict(zip(rest, self._encode([texts[i] for i in rest], special=True), strict=True))
-        last = self._leading_specials() + budget - 1  # where the plain encoding's last kept token is
         for i in rest:
             if len(encodings[i]) - self.num_special > budget:
-                cuts[i] = texts[i][: encodings[i].token_to_chars(last)[1]]
+                cuts[i] = texts[i]
         if cuts:
             order = sorted(cuts)
             encodings.update(
@@ -354,6 +360,10 @@ class InputBuilder:
             )
         return self._prefix_safe
 
+    def _cuts_left(self) -> bool:
+        """Whether a long text keeps its end (``truncation_side="left"``, from the folder's tokenizer settings)."""
+        return getattr(self.tokenizer, "truncation_side", "right") == "left"
+
     def _leading_specials(self) -> int:
         """How many special tokens the post-processor puts before a text (``[CLS]``, ``<s>``, BOS)."""
         if self._lead is None:
@@ -364,19 +374,33 @@ class InputBuilder:
     def _build_cut(
         self, texts: Sequence[str], instruction: str | None, budget: int, limit: int, *, prefixes: bool = True
     ) -> list[Features]:
-        """Each text cut to ``budget`` tokens of its own (by the offset of its last kept token), wrapped, tokenised
-        again whole and masked for pooling. A long text's cut is found on a prefix where that is exact
+        """Each text wrapped, tokenised and masked for pooling. With nothing after the text the wrapped string is
+        truncated at the limit by the tokenizer; else (a suffix, echo, LLM2Vec's text-token mask, a left cut) the text
+        is first cut to ``budget`` tokens of its own (by the offset of its last kept token, or first for a left cut)
+        so that the wrapper stays whole. A long text's cut is found on a prefix where that is exact
         (:meth:`_exact_prefixes`); ``prefixes=False`` tokenises every text whole first (the reference the tests
         and bench/tokenise_passes.py compare with)."""
-        ends = self._exact_prefixes(texts, budget) if prefixes else {}
-        rest = [i for i in range(len(texts)) if i not in ends]
-        plain = dict(zip(rest, self._encode([texts[i] for i in rest], special=False), strict=True))
-        for i, enc in plain.items():  # only the long texts' offsets are read
-            if len(enc) > budget:
-                ends[i] = enc.token_to_chars(budget - 1)[1]
-        cut = [text[: ends[i]] if i in ends else text for i, text in enumerate(texts)]
-        prefixes = [self._prefix(text, instruction)[0] for text in cut]
         suffix = self._suffix(instruction)
+        left = self._cuts_left()
+        # with nothing after the text and a right cut, the wrapped string is cut as a whole at the limit, as the
+        # published cards cut (E5-mistral, SFR, Qwen3-Embedding: the instruction and text together, then EOS); a
+        # long text is first shortened to a prefix that shows a few tokens past its cut exactly, where there is one.
+        # Cutting the text alone to the budget left 1-3 tokens unused where the wrapper's last space joins the
+        # text's first word, and a word cut in two could be tokenised otherwise than the tokenizer truncates it
+        whole = not suffix and not left and not self.config.echo and self.config.instruction_mask != "text_tokens"
+        reach = budget + WHOLE_CUT_SLACK if whole else budget
+        ends = self._exact_prefixes(texts, reach) if prefixes and not left else {}
+        rest = [i for i in range(len(texts)) if i not in ends]
+        rest = [] if whole else rest  # cut by the tokenizer, with its wrapper: no cut of its own to find
+        plain = dict(zip(rest, self._encode([texts[i] for i in rest], special=False), strict=True))
+        starts: dict[int, int] = {}
+        for i, enc in plain.items():  # only the long texts' offsets are read
+            if left and len(enc) > budget:  # the text's last budget tokens; the wrapper stays whole
+                starts[i] = enc.token_to_chars(len(enc) - budget)[0]
+            elif not whole and len(enc) > budget:
+                ends[i] = enc.token_to_chars(budget - 1)[1]
+        cut = [text[starts.get(i, 0) : ends.get(i, len(text))] for i, text in enumerate(texts)]
+        prefixes = [self._prefix(text, instruction)[0] for text in cut]
         wrapped = self._encode(
             [p + t + suffix for p, t in zip(prefixes, cut, strict=True)], special=True, max_length=limit
         )

@@ -52,6 +52,7 @@ from typing import Any
 import yaml
 
 from lmembed.config import EmbeddingConfig
+from lmembed.encoding.cache import ENCODING_VERSION
 from lmembed.errors import LmembedError, UnknownNameError
 from lmembed.io import read_text
 from lmembed.schema import FileModel, KeyPath, Where, check_fields, check_keys, load_yaml_with_lines, read_yaml_file
@@ -222,6 +223,8 @@ class ArmSpec:
         }
         if dtype != "float32":
             payload["dtype"] = dtype
+        if ENCODING_VERSION > 1:  # a run an lmembed with other input building made is run again
+            payload["encoding"] = ENCODING_VERSION
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -129,8 +129,8 @@ PRESETS: tuple[Preset, ...] = (
         "</s>, pad, last_token_pool, L2-normalise; queries get 'Instruct: {task}\\nQuery: ', documents nothing",
         verified="tests/models/test_presets.py: the card's steps re-implemented on a tiny MistralModel saved in the "
         "checkpoint's layout, cosine >= 0.9999",
-        limits="a text longer than max_length is cut before its end (the card cuts the whole string, so a very "
-        "long query keeps its instruction either way)",
+        limits="none found at the token level: a long query is cut as the card cuts it, instruction and text "
+        "together at max_length - 1, then </s> (tests/encoding/test_inputs_one_pass.py)",
     ),
     Preset(
         family="SFR-Embedding-Mistral",
