@@ -12,8 +12,9 @@ Per set (in order; every stage is kept in ``--work`` and skipped when done, so a
    analysis arms, reported and never used to choose anything: ``adapt-unmerged`` (the kept step's weights as
    trained: the merge's other end) and ``title-merged`` (the title baseline merged with the start as adapt merges).
 
-Figures are differences against the named baselines (start, title) measured in the same run, with percentile
-paired bootstrap intervals (``lmembed.experiments.stats.paired_bootstrap``, 10,000 resamples). Output:
+Figures are differences against the named baselines (start, title) measured in the same run, with paired bootstrap
+intervals (``lmembed.experiments.stats.paired_bootstrap``, 10,000 resamples: percentile ones in the committed
+results; studentized, bootstrap-t, since stop 59). Output:
 ``--out``/experiment.json and table.md; the log in ``--out``/experiment.log.
 
     python bench/adapt_experiment.py --sets scifact nfcorpus arguana --work runs/adapt-bench \

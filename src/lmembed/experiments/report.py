@@ -80,6 +80,8 @@ class _Comparison(RecordModel):
     p_value: float | None = None
     p_holm: float | None = None  # summaries written before 2026-11-29 (stop 58) have none
     items: int = 0
+    method: str | None = None  # "items" or "seeds and items"; older summaries have none (they were over items)
+    df: float | None = None
     minus: list[str] | None = Field(default=None, min_length=2, max_length=2)
 
 
@@ -141,6 +143,16 @@ def _p(value: float | None) -> str:
     return f"{value:.4f}" if value >= 0.0001 else f"{value:.1e}"
 
 
+def _over(comparison: Mapping[str, Any]) -> str:
+    """What a comparison's interval and p cover: items, or seeds and items (with the t's degrees of freedom)."""
+    if comparison.get("p_value") is None:
+        return MISSING
+    if comparison.get("method") == "seeds and items":
+        df = comparison.get("df")
+        return f"seeds + items (df {df:.1f})" if isinstance(df, int | float) and math.isfinite(df) else "seeds + items"
+    return "items"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
@@ -167,8 +179,11 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
     lines += [
         "## Scores",
         "",
-        "Main score (× 100 for task metrics): mean ± sample std over the arm's runs (n), then the 95 % bootstrap "
-        "interval of the arm's score over items (queries, pairs, texts or sets; per-item values averaged over seeds).",
+        "Main score (× 100 for task metrics): mean ± sample std over the arm's runs (n), then the 95 % interval of "
+        "the arm's score. One run: over items (queries, pairs, texts or sets; bootstrap-t for means, expanded "
+        "percentile bootstrap for Spearman and AP). Several runs (seeds): over seeds and items (the arm's score is "
+        "the mean of its runs'; a t interval whose variance adds the seed-to-seed spread to the items'). The train "
+        "loss has an interval over its seeds only (one falling curve is one block of correlated steps).",
         "",
     ]
     header = ["arm", "kind", *(t["name"] for t in tasks)]
@@ -184,17 +199,23 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
         lines += [
             "## Comparisons",
             "",
-            "Paired over the items both arms were scored on: difference a − b of the task statistic, 95 % "
-            "bootstrap interval, two-sided paired randomization-test p, and that p adjusted by Holm's method over "
-            "this experiment's comparisons. *holds* / *reversed*: the interval excludes 0 and the Holm p < 0.05 "
-            "(the plain p where a summary has no Holm column: written before 2026-11-29), in / against the claimed "
-            "direction; otherwise *not distinguishable*.",
+            "Paired over the items both arms were scored on: difference a − b of the task statistic, its 95 % "
+            "interval, a two-sided p, and that p adjusted by Holm's method over this experiment's comparisons. "
+            "*over* says what the interval and p cover: *items* (one run per arm: item bootstrap interval and paired "
+            "randomization test) or *seeds + items* (an arm of several runs: t interval and t test whose variance "
+            "adds each arm's seed-to-seed spread to the items', with its degrees of freedom; two or three seeds give "
+            "few, and a weak test). *holds* / *reversed*: the interval excludes 0 and the Holm p < 0.05 (the plain p "
+            "where a summary has no Holm column: written before 2026-11-29), in / against the claimed direction; "
+            "otherwise *not distinguishable*. The train loss is compared on means of blocks of steps laid out by the "
+            "correlation of the two arms' per-step difference; *too few blocks*: that correlation leaves fewer than "
+            "two blocks of a single run each, and nothing to judge.",
             "",
         ]
         if any(c.get("minus") for c in comparisons):
             lines += [
                 "A row whose a and b are gaps (arm − arm) compares the two gaps: (a1 − a2) − (b1 − b2) over the "
-                "items all four arms were scored on; the randomization test swaps each item's two gaps.",
+                "items all four arms were scored on; the randomization test (one run per arm) swaps each item's two "
+                "gaps, the test over seeds counts each arm's seeds once.",
                 "",
             ]
         scale_of = {t["name"]: t["scale"] for t in tasks}
@@ -219,12 +240,25 @@ def experiment_markdown(summary: Mapping[str, Any]) -> str:
                     _p(c.get("p_value")),
                     _p(c.get("p_holm")),
                     str(c.get("items", 0)),
+                    _over(c),
                     f"**{c['verdict']}**",
                 ]
             )
         lines += [
             *_table(
-                ["a", "b", "task", "claim (a vs b)", "a − b", "95 % interval", "p", "p (Holm)", "items", "verdict"],
+                [
+                    "a",
+                    "b",
+                    "task",
+                    "claim (a vs b)",
+                    "a − b",
+                    "95 % interval",
+                    "p",
+                    "p (Holm)",
+                    "items",
+                    "over",
+                    "verdict",
+                ],
                 rows,
             )
         ]

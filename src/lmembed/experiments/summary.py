@@ -1,17 +1,23 @@
 """The summary of an experiment, built from its finished runs: per-arm spread over seeds and paired tests.
 
-For every arm and task: the task's main score as mean ± sample std over the arm's runs (seeds), and a
-95 % bootstrap interval of the arm's score over items (its per-item values averaged over seeds, see
-:func:`~lmembed.experiments.stats.seed_average`). For every comparison (``compare`` in the file, default:
-each arm against the first) and task: the paired difference over the items both arms were scored on, its
-bootstrap interval, the randomization-test p-value, that p adjusted by Holm's method over the experiment's
-comparisons (``p_holm``, one family) and the verdict judged with it (:func:`~lmembed.experiments.stats.compare`,
-:func:`~lmembed.experiments.stats.holm`); a comparison with ``minus: [c, d]`` tests the gap a − b against the gap
-c − d over the items all four share. An arm of several seeds scores as the mean of its runs' statistic.
+For every arm and task: the task's main score as mean ± sample std over the arm's runs (seeds), and a 95 %
+interval of the arm's score (:func:`~lmembed.experiments.stats.bootstrap_interval`: over items for an arm of one
+run, over seeds and items for an arm of several, whose score is the mean of its runs'). For every comparison
+(``compare`` in the file, default: each arm against the first) and task: the paired difference over the items both
+arms were scored on, its interval and two-sided p (:func:`~lmembed.experiments.stats.compare`: with one run per arm
+the item bootstrap and the paired randomization test, ``method`` "items"; when an arm has several runs, a t test
+whose variance adds each arm's seed-to-seed spread to the items', ``method`` "seeds and items" with its ``df``),
+that p adjusted by Holm's method over the experiment's comparisons (``p_holm``, one family) and the verdict judged
+with it (:func:`~lmembed.experiments.stats.holm`); a comparison with ``minus: [c, d]`` tests the gap a − b against
+the gap c − d over the items all four share. Every run of an arm goes to the tests as its own row of item values.
 
-Arms that train also get a ``train loss`` row: the per-step loss of their last training stage (mean over
-seeds); two such arms are compared on means of blocks of about √n consecutive steps (:func:`loss_blocks`; same
-seeds, same data order), lower being better.
+Arms that train also get a ``train loss`` row: the per-step loss of their last training stage. Two such arms are
+compared on means of blocks of steps (same seeds, same data order), lower being better; the blocks are laid out
+by the step-to-step correlation of the compared per-step difference (:func:`loss_block_layout`: spaced batch
+means whose neighbours correlate at most 0.02 under an AR(1) fitted to it), the same blocks for every run. A
+seeded loop in tests/experiments/test_stats_loss.py counts false "distinguishable" at strong step correlation. A
+comparison left with one block of one run per arm says *too few blocks*. The arm's own loss cell is blocked by
+its mean curve, whose fall makes it one block: an interval over its seeds, none for one run.
 
 ``summary.json`` is written here; the Markdown and the PNG are drawn from it by
 :mod:`lmembed.experiments.report` (which ``lmembed report`` uses too).
@@ -26,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from lmembed.atomic import atomic_write_json
 from lmembed.experiments.plan import PlannedRun
 from lmembed.experiments.report import SUMMARY_FILE, write_experiment_report
 from lmembed.experiments.spec import CompareSpec, ExperimentSpec
-from lmembed.experiments.stats import bootstrap_interval, compare, holm, mean_std, seed_average, verdict
+from lmembed.experiments.stats import bootstrap_interval, compare, holm, mean_std, verdict
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +77,7 @@ def _task_rows(finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, An
             {
                 "name": LOSS_TASK,
                 "task_type": "Training",
-                "main_metric": "loss (last stage; compared on means of consecutive-step blocks)",
+                "main_metric": "loss (last stage; compared on means of step blocks laid out by their correlation)",
                 "statistic": "mean",
                 "higher_is_better": False,
                 "scale": 1.0,
@@ -79,16 +86,103 @@ def _task_rows(finished: Sequence[tuple[PlannedRun, dict[str, Any], dict[str, An
     return rows
 
 
-def loss_blocks(losses: Sequence[float]) -> list[float]:
-    """The means of consecutive blocks of about √n steps (batch means; a last short block joins the one before):
-    the items a loss comparison pairs. Consecutive steps' losses are correlated, and taken as independent items
-    they made "differs" come out far more often than 5 % with no difference at all; block means are closer to the
-    independent items the randomization test assumes (docs/experiments.md)."""
+#: The largest correlation between neighbouring block means that :func:`loss_block_layout` accepts.
+BLOCK_CORRELATION = 0.02
+#: Below this many steps no layout is estimated (blocks of one step): five items or fewer cannot bring the
+#: randomization test's p below 0.05 (2 / 32), and with several seeds the runs' spread carries the steps' correlation.
+MIN_STEPS_FOR_BLOCKS = 6
+
+
+def _lag_one(series: np.ndarray) -> float:
+    """The lag-1 autocorrelation of ``series``: least squares on the centred series, corrected for its downward
+    bias in short series (Kendall 1954; Marriott & Pope 1954: E[phi_hat] ~ phi - (1 + 3 phi) / n)."""
+    centred = series - series.mean()
+    denominator = float(np.dot(centred[:-1], centred[:-1]))
+    if denominator <= 0:
+        return 0.0  # a constant series: no correlation to speak of
+    phi_hat = float(np.dot(centred[1:], centred[:-1])) / denominator
+    return phi_hat + (1 + 3 * phi_hat) / series.size
+
+
+def _block_mean_correlation(phi: float, lengths: np.ndarray) -> np.ndarray:
+    """The correlation of neighbouring means of ``lengths`` consecutive values of a stationary AR(1) process with
+    lag-1 correlation ``phi`` (0 < phi < 1): ``phi (1 - phi^L)^2 / (L (1 - phi^2) - 2 phi (1 - phi^L))``; with a
+    gap of g values between the blocks, ``phi^g`` times that."""
+    power = phi**lengths
+    return phi * (1 - power) ** 2 / (lengths * (1 - phi * phi) - 2 * phi * (1 - power))
+
+
+def _block_mean_variance(phi: float, lengths: np.ndarray) -> np.ndarray:
+    """The variance of the mean of ``lengths`` consecutive AR(1) values, in units of one value's variance."""
+    power = phi**lengths
+    return (lengths + 2 * phi * (lengths * (1 - phi) - 1 + power) / (1 - phi) ** 2) / lengths**2
+
+
+def loss_block_layout(series: Sequence[float], max_correlation: float = BLOCK_CORRELATION) -> tuple[int, int]:
+    """The loss row's blocks for ``series`` (for a comparison: the per-step difference of the arms' losses, whose
+    correlation is what the test must not take for independent items): ``(length, gap)``, blocks of ``length``
+    consecutive steps with ``gap`` steps left out between neighbours (spaced batch means: Fox, Goldsman & Swain
+    1991, Operations Research Letters 10(5)).
+
+    The step-to-step correlation phi is the series' bias-corrected lag-1 autocorrelation (:func:`_lag_one`). Under
+    an AR(1) with that phi, each block length L gets the smallest gap g (at most L) that brings the correlation of
+    neighbouring block means to ``max_correlation`` (:data:`BLOCK_CORRELATION`, 0.02) or below, and of those layouts
+    the one whose 95 % t interval of the mean difference would be shortest (the variance of the mean of the B
+    blocks that fit, times Student's t with B - 1 degrees of freedom) is taken. Uncorrelated steps stay single
+    items; at phi = 0.5 (median over simulated series) 300 steps give 23 blocks of 11 steps 2 apart, 1000 steps 50
+    of 19; at phi = 0.9 300 steps give 6 blocks of 30 steps 22 apart, 1000 steps 13 of 62 steps 15 apart; where no
+    layout holds two blocks (phi near 1, or few steps), one block of all steps. That is what such a curve holds: n
+    steps at lag-1 correlation phi carry about n (1 - phi) / (1 + phi) independent values, and fewer than six
+    blocks can never make the randomization test's p fall below 0.05. Fewer than :data:`MIN_STEPS_FOR_BLOCKS`
+    steps: blocks of one step, no gap."""
+    x = np.asarray(series, dtype=np.float64)
+    n = x.size
+    if n < MIN_STEPS_FOR_BLOCKS:
+        return 1, 0
+    phi = _lag_one(x)
+    if phi <= 0:
+        return 1, 0
+    if phi >= 1:
+        return n, 0
+    lengths = np.arange(1, n + 1, dtype=np.float64)
+    correlation = _block_mean_correlation(phi, lengths)
+    with np.errstate(divide="ignore"):
+        gaps = np.where(
+            correlation <= max_correlation, 0.0, np.ceil(np.log(max_correlation / correlation) / math.log(phi))
+        )
+    blocks = np.floor((n + gaps) / (lengths + gaps))
+    usable = (gaps <= lengths) & (blocks >= 2)
+    if not usable.any():
+        return n, 0
+    half_width = np.full(n, np.inf)
+    half_width[usable] = student_t.ppf(0.975, blocks[usable] - 1) * np.sqrt(
+        _block_mean_variance(phi, lengths[usable]) / blocks[usable]
+    )
+    best = int(np.argmin(half_width))
+    return int(lengths[best]), int(gaps[best])
+
+
+def loss_block_length(series: Sequence[float], max_correlation: float = BLOCK_CORRELATION) -> int:
+    """The block length of :func:`loss_block_layout` (the steps one loss block takes)."""
+    return loss_block_layout(series, max_correlation)[0]
+
+
+def loss_blocks(losses: Sequence[float], length: int | None = None, gap: int = 0) -> list[float]:
+    """The means of blocks of ``length`` consecutive steps, ``gap`` steps apart (default: the layout
+    :func:`loss_block_layout` gives for ``losses`` themselves; the steps after the last whole block join it): the
+    items a loss comparison pairs. Consecutive steps' losses are correlated, and taken as independent items they
+    made "differs" come out far more often than 5 % with no difference at all; blocks of a fixed √n steps (the rule
+    before) still did at strong step-to-step correlation (tests/experiments/test_stats_loss.py). Blocks laid out by
+    the measured correlation are close to the independent items the randomization test assumes."""
     n = len(losses)
-    size = max(1, math.isqrt(n))
-    blocks = max(1, n // size)
-    edges = [i * size for i in range(blocks)] + [n]  # the remainder goes to the last block
-    return [float(np.mean(losses[edges[i] : edges[i + 1]])) for i in range(blocks)]
+    if length is None:
+        length, gap = loss_block_layout(losses)
+    size = max(1, min(n, int(length)))
+    gap = max(0, int(gap))
+    blocks = max(1, (n + gap) // (size + gap))
+    starts = [i * (size + gap) for i in range(blocks)]
+    ends = [start + size for start in starts[:-1]] + [n]  # the steps after the last whole block join it
+    return [float(np.mean(losses[start:end])) for start, end in zip(starts, ends, strict=True)]
 
 
 def _last_stage_losses(record: Mapping[str, Any]) -> list[float]:
@@ -104,10 +198,10 @@ def _arm_items(
     for run, record, items in finished:
         if run.arm.name != arm:
             continue
-        if task == LOSS_TASK:
+        if task == LOSS_TASK:  # steps as items; blocked once the runs compared are known (_blocked)
             losses = _last_stage_losses(record)
             if losses:
-                out.append(({str(i): v for i, v in enumerate(loss_blocks(losses))}, None))
+                out.append(({str(i): v for i, v in enumerate(losses)}, None))
             continue
         entry = items.get(task)
         if not entry or entry.get("statistic") is None:
@@ -122,13 +216,26 @@ def _arm_items(
 def _aligned(
     per_run: Sequence[tuple[dict[str, float], Any]], ids: Sequence[str], statistic: str
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The runs' values over ``ids`` (one row per run: a Spearman or AP arm scores as the mean of its runs', as
-    the scores table does, not as the statistic of their averaged ranks) and the reference values in that order."""
+    """The runs' values over ``ids`` (one row per run: an arm scores as the mean of its runs' statistics, as the
+    scores table does, and the tests see the runs apart, so the seed-to-seed spread enters them) and the reference
+    values in that order."""
     matrix = np.array([[run[0][i] for i in ids] for run in per_run], dtype=np.float64)
-    if statistic == "mean":
-        matrix = seed_average(matrix, statistic)[None, :]  # the same difference, one row
     reference = per_run[0][1]
     return matrix, (np.array([reference[i] for i in ids]) if reference is not None else None)
+
+
+def _blocked(arms: Sequence[np.ndarray], series: np.ndarray) -> list[np.ndarray]:
+    """The loss row's items: every run of every arm (``(runs, steps)``) cut into the same blocks of consecutive steps,
+    laid out by the step-to-step correlation of ``series`` (:func:`loss_block_layout`)."""
+    length, gap = loss_block_layout(series)
+    return [np.array([loss_blocks(list(run), length, gap) for run in x]) for x in arms]
+
+
+def _testable(arms: Sequence[np.ndarray], task: str) -> bool:
+    """Enough items to judge: two, or for the loss row one block when an arm has several runs (their spread is the
+    test then)."""
+    items = arms[0].shape[1]
+    return items >= 2 or (task == LOSS_TASK and items == 1 and any(x.shape[0] > 1 for x in arms))
 
 
 def _common_ids(*groups: Sequence[tuple[dict[str, float], Any]], task: str = "") -> list[str]:
@@ -177,10 +284,13 @@ def _score_table(
             statistic = task["statistic"]
             if per_run and statistic:
                 ids = _common_ids(per_run, task=name)
-                if len(ids) >= 2:
+                if ids:
                     runs, reference = _aligned(per_run, ids, statistic)
-                    cell["interval"] = list(bootstrap_interval(runs, statistic, reference))
-                    cell["items"] = len(ids)
+                    if name == LOSS_TASK:  # blocks from the arm's mean curve (a falling curve: often one block)
+                        runs = _blocked([runs], runs.mean(axis=0))[0]
+                    if _testable([runs], name):
+                        cell["interval"] = list(bootstrap_interval(runs, statistic, reference))
+                        cell["items"] = runs.shape[1]
             if name == LOSS_TASK:
                 curves = [_last_stage_losses(r) for r in records if _last_stage_losses(r)]
                 length = min(len(c) for c in curves)
@@ -221,12 +331,19 @@ def _comparisons(
                 entry.update({"minus": list(pair.minus), "c_mean": means[2], "d_mean": means[3]})
             arm_runs = [_arm_items(finished, arm, name) for arm in arms]
             ids = _common_ids(*arm_runs, task=name) if all(arm_runs) else []
-            if task["statistic"] and len(ids) >= 2:
-                items = [_aligned(runs, ids, task["statistic"]) for runs in arm_runs]
-                reference = items[0][1]
-                minus = (items[2][0], items[3][0]) if pair.minus else None
+            matrices: list[np.ndarray] = []
+            reference = None
+            if task["statistic"] and ids:
+                aligned = [_aligned(runs, ids, task["statistic"]) for runs in arm_runs]
+                matrices, reference = [m for m, _ in aligned], aligned[0][1]
+                if name == LOSS_TASK:  # blocks from the correlation of the compared per-step difference
+                    signs = (1, -1, -1, 1)
+                    contrast = sum(sgn * m.mean(axis=0) for sgn, m in zip(signs, matrices, strict=False))
+                    matrices = _blocked(matrices, np.asarray(contrast))
+            if matrices and _testable(matrices, name):
+                minus = (matrices[2], matrices[3]) if pair.minus else None
                 result = compare(
-                    items[0][0], items[1][0], task["statistic"], reference, minus=minus, expected=sign * pair.expected
+                    matrices[0], matrices[1], task["statistic"], reference, minus=minus, expected=sign * pair.expected
                 )
                 entry.update(result.to_dict())
             else:
@@ -237,8 +354,8 @@ def _comparisons(
                         "low": None,
                         "high": None,
                         "p_value": None,
-                        "verdict": "no per-item scores",
-                        "items": 0,
+                        "verdict": "too few blocks" if matrices and name == LOSS_TASK else "no per-item scores",
+                        "items": matrices[0].shape[1] if matrices and name == LOSS_TASK else 0,
                         "statistic": None,
                         "expected": sign * pair.expected,
                     }
