@@ -36,6 +36,8 @@ the prompt tokenised alone (less a closing special token); they are pooled when 
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +138,21 @@ def eos_id(tokenizer: Any, config: EmbeddingConfig) -> int | None:
     return token_id
 
 
+_TOKENIZER_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def tokenizer_lock(tokenizer: Any) -> threading.Lock:
+    """The lock of ``tokenizer``: its backend's truncation is set before each batch is encoded, and the input
+    builders of Embedders made with ``with_config`` share one tokenizer, so two threads could encode with each
+    other's limit (a text came back cut at the other strategy's length). The server gives each thread a copy."""
+    with _LOCKS_LOCK:
+        lock = _TOKENIZER_LOCKS.get(tokenizer)
+        if lock is None:
+            lock = _TOKENIZER_LOCKS[tokenizer] = threading.Lock()
+        return lock
+
+
 class InputBuilder:
     """Tokenises texts for one forward configuration."""
 
@@ -181,6 +198,10 @@ class InputBuilder:
         ``tokenizer(texts, add_special_tokens=special, truncation=max_length is not None, max_length=max_length)``
         is made of, with the backend set up as that call sets it. The wrapper's conversion of every encoding to
         Python lists is skipped: on a GPU it took more of an encode call than the model (bench/gpu_throughput.py)."""
+        with tokenizer_lock(self.tokenizer):  # the settings below are the shared tokenizer's until encoded
+            return self._encode_locked(texts, special=special, max_length=max_length)
+
+    def _encode_locked(self, texts: Sequence[str], *, special: bool, max_length: int | None) -> list[Any]:
         rust = self.tokenizer.backend_tokenizer
         if rust.padding is not None:
             rust.no_padding()

@@ -254,7 +254,6 @@ def encode_packed(
     backbone = engine.backbone
     model = backbone.model
     mode = config.attention if backbone.is_decoder else "bidirectional"
-    engine.backend.prepare([config], mode)  # a decoder's attention mode: the modules' is_causal flags
     features = engine.input_builder(config).build_all(list(texts), instruction)
     start = first_position(model, backbone.is_decoder)
     num_layers = backbone.num_layers
@@ -262,7 +261,8 @@ def encode_packed(
     norm = find_final_norm(model) if backbone.is_decoder else None
     pooler = STATELESS_POOLERS[config.pooling]
     out = np.empty((len(features), backbone.hidden_size), dtype=np.float32)
-    with torch.inference_mode():
+    with backbone.modes.hold(mode), torch.inference_mode():
+        engine.backend.prepare([config], mode)  # a decoder's attention mode: the modules' is_causal flags
         for chunk in plan_batches([len(f) for f in features], batch_size, max_batch_tokens):
             batch = pack([features[j].input_ids for j in chunk], backbone.device, start)
             hidden = packed_hidden_states(model, batch, depth=depth, is_decoder=backbone.is_decoder)

@@ -19,6 +19,10 @@ probe fail loudly here instead of producing quietly causal embeddings.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -159,3 +163,39 @@ def configure_attention(model: nn.Module, mode: str, *, verify: bool = True) -> 
 def configured_mode(model: nn.Module) -> str | None:
     """The mode :func:`configure_attention` last put ``model`` in; None if it never did (native state)."""
     return getattr(model, _MODE_ATTRIBUTE, None)
+
+
+class ModeGate:
+    """Who may run a shared model, and in which attention mode. A decoder's mode lives on its modules (their
+    ``is_causal`` flags), which every Embedder made from it with ``with_config`` shares: threads that run the same
+    mode run together; one that needs the other mode waits until they are done, then switches it (two threads of
+    a causal and a bidirectional sibling gave each other's vectors, and the causality check failed in between).
+    A thread that holds one mode and asks for the other is refused, not left waiting on itself."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Condition()
+        self._mode: str | None = None
+        self._holders = 0
+        self._mine = threading.local()
+
+    @contextmanager
+    def hold(self, mode: str) -> Iterator[None]:
+        held = getattr(self._mine, "modes", [])
+        if held and held[-1] != mode:
+            raise AttentionError(
+                f"this thread runs the model with {held[-1]} attention and asked for {mode} inside that run"
+            )
+        with self._turn:
+            while self._holders and self._mode != mode and not held:
+                self._turn.wait()
+            self._mode = mode
+            self._holders += 1
+        self._mine.modes = [*held, mode]
+        try:
+            yield
+        finally:
+            self._mine.modes = held
+            with self._turn:
+                self._holders -= 1
+                if not self._holders:
+                    self._turn.notify_all()

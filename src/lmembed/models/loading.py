@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from lmembed.errors import LmembedError, ModelLoadError
 from lmembed.io import loads_json, read_json
 from lmembed.load_spec import STRATEGY_FILE
+from lmembed.models.attention import ModeGate
 from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.context import interpolation_factor
 from lmembed.models.families import detect_kind
@@ -46,6 +47,8 @@ class Backbone:
     quantization: str | None = None  # "int8": torch's dynamic int8 Linear modules (``quantize="int8"``)
     _key: str | None = field(default=None, init=False, repr=False, compare=False)  # fingerprint(), once computed
     _stamp: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)  # _key's state
+    #: who runs the model now, in which attention mode (Embedders made with ``with_config`` share it, and threads)
+    modes: ModeGate = field(default_factory=ModeGate, init=False, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
