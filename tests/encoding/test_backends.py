@@ -12,6 +12,7 @@ import torch
 
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.encoding.backends import BackendError, make_backend
+from lmembed.encoding.cache import model_key
 from lmembed.encoding.engine import plan_batches
 from lmembed.encoding.inputs import InputBuilder
 
@@ -266,7 +267,7 @@ def test_embedding_cache_keeps_backends_apart(tokenizer, tmp_path):
     torch_emb.encode(TEXTS)
     onnx_emb.encode(TEXTS)
     keys = sorted(p.name for p in cache.iterdir())
-    fingerprint = torch_emb.backbone.fingerprint()
+    fingerprint = model_key(torch_emb.backbone.fingerprint())  # the weights', and lmembed's encoding version
     assert keys == sorted([fingerprint, f"{fingerprint}-onnx-float32"])
 
 

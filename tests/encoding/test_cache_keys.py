@@ -207,3 +207,20 @@ def test_vectors_an_earlier_lmembed_cached_are_not_served(original, monkeypatch,
     again = {p.name for p in (tmp_path / "home").rglob("*") if p.is_dir() and cache.MODEL_DIR_NAME.fullmatch(p.name)}
     assert len(folders) == 1 and len(again) == 2  # a folder of its own: nothing of the earlier one read
     assert arm.fingerprint(evaluation, seed=0) != before
+
+
+def test_each_shard_is_read_once_however_many_calls(original, monkeypatch, tmp_path):
+    """A new cache per call read every earlier call's shard again: many small calls slowed down without bound."""
+    from lmembed.encoding import cache
+
+    reads = []
+    real = cache.read_shard
+    monkeypatch.setattr(cache, "read_shard", lambda path, width=None: reads.append(path) or real(path, width))
+    first = Embedder.from_pretrained(str(original), show_progress=False)
+    for i in range(5):
+        first.encode([f"{TEXTS[0]} {i}"])
+    assert reads == []  # its own shards are in its index already
+    second = Embedder.from_pretrained(str(original), show_progress=False)
+    vectors = [second.encode([f"{TEXTS[0]} {i}"]) for i in range(5)]
+    assert len(reads) == 5 and len(set(reads)) == 5  # each of the first's shards once, then none again
+    np.testing.assert_array_equal(np.concatenate(vectors), first.encode([f"{TEXTS[0]} {i}" for i in range(5)]))

@@ -114,7 +114,7 @@ def test_shards_are_written_while_the_call_runs(tokenizer, tmp_path, monkeypatch
     monkeypatch.setattr(emb.engine, "forward_pool", forward_pool)
     emb.encode(TEXTS, batch_size=BATCH)  # 12 batches of 4: a shard after batches 3, 6, 9, 12
     assert seen_on_disk == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    cache = EmbeddingCache(tmp_path, emb.backbone.fingerprint(), emb.config.fingerprint())
+    cache = EmbeddingCache(tmp_path, emb.engine.cache_model_key(emb.config), emb.config.fingerprint())
     assert len(cache) == len(TEXTS)
 
     timed = make_embedder(tokenizer, tmp_path / "timed")
@@ -137,5 +137,5 @@ def test_an_error_mid_call_keeps_the_finished_batches(tokenizer, tmp_path, monke
     monkeypatch.setattr(emb.engine, "forward_pool", failing)
     with pytest.raises(RuntimeError, match="out of memory"):
         emb.encode(TEXTS, batch_size=BATCH)
-    cache = EmbeddingCache(tmp_path, emb.backbone.fingerprint(), emb.config.fingerprint())
+    cache = EmbeddingCache(tmp_path, emb.engine.cache_model_key(emb.config), emb.config.fingerprint())
     assert len(cache) == 2 * BATCH

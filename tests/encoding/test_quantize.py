@@ -14,6 +14,7 @@ from lmembed import Embedder, EmbeddingConfig
 from lmembed.encoding.backends import BackendError, quality
 from lmembed.encoding.backends.int8 import int8_error, within_budget
 from lmembed.encoding.backends.quality import gate, neighbour_ndcg
+from lmembed.encoding.cache import model_key
 from lmembed.models.loading import quantize_int8
 
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (pip install 'lmembed[onnx]')")
@@ -132,7 +133,7 @@ def test_int8_vectors_are_cached_apart_and_keyed_by_calibration(tokenizer, tmp_p
         for emb in (fp32, a, b):
             emb.encode(TEXTS[:10])
     names = sorted(p.name for p in cache.iterdir())
-    fingerprint = fp32.backbone.fingerprint()
+    fingerprint = model_key(fp32.backbone.fingerprint())
     assert fingerprint in names
     int8_keys = [n for n in names if n.startswith(f"{fingerprint}-onnx-int8-")]
     assert len(int8_keys) == 2  # two calibrations, two keys: never mixed, never served as float32

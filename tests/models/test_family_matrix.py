@@ -20,6 +20,7 @@ import torch
 from lmembed import Embedder
 from lmembed.encoding.backends import quality
 from lmembed.encoding.backends.base import AFTER_PADDING_TAG
+from lmembed.encoding.cache import model_key
 from lmembed.errors import ModelLoadError
 from lmembed.models.families import (
     AFTER_PADDING,
@@ -251,4 +252,4 @@ def test_vectors_cached_with_the_old_positions_are_not_served(built, model_type,
     so an embedding cache filled then cannot serve them; families whose vectors did not change keep their key."""
     emb = built.embedder(model_type)
     key = emb.engine.cache_model_key(emb.config)
-    assert key == emb.backbone.fingerprint() + ("-" + AFTER_PADDING_TAG if tagged else "")
+    assert key == model_key(emb.backbone.fingerprint(), AFTER_PADDING_TAG if tagged else "")

@@ -86,33 +86,37 @@ def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
 
 
 class EmbeddingCache:
-    """Raw pooled vectors of one (model, strategy) pair, looked up by text."""
+    """Raw pooled vectors of one (model, strategy) pair, looked up by text. Its folder's shards are read once each:
+    a lookup reads only the shards written since the last one (by this process or another), so an engine that keeps
+    its cache across calls does not read every earlier call's shard again at each call."""
 
     def __init__(self, root: Path, model_fingerprint: str, strategy_fingerprint: str, width: int | None = None) -> None:
         self.dir = Path(root) / model_fingerprint / strategy_fingerprint
         self.width = width  # the raw vectors' width, where the caller knows it: a shard of another is skipped
         self._index: dict[bytes, np.ndarray] | None = None
+        self._read: set[str] = set()  # the shards in the index (read, skipped as damaged, or written here)
 
     def _load(self) -> dict[bytes, np.ndarray]:
-        if self._index is None:
-            self._index = {}
-            if self.dir.exists():
-                for shard in sorted(self.dir.glob("*.npz")):
-                    if shard.name.startswith(TEMP_PREFIX):
-                        continue
-                    try:
-                        keys, vectors = read_shard(shard, self.width)
-                    except CacheShardError as exc:
-                        root = self.dir.parent.parent
-                        log.warning(
-                            "skipping %s; its texts are encoded again (`lmembed cache clear --damaged --directory %s` "
-                            "removes such shards)",
-                            exc,
-                            root,
-                        )
-                        continue
-                    for key, vector in zip(keys, vectors, strict=True):
-                        self._index[key.tobytes()] = vector
+        shards = sorted(self.dir.glob("*.npz")) if self.dir.exists() else []
+        if self._index is None or not self._read <= {shard.name for shard in shards}:
+            self._index, self._read = {}, set()  # first read, or shards removed (`cache clear`): read it all again
+        for shard in shards:
+            if shard.name.startswith(TEMP_PREFIX) or shard.name in self._read:
+                continue
+            self._read.add(shard.name)
+            try:
+                keys, vectors = read_shard(shard, self.width)
+            except CacheShardError as exc:
+                root = self.dir.parent.parent
+                log.warning(
+                    "skipping %s; its texts are encoded again (`lmembed cache clear --damaged --directory %s` "
+                    "removes such shards)",
+                    exc,
+                    root,
+                )
+                continue
+            for key, vector in zip(keys, vectors, strict=True):
+                self._index[key.tobytes()] = vector
         return self._index
 
     def __len__(self) -> int:
@@ -129,8 +133,10 @@ class EmbeddingCache:
             return
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES)
-        atomic_save_npz(self.dir / f"{uuid.uuid4().hex}.npz", keys=key_array, vectors=vectors)
-        if self._index is not None:  # an index not read yet will find the new shard when it is
+        path = self.dir / f"{uuid.uuid4().hex}.npz"
+        atomic_save_npz(path, keys=key_array, vectors=vectors)
+        if self._index is not None:
+            self._read.add(path.name)  # an index not read yet will find the new shard when it is
             for key, vector in zip(keys, vectors, strict=True):
                 self._index[key] = vector
 
@@ -156,6 +162,7 @@ class EmbeddingCache:
         path = self.shard_path(name)
         atomic_save_npz(path, keys=keys, vectors=vectors)
         if self._index is not None:
+            self._read.add(path.name)
             for key, vector in zip(keys, vectors, strict=True):
                 self._index[key.tobytes()] = vector
         return path

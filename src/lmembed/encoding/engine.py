@@ -60,6 +60,10 @@ PROGRESS_MIN_TEXTS = 256
 CACHE_FLUSH_ROWS = 2048  # a cache shard is written at least this often (in texts) ...
 CACHE_FLUSH_SECONDS = 30.0  # ... and at least this often (in seconds) while an encode call runs
 TOKENISE_CHUNK = 4096  # the pipelined path tokenises this many texts per call (a stop is seen between calls)
+#: Without a ``plan_window`` the pipelined path plans batches over this many texts at a time (by their lengths, as
+#: it planned the whole call before): every text's features (Python lists of token ids) were held until the call
+#: ended, which a corpus of millions of documents in one call does not fit in memory.
+DEFAULT_PLAN_WINDOW = 65_536
 
 
 @dataclass
@@ -264,9 +268,10 @@ class EncodingEngine:
         # the switch between the two paths of _compute (same batches, same vectors bit for bit): True overlaps
         # tokenising/collating and the read-back with the forward passes; False runs every stage in series
         self.pipelined = pipelined
-        # texts tokenised and planned together (plan_batches' window): None plans a call's texts all at once (every
-        # length known first: the least padding); N plans N at a time, so on the pipelined path the first batches
-        # compute while the rest is tokenised. Either path gives the same batches for the same setting.
+        # texts tokenised and planned together (plan_batches' window): None plans a call's texts DEFAULT_PLAN_WINDOW
+        # at a time, all of a smaller call at once (every length known first: the least padding); N plans N at a
+        # time, so on the pipelined path the first batches compute while the rest is tokenised. Either path gives
+        # the same batches for the same setting.
         _check_window(plan_window)
         self.plan_window = plan_window
         # the pipelined path on CUDA collates into pinned (page-locked) memory, copied without blocking; False
@@ -280,6 +285,7 @@ class EncodingEngine:
         self.pooling_head = pooling_head
         self.terms = terms  # a fitted term channel (lmembed.pooling.terms), appended to a strategy that names one
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self._caches: dict[tuple[str, str, str, int], EmbeddingCache] = {}  # _cache_for's, kept across calls
         if use_cache and self.cache_dir.exists() and not self.cache_dir.is_dir():
             raise ConfigError(f"cache_dir={str(self.cache_dir)!r} is a file; the embedding cache is a folder")
         if max_batch_tokens is not None and (not is_whole_number(max_batch_tokens) or max_batch_tokens < 1):
@@ -476,8 +482,10 @@ class EncodingEngine:
         self, features: list[Features], config: EmbeddingConfig, mode: str, batch_size: int
     ) -> Iterator[tuple[Batch, torch.Tensor]]:
         """Each batch of ``features`` (in input order) with the states ``config`` pools from."""
-        for batch in self._batches(features, list(range(len(features))), batch_size):
-            yield batch, self.backend.states(batch.input_ids, batch.attention_mask, [config], mode)[0]
+        with self.backbone.modes.hold(mode):
+            self.backend.prepare([config], mode)  # again: a sibling of another mode may have run in between
+            for batch in self._batches(features, list(range(len(features))), batch_size):
+                yield batch, self.backend.states(batch.input_ids, batch.attention_mask, [config], mode)[0]
 
     # ------------------------------------------------------------------ cache
     def cache_model_key(self, config: EmbeddingConfig) -> str:
@@ -489,11 +497,14 @@ class EncodingEngine:
         return model_key(model_fp, self.backend.cache_tag())
 
     def _cache_for(self, config: EmbeddingConfig) -> EmbeddingCache | None:
+        """The cache of ``config``'s vectors, kept across calls (each call then reads only the shards written since;
+        a new one per call read every earlier call's shard again: many small calls slowed down without bound)."""
         if not self.use_cache:
             return None
-        return EmbeddingCache(
-            self.cache_dir, self.cache_model_key(config), config.fingerprint(), width=self.output_dim(config)
-        )
+        key = (str(self.cache_dir), self.cache_model_key(config), config.fingerprint(), self.output_dim(config))
+        if key not in self._caches:
+            self._caches[key] = EmbeddingCache(Path(key[0]), key[1], key[2], width=key[3])
+        return self._caches[key]
 
     @staticmethod
     def _fill_from_cache(out: np.ndarray, cache: EmbeddingCache | None, keys: list[bytes]) -> list[int]:
@@ -514,7 +525,8 @@ class EncodingEngine:
         return list(groups.values())
 
     def _batches(self, features: list[Features], rows: list[int], batch_size: int) -> Iterator[Batch]:
-        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens, self.plan_window):
+        window = DEFAULT_PLAN_WINDOW if self.plan_window is None else self.plan_window  # as the pipelined path plans
+        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens, window):
             ids, attn, pool = collate(
                 [features[j] for j in chunk], self.pad_id, self.padding_side, self.backbone.device
             )
@@ -563,7 +575,8 @@ class EncodingEngine:
         job = _Job(builder, mode, texts, rows, configs, outputs, instruction, batch_size, on_batch, features)
         several = len(rows) > batch_size or self.max_batch_tokens is not None
         run = self._run_pipelined if self.pipelined and several else self._run_serial
-        stats = run(job)
+        with self.backbone.modes.hold(mode):  # the model's attention mode is the job's until it is done
+            stats = run(job)
         self.last_run = stats
         log.info(
             "encoded %d texts (%d tokens, %.0f%% padding) on %s %s in %.1f s (%.1f texts/s, %s); tokenised in %.1f s, "
@@ -674,7 +687,7 @@ class EncodingEngine:
             return features, time.perf_counter() - start
 
         _check_window(self.plan_window)
-        window = max(len(job.rows), 1) if self.plan_window is None else self.plan_window
+        window = min(max(len(job.rows), 1), DEFAULT_PLAN_WINDOW) if self.plan_window is None else self.plan_window
         firsts = list(range(0, len(job.rows), window))
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=TOKENISE_THREAD) as ahead:
             pending = ahead.submit(tokenise, firsts[0]) if firsts else None
