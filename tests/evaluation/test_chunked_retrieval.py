@@ -113,3 +113,21 @@ def test_eval_command_chunking_flags(make_embedder, beir, tmp_path):
     assert bad.exit_code == 2 and "--chunking" in bad.output
     bad = CliRunner().invoke(app, [*args, "--chunking", "mean", "--chunk-tokens", "4", "--chunk-overlap", "4"])
     assert bad.exit_code == 2 and "overlap" in bad.output
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot"])
+def test_fewer_queries_a_block_where_chunks_are_many_give_the_same_ranking(monkeypatch, similarity):
+    """A block of 256 queries was scored against every chunk and every document at once (and the chunks normalised
+    again for each block); the block shrinks where the chunks are many, with the same hits."""
+    from lmembed.evaluation.tasks import retrieval
+
+    rng = np.random.default_rng(1)
+    chunked = ChunkedEmbeddings(
+        rng.normal(size=(90, 8)).astype(np.float32), np.repeat(np.arange(30), 3), num_docs=30, aggregate="maxp"
+    )
+    queries = rng.normal(size=(40, 8)).astype(np.float32)
+    whole = retrieval.chunked_search(queries, chunked, top_k=5, similarity=similarity)
+    monkeypatch.setattr(retrieval, "CHUNKED_BLOCK_ELEMENTS", 200)  # two queries a block
+    blocked = retrieval.chunked_search(queries, chunked, top_k=5, similarity=similarity)
+    np.testing.assert_array_equal(blocked.indices, whole.indices)
+    np.testing.assert_allclose(blocked.scores, whole.scores, rtol=1e-6)

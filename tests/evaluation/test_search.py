@@ -121,3 +121,22 @@ def test_300_queries_by_5k_docs_is_fast() -> None:
         search(q, c, ids[:300], ids, top_k=1000)
         best = min(best, time.perf_counter() - start)
     assert best < 1.0, f"search took {best:.3f}s"
+
+
+def test_few_queries_do_not_copy_a_large_corpus_whole(monkeypatch) -> None:
+    """The corpus chunk was sized by the score matrix alone: with 10 queries, 1.67M rows, each chunk normalised into
+    a copy as large as the corpus. It is bounded by the chunk's own floats too."""
+    from lmembed.evaluation import search as module
+
+    seen = []
+    real = module._search_block
+
+    def spy(q, corpus, k, chunk_size, *rest):
+        seen.append(chunk_size)
+        return real(q, corpus, k, chunk_size, *rest)
+
+    monkeypatch.setattr(module, "_search_block", spy)
+    rng = np.random.default_rng(0)
+    corpus = rng.normal(size=(3000, 2048)).astype(np.float32)
+    module.exact_search(rng.normal(size=(4, 2048)).astype(np.float32), corpus, top_k=5, max_block_elements=1 << 20)
+    assert (seen and max(seen) * 2048 <= 1 << 20) or max(seen) == 1024

@@ -20,12 +20,14 @@ from conftest import REPO, WORDS, bundled_or_skip, shared_or_skip, tiny_model
 from helpers import write_jsonl
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli.app import app
+from lmembed.errors import LmembedError
 from lmembed.index import (
     Document,
     DuplicateIdError,
     Index,
     IndexFormatError,
     IndexMismatchError,
+    IndexParams,
     load_corpus,
     load_queries,
 )
@@ -222,8 +224,9 @@ def test_folder_safety(bert, corpus_file, tmp_path):
         Index.build(bert, corpus_file, other)
     folder = tmp_path / "index"
     Index.build(bert, ["one", "two"], folder)
-    with pytest.raises(FileExistsError, match="already holds an index"):
+    with pytest.raises(FileExistsError, match="already holds an index") as refused:
         Index.build(bert, corpus_file, folder)
+    assert isinstance(refused.value, LmembedError)  # a caller catching lmembed's errors catches it too
     assert Index.build(bert, corpus_file, folder, overwrite=True).count == 60
     assert Index.open(folder, bert).count == 60
 
@@ -416,3 +419,21 @@ def test_a_trec_run_keeps_scores_trec_eval_can_tell_apart():
     lines = trec_lines(["q1"], [hits])
     assert [float(line.split()[4]) for line in lines] == [h.score for h in hits]
     assert [line.split()[3] for line in lines] == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize("rescore", ["float", "int8"])
+def test_binary_rescoring_a_block_of_queries_at_a_time_changes_nothing(monkeypatch, rescore):
+    """Every query's candidates were gathered as full vectors at once (queries x k x multiplier x dim floats);
+    they are rescored a block of queries at a time, with the same hits."""
+    from lmembed.index import kinds
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(300, 32)).astype(np.float32)
+    queries = rng.normal(size=(25, 32)).astype(np.float32)
+    index = kinds.BinaryIndex(IndexParams(kind="binary", rescore=rescore), 32)
+    index.add(vectors)
+    whole = index.search(queries, 10)
+    monkeypatch.setattr(kinds, "RESCORE_BLOCK_BYTES", 1)  # one query a block
+    blocked = index.search(queries, 10)
+    np.testing.assert_array_equal(blocked[1], whole[1])
+    np.testing.assert_allclose(blocked[0], whole[0], rtol=1e-6)

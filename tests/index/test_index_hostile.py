@@ -422,3 +422,43 @@ def test_a_build_killed_before_its_manifest_is_built_again_in_its_folder(model_d
     (other / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="a folder with other files in it"):
         Index.build(emb, texts(20, 3), other)
+
+
+def test_a_faiss_file_that_claims_more_than_it_holds_is_refused_before_anything_is_allocated(index_pair):
+    """FAISS sized an array by the length the file declares and zero-filled it before reading: a file of a few
+    hundred bytes declaring 2 GiB took 2 GiB, and a larger claim ended in a bare MemoryError. Its checksum is from
+    the same folder, so it vouches for nothing; the read is bounded by the file's own size."""
+    import hashlib
+    import resource
+    import struct
+
+    folder = index_pair[0]
+    manifest = manifest_of(folder)
+    name = manifest["files"]["vectors"]
+    raw = (folder / name).read_bytes()
+    # IndexFlat: its vector of codes is a count of floats at byte 37, then the bytes
+    forged = raw[:37] + struct.pack("<Q", 2**31 // 4) + raw[45:109]
+    (folder / name).write_bytes(forged)
+    manifest["checksums"][name] = hashlib.sha256(forged).hexdigest()
+    write_manifest(folder, manifest)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(IndexFormatError, match=f"{name}: not a readable FAISS index"):
+        Index.open(folder)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024  # KiB: far below the 2 GiB
+    Index.open(index_pair[1])  # a real one still opens under the bound
+
+
+def test_an_index_made_by_another_input_building_is_opened_with_a_warning(index_pair, caplog):
+    """Its vectors were made by an earlier lmembed's input building (before ENCODING_VERSION was recorded): queries
+    are read by this one's, so opening it says so rather than mixing the two in silence."""
+    from lmembed.encoding.cache import ENCODING_VERSION
+
+    folder = index_pair[0]
+    assert manifest_of(folder)["encoding"] == ENCODING_VERSION
+    Index.open(folder)
+    assert "input building" not in caplog.text
+    manifest = manifest_of(folder)
+    del manifest["encoding"]  # as an index built before the field: version 1
+    write_manifest(folder, manifest)
+    Index.open(folder)
+    assert f"input building of version 1, this lmembed's is {ENCODING_VERSION}" in caplog.text

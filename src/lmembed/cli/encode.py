@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated
 
 import numpy as np
 import typer
 
 from lmembed import terminal
-from lmembed.atomic import atomic_write, atomic_write_text
+from lmembed.atomic import atomic_write
 from lmembed.cli.options import (
     BatchSizeOpt,
     InstructionOpt,
@@ -53,8 +53,12 @@ def write_vectors(vectors: np.ndarray, texts: list[str], output: Path) -> None:
         if output.suffix == ".npy":
             atomic_write(output, lambda handle: np.save(handle, vectors))
         else:
-            lines = (json.dumps({"text": t, "embedding": v.tolist()}) for t, v in zip(texts, vectors, strict=True))
-            atomic_write_text(output, "\n".join(lines) + "\n")
+
+            def rows(handle: IO[bytes]) -> None:  # a line at a time: the whole text was twice the file in memory
+                for text, vector in zip(texts, vectors, strict=True):
+                    handle.write((json.dumps({"text": text, "embedding": vector.tolist()}) + "\n").encode("utf-8"))
+
+            atomic_write(output, rows)
     except OSError as exc:
         raise typer.BadParameter(f"cannot write {output}: {exc.strerror or exc}", param_hint="--output") from None
 

@@ -22,8 +22,9 @@ from lmembed.pooling.normalize import unit_rows
 Similarity = Literal["cosine", "dot"]
 Backend = Literal["numpy", "torch"]
 
-#: Upper bound on the number of float32 scores held for one (query block, corpus chunk) pair.
-DEFAULT_MAX_BLOCK_ELEMENTS = 1 << 24  # 64 MiB of float32 scores per block
+#: Upper bound on the float32 values held for one (query block, corpus chunk) pair: its scores, and the chunk's
+#: normalised copy (with few queries the scores alone allowed a chunk of millions of rows, copied whole).
+DEFAULT_MAX_BLOCK_ELEMENTS = 1 << 24  # 64 MiB of float32 per block
 
 
 @dataclass
@@ -197,8 +198,8 @@ def exact_search(
         raise ValueError("exclude must hold one entry per query")
     k = min(top_k, len(corpus))
     block = max(1, min(query_batch_size, len(queries)))
-    if chunk_size is None:
-        chunk_size = max(1024, max_block_elements // block)
+    if chunk_size is None:  # bounded by the scores of a block and by the chunk's own float32 copy (normalised)
+        chunk_size = max(1024, min(max_block_elements // block, max_block_elements // corpus.shape[1]))
     all_scores, all_index = [], []
     for start in range(0, len(queries), block):
         q = queries[start : start + block]

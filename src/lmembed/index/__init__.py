@@ -15,7 +15,13 @@ module          holds
 """
 
 from lmembed.index.corpus import Document, load_corpus, load_queries
-from lmembed.index.errors import DuplicateIdError, IndexFormatError, IndexIntegrityError, IndexMismatchError
+from lmembed.index.errors import (
+    DuplicateIdError,
+    IndexExistsError,
+    IndexFormatError,
+    IndexIntegrityError,
+    IndexMismatchError,
+)
 from lmembed.index.index import Hit, Index
 from lmembed.index.kinds import KINDS, IndexParams
 
@@ -25,6 +31,7 @@ __all__ = [
     "DuplicateIdError",
     "Hit",
     "Index",
+    "IndexExistsError",
     "IndexFormatError",
     "IndexIntegrityError",
     "IndexMismatchError",

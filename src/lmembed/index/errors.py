@@ -27,3 +27,7 @@ class IndexPathError(IndexFormatError, UnsafeFileError):
 
 class IndexWriteError(LmembedError, OSError):
     """An index folder that cannot be written (read-only, no permission, disk full); the index is left as it was."""
+
+
+class IndexExistsError(LmembedError, FileExistsError):
+    """A folder an index would be written to that already holds one, or other files: nothing is overwritten."""

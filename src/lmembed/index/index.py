@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmembed.atomic import TEMP_PREFIX, atomic_write_json, file_lock, sweep_leftovers, temp_path
+from lmembed.encoding.cache import ENCODING_VERSION
 from lmembed.encoding.chunking import Chunking
 from lmembed.encoding.inputs import check_encodable, validate_texts
 from lmembed.errors import ConfigError, InputError
 from lmembed.index import integrity, kinds
 from lmembed.index.chunk_map import ChunkMap
 from lmembed.index.corpus import Document, load_corpus
-from lmembed.index.errors import IndexFormatError, IndexIntegrityError, IndexWriteError
+from lmembed.index.errors import IndexExistsError, IndexFormatError, IndexIntegrityError, IndexWriteError
 from lmembed.index.kinds import IndexParams, VectorIndex
 from lmembed.index.manifest import MANIFEST_FILE, Manifest, check_embedder, describe_model
 from lmembed.index.store import DocumentStore
@@ -219,14 +220,14 @@ def _check_embedder_given(embedder: Any) -> None:
 def _check_target(path: Path, overwrite: bool) -> None:
     """Refuse, before any encoding, a folder that cannot receive a new index."""
     if path.exists() and not path.is_dir():
-        raise FileExistsError(f"{path} exists and is not a folder")
+        raise IndexExistsError(f"{path} exists and is not a folder")
     if not path.is_dir():
         return
     if (path / MANIFEST_FILE).exists():
         if not overwrite:
-            raise FileExistsError(f"{path} already holds an index; add documents to it, or overwrite it on purpose")
+            raise IndexExistsError(f"{path} already holds an index; add documents to it, or overwrite it on purpose")
     elif not all(_left_by_a_build(p) for p in path.iterdir()):
-        raise FileExistsError(f"{path} is a folder with other files in it; choose an empty or new folder")
+        raise IndexExistsError(f"{path} is a folder with other files in it; choose an empty or new folder")
 
 
 def _left_by_a_build(path: Path) -> bool:
@@ -355,6 +356,15 @@ class Index:
         manifest first (an :class:`~lmembed.index.errors.IndexIntegrityError` names a damaged one)."""
         path = Path(path)
         manifest = Manifest.read(path)
+        if manifest.encoding != ENCODING_VERSION:
+            logger.warning(
+                "%s: its vectors were made by lmembed's input building of version %d, this lmembed's is %d: a query "
+                "or an added document may be read slightly otherwise than its documents were (rebuild it with "
+                "`lmembed index build ... --overwrite` to match)",
+                path / MANIFEST_FILE,
+                manifest.encoding,
+                ENCODING_VERSION,
+            )
         manifest.params = manifest.params.with_search(
             ef_search=ef_search, nprobe=nprobe, rescore_multiplier=rescore_multiplier
         )
@@ -493,7 +503,7 @@ class Index:
             on_disk = Manifest.read(folder) if (folder / MANIFEST_FILE).exists() else None
             if on_disk is not None:
                 if not replace_existing:
-                    raise FileExistsError(f"{folder} already holds an index")
+                    raise IndexExistsError(f"{folder} already holds an index")
                 ours = self.path is not None and folder.resolve() == self.path.resolve()
                 if ours and on_disk.generation != self.manifest.generation:
                     raise IndexFormatError(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -192,14 +193,29 @@ def _faiss_reason(exc: BaseException) -> str:
     return text.rsplit("Error: ", 1)[-1].strip() or type(exc).__name__
 
 
+_FAISS_READ = threading.Lock()  # FAISS's vector byte limit is the process's: one read sets it at a time
+
+
 def read_faiss(path: Path, *, binary: bool = False) -> Any:
-    """``faiss.read_index`` (or ``read_index_binary``), its errors turned into one that names the file."""
+    """``faiss.read_index`` (or ``read_index_binary``), its errors turned into one that names the file. FAISS sizes
+    each array it reads by the length the file declares and allocates (and zero-fills) it before reading: a
+    109-byte file declaring 4 GiB took 4 GiB. No array of a file can be longer than the file, so the read is
+    bounded by its size (FAISS's ``deserialization_vector_byte_limit``), and a longer claim is refused at once."""
+    size = path.stat().st_size
     try:
-        return faiss.read_index_binary(str(path)) if binary else faiss.read_index(str(path))
-    except RuntimeError as exc:
+        with _FAISS_READ:
+            limit = faiss.get_deserialization_vector_byte_limit()
+            faiss.set_deserialization_vector_byte_limit(max(size, 1))
+            try:
+                return faiss.read_index_binary(str(path)) if binary else faiss.read_index(str(path))
+            finally:
+                faiss.set_deserialization_vector_byte_limit(limit)
+    except (RuntimeError, MemoryError) as exc:
         raise IndexFormatError(f"{path}: not a readable FAISS index ({_faiss_reason(exc)})") from exc
 
 
+#: The float32 candidate vectors a binary index rescores at once (queries are rescored a block at a time).
+RESCORE_BLOCK_BYTES = 64 * 2**20
 #: Rows checked for finiteness at a time, so a memory-mapped array is never copied whole.
 FINITE_BLOCK_ROWS = 65_536
 
@@ -454,11 +470,18 @@ class BinaryIndex(VectorIndex):
         hamming, rows = self.codes.search(np.packbits(q > 0, axis=1), min(wanted, self.ntotal))
         if self.params.rescore == "none":
             return order_hits(1.0 - 2.0 * hamming.astype(np.float32) / self.dim, rows, k)
-        candidates = np.asarray(self.rescore_vectors[np.maximum(rows, 0).ravel()])
-        if self.params.rescore == "int8":
-            candidates = self._dequantize(candidates)
-        candidates = candidates.reshape(len(q), rows.shape[1], self.dim)
-        scores = np.einsum("qd,qcd->qc", q, candidates, dtype=np.float32)
+        # rescored a block of queries at a time: every query's candidates at once were queries x k x multiplier
+        # full vectors, gigabytes for a thousand queries at k=1000, whatever the corpus
+        per_query = rows.shape[1] * self.dim * 4
+        block = max(1, RESCORE_BLOCK_BYTES // max(per_query, 1))
+        scores = np.empty(rows.shape, dtype=np.float32)
+        for start in range(0, len(q), block):
+            part = rows[start : start + block]
+            candidates = np.asarray(self.rescore_vectors[np.maximum(part, 0).ravel()])
+            if self.params.rescore == "int8":
+                candidates = self._dequantize(candidates)
+            candidates = candidates.reshape(len(part), part.shape[1], self.dim)
+            scores[start : start + block] = np.einsum("qd,qcd->qc", q[start : start + block], candidates)
         return order_hits(scores, rows, k)
 
     def save(self, folder: Path, stem: str) -> dict[str, str]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from lmembed import __version__
 from lmembed.atomic import atomic_write_json
 from lmembed.config import EmbeddingConfig
+from lmembed.encoding.cache import ENCODING_VERSION
 from lmembed.errors import ConfigError
 from lmembed.index.errors import IndexFormatError, IndexMismatchError
 from lmembed.index.kinds import IndexParams
@@ -131,6 +132,9 @@ class Manifest:
     similarity: str = SIMILARITY
     format: int = FORMAT_VERSION
     lmembed_version: str = __version__
+    #: the version of lmembed's input building that made the vectors (encoding.cache.ENCODING_VERSION; 1 before
+    #: the field): another one reads a query or a new document slightly otherwise than the indexed documents were
+    encoding: int = ENCODING_VERSION
     chunking: dict[str, Any] | None = None  # long documents: vectors are chunks (encoding.chunking), count documents
 
     @property
@@ -159,6 +163,7 @@ class Manifest:
             "created": self.created,
             "updated": self.updated,
             "lmembed_version": self.lmembed_version,
+            "encoding": self.encoding,
             **({"chunking": dict(self.chunking)} if self.chunking is not None else {}),
         }
 
@@ -198,6 +203,9 @@ class Manifest:
         for name in ("created", "updated", "lmembed_version"):
             if not isinstance(data.get(name, ""), str):
                 raise IndexFormatError(f"{where}: {name} must be a string, not {data[name]!r}")
+        encoding = data.get("encoding", 1)
+        if not is_whole_number(encoding) or encoding < 1:
+            raise IndexFormatError(f"{where}: encoding must be a whole number >= 1, not {encoding!r}")
         chunking = data.get("chunking")
         if chunking is not None and not isinstance(chunking, dict):
             raise IndexFormatError(f"{where}: chunking must be an object")
@@ -219,6 +227,7 @@ class Manifest:
             updated=data.get("updated", ""),
             similarity=similarity,
             lmembed_version=data.get("lmembed_version", ""),
+            encoding=encoding,
             chunking=dict(chunking) if chunking is not None else None,
         )
 

@@ -41,6 +41,7 @@ from lmembed.evaluation.metrics import K_VALUES, MAIN_METRIC, RetrievalScores, c
 from lmembed.evaluation.retrieval_data import RetrievalData, load_beir
 from lmembed.evaluation.search import SearchResult, Similarity, exact_search, identical_id_positions
 from lmembed.io import Qrels, is_whole_number
+from lmembed.pooling.normalize import unit_rows
 from lmembed.protocols import ENCODE_BATCH_SIZE, RetrievalEncoder
 
 logger = logging.getLogger(__name__)
@@ -125,8 +126,10 @@ def score_embeddings(
     return ScoredRun(scores, run, {"search_s": searched - start, "metrics_s": done - searched}, storage)
 
 
-#: Queries scored against every chunk at once when documents are scored from their chunks.
+#: Queries scored against every chunk at once when documents are scored from their chunks (fewer where the chunks
+#: are many: a block's scores stay within CHUNKED_BLOCK_ELEMENTS floats).
 CHUNKED_QUERY_BLOCK = 256
+CHUNKED_BLOCK_ELEMENTS = 1 << 24
 
 
 def chunked_search(
@@ -137,8 +140,13 @@ def chunked_search(
     k = min(top_k, chunked.num_docs)
     indices = np.full((len(queries), top_k), -1, dtype=np.int64)
     scores = np.full((len(queries), top_k), -np.inf, dtype=np.float32)
-    for start in range(0, len(queries), CHUNKED_QUERY_BLOCK):
-        block = chunked.document_scores(queries[start : start + CHUNKED_QUERY_BLOCK], similarity=similarity)
+    if similarity == "cosine":  # the chunks normalised once, not again for every block of queries
+        chunked = dataclasses.replace(chunked, vectors=unit_rows(chunked.vectors))
+        queries, similarity = unit_rows(np.asarray(queries, dtype=np.float32)), "dot"
+    rows = max(len(chunked.vectors), chunked.num_docs, 1)
+    step = max(1, min(CHUNKED_QUERY_BLOCK, CHUNKED_BLOCK_ELEMENTS // rows))
+    for start in range(0, len(queries), step):
+        block = chunked.document_scores(queries[start : start + step], similarity=similarity)
         order = np.argsort(-block, axis=1, kind="stable")[:, :k]
         indices[start : start + len(block), :k] = order
         scores[start : start + len(block), :k] = np.take_along_axis(block, order, axis=1)
