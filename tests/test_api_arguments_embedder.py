@@ -116,3 +116,12 @@ def test_runtime_arguments_are_checked_where_they_are_given(emb, tokenizer, tmp_
     for device, said in (("mps", "no usable Apple GPU"), (None, "not a device name"), ("xpu", "runs on cpu, cuda")):
         with pytest.raises(ModelLoadError, match=said):
             resolve_device(device)
+
+
+@pytest.mark.parametrize("bad", [123, None, "", "   "])
+def test_a_model_name_that_is_not_a_string_is_refused_as_lmembeds_error(bad):
+    """``from_pretrained(123)`` raised a TypeError from deep in the loader, outside lmembed's errors."""
+    from lmembed.errors import LmembedError
+
+    with pytest.raises(LmembedError, match="name_or_path="):
+        Embedder.from_pretrained(bad)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -254,6 +255,12 @@ READERS: tuple[Callable[[str, bool], LoadPlan | None], ...] = (
 
 def plan_load(name_or_path: str, *, torch_int8: bool = False) -> LoadPlan:
     """The plan of the first reader that recognises ``name_or_path`` (a run folder is read as the model in it)."""
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ModelLoadError(
+            f"name_or_path={name_or_path!r}: give a bundled model's name, a local folder or a Hub id (a string)"
+        )
     adapters = name_or_path not in BUNDLED and presets.is_adapter_stack(name_or_path)  # LLM2Vec: no config.json
     if name_or_path not in BUNDLED and Path(name_or_path).expanduser().exists() and not adapters:
         name_or_path = str(find_model_dir(Path(name_or_path).expanduser()))  # a run folder → its model

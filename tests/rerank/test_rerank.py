@@ -4,6 +4,8 @@ hand, batch invariance under the token budget, save/load, ranking and bad input.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +53,10 @@ def test_cross_encoder_scores_equal_sentence_transformers(st_folder, tmp_path):
     again = CrossEncoder(str(tmp_path / "ours"))
     np.testing.assert_allclose(again.predict(PAIRS), expected, rtol=0, atol=1e-6)
     assert again.max_length == ours.max_length
+    record = tmp_path / "ours" / "lmembed_reranker.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "format": 99}))  # a newer lmembed's
+    with pytest.raises(ModelLoadError, match=r"lmembed_reranker.json: format 99; this lmembed reads format 1"):
+        load_reranker(str(tmp_path / "ours"))
 
 
 def test_cross_encoder_several_labels_and_recorded_activation(tmp_path):

@@ -290,6 +290,9 @@ def test_the_same_recipe_read_from_another_place_resumes(tmp_path):
     plan_file.write_text(json.dumps(plan))
     with pytest.raises(PlanMismatch, match="recipe"):
         synthesize("e5-mistral", TinyGenerator(), out, seed=0)
+    plan_file.write_text(json.dumps({**json.loads(plan_file.read_text()), "written_by_another": 1}))
+    with pytest.raises(PlanMismatch, match="written_by_another"):  # a key only the folder's plan has is named
+        synthesize("e5-mistral", TinyGenerator(), out, seed=0)
 
 
 # ------------------------------------------------------------------------------------ a real endpoint

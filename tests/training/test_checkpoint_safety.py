@@ -16,7 +16,7 @@ from safetensors.torch import save as safetensors_bytes
 from typer.testing import CliRunner
 
 from conftest import build_tokenizer, tiny_model
-from helpers import write_jsonl
+from helpers import flat, write_jsonl
 from lmembed import Embedder, EmbeddingConfig
 from lmembed.cli.app import app
 from lmembed.training import checkpoint as ckpt
@@ -351,3 +351,17 @@ def test_a_recorded_file_that_is_not_a_file_of_the_checkpoint_is_refused(run, na
     result = train(args, 3, "--resume")
     assert result.exit_code == 2, result.output
     assert repr(name) in result.output or name in result.output
+
+
+def test_a_checkpoint_of_another_format_is_refused_naming_the_field(run):
+    """``state.json`` carried no format: a checkpoint written by a newer lmembed resumed silently, however it was laid
+    out."""
+    args, output = run
+    assert train(args, 2).exit_code == 0
+    state_file = output / "checkpoints" / "step-0000002" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["format"] == ckpt.CHECKPOINT_FORMAT
+    state_file.write_text(json.dumps({**state, "format": 99}))
+    result = train(args, 3, "--resume")
+    assert result.exit_code == 2, result.output
+    assert f"{state_file}: format 99; this lmembed reads checkpoints of format 1" in flat(result.output)

@@ -33,6 +33,8 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 PAIR_BATCH_SIZE = 64
 #: The file in which lmembed records what kind of reranker a folder holds, and its options.
 RERANKER_FILE = "lmembed_reranker.json"
+#: The format of :data:`RERANKER_FILE` this lmembed writes and reads.
+RERANKER_FORMAT = 1
 
 Features = dict[str, list[int]]
 

@@ -39,6 +39,7 @@ from lmembed.rerank.base import (
     DEFAULT_MAX_BATCH_TOKENS,
     PAIR_BATCH_SIZE,
     RERANKER_FILE,
+    RERANKER_FORMAT,
     Features,
     Reranker,
 )
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 ST_CONFIG_FILE = "config_sentence_transformers.json"
 ST_TRANSFORMER = "sentence_transformers.base.modules.transformer.Transformer"
 KIND = "cross-encoder"
-FORMAT_VERSION = 1
 #: the modules of a sequence-classification head across architectures (BERT's classifier, DistilBERT's
 #: pre_classifier, a decoder's score): a backbone without a head gets them new, so their tensors may be missing
 NEW_HEAD_MODULES = ("classifier", "pre_classifier", "score")
@@ -231,7 +231,7 @@ class CrossEncoderReranker(Reranker):
                 "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
                 "module_output_name": "scores",
             },
-            RERANKER_FILE: {"kind": KIND, "format": FORMAT_VERSION, "base_model": self.name},
+            RERANKER_FILE: {"kind": KIND, "format": RERANKER_FORMAT, "base_model": self.name},
         }
         for name, content in files.items():
             atomic_write_text(directory / name, json.dumps(content, indent=2))

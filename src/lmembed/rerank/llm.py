@@ -32,10 +32,16 @@ from lmembed.models.loading import (
     resolve_model_path,
 )
 from lmembed.models.weights import pretrained_safely
-from lmembed.rerank.base import DEFAULT_MAX_BATCH_TOKENS, PAIR_BATCH_SIZE, RERANKER_FILE, Features, Reranker
+from lmembed.rerank.base import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    PAIR_BATCH_SIZE,
+    RERANKER_FILE,
+    RERANKER_FORMAT,
+    Features,
+    Reranker,
+)
 
 KIND = "llm"
-FORMAT_VERSION = 1
 ACTIVATIONS = ("sigmoid", "none")
 
 
@@ -195,7 +201,7 @@ class LLMReranker(Reranker):
         self.tokenizer.save_pretrained(directory)
         meta = {
             "kind": KIND,
-            "format": FORMAT_VERSION,
+            "format": RERANKER_FORMAT,
             "base_model": self.name,
             "prompt": asdict(self.prompt),
             "activation": self.activation_name,

@@ -9,7 +9,7 @@ from lmembed.errors import ConfigError, ModelLoadError
 from lmembed.io import read_json
 from lmembed.models.loading import resolve_model_path
 from lmembed.models.presets import reranker_max_length
-from lmembed.rerank.base import RERANKER_FILE, Reranker
+from lmembed.rerank.base import RERANKER_FILE, RERANKER_FORMAT, Reranker
 from lmembed.rerank.cross_encoder import CrossEncoderReranker
 from lmembed.rerank.llm import LLMReranker
 
@@ -24,7 +24,12 @@ def detect_kind(path: str) -> str:
     folder = Path(path)
     recorded = folder / RERANKER_FILE
     if recorded.is_file():
-        kind = read_json(recorded, error=ModelLoadError, what="reranker record").get("kind")
+        record = read_json(recorded, error=ModelLoadError, what="reranker record")
+        kind, form = record.get("kind"), record.get("format", RERANKER_FORMAT)
+        if form != RERANKER_FORMAT or isinstance(form, bool):
+            raise ModelLoadError(
+                f"{recorded}: format {form!r}; this lmembed reads format {RERANKER_FORMAT} (a newer lmembed wrote it?)"
+            )
         if kind not in KINDS:
             raise ModelLoadError(f"{recorded}: kind {kind!r} is unknown; expected one of {', '.join(KINDS)}")
         return kind

@@ -285,7 +285,7 @@ def _check_plan(path: Path, context: Context, items: list[dict[str, Any]], shard
         old = _by_content(read_checked_json(path, _Plan, ShardError, "a synthesis run's plan"))
         new = _by_content(json.loads(json.dumps(plan)))
         if old != new:
-            changed = sorted(k for k in new if old.get(k) != new[k])
+            changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))  # a key either lacks too
             raise PlanMismatch(
                 f"{path}: this folder holds shards of a different run (changed: {', '.join(changed)}); "
                 "remove it or write to another output"

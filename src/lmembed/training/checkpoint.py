@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
+#: The format of a checkpoint folder this lmembed writes and reads (``format`` in :data:`STATE_FILE`; a state
+#: without one was written before the field, in format 1).
+CHECKPOINT_FORMAT = 1
 WEIGHTS_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 SCHEDULER_FILE = "scheduler.safetensors"
@@ -341,7 +344,8 @@ def save_checkpoint(
         files[SCHEDULER_FILE] = write_state(scratch / SCHEDULER_FILE, scheduler.state_dict())
         for rng in sorted(scratch.glob(RNG_FILE.format(rank="*"))):  # every rank's, written before the barrier
             files[rng.name] = sha256_file(rng)
-        atomic_write_json(scratch / STATE_FILE, {"step": step, **(info or {}), FILES_KEY: files})
+        state = {"format": CHECKPOINT_FORMAT, "step": step, **(info or {}), FILES_KEY: files}
+        atomic_write_json(scratch / STATE_FILE, state)
         _fsync_dir(scratch)
         if final.exists():  # a checkpoint of this step from an earlier, interrupted life of the run
             discard_dir(final)
@@ -412,6 +416,12 @@ def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torc
             )
     info_file = path / STATE_FILE
     info = read_json(info_file, error=CheckpointError, what="checkpoint state")
+    form = info.get("format", CHECKPOINT_FORMAT)
+    if form != CHECKPOINT_FORMAT or isinstance(form, bool):
+        raise CheckpointError(
+            f"{info_file}: format {form!r}; this lmembed reads checkpoints of format {CHECKPOINT_FORMAT} (a newer "
+            "lmembed wrote it?): resume it with the lmembed that wrote it"
+        )
     if "step" not in info:
         raise CheckpointError(f"{info_file}: step: missing (not a checkpoint state as lmembed writes it)")
     step = info["step"]

@@ -483,7 +483,9 @@ class Trainer:
         else:
             log.warning("%s has no RNG state for rank %d (process count changed?)", path, self.dist.rank)
         recorded = state.info.get("data_digest")
-        if recorded is not None and recorded != self.data_digest:
+        if recorded is None:
+            log.warning("%s records no data_digest: the training rows cannot be checked against this run's", path)
+        elif recorded != self.data_digest:
             raise TrainConfigError(
                 f"{path}: data_digest: the training rows are not the ones this run was trained on up to step "
                 f"{state.step} (a data file was changed or regenerated while it was stopped, or other data is "
