@@ -27,7 +27,7 @@ from lmembed.config import EmbeddingConfig, for_side, sentence_transformers_expr
 from lmembed.encoding.backends import Backend, make_backend
 from lmembed.encoding.chunking import ChunkedEmbeddings, Chunking, split_documents
 from lmembed.encoding.engine import EncodingEngine, resolve_max_length
-from lmembed.encoding.inputs import validate_texts, wants_eos
+from lmembed.encoding.inputs import tokenizer_lock, validate_texts, wants_eos
 from lmembed.errors import ConfigError, InputError, ModelLoadError
 from lmembed.io import read_json
 from lmembed.load_plan import HEAD_FILE, check_replaceable, plan_load, write_strategy_file
@@ -82,7 +82,8 @@ def check_chunk_fits(backbone: Backbone, config: EmbeddingConfig, chunking: Chun
     """Raise :class:`ConfigError` when a chunk of ``chunking.tokens`` text tokens plus the special tokens would
     be truncated at the strategy's ``max_length``."""
     limit = resolve_max_length(backbone, config.max_length)
-    special = len(backbone.tokenizer("", add_special_tokens=True)["input_ids"])
+    with tokenizer_lock(backbone.tokenizer):  # the call resets the backend's truncation, which a builder may use
+        special = len(backbone.tokenizer("", add_special_tokens=True)["input_ids"])
     if chunking.tokens + special > limit:
         raise ConfigError(
             f"chunk tokens={chunking.tokens} (+{special} special) exceed the strategy's max_length={limit}; "

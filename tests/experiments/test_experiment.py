@@ -349,7 +349,7 @@ def test_the_dtype_is_part_of_a_run_s_fingerprint(workspace: Path):
         assert len({keys[dtype][run_id] for dtype in keys}) == 3, run_id
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: 12 s more, same rule
 def test_a_run_another_process_is_running_is_left_alone(workspace: Path, workers: int):
     """Two processes on one output folder: a run whose lock another process holds is not deleted or started over
     (it is listed as not run, with why); once that process is gone (killed: the system drops its lock), --resume
@@ -446,6 +446,7 @@ def test_budget_estimates_a_run_from_its_own_backbone_only(tmp_path: Path):
     assert runner_module.estimate_seconds(runs["small"], [big, long, small], backbones) == pytest.approx(3.0 + 2.0)
 
 
+@pytest.mark.slow  # 20 s: two processes each load and train; `pytest -m slow` runs it
 def test_workers_give_the_runs_one_process_gives(workspace: Path):
     spec = load_spec(_spec(workspace))
     lines: list[str] = []

@@ -99,6 +99,7 @@ def test_ray_workers_give_the_vectors_of_one_process(cluster, tmp_path, one_torc
     assert report.engine["engine"] == "ray" and report.engine["workers"] == 2 and report.shards == 8
 
 
+@pytest.mark.slow  # about 18 s of a Ray cluster; the default run keeps the other ray CLI checks
 def test_ray_data_warning_about_lmembed_own_read_function_is_quiet(cluster, tmp_path, monkeypatch):
     """Ray Data warns that "your read function" is large when an in-memory corpus travels with it (SciFact does):
     the function is lmembed's, so the user is not told to fix it (it printed on every eval on Ray)."""
@@ -363,6 +364,7 @@ def test_encode_command_on_ray_runs_the_backend_it_is_given(cluster, tmp_path, m
     assert len(keys) == 1 and keys[0].endswith("-onnx-float32"), keys
 
 
+@pytest.mark.slow  # about 18 s of a Ray cluster; the default run keeps the other ray CLI checks
 def test_encode_command_on_ray_takes_the_prompt_name_and_the_default_prompt(
     cluster, tmp_path, monkeypatch, one_torch_thread
 ):

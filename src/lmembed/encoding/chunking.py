@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lmembed.encoding.inputs import tokenizer_lock
 from lmembed.errors import ConfigError
 from lmembed.io import is_whole_number
 from lmembed.pooling.normalize import unit_rows
@@ -110,7 +111,8 @@ def split_documents(tokenizer: Any, documents: Sequence[str], chunking: Chunking
     rows: list[int] = []
     windows: list[tuple[int, int]] = []
     if documents:
-        encoded = tokenizer(list(documents), add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        with tokenizer_lock(tokenizer):  # the call resets the backend's truncation, which a builder may be using
+            encoded = tokenizer(list(documents), add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         for row, (doc, offsets) in enumerate(zip(documents, encoded["offset_mapping"], strict=True)):
             spans = token_windows(len(offsets), chunking.tokens, chunking.overlap)
             if chunking.aggregate == "first":

@@ -165,7 +165,8 @@ class InputBuilder:
         self.eos_id = eos_id(tokenizer, config) if wants_eos(config, is_decoder) else None
         if wants_eos(config, is_decoder) and self.eos_id is None:
             raise InputError("pooling='last' with add_eos needs a tokenizer with an EOS token")
-        empty = tokenizer("", add_special_tokens=True)["input_ids"]
+        with tokenizer_lock(tokenizer):  # a tokenizer call resets the backend's truncation another thread may be using
+            empty = tokenizer("", add_special_tokens=True)["input_ids"]
         self.num_special = len(empty)
         # the tokenizer's own post-processor already ends a text with the final token: no room to reserve for it
         self.tokenizer_ends_with_eos = self.eos_id is not None and bool(empty) and empty[-1] == self.eos_id
@@ -265,7 +266,8 @@ class InputBuilder:
     def _prefix_count(self, prefix: str) -> int:
         """``len(tokenizer.tokenize(prefix))``: the positions NV-Embed's pool mask zeroes."""
         if prefix not in self._prefix_counts:
-            self._prefix_counts[prefix] = len(self.tokenizer.tokenize(prefix))
+            with tokenizer_lock(self.tokenizer):
+                self._prefix_counts[prefix] = len(self.tokenizer.tokenize(prefix))
         return self._prefix_counts[prefix]
 
     @staticmethod
@@ -462,7 +464,8 @@ class InputBuilder:
     def _prompt_length(self, prompt: str, room: int) -> int:
         """Tokens of ``prompt`` tokenised alone, less a closing special token (sentence-transformers' count)."""
         if prompt not in self._prompt_lengths:
-            ids = self.tokenizer(prompt, add_special_tokens=True, truncation=True, max_length=room)["input_ids"]
+            with tokenizer_lock(self.tokenizer):
+                ids = self.tokenizer(prompt, add_special_tokens=True, truncation=True, max_length=room)["input_ids"]
             closing = bool(ids) and ids[-1] in set(self.tokenizer.all_special_ids)
             self._prompt_lengths[prompt] = len(ids) - (1 if closing else 0)
         return self._prompt_lengths[prompt]
