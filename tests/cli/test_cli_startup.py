@@ -49,7 +49,17 @@ def test_root_help_is_fast_and_says_what_lmembed_is():
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert run.returncode == 0, run.stderr
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu_s < 1.0, f"`lmembed --help` took {cpu_s:.2f} s of CPU"  # CPU time: wall time varies with load
+    # CPU time (wall time varies with load); 0.8-1.06 s on the 2-core CI machine for the same commit, so the bound
+    # is 1.5 s, under what importing torch alone takes; the heavy imports are checked by name below
+    assert cpu_s < 1.5, f"`lmembed --help` took {cpu_s:.2f} s of CPU"
+    probe = "import sys, lmembed.cli.app; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    heavy = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert heavy.stdout.strip() == "[]", heavy.stdout + heavy.stderr
     text = " ".join(run.stdout.replace("│", " ").split())
     for part in ("text-embedding models", "encode", "eval", "train", "index, search", "serve", "export", "ray"):
         assert part in text, part
