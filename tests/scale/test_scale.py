@@ -170,6 +170,7 @@ def _shard_files(cache: Path) -> dict[str, int]:
     return {p.name: p.stat().st_ino for p in cache.rglob("shard-*.npz")}
 
 
+@pytest.mark.slow  # 30-47 s: a killed driver, then Ray freeing its CPU; the local resume tests stay in the default run
 def test_killed_job_resumes_with_only_the_missing_shards(cluster, tmp_path, one_torch_thread):
     texts = corpus_texts(120)
     ids = write_beir(tmp_path / "beir", texts)
@@ -390,6 +391,7 @@ def test_encode_command_on_ray_takes_the_prompt_name_and_the_default_prompt(
         assert np.array_equal(vectors["ray", name], vectors["local", name]), name
 
 
+@pytest.mark.slow  # about 17 s of a Ray cluster; `encode` on Ray is checked by the other ray CLI cases
 def test_encode_command_on_ray_reads_each_side_as_locally(cluster, tmp_path, monkeypatch, one_torch_thread):
     """--side query / document on Ray: the workers read the side's strategy (the term channel's query or document
     weighting) and prompt (the query instruction for queries only), as the local command does."""
