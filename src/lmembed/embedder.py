@@ -140,7 +140,7 @@ class LocalExecutor:
 LOCAL = LocalExecutor()
 
 
-def _own_length(backbone: Backbone, config: EmbeddingConfig) -> EmbeddingConfig:
+def _model_window(backbone: Backbone, config: EmbeddingConfig) -> EmbeddingConfig:
     """``config`` with ``max_length`` None read as the model's window: its folder's ``max_seq_length``, else its
     positions (512 at most)."""
     if config.max_length is not None:
@@ -186,12 +186,11 @@ class Embedder:
     ) -> None:
         self.backbone = backbone
         self.executor = executor or LOCAL
+        self.config = _model_window(backbone, config or EmbeddingConfig())
         if engine is not None:
-            self.config = _own_length(backbone, config or EmbeddingConfig())
             check_strategy(backbone, self.config, _head_width(pooling_head, backbone, self.config))
             self.pooling_head, self.engine = pooling_head, engine
             return
-        self.config = _own_length(backbone, config or EmbeddingConfig())
         if not backbone.is_decoder and self.config.attention != "bidirectional":
             # Encoders always attend bidirectionally; record what really happens.
             self.config = self.config.with_options(attention="bidirectional")

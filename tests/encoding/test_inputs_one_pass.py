@@ -103,7 +103,6 @@ def test_one_pass_gives_the_two_pass_features(kind: str, max_length: int) -> Non
 @pytest.mark.parametrize("kind", ["wordpiece-bert", "bpe-roberta", "smollm2-decoder"])
 def test_texts_that_fit_are_tokenised_once(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     builder = _builder(kind, 512)
-    builder._leading_specials()  # a probe, once per builder
     tokenised: list[str] = []
     encode = builder._encode
 

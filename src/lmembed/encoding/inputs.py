@@ -175,7 +175,6 @@ class InputBuilder:
         self.sentence_transformers = config.prompt_style == "sentence_transformers"
         self._prompt_lengths: dict[str, int] = {}
         self._prefix_counts: dict[str, int] = {}
-        self._lead: int | None = None  # special tokens before a text (_leading_specials)
         self._prefix_safe: bool | None = None  # whether a prefix may stand for a long text (_exact_prefixes)
 
     # -------------------------------------------------------------- wrapping
@@ -325,26 +324,17 @@ class InputBuilder:
         """:meth:`_build_cut`'s features for texts read as they are, from one tokenizer pass where a text fits. The
         string tokenised is the text itself, so its encoding with special tokens is its plain one (ids and offsets)
         with the post-processor's ``num_special`` around it: a text within ``budget`` is not cut, and one over it
-        is cut where its plain encoding would put the cut, then tokenised again (cut) as :meth:`_build_cut` does.
-        A long text's cut is found on a prefix of it where that is exact (:meth:`_exact_prefixes`). Tokenising
-        was up to two thirds of an encode call on a GPU (bench/gpu_throughput.py); this halves it for texts that
-        fit, and reads little more than ``max_length`` tokens of a long one."""
-        if self._cuts_left():  # the tokenizer keeps a long text's last tokens: its own truncation is the cut
-            return [self._features(enc, "") for enc in self._encode(texts, special=True, max_length=limit)]
-        # a long text is truncated by the tokenizer at the limit (as sentence-transformers and the cards cut it),
-        # read on a prefix that shows a few tokens past the cut exactly where there is one, else whole
-        cuts = {i: texts[i][:end] for i, end in self._exact_prefixes(texts, budget + WHOLE_CUT_SLACK).items()}
-        rest = [i for i in range(len(texts)) if i not in cuts]
-        encodings = dict(zip(rest, self._encode([texts[i] for i in rest], special=True), strict=True))
-        for i in rest:
-            if len(encodings[i]) - self.num_special > budget:
-                cuts[i] = texts[i]
-        if cuts:
-            order = sorted(cuts)
-            encodings.update(
-                zip(order, self._encode([cuts[i] for i in order], special=True, max_length=limit), strict=True)
-            )
-        return [self._features(encodings[i], "") for i in range(len(texts))]
+        is truncated at the limit by the tokenizer, read on a prefix of it where that is exact
+        (:meth:`_exact_prefixes`), in the same single pass. Tokenising was up to two thirds of an encode call on a
+        GPU (bench/gpu_throughput.py); this halves it for texts that fit, and reads little more than ``max_length``
+        tokens of a long one."""
+        # every text truncated by the tokenizer at the limit (as sentence-transformers and the cards cut it; a left-
+        # truncating one keeps a long text's end), a long one read on a prefix that shows its kept tokens exactly
+        exact = {} if self._cuts_left() else self._exact_prefixes(texts, budget)
+        order = [*(i for i in range(len(texts)) if i not in exact), *exact]
+        given = [texts[i][: prefix_span(budget)] if i in exact else texts[i] for i in order]
+        by_index = dict(zip(order, self._encode(given, special=True, max_length=limit), strict=True))
+        return [self._features(by_index[i], "") for i in range(len(texts))]
 
     def _exact_prefixes(self, texts: Sequence[str], budget: int) -> dict[int, int]:
         """For each long text whose prefix shows its first ``budget`` tokens exactly, by index: where its
@@ -387,13 +377,6 @@ class InputBuilder:
         """Whether a long text keeps its end (``truncation_side="left"``, from the folder's tokenizer settings)."""
         return getattr(self.tokenizer, "truncation_side", "right") == "left"
 
-    def _leading_specials(self) -> int:
-        """How many special tokens the post-processor puts before a text (``[CLS]``, ``<s>``, BOS)."""
-        if self._lead is None:
-            probe = self._encode(["a"], special=True)[0].special_tokens_mask
-            self._lead = next((i for i, special in enumerate(probe) if not special), len(probe))
-        return self._lead
-
     def _build_cut(
         self, texts: Sequence[str], instruction: str | None, budget: int, limit: int, *, prefixes: bool = True
     ) -> list[Features]:
@@ -413,8 +396,7 @@ class InputBuilder:
         whole = not suffix and not left and not self.config.echo and self.config.instruction_mask != "text_tokens"
         reach = budget + WHOLE_CUT_SLACK if whole else budget
         ends = self._exact_prefixes(texts, reach) if prefixes and not left else {}
-        rest = [i for i in range(len(texts)) if i not in ends]
-        rest = [] if whole else rest  # cut by the tokenizer, with its wrapper: no cut of its own to find
+        rest = [] if whole else [i for i in range(len(texts)) if i not in ends]  # whole: the tokenizer cuts
         plain = dict(zip(rest, self._encode([texts[i] for i in rest], special=False), strict=True))
         starts: dict[int, int] = {}
         for i, enc in plain.items():  # only the long texts' offsets are read
@@ -422,6 +404,8 @@ class InputBuilder:
                 starts[i] = enc.token_to_chars(len(enc) - budget)[0]
             elif not whole and len(enc) > budget:
                 ends[i] = enc.token_to_chars(budget - 1)[1]
+        if whole:  # the prefix whose first `reach` tokens are the whole text's, as _exact_prefixes read it
+            ends = dict.fromkeys(ends, prefix_span(reach))
         cut = [text[starts.get(i, 0) : ends.get(i, len(text))] for i, text in enumerate(texts)]
         prefixes = [self._prefix(text, instruction)[0] for text in cut]
         wrapped = self._encode(

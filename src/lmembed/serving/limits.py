@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmembed.errors import ConfigError
+from lmembed.io import is_whole_number
 from lmembed.serving.errors import COHERE_ROUTES, TEI_ROUTES, ApiError
 from lmembed.serving.metrics import ServerMetrics
 
@@ -110,7 +111,7 @@ class Limits:
             raise ConfigError(f"batch_wait_s={self.batch_wait_s!r} must be a number of seconds >= 0")
         if isinstance(self.window_share, bool) or not 0 < self.window_share <= 1:
             raise ConfigError(f"window_share={self.window_share!r} must be a share of the queue in (0, 1]")
-        if isinstance(self.gzip_min_bytes, bool) or not isinstance(self.gzip_min_bytes, int) or self.gzip_min_bytes < 0:
+        if not is_whole_number(self.gzip_min_bytes) or self.gzip_min_bytes < 0:
             raise ConfigError(f"gzip_min_bytes={self.gzip_min_bytes!r} must be a whole number of bytes >= 0 (0: never)")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty (leave it unset to serve without authentication)")
