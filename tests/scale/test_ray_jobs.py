@@ -126,6 +126,7 @@ def _start_server(port_file: Path, die_after: int) -> subprocess.Popen:
     raise RuntimeError("the test server did not start")
 
 
+@pytest.mark.slow  # about 17 s of a Ray cluster; synthesis on Ray and its resume stay in the default run
 def test_synthesize_command_on_ray_names_a_worker_error_and_a_bad_corpus_line_once(cluster, tmp_path):
     server = _start_server(tmp_path / "port", die_after=6)  # answers the six brainstorm requests, then dies
     try:

@@ -118,6 +118,7 @@ def test_ray_data_warning_about_lmembed_own_read_function_is_quiet(cluster, tmp_
     assert not [w for w in caught if "read function" in str(w.message)], [str(w.message) for w in caught]
 
 
+@pytest.mark.slow  # about 17 s of a Ray cluster; saved folders with adapters load on workers as locally (tests/models)
 def test_workers_load_a_saved_model_with_lora_adapter_and_latent_head(cluster, tmp_path, one_torch_thread):
     base = uncached("qwen2", pooling="latent_attention", latent={"num_latents": 8, "num_heads": 4})
     trainable = TrainableEmbedder(base, lora=LoraSettings(r=4, alpha=8, dropout=0.0))
@@ -221,6 +222,7 @@ def test_a_bad_row_read_on_a_worker_is_one_error_naming_it(cluster, tmp_path):
     assert str(caught.value).startswith(f"{tmp_path / 'beir' / 'corpus.jsonl'}:3: field 'text' holds a lone surrogate")
 
 
+@pytest.mark.slow  # about 9 s of a Ray cluster; the default run keeps the bad-row-read and dead-worker cases
 def test_a_row_the_model_fails_on_is_named(cluster, tmp_path):
     emb = cached(uncached("llama"), tmp_path / "cache")
     texts = corpus_texts(60)
@@ -246,6 +248,7 @@ def test_a_worker_that_dies_for_good_is_one_clear_error(cluster, tmp_path):
     assert _shard_files(tmp_path / "cache")  # shards finished before the death stay for the next run
 
 
+@pytest.mark.slow  # about 17 s of a Ray cluster; the default run keeps the worker that dies for good
 def test_a_worker_that_dies_once_is_replaced_and_the_job_finishes(cluster, tmp_path, one_torch_thread):
     emb = cached(uncached("llama"), tmp_path / "cache")
     texts = corpus_texts(80)
@@ -272,6 +275,7 @@ def test_lmembed_errors_cross_process_boundaries_whole():
 
 
 # ---------------------------------------------------------------------------------------------- command line
+@pytest.mark.slow  # about 14 s of a Ray cluster and a subprocess; the default run keeps the bad-row-read case
 def test_encode_command_names_a_malformed_row_read_on_ray_once(cluster, tmp_path, monkeypatch):
     """Row 57 of the file is not JSON: the plan pass reads it on a Ray worker; the user sees one line naming
     file and line (Ray's own log quiet without --verbose), exit 2, and no output file."""
@@ -343,6 +347,7 @@ def test_gpus_per_worker_decides_where_workers_run_without_asking_the_cluster():
         make_engine("ray", gpus_per_worker=-1)
 
 
+@pytest.mark.slow  # about 10 s of a Ray cluster; the default run keeps encode on Ray with the torch backend
 def test_encode_command_on_ray_runs_the_backend_it_is_given(cluster, tmp_path, monkeypatch, one_torch_thread):
     """``--backend onnx`` on Ray: the workers run the ONNX backend their model loads with (they used to build a torch
     engine whatever the backend), the vectors are local ONNX's, and they are cached under the ONNX key, as local

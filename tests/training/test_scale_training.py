@@ -152,6 +152,7 @@ def test_ddp_configuration_launches_processes_that_take_the_single_process_steps
 
 
 # ---------------------------------------------------------------------------------------------- FSDP
+@pytest.mark.slow  # about 15 s of launched processes; the FSDP step and resume stay in the default run
 def test_fsdp_configuration_launches_processes_that_shard_and_save_whole_tensors(tmp_path, data_file, single_run):
     saved, one, _ = single_run
     two, state = _train(_accelerate("fsdp.yaml"), tmp_path / "fsdp", data_file, saved)
