@@ -380,6 +380,40 @@ def test_a_cache_shard_linked_from_elsewhere_is_not_read(make_embedder, tmp_path
     assert "a link; a cache shard is a plain file" in caplog.records[0].getMessage()
 
 
+def test_a_cache_shard_moved_into_another_strategys_folder_is_not_served(make_embedder, tmp_path, caplog):
+    """A shard is a valid file wherever it lies: copied from the mean-pooled folder into the CLS-pooled one (same
+    width), it was served as CLS vectors. It records the folder it was written for, and a shard without one (an
+    earlier lmembed's) is encoded again too."""
+    mean = make_embedder("bert", pooling="mean")
+    mean.engine.use_cache, mean.engine.cache_dir = True, tmp_path
+    mean.encode(TEXTS)
+    (mean_shard,) = tmp_path.rglob("*.npz")
+    with np.load(mean_shard) as data:
+        assert data["owner"].tobytes() == f"{mean_shard.parent.parent.name}/{mean_shard.parent.name}".encode()
+    cls = make_embedder("bert", pooling="cls")
+    expected = cls.encode(TEXTS)  # uncached: the true CLS vectors
+    cls.engine.use_cache, cls.engine.cache_dir = True, tmp_path
+    cls.encode(["something else"])  # makes the CLS folder
+    (cls_folder,) = {p.parent for p in tmp_path.rglob("*.npz")} - {mean_shard.parent}
+    copied = cls_folder / "copied.npz"
+    copied.write_bytes(mean_shard.read_bytes())
+    fresh = make_embedder("bert", pooling="cls")
+    fresh.engine.use_cache, fresh.engine.cache_dir = True, tmp_path
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        np.testing.assert_allclose(fresh.encode(TEXTS), expected, atol=1e-6)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(f"skipping {copied}: owner is ") and "written for another folder" in said, said
+
+    with np.load(mean_shard) as data:  # as an earlier lmembed wrote it: keys and vectors, no owner
+        np.savez(mean_shard, keys=data["keys"], vectors=data["vectors"])
+    caplog.clear()
+    again = make_embedder("bert", pooling="mean")
+    again.engine.use_cache, again.engine.cache_dir = True, tmp_path
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        again.encode(TEXTS)
+    assert any(f"{mean_shard}: no owner" in r.getMessage() for r in caplog.records), caplog.records
+
+
 def test_cache_instruction_is_part_of_the_key(make_embedder, tmp_path):
     emb = make_embedder("llama")
     emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path

@@ -3,17 +3,20 @@
 Layout: ``<root>/<model key>/<strategy fingerprint>/<shard>.npz``; the model key is the backbone's fingerprint
 (weights, model config and tokenizer: everything of the model that decides a vector) plus the backend and
 precision (:func:`model_key`), the strategy fingerprint covers the rest. A shard holds ``keys``
-(rows of 16-byte BLAKE2 digests of the instruction and the text) and ``vectors`` (raw pooled float32
-vectors, before normalisation and Matryoshka truncation, so those options share entries).
+(rows of 16-byte BLAKE2 digests of the instruction and the text), ``vectors`` (raw pooled float32
+vectors, before normalisation and Matryoshka truncation, so those options share entries) and ``owner`` (the
+``<model key>/<strategy key>`` it was written under, :func:`shard_owner`): a shard copied or moved into another
+model's or strategy's folder is still a valid file, and would be served as that model's vectors without it.
 
 Writes are atomic: a shard is written to a temporary file in the same folder, flushed to disk and
 renamed into place, so a process killed mid-write leaves either the whole shard or none of it;
 stray temporary files are ignored on read and removed by ``clear``.
 
-Reads believe nothing: a shard is read only when it is a plain file (not a link), its two arrays' headers say
-(n, 16) uint8 keys and (n, width) float32 vectors of this model's width, no more bytes than the file holds, and
-every vector is finite (:func:`read_shard`). A shard that fails is skipped with a warning naming it and why (its
-texts are computed again); it never fills a row with a broadcast, a cast or a NaN.
+Reads believe nothing: a shard is read only when it is a plain file (not a link), its arrays' headers say
+(n, 16) uint8 keys and (n, width) float32 vectors of this model's width, no more bytes than the file holds, its
+owner is the folder it lies in, and every vector is finite (:func:`read_shard`). A shard that fails is skipped
+with a warning naming it and why (its texts are computed again); it never fills a row with a broadcast, a cast or
+a NaN.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ ENCODING_VERSION = 2
 #: fingerprint, then the backend's tag; ``EmbeddingConfig.fingerprint``)
 MODEL_DIR_NAME = re.compile(r"[0-9a-f]{32}(-[\w.]+)*")
 STRATEGY_DIR_NAME = re.compile(r"[0-9a-f]{16}")
+#: the longest ``owner`` a shard may hold (a model key and a strategy key are far shorter)
+MAX_OWNER_BYTES = 256
 
 
 class CacheShardError(LmembedError, ValueError):
@@ -78,6 +83,13 @@ def text_key(text: str, instruction: str | None = None) -> bytes:
     digest.update(head)
     digest.update(text.encode())
     return digest.digest()
+
+
+def shard_owner(folder: Path) -> np.ndarray:
+    """What a shard in ``folder`` (``<root>/<model key>/<strategy key>``) records as its owner: the two keys, as
+    uint8 bytes. Compared on every read, so a shard that lies in another folder than the one it was written for
+    (copied, moved or renamed there) is not served as this folder's model's vectors."""
+    return np.frombuffer(f"{folder.parent.name}/{folder.name}".encode(), dtype=np.uint8).copy()
 
 
 def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
@@ -134,7 +146,7 @@ class EmbeddingCache:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES)
         path = self.dir / f"{uuid.uuid4().hex}.npz"
-        atomic_save_npz(path, keys=key_array, vectors=vectors)
+        atomic_save_npz(path, keys=key_array, vectors=vectors, owner=shard_owner(self.dir))
         if self._index is not None:
             self._read.add(path.name)  # an index not read yet will find the new shard when it is
             for key, vector in zip(keys, vectors, strict=True):
@@ -160,7 +172,7 @@ class EmbeddingCache:
         if len(keys) != len(vectors):
             raise ValueError(f"shard {name!r}: {len(keys)} keys for {len(vectors)} vectors")
         path = self.shard_path(name)
-        atomic_save_npz(path, keys=keys, vectors=vectors)
+        atomic_save_npz(path, keys=keys, vectors=vectors, owner=shard_owner(self.dir))
         if self._index is not None:
             self._read.add(path.name)
             for key, vector in zip(keys, vectors, strict=True):
@@ -177,8 +189,8 @@ def key_array(keys: Sequence[bytes]) -> np.ndarray:
 
 def read_shard(path: str | Path, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(keys, vectors)`` of one shard file: (n, 16) uint8 digests and (n, ``width``) raw float32 vectors, checked
-    from the arrays' headers before they are read, and finite; :class:`CacheShardError` names the file and the
-    array otherwise."""
+    from the arrays' headers before they are read, written for the folder the file lies in (its ``owner``), and
+    finite; :class:`CacheShardError` names the file and the array otherwise."""
     path = Path(path)
     if path.is_symlink():
         raise CacheShardError(f"{path}: a link; a cache shard is a plain file lmembed wrote")
@@ -186,6 +198,7 @@ def read_shard(path: str | Path, width: int | None = None) -> tuple[np.ndarray, 
         with zipfile.ZipFile(path) as archive:
             keys_header = _npy_header(archive, "keys.npy")
             vectors_header = _npy_header(archive, "vectors.npy")
+            owner_header = _npy_header(archive, "owner.npy") if "owner.npy" in archive.namelist() else None
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise CacheShardError(f"{path}: not a readable cache shard ({exc})") from exc
     (keys_shape, keys_dtype), (shape, dtype) = keys_header, vectors_header
@@ -195,11 +208,22 @@ def read_shard(path: str | Path, width: int | None = None) -> tuple[np.ndarray, 
         raise CacheShardError(f"{path}: vectors are {dtype} {list(shape)}, not ({keys_shape[0]}, width) float32")
     if width is not None and shape[1] != width:
         raise CacheShardError(f"{path}: vectors are {shape[1]} wide; this model's are {width}")
+    if owner_header is None:
+        raise CacheShardError(f"{path}: no owner (a shard of an earlier lmembed, or not lmembed's)")
+    owner_shape, owner_dtype = owner_header
+    if owner_dtype != np.uint8 or len(owner_shape) != 1 or owner_shape[0] > MAX_OWNER_BYTES:
+        raise CacheShardError(f"{path}: owner is {owner_dtype} {list(owner_shape)}, not a uint8 name")
     try:
         with np.load(path, allow_pickle=False) as data:
-            keys, vectors = data["keys"], data["vectors"]
+            keys, vectors, owner = data["keys"], data["vectors"], data["owner"]
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise CacheShardError(f"{path}: not a readable cache shard ({exc})") from exc
+    expected = shard_owner(path.parent)
+    if not np.array_equal(owner, expected):
+        written = owner.tobytes().decode(errors="replace")
+        raise CacheShardError(
+            f"{path}: owner is {written!r}, written for another folder than {expected.tobytes().decode()!r}"
+        )
     if not np.isfinite(vectors).all():
         raise CacheShardError(f"{path}: vectors hold NaN or infinite values")
     return keys, vectors
