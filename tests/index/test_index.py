@@ -142,6 +142,31 @@ def test_build_reopen_add_search(make_embedder, corpus_file, tmp_path, params):
         assert top.score == pytest.approx(1.0, abs=1e-4 if params.get("rescore") != "int8" else 0.02)
 
 
+@pytest.mark.parametrize("params", KINDS)
+def test_a_build_adds_each_chunk_as_encoded_where_its_kind_allows(make_embedder, corpus_file, monkeypatch, params):
+    """A build held the corpus's vectors three times at its peak (gathered, normalised copy, the index's own);
+    a kind that takes vectors a part at a time now gets each chunk as it is encoded (bench/index_build_memory.py),
+    and the index holds the vectors a one-chunk build holds, bit for bit."""
+    from lmembed.index import kinds
+
+    emb = make_embedder("llama", pooling="last")
+    calls = []
+    for cls in (kinds.FaissIndex, kinds.BinaryIndex):
+        real = cls.add
+        monkeypatch.setattr(
+            cls, "add", lambda self, v, *, own=False, real=real: (calls.append(len(v)), real(self, v, own=own))[1]
+        )
+    chunked = Index.build(emb, corpus_file, chunk_size=16, **params)
+    streams = params["kind"] in ("flat", "hnsw") or params.get("rescore") == "none"
+    assert calls == ([16, 16, 16, 12] if streams else [60])
+    whole = Index.build(emb, corpus_file, chunk_size=1000, **params)
+    if params["kind"] == "binary":
+        assert np.array_equal(np.asarray(chunked.vectors.rescore_vectors), np.asarray(whole.vectors.rescore_vectors))
+    else:
+        a, b = (kinds._stored_floats(faiss_index.vectors.index) for faiss_index in (chunked, whole))
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)) and a
+
+
 def test_build_refuses_a_parameter_its_kind_does_not_read_and_search_names_its_keywords(bert, corpus_file):
     """``Index.build(kind="flat", nlist=3)`` built a flat index as if ``nlist`` meant something, and a misspelt
     parameter was a TypeError from a dataclass the user never called; both are refused before anything is

@@ -143,19 +143,48 @@ def as_documents(corpus: CorpusLike, first_row: int = 0) -> list[Document]:
     return docs
 
 
+def _encoded_parts(
+    embedder: Embedder, texts: Sequence[str], *, batch_size: int, chunk_size: int, progress: Progress | None
+) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, vectors)`` of ``chunk_size`` texts at a time, as ``embedder.encode_corpus`` gives them."""
+    chunk_size = whole_number(chunk_size, "chunk_size")
+    for start in range(0, len(texts), chunk_size):
+        stop = min(start + chunk_size, len(texts))
+        yield start, embedder.encode_corpus(texts[start:stop], batch_size=batch_size)
+        if progress is not None:
+            progress(stop, len(texts))
+
+
 def encode_in_chunks(
     embedder: Embedder, texts: Sequence[str], *, batch_size: int, chunk_size: int, progress: Progress | None = None
 ) -> np.ndarray:
     """``embedder.encode_corpus`` over ``chunk_size`` texts at a time (each chunk reaches the cache as soon
     as it is done, so an interrupted run loses at most one chunk)."""
-    chunk_size = whole_number(chunk_size, "chunk_size")
     out = np.empty((len(texts), embedder.dim), dtype=np.float32)
-    for start in range(0, len(texts), chunk_size):
-        stop = min(start + chunk_size, len(texts))
-        out[start:stop] = embedder.encode_corpus(texts[start:stop], batch_size=batch_size)
-        if progress is not None:
-            progress(stop, len(texts))
+    for start, part in _encoded_parts(embedder, texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress):
+        out[start : start + len(part)] = part
     return out
+
+
+def encode_into(
+    vectors: VectorIndex,
+    embedder: Embedder,
+    texts: Sequence[str],
+    *,
+    batch_size: int,
+    chunk_size: int,
+    progress: Progress | None = None,
+) -> None:
+    """:func:`encode_in_chunks` added to ``vectors``: a kind that :attr:`~lmembed.index.kinds.VectorIndex.streams`
+    takes each chunk as it is encoded, so a build holds the index and one chunk, never the corpus's vectors twice
+    (three times, before); another takes them all at once, normalised in place."""
+    if not vectors.streams:
+        vectors.add(
+            encode_in_chunks(embedder, texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress), own=True
+        )
+        return
+    for _, part in _encoded_parts(embedder, texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress):
+        vectors.add(part, own=True)
 
 
 def encode_chunks_in_chunks(
@@ -322,11 +351,9 @@ class Index:
             )
             chunks = ChunkMap(doc_rows)
             if len(chunks):
-                vectors.add(chunk_vectors)
+                vectors.add(chunk_vectors, own=True)
         elif len(store):
-            vectors.add(
-                encode_in_chunks(embedder, store.texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress)
-            )
+            encode_into(vectors, embedder, store.texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress)
         manifest = Manifest(
             params=vectors.params,
             dim=embedder.dim,
@@ -474,9 +501,9 @@ class Index:
                 progress=progress,
             )
             self.chunks.extend(doc_rows)
-        else:
+        else:  # all encoded before the index changes: a failure half-way leaves it as it was
             vectors = encode_in_chunks(embedder, texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress)
-        self.vectors.add(vectors)
+        self.vectors.add(vectors, own=True)
         self.store.extend(docs)
         self._lexical = None  # rebuilt over every document at the next BM25 search
         self.manifest.params = self.vectors.params

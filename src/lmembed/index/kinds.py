@@ -273,8 +273,16 @@ class VectorIndex(ABC):
         """Number of vectors held."""
 
     @abstractmethod
-    def add(self, vectors: np.ndarray) -> None:
-        """Append vectors (rows get the next positions); they are L2-normalised here."""
+    def add(self, vectors: np.ndarray, *, own: bool = False) -> None:
+        """Append vectors (rows get the next positions); they are L2-normalised here. ``own=True``: the caller gives
+        the array away, and it is normalised in place (no copy of its size)."""
+
+    @property
+    def streams(self) -> bool:
+        """Whether vectors added a part at a time make the index one call with all of them makes (a build then adds
+        each encoded part as it comes, holding one part besides the index, not the whole corpus's vectors twice).
+        Not so for a kind that fixes something from its first vectors: ivf-pq's training, int8 rescoring's ranges."""
+        return True
 
     @abstractmethod
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -293,8 +301,8 @@ class VectorIndex(ABC):
     def memory_bytes(self) -> int:
         """Bytes this kind keeps in memory for search (memory-mapped rescoring vectors not counted)."""
 
-    def _check(self, vectors: np.ndarray) -> np.ndarray:
-        out = unit_rows(vectors)
+    def _check(self, vectors: np.ndarray, own: bool = False) -> np.ndarray:
+        out = unit_rows(vectors, in_place=own)
         if out.shape[1] != self.dim:
             raise ValueError(f"vectors have {out.shape[1]} dimensions; this index holds {self.dim}")
         return out
@@ -325,8 +333,12 @@ class FaissIndex(VectorIndex):
     def ntotal(self) -> int:
         return 0 if self.index is None else int(self.index.ntotal)
 
-    def add(self, vectors: np.ndarray) -> None:
-        x = self._check(vectors)
+    @property
+    def streams(self) -> bool:
+        return self.params.kind != "ivf-pq"
+
+    def add(self, vectors: np.ndarray, *, own: bool = False) -> None:
+        x = self._check(vectors, own)
         if len(x) == 0:
             return
         if self.index is None:
@@ -439,8 +451,12 @@ class BinaryIndex(VectorIndex):
     def ntotal(self) -> int:
         return int(self.codes.ntotal)
 
-    def add(self, vectors: np.ndarray) -> None:
-        x = self._check(vectors)
+    @property
+    def streams(self) -> bool:  # rescoring keeps every float (or int8) vector: added once, they are not copied again
+        return self.params.rescore == "none"
+
+    def add(self, vectors: np.ndarray, *, own: bool = False) -> None:
+        x = self._check(vectors, own)
         if len(x) == 0:
             return
         self.codes.add(np.packbits(x > 0, axis=1))
@@ -450,7 +466,8 @@ class BinaryIndex(VectorIndex):
             if self.ranges is None:
                 self.ranges = np.stack([x.min(axis=0), x.max(axis=0)]).astype(np.float32)
             x = self._quantize(x)
-        self.rescore_vectors = np.concatenate([np.asarray(self.rescore_vectors), x])
+        held = np.asarray(self.rescore_vectors)
+        self.rescore_vectors = x if len(held) == 0 else np.concatenate([held, x])  # x is this index's own
 
     def _quantize(self, x: np.ndarray) -> np.ndarray:
         low, high = self.ranges
