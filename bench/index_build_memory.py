@@ -85,7 +85,7 @@ def main() -> None:
         f"# Index build memory: {args.documents:,} documents x {args.dim} dims "
         f"({vector_bytes / 2**20:.0f} MiB of float32 vectors), chunks of {args.chunk_size:,}",
         "",
-        "Peak resident memory a build adds, over the vectors' bytes; the baseline is the gathered build in the same run.",
+        "Peak resident memory a build adds, over the vectors' bytes; baseline: the gathered build in the same run.",
         "",
         *markdown_table(["kind", "gathered (baseline)", "lmembed build", "build / baseline"], rows),
         "",
