@@ -331,4 +331,5 @@ def first_problem(exc: ValidationError) -> str:
     member of a union that pydantic tried (``dict[str,any]``) is not part of the path."""
     first = exc.errors()[0]
     path = [str(part) for part in first["loc"] if not (isinstance(part, str) and "[" in part)]
-    return f"{'.'.join(path) or 'the whole file'}: {first['msg']}"
+    message = first["msg"].removeprefix("Value error, ")  # a validator's own words, without pydantic's label
+    return f"{'.'.join(path) or 'the whole file'}: {message}"

@@ -197,6 +197,25 @@ def test_a_result_file_of_another_shape_is_refused_naming_the_field_and_skipped_
     assert [r.getMessage() for r in caplog.records] == [f"skipping {caught.value}"]
 
 
+def test_a_result_record_of_another_format_is_refused_by_name(tmp_path, caplog):
+    from lmembed.evaluation.results import ResultFileError
+
+    path = write_result(make_result(), tmp_path)
+    data = json.loads(path.read_text())
+    assert data["lmembed"]["format"] == 1
+    for form in (2, True, "1"):
+        path.write_text(json.dumps({**data, "lmembed": {**data["lmembed"], "format": form}}))
+        with pytest.raises(ResultFileError) as caught:
+            read_result(path)
+        assert str(caught.value) == (
+            f"{path}: lmembed.format: {form!r}; this lmembed reads result records of format 1 (a newer lmembed wrote "
+            "it?): read it with the lmembed that wrote it"
+        )
+    del data["lmembed"]["format"]  # a record written before formats were recorded, and MTEB's own files, read on
+    path.write_text(json.dumps(data))
+    assert read_result(path).task_name == "SciFact"
+
+
 def test_strategy_slug() -> None:
     assert strategy_slug(None) == "default" and strategy_slug({}) == "default"
     assert strategy_slug("last token / L-12") == "last-token-L-12"

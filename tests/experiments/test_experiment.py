@@ -309,7 +309,7 @@ def test_per_item_scores_of_another_shape_are_refused_naming_the_field(workspace
     record["files"]["items.json"] = sha256_file(mean.items_file)
     mean.run_file.write_text(json.dumps(record))
     assert mean.finished
-    with pytest.raises(RunFileError, match=r"items.json: Toy: Value error, ids, values and reference must have one"):
+    with pytest.raises(RunFileError, match=r"items.json: Toy: ids, values and reference must have one"):
         run_experiment(spec, out, resume=True)
     assert calls == []
 
@@ -323,6 +323,14 @@ def test_report_refuses_a_summary_of_another_shape_and_a_folder_without_results(
     result = CliRunner().invoke(app, ["report", str(out), "-o", str(elsewhere)])
     assert result.exit_code == 2, result.output
     assert "summary.json: scores.mean.Toy.interval: List should have at least 2 items" in result.output
+    summary["scores"]["mean"]["Toy"]["interval"] = [0.1, 0.2]
+    assert summary["format"] == 1
+    for form in (2, True, "1"):  # a newer lmembed's layout is not read as this one's
+        (out / "summary.json").write_text(json.dumps({**summary, "format": form}))
+        result = CliRunner().invoke(app, ["report", str(out), "-o", str(elsewhere)])
+        assert result.exit_code == 2, result.output
+        said = " ".join(result.output.replace("│", " ").split())
+        assert f"summary.json: format: {form!r}; this lmembed reads experiment summaries of format 1" in said, said
     assert not elsewhere.exists() or not any(elsewhere.iterdir())
     empty = workspace / "empty"
     empty.mkdir()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from lmembed import __version__
 from lmembed.atomic import atomic_write_text
@@ -43,6 +43,8 @@ from lmembed.task_registry import task_type_of
 logger = logging.getLogger(__name__)
 
 LMEMBED_KEY = "lmembed"
+#: the layout of lmembed's record in a result file (its ``lmembed.format``; a record without one is of 1)
+RESULT_FORMAT = 1
 DEFAULT_LANGUAGES = ["eng-Latn"]
 
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
@@ -239,6 +241,7 @@ def to_mteb_dict(result: TaskResult) -> dict[str, Any]:
             "evaluation_time": result.evaluation_time,
             "kg_co2_emissions": None,
             LMEMBED_KEY: {
+                "format": RESULT_FORMAT,
                 "version": __version__,
                 "model_name": result.model_name,
                 "strategy": result.strategy,
@@ -303,6 +306,7 @@ class _Scores(RecordModel):
 class LmembedRecord(RecordModel):
     """lmembed's own record under :data:`LMEMBED_KEY`."""
 
+    format: StrictInt = RESULT_FORMAT  # checked by read_result before the rest
     split: str | None = None
     subset: str | None = None
     task_type: str | None = None
@@ -344,6 +348,12 @@ def read_result(path: str | Path) -> TaskResult:
         raise ResultFileError(f"{path}: a JSON array of results; a result file holds one result, a JSON object")
     if not isinstance(data, dict) or "task_name" not in data or "scores" not in data:
         raise ValueError(f"{path} is not a task result file")
+    form = data[LMEMBED_KEY].get("format", RESULT_FORMAT) if isinstance(data.get(LMEMBED_KEY), dict) else RESULT_FORMAT
+    if form != RESULT_FORMAT or isinstance(form, bool):
+        raise ResultFileError(
+            f"{path}: {LMEMBED_KEY}.format: {form!r}; this lmembed reads result records of format {RESULT_FORMAT} (a "
+            "newer lmembed wrote it?): read it with the lmembed that wrote it"
+        )
     try:
         ResultFile.model_validate(data)
     except ValidationError as exc:

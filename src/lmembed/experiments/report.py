@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
@@ -25,6 +25,8 @@ from lmembed.io import read_json
 from lmembed.schema import RecordModel, read_checked_json
 
 SUMMARY_FILE = "summary.json"
+#: the layout of ``summary.json`` this lmembed writes and reads (its ``format``; a summary without one is of 1)
+SUMMARY_FORMAT = 1
 MARKDOWN_FILE = "summary.md"
 PNG_FILE = "summary.png"
 MISSING = "–"
@@ -94,6 +96,7 @@ class _Runs(RecordModel):
 class ExperimentSummary(RecordModel):
     """The fields of ``summary.json`` that the report reads (:mod:`lmembed.experiments.summary` writes them)."""
 
+    format: StrictInt = SUMMARY_FORMAT  # checked by load_summary before the rest
     experiment: _Head
     tasks: list[_Task]
     arms: list[_Arm]
@@ -117,7 +120,15 @@ def is_experiment_folder(folder: str | Path) -> bool:
 def load_summary(folder: str | Path) -> dict[str, Any]:
     """``summary.json`` of ``folder``, checked for every field the report reads; :class:`SummaryFileError` names the
     file and the field otherwise."""
-    return read_checked_json(Path(folder) / SUMMARY_FILE, ExperimentSummary, SummaryFileError, "an experiment summary")
+    path = Path(folder) / SUMMARY_FILE
+    data = read_json(path, error=SummaryFileError, what="an experiment summary")
+    form = data.get("format", SUMMARY_FORMAT)
+    if form != SUMMARY_FORMAT or isinstance(form, bool):
+        raise SummaryFileError(
+            f"{path}: format: {form!r}; this lmembed reads experiment summaries of format {SUMMARY_FORMAT} (a newer "
+            "lmembed wrote it?): read it with the lmembed that wrote it"
+        )
+    return read_checked_json(path, ExperimentSummary, SummaryFileError, "an experiment summary")
 
 
 def _number(value: float | None, scale: float = 100.0, digits: int = 2) -> str:

@@ -36,7 +36,7 @@ from scipy.stats import t as student_t
 
 from lmembed.atomic import atomic_write_json
 from lmembed.experiments.plan import PlannedRun
-from lmembed.experiments.report import SUMMARY_FILE, write_experiment_report
+from lmembed.experiments.report import SUMMARY_FILE, SUMMARY_FORMAT, write_experiment_report
 from lmembed.experiments.spec import CompareSpec, ExperimentSpec
 from lmembed.experiments.stats import bootstrap_interval, compare, holm, mean_std, verdict
 
@@ -413,6 +413,7 @@ def build_summary(
         )
     finished_ids = {run.id for run, _, _ in finished}
     return {
+        "format": SUMMARY_FORMAT,
         "experiment": spec.header(),
         "arms": arms,
         "tasks": tasks,
