@@ -554,3 +554,27 @@ def test_a_refused_option_is_not_first_said_to_override_the_model_own(caplog):
     with caplog.at_level("WARNING"):
         Embedder.from_pretrained("minilm", pooling="cls", cache=False, show_progress=False)
     assert [r.getMessage() for r in caplog.records if "overrides" in r.getMessage()]
+
+
+def test_measuring_speed_and_the_doctor_leave_the_shared_engines_cache_on(make_embedder, tmp_path, monkeypatch):
+    """Both switched the cache of the engine an Embedder shares with its ``with_config`` siblings off for their run:
+    a sibling encoding meanwhile (another thread, a server) ran uncached, and one that ended between the two
+    assignments could leave it off. They now use an engine of their own without a cache."""
+    from lmembed.encoding.engine import EncodingEngine
+    from lmembed.evaluation.doctor import run_checks
+
+    emb = make_embedder("bert")
+    emb.engine.use_cache, emb.engine.cache_dir = True, tmp_path
+    sibling = emb.with_config(emb.config.with_options(pooling="cls"))
+    seen = []
+    real = EncodingEngine.encode_raw
+    monkeypatch.setattr(
+        EncodingEngine,
+        "encode_raw",
+        lambda self, *a, **k: (seen.append(sibling.engine.use_cache), real(self, *a, **k))[1],
+    )
+    assert sibling.texts_per_second(TEXTS) > 0
+    checks = run_checks(sibling, TEXTS)
+    assert seen and all(seen) and sibling.engine.use_cache
+    assert not list(tmp_path.rglob("*.npz"))  # and neither cached what it computed
+    assert {c.name for c in checks} >= {"attention", "padding"}

@@ -553,14 +553,10 @@ class Embedder:
     def texts_per_second(self, texts: Sequence[str], *, batch_size: int = ENCODE_BATCH_SIZE) -> float:
         """Measured speed of this strategy: ``texts`` encoded once with the embedding cache bypassed (tokenisation,
         forward passes, which stop at the strategy's deepest layer, and pooling), in texts per second."""
-        engine = self.engine
-        previous, engine.use_cache = engine.use_cache, False
-        try:
-            start = time.perf_counter()
-            engine.encode_raw(texts, [self.config], batch_size=batch_size)
-            return len(texts) / max(time.perf_counter() - start, 1e-9)
-        finally:
-            engine.use_cache = previous
+        engine = self.engine.without_cache()  # the shared engine's cache stays on for every other caller
+        start = time.perf_counter()
+        engine.encode_raw(texts, [self.config], batch_size=batch_size)
+        return len(texts) / max(time.perf_counter() - start, 1e-9)
 
     def with_config(self, config: EmbeddingConfig) -> Embedder:
         """The same backbone, engine and executor (no reload) read out with another strategy; an option this model
@@ -616,13 +612,19 @@ class Embedder:
         )
         return self.with_terms(channel.to(self.backbone.device))
 
+    def without_cache(self) -> Embedder:
+        """The same model and strategy with an engine that caches nothing (the backbone, backend and executor
+        shared): for work that must compute every vector, without switching off the cache of the engine this
+        Embedder shares with its ``with_config`` siblings."""
+        return self._sharing(self.config, self.executor, self.engine.without_cache())
+
     def with_executor(self, executor: Executor) -> Embedder:
         """The same model and strategy, encoded by ``executor`` (e.g. sharded jobs on a cluster)."""
         return self._sharing(self.config, executor)
 
-    def _sharing(self, config: EmbeddingConfig, executor: Executor) -> Embedder:
+    def _sharing(self, config: EmbeddingConfig, executor: Executor, engine: EncodingEngine | None = None) -> Embedder:
         embedder = Embedder(
-            self.backbone, config, pooling_head=self.pooling_head, engine=self.engine, executor=executor
+            self.backbone, config, pooling_head=self.pooling_head, engine=engine or self.engine, executor=executor
         )
         embedder.published, embedder.published_folder = self.published, self.published_folder
         embedder.checkpoint_sources = self.checkpoint_sources

@@ -306,6 +306,12 @@ class EncodingEngine:
         their own results (the server's passes, a Ray worker's shards), whose vectors must be this engine's."""
         return self._like(use_cache=False, show_progress=False, max_batch_tokens=None)
 
+    def without_cache(self) -> EncodingEngine:
+        """This engine with no embedding cache, all else kept (batching, progress, backend): a measurement or a check
+        that must compute every vector takes it, rather than switching off the cache of an engine other Embedders
+        (``with_config`` siblings, other threads) share."""
+        return self._like(use_cache=False)
+
     def with_terms(self, terms: TermChannel | None) -> EncodingEngine:
         """An engine like this one (model, head, backend, cache, padding, batching) appending ``terms`` instead."""
         return self._like(terms=terms)

@@ -131,16 +131,12 @@ def run_checks(embedder: Embedder, texts: Sequence[str] = SAMPLE_TEXTS) -> list[
         ("sentence-transformers", check_sentence_transformers),
     ]
     results = []
-    use_cache = embedder.engine.use_cache
-    embedder.engine.use_cache = False  # every vector is computed: a cached one would hide what is checked
-    try:
-        for name, check in checks:
-            try:
-                results.append(check(embedder, texts))
-            except Exception as exc:  # a check that cannot run on this model has failed, with the reason
-                results.append(Check(name, False, f"{type(exc).__name__}: {exc}"))
-    finally:
-        embedder.engine.use_cache = use_cache
+    embedder = embedder.without_cache()  # every vector is computed: a cached one would hide what is checked
+    for name, check in checks:
+        try:
+            results.append(check(embedder, texts))
+        except Exception as exc:  # a check that cannot run on this model has failed, with the reason
+            results.append(Check(name, False, f"{type(exc).__name__}: {exc}"))
     return results
 
 
