@@ -271,6 +271,22 @@ def test_embedding_cache_keeps_backends_apart(tokenizer, tmp_path):
     assert keys == sorted([fingerprint, f"{fingerprint}-onnx-float32"])
 
 
+def test_an_onnx_backend_follows_a_model_changed_in_place(tokenizer, tmp_path):
+    """The graph was exported once and kept: after a training step (weights written in place) the ONNX backend gave
+    the old model's vectors, and cached them under the changed model's key. It exports again when the backbone's
+    fingerprint moves."""
+    model = tiny_model("bert", len(tokenizer))
+    torch_emb = Embedder.from_model(model, tokenizer, use_cache=False, show_progress=False)
+    onnx_emb = Embedder.from_model(model, tokenizer, cache_dir=tmp_path / "cache", backend="onnx", show_progress=False)
+    before = onnx_emb.encode(TEXTS)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05, alpha=1.0)
+    after = onnx_emb.encode(TEXTS)
+    assert _min_cos(after, before) < 0.999
+    np.testing.assert_allclose(after, torch_emb.encode(TEXTS), atol=1e-5)
+
+
 def test_unknown_backend_and_precision_are_refused(tokenizer):
     model = tiny_model("bert", len(tokenizer))
     emb = Embedder.from_model(model, tokenizer, use_cache=False)

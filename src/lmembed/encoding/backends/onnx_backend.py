@@ -139,6 +139,7 @@ class OnnxBackend(Backend):
         # every report measured for each int8 graph (a graph serves each strategy reading its layers; each is gated)
         self._gates: dict[tuple, dict[str, GateReport]] = {}
         self._graphs: dict[tuple[tuple[Readout, ...], str, str], _Graph] = {}
+        self._exported_from: str | None = None  # the backbone's fingerprint the graphs in memory were exported from
 
     # ------------------------------------------------------------------ keys and calibration
     def cache_tag(self) -> str:
@@ -184,6 +185,12 @@ class OnnxBackend(Backend):
         batches_for: BatchMaker | None = None,
         pool: Pooler | None = None,
     ) -> None:
+        # A graph holds the weights it was exported with. A model changed in place since (a training step, a
+        # load_state_dict) is exported again: the old graph's vectors were served, and cached under the new key.
+        weights = self.backbone.fingerprint()  # hashed again only when the model's state moved
+        if weights != self._exported_from:
+            self._graphs, self._gates, self.quality = {}, {}, {}
+            self._exported_from = weights
         key = self._key(configs, mode, self.precision)
         gated = self._gates.get(key, {})
         if key in self._graphs and (self.precision != "int8" or all(c.label() in gated for c in configs)):
