@@ -446,7 +446,9 @@ def test_killed_writer_leaves_no_corrupt_entry(tmp_path):
     proc.wait()
     cache = EmbeddingCache(tmp_path, "model", "strategy")
     assert len(cache) % 20000 == 0 and len(cache) >= 20000  # whole shards only
-    for vector in list(cache._load().values())[::5000]:
+    found, missing = cache.lookup(list(cache._load())[::5000])
+    assert found and not missing
+    for vector in found:
         assert np.all(vector == vector[0])
 
 
@@ -578,3 +580,42 @@ def test_measuring_speed_and_the_doctor_leave_the_shared_engines_cache_on(make_e
     assert seen and all(seen) and sibling.engine.use_cache
     assert not list(tmp_path.rglob("*.npz"))  # and neither cached what it computed
     assert {c.name for c in checks} >= {"attention", "padding"}
+
+
+def test_the_cache_keeps_keys_in_memory_and_reads_rows_from_its_shards(tmp_path, caplog):
+    """Its index held every vector it had computed (as much again as the vectors a long run builds); it now holds
+    each key's shard and row, and reads the rows a lookup finds, one by one or the shard whole."""
+    from lmembed.encoding.cache import EmbeddingCache, text_key
+
+    rng = np.random.default_rng(0)
+    cache = EmbeddingCache(tmp_path, "model", "strategy", width=24)
+    assert len(cache) == 0  # read (empty): what is stored from now on is indexed as written
+    texts = [f"text {i}" for i in range(300)]
+    vectors = rng.standard_normal((300, 24)).astype(np.float32)
+    for start in (0, 100, 200):
+        cache.store([text_key(t) for t in texts[start : start + 100]], vectors[start : start + 100])
+    assert all(isinstance(place, tuple) for place in cache._index.values())
+    for picked in ([5], [3, 150, 299, 7], list(range(0, 300, 2)), []):  # a few rows, or most of each shard
+        for reader in (cache, EmbeddingCache(tmp_path, "model", "strategy", width=24)):  # written here, or read
+            found, missing = reader.lookup([text_key(texts[i]) for i in picked] + [text_key("never stored")])
+            assert missing == [len(picked)]
+            assert np.array_equal(np.array(found[:-1]).reshape(-1, 24), vectors[picked])
+
+    # a shard rewritten after its keys were read (same size, other bytes) is not served: read again, with its checks
+    # (the archive's CRC then finds the changed bytes)
+    shard = next(s for s in cache._shards if s is not None)
+    first = shard.path
+    data = bytearray(first.read_bytes())
+    data[shard.offset : shard.offset + 4] = np.float32(np.nan).tobytes()
+    time.sleep(0.01)
+    first.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        found, missing = cache.lookup([text_key(t) for t in texts])
+        assert len(missing) == 100  # not served from the changed file ...
+        again, missing_again = cache.lookup([text_key(t) for t in texts])
+    assert missing_again == missing  # ... and, read again whole, skipped for what it now holds
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == f"not serving {first}: changed since its keys were read; its texts are encoded again", said
+    assert said[1].startswith(f"skipping {first}: not a readable cache shard (Bad CRC-32"), said
+    served = [i for i in range(300) if i not in missing]
+    assert np.array_equal(np.array([again[i] for i in served]), vectors[served])

@@ -25,10 +25,13 @@ import hashlib
 import logging
 import re
 import shutil
+import struct
+import threading
 import uuid
 import zipfile
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +55,8 @@ MODEL_DIR_NAME = re.compile(r"[0-9a-f]{32}(-[\w.]+)*")
 STRATEGY_DIR_NAME = re.compile(r"[0-9a-f]{16}")
 #: the longest ``owner`` a shard may hold (a model key and a strategy key are far shorter)
 MAX_OWNER_BYTES = 256
+#: a ZIP member's local header: signature, versions, flags, method, time, date, crc, sizes, name and extra lengths
+LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 
 
 class CacheShardError(LmembedError, ValueError):
@@ -97,28 +102,58 @@ def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
     atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 
+@dataclass(frozen=True)
+class _Shard:
+    """Where a shard's vectors lie in its file (an uncompressed ``.npz``: ``vectors.npy``'s data at ``offset``), and
+    the file as it was when its keys were read: a lookup reads the rows it needs from there, and a file changed since
+    is read again whole (its checks with it) before any row of it is served."""
+
+    path: Path
+    offset: int
+    rows: int
+    width: int
+    stat: tuple[int, int, int]  # inode, size, modification time (ns)
+
+
+def _stat_of(path: Path) -> tuple[int, int, int]:
+    info = path.stat()
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+#: a lookup that wants more than this share of a shard's rows reads its vectors whole (one read), else row by row
+WHOLE_SHARD_SHARE = 0.125
+
+
 class EmbeddingCache:
     """Raw pooled vectors of one (model, strategy) pair, looked up by text. Its folder's shards are read once each:
     a lookup reads only the shards written since the last one (by this process or another), so an engine that keeps
-    its cache across calls does not read every earlier call's shard again at each call."""
+    its cache across calls does not read every earlier call's shard again at each call.
+
+    Only the keys stay in memory, each with its shard and row; a lookup reads the vectors it finds from the shard
+    files. The cache of a long run (an index build, a corpus encoded with the cache on) held every vector it had
+    computed, as much again as the vectors being built."""
 
     def __init__(self, root: Path, model_fingerprint: str, strategy_fingerprint: str, width: int | None = None) -> None:
         self.dir = Path(root) / model_fingerprint / strategy_fingerprint
         self.width = width  # the raw vectors' width, where the caller knows it: a shard of another is skipped
-        self._index: dict[bytes, np.ndarray] | None = None
+        self._index: dict[bytes, tuple[int, int]] | None = None  # key -> (shard number, row)
+        self._shards: list[_Shard | None] = []  # None: a shard found changed, whose rows are no longer served
         self._read: set[str] = set()  # the shards in the index (read, skipped as damaged, or written here)
+        self._lock = threading.Lock()  # threads sharing an engine share its caches
 
-    def _load(self) -> dict[bytes, np.ndarray]:
+    def _load(self) -> dict[bytes, tuple[int, int]]:
         shards = sorted(self.dir.glob("*.npz")) if self.dir.exists() else []
         if self._index is None or not self._read <= {shard.name for shard in shards}:
-            self._index, self._read = {}, set()  # first read, or shards removed (`cache clear`): read it all again
+            self._index, self._shards, self._read = {}, [], set()  # first read, or shards removed: read all again
         for shard in shards:
             if shard.name.startswith(TEMP_PREFIX) or shard.name in self._read:
                 continue
             self._read.add(shard.name)
             try:
+                before = _stat_of(shard)
                 keys, vectors = read_shard(shard, self.width)
-            except CacheShardError as exc:
+                self._register(shard, keys, vectors.shape, before)
+            except (CacheShardError, OSError, ValueError, zipfile.BadZipFile) as exc:
                 root = self.dir.parent.parent
                 log.warning(
                     "skipping %s; its texts are encoded again (`lmembed cache clear --damaged --directory %s` "
@@ -126,19 +161,79 @@ class EmbeddingCache:
                     exc,
                     root,
                 )
-                continue
-            for key, vector in zip(keys, vectors, strict=True):
-                self._index[key.tobytes()] = vector
         return self._index
 
+    def _register(self, path: Path, keys: np.ndarray, shape: tuple[int, ...], stat: tuple[int, int, int]) -> None:
+        """Index a shard whose arrays were read and checked from the file as ``stat`` describes it."""
+        assert self._index is not None
+        if _stat_of(path) != stat:  # replaced while it was read: read again at the next lookup
+            self._read.discard(path.name)
+            return
+        slot = len(self._shards)
+        self._shards.append(_Shard(path, vectors_offset(path), int(shape[0]), int(shape[1]), stat))
+        for row, key in enumerate(keys):
+            self._index[key.tobytes()] = (slot, row)
+
     def __len__(self) -> int:
-        return len(self._load())
+        with self._lock:
+            return len(self._load())
 
     def lookup(self, keys: Sequence[bytes]) -> tuple[list[np.ndarray | None], list[int]]:
         """Cached vectors in order (None where missing) and the positions that are missing."""
+        with self._lock:
+            return self._lookup(keys)
+
+    def _lookup(self, keys: Sequence[bytes]) -> tuple[list[np.ndarray | None], list[int]]:
         index = self._load()
-        found = [index.get(k) for k in keys]
+        places = [index.get(k) for k in keys]
+        found: list[np.ndarray | None] = [None] * len(keys)
+        wanted: dict[int, list[int]] = {}
+        for i, place in enumerate(places):
+            if place is not None:
+                wanted.setdefault(place[0], []).append(i)
+        for slot, positions in wanted.items():
+            shard = self._shards[slot]
+            rows = self._rows(slot, shard, [places[i][1] for i in positions])  # type: ignore[index]
+            if rows is None:
+                continue
+            for i, vector in zip(positions, rows, strict=True):
+                found[i] = vector
         return found, [i for i, v in enumerate(found) if v is None]
+
+    def _rows(self, slot: int, shard: _Shard | None, rows: list[int]) -> np.ndarray | None:
+        """``rows`` of a shard's vectors, read from its file; None (and the shard dropped from the index, to be read
+        again whole at the next lookup) when the file is no longer the one whose keys were read, or its rows fail."""
+        if shard is None:
+            return None
+        try:
+            if _stat_of(shard.path) != shard.stat:
+                raise CacheShardError(f"{shard.path}: changed since its keys were read")
+            row_bytes = shard.width * 4
+            with shard.path.open("rb") as handle:
+                if len(rows) > WHOLE_SHARD_SHARE * shard.rows:
+                    handle.seek(shard.offset)
+                    block = np.frombuffer(handle.read(shard.rows * row_bytes), dtype=np.float32)
+                    out = block.reshape(shard.rows, shard.width)[rows]
+                else:
+                    out = np.empty((len(rows), shard.width), dtype=np.float32)
+                    for j, row in enumerate(rows):
+                        handle.seek(shard.offset + row * row_bytes)
+                        out[j] = np.frombuffer(handle.read(row_bytes), dtype=np.float32)
+            if not np.isfinite(out).all():
+                raise CacheShardError(f"{shard.path}: vectors hold NaN or infinite values")
+            return out
+        except (CacheShardError, OSError, ValueError) as exc:
+            log.warning("not serving %s; its texts are encoded again", exc)
+            self._drop(slot)
+            return None
+
+    def _drop(self, slot: int) -> None:
+        shard = self._shards[slot]
+        if shard is None or self._index is None:
+            return
+        self._shards[slot] = None
+        self._index = {k: place for k, place in self._index.items() if place[0] != slot}
+        self._read.discard(shard.path.name)  # read again whole, with its checks, at the next lookup
 
     def store(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
         if len(keys) == 0:
@@ -147,10 +242,19 @@ class EmbeddingCache:
         key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES)
         path = self.dir / f"{uuid.uuid4().hex}.npz"
         atomic_save_npz(path, keys=key_array, vectors=vectors, owner=shard_owner(self.dir))
-        if self._index is not None:
-            self._read.add(path.name)  # an index not read yet will find the new shard when it is
-            for key, vector in zip(keys, vectors, strict=True):
-                self._index[key] = vector
+        self._written(path, key_array, vectors.shape)
+
+    def _written(self, path: Path, keys: np.ndarray, shape: tuple[int, ...]) -> None:
+        """Index a shard this cache has just written (an index not read yet finds it when it is)."""
+        with self._lock:
+            if self._index is None:
+                return
+            self._read.add(path.name)
+            try:
+                self._register(path, keys, shape, _stat_of(path))
+            except (OSError, ValueError, zipfile.BadZipFile) as exc:  # removed or replaced at once by another process
+                log.debug("%s: not indexed after writing (%s)", path, exc)
+                self._read.discard(path.name)
 
     # ------------------------------------------------------------------ named shards (sharded jobs)
     def shard_path(self, name: str) -> Path:
@@ -173,10 +277,7 @@ class EmbeddingCache:
             raise ValueError(f"shard {name!r}: {len(keys)} keys for {len(vectors)} vectors")
         path = self.shard_path(name)
         atomic_save_npz(path, keys=keys, vectors=vectors, owner=shard_owner(self.dir))
-        if self._index is not None:
-            self._read.add(path.name)
-            for key, vector in zip(keys, vectors, strict=True):
-                self._index[key.tobytes()] = vector
+        self._written(path, keys, vectors.shape)
         return path
 
 
@@ -227,6 +328,25 @@ def read_shard(path: str | Path, width: int | None = None) -> tuple[np.ndarray, 
     if not np.isfinite(vectors).all():
         raise CacheShardError(f"{path}: vectors hold NaN or infinite values")
     return keys, vectors
+
+
+def vectors_offset(path: Path) -> int:
+    """Where the data of a shard's ``vectors.npy`` begins in the file: the member's local header (whose name and extra
+    field lengths are read from the file itself, not the central directory) and the array's ``.npy`` header."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("vectors.npy")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"{path}: vectors.npy is compressed; lmembed writes shards uncompressed")
+        with archive.open(info) as member:
+            read_npy_header(member, info.file_size)
+            header_bytes = member.tell()
+    with path.open("rb") as handle:
+        handle.seek(info.header_offset)
+        local = handle.read(LOCAL_HEADER.size)
+    if len(local) != LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
+        raise ValueError(f"{path}: vectors.npy has no local header where the archive says")
+    name_length, extra_length = LOCAL_HEADER.unpack(local)[-2:]
+    return info.header_offset + LOCAL_HEADER.size + name_length + extra_length + header_bytes
 
 
 def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], np.dtype]:
