@@ -48,6 +48,9 @@ TEXTS = [
     "science result text",
     "longer text of the movie",
     "food on the rug",
+    " ",  # a byte-level BPE tokenises it to a prefix space "Ġ" of no text of its own: pooled, as the reference does
+    "\t the dog",
+    "猫 the cat",
 ]
 EXACT = 0.9999
 #: Families whose sentence-transformers folder lmembed cannot load itself: their model is wrapped instead.

@@ -47,8 +47,9 @@ KEY_BYTES = 16
 #: The version of the code between a text and its vector that no fingerprint sees (how inputs are built, cut and
 #: pooled): raised whenever a change to it can change a vector, so the cache (and an experiment's runs) made by an
 #: earlier lmembed are not served as this one's. 2: a wrapped long text is cut as a whole at the limit, a left-
-#: truncating tokenizer keeps a text's end (stop 59).
-ENCODING_VERSION = 2
+#: truncating tokenizer keeps a text's end (stop 59). 3: a whole text pools every token, one of no text of its own
+#: (a byte-level BPE's prefix space) included (stop 60).
+ENCODING_VERSION = 3
 #: the names the cache gives its folders: ``<model key>/<strategy key>/`` (:func:`model_key`: the backbone's
 #: fingerprint, then the backend's tag; ``EmbeddingConfig.fingerprint``)
 MODEL_DIR_NAME = re.compile(r"[0-9a-f]{32}(-[\w.]+)*")
