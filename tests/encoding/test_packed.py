@@ -70,6 +70,27 @@ def test_packed_detects_a_leak_between_texts(make_embedder, one_torch_thread):
     assert not torch.allclose(right[0, :first], wrong[0, :first], atol=1e-3)
 
 
+@pytest.mark.parametrize("model_type", ["mpnet", "deberta-v2"])
+def test_packed_refuses_a_model_that_computes_attention_itself(model_type, one_torch_thread, monkeypatch):
+    """MPNet, DeBERTa and others never call transformers' attention interface: the packed kernel was not used, and
+    every text of a row attended to the others (cosine 0.69-0.78 to the padded vectors). Refused by the class's own
+    word, and, were that word wrong, by a probe that packs a text after another."""
+    from transformers import AutoModel
+
+    from family_builders import family_config, family_tokenizer
+    from lmembed import Embedder
+
+    tokenizer = family_tokenizer(model_type)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(family_config(model_type, len(tokenizer))).eval()
+    emb = Embedder.from_model(model, tokenizer, EmbeddingConfig(pooling="mean"), use_cache=False, show_progress=False)
+    with pytest.raises(ConfigError, match=f"model_type='{model_type}' computes attention in its own code"):
+        encode_packed(emb.engine, TEXTS, emb.config)
+    monkeypatch.setattr(type(model), "_supports_attention_backend", True)  # a class that claims what it does not do
+    with pytest.raises(ConfigError, match="let a text attend to another packed in the same row"):
+        encode_packed(emb.engine, TEXTS, emb.config)
+
+
 def test_pack_and_unpack_shapes():
     batch = pack([[5, 6, 7], [8], [9, 10]], start=2)
     assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, 10]]

@@ -225,15 +225,46 @@ def packed_hidden_states(
     return states
 
 
+#: how far a text's states may move when another text is packed before it (float rounding of a longer row)
+ISOLATION_TOLERANCE = 1e-4
+
+
 def _check_supported(engine: EncodingEngine, config: EmbeddingConfig) -> None:
     where = "packed encoding"
     if engine.backend.name != "torch":
         raise ConfigError(f"{where} runs on the torch backend, not {engine.backend.name!r}")
+    model = engine.backbone.model
+    if not getattr(type(model), "_supports_attention_backend", False):
+        # MPNet, DeBERTa, RemBERT, I-BERT, ConvBERT, BigBird, Megatron-BERT ... compute attention in their own code:
+        # the packed kernel is never called, and every text of a row attended to the others (cosine 0.69-0.98)
+        raise ConfigError(
+            f"{where}: model_type={getattr(model.config, 'model_type', '?')!r} computes attention in its own code, "
+            "not through transformers' attention interface, so texts packed in one row would attend to each other; "
+            "encode it padded (the engine's default)"
+        )
     if config.head or config.pooling not in STATELESS_POOLERS:
         raise ConfigError(f"{where}: pooling={config.pooling!r} with a head is not supported (no pooling heads)")
     num_layers = engine.backbone.num_layers
     if config.final_norm is False and num_layers in {normalize_layer(x, num_layers) for x in config.layers}:
         raise ConfigError(f"{where}: final_norm=False on the last layer is not supported")
+
+
+def _check_isolated(model: nn.Module, start: int, depth: int, is_decoder: bool, device: torch.device) -> None:
+    """Packing must keep each text to itself, whatever the model's class says: a short text's states alone and
+    after another text in the same row must agree (the other text first, so a causal model's leak shows too)."""
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if vocab < 16:
+        return
+    text, other = [5, 9, 13, 7, 11], [8, 12, 6, 10]
+    alone = packed_hidden_states(model, pack([text], device, start), depth=depth, is_decoder=is_decoder)[-1]
+    beside = packed_hidden_states(model, pack([other, text], device, start), depth=depth, is_decoder=is_decoder)[-1]
+    a, b = alone[0].float(), beside[0, len(other) :].float()
+    moved = float((a - b).abs().max()) / max(1.0, float(a.abs().max()))
+    if moved > ISOLATION_TOLERANCE:
+        raise ConfigError(
+            f"packed encoding: model_type={getattr(model.config, 'model_type', '?')!r} let a text attend to another "
+            f"packed in the same row (its states moved by {moved:.2e}); encode it padded (the engine's default)"
+        )
 
 
 def encode_packed(
@@ -263,6 +294,7 @@ def encode_packed(
     out = np.empty((len(features), backbone.hidden_size), dtype=np.float32)
     with backbone.modes.hold(mode), torch.inference_mode():
         engine.backend.prepare([config], mode)  # a decoder's attention mode: the modules' is_causal flags
+        _check_isolated(model, start, depth, backbone.is_decoder, backbone.device)
         for chunk in plan_batches([len(f) for f in features], batch_size, max_batch_tokens):
             batch = pack([features[j].input_ids for j in chunk], backbone.device, start)
             hidden = packed_hidden_states(model, batch, depth=depth, is_decoder=backbone.is_decoder)
