@@ -619,3 +619,16 @@ def test_the_cache_keeps_keys_in_memory_and_reads_rows_from_its_shards(tmp_path,
     assert said[1].startswith(f"skipping {first}: not a readable cache shard (Bad CRC-32"), said
     served = [i for i in range(300) if i not in missing]
     assert np.array_equal(np.array([again[i] for i in served]), vectors[served])
+
+
+@pytest.mark.bundled
+def test_torch_int8_on_minilm_warns_with_its_gap():
+    """minilm in torch's dynamic int8 drifts past the int8 gate (min cosine about 0.96): said at load, as ONNX's
+    int8 says it, not served in silence."""
+    from conftest import bundled_or_skip
+
+    bundled_or_skip("minilm")
+    with pytest.warns(UserWarning, match=r"torch int8 quality gate failed for .*: min cosine 0\.9\d+ < 0\.99"):
+        emb = Embedder.from_pretrained("minilm", backend="torch", precision="int8", cache=False, show_progress=False)
+    (report,) = emb.backend.quality.values()
+    assert not report.passed and report.texts == 32

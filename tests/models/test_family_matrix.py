@@ -193,6 +193,25 @@ def test_torch_dynamic_int8_numbers_positions_the_same_way(built, model_type):
     assert cosines(ours, reference).min() >= quality.MIN_COSINE
 
 
+def test_torch_dynamic_int8_is_gated_against_the_float_model_it_was_made_from(built):
+    """torch's dynamic int8 had no gate (minilm read at min cosine 0.96 to float32 without a word): it is measured at
+    load on GATE_TEXTS against the float model it was quantised from, reported, and the float model dropped."""
+    int8 = built.embedder("roberta", backend="torch", precision="int8")
+    (report,) = int8.backend.quality.values()
+    assert int8.backend.describe()["quality_gate"][int8.config.label()]["texts"] == len(quality.GATE_TEXTS)
+    assert int8.backbone.float_reference is None
+    texts = list(quality.GATE_TEXTS)
+    expected = quality.gate(built.embedder("roberta").encode(texts), int8.encode(texts))
+    assert report == expected and report.min_cosine < 1.0
+
+
+def test_torch_dynamic_int8_refuses_a_model_it_would_barely_quantise(built):
+    """I-BERT's QuantLinear layers are not nn.Linear: one Linear layer of 13 was quantised, and it ran as float32
+    labelled int8 (vectors bit-identical to float32)."""
+    with pytest.raises(ModelLoadError, match=r"model_type='ibert' keeps 9\d% of its weight matrices in layers"):
+        built.embedder("ibert", backend="torch", precision="int8")
+
+
 def test_positions_follow_each_convention():
     right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])

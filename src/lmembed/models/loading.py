@@ -45,6 +45,8 @@ class Backbone:
     device: torch.device
     _fingerprint: str | None = field(default=None, repr=False)  # the weights' part, where hashed at load (int8)
     quantization: str | None = None  # "int8": torch's dynamic int8 Linear modules (``quantize="int8"``)
+    #: int8: the float model it was quantised from, kept until its quality gate has read it (then dropped)
+    float_reference: nn.Module | None = field(default=None, repr=False, compare=False)
     _key: str | None = field(default=None, init=False, repr=False, compare=False)  # fingerprint(), once computed
     _stamp: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)  # _key's state
     #: who runs the model now, in which attention mode (Embedders made with ``with_config`` share it, and threads)
@@ -364,8 +366,9 @@ def load_backbone(
     if tokenizer is None:
         tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     check_token_ids(tokenizer, model, path)
-    fingerprint = None
+    fingerprint, reference = None, None
     if quantize is not None:
+        reference = model
         model, fingerprint = quantize_int8(model, quantize, torch_device)
     log.info("loaded %s in %.1f s", name_or_path, time.perf_counter() - start)
     return Backbone(
@@ -378,6 +381,7 @@ def load_backbone(
         device=torch_device,
         _fingerprint=fingerprint,
         quantization=quantize,
+        float_reference=reference,
     )
 
 
@@ -578,6 +582,19 @@ def _int8_skipped(name: str) -> bool:
     return is_bert_ffn_out or name.endswith(INT8_SKIP)
 
 
+#: the least share of a model's weight matrices (embeddings aside) torch's dynamic int8 must quantise
+MIN_INT8_SHARE = 0.5
+
+
+def _int8_share(model: nn.Module, targets: set[str]) -> float:
+    """The share of ``model``'s weight matrices (parameters of two or more dimensions, embedding tables aside) held by
+    the Linear layers ``targets`` names: what dynamic int8 quantises of it."""
+    tables = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    total = sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in tables)
+    quantised = sum(m.weight.numel() for name, m in model.named_modules() if name in targets)
+    return quantised / total if total else 0.0
+
+
 def quantize_int8(model: nn.Module, scheme: str, device: torch.device) -> tuple[nn.Module, str]:
     """Dynamic int8 quantisation (per-channel weights) of the Linear layers, except the FFN output
     projections; returns the model and its cache fingerprint."""
@@ -594,6 +611,13 @@ def quantize_int8(model: nn.Module, scheme: str, device: torch.device) -> tuple[
         for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and not _int8_skipped(name)
     }
+    share = _int8_share(model, set(targets))
+    if share < MIN_INT8_SHARE:  # I-BERT's QuantLinear layers are not nn.Linear: it ran as float32, labelled int8
+        raise ModelLoadError(
+            f"quantize='int8': model_type={getattr(model.config, 'model_type', '?')!r} keeps {1 - share:.0%} of its "
+            "weight matrices in layers torch's dynamic int8 does not quantise (it quantises nn.Linear), so it would "
+            "run almost as float32 under an int8 label; use precision='float32', or backend='onnx' with int8"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao deprecation notice
         return quantize_dynamic(model, targets, dtype=torch.qint8), fingerprint

@@ -150,6 +150,13 @@ class TorchBackend(Backend):
         self._positions = position_convention(backbone.model, backbone.is_decoder)
         self._padding_idx = getattr(backbone.model.config, "pad_token_id", None)
         self._accepts_cache_flag = "use_cache" in params
+        self.quality: dict[str, Any] = {}  # torch's dynamic int8: its gate report at load, by strategy label
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        if self.quality:
+            out["quality_gate"] = {label: report.to_dict() for label, report in self.quality.items()}
+        return out
 
     def cache_tag(self) -> str:
         # The weights fingerprint already covers dtype and torch's own int8 modules: the reference adds nothing,

@@ -33,6 +33,42 @@ import numpy as np
 from lmembed.pooling.normalize import unit_rows
 
 MIN_COSINE = 0.99
+#: what torch's dynamic int8 (``backend="torch", precision="int8"``) is gated on when it is loaded: it has no
+#: calibration texts of the user's, so short and long sentences of several kinds, read with the float32 model first
+GATE_TEXTS = (
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A man is riding a horse.",
+    "A woman is playing violin.",
+    "Two men pushed carts through the woods.",
+    "A monkey is playing drums.",
+    "The cat sat on the mat while the dog slept on the rug by the door.",
+    "Scurvy is caused by a lack of vitamin C in the diet.",
+    "Sailors on long voyages suffered from scurvy until citrus fruit was carried aboard.",
+    "What causes the seasons on Earth?",
+    "The tilt of the Earth's axis makes the seasons, not its distance from the Sun.",
+    "How do vaccines train the immune system?",
+    "Vaccines expose the immune system to a harmless part of a pathogen so that it remembers it.",
+    "Protein folding determines the shape and function of enzymes in the cell.",
+    "Mutations in the BRCA1 gene raise the risk of breast cancer.",
+    "The stock market fell sharply after the central bank raised interest rates.",
+    "Inflation measures how quickly prices rise across an economy.",
+    "To install the package, run the installer and restart the computer.",
+    "The function returns None when the list is empty.",
+    "Paris is the capital and most populous city of France.",
+    "The Great Wall of China stretches for thousands of kilometres.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen.",
+    "A black hole is a region of spacetime from which nothing can escape.",
+    "The recipe calls for two cups of flour, one egg and a pinch of salt.",
+    "The team won the championship after a dramatic penalty shoot-out.",
+    "hello",
+    "search engines rank documents by relevance",
+    "neural networks learn representations of text",
+    "the quick brown fox jumps over the lazy dog",
+    "Rain is expected tomorrow afternoon with strong winds along the coast.",
+    "Reading before bed can improve the quality of sleep.",
+)
 MIN_NEIGHBOUR_NDCG = 0.985
 NEIGHBOURS = 10
 
