@@ -258,7 +258,8 @@ class Embedder:
         :mod:`lmembed.encoding.backends.cuda_graphs`). ``precision="int8"`` quantises (on ONNX Runtime unless
         ``backend="torch"``, which uses torch's dynamic int8): it is calibrated on the first texts encoded (or
         on :meth:`calibrate`'s) and checked by a quality gate that warns with the gap when int8 vectors drift
-        from float32 ones (torch's, which has nothing to calibrate, is gated at load on ``quality.GATE_TEXTS``); on ONNX Runtime each token row is quantised on its own range, so an int8 vector does not
+        from float32 ones (torch's, which has nothing to calibrate, is gated at load on ``quality.GATE_TEXTS``);
+        on ONNX Runtime each token row is quantised on its own range, so an int8 vector does not
         depend on which texts share its batch beyond float32's own rounding (measured per model by
         ``bench/int8_products.py --graphs``: bench/results/int8-products/). ``quantize="int8"`` is the older spelling of
         ``precision="int8"``. ``threads`` sets the ONNX Runtime threads (default: torch's); ``max_batch_tokens``
