@@ -257,8 +257,9 @@ def test_symmetric_rows_instruct_their_documents(tmp_path, tokenizer):
     ]
     data = write_jsonl(tmp_path / "sts.jsonl", rows)
     cfg = make_config(tmp_path, data, batch_size=8, grad_cache_chunk=2)
-    batch = Trainer(cfg, model=tiny_embedder(tokenizer)).sampler.batch(0)
-    positives, negatives = Trainer.document_instructions(None, batch)  # type: ignore[arg-type]
+    trainer = Trainer(cfg, model=tiny_embedder(tokenizer))
+    batch = trainer.sampler.batch(0)
+    positives, negatives = trainer.document_instructions(batch)
     assert sorted(batch.symmetric) == [False] * 4 + [True] * 4
     assert positives == ["same" if flag else None for flag in batch.symmetric] and negatives == positives
     whole = make_config(tmp_path, data, data=[{"path": str(data), "symmetric": True}])
@@ -267,6 +268,31 @@ def test_symmetric_rows_instruct_their_documents(tmp_path, tokenizer):
     (tmp_path / "bad.jsonl").write_text(json.dumps({**rows[0], "symmetric": "yes"}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: field .symmetric"):
         Trainer(make_config(tmp_path, tmp_path / "bad.jsonl"), model=tiny_embedder(tokenizer))
+
+
+def test_queries_and_documents_are_trained_as_the_saved_model_reads_them(tmp_path, tokenizer, data_file):
+    """A strategy's query and document instructions were not used in training (its queries trained bare, then
+    served wrapped: cosine 0.77 between the two); an instruction given for training (``--instruction``) was lost on
+    saving; a dot-product objective saved a normalised cosine model. Each is now as training had it."""
+    instructed = tiny_embedder(tokenizer, query_instruction="find the cat", document_instruction="a passage")
+    trainer = Trainer(make_config(tmp_path, data_file, steps=1), model=instructed)
+    batch = trainer.sampler.batch(0)
+    own = list(batch.instructions)  # the rows' own: one row says "find the study", the others nothing
+    assert trainer.query_instructions(batch) == [i if i is not None else "find the cat" for i in own]
+    assert trainer.document_instructions(batch)[0] == ["a passage"] * len(batch)
+
+    given = make_config(
+        tmp_path, data_file, output=str(tmp_path / "given"), steps=1, lora=False, similarity="dot",
+        data=[{"path": str(data_file), "instruction": "retrieve the answer"}],
+    )  # fmt: skip
+    folder = Trainer(given, model=tiny_embedder(tokenizer)).train().model_dir
+    strategy = json.loads((folder / "lmembed.json").read_text())["strategy"]
+    assert strategy["query_instruction"] == "retrieve the answer"
+    assert (strategy["normalize"], strategy["similarity"]) == (False, "dot")
+    card = (folder / "README.md").read_text()
+    assert "| query instructions | retrieve the answer |" in card and "| similarity | dot |" in card
+    loaded = Embedder.from_pretrained(str(folder), cache=False, show_progress=False)
+    assert loaded.config.query_instruction == "retrieve the answer" and not loaded.config.normalize
 
 
 def test_loss_construction(tmp_path, data_file):

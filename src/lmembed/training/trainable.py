@@ -214,6 +214,8 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
     ) -> None:
         super().__init__()
         self.embedder = embedder
+        #: the strategy a save writes, where training changed it (``Trainer.trained_strategy``); else ``config``
+        self.saved_strategy: EmbeddingConfig | None = None
         self.model = embedder.backbone.model
         self.head = embedder.pooling_head
         self._peft: list[Any] = []  # a list keeps peft's wrapper out of this module's children
@@ -427,9 +429,8 @@ class TrainableEmbedder(TrainedTensors, nn.Module):
     def _clone_embedder(self, model: nn.Module) -> Embedder:
         backbone = dataclasses.replace(self.embedder.backbone, model=model, _fingerprint=None)
         terms = self.embedder.engine.terms  # a term channel is fitted, not trained: it is saved as it came
-        clone = Embedder(
-            backbone, self.config, pooling_head=self.head, terms=terms, use_cache=False, show_progress=False
-        )
+        strategy = self.saved_strategy or self.config
+        clone = Embedder(backbone, strategy, pooling_head=self.head, terms=terms, use_cache=False, show_progress=False)
         # what the model was made from, for the saved card: its base model, and the published family it was read as
         clone.base_model, clone.published = self.embedder.base_model, self.embedder.published
         return clone

@@ -59,6 +59,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lmembed.atomic import atomic_folder, atomic_write_text, file_lock
+from lmembed.config import EmbeddingConfig
 from lmembed.embedder import Embedder
 from lmembed.errors import ConfigError
 from lmembed.model_card import TrainingRecord
@@ -324,14 +325,29 @@ class Trainer:
         self.step += 1
         return record
 
+    def query_instructions(self, batch: TrainBatch) -> list[str | None]:
+        """The instruction each query of a batch is embedded with: its row's (or its source's), else the strategy's
+        ``query_instruction``, the one ``encode_queries`` gives the saved model's queries (a model whose strategy
+        held one was trained on bare queries, then served them wrapped)."""
+        default = self._strategy.query_instruction if self._strategy is not None else None
+        return [instr if instr is not None else default for instr in batch.instructions]
+
+    @property
+    def _strategy(self) -> EmbeddingConfig | None:
+        """The strategy of the embedder being trained (None for a reranker)."""
+        return self.model.config if isinstance(self.model, TrainableEmbedder) else None
+
     def document_instructions(self, batch: TrainBatch) -> tuple[list[str | None], list[str | None]]:
         """Instructions for the positives and for the (flattened) negatives of a batch.
 
-        Documents are embedded as they are, except in symmetric rows (STS pairs: the same kind of
-        text on both sides), whose positive and negatives get the row's instruction as well.
+        Documents are embedded as ``encode_corpus`` embeds them (with the strategy's ``document_instruction``, if
+        any), except in symmetric rows (STS pairs: the same kind of text on both sides), whose positive and
+        negatives get the row's query instruction as well.
         """
         marked = batch.symmetric or [False] * len(batch)
-        positives = [instr if same else None for instr, same in zip(batch.instructions, marked, strict=True)]
+        document = self._strategy.document_instruction if self._strategy is not None else None
+        queries = self.query_instructions(batch)
+        positives = [instr if same else document for instr, same in zip(queries, marked, strict=True)]
         return positives, [instr for instr in positives for _ in range(batch.num_negatives)]
 
     def _plain_backward(self, batch: TrainBatch) -> torch.Tensor:
@@ -339,7 +355,7 @@ class Trainer:
         rows, negatives = len(batch), batch.num_negatives
         texts = batch.queries + batch.positives + batch.flat_negatives
         positive_instructions, negative_instructions = self.document_instructions(batch)
-        instructions = batch.instructions + positive_instructions + negative_instructions
+        instructions = self.query_instructions(batch) + positive_instructions + negative_instructions
         embeddings = self.module(**self.model.tokenize(texts, instructions))
         query, positive = embeddings[:rows], embeddings[rows : 2 * rows]
         negative = embeddings[2 * rows :].reshape(rows, negatives, -1) if negatives else None
@@ -374,7 +390,7 @@ class Trainer:
             no_sync=no_sync,
         )
         positive_instructions, negative_instructions = self.document_instructions(batch)
-        queries = self.model.tokenize(batch.queries, batch.instructions)
+        queries = self.model.tokenize(batch.queries, self.query_instructions(batch))
         positives = self.model.tokenize(batch.positives, positive_instructions)
         negatives = self.model.tokenize(batch.flat_negatives, negative_instructions) if batch.num_negatives else None
         return cache(queries, positives, negatives, **self._loss_inputs(batch, self.dist.device))
@@ -614,6 +630,26 @@ class Trainer:
         found = ckpt.list_checkpoints(self.output)
         return found[-1][0] if found else -1
 
+    def trained_strategy(self) -> EmbeddingConfig:
+        """The strategy the trained model is saved with: the loaded one, with what training decided over it. The
+        one instruction every query was trained with becomes its ``query_instruction`` (``--instruction X`` was
+        used in training and lost on saving: the saved model's queries were then read bare); a dot-product
+        objective saves the vectors unnormalised and scored by dot product (it saved a normalised cosine model)."""
+        strategy = self._strategy
+        assert strategy is not None
+        changes: dict[str, Any] = {}
+        trained = {source.instruction or strategy.query_instruction for source in self._sources()}
+        if len(trained) == 1 and (only := next(iter(trained))) is not None and only != strategy.query_instruction:
+            changes["query_instruction"] = only
+        if self.config.similarity == "dot" and (strategy.normalize or strategy.similarity != "dot"):
+            changes.update(normalize=False, similarity="dot")
+        if changes:
+            log.info("the trained model is saved with %s (how it was trained)", changes)
+        return strategy.with_options(**changes) if changes else strategy
+
+    def _sources(self) -> list[DataSource]:
+        return [DataSource.parse(d) for d in self.config.data]
+
     def training_record(self) -> TrainingRecord:
         """What the saved model's card says of this run: its settings and the papers of its loss and techniques."""
         config = self.config
@@ -639,6 +675,11 @@ class Trainer:
         sources = [DataSource.parse(d) for d in config.data]
         names = [source.name or Path(source.path).name for source in sources]
         settings["data"] = ", ".join(names) if names else "(none)"
+        instructions = sorted({source.instruction for source in sources if source.instruction})
+        if instructions:
+            settings["query instructions"] = "; ".join(instructions)
+        if config.similarity != "cosine":
+            settings["similarity"] = config.similarity
         settings["seed"] = config.seed
         if self.card is not None:
             settings = {**self.card.settings, **settings}
@@ -660,6 +701,8 @@ class Trainer:
             # the model before stays under its name until the new one is whole and renamed in (never neither)
             with atomic_folder(target) as scratch:
                 embedder = isinstance(self.model, TrainableEmbedder)  # a reranker's folder has no card
+                if embedder:
+                    self.model.saved_strategy = self.trained_strategy()
                 card = {"training": self.training_record(), "name": target.name} if embedder else {}
                 self.model.save(scratch, merge_lora=merge, in_place=merge, adapter_base=target, full_state=full, **card)
         self.dist.barrier()
