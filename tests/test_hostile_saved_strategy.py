@@ -138,6 +138,31 @@ def test_a_saved_strategy_layer_out_of_range_names_the_file_and_the_field(saved,
     assert str(record) in one_line(result.output) and "strategy.layer" in one_line(result.output)
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"dim": 64}, "strategy.dim: dim=64 is larger than the model's vector width (32)"),
+        ({"max_length": 100000}, "strategy.max_length: max_length=100000:"),  # loaded in silence
+        ({"attention": "causal"}, "strategy.attention: attention='causal':"),
+    ],
+)
+def test_a_saved_strategy_the_model_cannot_honour_names_the_file_and_the_field(saved, options, said):
+    """A saved strategy is held to the rules an option given by the caller is held to, and the refusal names the
+    file: ``dim`` was refused naming neither, ``max_length`` past the model's positions loaded in silence."""
+    record = set_strategy(saved, **options)
+    with pytest.raises(ModelLoadError) as caught:
+        load(saved)
+    assert str(caught.value).startswith(f"{record}: {said}"), caught.value
+
+
+def test_a_saved_record_with_a_field_of_its_own_is_refused_naming_it(saved):
+    record = saved / STRATEGY_FILE
+    meta = json.loads(record.read_text())
+    record.write_text(json.dumps({**meta, "pooling_override": "cls"}))
+    with pytest.raises(ModelLoadError, match="pooling_override: not a field of a saved strategy record"):
+        load(saved)
+
+
 # ---------------------------------------------------------------------------------------------- Dense weights
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory) -> Path:

@@ -317,6 +317,8 @@ class Embedder:
         plan.warn_overrides(given)
         head = plan.head(backbone, base)
         terms = plan.terms(backbone, base)
+        if plan.saved is not None:  # a saved folder's lmembed.json (a published folder's files are the authors')
+            _check_recorded(backbone, plan.options, given, plan.sources, strategy, head)
         if base.get("lowercase"):
             apply_lowercase(backbone.tokenizer)
         embedder = cls(
@@ -819,6 +821,33 @@ def _check_given(backbone: Backbone, given: dict[str, Any]) -> None:
         raise ConfigError(
             f"final_norm={given['final_norm']}: {kind} has no final norm after its last layer; the states are "
             "read as they are (leave final_norm unset)"
+        )
+
+
+def _check_recorded(
+    backbone: Backbone,
+    recorded: dict[str, Any],
+    given: dict[str, Any],
+    sources: dict[str, str],
+    strategy: EmbeddingConfig,
+    head: nn.Module | None,
+) -> None:
+    """The options a source's own files set (a saved folder's ``lmembed.json``, a published folder's configs), held
+    to the rules a caller's options are held to, each refusal naming the file and the field: a ``max_length`` past
+    the model's positions loaded in silence, and a ``dim`` past its width was refused naming neither."""
+    for option, value in recorded.items():
+        if option in given:
+            continue
+        where = f"{sources.get(option, backbone.name)}: strategy.{option}"
+        try:
+            _check_given(backbone, {option: value})
+        except ConfigError as exc:
+            raise ModelLoadError(f"{where}: {exc}") from None
+    width = _head_width(head, backbone, strategy) or backbone.hidden_size
+    if "dim" in recorded and "dim" not in given and strategy.dim is not None and strategy.dim > width:
+        raise ModelLoadError(
+            f"{sources.get('dim', backbone.name)}: strategy.dim: dim={strategy.dim} is larger than the model's vector "
+            f"width ({width}); Matryoshka truncation can only shorten vectors"
         )
 
 

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 #: lmembed.json's format: 2 records the sha256 of every other file of the folder (``files``); 1 (before) did not
 SAVED_FORMAT = 2
 FILES_KEY = "files"
+#: the fields of a saved folder's ``lmembed.json`` (:func:`write_strategy_file`): another is refused by name
+SAVED_KEYS = frozenset({"format", "base_model", "is_decoder", "strategy", FILES_KEY, CARD_KEY})
 #: files a saved folder may gain after it was written without being recorded (a Hub repository's card and
 #: attributes, a licence): nothing lmembed or transformers loads; hidden files and folders are left alone too
 UNRECORDED_OK = (CARD_FILE, ".gitattributes", "LICENSE", "LICENSE.md", "LICENSE.txt", "NOTICE")
@@ -363,6 +365,11 @@ def _read_saved(name_or_path: str) -> dict[str, Any] | None:
     saved = read_json(path, error=ModelLoadError, what="saved strategy record", kind=None)
     if not isinstance(saved, dict) or not isinstance(saved.get("strategy"), dict):
         raise ModelLoadError(f"{path}: strategy: not an object of strategy options (not as Embedder.save writes it)")
+    unknown = sorted(set(saved) - SAVED_KEYS)
+    if unknown:
+        raise ModelLoadError(
+            f"{path}: {unknown[0]}: not a field of a saved strategy record (it holds {', '.join(sorted(SAVED_KEYS))})"
+        )
     try:
         EmbeddingConfig.from_dict(saved["strategy"])
     except (ConfigError, TypeError) as exc:
