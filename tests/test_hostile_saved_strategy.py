@@ -142,7 +142,6 @@ def test_a_saved_strategy_layer_out_of_range_names_the_file_and_the_field(saved,
     ("options", "said"),
     [
         ({"dim": 64}, "strategy.dim: dim=64 is larger than the model's vector width (32)"),
-        ({"max_length": 100000}, "strategy.max_length: max_length=100000:"),  # loaded in silence
         ({"attention": "causal"}, "strategy.attention: attention='causal':"),
     ],
 )
@@ -153,6 +152,33 @@ def test_a_saved_strategy_the_model_cannot_honour_names_the_file_and_the_field(s
     with pytest.raises(ModelLoadError) as caught:
         load(saved)
     assert str(caught.value).startswith(f"{record}: {said}"), caught.value
+
+
+def test_a_saved_max_length_past_the_positions_is_refused_naming_the_file(tmp_path):
+    """It loaded in silence (a folder that is not sentence-transformers' too: a decoder read at its last token)."""
+    from conftest import build_tokenizer, tiny_model
+
+    tok = build_tokenizer()
+    emb = Embedder.from_model(tiny_model("llama", len(tok)), tok, EmbeddingConfig(pooling="last"), use_cache=False)
+    folder = emb.save(tmp_path / "decoder")
+    assert not (folder / "modules.json").exists()
+    record = set_strategy(folder, max_length=100000)
+    with pytest.raises(ModelLoadError) as caught:
+        load(folder)
+    assert str(caught.value).startswith(f"{record}: strategy.max_length: max_length=100000:"), caught.value
+
+
+@pytest.mark.parametrize(
+    ("options", "said"), [({"pooling": "cls"}, "pooling='cls'"), ({"max_length": 100000}, "max_length=100000")]
+)
+def test_a_strategy_changed_in_lmembed_json_against_the_sentence_transformers_files_is_refused(saved, options, said):
+    """lmembed.json said cls, 1_Pooling/config.json mean: lmembed read cls pooling, sentence-transformers mean pooling
+    of one folder (cosine 0.78 between them)."""
+    record = set_strategy(saved, **options)
+    with pytest.raises(ModelLoadError) as caught:
+        load(saved)
+    assert str(caught.value).startswith(f"{record}: strategy says {said}, but "), caught.value
+    assert "the folder's two records of its strategy disagree" in str(caught.value)
 
 
 def test_a_saved_record_with_a_field_of_its_own_is_refused_naming_it(saved):

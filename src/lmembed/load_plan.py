@@ -43,6 +43,7 @@ from lmembed.models.bundled import BUNDLED, resolve_bundled
 from lmembed.models.loading import Backbone, find_model_dir, is_hub_id, load_backbone
 from lmembed.models.nvembed import NVEmbedCheckpoint, load_nvembed
 from lmembed.models.sentence_transformers_folder import (
+    MODULES_FILE,
     PublishedModel,
     download_published_folder,
     is_sentence_transformers_folder,
@@ -173,6 +174,7 @@ def read_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
         return None
     options = dict(saved["strategy"])
     file = str(Path(name_or_path) / STRATEGY_FILE)
+    _check_agrees_with_sentence_transformers(Path(name_or_path), options)
     return LoadPlan(
         "saved",
         name_or_path,
@@ -182,6 +184,35 @@ def read_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
         saved=saved,
         where=name_or_path,
     )
+
+
+def _check_agrees_with_sentence_transformers(folder: Path, strategy: dict[str, Any]) -> None:
+    """A saved folder that is also sentence-transformers' says its strategy twice: ``lmembed.json`` for lmembed, the
+    module files for sentence-transformers. Both were written from one strategy; where they differ now (the pooling
+    changed by hand in one of them) each library would read its own, and the two give other vectors of one folder
+    (cosine 0.78 for mean against cls), so the folder is refused naming both."""
+    if not is_sentence_transformers_folder(folder):
+        return
+    record = folder / STRATEGY_FILE
+    published = read_published_folder(folder)
+    theirs = published.options
+    config = EmbeddingConfig.from_dict(strategy)
+    ours: dict[str, Any] = {"pooling": config.pooling, "include_prompt": config.include_prompt}
+    if config.max_length is not None:
+        ours["max_length"] = config.max_length
+    prompts = dict(theirs.get("prompts") or {})
+    for side, instruction in (("query", config.query_instruction), ("document", config.document_instruction)):
+        if instruction and side in prompts:
+            ours[f"{side} prompt"] = config.instruction_template.format(instruction=instruction)
+            theirs = {**theirs, f"{side} prompt": prompts[side]}
+    for option, value in ours.items():
+        if option in theirs and theirs[option] != value:
+            source = published.sources.get(option.replace(" prompt", "_instruction"), folder / MODULES_FILE)
+            raise ModelLoadError(
+                f"{record}: strategy says {option}={value!r}, but {source} says {theirs[option]!r}: the folder's two "
+                "records of its strategy disagree (one was changed after it was saved), so lmembed and "
+                "sentence-transformers would read it otherwise; save the model again from its source"
+            )
 
 
 def read_hub_saved(name_or_path: str, torch_int8: bool) -> LoadPlan | None:
