@@ -49,6 +49,7 @@ from lmembed.encoding.inputs import Features, InputBuilder, check_encodable, val
 from lmembed.encoding.pipeline import COLLATE_THREAD, QUEUE_DEPTH, TOKENISE_THREAD, Prefetcher, ReadBack
 from lmembed.errors import ModelLoadError
 from lmembed.io import is_whole_number
+from lmembed.models.families import reads_padding
 from lmembed.models.loading import Backbone, weights_fingerprint
 from lmembed.pooling.poolers import STATELESS_POOLERS
 from lmembed.pooling.terms import TermChannel
@@ -112,26 +113,34 @@ __all__ = [
 
 
 def plan_batches(
-    lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None, window: int | None = None
+    lengths: Sequence[int],
+    batch_size: int,
+    max_batch_tokens: int | None = None,
+    window: int | None = None,
+    *,
+    unpadded: bool = False,
 ) -> list[list[int]]:
     """Indices of ``lengths`` grouped into batches: longest first (an out-of-memory error shows early), at most
     ``batch_size`` per batch and, with ``max_batch_tokens``, at most that many padded tokens (a text longer
     than the budget goes alone). With ``window``, each run of ``window`` consecutive texts is planned on its own
-    (sorted within it), in order: what lets the pipelined engine start computing before every text is tokenised."""
+    (sorted within it), in order: what lets the pipelined engine start computing before every text is tokenised.
+    ``unpadded``: a batch holds texts of one length only (a model that reads padding, ``families.reads_padding``)."""
     _check_window(window)
     if window is not None and window < len(lengths):
         return [
             [first + j for j in chunk]
             for first in range(0, len(lengths), window)
-            for chunk in plan_batches(lengths[first : first + window], batch_size, max_batch_tokens)
+            for chunk in plan_batches(lengths[first : first + window], batch_size, max_batch_tokens, unpadded=unpadded)
         ]
     order = sorted(range(len(lengths)), key=lambda j: -lengths[j])
     batches: list[list[int]] = []
     current: list[int] = []
     for j in order:
         width = lengths[current[0]] if current else lengths[j]
-        full = len(current) >= batch_size or (
-            max_batch_tokens is not None and current and (len(current) + 1) * width > max_batch_tokens
+        full = (
+            len(current) >= batch_size
+            or (max_batch_tokens is not None and current and (len(current) + 1) * width > max_batch_tokens)
+            or (unpadded and lengths[j] != width)
         )
         if full:
             batches.append(current)
@@ -297,6 +306,8 @@ class EncodingEngine:
         self.cache_flush_seconds = CACHE_FLUSH_SECONDS
         tok = backbone.tokenizer
         self.pad_id = next((t for t in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) if t is not None), 0)
+        # a model whose vectors depend on the padding beside a text (ConvBERT) is batched one length at a time
+        self.unpadded = reads_padding(backbone.model, backbone.is_decoder)
         # what the last compute call did (the last to finish, where several threads share the engine); None before
         self.last_run: RunStats | None = None
 
@@ -532,7 +543,8 @@ class EncodingEngine:
 
     def _batches(self, features: list[Features], rows: list[int], batch_size: int) -> Iterator[Batch]:
         window = DEFAULT_PLAN_WINDOW if self.plan_window is None else self.plan_window  # as the pipelined path plans
-        for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens, window):
+        lengths = [len(f) for f in features]
+        for chunk in plan_batches(lengths, batch_size, self.max_batch_tokens, window, unpadded=self.unpadded):
             ids, attn, pool = collate(
                 [features[j] for j in chunk], self.pad_id, self.padding_side, self.backbone.device
             )
@@ -541,9 +553,10 @@ class EncodingEngine:
     def _numpy_batches(self, builder: InputBuilder, texts: Sequence[str], batch_size: int) -> list[tuple]:
         """Padded numpy batches (ids, attention mask, pool mask) of ``texts``: calibration input for backends."""
         features = builder.build_all(texts)
+        lengths = [len(f) for f in features]
         return [
             tuple(t.cpu().numpy() for t in collate([features[j] for j in chunk], self.pad_id, self.padding_side, "cpu"))
-            for chunk in plan_batches([len(f) for f in features], batch_size, self.max_batch_tokens)
+            for chunk in plan_batches(lengths, batch_size, self.max_batch_tokens, unpadded=self.unpadded)
         ]
 
     # ------------------------------------------------------------------ compute
@@ -705,7 +718,8 @@ class EncodingEngine:
                 pending = ahead.submit(tokenise, firsts[k + 1]) if k + 1 < len(firsts) else None
                 stats.tokenise_seconds += seconds
                 stats.tokens += sum(len(f) for f in features)
-                for chunk in plan_batches([len(f) for f in features], job.batch_size, self.max_batch_tokens):
+                lengths = [len(f) for f in features]
+                for chunk in plan_batches(lengths, job.batch_size, self.max_batch_tokens, unpadded=self.unpadded):
                     if stop.is_set():
                         return
                     batch = [features[j] for j in chunk]

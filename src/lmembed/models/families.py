@@ -74,6 +74,9 @@ class EncoderFamily:
     backends: tuple[str, ...] = ALL_BACKENDS
     #: Why a backend is missing from :attr:`backends` (said in the refusal).
     note: str = ""
+    #: Whether a text's vector depends on the padding beside it (the model reads padded positions whatever the
+    #: attention mask says): such a family is batched only with texts of its own length, so it is never padded.
+    reads_padding: bool = False
 
 
 #: Encoder families checked against sentence-transformers (tests/models/test_family_matrix.py): model_type -> its
@@ -94,6 +97,7 @@ ENCODER_FAMILIES: dict[str, EncoderFamily] = {
         COUNTED,
         ("torch", "onnx", "int8"),
         "its span convolutions read the padding beside a text, so the wider batches of cuda-graphs change its vectors",
+        reads_padding=True,
     ),
     "nomic_bert": EncoderFamily(COUNTED),
     "gte": EncoderFamily(COUNTED),
@@ -316,6 +320,11 @@ def check_verified(model: nn.Module, is_decoder: bool, backend: str) -> None:
             f"model_type={_model_type(model)!r} is not checked on the {backend} backend{reason}; it runs on: "
             f"{', '.join(family.backends)}"
         )
+
+
+def reads_padding(model: nn.Module, is_decoder: bool) -> bool:
+    """Whether ``model``'s vectors depend on the padding beside a text (:attr:`EncoderFamily.reads_padding`)."""
+    return not is_decoder and encoder_family(model).reads_padding
 
 
 def position_convention(model: nn.Module, is_decoder: bool) -> str:
