@@ -935,7 +935,7 @@ def _gate_torch_int8(embedder: Embedder, head: nn.Module | None, terms: TermChan
     expected = Embedder(reference, embedder.config, **options).encode(texts)
     report = gate(expected, embedder.without_cache().encode(texts))
     label = embedder.config.label()
-    embedder.backend.quality = {label: report}  # type: ignore[attr-defined]
+    embedder.backend.quality = {label: report}
     if report.passed:
         log.info("torch int8 quality gate passed for %s: %s", label, report.summary())
     else:

@@ -83,9 +83,13 @@ class Backend(ABC):
     calibration_texts: list[str] | None = None
     #: Whether gradients flow through :meth:`states` (training's forward pass runs on such a backend).
     differentiable: bool = False
+    #: int8's quality gate report by strategy label (ONNX Runtime's on held-out calibration texts, torch's at load);
+    #: empty where nothing was gated. Each backend holds its own (set in ``__init__``).
+    quality: dict[str, Any] = {}  # noqa: RUF012
 
     def __init__(self, backbone: Backbone) -> None:
         self.backbone = backbone
+        self.quality = {}
 
     @property
     def needs_calibration(self) -> bool:
@@ -131,7 +135,10 @@ class Backend(ABC):
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "precision": self.precision}
+        out: dict[str, Any] = {"backend": self.name, "precision": self.precision}
+        if self.quality:
+            out["quality_gate"] = {label: report.to_dict() for label, report in self.quality.items()}
+        return out
 
 
 class TorchBackend(Backend):
@@ -150,13 +157,6 @@ class TorchBackend(Backend):
         self._positions = position_convention(backbone.model, backbone.is_decoder)
         self._padding_idx = getattr(backbone.model.config, "pad_token_id", None)
         self._accepts_cache_flag = "use_cache" in params
-        self.quality: dict[str, Any] = {}  # torch's dynamic int8: its gate report at load, by strategy label
-
-    def describe(self) -> dict[str, Any]:
-        out = super().describe()
-        if self.quality:
-            out["quality_gate"] = {label: report.to_dict() for label, report in self.quality.items()}
-        return out
 
     def cache_tag(self) -> str:
         # The weights fingerprint already covers dtype and torch's own int8 modules: the reference adds nothing,

@@ -231,11 +231,6 @@ class OnnxBackend(Backend):
         graph = self._graphs.get(self._key(configs, mode, self.precision))
         return None if graph is None else graph.folder
 
-    def describe(self) -> dict[str, Any]:
-        out = super().describe()
-        if self.quality:
-            out["quality_gate"] = {label: report.to_dict() for label, report in self.quality.items()}
-        return out
 
     # ------------------------------------------------------------------ building
     def _key(
