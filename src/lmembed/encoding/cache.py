@@ -182,24 +182,40 @@ class EmbeddingCache:
     def lookup(self, keys: Sequence[bytes]) -> tuple[list[np.ndarray | None], list[int]]:
         """Cached vectors in order (None where missing) and the positions that are missing."""
         with self._lock:
-            return self._lookup(keys)
-
-    def _lookup(self, keys: Sequence[bytes]) -> tuple[list[np.ndarray | None], list[int]]:
-        index = self._load()
-        places = [index.get(k) for k in keys]
+            blocks = self._blocks(keys)
         found: list[np.ndarray | None] = [None] * len(keys)
-        wanted: dict[int, list[int]] = {}
-        for i, place in enumerate(places):
-            if place is not None:
-                wanted.setdefault(place[0], []).append(i)
-        for slot, positions in wanted.items():
-            shard = self._shards[slot]
-            rows = self._rows(slot, shard, [places[i][1] for i in positions])  # type: ignore[index]
-            if rows is None:
-                continue
-            for i, vector in zip(positions, rows, strict=True):
+        for positions, vectors in blocks:
+            for i, vector in zip(positions.tolist(), vectors, strict=True):
                 found[i] = vector
         return found, [i for i, v in enumerate(found) if v is None]
+
+    def fill(self, out: np.ndarray, keys: Sequence[bytes]) -> list[int]:
+        """Write the cached vector of each of ``keys`` into its row of ``out`` (a shard's rows at once); returns the
+        positions that are missing."""
+        with self._lock:
+            blocks = self._blocks(keys)
+        served = np.zeros(len(keys), dtype=bool)
+        for positions, vectors in blocks:
+            out[positions] = vectors
+            served[positions] = True
+        return np.flatnonzero(~served).tolist()
+
+    def _blocks(self, keys: Sequence[bytes]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(positions in keys, their vectors)`` for each shard that holds some of ``keys``."""
+        index = self._load()
+        wanted: dict[int, tuple[list[int], list[int]]] = {}
+        for i, key in enumerate(keys):
+            place = index.get(key)
+            if place is not None:
+                positions, rows = wanted.setdefault(place[0], ([], []))
+                positions.append(i)
+                rows.append(place[1])
+        blocks = []
+        for slot, (positions, rows) in wanted.items():
+            vectors = self._rows(slot, self._shards[slot], rows)
+            if vectors is not None:
+                blocks.append((np.asarray(positions, dtype=np.int64), vectors))
+        return blocks
 
     def _rows(self, slot: int, shard: _Shard | None, rows: list[int]) -> np.ndarray | None:
         """``rows`` of a shard's vectors, read from its file; None (and the shard dropped from the index, to be read
@@ -213,7 +229,7 @@ class EmbeddingCache:
             with shard.path.open("rb") as handle:
                 if len(rows) > WHOLE_SHARD_SHARE * shard.rows:
                     handle.seek(shard.offset)
-                    block = np.frombuffer(handle.read(shard.rows * row_bytes), dtype=np.float32)
+                    block = np.fromfile(handle, dtype=np.float32, count=shard.rows * shard.width)
                     out = block.reshape(shard.rows, shard.width)[rows]
                 else:
                     out = np.empty((len(rows), shard.width), dtype=np.float32)

@@ -527,11 +527,7 @@ class EncodingEngine:
     def _fill_from_cache(out: np.ndarray, cache: EmbeddingCache | None, keys: list[bytes]) -> list[int]:
         if cache is None:
             return list(range(len(keys)))
-        found, missing = cache.lookup(keys)
-        for i, vector in enumerate(found):
-            if vector is not None:
-                out[i] = vector
-        return missing
+        return cache.fill(out, keys)
 
     # ------------------------------------------------------------------ grouping and batching
     @staticmethod
