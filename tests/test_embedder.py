@@ -632,3 +632,28 @@ def test_torch_int8_on_minilm_warns_with_its_gap():
         emb = Embedder.from_pretrained("minilm", backend="torch", precision="int8", cache=False, show_progress=False)
     (report,) = emb.backend.quality.values()
     assert not report.passed and report.texts == 32
+
+
+def test_an_embedder_pickles_as_how_to_load_it_and_refuses_another_model(make_embedder, tmp_path):
+    """It did not pickle at all (transformers' hooks are local functions), so a process pool could not take one. It
+    pickles as its load spec and identity (about a kilobyte), loads again from its source, and is refused when the
+    model was changed in memory after loading; one built in memory says how to send it instead."""
+    import pickle
+
+    import torch
+
+    from lmembed.errors import ModelLoadError
+
+    built = make_embedder("bert")
+    with pytest.raises(TypeError, match="an Embedder of a model built in memory is not pickled"):
+        pickle.dumps(built)
+    loaded = Embedder.from_pretrained(str(built.save(tmp_path / "m")), cache=False, show_progress=False)
+    data = pickle.dumps(loaded)
+    assert len(data) < 10_000
+    again = pickle.loads(data)
+    assert np.array_equal(again.encode(TEXTS), loaded.encode(TEXTS)) and again.config == loaded.config
+    with torch.no_grad():
+        next(loaded.backbone.model.parameters()).add_(0.5)
+    changed = pickle.dumps(loaded)
+    with pytest.raises(ModelLoadError, match="the model loaded from there is not the one that was pickled"):
+        pickle.loads(changed)

@@ -381,6 +381,30 @@ class Embedder:
             loaded.calibrate(list(spec.calibration))
         return loaded if loaded.config == spec.config else loaded.with_config(spec.config)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as how to load it again (its :attr:`load_spec`, this process's settings) and what it must then be
+        (its cache key: the weights', head's and backend's fingerprint), not as its weights: a transformers model
+        does not pickle (its hooks are local functions), and a worker process reads the weights itself. Unpickling
+        loads the model from its source and refuses it when it is not the one pickled (changed in memory since it
+        was loaded, or its folder changed); a model built in memory is not pickled (save it first)."""
+        spec = self.load_spec
+        if spec.source is None:
+            raise TypeError(
+                "an Embedder of a model built in memory is not pickled (its weights would travel whole): save it "
+                "(Embedder.save(folder)) and load the folder where it is needed, or send Embedder.load_spec of a "
+                "saved one (Embedder.from_spec loads it)"
+            )
+        engine = self.engine
+        local = {
+            "device": str(self.backbone.device),
+            "cache": engine.use_cache,
+            "cache_dir": str(engine.cache_dir),
+            "show_progress": engine.show_progress,
+            "max_batch_tokens": engine.max_batch_tokens,
+            "plan_window": engine.plan_window,
+        }
+        return _unpickle_embedder, (spec.to_dict(), engine.cache_model_key(self.config), local)
+
     @property
     def load_spec(self) -> LoadSpec:
         """How to load this Embedder again elsewhere: the one record an index, Ray's workers and an export keep
@@ -896,6 +920,20 @@ def _source_of(name_or_path: str) -> str:
     if name_or_path not in BUNDLED and path.exists():
         return str(path.resolve())
     return name_or_path
+
+
+def _unpickle_embedder(spec: dict[str, Any], identity: str, local: dict[str, Any]) -> Embedder:
+    """An Embedder unpickled (:meth:`Embedder.__reduce__`): loaded from its source, and refused unless it is the
+    model that was pickled."""
+    loaded = Embedder.from_spec(LoadSpec.from_dict(spec), **local)
+    found = loaded.engine.cache_model_key(loaded.config)
+    if found != identity:
+        raise ModelLoadError(
+            f"{spec.get('source')}: the model loaded from there is not the one that was pickled (its weights, head "
+            "or backend differ: it was changed in memory after it was loaded, or the folder changed since); save the "
+            "model (Embedder.save) and pickle the Embedder loaded from that folder"
+        )
+    return loaded
 
 
 def _backbone_source(backbone: Backbone) -> str | None:
