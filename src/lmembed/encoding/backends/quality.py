@@ -75,7 +75,8 @@ NEIGHBOURS = 10
 
 @dataclass(frozen=True)
 class GateReport:
-    """Agreement of int8 vectors with float32 ones on held-out texts."""
+    """Agreement of int8 vectors with float32 ones on texts the int8 model was not fitted to (ONNX Runtime's held-out
+    calibration texts, torch's built-in GATE_TEXTS)."""
 
     texts: int
     min_cosine: float
@@ -98,7 +99,7 @@ class GateReport:
 
     def summary(self) -> str:
         return (
-            f"{self.texts} held-out texts: cosine to float32 min {self.min_cosine:.4f} mean {self.mean_cosine:.5f}, "
+            f"{self.texts} texts: cosine to float32 min {self.min_cosine:.4f} mean {self.mean_cosine:.5f}, "
             f"neighbour nDCG@10 {self.neighbour_ndcg_at_10:.4f}"
         )
 
