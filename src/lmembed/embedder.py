@@ -198,6 +198,7 @@ class Embedder:
         if not backbone.is_decoder and self.config.attention != "bidirectional":
             # Encoders always attend bidirectionally; record what really happens.
             self.config = self.config.with_options(attention="bidirectional")
+        self.config = _as_run(backbone, self.config)
         if self.config.head and pooling_head is None:
             raise ConfigError("the strategy has a post-pooling head but no head weights were given (pooling_head)")
         check_strategy(backbone, self.config, _head_width(pooling_head, backbone, self.config))
@@ -856,9 +857,10 @@ def _check_recorded(
     strategy: EmbeddingConfig,
     head: nn.Module | None,
 ) -> None:
-    """The options a source's own files set (a saved folder's ``lmembed.json``, a published folder's configs), held
-    to the rules a caller's options are held to, each refusal naming the file and the field: a ``max_length`` past
-    the model's positions loaded in silence, and a ``dim`` past its width was refused naming neither."""
+    """The options a saved folder's ``lmembed.json`` sets, held to the rules a caller's options are held to, naming
+    the file and the field: one the model cannot take as it says (a ``max_length`` past its positions, which loaded
+    in silence) is said in a warning and read as the model runs it (a folder an earlier lmembed saved so still
+    loads); a ``dim`` past the vectors' width is refused (it was refused naming neither)."""
     for option, value in recorded.items():
         if option in given:
             continue
@@ -866,13 +868,30 @@ def _check_recorded(
         try:
             _check_given(backbone, {option: value})
         except ConfigError as exc:
-            raise ModelLoadError(f"{where}: {exc}") from None
+            log.warning("%s: %s; it is read as the model runs it", where, exc)
     width = _head_width(head, backbone, strategy) or backbone.hidden_size
     if "dim" in recorded and "dim" not in given and strategy.dim is not None and strategy.dim > width:
         raise ModelLoadError(
             f"{sources.get('dim', backbone.name)}: strategy.dim: dim={strategy.dim} is larger than the model's vector "
             f"width ({width}); Matryoshka truncation can only shorten vectors"
         )
+
+
+def _as_run(backbone: Backbone, config: EmbeddingConfig) -> EmbeddingConfig:
+    """``config`` as this model runs it, as an encoder's attention is recorded as bidirectional: a window past the
+    model's positions is the positions (a published preset's window on a smaller copy of its model), ``final_norm``
+    on a model without a final norm is unset. Kept as given, the strategy said what did not happen, was saved so, and
+    the saved folder was then refused on load. An option the caller gives is refused instead (:func:`_check_given`)."""
+    positions = getattr(backbone.model.config, "max_position_embeddings", None)
+    changes: dict[str, Any] = {}
+    if isinstance(config.max_length, int) and isinstance(positions, int) and 0 < positions < config.max_length:
+        changes["max_length"] = positions
+    if config.final_norm is not None and find_final_norm(backbone.model) is None:
+        changes["final_norm"] = None
+    if not changes:
+        return config
+    log.info("%s runs %s (the strategy said %s)", backbone.name, changes, {k: getattr(config, k) for k in changes})
+    return config.with_options(**changes)
 
 
 def _check_terms(backbone: Backbone, terms: TermChannel | None) -> None:

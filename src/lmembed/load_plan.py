@@ -190,7 +190,8 @@ def _check_agrees_with_sentence_transformers(folder: Path, strategy: dict[str, A
     """A saved folder that is also sentence-transformers' says its strategy twice: ``lmembed.json`` for lmembed, the
     module files for sentence-transformers. Both were written from one strategy; where they differ now (the pooling
     changed by hand in one of them) each library would read its own, and the two give other vectors of one folder
-    (cosine 0.78 for mean against cls), so the folder is refused naming both."""
+    (cosine 0.78 for mean against cls), so the folder is refused naming both. (The window is not compared: the
+    module files hold the one the model runs, which an earlier lmembed's ``lmembed.json`` may exceed.)"""
     if not is_sentence_transformers_folder(folder):
         return
     record = folder / STRATEGY_FILE
@@ -198,8 +199,6 @@ def _check_agrees_with_sentence_transformers(folder: Path, strategy: dict[str, A
     theirs = published.options
     config = EmbeddingConfig.from_dict(strategy)
     ours: dict[str, Any] = {"pooling": config.pooling, "include_prompt": config.include_prompt}
-    if config.max_length is not None:
-        ours["max_length"] = config.max_length
     prompts = dict(theirs.get("prompts") or {})
     for side, instruction in (("query", config.query_instruction), ("document", config.document_instruction)):
         if instruction and side in prompts:

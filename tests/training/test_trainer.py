@@ -281,9 +281,10 @@ def test_queries_and_documents_are_trained_as_the_saved_model_reads_them(tmp_pat
     assert trainer.query_instructions(batch) == [i if i is not None else "find the cat" for i in own]
     assert trainer.document_instructions(batch)[0] == ["a passage"] * len(batch)
 
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"query": q, "positive": p, "negatives": [n]} for q, p, n in ROWS])
     given = make_config(
-        tmp_path, data_file, output=str(tmp_path / "given"), steps=1, lora=False, similarity="dot",
-        data=[{"path": str(data_file), "instruction": "retrieve the answer"}],
+        tmp_path, plain, output=str(tmp_path / "given"), steps=1, lora=False, similarity="dot",
+        data=[{"path": str(plain), "instruction": "retrieve the answer"}],
     )  # fmt: skip
     folder = Trainer(given, model=tiny_embedder(tokenizer)).train().model_dir
     strategy = json.loads((folder / "lmembed.json").read_text())["strategy"]
@@ -293,6 +294,13 @@ def test_queries_and_documents_are_trained_as_the_saved_model_reads_them(tmp_pat
     assert "| query instructions | retrieve the answer |" in card and "| similarity | dot |" in card
     loaded = Embedder.from_pretrained(str(folder), cache=False, show_progress=False)
     assert loaded.config.query_instruction == "retrieve the answer" and not loaded.config.normalize
+    # rows that carry their own: every row "find the study" (its source none) is that; two instructions are neither
+    mixed = make_config(tmp_path, data_file, output=str(tmp_path / "mixed"), steps=1, lora=False)
+    assert Trainer(mixed, model=tiny_embedder(tokenizer)).trained_strategy().query_instruction is None
+    rows = [{"query": q, "positive": p, "instruction": "find it"} for q, p, _ in ROWS]
+    own = write_jsonl(tmp_path / "own.jsonl", rows)
+    alone = make_config(tmp_path, own, output=str(tmp_path / "own"), steps=1, lora=False)
+    assert Trainer(alone, model=tiny_embedder(tokenizer)).trained_strategy().query_instruction == "find it"
 
 
 def test_loss_construction(tmp_path, data_file):

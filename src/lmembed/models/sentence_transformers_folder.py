@@ -648,8 +648,7 @@ def write_sentence_transformers_files(directory: Path, cfg: EmbeddingConfig, hid
         modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": ST_HEAD["normalize"]})
     for module in modules[2:]:
         (directory / module["path"]).mkdir(exist_ok=True)
-    include_prompt = cfg.include_prompt and cfg.prompt_style == "sentence_transformers"
-    pooling = {"word_embedding_dimension": hidden_size, "include_prompt": include_prompt}
+    pooling = {"word_embedding_dimension": hidden_size, "include_prompt": cfg.include_prompt}
     pooling.update({mode: name == cfg.pooling for name, mode in ST_POOLING_MODES.items()})
     (directory / "1_Pooling").mkdir(exist_ok=True)
     files: dict[str, Any] = {

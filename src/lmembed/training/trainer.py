@@ -99,6 +99,8 @@ from lmembed.training.trainable import TrainableEmbedder, build_trainable
 __all__ = ["TrainResult", "Trainer"]
 
 log = logging.getLogger(__name__)
+#: the query instructions a trained model's card lists by name (the rest are counted)
+SHOWN_INSTRUCTIONS = 5
 
 CONFIG_FILE = "train_config.yaml"
 #: held by the run writing to an output folder (an advisory lock: released when the process ends, however it ends)
@@ -638,17 +640,15 @@ class Trainer:
         strategy = self._strategy
         assert strategy is not None
         changes: dict[str, Any] = {}
-        trained = {source.instruction or strategy.query_instruction for source in self._sources()}
-        if len(trained) == 1 and (only := next(iter(trained))) is not None and only != strategy.query_instruction:
+        default = strategy.query_instruction  # each row's own instruction (its source's by default), else this one
+        trained = {example.instruction or default for dataset in self.sampler.datasets for example in dataset.examples}
+        if len(trained) == 1 and (only := next(iter(trained))) is not None and only != default:
             changes["query_instruction"] = only
         if self.config.similarity == "dot" and (strategy.normalize or strategy.similarity != "dot"):
             changes.update(normalize=False, similarity="dot")
         if changes:
             log.info("the trained model is saved with %s (how it was trained)", changes)
         return strategy.with_options(**changes) if changes else strategy
-
-    def _sources(self) -> list[DataSource]:
-        return [DataSource.parse(d) for d in self.config.data]
 
     def training_record(self) -> TrainingRecord:
         """What the saved model's card says of this run: its settings and the papers of its loss and techniques."""
@@ -675,9 +675,14 @@ class Trainer:
         sources = [DataSource.parse(d) for d in config.data]
         names = [source.name or Path(source.path).name for source in sources]
         settings["data"] = ", ".join(names) if names else "(none)"
-        instructions = sorted({source.instruction for source in sources if source.instruction})
-        if instructions:
-            settings["query instructions"] = "; ".join(instructions)
+        strategy = self._strategy
+        default = strategy.query_instruction if strategy is not None else None
+        used = {e.instruction or default for dataset in self.sampler.datasets for e in dataset.examples}
+        instructions = sorted(i for i in used if i)
+        if instructions:  # what the queries were trained with (a row's own, its source's, or the strategy's)
+            shown = "; ".join(instructions[:SHOWN_INSTRUCTIONS])
+            more = len(instructions) - SHOWN_INSTRUCTIONS
+            settings["query instructions"] = shown + (f"; and {more} more" if more > 0 else "")
         if config.similarity != "cosine":
             settings["similarity"] = config.similarity
         settings["seed"] = config.seed
