@@ -3,7 +3,7 @@ corpus's float32 vectors, for each index kind, against the gathered build (the b
 every vector encoded into one array, then added to the index as a normalised copy, the structure of a build before
 stop 60).
 
-A kind that takes vectors a part at a time (flat, hnsw, binary without rescoring) is now given each encoded chunk as
+A kind that takes vectors a part at a time (flat, binary without rescoring) is now given each encoded chunk as
 it comes; the others get the gathered array normalised in place. Each cell runs in a fresh process with a stand-in
 encoder (seeded random vectors, so the figure is the index's and not a model's), and reads its peak from the kernel.
 

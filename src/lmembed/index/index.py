@@ -176,8 +176,8 @@ def encode_into(
     progress: Progress | None = None,
 ) -> None:
     """:func:`encode_in_chunks` added to ``vectors``: a kind that :attr:`~lmembed.index.kinds.VectorIndex.streams`
-    takes each chunk as it is encoded, so a build holds the index and one chunk, never the corpus's vectors twice
-    (three times, before); another takes them all at once, normalised in place."""
+    (flat, binary without rescoring) takes each chunk as it is encoded, so a build holds the index and one chunk,
+    never the corpus's vectors twice (three times, before); another takes them all at once, normalised in place."""
     if not vectors.streams:
         vectors.add(
             encode_in_chunks(embedder, texts, batch_size=batch_size, chunk_size=chunk_size, progress=progress), own=True

@@ -281,7 +281,9 @@ class VectorIndex(ABC):
     def streams(self) -> bool:
         """Whether vectors added a part at a time make the index one call with all of them makes (a build then adds
         each encoded part as it comes, holding one part besides the index, not the whole corpus's vectors twice).
-        Not so for a kind that fixes something from its first vectors: ivf-pq's training, int8 rescoring's ranges."""
+        Not so for a kind that fixes something from its first vectors (ivf-pq's training, int8 rescoring's ranges),
+        nor for hnsw, whose graph FAISS builds one ``add`` at a time (added in parts, its results would depend on the
+        build's chunk size)."""
         return True
 
     @abstractmethod
@@ -302,7 +304,8 @@ class VectorIndex(ABC):
         """Bytes this kind keeps in memory for search (memory-mapped rescoring vectors not counted)."""
 
     def _check(self, vectors: np.ndarray, own: bool = False) -> np.ndarray:
-        out = unit_rows(vectors, in_place=own)
+        # given away, an array is scaled in place only when it owns its memory: a view's rows are someone else's
+        out = unit_rows(vectors, in_place=own and isinstance(vectors, np.ndarray) and vectors.flags.owndata)
         if out.shape[1] != self.dim:
             raise ValueError(f"vectors have {out.shape[1]} dimensions; this index holds {self.dim}")
         return out
@@ -334,8 +337,8 @@ class FaissIndex(VectorIndex):
         return 0 if self.index is None else int(self.index.ntotal)
 
     @property
-    def streams(self) -> bool:
-        return self.params.kind != "ivf-pq"
+    def streams(self) -> bool:  # FAISS builds an HNSW graph one add() at a time: in parts, another graph
+        return self.params.kind == "flat"
 
     def add(self, vectors: np.ndarray, *, own: bool = False) -> None:
         x = self._check(vectors, own)
