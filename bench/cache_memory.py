@@ -61,7 +61,7 @@ else:
     missing = set(cache.fill(out, keys))  # what the engine does: each shard's rows into theirs at once
     found = [None if i in missing else out[i] for i in range(len(keys))]
 lookup_seconds = time.perf_counter() - start
-held = rss() - before
+held = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before  # the peak, not what is left after
 checksum = float(np.sum([f[0] for f in found if f is not None]))
 print(json.dumps({"held_bytes": held, "read_seconds": read_seconds, "lookup_seconds": lookup_seconds,
                   "found": sum(f is not None for f in found), "checksum": checksum}))
@@ -116,9 +116,9 @@ def main() -> None:
         f"# Embedding cache memory: {args.shards} shards x {ROWS:,} vectors x {args.dim} dims "
         f"({vector_bytes / 2**20:.0f} MiB of float32 vectors)",
         "",
-        "Resident memory the folder's read and the lookup added (over the vectors' bytes: the looked-up rows' array "
-        "included) and seconds, against the former index (every vector kept by key, then copied row by row) in the "
-        "same run; the same vectors found in both.",
+        "Peak resident memory the folder's read and the lookup added (over the vectors' bytes: the looked-up rows' "
+        "array included) and seconds, against the former index (every vector kept by key, then copied row by row) in "
+        "the same run; the same vectors found in both.",
         "",
         *markdown_table(
             [

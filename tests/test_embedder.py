@@ -657,3 +657,41 @@ def test_an_embedder_pickles_as_how_to_load_it_and_refuses_another_model(make_em
     changed = pickle.dumps(loaded)
     with pytest.raises(ModelLoadError, match="the model loaded from there is not the one that was pickled"):
         pickle.loads(changed)
+
+
+def test_the_cache_serves_no_row_of_a_shard_rewritten_in_place_with_its_time_restored(tmp_path, caplog):
+    """A shard rewritten in place (same size, the same texts in another order) with its modification time set back
+    was served its old row map: 40 of 40 wrong vectors. The status-change time, which cannot be set back, is
+    compared too, on the file opened."""
+    import os
+
+    from lmembed.encoding.cache import EmbeddingCache, key_array, text_key
+
+    rng = np.random.default_rng(1)
+    keys = [text_key(f"text {i}") for i in range(40)]
+    vectors = rng.standard_normal((40, 8)).astype(np.float32)
+    cache = EmbeddingCache(tmp_path, "model", "strategy", width=8)
+    path = cache.store_shard("job-0", key_array(keys), vectors)
+    assert len(cache) == 40
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    shard = next(s for s in cache._shards if s is not None)
+    data[shard.offset : shard.offset + 40 * 32] = vectors[::-1].tobytes()  # rows reversed, same size
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        found, missing = cache.lookup(keys)
+    assert missing == list(range(40))
+    assert "changed since its keys were read" in caplog.records[0].getMessage()
+
+    caplog.clear()  # a named shard this cache writes again is read anew, without a word
+    cache.store_shard("job-0", key_array(keys), vectors)
+    with caplog.at_level("WARNING", logger="lmembed.encoding.cache"):
+        found, missing = cache.lookup(keys)
+    assert not missing and np.array_equal(np.array(found), vectors) and not caplog.records
+
+    import shutil  # the folder removed under a writer (`cache clear` elsewhere): written again, nothing raised
+
+    shutil.rmtree(tmp_path / "model")
+    cache.store([text_key("late")], vectors[:1])
+    assert len(list((tmp_path / "model" / "strategy").glob("*.npz"))) == 1

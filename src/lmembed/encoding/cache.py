@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import shutil
 import struct
@@ -30,7 +31,7 @@ import threading
 import uuid
 import zipfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,12 +114,15 @@ class _Shard:
     offset: int
     rows: int
     width: int
-    stat: tuple[int, int, int]  # inode, size, modification time (ns)
+    stat: tuple[int, int, int, int]  # inode, size, modification and status-change times (ns)
 
 
-def _stat_of(path: Path) -> tuple[int, int, int]:
-    info = path.stat()
-    return info.st_ino, info.st_size, info.st_mtime_ns
+def _stat_of(path: Path | int) -> tuple[int, int, int, int]:
+    """A file's identity and last change (of a path, or of an open file's descriptor): inode, size, modification and
+    status-change times. The status-change time moves with every write and cannot be set back, as the modification
+    time can (``os.utime``): a shard rewritten in place with its old time restored was served its old row map."""
+    info = os.fstat(path) if isinstance(path, int) else path.stat()
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 #: a lookup that wants more than this share of a shard's rows reads its vectors whole (one read), else row by row
@@ -139,6 +143,7 @@ class EmbeddingCache:
         self.width = width  # the raw vectors' width, where the caller knows it: a shard of another is skipped
         self._index: dict[bytes, tuple[int, int]] | None = None  # key -> (shard number, row)
         self._shards: list[_Shard | None] = []  # None: a shard found changed, whose rows are no longer served
+        self._slot_of: dict[str, int] = {}  # each shard file's slot, by name
         self._read: set[str] = set()  # the shards in the index (read, skipped as damaged, or written here)
         self._lock = threading.Lock()  # threads sharing an engine share its caches
 
@@ -146,6 +151,7 @@ class EmbeddingCache:
         shards = sorted(self.dir.glob("*.npz")) if self.dir.exists() else []
         if self._index is None or not self._read <= {shard.name for shard in shards}:
             self._index, self._shards, self._read = {}, [], set()  # first read, or shards removed: read all again
+            self._slot_of = {}
         for shard in shards:
             if shard.name.startswith(TEMP_PREFIX) or shard.name in self._read:
                 continue
@@ -164,13 +170,16 @@ class EmbeddingCache:
                 )
         return self._index
 
-    def _register(self, path: Path, keys: np.ndarray, shape: tuple[int, ...], stat: tuple[int, int, int]) -> None:
+    def _register(self, path: Path, keys: np.ndarray, shape: tuple[int, ...], stat: tuple[int, int, int, int]) -> None:
         """Index a shard whose arrays were read and checked from the file as ``stat`` describes it."""
         assert self._index is not None
         if _stat_of(path) != stat:  # replaced while it was read: read again at the next lookup
             self._read.discard(path.name)
             return
-        slot = len(self._shards)
+        earlier = self._slot_of.get(path.name)
+        if earlier is not None:  # a named shard written again: its old rows are gone
+            self._shards[earlier] = None
+        slot = self._slot_of[path.name] = len(self._shards)
         self._shards.append(_Shard(path, vectors_offset(path), int(shape[0]), int(shape[1]), stat))
         for row, key in enumerate(keys):
             self._index[key.tobytes()] = (slot, row)
@@ -181,52 +190,55 @@ class EmbeddingCache:
 
     def lookup(self, keys: Sequence[bytes]) -> tuple[list[np.ndarray | None], list[int]]:
         """Cached vectors in order (None where missing) and the positions that are missing."""
-        with self._lock:
-            blocks = self._blocks(keys)
         found: list[np.ndarray | None] = [None] * len(keys)
-        for positions, vectors in blocks:
+
+        def keep(positions: np.ndarray, vectors: np.ndarray) -> None:
             for i, vector in zip(positions.tolist(), vectors, strict=True):
                 found[i] = vector
+
+        with self._lock:
+            self._each_block(keys, keep)
         return found, [i for i, v in enumerate(found) if v is None]
 
     def fill(self, out: np.ndarray, keys: Sequence[bytes]) -> list[int]:
-        """Write the cached vector of each of ``keys`` into its row of ``out`` (a shard's rows at once); returns the
-        positions that are missing."""
-        with self._lock:
-            blocks = self._blocks(keys)
+        """Write the cached vector of each of ``keys`` into its row of ``out``, a shard's rows at a time (one shard's
+        read held besides ``out``); returns the positions that are missing."""
         served = np.zeros(len(keys), dtype=bool)
-        for positions, vectors in blocks:
+
+        def write(positions: np.ndarray, vectors: np.ndarray) -> None:
             out[positions] = vectors
             served[positions] = True
+
+        with self._lock:
+            self._each_block(keys, write)
         return np.flatnonzero(~served).tolist()
 
-    def _blocks(self, keys: Sequence[bytes]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``(positions in keys, their vectors)`` for each shard that holds some of ``keys``."""
+    def _each_block(self, keys: Sequence[bytes], take: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        """``take(positions in keys, their vectors)`` for each shard that holds some of ``keys``, one at a time."""
         index = self._load()
         wanted: dict[int, tuple[list[int], list[int]]] = {}
         for i, key in enumerate(keys):
             place = index.get(key)
-            if place is not None:
+            if place is not None and self._shards[place[0]] is not None:
                 positions, rows = wanted.setdefault(place[0], ([], []))
                 positions.append(i)
                 rows.append(place[1])
-        blocks = []
         for slot, (positions, rows) in wanted.items():
             vectors = self._rows(slot, self._shards[slot], rows)
             if vectors is not None:
-                blocks.append((np.asarray(positions, dtype=np.int64), vectors))
-        return blocks
+                take(np.asarray(positions, dtype=np.int64), vectors)
 
     def _rows(self, slot: int, shard: _Shard | None, rows: list[int]) -> np.ndarray | None:
         """``rows`` of a shard's vectors, read from its file; None (and the shard dropped from the index, to be read
-        again whole at the next lookup) when the file is no longer the one whose keys were read, or its rows fail."""
+        again whole at the next lookup) when the file is no longer the one whose keys were read (checked on the file
+        opened, not on its name before), or its rows fail."""
         if shard is None:
             return None
         try:
-            if _stat_of(shard.path) != shard.stat:
-                raise CacheShardError(f"{shard.path}: changed since its keys were read")
             row_bytes = shard.width * 4
             with shard.path.open("rb") as handle:
+                if _stat_of(handle.fileno()) != shard.stat:
+                    raise CacheShardError(f"{shard.path}: changed since its keys were read")
                 if len(rows) > WHOLE_SHARD_SHARE * shard.rows:
                     handle.seek(shard.offset)
                     block = np.fromfile(handle, dtype=np.float32, count=shard.rows * shard.width)
@@ -245,12 +257,14 @@ class EmbeddingCache:
             return None
 
     def _drop(self, slot: int) -> None:
+        """Serve nothing more of a shard's slot (its keys still point there, and find it empty, until the file is
+        read again whole, with its checks, at the next lookup; rebuilding the index per dropped shard made a lookup
+        over many changed shards take seconds)."""
         shard = self._shards[slot]
-        if shard is None or self._index is None:
+        if shard is None:
             return
         self._shards[slot] = None
-        self._index = {k: place for k, place in self._index.items() if place[0] != slot}
-        self._read.discard(shard.path.name)  # read again whole, with its checks, at the next lookup
+        self._read.discard(shard.path.name)
 
     def store(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
         if len(keys) == 0:
@@ -258,7 +272,14 @@ class EmbeddingCache:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, KEY_BYTES)
         path = self.dir / f"{uuid.uuid4().hex}.npz"
-        atomic_save_npz(path, keys=key_array, vectors=vectors, owner=shard_owner(self.dir))
+        for attempt in (1, 2):  # `cache clear` in another process may remove the folder while this one writes
+            try:
+                atomic_save_npz(path, keys=key_array, vectors=vectors, owner=shard_owner(self.dir))
+                break
+            except FileNotFoundError as exc:
+                if attempt == 2:  # the vectors are the caller's all the same: only their cache entry is lost
+                    log.warning("%s: not cached (%s); the vectors are returned, and encoded again next time", path, exc)
+                    return
         self._written(path, key_array, vectors.shape)
 
     def _written(self, path: Path, keys: np.ndarray, shape: tuple[int, ...]) -> None:

@@ -231,7 +231,6 @@ class OnnxBackend(Backend):
         graph = self._graphs.get(self._key(configs, mode, self.precision))
         return None if graph is None else graph.folder
 
-
     # ------------------------------------------------------------------ building
     def _key(
         self, configs: Sequence[EmbeddingConfig], mode: str, precision: str
