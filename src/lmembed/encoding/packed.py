@@ -30,6 +30,7 @@ model, so that a benchmark can measure it beside the padded engine.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -225,8 +226,11 @@ def packed_hidden_states(
     return states
 
 
-#: how far a text's states may move when another text is packed before it (float rounding of a longer row)
-ISOLATION_TOLERANCE = 1e-4
+#: how far a text's states may move when another text is packed before it (float rounding of a longer row), in units
+#: of the model's dtype's epsilon, and at least 1e-4; a text that attends to another moves by tenths
+ISOLATION_EPSILONS = 64
+#: the models whose packing was probed, and in which mode (the probe runs once per model and mode)
+_ISOLATED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, bool]]] = weakref.WeakKeyDictionary()
 
 
 def _check_supported(engine: EncodingEngine, config: EmbeddingConfig) -> None:
@@ -234,7 +238,8 @@ def _check_supported(engine: EncodingEngine, config: EmbeddingConfig) -> None:
     if engine.backend.name != "torch":
         raise ConfigError(f"{where} runs on the torch backend, not {engine.backend.name!r}")
     model = engine.backbone.model
-    if not getattr(type(model), "_supports_attention_backend", False):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model: the model it wraps
+    if not getattr(type(base), "_supports_attention_backend", False):
         # MPNet, DeBERTa, RemBERT, I-BERT, ConvBERT, BigBird, Megatron-BERT ... compute attention in their own code:
         # the packed kernel is never called, and every text of a row attended to the others (cosine 0.69-0.98)
         raise ConfigError(
@@ -253,18 +258,21 @@ def _check_isolated(model: nn.Module, start: int, depth: int, is_decoder: bool, 
     """Packing must keep each text to itself, whatever the model's class says: a short text's states alone and
     after another text in the same row must agree (the other text first, so a causal model's leak shows too)."""
     vocab = int(getattr(model.config, "vocab_size", 0) or 0)
-    if vocab < 16:
+    probed = _ISOLATED.setdefault(model, set())
+    if vocab < 16 or (depth, is_decoder) in probed:
         return
     text, other = [5, 9, 13, 7, 11], [8, 12, 6, 10]
     alone = packed_hidden_states(model, pack([text], device, start), depth=depth, is_decoder=is_decoder)[-1]
     beside = packed_hidden_states(model, pack([other, text], device, start), depth=depth, is_decoder=is_decoder)[-1]
     a, b = alone[0].float(), beside[0, len(other) :].float()
     moved = float((a - b).abs().max()) / max(1.0, float(a.abs().max()))
-    if moved > ISOLATION_TOLERANCE:
+    dtype = alone.dtype if alone.dtype.is_floating_point else torch.float32
+    if moved > max(1e-4, ISOLATION_EPSILONS * torch.finfo(dtype).eps):
         raise ConfigError(
             f"packed encoding: model_type={getattr(model.config, 'model_type', '?')!r} let a text attend to another "
             f"packed in the same row (its states moved by {moved:.2e}); encode it padded (the engine's default)"
         )
+    probed.add((depth, is_decoder))
 
 
 def encode_packed(
@@ -294,7 +302,8 @@ def encode_packed(
     out = np.empty((len(features), backbone.hidden_size), dtype=np.float32)
     with backbone.modes.hold(mode), torch.inference_mode():
         engine.backend.prepare([config], mode)  # a decoder's attention mode: the modules' is_causal flags
-        _check_isolated(model, start, depth, backbone.is_decoder, backbone.device)
+        if features:
+            _check_isolated(model, start, depth, backbone.is_decoder, backbone.device)
         for chunk in plan_batches([len(f) for f in features], batch_size, max_batch_tokens):
             batch = pack([features[j].input_ids for j in chunk], backbone.device, start)
             hidden = packed_hidden_states(model, batch, depth=depth, is_decoder=backbone.is_decoder)
