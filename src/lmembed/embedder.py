@@ -396,6 +396,11 @@ class Embedder:
                 "saved one (Embedder.from_spec loads it)"
             )
         engine = self.engine
+        if engine.backend.needs_calibration:
+            raise TypeError(
+                "an int8 Embedder is pickled once calibrated (its vectors depend on the calibration texts): call "
+                "Embedder.calibrate(texts), or encode some texts, first"
+            )
         local = {
             "device": str(self.backbone.device),
             "cache": engine.use_cache,

@@ -53,6 +53,11 @@ class Backbone:
     modes: ModeGate = field(default_factory=ModeGate, init=False, repr=False, compare=False)
 
     @property
+    def weights_fingerprint(self) -> str | None:
+        """The weights' part of :meth:`fingerprint` as last computed (None before it was)."""
+        return self._fingerprint
+
+    @property
     def num_layers(self) -> int:
         return int(self.model.config.num_hidden_layers)
 

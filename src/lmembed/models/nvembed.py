@@ -71,8 +71,9 @@ def load_nvembed(
             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
         )
     model.to(torch_device).eval()
-    fingerprint = None
-    if quantize is not None:
+    fingerprint, reference = None, None
+    if quantize is not None:  # the float model is kept for the int8 quality gate (Backbone.float_reference)
+        reference = model
         model, fingerprint = quantize_int8(model, quantize, torch_device)
     backbone = Backbone(
         model=model,
@@ -84,6 +85,7 @@ def load_nvembed(
         device=torch_device,
         _fingerprint=fingerprint,
         quantization=quantize,
+        float_reference=reference,
     )
     return NVEmbedCheckpoint(backbone, head, _strategy(config, folder, model.config.hidden_size), dict(SOURCES))
 

@@ -187,7 +187,8 @@ class OnnxBackend(Backend):
     ) -> None:
         # A graph holds the weights it was exported with. A model changed in place since (a training step, a
         # load_state_dict) is exported again: the old graph's vectors were served, and cached under the new key.
-        weights = self.backbone.fingerprint()  # hashed again only when the model's state moved
+        self.backbone.fingerprint()  # hashed again only when the model's state moved
+        weights = self.backbone.weights_fingerprint  # the weights' part: a tokenizer setting changes no graph
         if weights != self._exported_from:
             self._graphs, self._gates, self.quality = {}, {}, {}
             self._exported_from = weights
