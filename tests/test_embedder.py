@@ -657,6 +657,10 @@ def test_an_embedder_pickles_as_how_to_load_it_and_refuses_another_model(make_em
     changed = pickle.dumps(loaded)
     with pytest.raises(ModelLoadError, match="the model loaded from there is not the one that was pickled"):
         pickle.loads(changed)
+    pytest.importorskip("onnxruntime")
+    int8 = Embedder.from_pretrained(str(tmp_path / "m"), backend="onnx", precision="int8", cache=False)
+    with pytest.raises(TypeError, match="an int8 Embedder is pickled once calibrated"):
+        pickle.dumps(int8)
 
 
 def test_the_cache_serves_no_row_of_a_shard_rewritten_in_place_with_its_time_restored(tmp_path, caplog):
