@@ -65,3 +65,14 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
         "|" + "---|" * len(header),
         *("| " + " | ".join(map(str, r)) + " |" for r in rows),
     ]
+
+
+def run_cell(code: str, *args: object) -> dict:
+    """Run ``code`` (a script whose last line of output is a JSON object) in a fresh Python process with ``args``,
+    from the repository's root; its JSON. A measurement of a process's own peak memory needs a process of its own."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])

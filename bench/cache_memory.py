@@ -13,15 +13,12 @@ to the baseline.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from _common import REPO, markdown_table, write_report
+from _common import REPO, markdown_table, run_cell, write_report
 from lmembed.encoding.cache import EmbeddingCache, text_key
 
 ROWS = 2048
@@ -69,14 +66,7 @@ print(json.dumps({"held_bytes": held, "read_seconds": read_seconds, "lookup_seco
 
 
 def cell(root: Path, shards: int, lookup: int, way: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", CELL, str(root), str(shards), str(lookup), way],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_cell(CELL, root, shards, lookup, way)
 
 
 def main() -> None:

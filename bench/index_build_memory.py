@@ -13,12 +13,9 @@ encoder (seeded random vectors, so the figure is the index's and not a model's),
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from _common import REPO, markdown_table, write_report
+from _common import REPO, markdown_table, run_cell, write_report
 
 CELL = r"""
 import json, resource, sys
@@ -53,14 +50,7 @@ KINDS = [("flat", ""), ("binary", "none"), ("binary", "float"), ("ivf-pq", "")]
 
 
 def cell(documents: int, dim: int, kind: str, rescore: str, way: str, chunk: int) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", CELL, str(documents), str(dim), kind, rescore, way, str(chunk)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_cell(CELL, documents, dim, kind, rescore, way, chunk)
 
 
 def main() -> None:

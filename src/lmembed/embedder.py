@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, overload
@@ -983,7 +982,7 @@ def _gate_torch_int8(embedder: Embedder, head: nn.Module | None, terms: TermChan
     ``minilm`` in torch int8 reads at a min cosine of 0.96 to float32 without a word."""
     from dataclasses import replace
 
-    from lmembed.encoding.backends.quality import GATE_TEXTS, gate
+    from lmembed.encoding.backends.quality import GATE_TEXTS, announce, gate
 
     backbone = embedder.backbone
     reference = replace(backbone, model=backbone.float_reference, quantization=None, _fingerprint=None)
@@ -998,11 +997,5 @@ def _gate_torch_int8(embedder: Embedder, head: nn.Module | None, terms: TermChan
     report = gate(expected, embedder.without_cache().encode(texts))
     label = embedder.config.label()
     embedder.backend.quality = {label: report}
-    if report.passed:
-        log.info("torch int8 quality gate passed for %s: %s", label, report.summary())
-    else:
-        warnings.warn(
-            f"torch int8 quality gate failed for {label}: {'; '.join(report.shortfalls())} ({report.summary()}); "
-            "backend='onnx' with precision='int8' quantises by a calibrated recipe; or use float32 where this matters",
-            stacklevel=3,
-        )
+    advice = "backend='onnx' with precision='int8' quantises by a calibrated recipe; or use float32 where this matters"
+    announce(report, label, "torch int8", advice, stacklevel=3)

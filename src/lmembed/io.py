@@ -125,6 +125,23 @@ def loads_json(text: str | bytes) -> Any:
         ) from None
 
 
+#: what a refusal of a newer layout advises (:func:`check_format`)
+READ_WITH_WRITER = "read it with the lmembed that wrote it"
+
+
+def check_format(
+    record: str | Path, field: str, value: Any, current: int, what: str, error: Callable[[str], Exception], advice: str
+) -> None:
+    """Refuse a file lmembed wrote whose layout number (its ``field``, ``value`` as read) is not the one this lmembed
+    reads, ``current``: a newer lmembed's file is not read as this one's. The refusal names the file and the field,
+    says what this lmembed reads (``what``: "checkpoints", "result records" ...) and what to do (``advice``)."""
+    if value != current or isinstance(value, bool):
+        raise error(
+            f"{record}: {field}: {value!r}; this lmembed reads {what} of format {current} (a newer lmembed wrote it?): "
+            f"{advice}"
+        )
+
+
 def read_json(
     path: str | Path, *, error: Callable[[str], Exception] = ValueError, what: str = "file", kind: type | None = dict
 ) -> Any:

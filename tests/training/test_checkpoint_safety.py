@@ -364,4 +364,4 @@ def test_a_checkpoint_of_another_format_is_refused_naming_the_field(run):
     state_file.write_text(json.dumps({**state, "format": 99}))
     result = train(args, 3, "--resume")
     assert result.exit_code == 2, result.output
-    assert f"{state_file}: format 99; this lmembed reads checkpoints of format 1" in flat(result.output)
+    assert f"{state_file}: format: 99; this lmembed reads checkpoints of format 1" in flat(result.output)

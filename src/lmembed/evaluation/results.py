@@ -36,7 +36,7 @@ from lmembed import __version__
 from lmembed.atomic import atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.base import TaskResult
-from lmembed.io import DataFormatError, DuplicateKeyError, loads_json, read_text
+from lmembed.io import READ_WITH_WRITER, DataFormatError, DuplicateKeyError, check_format, loads_json, read_text
 from lmembed.schema import RecordModel, first_problem
 from lmembed.task_registry import task_type_of
 
@@ -349,11 +349,9 @@ def read_result(path: str | Path) -> TaskResult:
     if not isinstance(data, dict) or "task_name" not in data or "scores" not in data:
         raise ValueError(f"{path} is not a task result file")
     form = data[LMEMBED_KEY].get("format", RESULT_FORMAT) if isinstance(data.get(LMEMBED_KEY), dict) else RESULT_FORMAT
-    if form != RESULT_FORMAT or isinstance(form, bool):
-        raise ResultFileError(
-            f"{path}: {LMEMBED_KEY}.format: {form!r}; this lmembed reads result records of format {RESULT_FORMAT} (a "
-            "newer lmembed wrote it?): read it with the lmembed that wrote it"
-        )
+    check_format(
+        path, f"{LMEMBED_KEY}.format", form, RESULT_FORMAT, "result records", ResultFileError, READ_WITH_WRITER
+    )
     try:
         ResultFile.model_validate(data)
     except ValidationError as exc:

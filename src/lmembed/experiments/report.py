@@ -21,7 +21,7 @@ from pydantic import Field, StrictInt
 from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.report import Report, ScoreTable, render_report, type_rank
-from lmembed.io import read_json
+from lmembed.io import READ_WITH_WRITER, check_format, read_json
 from lmembed.schema import RecordModel, read_checked_json
 
 SUMMARY_FILE = "summary.json"
@@ -123,11 +123,7 @@ def load_summary(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / SUMMARY_FILE
     data = read_json(path, error=SummaryFileError, what="an experiment summary")
     form = data.get("format", SUMMARY_FORMAT)
-    if form != SUMMARY_FORMAT or isinstance(form, bool):
-        raise SummaryFileError(
-            f"{path}: format: {form!r}; this lmembed reads experiment summaries of format {SUMMARY_FORMAT} (a newer "
-            "lmembed wrote it?): read it with the lmembed that wrote it"
-        )
+    check_format(path, "format", form, SUMMARY_FORMAT, "experiment summaries", SummaryFileError, READ_WITH_WRITER)
     return read_checked_json(path, ExperimentSummary, SummaryFileError, "an experiment summary")
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from lmembed.errors import ConfigError, ModelLoadError
-from lmembed.io import read_json
+from lmembed.io import READ_WITH_WRITER, check_format, read_json
 from lmembed.models.loading import resolve_model_path
 from lmembed.models.presets import reranker_max_length
 from lmembed.rerank.base import RERANKER_FILE, RERANKER_FORMAT, Reranker
@@ -25,11 +25,9 @@ def detect_kind(path: str) -> str:
     recorded = folder / RERANKER_FILE
     if recorded.is_file():
         record = read_json(recorded, error=ModelLoadError, what="reranker record")
-        kind, form = record.get("kind"), record.get("format", RERANKER_FORMAT)
-        if form != RERANKER_FORMAT or isinstance(form, bool):
-            raise ModelLoadError(
-                f"{recorded}: format {form!r}; this lmembed reads format {RERANKER_FORMAT} (a newer lmembed wrote it?)"
-            )
+        kind = record.get("kind")
+        form = record.get("format", RERANKER_FORMAT)
+        check_format(recorded, "format", form, RERANKER_FORMAT, "reranker folders", ModelLoadError, READ_WITH_WRITER)
         if kind not in KINDS:
             raise ModelLoadError(f"{recorded}: kind {kind!r} is unknown; expected one of {', '.join(KINDS)}")
         return kind

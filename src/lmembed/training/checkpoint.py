@@ -49,7 +49,15 @@ from safetensors.torch import save as safetensors_bytes
 
 from lmembed.atomic import atomic_write, atomic_write_json
 from lmembed.errors import LmembedError
-from lmembed.io import check_recorded_files, is_number, is_plain_file_name, loads_json, read_json, sha256_file
+from lmembed.io import (
+    check_format,
+    check_recorded_files,
+    is_number,
+    is_plain_file_name,
+    loads_json,
+    read_json,
+    sha256_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -416,12 +424,9 @@ def load_checkpoint(path: str | Path, *, rank: int = 0, map_location: str | torc
             )
     info_file = path / STATE_FILE
     info = read_json(info_file, error=CheckpointError, what="checkpoint state")
-    form = info.get("format", CHECKPOINT_FORMAT)
-    if form != CHECKPOINT_FORMAT or isinstance(form, bool):
-        raise CheckpointError(
-            f"{info_file}: format {form!r}; this lmembed reads checkpoints of format {CHECKPOINT_FORMAT} (a newer "
-            "lmembed wrote it?): resume it with the lmembed that wrote it"
-        )
+    advice = "resume it with the lmembed that wrote it"
+    check_format(info_file, "format", info.get("format", CHECKPOINT_FORMAT), CHECKPOINT_FORMAT, "checkpoints",
+                 CheckpointError, advice)  # fmt: skip
     if "step" not in info:
         raise CheckpointError(f"{info_file}: step: missing (not a checkpoint state as lmembed writes it)")
     step = info["step"]

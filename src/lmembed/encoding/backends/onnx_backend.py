@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from lmembed.encoding.backends.graph import (
     readouts_of,
 )
 from lmembed.encoding.backends.int8 import CALIBRATION_MAX_TOKENS, RECIPE, quantize_graph
-from lmembed.encoding.backends.quality import GateReport, gate
+from lmembed.encoding.backends.quality import GateReport, announce, gate
 from lmembed.encoding.backends.runtime import CPU_PROVIDERS, session_options
 from lmembed.encoding.backends.store import (
     GRAPH_FILE,
@@ -336,14 +335,7 @@ class OnnxBackend(Backend):
         self._gates[key] = recorded
         self.quality = {c.label(): recorded[c.label()] for c in configs}
         for label, report in self.quality.items():
-            if report.passed:
-                log.info("int8 quality gate passed for %s: %s", label, report.summary())
-            else:
-                warnings.warn(
-                    f"int8 quality gate failed for {label}: {'; '.join(report.shortfalls())} ({report.summary()}); "
-                    "use precision='float32' where this matters",
-                    stacklevel=2,
-                )
+            announce(report, label, "int8", "use precision='float32' where this matters", stacklevel=2)
 
     def _measure_gate(
         self,

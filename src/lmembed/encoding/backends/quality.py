@@ -26,11 +26,15 @@ outright; a claim about retrieval quality needs judged data.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from lmembed.pooling.normalize import unit_rows
+
+log = logging.getLogger(__name__)
 
 MIN_COSINE = 0.99
 #: what torch's dynamic int8 (``backend="torch", precision="int8"``) is gated on when it is loaded: it has no
@@ -137,4 +141,17 @@ def gate(reference: np.ndarray, candidate: np.ndarray) -> GateReport:
         min_cosine=float(cos.min()) if len(cos) else 1.0,
         mean_cosine=float(cos.mean()) if len(cos) else 1.0,
         neighbour_ndcg_at_10=neighbour_ndcg(reference, candidate),
+    )
+
+
+def announce(report: GateReport, label: str, what: str, advice: str, *, stacklevel: int = 2) -> None:
+    """Say a gate's outcome for strategy ``label``: logged when it passed, a warning with each gap when it did not
+    (``what``: which int8 was gated; ``advice``: what to do instead). ``stacklevel`` as :func:`warnings.warn`'s, from
+    the caller's frame."""
+    if report.passed:
+        log.info("%s quality gate passed for %s: %s", what, label, report.summary())
+        return
+    warnings.warn(
+        f"{what} quality gate failed for {label}: {'; '.join(report.shortfalls())} ({report.summary()}); {advice}",
+        stacklevel=stacklevel + 1,
     )
