@@ -773,38 +773,39 @@ class Embedder:
             and cfg.pooling in ST_POOLING_MODES
             and not (self.backbone.is_decoder and cfg.attention == "bidirectional")
             and not uses_eos
-            and self._prompts_pool_as_sentence_transformers()
+            and _prompts_pool_as_sentence_transformers(self)
         )
 
-    def _prompts_pool_as_sentence_transformers(self) -> bool:
-        """Whether sentence-transformers leaves out of pooling the positions lmembed leaves out for each prompt the
-        folder would record. It leaves out the first ``len(tokenize(prompt))`` positions (less a closing special
-        token) and weighs ``weighted_mean`` by position in the whole sequence; lmembed leaves out the tokens that end
-        inside the prompt and weighs by position in the text. A byte-level BPE joins a prompt's closing space to the
-        text's first word ("Query: " + "what" -> ... "Query", ":", "Ġwhat"), so sentence-transformers dropped that
-        word (query cosine 0.84-0.98 on Llama-style tokenizers), and weighted_mean weighed otherwise (0.96-0.99)."""
-        cfg = self.config
-        if cfg.prompt_style != "lmembed" or cfg.include_prompt or cfg.pooling in ("cls", "last"):
-            return True  # a published folder's own style, or nothing left out (cls reads position 0 either way)
-        instructions = [i for i in (cfg.query_instruction, cfg.document_instruction) if i]
-        if not instructions:
-            return True
-        if cfg.pooling == "weighted_mean":
-            return False
-        builder = self.engine.input_builder(cfg)
-        tokenizer = self.backbone.tokenizer
-        specials = set(getattr(tokenizer, "all_special_ids", []) or [])
-        for instruction in instructions:
-            prompt = cfg.instruction_template.format(instruction=instruction)
-            with tokenizer_lock(tokenizer):
-                ids = tokenizer(prompt)["input_ids"]
-            counted = len(ids) - (1 if ids and ids[-1] in specials else 0)
-            for text in PROMPT_PROBE_TEXTS:
-                mask = builder.build(text, instruction).pool_mask
-                left_out = next((i for i, m in enumerate(mask) if m), len(mask))
-                if left_out != counted:
-                    return False
+
+def _prompts_pool_as_sentence_transformers(embedder: Embedder) -> bool:
+    """Whether sentence-transformers leaves out of pooling the positions lmembed leaves out for each prompt the
+    folder would record. It leaves out the first ``len(tokenize(prompt))`` positions (less a closing special
+    token) and weighs ``weighted_mean`` by position in the whole sequence; lmembed leaves out the tokens that end
+    inside the prompt and weighs by position in the text. A byte-level BPE joins a prompt's closing space to the
+    text's first word ("Query: " + "what" -> ... "Query", ":", "Ġwhat"), so sentence-transformers dropped that
+    word (query cosine 0.84-0.98 on Llama-style tokenizers), and weighted_mean weighed otherwise (0.96-0.99)."""
+    cfg = embedder.config
+    if cfg.prompt_style != "lmembed" or cfg.include_prompt or cfg.pooling in ("cls", "last"):
+        return True  # a published folder's own style, or nothing left out (cls reads position 0 either way)
+    instructions = [i for i in (cfg.query_instruction, cfg.document_instruction) if i]
+    if not instructions:
         return True
+    if cfg.pooling == "weighted_mean":
+        return False
+    builder = embedder.engine.input_builder(cfg)
+    tokenizer = embedder.backbone.tokenizer
+    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for instruction in instructions:
+        prompt = cfg.instruction_template.format(instruction=instruction)
+        with tokenizer_lock(tokenizer):
+            ids = tokenizer(prompt)["input_ids"]
+        counted = len(ids) - (1 if ids and ids[-1] in specials else 0)
+        for text in PROMPT_PROBE_TEXTS:
+            mask = builder.build(text, instruction).pool_mask
+            left_out = next((i for i, m in enumerate(mask) if m), len(mask))
+            if left_out != counted:
+                return False
+    return True
 
 
 def _strategies(configs: Any, argument: str) -> list[EmbeddingConfig]:

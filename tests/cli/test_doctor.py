@@ -63,15 +63,24 @@ def test_doctor_fails_when_sentence_transformers_disagrees(tmp_path):
     tok = build_tokenizer()
     emb = Embedder.from_model(tiny_model("bert", len(tok)), tok, EmbeddingConfig(pooling="mean"), use_cache=False)
     folder = emb.save(tmp_path / "saved")
-    pooling = folder / "1_Pooling" / "config.json"  # the ST files now say CLS while lmembed.json says mean
-    config = json.loads(pooling.read_text())
-    config.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
-    pooling.write_text(json.dumps(config))
+    window = folder / "sentence_bert_config.json"  # sentence-transformers now reads 8 tokens, lmembed the model's
+    config = json.loads(window.read_text())
+    config.update(max_seq_length=8)
+    window.write_text(json.dumps(config))
     reseal(folder)  # the record made to match: a folder edited by hand
     result = CliRunner().invoke(app, ["doctor", str(folder)], terminal_width=200)
     assert result.exit_code == 1, result.output
     assert "FAIL  sentence-transformers: lowest cosine to SentenceTransformer: no prompt" in result.output
     assert "pass  padding" in result.output
+
+    pooling = folder / "1_Pooling" / "config.json"  # the ST files say CLS while lmembed.json says mean: the folder
+    config = json.loads(pooling.read_text())  # is refused before anything reads it (each library read its own)
+    config.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+    pooling.write_text(json.dumps(config))
+    reseal(folder)
+    result = CliRunner().invoke(app, ["doctor", str(folder)], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "the folder's two records of its strategy disagree" in " ".join(result.output.replace("│", " ").split())
 
 
 def test_doctor_compares_each_prompt_of_a_sentence_transformers_folder(tmp_path):

@@ -55,7 +55,8 @@ def test_cross_encoder_scores_equal_sentence_transformers(st_folder, tmp_path):
     assert again.max_length == ours.max_length
     record = tmp_path / "ours" / "lmembed_reranker.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), "format": 99}))  # a newer lmembed's
-    with pytest.raises(ModelLoadError, match=r"lmembed_reranker.json: format: 99; this lmembed reads reranker folders of format 1"):
+    said = r"lmembed_reranker.json: format: 99; this lmembed reads reranker folders of format 1"
+    with pytest.raises(ModelLoadError, match=said):
         load_reranker(str(tmp_path / "ours"))
 
 
