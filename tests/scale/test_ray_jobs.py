@@ -58,6 +58,7 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- synthesis
+@pytest.mark.slow  # about 11 s of a Ray cluster; synthesis's resume stays in the default run locally
 def test_synthesis_on_ray_writes_the_local_output_and_resumes_after_a_worker_error(cluster, tmp_path):
     local = synthesize("e5-mistral", TinyGenerator(), tmp_path / "local" / "out.jsonl", shard_size=5)
     out = tmp_path / "ray" / "out.jsonl"
@@ -82,6 +83,7 @@ def test_synthesis_on_ray_writes_the_local_output_and_resumes_after_a_worker_err
     assert (again["rows"], again["rejected"]) == (local["rows"], local["rejected"])
 
 
+@pytest.mark.slow  # about 9 s of a Ray cluster; Ray's workers giving one process's vectors stay in the default run
 def test_corpus_only_on_ray_retrieves_with_an_embedder_each_worker_loads(cluster, tmp_path, one_torch_thread):
     from lmembed.synthesis.retrieval import EmbedderEncode
     from test_scale_local import corpus_texts, uncached

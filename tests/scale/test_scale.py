@@ -236,6 +236,7 @@ def test_a_row_the_model_fails_on_is_named(cluster, tmp_path):
     assert type(caught.value) is BadRowError
 
 
+@pytest.mark.slow  # about 9 s of a Ray cluster; the default run keeps a bad row read on a worker, named
 def test_a_worker_that_dies_for_good_is_one_clear_error(cluster, tmp_path):
     emb = cached(uncached("llama"), tmp_path / "cache")
     texts = corpus_texts(80)
@@ -312,6 +313,7 @@ def test_encode_command_names_a_malformed_row_read_on_ray_once(cluster, tmp_path
     assert result.output.count(":57:") == 1 and not output.exists()
 
 
+@pytest.mark.slow  # about 10 s of a Ray cluster; the command line on Ray stays in the default run (eval)
 def test_encode_command_on_ray_writes_the_local_vectors(cluster, tmp_path, monkeypatch, one_torch_thread):
     monkeypatch.setenv("LMEMBED_CACHE", str(tmp_path / "cache"))
     model = str(uncached("llama").save(tmp_path / "model"))
@@ -420,6 +422,7 @@ def test_encode_command_on_ray_reads_each_side_as_locally(cluster, tmp_path, mon
         assert np.array_equal(vectors["ray", side], vectors["local", side]), side
 
 
+@pytest.mark.slow  # about 10 s of a Ray cluster; the default run keeps Ray's workers giving one process's vectors
 def test_index_build_on_ray_holds_the_local_vectors(cluster, tmp_path, monkeypatch, one_torch_thread):
     from lmembed.index import Index
 

@@ -80,6 +80,7 @@ def data_file(tmp_path) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # about 9 s of two launched processes; the gathered losses and the FSDP step stay in the default run
 def test_two_processes_take_the_single_process_step(tmp_path, data_file):
     mp.spawn(_run, args=(2, _free_port(), data_file, str(tmp_path)), nprocs=2, join=True)
     distributed = torch.load(tmp_path / "ddp.pt", weights_only=False)
