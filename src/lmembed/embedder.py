@@ -65,16 +65,31 @@ def postprocess(raw: np.ndarray, config: EmbeddingConfig) -> np.ndarray:
     return unit_rows(out) if config.normalize else out
 
 
+def _dim_problem(dim: int | None, width: int, what: str) -> str | None:
+    """Why a Matryoshka ``dim`` cannot be read from vectors ``width`` wide (the model's ``what``); None if it can."""
+    if dim is None or dim <= width:
+        return None
+    return (
+        f"dim={dim} is larger than the model's {what} ({width}); Matryoshka truncation can only shorten vectors: "
+        f"choose dim <= {width} or leave it unset"
+    )
+
+
+def _positions_past(backbone: Backbone, max_length: Any) -> int | None:
+    """The model's positions when ``max_length`` asks for more of them; None when it does not (or either is unset)."""
+    positions = getattr(backbone.model.config, "max_position_embeddings", None)
+    if isinstance(max_length, int) and isinstance(positions, int) and 0 < positions < max_length:
+        return positions
+    return None
+
+
 def check_strategy(backbone: Backbone, config: EmbeddingConfig, width: int | None = None) -> None:
     """Refuse a strategy this backbone cannot honour, before anything is encoded or labelled with it (``width``:
     the pooled vectors' width where a post-pooling head changes it)."""
-    hidden = width or backbone.hidden_size
-    if config.dim is not None and config.dim > hidden:
-        what = "hidden size" if width is None else "vector width"
-        raise ConfigError(
-            f"dim={config.dim} is larger than the model's {what} ({hidden}); Matryoshka truncation can only "
-            f"shorten vectors: choose dim <= {hidden} or leave it unset"
-        )
+    what = "hidden size" if width is None else "vector width"
+    problem = _dim_problem(config.dim, width or backbone.hidden_size, what)
+    if problem:
+        raise ConfigError(problem)
     if backbone.is_decoder and config.attention == "bidirectional":
         check_bidirectional_supported(backbone.model)
     for layer in config.layers:  # said here, not at the first encode (doctor ran its checks on it first)
@@ -840,9 +855,9 @@ def _check_given(backbone: Backbone, given: dict[str, Any]) -> None:
             f"attention='causal': {kind} is an encoder, whose tokens attend both ways by construction; it is not "
             "run causally (leave attention unset)"
         )
-    positions = getattr(backbone.model.config, "max_position_embeddings", None)
     max_length = given.get("max_length")
-    if isinstance(max_length, int) and isinstance(positions, int) and 0 < positions < max_length:
+    positions = _positions_past(backbone, max_length)
+    if positions is not None:
         raise ConfigError(
             f"max_length={max_length}: {kind} has {positions} positions, so at most {positions} tokens are read "
             "(rope_scale reads more of a RoPE decoder)"
@@ -875,11 +890,9 @@ def _check_recorded(
         except ConfigError as exc:
             log.warning("%s: %s; it is read as the model runs it", where, exc)
     width = _head_width(head, backbone, strategy) or backbone.hidden_size
-    if "dim" in recorded and "dim" not in given and strategy.dim is not None and strategy.dim > width:
-        raise ModelLoadError(
-            f"{sources.get('dim', backbone.name)}: strategy.dim: dim={strategy.dim} is larger than the model's vector "
-            f"width ({width}); Matryoshka truncation can only shorten vectors"
-        )
+    problem = _dim_problem(strategy.dim, width, "vector width") if "dim" in recorded and "dim" not in given else None
+    if problem:
+        raise ModelLoadError(f"{sources.get('dim', backbone.name)}: strategy.dim: {problem}")
 
 
 def _as_run(backbone: Backbone, config: EmbeddingConfig) -> EmbeddingConfig:
@@ -887,9 +900,9 @@ def _as_run(backbone: Backbone, config: EmbeddingConfig) -> EmbeddingConfig:
     model's positions is the positions (a published preset's window on a smaller copy of its model), ``final_norm``
     on a model without a final norm is unset. Kept as given, the strategy said what did not happen, was saved so, and
     the saved folder was then refused on load. An option the caller gives is refused instead (:func:`_check_given`)."""
-    positions = getattr(backbone.model.config, "max_position_embeddings", None)
     changes: dict[str, Any] = {}
-    if isinstance(config.max_length, int) and isinstance(positions, int) and 0 < positions < config.max_length:
+    positions = _positions_past(backbone, config.max_length)
+    if positions is not None:
         changes["max_length"] = positions
     if config.final_norm is not None and find_final_norm(backbone.model) is None:
         changes["final_norm"] = None
@@ -986,8 +999,9 @@ def _gate_torch_int8(embedder: Embedder, head: nn.Module | None, terms: TermChan
     from lmembed.encoding.backends.quality import GATE_TEXTS, announce, gate
 
     backbone = embedder.backbone
-    reference = replace(backbone, model=backbone.float_reference, quantization=None, _fingerprint=None)
-    reference.float_reference = None
+    reference = replace(
+        backbone, model=backbone.float_reference, quantization=None, _fingerprint=None, float_reference=None
+    )
     backbone.float_reference = None  # the float model is not kept past its gate
     factor = interpolation_factor(backbone.model)
     if factor is not None and interpolation_factor(reference.model) != factor:

@@ -318,7 +318,12 @@ def read_checked_json(path: Path, schema: type[BaseModel] | TypeAdapter, error: 
     """The JSON document of ``path`` (a file lmembed wrote: read as hostile), once ``schema`` accepts it; else
     ``error``: ``FILE: not readable JSON`` or ``FILE: key.path: message (not WHAT as lmembed writes it)`` for the
     first field that fails. Returns the document as read."""
-    data = read_json(path, error=error, what=what, kind=None)
+    return check_json(read_json(path, error=error, what=what, kind=None), path, schema, error, what)
+
+
+def check_json(data: Any, path: Path, schema: type[BaseModel] | TypeAdapter, error: type[Exception], what: str) -> Any:
+    """:func:`read_checked_json` on a document already read from ``path`` (a reader that looks at one field first,
+    a layout number, reads the file once)."""
     try:
         schema.validate_python(data) if isinstance(schema, TypeAdapter) else schema.model_validate(data)
     except ValidationError as exc:

@@ -22,7 +22,7 @@ from lmembed.atomic import atomic_savefig, atomic_write_text
 from lmembed.errors import LmembedError
 from lmembed.evaluation.report import Report, ScoreTable, render_report, type_rank
 from lmembed.io import READ_WITH_WRITER, check_format, read_json
-from lmembed.schema import RecordModel, read_checked_json
+from lmembed.schema import RecordModel, check_json
 
 SUMMARY_FILE = "summary.json"
 #: the layout of ``summary.json`` this lmembed writes and reads (its ``format``; a summary without one is of 1)
@@ -124,7 +124,7 @@ def load_summary(folder: str | Path) -> dict[str, Any]:
     data = read_json(path, error=SummaryFileError, what="an experiment summary")
     form = data.get("format", SUMMARY_FORMAT)
     check_format(path, "format", form, SUMMARY_FORMAT, "experiment summaries", SummaryFileError, READ_WITH_WRITER)
-    return read_checked_json(path, ExperimentSummary, SummaryFileError, "an experiment summary")
+    return check_json(data, path, ExperimentSummary, SummaryFileError, "an experiment summary")
 
 
 def _number(value: float | None, scale: float = 100.0, digits: int = 2) -> str:

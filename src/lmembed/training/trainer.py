@@ -331,8 +331,17 @@ class Trainer:
         """The instruction each query of a batch is embedded with: its row's (or its source's), else the strategy's
         ``query_instruction``, the one ``encode_queries`` gives the saved model's queries (a model whose strategy
         held one was trained on bare queries, then served them wrapped)."""
-        default = self._strategy.query_instruction if self._strategy is not None else None
-        return [instr if instr is not None else default for instr in batch.instructions]
+        return [self._query_instruction(instr) for instr in batch.instructions]
+
+    def _query_instruction(self, own: str | None) -> str | None:
+        """A query's instruction in training: its row's own (or its source's), else the strategy's."""
+        if own is not None or self._strategy is None:
+            return own
+        return self._strategy.query_instruction
+
+    def _trained_instructions(self) -> set[str | None]:
+        """Every instruction a query of the training data is embedded with (None: bare)."""
+        return {self._query_instruction(e.instruction) for dataset in self.sampler.datasets for e in dataset.examples}
 
     @property
     def _strategy(self) -> EmbeddingConfig | None:
@@ -640,9 +649,8 @@ class Trainer:
         strategy = self._strategy
         assert strategy is not None
         changes: dict[str, Any] = {}
-        default = strategy.query_instruction  # each row's own instruction (its source's by default), else this one
-        trained = {example.instruction or default for dataset in self.sampler.datasets for example in dataset.examples}
-        if len(trained) == 1 and (only := next(iter(trained))) is not None and only != default:
+        trained = self._trained_instructions()
+        if len(trained) == 1 and (only := next(iter(trained))) is not None and only != strategy.query_instruction:
             changes["query_instruction"] = only
         if self.config.similarity == "dot" and (strategy.normalize or strategy.similarity != "dot"):
             changes.update(normalize=False, similarity="dot")
@@ -675,10 +683,7 @@ class Trainer:
         sources = [DataSource.parse(d) for d in config.data]
         names = [source.name or Path(source.path).name for source in sources]
         settings["data"] = ", ".join(names) if names else "(none)"
-        strategy = self._strategy
-        default = strategy.query_instruction if strategy is not None else None
-        used = {e.instruction or default for dataset in self.sampler.datasets for e in dataset.examples}
-        instructions = sorted(i for i in used if i)
+        instructions = sorted(i for i in self._trained_instructions() if i)
         if instructions:  # what the queries were trained with (a row's own, its source's, or the strategy's)
             shown = "; ".join(instructions[:SHOWN_INSTRUCTIONS])
             more = len(instructions) - SHOWN_INSTRUCTIONS
